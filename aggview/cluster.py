@@ -1,0 +1,196 @@
+"""A local cluster of real processes: one coordinator and N LTMs over one data directory.
+
+``aggview start`` runs one of these; the tests use it to kill -9 and restart single servers.
+Layout of the data directory: ``store.db`` (the embedded store, shared), ``ltm-<i>/`` (each
+LTM's log), ``coordinator/`` (the decision log), ``logs/`` (each server's output).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_LISTENING = re.compile(r"listening on (\S+):(\d+)")
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Children get SIGTERM when the process that started them dies, even by kill -9."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Server:
+    role: str
+    args: list[str]
+    log_path: Path
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        args = [*self.args, "--port", str(self.port)]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "aggview.cli", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=_die_with_parent,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                match = _LISTENING.search(log.read().decode(errors="replace"))
+            if match:
+                self.port = int(match.group(2))
+                return
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.role} exited at start:\n{self.tail()}")
+            time.sleep(0.02)
+        self.kill()
+        raise RuntimeError(f"{self.role} did not start within {timeout}s:\n{self.tail()}")
+
+    def tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """kill -9: no checkpoint, no goodbye."""
+        if self.running():
+            assert self.process is not None
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.running():
+            assert self.process is not None
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class LocalCluster:
+    data: Path
+    ltms: int = 3
+    port: int = 0
+    fsync: bool = True
+    checkpoint_interval: float = 2.0
+    cache_rows: int = 1_000_000
+    servers: list[Server] = field(default_factory=list)
+
+    @property
+    def store_url(self) -> str:
+        return f"sqlite:///{(self.data / 'store.db').resolve()}"
+
+    @property
+    def coordinator(self) -> Server:
+        return self.servers[-1]
+
+    @property
+    def address(self) -> str:
+        return self.coordinator.address
+
+    def ltm(self, index: int) -> Server:
+        return self.servers[index]
+
+    def start(self) -> LocalCluster:
+        self.data.mkdir(parents=True, exist_ok=True)
+        coordinator_port = self.port or free_port()
+        coordinator_address = f"127.0.0.1:{coordinator_port}"
+        common = [] if self.fsync else ["--no-fsync"]
+        for i in range(self.ltms):
+            self.servers.append(
+                Server(
+                    f"ltm-{i}",
+                    [
+                        "ltm",
+                        "--store",
+                        self.store_url,
+                        "--log-dir",
+                        str(self.data / f"ltm-{i}"),
+                        "--partition",
+                        str(i),
+                        "--partitions",
+                        str(self.ltms),
+                        "--coordinator",
+                        coordinator_address,
+                        "--checkpoint-interval",
+                        str(self.checkpoint_interval),
+                        "--cache-rows",
+                        str(self.cache_rows),
+                        *common,
+                    ],
+                    self.data / "logs" / f"ltm-{i}.log",
+                )
+            )
+        try:
+            for server in self.servers:
+                server.start()
+            ltm_args = [arg for s in self.servers for arg in ("--ltm", s.address)]
+            coordinator = Server(
+                "coordinator",
+                [
+                    "coordinator",
+                    "--store",
+                    self.store_url,
+                    "--log-dir",
+                    str(self.data / "coordinator"),
+                    *ltm_args,
+                    *common,
+                ],
+                self.data / "logs" / "coordinator.log",
+                port=coordinator_port,
+            )
+            self.servers.append(coordinator)
+            coordinator.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Coordinator first, so no new transaction reaches an LTM that is going away."""
+        for server in reversed(self.servers):
+            server.stop()
+
+    def kill(self) -> None:
+        for server in self.servers:
+            server.kill()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,40 @@
+"""Rows in storage form as compact JSON: what travels between coordinator and LTMs and sits in
+the store. JSON keeps an LTM schema-agnostic and is decoded in C."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_decoder = json.JSONDecoder()
+
+Row = dict[str, Any]
+
+
+def encode_row(row: Row | None) -> bytes:
+    """An absent row encodes as empty bytes."""
+    return b"" if row is None else _encoder.encode(row).encode()
+
+
+def decode_row(data: bytes) -> Row | None:
+    return None if not data else _decoder.decode(data.decode())
+
+
+def encode_json(value: Any) -> bytes:
+    return _encoder.encode(value).encode()
+
+
+def decode_json(data: bytes) -> Any:
+    return _decoder.decode(data.decode()) if data else None
+
+
+def encode_stored(ts: int, row: Row) -> bytes:
+    """A row as the store keeps it: with the commit timestamp of the version, so that log
+    replay after a crash can tell which of two copies of a row is newer."""
+    return _encoder.encode([ts, row]).encode()
+
+
+def decode_stored(data: bytes) -> tuple[int, Row]:
+    ts, row = _decoder.decode(data.decode())
+    return ts, row

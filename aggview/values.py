@@ -1,0 +1,66 @@
+"""Python values <-> wire ``Value`` messages. Used by the client to send what the user gave and
+by the coordinator to return typed rows; checking against column types is the schema's job."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from collections.abc import Mapping
+from typing import Any
+
+from aggview import errors
+from aggview.wire import client_pb2 as pb
+
+EPOCH = datetime.date(1970, 1, 1)
+
+
+def to_value(value: Any) -> pb.Value:
+    if value is None:
+        return pb.Value(null=True)
+    if isinstance(value, bool):
+        return pb.Value(bool_value=value)
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:
+            raise errors.TypeMismatch(f"integer {value} does not fit in 64 bits")
+        return pb.Value(int_value=value)
+    if isinstance(value, decimal.Decimal):
+        return pb.Value(decimal_value=str(value))
+    if isinstance(value, float):
+        return pb.Value(float_value=value)
+    if isinstance(value, str):
+        return pb.Value(text_value=value)
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return pb.Value(date_value=(value - EPOCH).days)
+    raise errors.TypeMismatch(
+        f"unsupported value {value!r} of type {type(value).__name__}: use int, Decimal, float, "
+        "str, datetime.date, bool or None"
+    )
+
+
+def from_value(value: pb.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind is None or kind == "null":
+        return None
+    if kind == "decimal_value":
+        try:
+            return decimal.Decimal(value.decimal_value)
+        except decimal.InvalidOperation:
+            raise errors.TypeMismatch(f"malformed decimal {value.decimal_value!r}") from None
+    if kind == "date_value":
+        return EPOCH + datetime.timedelta(days=value.date_value)
+    return getattr(value, kind)
+
+
+def to_row(row: Mapping[str, Any]) -> pb.Row:
+    if not isinstance(row, Mapping):
+        raise errors.InvalidArgument(f"expected a dict of column values, got {type(row).__name__}")
+    out = pb.Row()
+    for column, value in row.items():
+        if not isinstance(column, str):
+            raise errors.InvalidArgument(f"column names are strings, got {column!r}")
+        out.columns[column].CopyFrom(to_value(value))
+    return out
+
+
+def from_row(row: pb.Row) -> dict[str, Any]:
+    return {column: from_value(value) for column, value in row.columns.items()}

@@ -1,0 +1,156 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Comparison(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EQ: _ClassVar[Comparison]
+    NE: _ClassVar[Comparison]
+    LT: _ClassVar[Comparison]
+    LE: _ClassVar[Comparison]
+    GT: _ClassVar[Comparison]
+    GE: _ClassVar[Comparison]
+EQ: Comparison
+NE: Comparison
+LT: Comparison
+LE: Comparison
+GT: Comparison
+GE: Comparison
+
+class Value(_message.Message):
+    __slots__ = ("null", "int_value", "decimal_value", "float_value", "text_value", "date_value", "bool_value")
+    NULL_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DECIMAL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    FLOAT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DATE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    null: bool
+    int_value: int
+    decimal_value: str
+    float_value: float
+    text_value: str
+    date_value: int
+    bool_value: bool
+    def __init__(self, null: _Optional[bool] = ..., int_value: _Optional[int] = ..., decimal_value: _Optional[str] = ..., float_value: _Optional[float] = ..., text_value: _Optional[str] = ..., date_value: _Optional[int] = ..., bool_value: _Optional[bool] = ...) -> None: ...
+
+class Row(_message.Message):
+    __slots__ = ("columns",)
+    class ColumnsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    columns: _containers.MessageMap[str, Value]
+    def __init__(self, columns: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+
+class Condition(_message.Message):
+    __slots__ = ("column", "op", "value")
+    COLUMN_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    column: str
+    op: Comparison
+    value: Value
+    def __init__(self, column: _Optional[str] = ..., op: _Optional[_Union[Comparison, str]] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+
+class Operation(_message.Message):
+    __slots__ = ("kind", "table", "key", "values", "require")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        INSERT: _ClassVar[Operation.Kind]
+        UPDATE: _ClassVar[Operation.Kind]
+        ADD: _ClassVar[Operation.Kind]
+        DELETE: _ClassVar[Operation.Kind]
+    INSERT: Operation.Kind
+    UPDATE: Operation.Kind
+    ADD: Operation.Kind
+    DELETE: Operation.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_FIELD_NUMBER: _ClassVar[int]
+    kind: Operation.Kind
+    table: str
+    key: Row
+    values: Row
+    require: _containers.RepeatedCompositeFieldContainer[Condition]
+    def __init__(self, kind: _Optional[_Union[Operation.Kind, str]] = ..., table: _Optional[str] = ..., key: _Optional[_Union[Row, _Mapping]] = ..., values: _Optional[_Union[Row, _Mapping]] = ..., require: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ...) -> None: ...
+
+class CommitRequest(_message.Message):
+    __slots__ = ("operations",)
+    OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    operations: _containers.RepeatedCompositeFieldContainer[Operation]
+    def __init__(self, operations: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ...) -> None: ...
+
+class CommitReply(_message.Message):
+    __slots__ = ("timestamp",)
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    timestamp: int
+    def __init__(self, timestamp: _Optional[int] = ...) -> None: ...
+
+class SqlRequest(_message.Message):
+    __slots__ = ("sql",)
+    SQL_FIELD_NUMBER: _ClassVar[int]
+    sql: str
+    def __init__(self, sql: _Optional[str] = ...) -> None: ...
+
+class SqlReply(_message.Message):
+    __slots__ = ("message", "columns", "rows", "timestamp")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    rows: _containers.RepeatedCompositeFieldContainer[Row]
+    timestamp: int
+    def __init__(self, message: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("table", "key")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: Row
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[_Union[Row, _Mapping]] = ...) -> None: ...
+
+class GetReply(_message.Message):
+    __slots__ = ("found", "row", "timestamp")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    row: Row
+    timestamp: int
+    def __init__(self, found: _Optional[bool] = ..., row: _Optional[_Union[Row, _Mapping]] = ..., timestamp: _Optional[int] = ...) -> None: ...
+
+class ScanRequest(_message.Message):
+    __slots__ = ("table", "prefix", "limit")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    prefix: Row
+    limit: int
+    def __init__(self, table: _Optional[str] = ..., prefix: _Optional[_Union[Row, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ScanReply(_message.Message):
+    __slots__ = ("rows", "timestamp", "columns")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[Row]
+    timestamp: int
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...

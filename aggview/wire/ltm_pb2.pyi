@@ -1,0 +1,210 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RowOp(_message.Message):
+    __slots__ = ("kind", "table", "key", "values", "require", "limits")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        INSERT: _ClassVar[RowOp.Kind]
+        UPDATE: _ClassVar[RowOp.Kind]
+        ADD: _ClassVar[RowOp.Kind]
+        DELETE: _ClassVar[RowOp.Kind]
+    INSERT: RowOp.Kind
+    UPDATE: RowOp.Kind
+    ADD: RowOp.Kind
+    DELETE: RowOp.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    kind: RowOp.Kind
+    table: str
+    key: bytes
+    values: bytes
+    require: bytes
+    limits: bytes
+    def __init__(self, kind: _Optional[_Union[RowOp.Kind, str]] = ..., table: _Optional[str] = ..., key: _Optional[bytes] = ..., values: _Optional[bytes] = ..., require: _Optional[bytes] = ..., limits: _Optional[bytes] = ...) -> None: ...
+
+class SubTransaction(_message.Message):
+    __slots__ = ("ts", "ops", "want_images")
+    TS_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    WANT_IMAGES_FIELD_NUMBER: _ClassVar[int]
+    ts: int
+    ops: _containers.RepeatedCompositeFieldContainer[RowOp]
+    want_images: bool
+    def __init__(self, ts: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[RowOp, _Mapping]]] = ..., want_images: _Optional[bool] = ...) -> None: ...
+
+class PrepareRequest(_message.Message):
+    __slots__ = ("subs", "low_watermark", "issued")
+    SUBS_FIELD_NUMBER: _ClassVar[int]
+    LOW_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_FIELD_NUMBER: _ClassVar[int]
+    subs: _containers.RepeatedCompositeFieldContainer[SubTransaction]
+    low_watermark: int
+    issued: int
+    def __init__(self, subs: _Optional[_Iterable[_Union[SubTransaction, _Mapping]]] = ..., low_watermark: _Optional[int] = ..., issued: _Optional[int] = ...) -> None: ...
+
+class RowImage(_message.Message):
+    __slots__ = ("table", "key", "before", "after")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: bytes
+    before: bytes
+    after: bytes
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[bytes] = ..., before: _Optional[bytes] = ..., after: _Optional[bytes] = ...) -> None: ...
+
+class Vote(_message.Message):
+    __slots__ = ("ts", "outcome", "message", "images", "table", "key")
+    class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        YES: _ClassVar[Vote.Outcome]
+        TOO_LATE: _ClassVar[Vote.Outcome]
+        CONDITION_FAILED: _ClassVar[Vote.Outcome]
+        NOT_FOUND: _ClassVar[Vote.Outcome]
+        ALREADY_EXISTS: _ClassVar[Vote.Outcome]
+        INVALID: _ClassVar[Vote.Outcome]
+        UNAVAILABLE: _ClassVar[Vote.Outcome]
+    YES: Vote.Outcome
+    TOO_LATE: Vote.Outcome
+    CONDITION_FAILED: Vote.Outcome
+    NOT_FOUND: Vote.Outcome
+    ALREADY_EXISTS: Vote.Outcome
+    INVALID: Vote.Outcome
+    UNAVAILABLE: Vote.Outcome
+    TS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ts: int
+    outcome: Vote.Outcome
+    message: str
+    images: _containers.RepeatedCompositeFieldContainer[RowImage]
+    table: str
+    key: bytes
+    def __init__(self, ts: _Optional[int] = ..., outcome: _Optional[_Union[Vote.Outcome, str]] = ..., message: _Optional[str] = ..., images: _Optional[_Iterable[_Union[RowImage, _Mapping]]] = ..., table: _Optional[str] = ..., key: _Optional[bytes] = ...) -> None: ...
+
+class PrepareReply(_message.Message):
+    __slots__ = ("votes",)
+    VOTES_FIELD_NUMBER: _ClassVar[int]
+    votes: _containers.RepeatedCompositeFieldContainer[Vote]
+    def __init__(self, votes: _Optional[_Iterable[_Union[Vote, _Mapping]]] = ...) -> None: ...
+
+class Decision(_message.Message):
+    __slots__ = ("ts", "commit")
+    TS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    ts: int
+    commit: bool
+    def __init__(self, ts: _Optional[int] = ..., commit: _Optional[bool] = ...) -> None: ...
+
+class DecideRequest(_message.Message):
+    __slots__ = ("decisions", "low_watermark")
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    LOW_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    low_watermark: int
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., low_watermark: _Optional[int] = ...) -> None: ...
+
+class DecideReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class KeyValue(_message.Message):
+    __slots__ = ("key", "row")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    row: bytes
+    def __init__(self, key: _Optional[bytes] = ..., row: _Optional[bytes] = ...) -> None: ...
+
+class ReadRequest(_message.Message):
+    __slots__ = ("ts", "table", "keys", "scan", "start", "stop", "limit", "register_read")
+    TS_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SCAN_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_READ_FIELD_NUMBER: _ClassVar[int]
+    ts: int
+    table: str
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    scan: bool
+    start: bytes
+    stop: bytes
+    limit: int
+    register_read: bool
+    def __init__(self, ts: _Optional[int] = ..., table: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., scan: _Optional[bool] = ..., start: _Optional[bytes] = ..., stop: _Optional[bytes] = ..., limit: _Optional[int] = ..., register_read: _Optional[bool] = ...) -> None: ...
+
+class ReadReply(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[KeyValue]
+    def __init__(self, rows: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ...) -> None: ...
+
+class DropTableRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class DropTableReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("index", "partitions", "cached_rows", "dirty_rows", "prepared", "checkpoints", "log_bytes")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_ROWS_FIELD_NUMBER: _ClassVar[int]
+    DIRTY_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    LOG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    partitions: int
+    cached_rows: int
+    dirty_rows: int
+    prepared: int
+    checkpoints: int
+    log_bytes: int
+    def __init__(self, index: _Optional[int] = ..., partitions: _Optional[int] = ..., cached_rows: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., prepared: _Optional[int] = ..., checkpoints: _Optional[int] = ..., log_bytes: _Optional[int] = ...) -> None: ...
+
+class OutcomeRequest(_message.Message):
+    __slots__ = ("ts",)
+    TS_FIELD_NUMBER: _ClassVar[int]
+    ts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ts: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class OutcomeReply(_message.Message):
+    __slots__ = ("outcomes",)
+    class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        PENDING: _ClassVar[OutcomeReply.Outcome]
+        COMMITTED: _ClassVar[OutcomeReply.Outcome]
+        ABORTED: _ClassVar[OutcomeReply.Outcome]
+    PENDING: OutcomeReply.Outcome
+    COMMITTED: OutcomeReply.Outcome
+    ABORTED: OutcomeReply.Outcome
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedScalarFieldContainer[OutcomeReply.Outcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[OutcomeReply.Outcome, str]]] = ...) -> None: ...

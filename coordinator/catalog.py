@@ -1,0 +1,145 @@
+"""The catalog: table schemas declared in SQL, persisted in the store's ``_catalog`` table.
+
+Each table gets a fresh store table id (``t<N>_<name>``) at CREATE, so a table dropped and
+created again never sees rows of its predecessor that an LTM or the store still holds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+import sqlglot
+from sqlglot import exp
+
+from aggview import errors
+from aggview.schema import Column, ColumnType, TableSchema
+from ltm.store.base import Store
+
+CATALOG_TABLE = "_catalog"
+META_TABLE = "_meta"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def identifier(node: exp.Expression | None, what: str) -> str:
+    """SQL identifier rules: unquoted names fold to lower case, quoted ones are kept."""
+    if node is None:
+        raise errors.InvalidArgument(f"missing {what} name")
+    ident = node if isinstance(node, exp.Identifier) else node.find(exp.Identifier)
+    if ident is None:
+        raise errors.InvalidArgument(f"missing {what} name")
+    name = ident.name if ident.quoted else ident.name.lower()
+    if not _NAME.match(name):
+        raise errors.InvalidArgument(
+            f"invalid {what} name {name!r}: use letters, digits and _ (at most 64)"
+        )
+    return name
+
+
+def parse_sql(sql: str) -> exp.Expression:
+    try:
+        statements = [s for s in sqlglot.parse(sql) if s is not None]
+    except sqlglot.errors.ParseError as exc:
+        raise errors.InvalidArgument(f"cannot parse SQL: {exc}") from None
+    if len(statements) != 1:
+        raise errors.InvalidArgument(f"expected one SQL statement, got {len(statements)}")
+    return statements[0]
+
+
+def table_from_create(statement: exp.Create, table_id_for: callable) -> TableSchema:  # type: ignore[valid-type]
+    schema = statement.this
+    if not isinstance(schema, exp.Schema):
+        raise errors.InvalidArgument("CREATE TABLE needs a column list")
+    name = identifier(schema.this, "table")
+    columns: list[Column] = []
+    primary_key: list[str] = []
+    for item in schema.expressions:
+        if isinstance(item, exp.ColumnDef):
+            column_name = identifier(item.this, "column")
+            kind = item.args.get("kind")
+            if kind is None:
+                raise errors.InvalidArgument(f"column {name}.{column_name} has no type")
+            nullable = True
+            for constraint in item.constraints:
+                ckind = constraint.args.get("kind")
+                if isinstance(ckind, exp.NotNullColumnConstraint):
+                    nullable = False
+                elif isinstance(ckind, exp.PrimaryKeyColumnConstraint):
+                    primary_key.append(column_name)
+                else:
+                    raise errors.InvalidArgument(
+                        f"unsupported column constraint {constraint.sql()!r} "
+                        f"on {name}.{column_name}"
+                    )
+            columns.append(Column(column_name, ColumnType.parse(kind.sql()), nullable))
+        elif isinstance(item, exp.PrimaryKey):
+            if primary_key:
+                raise errors.InvalidArgument(f"table {name} declares its primary key twice")
+            primary_key = [identifier(c, "column") for c in item.expressions]
+        else:
+            raise errors.InvalidArgument(f"unsupported table element {item.sql()!r} in {name}")
+    if not primary_key:
+        raise errors.InvalidArgument(f"table {name} needs a PRIMARY KEY")
+    return TableSchema.build(name, table_id_for(name), columns, primary_key)
+
+
+class Catalog:
+    """Schemas by name, loaded once and written through to the store on every change."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        store.create_table(CATALOG_TABLE)
+        store.create_table(META_TABLE)
+        self.tables: dict[str, TableSchema] = {}
+        for _, value in store.scan(CATALOG_TABLE):
+            schema = TableSchema.from_json(json.loads(value))
+            self.tables[schema.name] = schema
+
+    def table(self, name: str) -> TableSchema:
+        schema = self.tables.get(name)
+        if schema is None:
+            raise errors.UnknownTable(f"unknown table {name!r}")
+        return schema
+
+    def meta(self, key: str) -> str | None:
+        value = self.store.get(META_TABLE, key.encode())
+        return None if value is None else value.decode()
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.store.write([(META_TABLE, key.encode(), value.encode())])
+
+    def _next_table_id(self, name: str) -> str:
+        number = int(self.meta("next_table_number") or "1")
+        self.set_meta("next_table_number", str(number + 1))
+        return f"t{number}_{name}"
+
+    def create_table(self, statement: exp.Create) -> tuple[TableSchema | None, str]:
+        """Returns the new schema (None if it existed and IF NOT EXISTS was given)."""
+        with self._lock:
+            schema = table_from_create(statement, lambda name: "pending")
+            if schema.name in self.tables:
+                if statement.args.get("exists"):
+                    return None, f"table {schema.name} already exists"
+                raise errors.AlreadyExists(f"table {schema.name} already exists")
+            schema = TableSchema.from_json(
+                {**schema.to_json(), "table_id": self._next_table_id(schema.name)}
+            )
+            self.store.create_table(schema.table_id)
+            self.store.write(
+                [(CATALOG_TABLE, schema.name.encode(), json.dumps(schema.to_json()).encode())]
+            )
+            self.tables[schema.name] = schema
+            return schema, f"created table {schema.name}"
+
+    def drop_table(self, name: str, if_exists: bool) -> TableSchema | None:
+        with self._lock:
+            schema = self.tables.get(name)
+            if schema is None:
+                if if_exists:
+                    return None
+                raise errors.UnknownTable(f"unknown table {name!r}")
+            self.store.write([(CATALOG_TABLE, name.encode(), None)])
+            del self.tables[name]
+            return schema

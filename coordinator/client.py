@@ -1,0 +1,282 @@
+"""The Python client: one-shot transactions and snapshot reads over gRPC.
+
+``Client`` is blocking; ``AsyncClient`` is the same API for asyncio programs (load generators).
+Both retry timestamp-order aborts themselves with a bounded number of attempts; every other
+error is raised as the matching ``aggview.errors`` class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+
+from aggview import errors
+from aggview.net import GRPC_OPTIONS
+from aggview.status import error_from_rpc
+from aggview.values import from_row, to_row, to_value
+from aggview.wire import client_pb2 as pb
+from aggview.wire import client_pb2_grpc as pb_grpc
+
+_COMPARISONS = {"==": pb.EQ, "!=": pb.NE, "<": pb.LT, "<=": pb.LE, ">": pb.GT, ">=": pb.GE}
+Require = Mapping[str, tuple[str, Any]]
+
+
+class Row(dict):  # type: ignore[type-arg]
+    """A row as a dict, with the timestamp of the snapshot it was read from."""
+
+    timestamp: int = 0
+
+
+class Rows(list):  # type: ignore[type-arg]
+    """Rows from one consistent snapshot, with its timestamp (and a message for SQL)."""
+
+    timestamp: int = 0
+    message: str = ""
+    columns: list[str]
+
+
+def _conditions(require: Require | None) -> list[pb.Condition]:
+    out = []
+    for column, spec in (require or {}).items():
+        if not (isinstance(spec, tuple) and len(spec) == 2 and spec[0] in _COMPARISONS):
+            raise errors.InvalidArgument(
+                f"require[{column!r}] must be (op, value) with op one of "
+                f"{', '.join(_COMPARISONS)}; got {spec!r}"
+            )
+        out.append(pb.Condition(column=column, op=_COMPARISONS[spec[0]], value=to_value(spec[1])))
+    return out
+
+
+class Transaction:
+    """Buffers operations; the whole transaction is sent once, when the ``with`` block ends."""
+
+    def __init__(self) -> None:
+        self.operations: list[pb.Operation] = []
+        self.timestamp: int | None = None
+
+    def insert(self, table: str, row: Mapping[str, Any]) -> None:
+        self.operations.append(
+            pb.Operation(kind=pb.Operation.INSERT, table=table, values=to_row(row))
+        )
+
+    def update(
+        self,
+        table: str,
+        key: Mapping[str, Any],
+        changes: Mapping[str, Any],
+        *,
+        require: Require | None = None,
+    ) -> None:
+        self._keyed(pb.Operation.UPDATE, table, key, changes, require)
+
+    def add(
+        self,
+        table: str,
+        key: Mapping[str, Any],
+        deltas: Mapping[str, Any],
+        *,
+        require: Require | None = None,
+    ) -> None:
+        self._keyed(pb.Operation.ADD, table, key, deltas, require)
+
+    def delete(self, table: str, key: Mapping[str, Any], *, require: Require | None = None) -> None:
+        self._keyed(pb.Operation.DELETE, table, key, {}, require)
+
+    def _keyed(
+        self,
+        kind: int,
+        table: str,
+        key: Mapping[str, Any],
+        values: Mapping[str, Any],
+        require: Require | None,
+    ) -> None:
+        self.operations.append(
+            pb.Operation(
+                kind=kind,
+                table=table,
+                key=to_row(key),
+                values=to_row(values),
+                require=_conditions(require),
+            )
+        )
+
+
+class _ClientTransaction(Transaction):
+    def __init__(self, client: Client) -> None:
+        super().__init__()
+        self._client = client
+
+    def __enter__(self) -> _ClientTransaction:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None and self.operations:
+            self.timestamp = self._client.commit(self.operations)
+
+
+class _AsyncClientTransaction(Transaction):
+    def __init__(self, client: AsyncClient) -> None:
+        super().__init__()
+        self._client = client
+
+    async def __aenter__(self) -> _AsyncClientTransaction:
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None and self.operations:
+            self.timestamp = await self._client.commit(self.operations)
+
+
+class RetryPolicy:
+    """Bounded retries with exponential backoff and jitter, for timestamp-order aborts only."""
+
+    def __init__(self, attempts: int = 20, first_delay: float = 0.001, max_delay: float = 0.1):
+        self.attempts = attempts
+        self.first_delay = first_delay
+        self.max_delay = max_delay
+
+    def delay(self, attempt: int) -> float:
+        return random.uniform(0, min(self.max_delay, self.first_delay * 2**attempt))
+
+
+def _sql_rows(reply: pb.SqlReply) -> Rows:
+    rows = Rows(Row(from_row(r)) for r in reply.rows)
+    rows.timestamp, rows.message, rows.columns = reply.timestamp, reply.message, list(reply.columns)
+    return rows
+
+
+def _scan_rows(reply: pb.ScanReply) -> Rows:
+    rows = Rows(Row(from_row(r)) for r in reply.rows)
+    for row in rows:
+        row.timestamp = reply.timestamp
+    rows.timestamp, rows.columns = reply.timestamp, list(reply.columns)
+    return rows
+
+
+def _get_row(reply: pb.GetReply) -> Row | None:
+    if not reply.found:
+        return None
+    row = Row(from_row(reply.row))
+    row.timestamp = reply.timestamp
+    return row
+
+
+class Client:
+    """A blocking client. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self, address: str, *, timeout: float = 60.0, retry: RetryPolicy | None = None):
+        self.address = address
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self.retries = 0  # timestamp-order aborts retried so far
+        self.last_read_timestamp = 0
+        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._stub = pb_grpc.AggviewStub(self._channel)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None  # type: ignore[arg-type]
+
+    def sql(self, statement: str) -> Rows:
+        rows = _sql_rows(self._call(self._stub.Sql, pb.SqlRequest(sql=statement)))
+        self.last_read_timestamp = rows.timestamp or self.last_read_timestamp
+        return rows
+
+    def transaction(self) -> _ClientTransaction:
+        return _ClientTransaction(self)
+
+    def commit(self, operations: list[pb.Operation]) -> int:
+        """Sends one transaction, retrying timestamp-order aborts; returns its timestamp."""
+        request = pb.CommitRequest(operations=operations)
+        for attempt in range(self.retry.attempts):
+            try:
+                return self._call(self._stub.Commit, request).timestamp
+            except errors.TooLate:
+                if attempt + 1 == self.retry.attempts:
+                    raise
+                self.retries += 1
+                time.sleep(self.retry.delay(attempt))
+        raise AssertionError("unreachable")
+
+    def get(self, table: str, key: Mapping[str, Any]) -> Row | None:
+        reply = self._call(self._stub.Get, pb.GetRequest(table=table, key=to_row(key)))
+        self.last_read_timestamp = reply.timestamp
+        return _get_row(reply)
+
+    def scan(self, table: str, prefix: Mapping[str, Any] | None = None, *, limit: int = 0) -> Rows:
+        request = pb.ScanRequest(table=table, prefix=to_row(prefix or {}), limit=limit)
+        rows = _scan_rows(self._call(self._stub.Scan, request))
+        self.last_read_timestamp = rows.timestamp
+        return rows
+
+
+class AsyncClient:
+    """The same API for asyncio: ``async with client.transaction() as tx``, ``await get(...)``."""
+
+    def __init__(self, address: str, *, timeout: float = 60.0, retry: RetryPolicy | None = None):
+        self.address = address
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self.retries = 0
+        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self._stub = pb_grpc.AggviewStub(self._channel)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None  # type: ignore[arg-type]
+
+    async def sql(self, statement: str) -> Rows:
+        return _sql_rows(await self._call(self._stub.Sql, pb.SqlRequest(sql=statement)))
+
+    def transaction(self) -> _AsyncClientTransaction:
+        return _AsyncClientTransaction(self)
+
+    async def commit(self, operations: list[pb.Operation]) -> int:
+        request = pb.CommitRequest(operations=operations)
+        for attempt in range(self.retry.attempts):
+            try:
+                return (await self._call(self._stub.Commit, request)).timestamp
+            except errors.TooLate:
+                if attempt + 1 == self.retry.attempts:
+                    raise
+                self.retries += 1
+                await asyncio.sleep(self.retry.delay(attempt))
+        raise AssertionError("unreachable")
+
+    async def get(self, table: str, key: Mapping[str, Any]) -> Row | None:
+        return _get_row(
+            await self._call(self._stub.Get, pb.GetRequest(table=table, key=to_row(key)))
+        )
+
+    async def scan(
+        self, table: str, prefix: Mapping[str, Any] | None = None, *, limit: int = 0
+    ) -> Rows:
+        request = pb.ScanRequest(table=table, prefix=to_row(prefix or {}), limit=limit)
+        return _scan_rows(await self._call(self._stub.Scan, request))

@@ -1,0 +1,49 @@
+"""The coordinator's durable record of commit decisions (presumed abort: aborts are not logged).
+
+A commit decision stays until every participant has acknowledged it; until then an LTM that
+asks about the transaction (after its own restart, or ours) learns it committed. Anything not
+here and not in flight is aborted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aggview.wal import WriteAheadLog
+
+COMPACT_BYTES = 4 * 1024 * 1024
+
+
+class DecisionLog:
+    def __init__(self, directory: Path, *, fsync: bool = True) -> None:
+        self.wal = WriteAheadLog(directory, fsync=fsync)
+        self.committed: dict[int, list[int]] = {}  # ts -> participants not yet acknowledged
+        for record in self.wal.replay():
+            if record["kind"] == "commit":
+                self.committed[record["ts"]] = record["participants"]
+            elif record["kind"] == "done":
+                self.committed.pop(record["ts"], None)
+        self._written_since_compaction = 0
+
+    async def commit(self, ts: int, participants: list[int]) -> None:
+        await self.wal.append({"kind": "commit", "ts": ts, "participants": participants})
+        self.committed[ts] = participants
+        self._written_since_compaction += 1
+
+    async def done(self, ts: int) -> None:
+        if self.committed.pop(ts, None) is not None:
+            self.wal.write({"kind": "done", "ts": ts})
+            self._written_since_compaction += 1
+            if self._written_since_compaction > 50_000:
+                await self.compact()
+
+    async def compact(self) -> None:
+        self._written_since_compaction = 0
+        carry = [
+            {"kind": "commit", "ts": ts, "participants": participants}
+            for ts, participants in self.committed.items()
+        ]
+        segment = await self.wal.rotate(carry)
+        self.wal.drop_before(segment)
+
+    async def close(self) -> None:
+        await self.wal.close()

@@ -1,0 +1,118 @@
+"""The coordinator's line to one LTM. Prepare and decide messages of concurrent transactions
+that are bound for the same LTM travel together in one RPC, so throughput is not one RPC per
+transaction per participant."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+import grpc
+
+from aggview import errors
+from aggview.net import GRPC_OPTIONS
+from aggview.status import error_from_rpc
+from aggview.wire import ltm_pb2 as pb
+from aggview.wire import ltm_pb2_grpc as pb_grpc
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class Batcher(Generic[Item, Result]):
+    """Collects items submitted during one turn of the event loop and sends them in one call.
+
+    There is deliberately no cap on calls in flight: a prepare that waits at the LTM for an
+    older transaction's decision must never keep that decision from being sent."""
+
+    def __init__(self, send: Callable[[list[Item]], Awaitable[list[Result]]]) -> None:
+        self._send = send
+        self._queue: list[tuple[Item, asyncio.Future[Result]]] = []
+        self._scheduled = False
+        self.calls = 0
+        self.items = 0
+
+    def submit(self, item: Item) -> asyncio.Future[Result]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
+        self._queue.append((item, future))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._drain)
+        return future
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        batch, self._queue = self._queue, []
+        if batch:
+            asyncio.get_running_loop().create_task(self._deliver(batch))
+
+    async def _deliver(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
+        self.calls += 1
+        self.items += len(batch)
+        try:
+            results = await self._send([item for item, _ in batch])
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+                    future.exception()  # a caller that gave up must not log "never retrieved"
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
+
+class LtmChannel:
+    def __init__(self, index: int, address: str, watermarks: Callable[[], tuple[int, int]]) -> None:
+        self.index = index
+        self.address = address
+        self._watermarks = watermarks
+        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self.stub = pb_grpc.LtmStub(self._channel)
+        self.prepares: Batcher[pb.SubTransaction, pb.Vote] = Batcher(self._send_prepares)
+        self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
+
+    async def _send_prepares(self, subs: list[pb.SubTransaction]) -> list[pb.Vote]:
+        low, issued = self._watermarks()
+        request = pb.PrepareRequest(subs=subs, low_watermark=low, issued=issued)
+        reply = await self._call(self.stub.Prepare, request, timeout=30)
+        return list(reply.votes)
+
+    async def _send_decisions(self, decisions: list[pb.Decision]) -> list[None]:
+        low, _ = self._watermarks()
+        request = pb.DecideRequest(decisions=decisions, low_watermark=low)
+        await self._call(self.stub.Decide, request, timeout=30)
+        return [None] * len(decisions)
+
+    async def _call(self, method, request, timeout: float):  # type: ignore[no-untyped-def]
+        try:
+            return await method(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise errors.Unavailable(
+                    f"LTM {self.index} at {self.address} is unavailable: {exc.details()}"
+                ) from None
+            raise error_from_rpc(exc) from None
+
+    async def prepare(self, sub: pb.SubTransaction) -> pb.Vote:
+        try:
+            return await self.prepares.submit(sub)
+        except errors.AggviewError as exc:
+            return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=str(exc))
+
+    async def decide(self, ts: int, commit: bool) -> None:
+        await self.decisions.submit(pb.Decision(ts=ts, commit=commit))
+
+    async def read(self, request: pb.ReadRequest) -> pb.ReadReply:
+        return await self._call(self.stub.Read, request, timeout=30)
+
+    async def drop_table(self, table_id: str) -> None:
+        await self._call(self.stub.DropTable, pb.DropTableRequest(table=table_id), timeout=30)
+
+    async def status(self) -> pb.StatusReply:
+        return await self._call(self.stub.Status, pb.StatusRequest(), timeout=5)
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,137 @@
+"""SQL statements the coordinator runs: table DDL, and simple reads for the command line
+(``SELECT * | cols FROM t [WHERE col = literal AND ...] [LIMIT n]``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlglot import exp
+
+from aggview import errors
+from aggview.keycodec import encode_key, prefix_end
+from aggview.rowcodec import decode_row
+from aggview.schema import TableSchema, from_storage, to_storage
+from aggview.values import to_value
+from aggview.wire import client_pb2 as cpb
+from coordinator.catalog import identifier, parse_sql
+from coordinator.transactions import TransactionManager
+
+
+@dataclass
+class SqlResult:
+    message: str = ""
+    columns: list[str] = field(default_factory=list)
+    rows: list[cpb.Row] = field(default_factory=list)
+    timestamp: int = 0
+
+
+async def run_sql(sql: str, manager: TransactionManager) -> SqlResult:
+    statement = parse_sql(sql)
+    if isinstance(statement, exp.Create) and str(statement.args.get("kind")).upper() == "TABLE":
+        schema, message = manager.catalog.create_table(statement)
+        return SqlResult(message=message)
+    if isinstance(statement, exp.Drop) and str(statement.args.get("kind")).upper() == "TABLE":
+        return await _drop_tables(statement, manager)
+    if isinstance(statement, exp.Select):
+        return await _select(statement, manager)
+    raise errors.InvalidArgument(
+        f"unsupported SQL statement {statement.key.upper()}: expected CREATE TABLE, DROP TABLE "
+        "or SELECT"
+    )
+
+
+async def _drop_tables(statement: exp.Drop, manager: TransactionManager) -> SqlResult:
+    dropped = []
+    for table in statement.args.get("tables") or [statement.this]:
+        name = identifier(table, "table")
+        schema = manager.catalog.drop_table(name, bool(statement.args.get("exists")))
+        if schema is None:
+            continue
+        await manager.drop_table(schema.table_id)
+        manager.catalog.store.drop_table(schema.table_id)
+        dropped.append(name)
+    return SqlResult(
+        message=f"dropped table {', '.join(dropped)}" if dropped else "nothing dropped"
+    )
+
+
+def _literal(node: exp.Expression) -> Any:
+    if isinstance(node, exp.Literal):
+        if node.is_string:
+            return node.this
+        text = node.this
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    if isinstance(node, exp.Boolean):
+        return node.this
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal):
+        return -_literal(node.this)
+    if isinstance(node, exp.Null):
+        return None
+    raise errors.InvalidArgument(f"expected a literal, got {node.sql()!r}")
+
+
+def _equalities(where: exp.Expression | None, schema: TableSchema) -> dict[str, Any]:
+    if where is None:
+        return {}
+    where = where.this
+    out: dict[str, Any] = {}
+    for term in where.flatten() if isinstance(where, exp.And) else [where]:
+        if not isinstance(term, exp.EQ) or not isinstance(term.this, exp.Column):
+            raise errors.InvalidArgument(
+                f"unsupported condition {term.sql()!r}: reads take column = literal AND ..."
+            )
+        column = schema.column(identifier(term.this, "column"))
+        value = _literal(term.expression)
+        if isinstance(value, float) and column.type.kind == "DECIMAL":
+            value = term.expression.this  # keep the literal's exact digits
+        out[column.name] = to_storage(column, value, table=schema.name)
+    return out
+
+
+async def _select(statement: exp.Select, manager: TransactionManager) -> SqlResult:
+    for unsupported in ("joins", "group", "having", "order", "with", "offset"):
+        if statement.args.get(unsupported):
+            raise errors.InvalidArgument(
+                f"unsupported in a read: {unsupported.upper()} (declare a view for aggregates)"
+            )
+    from_ = statement.args.get("from_") or statement.args.get("from")
+    if from_ is None:
+        raise errors.InvalidArgument("SELECT needs FROM a table")
+    schema = manager.catalog.table(identifier(from_.this, "table"))
+    columns = []
+    for item in statement.expressions:
+        if isinstance(item, exp.Star):
+            columns.extend(schema.column_names)
+        elif isinstance(item, exp.Column):
+            columns.append(schema.column(identifier(item, "column")).name)
+        else:
+            raise errors.InvalidArgument(f"unsupported select item {item.sql()!r}")
+    limit_node = statement.args.get("limit")
+    limit = int(_literal(limit_node.expression)) if limit_node is not None else 0
+    wanted = _equalities(statement.args.get("where"), schema)
+    prefix = []
+    for name in schema.primary_key:
+        if name not in wanted:
+            break
+        prefix.append(wanted[name])
+    start = encode_key(schema.key_types[: len(prefix)], prefix) if prefix else b""
+    stop = (prefix_end(start) or b"") if prefix else b""
+    rows, ts = await manager.read_range(schema.table_id, start, stop)
+    result = SqlResult(columns=columns, timestamp=ts)
+    for _, data in rows:
+        stored = decode_row(data) or {}
+        if any(stored.get(c) != v for c, v in wanted.items()):
+            continue
+        row = cpb.Row()
+        for name in columns:
+            value = stored.get(name)
+            column_type = schema.column(name).type
+            row.columns[name].CopyFrom(
+                to_value(None if value is None else from_storage(column_type, value))
+            )
+        result.rows.append(row)
+        if limit and len(result.rows) >= limit:
+            break
+    result.message = f"{len(result.rows)} row(s) at timestamp {ts}"
+    return result

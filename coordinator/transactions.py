@@ -1,0 +1,306 @@
+"""The two-phase-commit driver and snapshot reads.
+
+A one-shot transaction gets a timestamp, is split by partition into sub-transactions, and is
+prepared at every participant; the votes carry row images. Between the votes and the decision
+the transaction may grow (``Extension``: view maintenance adds refresh sub-transactions there).
+A commit decision is durable in the decision log before anyone hears of it; phase two is then
+delivered in the background until every participant has acknowledged it.
+
+Reads never abort writers: a read takes the youngest issued timestamp t, waits until every
+transaction at or below t is decided, and reads at t. So it sees exactly the transactions
+committed before it started (strict serializability for reads too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from aggview import errors
+from aggview.partition_map import partition_of
+from aggview.schema import TableSchema
+from aggview.status import CONDITION_FAILED_PREFIX
+from aggview.wire import client_pb2 as cpb
+from aggview.wire import ltm_pb2 as lpb
+from coordinator.catalog import Catalog
+from coordinator.convert import (
+    Limits,
+    check_operation_count,
+    describe_condition,
+    describe_key,
+    row_op,
+)
+from coordinator.decision_log import DecisionLog
+from coordinator.ltm_channel import LtmChannel
+from coordinator.timestamp_oracle import TimestampOracle
+
+log = logging.getLogger(__name__)
+Vote = lpb.Vote
+
+
+@dataclass
+class Transaction:
+    ts: int
+    subs: dict[int, lpb.SubTransaction]  # partition -> sub-transaction (all rounds so far)
+    images: list[lpb.RowImage] = field(default_factory=list)
+
+
+# Called after every round of yes votes; returns more row operations to prepare (none: done).
+Extension = Callable[[Transaction, list[lpb.RowImage]], Awaitable[list[lpb.RowOp]]]
+
+
+class InFlight:
+    """Timestamps handed out and not yet decided, and the reads waiting for them."""
+
+    def __init__(self) -> None:
+        self._undecided: dict[int, None] = {}  # insertion order is timestamp order
+        self._readers: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._active_reads: dict[int, int] = {}
+        self._sequence = 0
+
+    def add(self, ts: int) -> None:
+        self._undecided[ts] = None
+
+    def __contains__(self, ts: int) -> bool:
+        return ts in self._undecided
+
+    def oldest(self) -> int | None:
+        return next(iter(self._undecided), None)
+
+    def decided(self, ts: int) -> None:
+        self._undecided.pop(ts, None)
+        oldest = self.oldest()
+        while self._readers and (oldest is None or self._readers[0][0] < oldest):
+            _, _, waiter = heapq.heappop(self._readers)
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_decided_upto(self, ts: int) -> None:
+        oldest = self.oldest()
+        if oldest is None or oldest > ts:
+            return
+        self._sequence += 1
+        waiter = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._readers, (ts, self._sequence, waiter))
+        await waiter
+
+    @contextmanager
+    def reading(self, ts: int) -> Iterator[None]:
+        self._active_reads[ts] = self._active_reads.get(ts, 0) + 1
+        try:
+            yield
+        finally:
+            if self._active_reads[ts] == 1:
+                del self._active_reads[ts]
+            else:
+                self._active_reads[ts] -= 1
+
+    def low_watermark(self, current: int) -> int:
+        return min(self._active_reads, default=current)
+
+
+class TransactionManager:
+    def __init__(
+        self,
+        catalog: Catalog,
+        oracle: TimestampOracle,
+        decisions: DecisionLog,
+        ltm_addresses: list[str],
+        limits: Limits | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.oracle = oracle
+        self.decisions = decisions
+        self.limits = limits or Limits()
+        self.in_flight = InFlight()
+        self.channels = [
+            LtmChannel(i, address, self._watermarks) for i, address in enumerate(ltm_addresses)
+        ]
+        self.extensions: list[Extension] = []
+        self._deliveries: set[asyncio.Task[None]] = set()
+        self.committed = 0
+        self.aborted = 0
+
+    @property
+    def partitions(self) -> int:
+        return len(self.channels)
+
+    def _watermarks(self) -> tuple[int, int]:
+        current = self.oracle.current()
+        return self.in_flight.low_watermark(current), current
+
+    async def start(self) -> None:
+        """Re-delivers commit decisions that participants had not acknowledged before a restart."""
+        for ts, participants in list(self.decisions.committed.items()):
+            self._deliver_later(ts, participants)
+
+    async def close(self) -> None:
+        if self._deliveries:
+            await asyncio.wait(self._deliveries, timeout=5)
+        for channel in self.channels:
+            await channel.close()
+
+    # ----------------------------------------------------------------- writes
+
+    async def commit(self, operations: list[cpb.Operation]) -> int:
+        """Runs one one-shot transaction; returns its commit timestamp or raises why not."""
+        check_operation_count(len(operations), self.limits)
+        ops = [row_op(op, self.catalog.table, self.limits) for op in operations]
+        ts = self.oracle.next()
+        self.in_flight.add(ts)
+        tx = Transaction(ts, {})
+        try:
+            round_ops = ops
+            while round_ops:
+                images = await self._prepare_round(tx, round_ops)
+                tx.images.extend(images)
+                round_ops = []
+                for extend in self.extensions:
+                    round_ops.extend(await extend(tx, images))
+            participants = sorted(tx.subs)
+            await self.decisions.commit(ts, participants)
+        except BaseException:
+            self.in_flight.decided(ts)
+            self.aborted += 1
+            for partition in tx.subs:
+                self._send_abort(partition, ts)
+            raise
+        self.in_flight.decided(ts)
+        self.committed += 1
+        self._deliver_later(ts, participants)
+        return ts
+
+    async def _prepare_round(self, tx: Transaction, ops: list[lpb.RowOp]) -> list[lpb.RowImage]:
+        by_partition: dict[int, lpb.SubTransaction] = {}
+        for op in ops:
+            partition = partition_of(op.table, op.key, self.partitions)
+            sub = by_partition.get(partition)
+            if sub is None:
+                sub = by_partition[partition] = lpb.SubTransaction(
+                    ts=tx.ts, want_images=bool(self.extensions)
+                )
+            sub.ops.append(op)
+        for partition, sub in by_partition.items():
+            whole = tx.subs.setdefault(partition, lpb.SubTransaction(ts=tx.ts))
+            whole.ops.extend(sub.ops)
+        votes = await asyncio.gather(
+            *(self.channels[p].prepare(sub) for p, sub in by_partition.items())
+        )
+        self._raise_for_votes(votes)
+        return [image for vote in votes for image in vote.images]
+
+    def _raise_for_votes(self, votes: list[lpb.Vote]) -> None:
+        """The most telling no vote becomes the transaction's error: a failed condition or a
+        missing row is the answer at this timestamp; too-late and unavailable are retryable."""
+        order = [
+            Vote.CONDITION_FAILED,
+            Vote.NOT_FOUND,
+            Vote.ALREADY_EXISTS,
+            Vote.INVALID,
+            Vote.UNAVAILABLE,
+            Vote.TOO_LATE,
+        ]
+        no = [v for v in votes if v.outcome != Vote.YES]
+        if not no:
+            return
+        vote = min(no, key=lambda v: order.index(v.outcome))
+        schema = self._schema_by_id(vote.table)
+        where = (
+            f"table {schema.name}, row {describe_key(schema, vote.key)}"
+            if schema
+            else ("a participant")
+        )
+        if vote.outcome == Vote.CONDITION_FAILED:
+            detail = describe_condition(schema, vote.message) if schema else vote.message
+            raise errors.ConditionFailed(f"{CONDITION_FAILED_PREFIX}{where}: {detail}")
+        if vote.outcome == Vote.NOT_FOUND:
+            raise errors.RowNotFound(f"{where}: {vote.message}")
+        if vote.outcome == Vote.ALREADY_EXISTS:
+            raise errors.AlreadyExists(f"{where}: {vote.message}")
+        if vote.outcome == Vote.INVALID:
+            raise errors.InvalidArgument(f"{where}: {vote.message}")
+        if vote.outcome == Vote.UNAVAILABLE:
+            raise errors.Unavailable(vote.message)
+        raise errors.TooLate(f"transaction aborted by timestamp order at {where}; retry it")
+
+    def _schema_by_id(self, table_id: str) -> TableSchema | None:
+        for schema in self.catalog.tables.values():
+            if schema.table_id == table_id:
+                return schema
+        return None
+
+    def _send_abort(self, partition: int, ts: int) -> None:
+        """Best effort: an LTM that misses it asks later and hears 'aborted' (presumed abort)."""
+        future = self.channels[partition].decisions.submit(lpb.Decision(ts=ts, commit=False))
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def _deliver_later(self, ts: int, participants: list[int]) -> None:
+        task = asyncio.get_running_loop().create_task(self._deliver(ts, participants))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _deliver(self, ts: int, participants: list[int]) -> None:
+        """Phase two: retried until every participant has the commit durably."""
+
+        async def one(partition: int) -> None:
+            delay = 0.05
+            while True:
+                try:
+                    await self.channels[partition].decide(ts, True)
+                    return
+                except errors.AggviewError as exc:
+                    log.info("commit %d to LTM %d not delivered (%s); retrying", ts, partition, exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+
+        await asyncio.gather(*(one(p) for p in participants))
+        await self.decisions.done(ts)
+
+    def outcome(self, ts: int) -> int:
+        if ts in self.decisions.committed:
+            return lpb.OutcomeReply.COMMITTED
+        if ts in self.in_flight:
+            return lpb.OutcomeReply.PENDING
+        return lpb.OutcomeReply.ABORTED
+
+    # ----------------------------------------------------------------- reads
+
+    async def snapshot(self) -> int:
+        ts = self.oracle.current()
+        await self.in_flight.wait_decided_upto(ts)
+        return ts
+
+    async def read_keys(self, table_id: str, keys: list[bytes]) -> tuple[dict[bytes, bytes], int]:
+        """Rows by key from one consistent snapshot; returns (key -> row, timestamp)."""
+        ts = await self.snapshot()
+        by_partition: dict[int, list[bytes]] = {}
+        for key in keys:
+            by_partition.setdefault(partition_of(table_id, key, self.partitions), []).append(key)
+        with self.in_flight.reading(ts):
+            replies = await asyncio.gather(
+                *(
+                    self.channels[p].read(lpb.ReadRequest(ts=ts, table=table_id, keys=ks))
+                    for p, ks in by_partition.items()
+                )
+            )
+        return {kv.key: kv.row for reply in replies for kv in reply.rows}, ts
+
+    async def read_range(
+        self, table_id: str, start: bytes, stop: bytes, limit: int = 0
+    ) -> tuple[list[tuple[bytes, bytes]], int]:
+        """A key range of a table from one consistent snapshot, in key order."""
+        ts = await self.snapshot()
+        request = lpb.ReadRequest(
+            ts=ts, table=table_id, scan=True, start=start, stop=stop, limit=limit
+        )
+        with self.in_flight.reading(ts):
+            replies = await asyncio.gather(*(ch.read(request) for ch in self.channels))
+        rows = sorted((kv.key, kv.row) for reply in replies for kv in reply.rows)
+        return (rows[:limit] if limit else rows), ts
+
+    async def drop_table(self, table_id: str) -> None:
+        await asyncio.gather(*(ch.drop_table(table_id) for ch in self.channels))

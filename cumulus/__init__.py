@@ -1,0 +1,1 @@
+"""The view compiler, query layer and Spark layer (views arrive with the next issues)."""

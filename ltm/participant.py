@@ -1,0 +1,518 @@
+"""The local transaction manager's logic, free of gRPC so tests can drive it directly.
+
+A participant owns the rows whose partition (``aggview.partition_map``) is its index. It keeps
+the rows it has touched in memory (loaded lazily from the store, clean ones evicted when the
+cache is full), runs sub-transactions in timestamp order (``ltm.rows``), makes every PREPARED
+record durable before it votes yes, and checkpoints committed rows to the store so the log
+stays short. On start it replays the log over the store; a transaction still undecided there
+is kept prepared until the coordinator tells its outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import operator
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aggview import errors
+from aggview.partition_map import partition_of
+from aggview.rowcodec import (
+    decode_json,
+    decode_row,
+    decode_stored,
+    encode_json,
+    encode_row,
+    encode_stored,
+)
+from aggview.wal import WriteAheadLog
+from aggview.wire import ltm_pb2 as pb
+from ltm.rows import Row, RowState
+from ltm.store.base import Store
+
+log = logging.getLogger(__name__)
+
+RowId = tuple[str, bytes]  # (store table id, encoded key)
+Outcome = pb.Vote.Outcome
+
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
+class VoteNo(Exception):
+    """A sub-transaction cannot commit; carries the vote's outcome and the row it is about."""
+
+    def __init__(self, outcome: int, message: str, row: RowId | None = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.row = row
+
+
+@dataclass
+class Prepared:
+    ts: int
+    after: dict[RowId, Row | None] = field(default_factory=dict)
+    before: dict[RowId, Row | None] = field(default_factory=dict)
+    since: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Settings:
+    partition: int = 0
+    partitions: int = 1
+    cache_rows: int = 1_000_000
+    checkpoint_interval: float = 2.0
+    checkpoint_dirty_rows: int = 50_000
+    lock_wait_timeout: float = 5.0
+    outcome_query_after: float = 1.0
+
+
+OutcomeQuery = Callable[[list[int]], Awaitable[list[bool | None]]]  # None: still undecided
+
+
+class Participant:
+    def __init__(
+        self,
+        store: Store,
+        log_dir: Path,
+        settings: Settings | None = None,
+        *,
+        fsync: bool = True,
+        outcome_query: OutcomeQuery | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings or Settings()
+        self.wal = WriteAheadLog(log_dir, fsync=fsync)
+        self.outcome_query = outcome_query
+        self.rows: dict[RowId, RowState] = {}
+        self.loading: dict[RowId, asyncio.Future[None]] = {}
+        self.prepared: dict[int, Prepared] = {}
+        self.dropped: set[str] = set()
+        self.low_watermark = 0
+        self.evicted_floor = 0  # youngest timestamp forgotten by eviction (see _load)
+        self.contacted = False
+        self.commits_since_checkpoint = 0
+        self.scans_running = 0
+        self.checkpoints = 0
+        self._background: list[asyncio.Task[None]] = []
+        self._checkpoint_lock = asyncio.Lock()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        await self.recover()
+        loop = asyncio.get_running_loop()
+        self._background = [
+            loop.create_task(self._checkpoint_loop()),
+            loop.create_task(self._outcome_loop()),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.checkpoint()
+        await self.wal.close()
+
+    async def recover(self) -> None:
+        """Replays the log over the store: committed after-images newer than the stored copy
+        win; PREPARED transactions without a decision stay prepared (rows held)."""
+        committed: dict[RowId, tuple[int, Row | None]] = {}
+        undecided: dict[int, Prepared] = {}
+        for record in self.wal.replay():
+            kind, ts = record["kind"], record["ts"]
+            if kind == "prepared":
+                tx = undecided.setdefault(ts, Prepared(ts))
+                tx.after.update(record["after"])
+            elif kind == "commit":
+                tx = undecided.pop(ts, None)
+                for row_id, after in tx.after.items() if tx else ():
+                    if row_id not in committed or committed[row_id][0] < ts:
+                        committed[row_id] = (ts, after)
+            elif kind == "abort":
+                undecided.pop(ts, None)
+            elif kind == "drop":
+                self.dropped.add(record["table"])
+        for table_id in self.dropped:
+            committed = {r: v for r, v in committed.items() if r[0] != table_id}
+        wanted = set(committed) | {r for tx in undecided.values() for r in tx.after}
+        await self._load(wanted)
+        for row_id, (ts, after) in committed.items():
+            state = self.rows[row_id]
+            if ts > state.last_ts:
+                state.commit(ts, after, ts)
+        for ts, tx in sorted(undecided.items()):
+            for row_id in tx.after:
+                state = self.rows[row_id]
+                tx.before[row_id] = state.current
+                state.holder = ts
+            self.prepared[ts] = tx
+        if committed or undecided:
+            log.info(
+                "recovered %d committed rows and %d undecided transactions from the log",
+                len(committed),
+                len(undecided),
+            )
+
+    # ----------------------------------------------------------------- prepare / decide
+
+    def observe(self, low_watermark: int, issued: int) -> None:
+        """Takes in what the coordinator piggybacks on every batch.
+
+        After a restart this LTM has forgotten which rows read/write transactions read (rts),
+        so every transaction issued before its first contact with the coordinator is treated
+        as too late on every row: aborted and retried by the client, never misordered."""
+        if low_watermark > self.low_watermark:
+            self.low_watermark = low_watermark
+        if not self.contacted and issued:
+            self.contacted = True
+            self.evicted_floor = max(self.evicted_floor, issued)
+
+    async def prepare(self, sub: pb.SubTransaction) -> pb.Vote:
+        """Runs one sub-transaction up to its vote; a yes vote is durable before it is sent."""
+        ts = sub.ts
+        tx = self.prepared.get(ts) or Prepared(ts)
+        taken: list[RowId] = []
+        try:
+            ops = [(op, (op.table, op.key)) for op in sub.ops]
+            for _, row_id in ops:
+                self._check_owned(row_id)
+            await self._load(row_id for _, row_id in ops)
+            for _, row_id in ops:
+                if row_id in tx.after or row_id in taken:
+                    continue
+                if not await self._acquire(row_id, ts):
+                    raise VoteNo(Outcome.TOO_LATE, "a younger transaction got there first", row_id)
+                taken.append(row_id)
+                tx.before[row_id] = self.rows[row_id].current
+            after = dict(tx.after)
+            for op, row_id in ops:
+                before = tx.before[row_id]
+                after[row_id] = _apply(op, before, after.get(row_id, before), row_id)
+        except VoteNo as no:
+            for row_id in taken:
+                tx.before.pop(row_id, None)
+                self.rows[row_id].release()
+            if no.outcome == Outcome.CONDITION_FAILED:
+                for _, row_id in ops:  # the condition read the row at ts
+                    state = self.rows[row_id]
+                    state.rts = max(state.rts, ts)
+            table, key = no.row or ("", b"")
+            return pb.Vote(ts=ts, outcome=no.outcome, message=str(no), table=table, key=key)
+        changed = {row_id: after[row_id] for row_id in dict.fromkeys(r for _, r in ops)}
+        tx.after.update(changed)
+        self.prepared[ts] = tx
+        await self.wal.append({"kind": "prepared", "ts": ts, "after": changed})
+        vote = pb.Vote(ts=ts, outcome=Outcome.YES)
+        if sub.want_images:
+            for (table, key), image in changed.items():
+                vote.images.add(
+                    table=table,
+                    key=key,
+                    before=encode_row(tx.before[(table, key)]),
+                    after=encode_row(image),
+                )
+        return vote
+
+    async def _acquire(self, row_id: RowId, ts: int) -> bool:
+        try:
+            return await asyncio.wait_for(
+                self.rows[row_id].acquire(ts), self.settings.lock_wait_timeout
+            )
+        except asyncio.TimeoutError:
+            return False
+
+    async def decide(self, ts: int, commit: bool) -> None:
+        """Applies the coordinator's decision. Unknown timestamps are already decided here
+        (decisions are retried), so they are acknowledged without effect."""
+        tx = self.prepared.pop(ts, None)
+        if tx is None:
+            return
+        for row_id, after in tx.after.items():
+            state = self.rows[row_id]
+            if commit and row_id[0] not in self.dropped:
+                state.commit(ts, after, self.low_watermark)
+            state.release()
+        if commit:
+            self.commits_since_checkpoint += len(tx.after)
+            await self.wal.append({"kind": "commit", "ts": ts})
+        else:
+            self.wal.write({"kind": "abort", "ts": ts})  # presumed abort: no flush needed
+
+    # ----------------------------------------------------------------- reads
+
+    async def read(self, request: pb.ReadRequest) -> list[tuple[bytes, bytes]]:
+        """Rows as of ``request.ts``, waiting only for transactions at or below it to land."""
+        ts, table = request.ts, request.table
+        if request.scan:
+            return await self._scan(request)
+        row_ids = [(table, key) for key in request.keys]
+        for row_id in row_ids:
+            self._check_owned(row_id)
+        await self._load(row_ids)
+        out = []
+        for row_id in row_ids:
+            row = await self._read_row(row_id, ts, request.register_read)
+            if row is not None:
+                out.append((row_id[1], encode_row(row)))
+        return out
+
+    async def _read_row(self, row_id: RowId, ts: int, register: bool) -> Row | None:
+        state = self.rows[row_id]
+        await state.wait_readable(ts)
+        if register:
+            state.rts = max(state.rts, ts)
+        return state.version_at(ts)[1]
+
+    async def _scan(self, request: pb.ReadRequest) -> list[tuple[bytes, bytes]]:
+        ts, table = request.ts, request.table
+        start, stop = request.start or None, request.stop or None
+        self.scans_running += 1  # no eviction meanwhile: the store copy we read must stay valid
+        try:
+            stored = await asyncio.to_thread(self._scan_store, table, start, stop)
+            keys = {k for k in stored}
+            for t, key in list(self.rows):
+                if t == table and (start is None or key >= start) and (stop is None or key < stop):
+                    keys.add(key)
+            out: list[tuple[bytes, bytes]] = []
+            for key in sorted(keys):
+                row_id = (table, key)
+                if row_id in self.rows:
+                    row = await self._read_row(row_id, ts, request.register_read)
+                    data = encode_row(row) if row is not None else b""
+                else:
+                    data = stored[key]
+                if data:
+                    out.append((key, data))
+                    if request.limit and len(out) >= request.limit:
+                        break
+            return out
+        finally:
+            self.scans_running -= 1
+
+    def _scan_store(
+        self, table: str, start: bytes | None, stop: bytes | None
+    ) -> dict[bytes, bytes]:
+        out = {}
+        for key, value in self.store.scan(table, start, stop):
+            if partition_of(table, key, self.settings.partitions) == self.settings.partition:
+                out[key] = encode_row(decode_stored(value)[1])
+        return out
+
+    # ----------------------------------------------------------------- cache
+
+    def _check_owned(self, row_id: RowId) -> None:
+        if row_id[0] in self.dropped:
+            raise VoteNo(Outcome.INVALID, f"table id {row_id[0]} was dropped", row_id)
+        owner = partition_of(row_id[0], row_id[1], self.settings.partitions)
+        if owner != self.settings.partition:
+            raise VoteNo(
+                Outcome.INVALID,
+                f"row belongs to partition {owner}, not {self.settings.partition}",
+                row_id,
+            )
+
+    async def _load(self, row_ids: Iterable[RowId]) -> None:
+        """Brings rows into memory from the store, once each even under concurrent callers."""
+        missing: dict[str, list[bytes]] = {}
+        waits = []
+        for row_id in row_ids:
+            if row_id in self.rows:
+                continue
+            if row_id in self.loading:
+                waits.append(self.loading[row_id])
+                continue
+            keys = missing.setdefault(row_id[0], [])
+            if row_id[1] not in keys:
+                keys.append(row_id[1])
+        if missing:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            for table, keys in missing.items():
+                for key in keys:
+                    self.loading[(table, key)] = future
+            try:
+                found = await asyncio.to_thread(self._get_many, missing)
+                for table, keys in missing.items():
+                    for key in keys:
+                        data = found.get((table, key))
+                        ts, row = decode_stored(data) if data else (0, None)
+                        # rts and older versions were forgotten on eviction: assume the worst.
+                        self.rows[(table, key)] = RowState(
+                            versions=[(ts, row)], rts=self.evicted_floor
+                        )
+                future.set_result(None)
+            except BaseException as exc:
+                future.set_exception(exc)
+                future.exception()  # mark retrieved; waiters re-raise it
+                raise
+            finally:
+                for table, keys in missing.items():
+                    for key in keys:
+                        self.loading.pop((table, key), None)
+        for wait in waits:
+            await wait
+
+    def _get_many(self, missing: dict[str, list[bytes]]) -> dict[RowId, bytes]:
+        out: dict[RowId, bytes] = {}
+        for table, keys in missing.items():
+            try:
+                found = self.store.get_many(table, keys)
+            except errors.UnknownTable:
+                found = {}  # a table created but never checkpointed into is empty
+            for key, value in found.items():
+                out[(table, key)] = value
+        return out
+
+    def _maybe_evict(self) -> None:
+        excess = len(self.rows) - self.settings.cache_rows
+        if excess <= 0 or self.scans_running:
+            return
+        victims = []
+        for row_id, state in self.rows.items():
+            if not (state.dirty or state.busy()) and state.last_ts <= self.low_watermark:
+                victims.append(row_id)
+                if len(victims) >= excess:
+                    break
+        for row_id in victims:
+            state = self.rows.pop(row_id)
+            self.evicted_floor = max(self.evicted_floor, state.rts, state.last_ts)
+
+    # ----------------------------------------------------------------- checkpoint
+
+    async def checkpoint(self) -> int:
+        """Writes committed rows to the store, then drops the log segments they cover."""
+        async with self._checkpoint_lock:
+            carry = [
+                {"kind": "prepared", "ts": tx.ts, "after": dict(tx.after)}
+                for tx in self.prepared.values()
+            ]
+            segment = await self.wal.rotate(carry)
+            self.commits_since_checkpoint = 0
+            written: list[tuple[RowId, int]] = []
+            mutations: list[tuple[str, bytes, bytes | None]] = []
+            for row_id, state in self.rows.items():
+                if not state.dirty or row_id[0] in self.dropped:
+                    continue
+                ts, row = state.versions[-1]
+                value = encode_stored(ts, row) if row is not None else None
+                mutations.append((row_id[0], row_id[1], value))
+                written.append((row_id, ts))
+            if mutations:
+                await asyncio.to_thread(self.store.write, mutations)
+            for row_id, ts in written:
+                state = self.rows.get(row_id)
+                if state is not None and state.last_ts == ts:
+                    state.dirty = False
+            self.wal.drop_before(segment)
+            self.checkpoints += 1
+            self._maybe_evict()
+            return len(mutations)
+
+    def dirty_rows(self) -> int:
+        return sum(1 for state in self.rows.values() if state.dirty)
+
+    async def _checkpoint_loop(self) -> None:
+        """Checkpoints every interval, or sooner when dirty rows or the cache run over."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(min(0.1, self.settings.checkpoint_interval))
+            due = time.monotonic() - last >= self.settings.checkpoint_interval
+            if not due and len(self.rows) > self.settings.cache_rows * 1.25:
+                due = True
+            if not due and self.commits_since_checkpoint > self.settings.checkpoint_dirty_rows:
+                due = True
+            if not due:
+                continue
+            last = time.monotonic()
+            try:
+                await self.checkpoint()
+            except Exception:
+                log.exception("checkpoint failed; the log keeps everything, retrying later")
+
+    async def drop_table(self, table_id: str) -> None:
+        self.dropped.add(table_id)
+        await self.wal.append({"kind": "drop", "ts": 0, "table": table_id})
+        for row_id in [r for r, s in self.rows.items() if r[0] == table_id and not s.busy()]:
+            del self.rows[row_id]
+
+    # ----------------------------------------------------------------- recovery queries
+
+    async def _outcome_loop(self) -> None:
+        """Asks the coordinator about transactions prepared here for too long: it may have
+        crashed, or its decision may not have reached us."""
+        while True:
+            await asyncio.sleep(self.settings.outcome_query_after / 2)
+            if self.outcome_query is None:
+                continue
+            now = time.monotonic()
+            stale = [
+                ts
+                for ts, tx in self.prepared.items()
+                if now - tx.since > self.settings.outcome_query_after
+            ]
+            if not stale:
+                continue
+            try:
+                outcomes = await self.outcome_query(stale)
+            except Exception as exc:  # coordinator down: ask again later
+                log.info("outcome query failed: %s", exc)
+                continue
+            for ts, outcome in zip(stale, outcomes, strict=True):
+                if outcome is not None:
+                    await self.decide(ts, outcome)
+
+
+def _apply(op: pb.RowOp, before: Row | None, current: Row | None, row_id: RowId) -> Row | None:
+    """One operation on a row; conditions see the row as it was before the transaction."""
+    if op.require:
+        _check_conditions(decode_json(op.require), before, row_id)
+    kind = op.kind
+    if kind == pb.RowOp.INSERT:
+        if current is not None:
+            raise VoteNo(Outcome.ALREADY_EXISTS, "a row with this key already exists", row_id)
+        return decode_row(op.values)
+    if current is None:
+        raise VoteNo(Outcome.NOT_FOUND, "no row with this key", row_id)
+    if kind == pb.RowOp.DELETE:
+        return None
+    changes = decode_row(op.values) or {}
+    if kind == pb.RowOp.UPDATE:
+        return {**current, **changes}
+    if kind == pb.RowOp.ADD:
+        limits = decode_json(op.limits) or {}
+        row = dict(current)
+        for column, delta in changes.items():
+            value = row.get(column)
+            if value is None:
+                raise VoteNo(Outcome.INVALID, f"cannot add to column {column}: it is NULL", row_id)
+            value += delta
+            limit = limits.get(column)
+            if limit is not None and abs(value) >= limit:
+                raise VoteNo(Outcome.INVALID, f"adding to column {column} overflows it", row_id)
+            row[column] = value
+        return row
+    raise VoteNo(Outcome.INVALID, f"unknown operation kind {kind}", row_id)
+
+
+def _check_conditions(
+    conditions: Sequence[Sequence[Any]], before: Row | None, row_id: RowId
+) -> None:
+    if before is None:
+        raise VoteNo(Outcome.CONDITION_FAILED, "the row does not exist", row_id)
+    for column, op, value in conditions:
+        actual = before.get(column)
+        compare = _COMPARE[op]
+        if actual is None or value is None or not compare(actual, value):
+            # structured, so the coordinator can show the values as the user typed them
+            detail = encode_json([column, op, value, actual]).decode()
+            raise VoteNo(Outcome.CONDITION_FAILED, detail, row_id)

@@ -1,0 +1,104 @@
+"""One row's in-memory state at its LTM: committed versions for snapshot reads, the prepared
+transaction that holds it, and the transactions queued for it in timestamp order.
+
+Timestamp ordering, per row: a transaction may take a row only if no younger transaction has
+committed it, holds it, or has read it in a read/write transaction; otherwise it is too late.
+A transaction that finds an older one holding the row waits, so waits only point from younger
+to older transactions and cannot form a cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+Row = dict[str, Any]
+_sequence = itertools.count()
+
+
+@dataclass
+class RowState:
+    versions: list[tuple[int, Row | None]]  # committed, oldest first; None marks "absent"
+    rts: int = 0  # youngest read/write transaction that read this row
+    holder: int = 0  # timestamp of the transaction that holds the row (0: free)
+    dirty: bool = False  # committed changes the store does not have yet
+    lock_waiters: list[tuple[int, int, asyncio.Future[bool]]] = field(default_factory=list)
+    read_waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+    @property
+    def last_ts(self) -> int:
+        return self.versions[-1][0]
+
+    @property
+    def current(self) -> Row | None:
+        return self.versions[-1][1]
+
+    def too_late_for(self, ts: int) -> bool:
+        return ts <= self.last_ts or ts < self.rts or self.holder > ts
+
+    def version_at(self, ts: int) -> tuple[int, Row | None]:
+        for version in reversed(self.versions):
+            if version[0] <= ts:
+                return version
+        # Older than every version kept: only possible for a read below the low watermark,
+        # which the coordinator never issues.
+        raise LookupError(f"no version at {ts}; oldest kept is {self.versions[0][0]}")
+
+    def busy(self) -> bool:
+        return bool(self.holder or self.lock_waiters or self.read_waiters)
+
+    async def acquire(self, ts: int) -> bool:
+        """Takes the row for transaction ``ts``; False means too late (abort)."""
+        if self.holder == ts:
+            return True  # a transaction growing more operations on a row it holds
+        if self.too_late_for(ts):
+            return False
+        if not self.holder:
+            self.holder = ts
+            return True
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self.lock_waiters, (ts, next(_sequence), waiter))
+        return await waiter
+
+    def release(self) -> None:
+        """Frees the row and hands it to the oldest waiter that is not too late by now."""
+        self.holder = 0
+        while self.lock_waiters:
+            ts, _, waiter = heapq.heappop(self.lock_waiters)
+            if waiter.done():
+                continue  # timed out
+            if self.too_late_for(ts):
+                waiter.set_result(False)
+                continue
+            self.holder = ts
+            waiter.set_result(True)
+            break
+        readers, self.read_waiters = self.read_waiters, []
+        for reader in readers:
+            if not reader.done():
+                reader.set_result(None)
+
+    def commit(self, ts: int, after: Row | None, low_watermark: int) -> None:
+        self.versions.append((ts, after))
+        self.dirty = True
+        self.prune(low_watermark)
+
+    def prune(self, low_watermark: int) -> None:
+        """Keeps the newest version at or below the watermark and everything younger."""
+        keep_from = 0
+        for i, (ts, _) in enumerate(self.versions):
+            if ts <= low_watermark:
+                keep_from = i
+        if keep_from:
+            del self.versions[:keep_from]
+
+    async def wait_readable(self, ts: int) -> None:
+        """Waits until no transaction at or below ``ts`` holds the row (it is decided, so the
+        wait is short: the coordinator reads only below every undecided timestamp)."""
+        while self.holder and self.holder <= ts:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.read_waiters.append(waiter)
+            await waiter

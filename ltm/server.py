@@ -1,0 +1,133 @@
+"""The LTM's gRPC face: a thin servicer over :class:`ltm.participant.Participant`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from aggview import errors
+from aggview.net import GRPC_OPTIONS
+from aggview.status import grpc_method
+from aggview.wire import ltm_pb2 as pb
+from aggview.wire import ltm_pb2_grpc as pb_grpc
+from ltm.participant import Participant, Settings
+from ltm.store import open_store
+
+log = logging.getLogger(__name__)
+
+
+class LtmServicer(pb_grpc.LtmServicer):
+    def __init__(self, participant: Participant) -> None:
+        self.participant = participant
+
+    @grpc_method
+    async def Prepare(self, request: pb.PrepareRequest, context: object) -> pb.PrepareReply:
+        self.participant.observe(request.low_watermark, request.issued)
+        votes = await asyncio.gather(*(self._prepare_one(sub) for sub in request.subs))
+        return pb.PrepareReply(votes=votes)
+
+    async def _prepare_one(self, sub: pb.SubTransaction) -> pb.Vote:
+        try:
+            return await self.participant.prepare(sub)
+        except errors.AggviewError as exc:
+            return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=str(exc))
+        except Exception as exc:  # e.g. the store is down: this transaction aborts, we serve on
+            log.exception("prepare of %d failed", sub.ts)
+            return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=repr(exc))
+
+    @grpc_method
+    async def Decide(self, request: pb.DecideRequest, context: object) -> pb.DecideReply:
+        self.participant.observe(request.low_watermark, 0)
+        await asyncio.gather(*(self.participant.decide(d.ts, d.commit) for d in request.decisions))
+        return pb.DecideReply()
+
+    @grpc_method
+    async def Read(self, request: pb.ReadRequest, context: object) -> pb.ReadReply:
+        rows = await self.participant.read(request)
+        return pb.ReadReply(rows=[pb.KeyValue(key=k, row=v) for k, v in rows])
+
+    @grpc_method
+    async def DropTable(self, request: pb.DropTableRequest, context: object) -> pb.DropTableReply:
+        await self.participant.drop_table(request.table)
+        return pb.DropTableReply()
+
+    @grpc_method
+    async def Status(self, request: pb.StatusRequest, context: object) -> pb.StatusReply:
+        p = self.participant
+        return pb.StatusReply(
+            index=p.settings.partition,
+            partitions=p.settings.partitions,
+            cached_rows=len(p.rows),
+            dirty_rows=p.dirty_rows(),
+            prepared=len(p.prepared),
+            checkpoints=p.checkpoints,
+            log_bytes=p.wal.size(),
+        )
+
+
+@dataclass
+class LtmConfig:
+    store_url: str
+    log_dir: Path
+    partition: int
+    partitions: int
+    coordinator: str | None = None  # asked about transactions left undecided
+    host: str = "127.0.0.1"
+    port: int = 0
+    fsync: bool = True
+    cache_rows: int = 1_000_000
+    checkpoint_interval: float = 2.0
+
+
+def _outcome_query(address: str):  # type: ignore[no-untyped-def]
+    channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+    stub = pb_grpc.TransactionOutcomeStub(channel)
+
+    async def query(timestamps: list[int]) -> list[bool | None]:
+        reply = await stub.Query(pb.OutcomeRequest(ts=timestamps), timeout=5)
+        by_code = {pb.OutcomeReply.COMMITTED: True, pb.OutcomeReply.ABORTED: False}
+        return [by_code.get(o) for o in reply.outcomes]
+
+    return query
+
+
+async def serve(config: LtmConfig, ready: asyncio.Event | None = None) -> None:
+    """Runs one LTM until SIGINT/SIGTERM, then checkpoints and exits."""
+    store = open_store(config.store_url)
+    settings = Settings(
+        partition=config.partition,
+        partitions=config.partitions,
+        cache_rows=config.cache_rows,
+        checkpoint_interval=config.checkpoint_interval,
+    )
+    participant = Participant(
+        store,
+        config.log_dir,
+        settings,
+        fsync=config.fsync,
+        outcome_query=_outcome_query(config.coordinator) if config.coordinator else None,
+    )
+    await participant.start()
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    pb_grpc.add_LtmServicer_to_server(LtmServicer(participant), server)
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise errors.Unavailable(f"cannot bind {config.host}:{config.port}")
+    await server.start()
+    print(f"ltm {config.partition} listening on {config.host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    await server.stop(grace=1.0)
+    await participant.stop()
+    store.close()
+    log.info("ltm %d stopped", config.partition)
