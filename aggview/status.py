@@ -8,6 +8,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError
+from google.protobuf.message_factory import GetMessageClass
 
 from aggview import errors
 
@@ -29,11 +32,48 @@ CONDITION_FAILED_PREFIX = "condition failed: "
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
+class Malformed:
+    """Stands in for a request whose bytes did not parse, so the method can answer clearly."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return Malformed(str(exc))
+
+    return deserialize
+
+
+def add_service(server: grpc.aio.Server, service: ServiceDescriptor, servicer: Any) -> None:
+    """Registers a servicer like the generated ``add_*_to_server``, except that a request that
+    does not parse reaches the method as :class:`Malformed` and gets INVALID_ARGUMENT."""
+    handlers = {}
+    for method in service.methods:
+        request_class = GetMessageClass(method.input_type)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=_tolerant(request_class.FromString),
+            response_serializer=lambda message: message.SerializeToString(),
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+
+
 def grpc_method(func: F) -> F:
     """Wraps an async servicer method: domain errors become statuses, bugs become INTERNAL."""
 
     @functools.wraps(func)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Malformed):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}"
+            )
         try:
             return await func(self, request, context)
         except errors.AggviewError as exc:

@@ -14,7 +14,7 @@ from aggview import errors
 from aggview.keycodec import encode_key, prefix_end
 from aggview.net import GRPC_OPTIONS
 from aggview.schema import prefix_to_storage
-from aggview.status import grpc_method
+from aggview.status import add_service, grpc_method
 from aggview.values import from_row
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
@@ -120,8 +120,10 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     server = grpc.aio.server(
         options=[*GRPC_OPTIONS, ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)]
     )
-    cpb_grpc.add_AggviewServicer_to_server(AggviewServicer(manager), server)
-    lpb_grpc.add_TransactionOutcomeServicer_to_server(OutcomeServicer(manager), server)
+    add_service(server, cpb.DESCRIPTOR.services_by_name["Aggview"], AggviewServicer(manager))
+    add_service(
+        server, lpb.DESCRIPTOR.services_by_name["TransactionOutcome"], OutcomeServicer(manager)
+    )
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
         raise errors.Unavailable(f"cannot bind {config.host}:{config.port}")

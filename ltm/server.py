@@ -12,7 +12,7 @@ import grpc
 
 from aggview import errors
 from aggview.net import GRPC_OPTIONS
-from aggview.status import grpc_method
+from aggview.status import add_service, grpc_method
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from ltm.participant import Participant, Settings
@@ -114,7 +114,7 @@ async def serve(config: LtmConfig, ready: asyncio.Event | None = None) -> None:
     )
     await participant.start()
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    pb_grpc.add_LtmServicer_to_server(LtmServicer(participant), server)
+    add_service(server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(participant))
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
         raise errors.Unavailable(f"cannot bind {config.host}:{config.port}")
