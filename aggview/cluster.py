@@ -41,6 +41,7 @@ class Server:
     args: list[str]
     log_path: Path
     port: int = 0
+    flags: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -55,7 +56,7 @@ class Server:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "aggview.cli", *args],
+                [sys.executable, "-m", "aggview.cli", *self.flags, *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -108,6 +109,7 @@ class LocalCluster:
     fsync: bool = True
     checkpoint_interval: float = 2.0
     cache_rows: int = 1_000_000
+    verbose: bool = False
     servers: list[Server] = field(default_factory=list)
 
     @property
@@ -153,6 +155,7 @@ class LocalCluster:
                         *common,
                     ],
                     self.data / "logs" / f"ltm-{i}.log",
+                    flags=["-v"] if self.verbose else [],
                 )
             )
         try:
@@ -172,6 +175,7 @@ class LocalCluster:
                 ],
                 self.data / "logs" / "coordinator.log",
                 port=coordinator_port,
+                flags=["-v"] if self.verbose else [],
             )
             self.servers.append(coordinator)
             coordinator.start()

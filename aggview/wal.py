@@ -102,8 +102,9 @@ class WriteAheadLog:
                     waiter.set_result(None)
 
     def _write_and_sync(self, fd: int, chunk: bytes) -> None:
-        if chunk:
-            os.write(fd, chunk)
+        view = memoryview(chunk)
+        while view:  # os.write may write less than asked (a full disk, a signal)
+            view = view[os.write(fd, view) :]
         if self.fsync:
             os.fdatasync(fd)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 from aggview import errors
@@ -269,18 +269,22 @@ class TransactionManager:
 
     # ----------------------------------------------------------------- reads
 
-    async def snapshot(self) -> int:
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[int]:
+        """A read timestamp: every transaction at or below it is decided, and no LTM prunes
+        the versions it needs until the block ends (it counts in the low watermark from the
+        moment it is taken)."""
         ts = self.oracle.current()
-        await self.in_flight.wait_decided_upto(ts)
-        return ts
+        with self.in_flight.reading(ts):
+            await self.in_flight.wait_decided_upto(ts)
+            yield ts
 
     async def read_keys(self, table_id: str, keys: list[bytes]) -> tuple[dict[bytes, bytes], int]:
         """Rows by key from one consistent snapshot; returns (key -> row, timestamp)."""
-        ts = await self.snapshot()
         by_partition: dict[int, list[bytes]] = {}
         for key in keys:
             by_partition.setdefault(partition_of(table_id, key, self.partitions), []).append(key)
-        with self.in_flight.reading(ts):
+        async with self.snapshot() as ts:
             replies = await asyncio.gather(
                 *(
                     self.channels[p].read(lpb.ReadRequest(ts=ts, table=table_id, keys=ks))
@@ -293,11 +297,10 @@ class TransactionManager:
         self, table_id: str, start: bytes, stop: bytes, limit: int = 0
     ) -> tuple[list[tuple[bytes, bytes]], int]:
         """A key range of a table from one consistent snapshot, in key order."""
-        ts = await self.snapshot()
-        request = lpb.ReadRequest(
-            ts=ts, table=table_id, scan=True, start=start, stop=stop, limit=limit
-        )
-        with self.in_flight.reading(ts):
+        async with self.snapshot() as ts:
+            request = lpb.ReadRequest(
+                ts=ts, table=table_id, scan=True, start=start, stop=stop, limit=limit
+            )
             replies = await asyncio.gather(*(ch.read(request) for ch in self.channels))
         rows = sorted((kv.key, kv.row) for reply in replies for kv in reply.rows)
         return (rows[:limit] if limit else rows), ts

@@ -209,6 +209,11 @@ class Participant:
                     state.rts = max(state.rts, ts)
             table, key = no.row or ("", b"")
             return pb.Vote(ts=ts, outcome=no.outcome, message=str(no), table=table, key=key)
+        except BaseException:  # store failure, cancellation: never leave a row held
+            for row_id in taken:
+                tx.before.pop(row_id, None)
+                self.rows[row_id].release()
+            raise
         changed = {row_id: after[row_id] for row_id in dict.fromkeys(r for _, r in ops)}
         tx.after.update(changed)
         self.prepared[ts] = tx
@@ -230,6 +235,9 @@ class Participant:
                 self.rows[row_id].acquire(ts), self.settings.lock_wait_timeout
             )
         except asyncio.TimeoutError:
+            state = self.rows[row_id]
+            if state.holder == ts:  # handed to us just as the wait timed out: give it back
+                state.release()
             return False
 
     async def decide(self, ts: int, commit: bool) -> None:
@@ -269,7 +277,12 @@ class Participant:
 
     async def _read_row(self, row_id: RowId, ts: int, register: bool) -> Row | None:
         state = self.rows[row_id]
-        await state.wait_readable(ts)
+        try:
+            await asyncio.wait_for(state.wait_readable(ts), self.settings.lock_wait_timeout)
+        except asyncio.TimeoutError:
+            raise errors.Unavailable(
+                f"row of {row_id[0]} is still held by undecided transaction {state.holder}"
+            ) from None
         if register:
             state.rts = max(state.rts, ts)
         return state.version_at(ts)[1]
@@ -469,7 +482,10 @@ class Participant:
                 continue
             for ts, outcome in zip(stale, outcomes, strict=True):
                 if outcome is not None:
-                    await self.decide(ts, outcome)
+                    try:
+                        await self.decide(ts, outcome)
+                    except Exception:
+                        log.exception("applying the outcome of %d failed; asking again", ts)
 
 
 def _apply(op: pb.RowOp, before: Row | None, current: Row | None, row_id: RowId) -> Row | None:

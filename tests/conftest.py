@@ -33,7 +33,7 @@ def table_name() -> str:
 @pytest.fixture
 def fresh_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """A cluster of its own, for tests that kill servers."""
-    running = LocalCluster(tmp_path / "data", ltms=3, checkpoint_interval=0.5)
+    running = LocalCluster(tmp_path / "data", ltms=3, checkpoint_interval=0.5, verbose=True)
     try:
         yield running.start()
     finally:

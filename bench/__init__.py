@@ -1,0 +1,1 @@
+"""Benchmarks that run against a local cluster of real processes."""

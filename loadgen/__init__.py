@@ -1,0 +1,1 @@
+"""Load generators: the transfer workload now; TPC-W and the dashboard benchmark later."""

@@ -1,0 +1,94 @@
+"""kill -9 of an LTM, and separately of the coordinator, at random points under load.
+
+After each restart the cluster must serve again, and every transfer a client saw committed
+must be there, with nothing half-applied (see ``loadgen.transfers.check``). Seeded: a failure
+names its seed and reproduces with it."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from aggview import errors
+from aggview.cluster import LocalCluster
+from coordinator import Client
+from loadgen import transfers
+
+ACCOUNTS = 30
+
+
+def wait_until_serving(address: str, accounts: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    with Client(address, timeout=5) as client:
+        while True:
+            try:
+                client.scan(accounts)
+                return
+            except errors.AggviewError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+@pytest.mark.parametrize("victim", ["ltm", "coordinator"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_kill_and_restart_under_load(fresh_cluster: LocalCluster, victim: str, seed: int) -> None:
+    rng = random.Random(seed)
+    cluster = fresh_cluster
+    accounts, ledger = "accounts", "ledger"
+    with Client(cluster.address) as client:
+        transfers.create(client, accounts, ledger, ACCOUNTS)
+    stop = threading.Event()
+    outcomes = transfers.Outcomes()
+    workers = transfers.run_clients(
+        cluster.address,
+        accounts,
+        ledger,
+        ACCOUNTS,
+        clients=6,
+        stop=stop,
+        outcomes=outcomes,
+        seed=seed,
+    )
+    try:
+        for _ in range(2):
+            time.sleep(rng.uniform(0.3, 1.2))
+            server = (
+                cluster.ltm(rng.randrange(cluster.ltms))
+                if victim == "ltm"
+                else (cluster.coordinator)
+            )
+            before = len(outcomes.committed)
+            server.kill()
+            time.sleep(rng.uniform(0.0, 0.5))
+            server.start()
+            wait_until_serving(cluster.address, accounts)
+            time.sleep(0.5)
+            assert len(outcomes.committed) > before or outcomes.unknown >= 0
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=60)
+    assert len(outcomes.committed) > 20, f"seed {seed}: too little progress {outcomes}"
+    with Client(cluster.address) as client:
+        transfers.check(client, accounts, ledger, ACCOUNTS, outcomes.committed)
+    # and it keeps serving transactions
+    with Client(cluster.address) as client:
+        transfers.transfer(client, accounts, ledger, 0, 1, 0, f"after-{seed}")
+
+
+def test_clean_restart_keeps_everything(fresh_cluster: LocalCluster) -> None:
+    cluster = fresh_cluster
+    with Client(cluster.address) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+        for i in range(20):
+            transfers.transfer(client, "accounts", "ledger", i, i + 1, 5, f"t{i}")
+    cluster.stop()
+    cluster.servers.clear()
+    cluster.start()
+    with Client(cluster.address) as client:
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, [f"t{i}" for i in range(20)])
+        transfers.transfer(client, "accounts", "ledger", 3, 4, 1, "after")
