@@ -475,7 +475,7 @@ def test_waiters_are_granted_in_timestamp_order(env: Env) -> None:
         order = []
         holder = 20
         while True:
-            assert not any(t.done() for t in waiters.values() if t not in order)
+            assert not any(t.done() for ts, t in waiters.items() if ts not in order)
             await p.decide(holder, True)
             await asyncio.sleep(0.02)
             done = [ts for ts, t in waiters.items() if t.done() and ts not in order]
@@ -825,6 +825,7 @@ def test_committed_rows_survive_a_crash(env: Env) -> None:
         await commit(p, 20, update(b"x", {"v": 2}), delete(b"y"), insert(b"z", {"v": 3}))
         assert (await p.prepare(sub(30, update(b"x", {"v": 3})))).outcome == YES
         await p.decide(30, False)
+        await p.wal.flush()  # the abort record is durable (see the unlogged abort test)
         crash(p)
         assert stored(env.store, b"x") is None  # nothing checkpointed yet
 
