@@ -177,17 +177,20 @@ class Participant:
         if not self.contacted and issued:
             self.contacted = True
             self.evicted_floor = max(self.evicted_floor, issued)
+            for state in self.rows.values():  # loaded before (by recovery, by reads)
+                state.rts = max(state.rts, issued)
 
     async def prepare(self, sub: pb.SubTransaction) -> pb.Vote:
         """Runs one sub-transaction up to its vote; a yes vote is durable before it is sent."""
         ts = sub.ts
         tx = self.prepared.get(ts) or Prepared(ts)
         taken: list[RowId] = []
+        pinned: list[RowState] = []
         try:
             ops = [(op, (op.table, op.key)) for op in sub.ops]
             for _, row_id in ops:
                 self._check_owned(row_id)
-            await self._load(row_id for _, row_id in ops)
+            pinned = await self._pin(row_id for _, row_id in ops)
             for _, row_id in ops:
                 if row_id in tx.after or row_id in taken:
                     continue
@@ -214,6 +217,8 @@ class Participant:
                 tx.before.pop(row_id, None)
                 self.rows[row_id].release()
             raise
+        finally:
+            self._unpin(pinned)
         changed = {row_id: after[row_id] for row_id in dict.fromkeys(r for _, r in ops)}
         tx.after.update(changed)
         self.prepared[ts] = tx
@@ -267,13 +272,16 @@ class Participant:
         row_ids = [(table, key) for key in request.keys]
         for row_id in row_ids:
             self._check_owned(row_id)
-        await self._load(row_ids)
-        out = []
-        for row_id in row_ids:
-            row = await self._read_row(row_id, ts, request.register_read)
-            if row is not None:
-                out.append((row_id[1], encode_row(row)))
-        return out
+        pinned = await self._pin(row_ids)
+        try:
+            out = []
+            for row_id in row_ids:
+                row = await self._read_row(row_id, ts, request.register_read)
+                if row is not None:
+                    out.append((row_id[1], encode_row(row)))
+            return out
+        finally:
+            self._unpin(pinned)
 
     async def _read_row(self, row_id: RowId, ts: int, register: bool) -> Row | None:
         state = self.rows[row_id]
@@ -293,6 +301,8 @@ class Participant:
         self.scans_running += 1  # no eviction meanwhile: the store copy we read must stay valid
         try:
             stored = await asyncio.to_thread(self._scan_store, table, start, stop)
+            if request.register_read:  # the read must stay remembered (rts) on every row
+                await self._load((table, key) for key in stored)
             keys = {k for k in stored}
             for t, key in list(self.rows):
                 if t == table and (start is None or key >= start) and (stop is None or key < stop):
@@ -334,6 +344,24 @@ class Participant:
                 f"row belongs to partition {owner}, not {self.settings.partition}",
                 row_id,
             )
+
+    async def _pin(self, row_ids: Iterable[RowId]) -> list[RowState]:
+        """Loads rows and keeps them in memory until :meth:`_unpin`: a checkpoint may evict
+        clean rows while a request that loaded them waits for another row."""
+        wanted = list(dict.fromkeys(row_ids))
+        while True:
+            await self._load(wanted)
+            if all(row_id in self.rows for row_id in wanted):  # none evicted meanwhile
+                break
+        states = [self.rows[row_id] for row_id in wanted]
+        for state in states:
+            state.pins += 1
+        return states
+
+    @staticmethod
+    def _unpin(states: list[RowState]) -> None:
+        for state in states:
+            state.pins -= 1
 
     async def _load(self, row_ids: Iterable[RowId]) -> None:
         """Brings rows into memory from the store, once each even under concurrent callers."""
@@ -409,6 +437,8 @@ class Participant:
                 {"kind": "prepared", "ts": tx.ts, "after": dict(tx.after)}
                 for tx in self.prepared.values()
             ]
+            # a dropped table stays dropped after a restart
+            carry += [{"kind": "drop", "ts": 0, "table": t} for t in sorted(self.dropped)]
             segment = await self.wal.rotate(carry)
             self.commits_since_checkpoint = 0
             written: list[tuple[RowId, int]] = []
@@ -511,7 +541,12 @@ def _apply(op: pb.RowOp, before: Row | None, current: Row | None, row_id: RowId)
             value = row.get(column)
             if value is None:
                 raise VoteNo(Outcome.INVALID, f"cannot add to column {column}: it is NULL", row_id)
-            value += delta
+            try:
+                value += delta
+            except TypeError:
+                raise VoteNo(
+                    Outcome.INVALID, f"cannot add {delta!r} to column {column}", row_id
+                ) from None
             limit = limits.get(column)
             if limit is not None and abs(value) >= limit:
                 raise VoteNo(Outcome.INVALID, f"adding to column {column} overflows it", row_id)
@@ -527,8 +562,16 @@ def _check_conditions(
         raise VoteNo(Outcome.CONDITION_FAILED, "the row does not exist", row_id)
     for column, op, value in conditions:
         actual = before.get(column)
-        compare = _COMPARE[op]
-        if actual is None or value is None or not compare(actual, value):
+        compare = _COMPARE.get(op)
+        if compare is None:
+            raise VoteNo(Outcome.INVALID, f"unknown comparison {op!r}", row_id)
+        try:
+            holds = actual is not None and value is not None and compare(actual, value)
+        except TypeError:
+            raise VoteNo(
+                Outcome.INVALID, f"cannot compare column {column} with {value!r}", row_id
+            ) from None
+        if not holds:
             # structured, so the coordinator can show the values as the user typed them
             detail = encode_json([column, op, value, actual]).decode()
             raise VoteNo(Outcome.CONDITION_FAILED, detail, row_id)

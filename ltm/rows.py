@@ -15,6 +15,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from aggview import errors
+
 Row = dict[str, Any]
 _sequence = itertools.count()
 
@@ -25,6 +27,7 @@ class RowState:
     rts: int = 0  # youngest read/write transaction that read this row
     holder: int = 0  # timestamp of the transaction that holds the row (0: free)
     dirty: bool = False  # committed changes the store does not have yet
+    pins: int = 0  # requests between loading the row and taking or reading it: not evictable
     lock_waiters: list[tuple[int, int, asyncio.Future[bool]]] = field(default_factory=list)
     read_waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
@@ -45,10 +48,13 @@ class RowState:
                 return version
         # Older than every version kept: only possible for a read below the low watermark,
         # which the coordinator never issues.
-        raise LookupError(f"no version at {ts}; oldest kept is {self.versions[0][0]}")
+        raise errors.Unavailable(
+            f"snapshot too old: no version at {ts}, the oldest kept is {self.versions[0][0]}; "
+            "read again"
+        )
 
     def busy(self) -> bool:
-        return bool(self.holder or self.lock_waiters or self.read_waiters)
+        return bool(self.holder or self.lock_waiters or self.read_waiters or self.pins)
 
     async def acquire(self, ts: int) -> bool:
         """Takes the row for transaction ``ts``; False means too late (abort)."""
@@ -61,7 +67,12 @@ class RowState:
             return True
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         heapq.heappush(self.lock_waiters, (ts, next(_sequence), waiter))
-        return await waiter
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.result():
+                self.release()  # handed the row just as the wait was cancelled: pass it on
+            raise
 
     def release(self) -> None:
         """Frees the row and hands it to the oldest waiter that is not too late by now."""

@@ -289,12 +289,16 @@ def test_failed_flush_reports_the_error_to_the_waiters(
     run(main)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     sizes=st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=8),
     cut=st.floats(min_value=0.0, max_value=1.0),
 )
-def test_any_truncation_replays_a_prefix(tmp_path_factory: Any, sizes: list[int], cut: float) -> None:
+def test_any_truncation_replays_a_prefix(
+    tmp_path_factory: Any, sizes: list[int], cut: float
+) -> None:
     directory = tmp_path_factory.mktemp("wal")
     records = [{"kind": "x", "ts": i, "pad": "p" * n} for i, n in enumerate(sizes)]
     _write_records(directory, records)
