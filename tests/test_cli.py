@@ -1,0 +1,90 @@
+"""The command line: `aggview start` (SIGTERM stops it, a restart keeps the data), `aggview sql`."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from coordinator import Client
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start(data: Path) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aggview.cli", "start", "--data", str(data), "--ltms", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    match = re.match(r"aggview listening on (\S+)", line)
+    assert match, line
+    return process, match.group(1)
+
+
+def stop(process: subprocess.Popen[str]) -> str:
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, out
+    return out
+
+
+def sql(address: str, *statements: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "aggview.cli", "sql", address, *statements],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    return done.stdout + done.stderr
+
+
+def test_start_stop_restart_and_sql(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    process, address = start(data)
+    try:
+        out = sql(
+            address,
+            "CREATE TABLE items (id INT PRIMARY KEY, name TEXT)",
+        )
+        assert "created table items" in out
+        with Client(address) as client, client.transaction() as tx:
+            for i in range(50):
+                tx.insert("items", {"id": i, "name": f"item {i}"})
+    finally:
+        assert "aggview stopped" in stop(process)
+
+    process, address = start(data)  # same data, new ports
+    try:
+        out = sql(address, "SELECT name FROM items WHERE id = 7", "SELECT * FROM items")
+        assert "item 7" in out and "50 row(s)" in out
+        bad = sql(address, "SELECT * FROM nowhere")
+        assert "unknown table 'nowhere'" in bad
+    finally:
+        stop(process)
+
+
+def test_start_refuses_another_ltm_count(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    process, _ = start(data)
+    stop(process)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "aggview.cli", "start", "--data", str(data), "--ltms", "3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "repartitioning is not supported" in done.stdout + done.stderr

@@ -1,0 +1,98 @@
+"""Coordinator pieces alone: batching, the in-flight set, the oracle, the decision log."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from coordinator.decision_log import DecisionLog
+from coordinator.ltm_channel import Batcher
+from coordinator.timestamp_oracle import BLOCK, TimestampOracle
+from coordinator.transactions import InFlight
+
+
+def test_batcher_sends_one_call_per_loop_turn() -> None:
+    calls: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        calls.append(items)
+        await asyncio.sleep(0.01)
+        return [i * 10 for i in items]
+
+    async def main() -> list[int]:
+        batcher: Batcher[int, int] = Batcher(send)
+        first = await asyncio.gather(*(batcher.submit(i) for i in range(50)))
+        second = await asyncio.gather(*(batcher.submit(i) for i in range(3)))
+        return first + second
+
+    results = asyncio.run(main())
+    assert results == [i * 10 for i in range(50)] + [0, 10, 20]
+    assert calls == [list(range(50)), [0, 1, 2]]
+
+
+def test_batcher_failure_reaches_every_caller() -> None:
+    async def send(items: list[int]) -> list[int]:
+        raise ConnectionError("down")
+
+    async def main() -> list[object]:
+        batcher: Batcher[int, int] = Batcher(send)
+        return await asyncio.gather(*(batcher.submit(i) for i in range(3)), return_exceptions=True)
+
+    assert all(isinstance(r, ConnectionError) for r in asyncio.run(main()))
+
+
+def test_reads_wait_for_older_undecided_transactions_only() -> None:
+    async def main() -> list[str]:
+        flight = InFlight()
+        events: list[str] = []
+        for ts in (5, 7, 9):
+            flight.add(ts)
+
+        async def read(ts: int) -> None:
+            await flight.wait_decided_upto(ts)
+            events.append(f"read {ts}")
+
+        await flight.wait_decided_upto(4)  # nothing older: no wait
+        readers = [asyncio.create_task(read(t)) for t in (6, 8)]
+        await asyncio.sleep(0)
+        for ts in (7, 5, 9):
+            events.append(f"decide {ts}")
+            flight.decided(ts)
+            await asyncio.sleep(0)
+        await asyncio.gather(*readers)
+        return events
+
+    # the read at 6 needs 5 decided; the read at 8 needs 5 and 7; neither waits for 9
+    assert asyncio.run(main()) == ["decide 7", "decide 5", "read 6", "read 8", "decide 9"]
+
+
+def test_low_watermark_is_the_oldest_active_read() -> None:
+    flight = InFlight()
+    assert flight.low_watermark(100) == 100
+    with flight.reading(40), flight.reading(60):
+        assert flight.low_watermark(100) == 40
+    assert flight.low_watermark(100) == 100
+
+
+def test_oracle_never_reissues_after_a_crash() -> None:
+    meta: dict[str, str] = {}
+    oracle = TimestampOracle(meta.get, meta.__setitem__)
+    issued = [oracle.next() for _ in range(10)]
+    assert issued == sorted(set(issued))
+    restarted = TimestampOracle(meta.get, meta.__setitem__)  # the old one's block is lost
+    assert restarted.next() > issued[-1]
+    assert restarted.current() >= BLOCK
+
+
+def test_decision_log_keeps_unacknowledged_commits(tmp_path: Path) -> None:
+    async def main() -> None:
+        log = DecisionLog(tmp_path)
+        await log.commit(10, [0, 1])
+        await log.commit(11, [2])
+        await log.done(10)
+        await log.compact()
+        await log.commit(12, [0])
+        await log.wal.flush()
+
+    asyncio.run(main())
+    assert DecisionLog(tmp_path).committed == {11: [2], 12: [0]}
