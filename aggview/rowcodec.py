@@ -29,12 +29,13 @@ def decode_json(data: bytes) -> Any:
     return _decoder.decode(data.decode()) if data else None
 
 
-def encode_stored(ts: int, row: Row) -> bytes:
-    """A row as the store keeps it: with the commit timestamp of the version, so that log
-    replay after a crash can tell which of two copies of a row is newer."""
-    return _encoder.encode([ts, row]).encode()
+def encode_stored(ts: int, row: Row, lsn: int = 0) -> bytes:
+    """A row as the store keeps it: with the commit timestamp of the version and the log
+    sequence number of the last change in it, so that log replay after a crash applies
+    exactly the changes the stored copy lacks (and merges never twice)."""
+    return _encoder.encode([ts, row, lsn]).encode()
 
 
-def decode_stored(data: bytes) -> tuple[int, Row]:
-    ts, row = _decoder.decode(data.decode())
-    return ts, row
+def decode_stored(data: bytes) -> tuple[int, Row, int]:
+    ts, row, *rest = _decoder.decode(data.decode())
+    return ts, row, rest[0] if rest else 0

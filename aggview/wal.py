@@ -34,6 +34,8 @@ class WriteAheadLog:
         self._pending: list[bytes] = []
         self._waiters: list[asyncio.Future[None]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._retired: list[int] = []  # old segments' descriptors, synced and closed by the flusher
+        self.lsn = 0  # sequence number of the last record queued (or replayed)
         self.bytes_written = 0
         self.flushes = 0
 
@@ -63,21 +65,28 @@ class WriteAheadLog:
                 body = data[offset + _HEADER.size : offset + _HEADER.size + length]
                 if len(body) < length or zlib.crc32(body) != crc:
                     break  # torn tail: never acknowledged
-                yield pickle.loads(body)
+                record = pickle.loads(body)
+                self.lsn = max(self.lsn, record.get("lsn", 0))
+                yield record
                 offset += _HEADER.size + length
 
-    def write(self, record: dict[str, Any]) -> None:
-        """Queues a record without waiting for it to be durable (e.g. an abort: presumed)."""
-        body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+    def write(self, record: dict[str, Any]) -> int:
+        """Queues a record without waiting for it to be durable (e.g. an abort: presumed) and
+        returns its log sequence number (LSN): records replay in LSN order, and what a
+        checkpoint stored is known by the LSN of the last change it contains."""
+        self.lsn += 1
+        body = pickle.dumps({**record, "lsn": self.lsn}, protocol=pickle.HIGHEST_PROTOCOL)
         self._pending.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)
         self._kick()
+        return self.lsn
 
-    async def append(self, record: dict[str, Any]) -> None:
-        """Queues a record and returns once it is on disk."""
-        self.write(record)
+    async def append(self, record: dict[str, Any]) -> int:
+        """Queues a record and returns its LSN once it is on disk."""
+        lsn = self.write(record)
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         await waiter
+        return lsn
 
     def _kick(self) -> None:
         if self._flusher is None or self._flusher.done():
@@ -87,9 +96,9 @@ class WriteAheadLog:
         while self._pending or self._waiters:
             chunk, self._pending = b"".join(self._pending), []
             waiters, self._waiters = self._waiters, []
-            fd = self._fd
+            fd, retired, self._retired = self._fd, self._retired, []
             try:
-                await asyncio.to_thread(self._write_and_sync, fd, chunk)
+                await asyncio.to_thread(self._write_and_sync, fd, chunk, retired)
             except OSError as exc:
                 for waiter in waiters:
                     if not waiter.done():
@@ -101,7 +110,11 @@ class WriteAheadLog:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    def _write_and_sync(self, fd: int, chunk: bytes) -> None:
+    def _write_and_sync(self, fd: int, chunk: bytes, retired: list[int]) -> None:
+        for old in retired:  # records written there before the switch must be durable too
+            if self.fsync:
+                os.fdatasync(old)
+            os.close(old)
         view = memoryview(chunk)
         while view:  # os.write may write less than asked (a full disk, a signal)
             view = view[os.write(fd, view) :]
@@ -115,21 +128,23 @@ class WriteAheadLog:
         self._kick()
         await waiter
 
-    async def rotate(self, carry: list[dict[str, Any]]) -> int:
-        """Starts a new segment, queues ``carry`` (records still needed, such as undecided
-        PREPARED records) as its first records, and returns its number once they are durable.
-
-        The switch and the queuing happen with no await in between, so no record about a
-        carried transaction can land in the new segment before the carried one. Older segments
-        stay until :meth:`drop_before`."""
-        old_fd = self._fd
+    def switch(self, carry: list[dict[str, Any]]) -> int:
+        """Starts a new segment at once (no await, so a caller can take a consistent snapshot
+        of its state in the same step), queues ``carry`` (records still needed, such as
+        undecided PREPARED records) and returns the new segment's number. Older segments stay
+        until :meth:`drop_before`; a mark record keeps the LSN known even if they all go."""
+        self._retired.append(self._fd)
         self._segment += 1
         self._fd = self._open(self._segment)
-        segment = self._segment
+        self.write({"kind": "mark", "ts": 0})
         for record in carry:
             self.write(record)
-        await self.flush()  # also waits for any write still going to the old segment
-        os.close(old_fd)
+        return self._segment
+
+    async def rotate(self, carry: list[dict[str, Any]]) -> int:
+        """:meth:`switch`, then wait until the carried records are durable."""
+        segment = self.switch(carry)
+        await self.flush()
         return segment
 
     def drop_before(self, segment: int) -> None:

@@ -31,6 +31,7 @@ from aggview.rowcodec import (
 )
 from aggview.wal import WriteAheadLog
 from aggview.wire import ltm_pb2 as pb
+from ltm.merge import combine
 from ltm.rows import Row, RowState
 from ltm.store.base import Store
 
@@ -61,9 +62,13 @@ class VoteNo(Exception):
 @dataclass
 class Prepared:
     ts: int
-    after: dict[RowId, Row | None] = field(default_factory=dict)
+    after: dict[RowId, Row | None] = field(default_factory=dict)  # rows held exclusively
     before: dict[RowId, Row | None] = field(default_factory=dict)
+    merges: dict[RowId, Row] = field(default_factory=dict)  # view deltas (not held)
     since: float = field(default_factory=time.monotonic)
+
+    def record(self, after: dict[RowId, Row | None], merges: dict[RowId, Row]) -> dict[str, Any]:
+        return {"kind": "prepared", "ts": self.ts, "after": after, "merges": merges}
 
 
 @dataclass
@@ -125,42 +130,53 @@ class Participant:
         await self.wal.close()
 
     async def recover(self) -> None:
-        """Replays the log over the store: committed after-images newer than the stored copy
-        win; PREPARED transactions without a decision stay prepared (rows held)."""
-        committed: dict[RowId, tuple[int, Row | None]] = {}
+        """Replays the log over the store. A committed change is applied to a row only if its
+        log sequence number is above the one the stored copy carries, so nothing is applied
+        twice (view deltas are not idempotent); PREPARED transactions without a decision stay
+        prepared (rows held, deltas pending) until the coordinator tells their outcome."""
+        effects: list[tuple[int, int, RowId, bool, Row | None]] = []  # lsn, ts, row, merge?, data
         undecided: dict[int, Prepared] = {}
         for record in self.wal.replay():
             kind, ts = record["kind"], record["ts"]
             if kind == "prepared":
                 tx = undecided.setdefault(ts, Prepared(ts))
                 tx.after.update(record["after"])
+                tx.merges.update(record.get("merges", {}))
             elif kind == "commit":
                 tx = undecided.pop(ts, None)
-                for row_id, after in tx.after.items() if tx else ():
-                    if row_id not in committed or committed[row_id][0] < ts:
-                        committed[row_id] = (ts, after)
+                if tx is not None:
+                    lsn = record["lsn"]
+                    effects += [(lsn, ts, r, False, after) for r, after in tx.after.items()]
+                    effects += [(lsn, ts, r, True, delta) for r, delta in tx.merges.items()]
             elif kind == "abort":
                 undecided.pop(ts, None)
             elif kind == "drop":
                 self.dropped.add(record["table"])
-        for table_id in self.dropped:
-            committed = {r: v for r, v in committed.items() if r[0] != table_id}
-        wanted = set(committed) | {r for tx in undecided.values() for r in tx.after}
-        await self._load(wanted)
-        for row_id, (ts, after) in committed.items():
+        effects = [e for e in effects if e[2][0] not in self.dropped]
+        held = {r for tx in undecided.values() for r in (*tx.after, *tx.merges)}
+        await self._load({e[2] for e in effects} | held)
+        applied = 0
+        for lsn, ts, row_id, is_merge, data in effects:
             state = self.rows[row_id]
-            if ts > state.last_ts:
-                state.commit(ts, after, ts)
+            if lsn <= state.lsn:
+                continue  # the stored copy has it already
+            applied += 1
+            if is_merge:
+                state.commit_merge(ts, data or {}, ts, lsn)
+            else:
+                state.commit(ts, data, ts, lsn)
         for ts, tx in sorted(undecided.items()):
             for row_id in tx.after:
                 state = self.rows[row_id]
                 tx.before[row_id] = state.current
                 state.holder = ts
+            for row_id, delta in tx.merges.items():
+                self.rows[row_id].merges[ts] = delta
             self.prepared[ts] = tx
-        if committed or undecided:
+        if effects or undecided:
             log.info(
-                "recovered %d committed rows and %d undecided transactions from the log",
-                len(committed),
+                "recovered: %d changes replayed, %d undecided transactions",
+                applied,
                 len(undecided),
             )
 
@@ -181,17 +197,27 @@ class Participant:
                 state.rts = max(state.rts, issued)
 
     async def prepare(self, sub: pb.SubTransaction) -> pb.Vote:
-        """Runs one sub-transaction up to its vote; a yes vote is durable before it is sent."""
+        """Runs one sub-transaction up to its vote; a yes vote is durable before it is sent.
+
+        Ordinary operations take their rows in timestamp order; view deltas (MERGE) only
+        register as pending. A row of a table with asynchronous views also gets its change
+        row (before and after image) appended in the same transaction, on this LTM."""
         ts = sub.ts
         tx = self.prepared.get(ts) or Prepared(ts)
         taken: list[RowId] = []
         pinned: list[RowState] = []
+        ops = [(op, (op.table, op.key)) for op in sub.ops if op.kind != pb.RowOp.MERGE]
+        merges = [((op.table, op.key), op.values) for op in sub.ops if op.kind == pb.RowOp.MERGE]
+        suffix = ts.to_bytes(8, "big")
+        captured = {
+            row_id: (op.changes_table, row_id[1] + suffix) for op, row_id in ops if op.changes_table
+        }
+        exclusive = list(dict.fromkeys([r for _, r in ops] + list(captured.values())))
         try:
-            ops = [(op, (op.table, op.key)) for op in sub.ops]
-            for _, row_id in ops:
+            for row_id in exclusive + [r for r, _ in merges]:
                 self._check_owned(row_id)
-            pinned = await self._pin(row_id for _, row_id in ops)
-            for _, row_id in ops:
+            pinned = await self._pin(exclusive + [r for r, _ in merges])
+            for row_id in exclusive:
                 if row_id in tx.after or row_id in taken:
                     continue
                 if not await self._acquire(row_id, ts):
@@ -202,6 +228,8 @@ class Participant:
             for op, row_id in ops:
                 before = tx.before[row_id]
                 after[row_id] = _apply(op, before, after.get(row_id, before), row_id)
+            for row_id, change_id in captured.items():
+                after[change_id] = {"b": tx.before[row_id], "a": after[row_id]}
         except VoteNo as no:
             for row_id in taken:
                 tx.before.pop(row_id, None)
@@ -219,18 +247,23 @@ class Participant:
             raise
         finally:
             self._unpin(pinned)
-        changed = {row_id: after[row_id] for row_id in dict.fromkeys(r for _, r in ops)}
+        changed = {row_id: after[row_id] for row_id in exclusive}
         tx.after.update(changed)
+        merged: dict[RowId, Row] = {}
+        for row_id, values in merges:
+            merged[row_id] = combine(tx.merges.get(row_id, {}), decode_row(values) or {})
+            tx.merges[row_id] = merged[row_id]
+            self.rows[row_id].merges[ts] = merged[row_id]
         self.prepared[ts] = tx
-        await self.wal.append({"kind": "prepared", "ts": ts, "after": changed})
+        await self.wal.append(tx.record(changed, merged))
         vote = pb.Vote(ts=ts, outcome=Outcome.YES)
         if sub.want_images:
-            for (table, key), image in changed.items():
+            for table, key in dict.fromkeys(row_id for _, row_id in ops):
                 vote.images.add(
                     table=table,
                     key=key,
                     before=encode_row(tx.before[(table, key)]),
-                    after=encode_row(image),
+                    after=encode_row(tx.after[(table, key)]),
                 )
         return vote
 
@@ -251,16 +284,27 @@ class Participant:
         tx = self.prepared.pop(ts, None)
         if tx is None:
             return
+        if not commit:
+            for row_id in tx.after:
+                self.rows[row_id].release()
+            for row_id in tx.merges:
+                self.rows[row_id].drop_merge(ts)
+            self.wal.write({"kind": "abort", "ts": ts})  # presumed abort: no flush needed
+            return
+        lsn = self.wal.write({"kind": "commit", "ts": ts})
         for row_id, after in tx.after.items():
             state = self.rows[row_id]
-            if commit and row_id[0] not in self.dropped:
-                state.commit(ts, after, self.low_watermark)
+            if row_id[0] not in self.dropped:
+                state.commit(ts, after, self.low_watermark, lsn)
             state.release()
-        if commit:
-            self.commits_since_checkpoint += len(tx.after)
-            await self.wal.append({"kind": "commit", "ts": ts})
-        else:
-            self.wal.write({"kind": "abort", "ts": ts})  # presumed abort: no flush needed
+        for row_id, delta in tx.merges.items():
+            state = self.rows[row_id]
+            if row_id[0] in self.dropped:
+                state.drop_merge(ts)
+            else:
+                state.commit_merge(ts, delta, self.low_watermark, lsn)
+        self.commits_since_checkpoint += len(tx.after) + len(tx.merges)
+        await self.wal.flush()
 
     # ----------------------------------------------------------------- reads
 
@@ -284,15 +328,20 @@ class Participant:
             self._unpin(pinned)
 
     async def _read_row(self, row_id: RowId, ts: int, register: bool) -> Row | None:
+        """``register``: a read of transaction ``ts`` itself (view maintenance), which sees
+        the committed state before ``ts`` and keeps older writers off the row."""
         state = self.rows[row_id]
         try:
-            await asyncio.wait_for(state.wait_readable(ts), self.settings.lock_wait_timeout)
+            await asyncio.wait_for(
+                state.wait_readable(ts, own=register), self.settings.lock_wait_timeout
+            )
         except asyncio.TimeoutError:
             raise errors.Unavailable(
                 f"row of {row_id[0]} is still held by undecided transaction {state.holder}"
             ) from None
         if register:
             state.rts = max(state.rts, ts)
+            return state.version_at(ts - 1)[1]
         return state.version_at(ts)[1]
 
     async def _scan(self, request: pb.ReadRequest) -> list[tuple[bytes, bytes]]:
@@ -329,7 +378,9 @@ class Participant:
         out = {}
         for key, value in self.store.scan(table, start, stop):
             if partition_of(table, key, self.settings.partitions) == self.settings.partition:
-                out[key] = encode_row(decode_stored(value)[1])
+                row = decode_stored(value)[1]
+                if row is not None:  # not a tombstone
+                    out[key] = encode_row(row)
         return out
 
     # ----------------------------------------------------------------- cache
@@ -386,10 +437,10 @@ class Participant:
                 for table, keys in missing.items():
                     for key in keys:
                         data = found.get((table, key))
-                        ts, row = decode_stored(data) if data else (0, None)
+                        ts, row, lsn = decode_stored(data) if data else (0, None, 0)
                         # rts and older versions were forgotten on eviction: assume the worst.
                         self.rows[(table, key)] = RowState(
-                            versions=[(ts, row)], rts=self.evicted_floor
+                            versions=[(ts, row)], rts=self.evicted_floor, lsn=lsn
                         )
                 future.set_result(None)
             except BaseException as exc:
@@ -431,15 +482,18 @@ class Participant:
     # ----------------------------------------------------------------- checkpoint
 
     async def checkpoint(self) -> int:
-        """Writes committed rows to the store, then drops the log segments they cover."""
+        """Writes committed rows to the store, then drops the log segments they cover.
+
+        The new log segment starts in the same step as the snapshot of dirty rows is taken,
+        so every change in the snapshot is in an older segment or carries an LSN the stored
+        row already has. Deleted rows are stored as tombstones that keep their LSN."""
         async with self._checkpoint_lock:
             carry = [
-                {"kind": "prepared", "ts": tx.ts, "after": dict(tx.after)}
-                for tx in self.prepared.values()
+                {**tx.record(dict(tx.after), dict(tx.merges))} for tx in self.prepared.values()
             ]
             # a dropped table stays dropped after a restart
             carry += [{"kind": "drop", "ts": 0, "table": t} for t in sorted(self.dropped)]
-            segment = await self.wal.rotate(carry)
+            segment = self.wal.switch(carry)
             self.commits_since_checkpoint = 0
             written: list[tuple[RowId, int]] = []
             mutations: list[tuple[str, bytes, bytes | None]] = []
@@ -447,14 +501,14 @@ class Participant:
                 if not state.dirty or row_id[0] in self.dropped:
                     continue
                 ts, row = state.versions[-1]
-                value = encode_stored(ts, row) if row is not None else None
-                mutations.append((row_id[0], row_id[1], value))
-                written.append((row_id, ts))
+                mutations.append((row_id[0], row_id[1], encode_stored(ts, row, state.lsn)))
+                written.append((row_id, state.lsn))
+            await self.wal.flush()
             if mutations:
                 await asyncio.to_thread(self.store.write, mutations)
-            for row_id, ts in written:
+            for row_id, lsn in written:
                 state = self.rows.get(row_id)
-                if state is not None and state.last_ts == ts:
+                if state is not None and state.lsn == lsn:
                     state.dirty = False
             self.wal.drop_before(segment)
             self.checkpoints += 1
@@ -523,6 +577,8 @@ def _apply(op: pb.RowOp, before: Row | None, current: Row | None, row_id: RowId)
     if op.require:
         _check_conditions(decode_json(op.require), before, row_id)
     kind = op.kind
+    if kind == pb.RowOp.PUT:
+        return decode_row(op.values)
     if kind == pb.RowOp.INSERT:
         if current is not None:
             raise VoteNo(Outcome.ALREADY_EXISTS, "a row with this key already exists", row_id)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aggview import errors
+from ltm.merge import merge
 
 Row = dict[str, Any]
 _sequence = itertools.count()
@@ -28,6 +29,8 @@ class RowState:
     holder: int = 0  # timestamp of the transaction that holds the row (0: free)
     dirty: bool = False  # committed changes the store does not have yet
     pins: int = 0  # requests between loading the row and taking or reading it: not evictable
+    lsn: int = 0  # log sequence number of the last change applied (see Participant.recover)
+    merges: dict[int, Row] = field(default_factory=dict)  # prepared view deltas by timestamp
     lock_waiters: list[tuple[int, int, asyncio.Future[bool]]] = field(default_factory=list)
     read_waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
@@ -54,7 +57,9 @@ class RowState:
         )
 
     def busy(self) -> bool:
-        return bool(self.holder or self.lock_waiters or self.read_waiters or self.pins)
+        return bool(
+            self.holder or self.lock_waiters or self.read_waiters or self.pins or self.merges
+        )
 
     async def acquire(self, ts: int) -> bool:
         """Takes the row for transaction ``ts``; False means too late (abort)."""
@@ -87,15 +92,34 @@ class RowState:
             self.holder = ts
             waiter.set_result(True)
             break
-        readers, self.read_waiters = self.read_waiters, []
-        for reader in readers:
-            if not reader.done():
-                reader.set_result(None)
+        self.wake_readers()
 
-    def commit(self, ts: int, after: Row | None, low_watermark: int) -> None:
+    def commit(self, ts: int, after: Row | None, low_watermark: int, lsn: int = 0) -> None:
         self.versions.append((ts, after))
         self.dirty = True
+        self.lsn = max(self.lsn, lsn)
         self.prune(low_watermark)
+
+    def commit_merge(self, ts: int, delta: Row, low_watermark: int, lsn: int = 0) -> None:
+        """Applies a view delta committed at ``ts``. Deltas commit in any timestamp order, so
+        the delta also goes into every younger version already there, and a version at ``ts``
+        is made from the one before it (none is needed below the oldest kept: no read is that
+        old)."""
+        self.merges.pop(ts, None)
+        younger = next((i for i, v in enumerate(self.versions) if v[0] > ts), len(self.versions))
+        for i in range(younger, len(self.versions)):
+            version_ts, row = self.versions[i]
+            self.versions[i] = (version_ts, merge(row, delta))
+        if younger:
+            self.versions.insert(younger, (ts, merge(self.versions[younger - 1][1], delta)))
+        self.dirty = True
+        self.lsn = max(self.lsn, lsn)
+        self.prune(low_watermark)
+        self.wake_readers()
+
+    def drop_merge(self, ts: int) -> None:
+        if self.merges.pop(ts, None) is not None:
+            self.wake_readers()
 
     def prune(self, low_watermark: int) -> None:
         """Keeps the newest version at or below the watermark and everything younger."""
@@ -106,10 +130,24 @@ class RowState:
         if keep_from:
             del self.versions[:keep_from]
 
-    async def wait_readable(self, ts: int) -> None:
-        """Waits until no transaction at or below ``ts`` holds the row (it is decided, so the
-        wait is short: the coordinator reads only below every undecided timestamp)."""
-        while self.holder and self.holder <= ts:
+    def _blocks(self, ts: int, own: bool) -> bool:
+        limit = ts - 1 if own else ts
+        if self.holder and self.holder <= limit:
+            return True
+        return any(merge_ts <= limit for merge_ts in self.merges)
+
+    async def wait_readable(self, ts: int, *, own: bool = False) -> None:
+        """Waits until no transaction at or below ``ts`` holds the row or has a view delta
+        pending on it (those are decided, so the wait is short: the coordinator reads only
+        below every undecided timestamp). ``own``: the reader is transaction ``ts`` itself,
+        which sees the row as it was before it."""
+        while self._blocks(ts, own):
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self.read_waiters.append(waiter)
             await waiter
+
+    def wake_readers(self) -> None:
+        readers, self.read_waiters = self.read_waiters, []
+        for reader in readers:
+            if not reader.done():
+                reader.set_result(None)

@@ -8,30 +8,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RowOp(_message.Message):
-    __slots__ = ("kind", "table", "key", "values", "require", "limits")
+    __slots__ = ("kind", "table", "key", "values", "require", "limits", "changes_table")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         INSERT: _ClassVar[RowOp.Kind]
         UPDATE: _ClassVar[RowOp.Kind]
         ADD: _ClassVar[RowOp.Kind]
         DELETE: _ClassVar[RowOp.Kind]
+        PUT: _ClassVar[RowOp.Kind]
+        MERGE: _ClassVar[RowOp.Kind]
     INSERT: RowOp.Kind
     UPDATE: RowOp.Kind
     ADD: RowOp.Kind
     DELETE: RowOp.Kind
+    PUT: RowOp.Kind
+    MERGE: RowOp.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     REQUIRE_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_TABLE_FIELD_NUMBER: _ClassVar[int]
     kind: RowOp.Kind
     table: str
     key: bytes
     values: bytes
     require: bytes
     limits: bytes
-    def __init__(self, kind: _Optional[_Union[RowOp.Kind, str]] = ..., table: _Optional[str] = ..., key: _Optional[bytes] = ..., values: _Optional[bytes] = ..., require: _Optional[bytes] = ..., limits: _Optional[bytes] = ...) -> None: ...
+    changes_table: str
+    def __init__(self, kind: _Optional[_Union[RowOp.Kind, str]] = ..., table: _Optional[str] = ..., key: _Optional[bytes] = ..., values: _Optional[bytes] = ..., require: _Optional[bytes] = ..., limits: _Optional[bytes] = ..., changes_table: _Optional[str] = ...) -> None: ...
 
 class SubTransaction(_message.Message):
     __slots__ = ("ts", "ops", "want_images")

@@ -1,0 +1,38 @@
+"""The refresh operator's arithmetic on one view row (Algorithm 5.3), schema-agnostic.
+
+A view row is a dict of aggregate state: numbers (``_count``, sums, counts) add, and dicts are
+ordered multisets {value: multiplicity} (for MIN, MAX, COUNT DISTINCT) whose entries add and
+vanish at zero. Merges commute, so concurrent transactions that hit the same group never wait
+for each other; a row whose ``_count`` reaches 0 is deleted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Row = dict[str, Any]
+
+
+def combine(delta: Row, more: Row) -> Row:
+    """Two deltas as one (zeros kept: a delta is not a row)."""
+    out = dict(delta)
+    for field, change in more.items():
+        if isinstance(change, dict):
+            multiset = dict(out.get(field) or {})
+            for value, count in change.items():
+                multiset[value] = multiset.get(value, 0) + count
+            out[field] = multiset
+        else:
+            out[field] = out.get(field, 0) + change
+    return out
+
+
+def merge(row: Row | None, delta: Row) -> Row | None:
+    """Applies a delta to a view row; None in and out means the group has no rows."""
+    merged = combine(row or {}, delta)
+    for field, value in merged.items():
+        if isinstance(value, dict):
+            merged[field] = {v: n for v, n in value.items() if n}
+    if not merged.get("_count"):
+        return None
+    return merged
