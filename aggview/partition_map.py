@@ -5,18 +5,21 @@ refuses to start over the same data with another count (repartitioning is not su
 
 from __future__ import annotations
 
+import re
 import zlib
 
-CHANGES_PREFIX = "c_"  # change table of base table T: "c_" + T's id; keys: T's key + 8-byte ts
+_CHANGES = re.compile(r"c\d+_")  # change table number N of base table T: "c<N>_" + T's id
 
 
-def changes_table(table_id: str) -> str:
-    return CHANGES_PREFIX + table_id
+def changes_table(number: int, table_id: str) -> str:
+    """The id of a change table of ``table_id``; its keys are the base key + an 8-byte ts."""
+    return f"c{number}_{table_id}"
 
 
 def partition_of(table_id: str, key: bytes, partitions: int) -> int:
     """A change row lives with the base row it describes, so appending it adds no
     participant to the writing transaction."""
-    if table_id.startswith(CHANGES_PREFIX):
-        table_id, key = table_id[len(CHANGES_PREFIX) :], key[:-8]
+    match = _CHANGES.match(table_id)
+    if match:
+        table_id, key = table_id[match.end() :], key[:-8]
     return zlib.crc32(key, zlib.crc32(table_id.encode())) % partitions

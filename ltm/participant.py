@@ -210,9 +210,11 @@ class Participant:
         merges = [((op.table, op.key), op.values) for op in sub.ops if op.kind == pb.RowOp.MERGE]
         suffix = ts.to_bytes(8, "big")
         captured = {
-            row_id: (op.changes_table, row_id[1] + suffix) for op, row_id in ops if op.changes_table
+            (changes, row_id[1] + suffix): row_id
+            for op, row_id in ops
+            for changes in op.changes_tables
         }
-        exclusive = list(dict.fromkeys([r for _, r in ops] + list(captured.values())))
+        exclusive = list(dict.fromkeys([r for _, r in ops] + list(captured)))
         try:
             for row_id in exclusive + [r for r, _ in merges]:
                 self._check_owned(row_id)
@@ -228,7 +230,7 @@ class Participant:
             for op, row_id in ops:
                 before = tx.before[row_id]
                 after[row_id] = _apply(op, before, after.get(row_id, before), row_id)
-            for row_id, change_id in captured.items():
+            for change_id, row_id in captured.items():
                 after[change_id] = {"b": tx.before[row_id], "a": after[row_id]}
         except VoteNo as no:
             for row_id in taken:
