@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import grpc
+
+from aggview import errors
+
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Servers refuse a port already in use instead of sharing it (gRPC reuses ports by default).
+SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -11,3 +17,14 @@ GRPC_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+
+def bind(server: grpc.aio.Server, host: str, port: int) -> int:
+    """Binds a server, with an error naming the address if it is taken."""
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise errors.Unavailable(f"cannot listen on {host}:{port}: address in use or invalid")
+    return bound

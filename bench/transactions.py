@@ -178,6 +178,17 @@ def total_retries(clients: Sequence[AsyncClient]) -> int:
     return sum(client.retries for client in clients)
 
 
+# failures that tell the transaction did not commit (others, like a timeout, may hide a commit)
+_DEFINITE = (
+    errors.TooLate,
+    errors.ConditionFailed,
+    errors.InvalidArgument,
+    errors.RowNotFound,
+    errors.AlreadyExists,
+    errors.LimitExceeded,
+)
+
+
 class Ledger:
     """Every transaction's fate over a whole cluster's life, for the final consistency check."""
 
@@ -186,9 +197,19 @@ class Ledger:
         self.ambiguous = 0  # sum of k over those that failed without telling whether they did
 
     def failed(self, exc: BaseException, rows: int) -> str:
-        if not isinstance(exc, errors.TooLate | errors.ConditionFailed | errors.InvalidArgument):
+        if not isinstance(exc, _DEFINITE):
             self.ambiguous += rows
         return type(exc).__name__
+
+
+async def measure_window(
+    cluster: LocalCluster, clients: Sequence[AsyncClient], start: float, end: float
+) -> tuple[int, dict[str, float]]:
+    """Retries and CPU use between two perf_counter instants."""
+    await asyncio.sleep(max(0.0, start - time.perf_counter()))
+    retries, meter = total_retries(clients), CpuMeter(cluster)
+    await asyncio.sleep(max(0.0, end - time.perf_counter()))
+    return total_retries(clients) - retries, meter.stop()
 
 
 async def transaction(client: AsyncClient, keys: Sequence[int]) -> None:
@@ -233,16 +254,10 @@ async def run_closed(
             if measure_from <= t1 <= end:
                 latencies.append(t1 - t0)
 
-    async def window() -> tuple[int, CpuMeter]:
-        await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
-        return total_retries(clients), CpuMeter(cluster)
+    meter_task = asyncio.create_task(measure_window(cluster, clients, measure_from, end))
 
-    meter_task = asyncio.create_task(window())
     await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(tasks)))
-    retries_before, meter = await meter_task
-    # the workers' last transactions ran past the end; close enough for retries and CPU
-    result.cpu = meter.stop()
-    result.retries = total_retries(clients) - retries_before
+    result.retries, result.cpu = await meter_task
     result.committed = len(latencies)
     result.tps = len(latencies) / seconds
     result.errors = dict(failures)
@@ -297,11 +312,8 @@ async def run_open(
         if measure_from <= t1 <= end:
             completed_in_window += 1
 
-    async def window() -> tuple[int, CpuMeter]:
-        await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
-        return total_retries(clients), CpuMeter(cluster)
+    meter_task = asyncio.create_task(measure_window(cluster, clients, measure_from, end))
 
-    meter_task = asyncio.create_task(window())
     interval = 1.0 / rate
     arrival, n = start, 0
     while arrival < end:
@@ -315,9 +327,7 @@ async def run_open(
             task.add_done_callback(running.discard)
             n += 1
             arrival += random.expovariate(rate) if poisson else interval
-    retries_before, meter = await meter_task
-    result.cpu = meter.stop()
-    result.retries = total_retries(clients) - retries_before
+    result.retries, result.cpu = await meter_task
     if running:
         _, pending = await asyncio.wait(set(running), timeout=drain)
         for task in pending:
@@ -387,14 +397,22 @@ async def check_sum(address: str, expected: int, ambiguous: int) -> str:
 
 @contextlib.contextmanager
 def running_cluster(data: Path, ltms: int, fsync: bool) -> Iterator[LocalCluster]:
-    """A started cluster that is stopped cleanly on the way out, even on Ctrl-C; whatever a
-    second Ctrl-C keeps from stopping cleanly is killed."""
+    """A started cluster that is stopped cleanly on the way out, even on Ctrl-C or SIGTERM:
+    once an exception (such as the KeyboardInterrupt of Ctrl-C) unwinds through here, further
+    Ctrl-C and SIGTERM are ignored so they cannot cut the clean stop or the removal of the
+    data directory short (``LocalCluster.stop`` kills what does not stop within 20 s)."""
     cluster = LocalCluster(data, ltms=ltms, fsync=fsync)
     try:
         with cluster:
-            yield cluster
+            try:
+                yield cluster
+            except BaseException:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                err.print("stopping the cluster...")
+                raise
     finally:
-        cluster.kill()
+        cluster.kill()  # anything still running (a failed start, or a signal during stop)
 
 
 # --------------------------------------------------------------------------- modes
@@ -483,19 +501,23 @@ def run_load(args: argparse.Namespace) -> list[Result]:
 
 
 def print_table(results: Sequence[Result], fsync: bool) -> None:
-    table = Table(title=f"aggview transactions ({'fsync' if fsync else 'no fsync'})")
+    table = Table(
+        title=f"aggview transactions ({'fsync' if fsync else 'no fsync'})",
+        caption="ch: client channels; CPU: % of one core used by the coordinator, the LTMs, "
+        "this client and other processes",
+    )
     for name in (
         "LTMs",
         "rows/tx",
         "load",
-        "channels",
+        "ch",
         "committed tx/s",
         "p50 ms",
         "p99 ms",
         "max ms",
         "retries/s",
         "errors",
-        "CPU % coord/LTMs/client/other",
+        "CPU coord/LTMs/client/other",
     ):
         table.add_column(name, justify="right")
     for r in results:

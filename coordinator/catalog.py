@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from typing import Any
 
 import sqlglot
 from sqlglot import exp
@@ -93,9 +94,26 @@ class Catalog:
         store.create_table(CATALOG_TABLE)
         store.create_table(META_TABLE)
         self.tables: dict[str, TableSchema] = {}
-        for _, value in store.scan(CATALOG_TABLE):
+        self.view_names: set[str] = set()  # kept by the view manager: one namespace for both
+        for _, value in store.scan_prefix(CATALOG_TABLE, b"table:"):
             schema = TableSchema.from_json(json.loads(value))
             self.tables[schema.name] = schema
+
+    def entries(self, kind: str) -> list[dict[str, Any]]:
+        """Persisted catalog entries of one kind ("view", "index")."""
+        return [
+            json.loads(v) for _, v in self.store.scan_prefix(CATALOG_TABLE, f"{kind}:".encode())
+        ]
+
+    def put_entry(self, kind: str, name: str, entry: dict[str, Any] | None) -> None:
+        value = None if entry is None else json.dumps(entry).encode()
+        self.store.write([(CATALOG_TABLE, f"{kind}:{name}".encode(), value)])
+
+    def next_number(self) -> int:
+        """A number never handed out before, for the store ids of tables, views and indexes."""
+        number = int(self.meta("next_table_number") or "1")
+        self.set_meta("next_table_number", str(number + 1))
+        return number
 
     def table(self, name: str) -> TableSchema:
         schema = self.tables.get(name)
@@ -111,14 +129,14 @@ class Catalog:
         self.store.write([(META_TABLE, key.encode(), value.encode())])
 
     def _next_table_id(self, name: str) -> str:
-        number = int(self.meta("next_table_number") or "1")
-        self.set_meta("next_table_number", str(number + 1))
-        return f"t{number}_{name}"
+        return f"t{self.next_number()}_{name}"
 
     def create_table(self, statement: exp.Create) -> tuple[TableSchema | None, str]:
         """Returns the new schema (None if it existed and IF NOT EXISTS was given)."""
         with self._lock:
             schema = table_from_create(statement, lambda name: "pending")
+            if schema.name in self.view_names:
+                raise errors.AlreadyExists(f"{schema.name} is already the name of a view")
             if schema.name in self.tables:
                 if statement.args.get("exists"):
                     return None, f"table {schema.name} already exists"
@@ -127,9 +145,7 @@ class Catalog:
                 {**schema.to_json(), "table_id": self._next_table_id(schema.name)}
             )
             self.store.create_table(schema.table_id)
-            self.store.write(
-                [(CATALOG_TABLE, schema.name.encode(), json.dumps(schema.to_json()).encode())]
-            )
+            self.put_entry("table", schema.name, schema.to_json())
             self.tables[schema.name] = schema
             return schema, f"created table {schema.name}"
 
@@ -140,6 +156,6 @@ class Catalog:
                 if if_exists:
                     return None
                 raise errors.UnknownTable(f"unknown table {name!r}")
-            self.store.write([(CATALOG_TABLE, name.encode(), None)])
+            self.put_entry("table", name, None)
             del self.tables[name]
             return schema

@@ -12,7 +12,7 @@ import grpc
 
 from aggview import errors
 from aggview.keycodec import encode_key, prefix_end
-from aggview.net import GRPC_OPTIONS
+from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, bind
 from aggview.schema import prefix_to_storage
 from aggview.status import add_service, grpc_method
 from aggview.values import from_row
@@ -118,15 +118,17 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     manager = build_manager(config)
     await manager.start()
     server = grpc.aio.server(
-        options=[*GRPC_OPTIONS, ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)]
+        options=[
+            *GRPC_OPTIONS,
+            *SERVER_OPTIONS,
+            ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+        ]
     )
     add_service(server, cpb.DESCRIPTOR.services_by_name["Aggview"], AggviewServicer(manager))
     add_service(
         server, lpb.DESCRIPTOR.services_by_name["TransactionOutcome"], OutcomeServicer(manager)
     )
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if port == 0:
-        raise errors.Unavailable(f"cannot bind {config.host}:{config.port}")
+    port = bind(server, config.host, config.port)
     await server.start()
     print(f"coordinator listening on {config.host}:{port}", flush=True)
     stop = asyncio.Event()

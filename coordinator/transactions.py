@@ -47,6 +47,7 @@ class Transaction:
     ts: int
     subs: dict[int, lpb.SubTransaction]  # partition -> sub-transaction (all rounds so far)
     images: list[lpb.RowImage] = field(default_factory=list)
+    epoch: int = 0  # the view configuration the transaction started under
 
 
 # Called after every round of yes votes; returns more row operations to prepare (none: done).
@@ -121,6 +122,9 @@ class TransactionManager:
             LtmChannel(i, address, self._watermarks) for i, address in enumerate(ltm_addresses)
         ]
         self.extensions: list[Extension] = []
+        # Called on a transaction's operations before the first prepare (change capture).
+        self.decorators: list[Callable[[list[lpb.RowOp]], None]] = []
+        self.epoch = 0  # bumped when views change; extensions refuse an older transaction
         self._deliveries: set[asyncio.Task[None]] = set()
         self.committed = 0
         self.aborted = 0
@@ -150,26 +154,54 @@ class TransactionManager:
         """Runs one one-shot transaction; returns its commit timestamp or raises why not."""
         check_operation_count(len(operations), self.limits)
         ops = [row_op(op, self.catalog.table, self.limits) for op in operations]
+        for decorate in self.decorators:
+            decorate(ops)
         ts = self.oracle.next()
         self.in_flight.add(ts)
-        tx = Transaction(ts, {})
+        tx = Transaction(ts, {}, epoch=self.epoch)
+        return await self._run(tx, ops)
+
+    async def system_transaction(self, build: Callable[[int], Awaitable[list[lpb.RowOp]]]) -> int:
+        """A transaction of the system's own (view refresh, initialization): it gets its
+        timestamp first, waits until every older transaction is decided, then builds its
+        operations from reads at that timestamp."""
+        ts = self.oracle.next()
+        self.in_flight.add(ts)
+        tx = Transaction(ts, {}, epoch=self.epoch)
+        try:
+            await self.in_flight.wait_decided_upto(ts - 1)
+            ops = await build(ts)
+        except BaseException:
+            self.in_flight.decided(ts)
+            raise
+        return await self._run(tx, ops, extend=False)
+
+    async def _run(self, tx: Transaction, ops: list[lpb.RowOp], extend: bool = True) -> int:
+        ts = tx.ts
         try:
             round_ops = ops
             while round_ops:
                 images = await self._prepare_round(tx, round_ops)
                 tx.images.extend(images)
                 round_ops = []
-                for extend in self.extensions:
-                    round_ops.extend(await extend(tx, images))
-            participants = sorted(tx.subs)
-            await self.decisions.commit(ts, participants)
+                for extension in self.extensions if extend else ():
+                    round_ops.extend(await extension(tx, images))
         except BaseException:
             self.in_flight.decided(ts)
             self.aborted += 1
             for partition in tx.subs:
                 self._send_abort(partition, ts)
             raise
-        self.in_flight.decided(ts)
+        # The decision point: once the commit record is queued the transaction commits, even
+        # if the caller goes away (a cancelled RPC must not turn into aborts at the LTMs).
+        decided = asyncio.ensure_future(self._commit(ts, sorted(tx.subs)))
+        return await asyncio.shield(decided)
+
+    async def _commit(self, ts: int, participants: list[int]) -> int:
+        try:
+            await self.decisions.commit(ts, participants)
+        finally:
+            self.in_flight.decided(ts)
         self.committed += 1
         self._deliver_later(ts, participants)
         return ts
@@ -281,29 +313,50 @@ class TransactionManager:
 
     async def read_keys(self, table_id: str, keys: list[bytes]) -> tuple[dict[bytes, bytes], int]:
         """Rows by key from one consistent snapshot; returns (key -> row, timestamp)."""
-        by_partition: dict[int, list[bytes]] = {}
-        for key in keys:
-            by_partition.setdefault(partition_of(table_id, key, self.partitions), []).append(key)
         async with self.snapshot() as ts:
-            replies = await asyncio.gather(
-                *(
-                    self.channels[p].read(lpb.ReadRequest(ts=ts, table=table_id, keys=ks))
-                    for p, ks in by_partition.items()
-                )
-            )
-        return {kv.key: kv.row for reply in replies for kv in reply.rows}, ts
+            return await self.read_keys_at(table_id, keys, ts), ts
 
     async def read_range(
         self, table_id: str, start: bytes, stop: bytes, limit: int = 0
     ) -> tuple[list[tuple[bytes, bytes]], int]:
         """A key range of a table from one consistent snapshot, in key order."""
         async with self.snapshot() as ts:
-            request = lpb.ReadRequest(
-                ts=ts, table=table_id, scan=True, start=start, stop=stop, limit=limit
+            return await self.read_range_at(table_id, start, stop, ts, limit=limit), ts
+
+    async def read_keys_at(
+        self, table_id: str, keys: list[bytes], ts: int, *, own: bool = False
+    ) -> dict[bytes, bytes]:
+        """Rows by key at ``ts``. ``own``: transaction ``ts`` reads (the state before it, and
+        no older writer may change what it read afterwards)."""
+        by_partition: dict[int, list[bytes]] = {}
+        for key in keys:
+            by_partition.setdefault(partition_of(table_id, key, self.partitions), []).append(key)
+        replies = await asyncio.gather(
+            *(
+                self.channels[p].read(
+                    lpb.ReadRequest(ts=ts, table=table_id, keys=ks, register_read=own)
+                )
+                for p, ks in by_partition.items()
             )
-            replies = await asyncio.gather(*(ch.read(request) for ch in self.channels))
+        )
+        return {kv.key: kv.row for reply in replies for kv in reply.rows}
+
+    async def read_range_at(
+        self,
+        table_id: str,
+        start: bytes,
+        stop: bytes,
+        ts: int,
+        *,
+        limit: int = 0,
+        own: bool = False,
+    ) -> list[tuple[bytes, bytes]]:
+        request = lpb.ReadRequest(
+            ts=ts, table=table_id, scan=True, start=start, stop=stop, limit=limit, register_read=own
+        )
+        replies = await asyncio.gather(*(ch.read(request) for ch in self.channels))
         rows = sorted((kv.key, kv.row) for reply in replies for kv in reply.rows)
-        return (rows[:limit] if limit else rows), ts
+        return rows[:limit] if limit else rows
 
     async def drop_table(self, table_id: str) -> None:
         await asyncio.gather(*(ch.drop_table(table_id) for ch in self.channels))

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 
 from aggview import errors
-from aggview.net import GRPC_OPTIONS
+from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, bind
 from aggview.status import add_service, grpc_method
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
@@ -113,11 +113,9 @@ async def serve(config: LtmConfig, ready: asyncio.Event | None = None) -> None:
         outcome_query=_outcome_query(config.coordinator) if config.coordinator else None,
     )
     await participant.start()
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = grpc.aio.server(options=[*GRPC_OPTIONS, *SERVER_OPTIONS])
     add_service(server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(participant))
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if port == 0:
-        raise errors.Unavailable(f"cannot bind {config.host}:{config.port}")
+    port = bind(server, config.host, config.port)
     await server.start()
     print(f"ltm {config.partition} listening on {config.host}:{port}", flush=True)
     stop = asyncio.Event()
