@@ -21,14 +21,24 @@ Result = TypeVar("Result")
 
 
 class Batcher(Generic[Item, Result]):
-    """Collects items submitted during one turn of the event loop and sends them in one call.
+    """Collects items submitted while a call is in flight and sends them in the next call.
 
-    There is deliberately no cap on calls in flight: a prepare that waits at the LTM for an
-    older transaction's decision must never keep that decision from being sent."""
+    A call goes out at once when none is in flight; otherwise items wait for the call in
+    flight to return, but never longer than ``linger`` seconds: a prepare that waits at the LTM
+    for an older transaction's decision must not hold back other messages for long, so no
+    wait can form a cycle through a full pipeline."""
 
-    def __init__(self, send: Callable[[list[Item]], Awaitable[list[Result]]]) -> None:
+    def __init__(
+        self,
+        send: Callable[[list[Item]], Awaitable[list[Result]]],
+        *,
+        linger: float = 0.002,
+    ) -> None:
         self._send = send
+        self._linger = linger
         self._queue: list[tuple[Item, asyncio.Future[Result]]] = []
+        self._in_flight = 0
+        self._timer: asyncio.TimerHandle | None = None
         self._scheduled = False
         self.calls = 0
         self.items = 0
@@ -37,15 +47,22 @@ class Batcher(Generic[Item, Result]):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         self._queue.append((item, future))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._drain)
+        if self._in_flight == 0:
+            if not self._scheduled:  # what else this loop turn submits joins the call
+                self._scheduled = True
+                loop.call_soon(self._drain)
+        elif self._timer is None:
+            self._timer = loop.call_later(self._linger, self._drain)
         return future
 
     def _drain(self) -> None:
         self._scheduled = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         batch, self._queue = self._queue, []
         if batch:
+            self._in_flight += 1
             asyncio.get_running_loop().create_task(self._deliver(batch))
 
     async def _deliver(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
@@ -54,14 +71,22 @@ class Batcher(Generic[Item, Result]):
         try:
             results = await self._send([item for item, _ in batch])
         except BaseException as exc:
+            self._call_done()
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
                     future.exception()  # a caller that gave up must not log "never retrieved"
             return
+        self._call_done()
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
+
+    def _call_done(self) -> None:
+        self._in_flight -= 1
+        if self._queue and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._drain)
 
 
 class LtmChannel:

@@ -139,6 +139,15 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         ready.set()
     await stop.wait()
     await server.stop(grace=1.0)
+    for channel in manager.channels:
+        log.info(
+            "LTM %d: %d prepares in %d calls, %d decisions in %d calls",
+            channel.index,
+            channel.prepares.items,
+            channel.prepares.calls,
+            channel.decisions.items,
+            channel.decisions.calls,
+        )
     await manager.close()
     await manager.decisions.close()
     manager.catalog.store.close()
