@@ -150,12 +150,18 @@ def _sql_rows(reply: pb.SqlReply) -> Rows:
     return rows
 
 
-def _scan_rows(reply: pb.ScanReply) -> Rows:
-    rows = Rows(Row(from_row(r)) for r in reply.rows)
+def _scan_rows(reply: pb.ScanReply | pb.ViewReply) -> Rows:
+    order = list(reply.columns)
+    rows = Rows(Row(_ordered(from_row(r), order)) for r in reply.rows)
     for row in rows:
         row.timestamp = reply.timestamp
     rows.timestamp, rows.columns = reply.timestamp, list(reply.columns)
     return rows
+
+
+def _ordered(values: dict[str, Any], order: list[str]) -> dict[str, Any]:
+    """Columns in declaration (or SELECT) order: the wire's map has none."""
+    return {c: values[c] for c in order if c in values} if order else values
 
 
 def _get_row(reply: pb.GetReply) -> Row | None:
@@ -225,6 +231,18 @@ class Client:
         self.last_read_timestamp = rows.timestamp
         return rows
 
+    def view(self, name: str, where: Mapping[str, Any] | None = None) -> Rows:
+        """A view's rows (SELECT order) from one snapshot; ``.timestamp`` is when they were
+        exact: now for a sync view, the last refresh for an async one."""
+        request = pb.ViewRequest(view=name, where=to_row(where or {}))
+        rows = _scan_rows(self._call(self._stub.View, request))
+        self.last_read_timestamp = rows.timestamp
+        return rows
+
+    def refresh(self, name: str) -> int:
+        """Refreshes an async view now; returns the timestamp it is exact at."""
+        return self._call(self._stub.Refresh, pb.RefreshRequest(view=name)).timestamp
+
 
 class AsyncClient:
     """The same API for asyncio: ``async with client.transaction() as tx``, ``await get(...)``."""
@@ -280,3 +298,10 @@ class AsyncClient:
     ) -> Rows:
         request = pb.ScanRequest(table=table, prefix=to_row(prefix or {}), limit=limit)
         return _scan_rows(await self._call(self._stub.Scan, request))
+
+    async def view(self, name: str, where: Mapping[str, Any] | None = None) -> Rows:
+        request = pb.ViewRequest(view=name, where=to_row(where or {}))
+        return _scan_rows(await self._call(self._stub.View, request))
+
+    async def refresh(self, name: str) -> int:
+        return (await self._call(self._stub.Refresh, pb.RefreshRequest(view=name))).timestamp

@@ -15,7 +15,7 @@ from aggview.keycodec import encode_key, prefix_end
 from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, bind
 from aggview.schema import prefix_to_storage
 from aggview.status import add_service, grpc_method
-from aggview.values import from_row
+from aggview.values import from_row, to_row
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
 from aggview.wire import ltm_pb2 as lpb
@@ -26,6 +26,7 @@ from coordinator.decision_log import DecisionLog
 from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
+from coordinator.views import ViewManager
 from ltm.store import open_store
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,18 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
             columns=list(schema.column_names),
         )
 
+    @grpc_method
+    async def View(self, request: cpb.ViewRequest, context: object) -> cpb.ViewReply:
+        rows, ts = await self.manager.views.read(request.view, from_row(request.where))
+        view = self.manager.views.views[request.view]
+        return cpb.ViewReply(
+            rows=[to_row(row) for row in rows], timestamp=ts, columns=list(view.plan.output)
+        )
+
+    @grpc_method
+    async def Refresh(self, request: cpb.RefreshRequest, context: object) -> cpb.RefreshReply:
+        return cpb.RefreshReply(timestamp=await self.manager.views.refresh(request.view))
+
 
 class OutcomeServicer(lpb_grpc.TransactionOutcomeServicer):
     def __init__(self, manager: TransactionManager) -> None:
@@ -110,13 +123,16 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
         )
     oracle = TimestampOracle(catalog.meta, catalog.set_meta)
     decisions = DecisionLog(config.log_dir, fsync=config.fsync)
-    return TransactionManager(catalog, oracle, decisions, config.ltms)
+    manager = TransactionManager(catalog, oracle, decisions, config.ltms)
+    ViewManager(manager)
+    return manager
 
 
 async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -> None:
     """Runs the coordinator until SIGINT/SIGTERM."""
     manager = build_manager(config)
     await manager.start()
+    await manager.views.start()
     server = grpc.aio.server(
         options=[
             *GRPC_OPTIONS,
@@ -148,6 +164,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
             channel.decisions.items,
             channel.decisions.calls,
         )
+    await manager.views.stop()
     await manager.close()
     await manager.decisions.close()
     manager.catalog.store.close()

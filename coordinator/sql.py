@@ -27,6 +27,10 @@ class SqlResult:
 
 
 async def run_sql(sql: str, manager: TransactionManager) -> SqlResult:
+    if manager.views is not None:
+        view_statement = manager.views.handles(sql)
+        if view_statement is not None:
+            return SqlResult(message=await manager.views.execute(view_statement))
     statement = parse_sql(sql)
     if isinstance(statement, exp.Create) and str(statement.args.get("kind")).upper() == "TABLE":
         schema, message = manager.catalog.create_table(statement)
@@ -45,6 +49,11 @@ async def _drop_tables(statement: exp.Drop, manager: TransactionManager) -> SqlR
     dropped = []
     for table in statement.args.get("tables") or [statement.this]:
         name = identifier(table, "table")
+        users = manager.views.views_on(name) if manager.views is not None else []
+        if users:
+            raise errors.FailedPrecondition(
+                f"cannot drop table {name}: materialized view {', '.join(users)} uses it"
+            )
         schema = manager.catalog.drop_table(name, bool(statement.args.get("exists")))
         if schema is None:
             continue

@@ -19,6 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from aggview import errors
 from aggview.partition_map import partition_of
@@ -125,6 +126,7 @@ class TransactionManager:
         # Called on a transaction's operations before the first prepare (change capture).
         self.decorators: list[Callable[[list[lpb.RowOp]], None]] = []
         self.epoch = 0  # bumped when views change; extensions refuse an older transaction
+        self.views: Any = None  # the view manager, once one is attached
         self._deliveries: set[asyncio.Task[None]] = set()
         self.committed = 0
         self.aborted = 0

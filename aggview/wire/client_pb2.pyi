@@ -154,3 +154,33 @@ class ScanReply(_message.Message):
     timestamp: int
     columns: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ViewRequest(_message.Message):
+    __slots__ = ("view", "where")
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    where: Row
+    def __init__(self, view: _Optional[str] = ..., where: _Optional[_Union[Row, _Mapping]] = ...) -> None: ...
+
+class ViewReply(_message.Message):
+    __slots__ = ("rows", "timestamp", "columns")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[Row]
+    timestamp: int
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RefreshRequest(_message.Message):
+    __slots__ = ("view",)
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    def __init__(self, view: _Optional[str] = ...) -> None: ...
+
+class RefreshReply(_message.Message):
+    __slots__ = ("timestamp",)
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    timestamp: int
+    def __init__(self, timestamp: _Optional[int] = ...) -> None: ...

@@ -54,6 +54,16 @@ class AggviewStub:
                 request_serializer=aggview_dot_wire_dot_client__pb2.ScanRequest.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_client__pb2.ScanReply.FromString,
                 _registered_method=True)
+        self.View = channel.unary_unary(
+                '/aggview.v1.Aggview/View',
+                request_serializer=aggview_dot_wire_dot_client__pb2.ViewRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.ViewReply.FromString,
+                _registered_method=True)
+        self.Refresh = channel.unary_unary(
+                '/aggview.v1.Aggview/Refresh',
+                request_serializer=aggview_dot_wire_dot_client__pb2.RefreshRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.RefreshReply.FromString,
+                _registered_method=True)
 
 
 class AggviewServicer:
@@ -83,6 +93,18 @@ class AggviewServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def View(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Refresh(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AggviewServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +127,16 @@ def add_AggviewServicer_to_server(servicer, server):
                     servicer.Scan,
                     request_deserializer=aggview_dot_wire_dot_client__pb2.ScanRequest.FromString,
                     response_serializer=aggview_dot_wire_dot_client__pb2.ScanReply.SerializeToString,
+            ),
+            'View': grpc.unary_unary_rpc_method_handler(
+                    servicer.View,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.ViewRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.ViewReply.SerializeToString,
+            ),
+            'Refresh': grpc.unary_unary_rpc_method_handler(
+                    servicer.Refresh,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.RefreshRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.RefreshReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +247,60 @@ class Aggview:
             '/aggview.v1.Aggview/Scan',
             aggview_dot_wire_dot_client__pb2.ScanRequest.SerializeToString,
             aggview_dot_wire_dot_client__pb2.ScanReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def View(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Aggview/View',
+            aggview_dot_wire_dot_client__pb2.ViewRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.ViewReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Refresh(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Aggview/Refresh',
+            aggview_dot_wire_dot_client__pb2.RefreshRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.RefreshReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,493 @@
+"""Aggregate views on the coordinator: DDL, maintenance inside transactions, refreshes, reads.
+
+- **sync** (Algorithm 5.1, §5.3.1): after the votes, the row images give ΔB; ΔV is computed with
+  reads at the transaction's own timestamp and added as MERGE sub-transactions on the view rows,
+  committed atomically with the base rows (and the secondary-index entries the joins need).
+- **async** (Algorithm 5.2): the LTMs append each change to a change table of the view, beside
+  the base row; a refresher runs one transaction every ``interval_ms`` that drains the change
+  rows below its timestamp, computes ΔV against the tables at that timestamp and merges it.
+- **initialization** over existing rows: changes are captured from the moment the view is
+  declared; the view is computed from a snapshot, then the captured changes after the snapshot
+  are drained, then the view goes live. Writers never stop.
+
+View rows are keyed by the GROUP BY values; their state merges commutatively (``ltm.merge``),
+so concurrent writers to one group never wait for each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from aggview import errors
+from aggview.keycodec import encode_key, prefix_end
+from aggview.partition_map import changes_table
+from aggview.rowcodec import decode_row, encode_row
+from aggview.schema import Column, TableSchema, to_storage
+from aggview.wire import ltm_pb2 as lpb
+from coordinator.catalog import Catalog
+from coordinator.transactions import Transaction, TransactionManager
+from cumulus.aggstate import Row, ViewState
+from cumulus.compiler import AlterView, CreateView, DropView, compile_view, parse_view_statement
+from cumulus.delta import Changes, from_scratch, view_delta
+from cumulus.plan import ViewPlan
+
+log = logging.getLogger(__name__)
+META_KEY = b"\x01"  # the one row of a view's meta table
+
+
+@dataclass
+class View:
+    plan: ViewPlan
+    number: int
+    state: str  # "initializing" (capturing, not readable) or "live"
+    snapshot: int = 0  # changes at or below this are in the initial computation
+    compiled: ViewState | None = field(default=None, repr=False)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    refresher: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def view_id(self) -> str:
+        return f"v{self.number}_{self.name}"
+
+    @property
+    def meta_id(self) -> str:
+        return f"w{self.number}_{self.name}"
+
+    def changes_id(self, table: TableSchema) -> str:
+        return changes_table(self.number, table.table_id)
+
+    @property
+    def captures(self) -> bool:
+        return self.plan.mode == "async" or self.state == "initializing"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_json(),
+            "number": self.number,
+            "state": self.state,
+            "snapshot": self.snapshot,
+        }
+
+
+class ViewManager:
+    def __init__(self, manager: TransactionManager) -> None:
+        self.manager = manager
+        self.catalog: Catalog = manager.catalog
+        self.views: dict[str, View] = {}
+        self.indexes: dict[tuple[str, str], str] = {}  # (table, column) -> index table id
+        self._ddl = asyncio.Lock()
+        manager.extensions.append(self._maintain)
+        manager.decorators.append(self._capture)
+        manager.views = self
+
+    # ------------------------------------------------------------------ start, stop
+
+    async def start(self) -> None:
+        for entry in self.catalog.entries("index"):
+            self.indexes[(entry["table"], entry["column"])] = entry["index_id"]
+        for entry in self.catalog.entries("view"):
+            view = View(ViewPlan.from_json(entry["plan"]), entry["number"], entry["state"])
+            view.snapshot = entry["snapshot"]
+            self._register(view)
+        for view in list(self.views.values()):
+            if view.state != "live":  # the coordinator stopped while initializing it
+                asyncio.get_running_loop().create_task(self._initialize(view, fresh=False))
+            elif view.plan.mode == "async":
+                self._start_refresher(view)
+
+    async def stop(self) -> None:
+        for view in self.views.values():
+            if view.refresher is not None:
+                view.refresher.cancel()
+        await asyncio.gather(
+            *(v.refresher for v in self.views.values() if v.refresher), return_exceptions=True
+        )
+
+    def _register(self, view: View) -> None:
+        view.compiled = ViewState(view.plan, self.catalog.table)
+        self.views[view.name] = view
+        self.catalog.view_names.add(view.name)
+        self.manager.epoch += 1
+
+    def _persist(self, view: View) -> None:
+        self.catalog.put_entry("view", view.name, view.to_json())
+
+    # ------------------------------------------------------------------ DDL
+
+    def handles(self, sql: str) -> Any:
+        return parse_view_statement(sql)
+
+    async def execute(self, statement: Any) -> str:
+        async with self._ddl:
+            if isinstance(statement, CreateView):
+                return await self._create(statement)
+            if isinstance(statement, DropView):
+                return await self._drop(statement)
+            if isinstance(statement, AlterView):
+                return self._alter(statement)
+        raise errors.InvalidArgument("unsupported view statement")
+
+    async def _create(self, create: CreateView) -> str:
+        if create.name in self.views:
+            if create.if_not_exists:
+                return f"materialized view {create.name} already exists"
+            raise errors.AlreadyExists(f"materialized view {create.name} already exists")
+        if create.name in self.catalog.tables:
+            raise errors.AlreadyExists(f"{create.name} is already the name of a table")
+        plan = compile_view(create, self.catalog.table)
+        view = View(plan, self.catalog.next_number(), "initializing")
+        store = self.catalog.store
+        for table_id in (view.view_id, view.meta_id, *self._changes_ids(view)):
+            store.create_table(table_id)
+        new_indexes = self._declare_indexes(plan)
+        self._persist(view)
+        self._register(view)  # from here on, every commit captures changes for the view
+        try:
+            await self._initialize(view, fresh=True, new_indexes=new_indexes)
+        except BaseException:
+            await self._forget(view)
+            raise
+        return f"created materialized view {view.name} ({plan.mode})"
+
+    def _changes_ids(self, view: View) -> list[str]:
+        return [view.changes_id(self.catalog.table(t)) for t in view.plan.base_tables()]
+
+    def _declare_indexes(self, plan: ViewPlan) -> list[tuple[str, str]]:
+        """A secondary index for every join column that is not the first key column."""
+        created = []
+        for edge in plan.edges:
+            for ref in (edge.left, edge.right):
+                table = plan.table_of(ref.alias)
+                schema = self.catalog.table(table)
+                if ref.column == schema.primary_key[0] or (table, ref.column) in self.indexes:
+                    continue
+                index_id = f"i{self.catalog.next_number()}_{table}_{ref.column}"
+                self.catalog.store.create_table(index_id)
+                self.catalog.put_entry(
+                    "index",
+                    f"{table}.{ref.column}",
+                    {"table": table, "column": ref.column, "index_id": index_id},
+                )
+                self.indexes[(table, ref.column)] = index_id
+                created.append((table, ref.column))
+        if created:
+            self.manager.epoch += 1
+        return created
+
+    async def _drop(self, drop: DropView) -> str:
+        view = self.views.get(drop.name)
+        if view is None:
+            if drop.if_exists:
+                return f"no materialized view {drop.name}"
+            raise errors.UnknownTable(f"unknown materialized view {drop.name!r}")
+        await self._forget(view)
+        return f"dropped materialized view {drop.name}"
+
+    async def _forget(self, view: View) -> None:
+        if view.refresher is not None:
+            view.refresher.cancel()
+            with contextlib.suppress(BaseException):
+                await view.refresher
+        self.views.pop(view.name, None)
+        self.catalog.view_names.discard(view.name)
+        self.catalog.put_entry("view", view.name, None)
+        self.manager.epoch += 1
+        for table_id in (view.view_id, view.meta_id, *self._changes_ids(view)):
+            with contextlib.suppress(errors.AggviewError):
+                await self.manager.drop_table(table_id)
+            self.catalog.store.drop_table(table_id)
+
+    def _alter(self, alter: AlterView) -> str:
+        view = self.views.get(alter.name)
+        if view is None:
+            raise errors.UnknownTable(f"unknown materialized view {alter.name!r}")
+        if view.plan.mode != "async":
+            raise errors.InvalidArgument(
+                f"materialized view {alter.name} is sync: it has no refresh interval"
+            )
+        view.plan = replace(view.plan, interval_ms=alter.interval_ms)
+        self._persist(view)
+        return f"materialized view {alter.name} refreshes every {alter.interval_ms} ms"
+
+    def views_on(self, table: str) -> list[str]:
+        return [v.name for v in self.views.values() if table in v.plan.base_tables()]
+
+    # ------------------------------------------------------------------ initialization
+
+    async def _initialize(
+        self, view: View, *, fresh: bool, new_indexes: list[tuple[str, str]] | None = None
+    ) -> None:
+        """Computes the view from a snapshot while writers go on, then makes it live."""
+        if not fresh:  # a restart mid-way: start over from an empty view
+            await self._clear(view)
+        for table, column in new_indexes if new_indexes is not None else list(self.indexes):
+            await self._backfill_index(table, column)
+        assert view.compiled is not None
+        view_state = view.compiled
+
+        async def initial(ts: int) -> list[lpb.RowOp]:
+            tables = {}
+            for table in view.plan.base_tables():
+                schema = self.catalog.table(table)
+                rows = await self.manager.read_range_at(schema.table_id, b"", b"", ts, own=True)
+                tables[table] = {key: decode_row(data) or {} for key, data in rows}
+            groups = await from_scratch(view_state, tables)
+            view.snapshot = ts
+            return [_merge(view.view_id, key, state) for key, state in groups.items()] + [
+                _meta(view, refreshed_at=ts)
+            ]
+
+        await self.manager.system_transaction(initial)
+        self._persist(view)
+        if view.plan.mode == "sync":
+            # From the next transaction on, maintenance is synchronous; then the changes
+            # captured since the snapshot are drained once and capture stops.
+            view.state = "draining"
+            self.manager.epoch += 1
+            await self.refresh(view.name, initializing=True)
+        view.state = "live"
+        self.manager.epoch += 1
+        self._persist(view)
+        if view.plan.mode == "async":
+            self._start_refresher(view)
+
+    async def _clear(self, view: View) -> None:
+        async def erase(ts: int) -> list[lpb.RowOp]:
+            rows = await self.manager.read_range_at(view.view_id, b"", b"", ts, own=True)
+            return [lpb.RowOp(kind=lpb.RowOp.PUT, table=view.view_id, key=k) for k, _ in rows]
+
+        await self.manager.system_transaction(erase)
+
+    async def _backfill_index(self, table: str, column: str) -> None:
+        """Index entries for the rows a table held before the index was maintained."""
+        schema = self.catalog.table(table)
+
+        async def build(ts: int) -> list[lpb.RowOp]:
+            rows = await self.manager.read_range_at(schema.table_id, b"", b"", ts, own=True)
+            ops = []
+            for key, data in rows:
+                op = self._index_op(schema, column, key, (decode_row(data) or {}).get(column))
+                if op is not None:
+                    ops.append(op)
+            return ops
+
+        await self.manager.system_transaction(build)
+
+    # ------------------------------------------------------------------ maintenance
+
+    def _capture(self, ops: list[lpb.RowOp]) -> None:
+        """Asks the LTMs to append change rows for views that are async or initializing."""
+        capturing = [v for v in self.views.values() if v.captures]
+        if not capturing:
+            return
+        by_table_id = {s.table_id: s for s in self.catalog.tables.values()}
+        for op in ops:
+            schema = by_table_id.get(op.table)
+            if schema is None:
+                continue
+            for view in capturing:
+                if schema.name in view.plan.base_tables():
+                    op.changes_tables.append(view.changes_id(schema))
+
+    async def _maintain(self, tx: Transaction, images: list[lpb.RowImage]) -> list[lpb.RowOp]:
+        """The extension of §5.3.1: index entries and sync view deltas for a round's images."""
+        by_table_id = {s.table_id: s for s in self.catalog.tables.values()}
+        changes: Changes = {}
+        for image in images:
+            schema = by_table_id.get(image.table)
+            if schema is not None:
+                changes.setdefault(schema.name, {})[image.key] = (
+                    decode_row(image.before),
+                    decode_row(image.after),
+                )
+        if not changes:
+            return []
+        if tx.epoch != self.manager.epoch:
+            raise errors.TooLate("views or indexes changed during the transaction; retry it")
+        ops: list[lpb.RowOp] = []
+        for table, rows in changes.items():
+            schema = self.catalog.table(table)
+            for (indexed_table, column), _ in self.indexes.items():
+                if indexed_table != table:
+                    continue
+                for key, (before, after) in rows.items():
+                    old = before.get(column) if before else None
+                    new = after.get(column) if after else None
+                    if old == new:
+                        continue
+                    if old is not None:
+                        ops.append(self._index_op(schema, column, key, old, erase=True))
+                    if new is not None:
+                        ops.append(self._index_op(schema, column, key, new))
+        for view in self.views.values():
+            if view.plan.mode != "sync" or view.state == "initializing":
+                continue
+            relevant = {t: changes[t] for t in view.plan.base_tables() if t in changes}
+            if not relevant:
+                continue
+            assert view.compiled is not None
+            delta = await view_delta(view.compiled, relevant, self._rows_where(tx.ts))
+            ops.extend(_merge(view.view_id, key, d) for key, d in delta.items())
+        return [op for op in ops if op is not None]
+
+    def _index_op(
+        self, schema: TableSchema, column: str, key: bytes, value: Any, *, erase: bool = False
+    ) -> lpb.RowOp | None:
+        if value is None:
+            return None
+        index_id = self.indexes[(schema.name, column)]
+        prefix = encode_key([schema.column(column).type], [value])
+        return lpb.RowOp(
+            kind=lpb.RowOp.PUT,
+            table=index_id,
+            key=prefix + key,
+            values=b"" if erase else encode_row({}),
+        )
+
+    def _rows_where(self, ts: int):  # type: ignore[no-untyped-def]
+        """Reads of transaction ``ts`` itself: rows of a table whose column equals a value."""
+        manager = self.manager
+
+        async def rows_where(table: str, column: str, value: Any) -> list[tuple[bytes, Row]]:
+            schema = self.catalog.table(table)
+            prefix = encode_key([schema.column(column).type], [value])
+            if column == schema.primary_key[0] and len(schema.primary_key) == 1:
+                found = await manager.read_keys_at(schema.table_id, [prefix], ts, own=True)
+                return [(k, decode_row(v) or {}) for k, v in found.items()]
+            if column == schema.primary_key[0]:
+                rows = await manager.read_range_at(
+                    schema.table_id, prefix, prefix_end(prefix) or b"", ts, own=True
+                )
+                return [(k, decode_row(v) or {}) for k, v in rows]
+            index_id = self.indexes[(table, column)]
+            entries = await manager.read_range_at(
+                index_id, prefix, prefix_end(prefix) or b"", ts, own=True
+            )
+            keys = [k[len(prefix) :] for k, _ in entries]
+            if not keys:
+                return []
+            found = await manager.read_keys_at(schema.table_id, keys, ts, own=True)
+            return [(k, decode_row(v) or {}) for k, v in found.items()]
+
+        return rows_where
+
+    # ------------------------------------------------------------------ async refresh
+
+    def _start_refresher(self, view: View) -> None:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(view.plan.interval_ms / 1000)
+                try:
+                    await self.refresh(view.name)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # e.g. an LTM down: try again next interval
+                    log.warning("refresh of %s failed: %s", view.name, exc)
+
+        view.refresher = asyncio.get_running_loop().create_task(loop())
+
+    async def refresh(self, name: str, *, initializing: bool = False) -> int:
+        """Drains the view's change rows below a new timestamp into the view (Algorithm 5.2)."""
+        view = self.views.get(name)
+        if view is None:
+            raise errors.UnknownTable(f"unknown materialized view {name!r}")
+        if view.plan.mode != "async" and not initializing:
+            raise errors.InvalidArgument(f"materialized view {name} is sync: always fresh")
+        if view.state == "initializing":
+            raise errors.FailedPrecondition(f"materialized view {name} is still initializing")
+        assert view.compiled is not None
+        compiled = view.compiled
+
+        async def drain(ts: int) -> list[lpb.RowOp]:
+            changes: Changes = {}
+            ops: list[lpb.RowOp] = []
+            for table in view.plan.base_tables():
+                schema = self.catalog.table(table)
+                changes_id = view.changes_id(schema)
+                rows = await self.manager.read_range_at(changes_id, b"", b"", ts, own=True)
+                net: dict[bytes, tuple[Row | None, Row | None]] = {}
+                for key, data in rows:  # key order: base key, then timestamp
+                    ops.append(lpb.RowOp(kind=lpb.RowOp.PUT, table=changes_id, key=key))
+                    if int.from_bytes(key[-8:], "big") <= view.snapshot:
+                        continue  # already in the initial computation
+                    change = decode_row(data) or {}
+                    base_key = key[:-8]
+                    first = net[base_key][0] if base_key in net else change.get("b")
+                    net[base_key] = (first, change.get("a"))
+                if net:
+                    changes[table] = net
+            delta = await view_delta(compiled, changes, self._rows_where(ts))
+            ops.extend(_merge(view.view_id, key, d) for key, d in delta.items())
+            if view.plan.mode == "async":
+                ops.append(_meta(view, refreshed_at=ts))
+            return ops
+
+        async with view.lock:
+            return await self.manager.system_transaction(drain)
+
+    # ------------------------------------------------------------------ reads
+
+    async def read(self, name: str, where: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+        """Rows of a view from one snapshot, and the timestamp they are consistent at (for an
+        async view: its last refresh). A where on leading GROUP BY columns is a lookup."""
+        view = self.views.get(name)
+        if view is None:
+            raise errors.UnknownTable(f"unknown materialized view {name!r}")
+        if view.state != "live":
+            raise errors.FailedPrecondition(f"materialized view {name} is still initializing")
+        assert view.compiled is not None
+        compiled = view.compiled
+        outputs = set(view.plan.output)
+        for column in where:
+            if column not in outputs:
+                raise errors.UnknownColumn(f"materialized view {name} has no column {column!r}")
+        prefix_values = []
+        for group in view.plan.group_by:
+            if group.name not in where:
+                break
+            column = Column(group.name, compiled.group_types[len(prefix_values)])
+            to_storage(column, where[group.name], table=name)  # type check, with a clear error
+            prefix_values.append(where[group.name])
+        async with self.manager.snapshot() as ts:
+            if view.plan.group_by and len(prefix_values) == len(view.plan.group_by):
+                key = compiled.encode_group(prefix_values)
+                found = await self.manager.read_keys_at(view.view_id, [key], ts)
+                rows = list(found.items())
+            elif prefix_values:
+                start = compiled.encode_group(prefix_values)
+                rows = await self.manager.read_range_at(
+                    view.view_id, start, prefix_end(start) or b"", ts
+                )
+            else:
+                rows = await self.manager.read_range_at(view.view_id, b"", b"", ts)
+            consistent_at = ts
+            if view.plan.mode == "async":
+                meta = await self.manager.read_keys_at(view.meta_id, [META_KEY], ts)
+                consistent_at = (decode_row(meta.get(META_KEY, b"")) or {}).get("refreshed_at", 0)
+        out = []
+        for key, data in rows:
+            row = compiled.finalize(key, decode_row(data) or {})
+            if row is not None and all(row.get(c) == v for c, v in where.items()):
+                out.append(row)
+        return out, consistent_at
+
+
+def _merge(view_id: str, key: bytes, delta: Row) -> lpb.RowOp:
+    return lpb.RowOp(kind=lpb.RowOp.MERGE, table=view_id, key=key, values=encode_row(delta))
+
+
+def _meta(view: View, *, refreshed_at: int) -> lpb.RowOp:
+    return lpb.RowOp(
+        kind=lpb.RowOp.PUT,
+        table=view.meta_id,
+        key=META_KEY,
+        values=encode_row({"refreshed_at": refreshed_at}),
+    )
