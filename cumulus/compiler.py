@@ -1,0 +1,1040 @@
+"""The view compiler: materialized-view DDL -> statements, and a view's SELECT -> ``ViewPlan``.
+
+Compilation is a sequence of small passes, each a function testable on its own (after sqlglot's
+optimizer): ``parse_select`` -> ``check_supported`` -> ``resolve_tables`` -> ``plan_where``
+(resolve and type every column, split the conjunction into join edges and filters) ->
+``check_connected`` -> ``plan_group_by`` -> ``plan_select`` (aggregates and output names) ->
+``plan_having`` (hidden aggregates). Anything outside the supported subset is refused at CREATE
+with an ``InvalidArgument`` that names the construct; type errors are ``TypeMismatch``.
+
+Type rules (documented here because view maintenance and Spark must agree with them):
+
+- ``+ - *``: INT with INT is INT; DECIMAL(p1,s1) +/- DECIMAL(p2,s2) is DECIMAL(38, max(s1,s2));
+  ``*`` is DECIMAL(38, s1+s2), refused above scale 38; INT with DECIMAL acts as DECIMAL(38,0);
+  anything with FLOAT is FLOAT. ``/`` is always FLOAT (float division, NULL on zero).
+- Literals: 12 is INT (DECIMAL(38,0) past 64 bits); 1.50 is DECIMAL(38,2); 1e3 is FLOAT; 'x' is
+  TEXT, or DATE when compared with a DATE and in ISO form; DATE '2024-01-01' is DATE.
+- Comparisons: numbers with numbers, otherwise the same kind only. Join edges need the same kind
+  (and, for DECIMAL, the same scale), because index keys are encoded per type.
+- Aggregates: COUNT -> INT; SUM(INT) -> INT; SUM(DECIMAL(p,s)) -> DECIMAL(38,s); SUM(FLOAT) ->
+  FLOAT; AVG(INT) -> DECIMAL(38,6); AVG(DECIMAL(p,s)) -> DECIMAL(38, max(s,6)) (the read-time
+  quotient sum/count is rounded half-even to that scale); AVG(FLOAT) -> FLOAT; MIN/MAX keep
+  their argument's type, BOOL included (FALSE < TRUE).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.tokens import Token, Tokenizer, TokenType
+
+from aggview import errors
+from aggview.schema import INT_MAX, ColumnType, TableSchema
+from coordinator.catalog import identifier, parse_sql
+from cumulus.plan import (
+    Aggregate,
+    ColumnRef,
+    Expr,
+    GroupColumn,
+    JoinEdge,
+    TableRef,
+    ViewPlan,
+    expr_columns,
+)
+
+DEFAULT_ASYNC_INTERVAL_MS = 1000
+MIN_INTERVAL_MS = 10
+MAX_INTERVAL_MS = 86_400_000
+MAX_SCALE = 38
+RESERVED_NAMES = frozenset({"_count"})  # the refresh operator's own column in every view row
+
+INT = ColumnType("INT")
+FLOAT = ColumnType("FLOAT")
+TEXT = ColumnType("TEXT")
+DATE = ColumnType("DATE")
+BOOL = ColumnType("BOOL")
+NUMERIC = frozenset({"INT", "DECIMAL", "FLOAT"})
+
+
+def decimal_type(scale: int) -> ColumnType:
+    return ColumnType("DECIMAL", 38, scale)
+
+
+# === DDL: CREATE / DROP / ALTER MATERIALIZED VIEW ===============================================
+
+
+@dataclass(frozen=True)
+class CreateView:
+    name: str
+    if_not_exists: bool
+    mode: str
+    interval_ms: int
+    select_sql: str
+
+
+@dataclass(frozen=True)
+class DropView:
+    name: str
+    if_exists: bool
+
+
+@dataclass(frozen=True)
+class AlterView:
+    """Only the refresh interval can change; the caller checks that the view is async."""
+
+    name: str
+    interval_ms: int
+
+
+ViewStatement = CreateView | DropView | AlterView
+
+# Words that may sit between CREATE/DROP/ALTER and VIEW; only MATERIALIZED alone is supported.
+_MODIFIERS = frozenset(
+    {"OR", "REPLACE", "TEMP", "TEMPORARY", "MATERIALIZED", "RECURSIVE", "SECURE"}
+)
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+class _Header:
+    """A cursor over sqlglot's tokens of a DDL header: quoting, case and comments come for free."""
+
+    def __init__(self, sql: str) -> None:
+        try:
+            self.tokens: list[Token] = Tokenizer().tokenize(sql)
+        except sqlglot.errors.TokenError as exc:
+            raise errors.InvalidArgument(f"cannot parse SQL: {exc}") from None
+        self.sql = sql
+        self.pos = 0
+
+    def word(self, offset: int = 0) -> str:
+        """The upper-cased keyword at the cursor (+offset); '' for quoted text or the end."""
+        index = self.pos + offset
+        if index >= len(self.tokens):
+            return ""
+        token = self.tokens[index]
+        if token.token_type in (TokenType.IDENTIFIER, TokenType.STRING):
+            return ""
+        return token.text.upper()
+
+    def accept(self, *words: str) -> bool:
+        if all(self.word(i) == w for i, w in enumerate(words)):
+            self.pos += len(words)
+            return True
+        return False
+
+    def expect(self, word: str, usage: str) -> Token:
+        if self.word() != word:
+            raise errors.InvalidArgument(f"expected {word} {self.at()}; usage: {usage}")
+        self.pos += 1
+        return self.tokens[self.pos - 1]
+
+    def at(self) -> str:
+        if self.pos >= len(self.tokens):
+            return "at the end of the statement"
+        return f"at {self.tokens[self.pos].text!r}"
+
+    def name(self, usage: str) -> str:
+        if self.pos >= len(self.tokens) or self.tokens[self.pos].token_type in (
+            TokenType.STRING,
+            TokenType.NUMBER,
+        ):
+            raise errors.InvalidArgument(f"expected a view name {self.at()}; usage: {usage}")
+        token = self.tokens[self.pos]
+        quoted = token.token_type == TokenType.IDENTIFIER
+        if not quoted and token.text.upper() in ("AS", "WITH", "SET", "(", ";"):
+            raise errors.InvalidArgument(f"expected a view name {self.at()}; usage: {usage}")
+        self.pos += 1
+        if self.word() == ".":
+            raise errors.InvalidArgument("qualified view names (schema.view) are not supported")
+        return identifier(exp.Identifier(this=token.text, quoted=quoted), "view")
+
+    def end(self, usage: str) -> None:
+        self.accept(";")
+        if self.pos < len(self.tokens):
+            raise errors.InvalidArgument(f"unexpected {self.at()[3:]}; usage: {usage}")
+
+    def options(self, usage: str) -> list[tuple[str, str, str]]:
+        """``( name = value, ... )`` as (lower-case name, value kind, value text)."""
+        self.expect("(", usage)
+        found: list[tuple[str, str, str]] = []
+        while not self.accept(")"):
+            if found:
+                self.expect(",", usage)
+            if self.pos >= len(self.tokens):
+                raise errors.InvalidArgument(f"unclosed option list; usage: {usage}")
+            key = self.tokens[self.pos].text.lower()
+            self.pos += 1
+            self.expect("=", usage)
+            found.append((key, *self._value(key)))
+        return found
+
+    def _value(self, key: str) -> tuple[str, str]:
+        sign = "-" if self.accept("-") else ""
+        if self.pos >= len(self.tokens):
+            raise errors.InvalidArgument(f"option {key} has no value")
+        token = self.tokens[self.pos]
+        self.pos += 1
+        if token.token_type == TokenType.NUMBER:
+            return "number", sign + token.text
+        if not sign and token.token_type == TokenType.STRING:
+            return "string", token.text
+        if not sign and token.token_type in (TokenType.VAR, TokenType.IDENTIFIER):
+            return "word", token.text
+        raise errors.InvalidArgument(f"option {key} has an invalid value {sign}{token.text!r}")
+
+
+def _interval(kind: str, text: str) -> int:
+    if kind != "number" or not _INTEGER.fullmatch(text) or int(text) <= 0:
+        shown = repr(text) if kind == "string" else text
+        raise errors.InvalidArgument(
+            f"interval_ms must be a positive integer (milliseconds); got {shown}"
+        )
+    value = int(text)
+    if not MIN_INTERVAL_MS <= value <= MAX_INTERVAL_MS:
+        raise errors.InvalidArgument(
+            f"interval_ms must be between {MIN_INTERVAL_MS} and {MAX_INTERVAL_MS}; got {value}"
+        )
+    return value
+
+
+def view_options(options: list[tuple[str, str, str]], allowed: tuple[str, ...]) -> dict[str, Any]:
+    """Validate ``refresh`` / ``interval_ms``; every nonsense option is named in the error."""
+    unknown = [key for key, _, _ in options if key not in allowed]
+    if unknown:
+        raise errors.InvalidArgument(
+            f"unknown view option {', '.join(unknown)}; expected {' or '.join(allowed)}"
+        )
+    values: dict[str, Any] = {}
+    for key, kind, text in options:
+        if key in values:
+            raise errors.InvalidArgument(f"view option {key} is given twice")
+        if key == "refresh":
+            mode = text.lower()
+            if kind == "number" or mode not in ("sync", "async"):
+                raise errors.InvalidArgument(f"refresh must be 'sync' or 'async'; got {text!r}")
+            values[key] = mode
+        else:
+            values[key] = _interval(kind, text)
+    return values
+
+
+def _create(header: _Header) -> CreateView:
+    usage = (
+        "CREATE MATERIALIZED VIEW name [WITH (refresh = 'sync'|'async', interval_ms = N)] "
+        "AS SELECT ..."
+    )
+    if_not_exists = header.accept("IF", "NOT", "EXISTS")
+    name = header.name(usage)
+    options = header.options(usage) if header.accept("WITH") else []
+    values = view_options(options, ("refresh", "interval_ms"))
+    as_token = header.expect("AS", usage)
+    mode = values.get("refresh", "sync")
+    if mode == "sync" and "interval_ms" in values:
+        raise errors.InvalidArgument(
+            "interval_ms applies only to refresh = 'async' (a sync view is maintained by every "
+            "writing transaction)"
+        )
+    interval = values.get("interval_ms", DEFAULT_ASYNC_INTERVAL_MS) if mode == "async" else 0
+    select_sql = header.sql[as_token.end + 1 :].strip().rstrip(";").strip()
+    if not select_sql:
+        raise errors.InvalidArgument(f"CREATE MATERIALIZED VIEW {name} has no SELECT")
+    return CreateView(name, if_not_exists, mode, interval, select_sql)
+
+
+def _drop(header: _Header) -> DropView:
+    usage = "DROP MATERIALIZED VIEW [IF EXISTS] name"
+    if_exists = header.accept("IF", "EXISTS")
+    name = header.name(usage)
+    if header.word() == ",":
+        raise errors.InvalidArgument("DROP MATERIALIZED VIEW drops one view at a time")
+    header.end(usage)
+    return DropView(name, if_exists)
+
+
+def _alter(header: _Header) -> AlterView:
+    usage = "ALTER MATERIALIZED VIEW name SET (interval_ms = N)"
+    name = header.name(usage)
+    header.expect("SET", usage)
+    options = header.options(usage)
+    if "refresh" in [key for key, _, _ in options]:
+        raise errors.InvalidArgument(
+            "refresh cannot be changed by ALTER; drop and create the view again"
+        )
+    values = view_options(options, ("interval_ms",))
+    header.end(usage)
+    if "interval_ms" not in values:
+        raise errors.InvalidArgument(f"nothing to alter; usage: {usage}")
+    return AlterView(name, values["interval_ms"])
+
+
+def parse_view_statement(sql: str) -> ViewStatement | None:
+    """Recognise materialized-view DDL; None for any other statement (left to its own parser)."""
+    header = _Header(sql)
+    verb = header.word()
+    if verb not in ("CREATE", "DROP", "ALTER"):
+        return None
+    modifiers: list[str] = []
+    while header.word(1 + len(modifiers)) in _MODIFIERS:
+        modifiers.append(header.word(1 + len(modifiers)))
+    if header.word(1 + len(modifiers)) != "VIEW":
+        return None
+    if modifiers != ["MATERIALIZED"]:
+        shown = " ".join([verb, *modifiers, "VIEW"])
+        if "MATERIALIZED" not in modifiers:
+            raise errors.InvalidArgument(
+                f"{shown}: plain views are not supported; use {verb} MATERIALIZED VIEW"
+            )
+        raise errors.InvalidArgument(f"{shown} is not supported; use {verb} MATERIALIZED VIEW")
+    header.pos += 3
+    return {"CREATE": _create, "DROP": _drop, "ALTER": _alter}[verb](header)
+
+
+# === pass 1-2: parse the SELECT, refuse what a view cannot maintain ===========================
+
+AGGREGATES: tuple[type[exp.Expression], ...] = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+_COMPARISONS: dict[type[exp.Expression], str] = {
+    exp.EQ: "=",
+    exp.NEQ: "<>",
+    exp.LT: "<",
+    exp.LTE: "<=",
+    exp.GT: ">",
+    exp.GTE: ">=",
+}
+_ARITHMETIC: dict[type[exp.Expression], str] = {
+    exp.Add: "+",
+    exp.Sub: "-",
+    exp.Mul: "*",
+    exp.Div: "/",
+}
+_ALLOWED = (
+    exp.Select, exp.From, exp.Join, exp.Table, exp.TableAlias, exp.Identifier, exp.Column,
+    exp.Alias, exp.Where, exp.Group, exp.Having, exp.Literal, exp.Boolean, exp.Neg, exp.Paren,
+    exp.Not, exp.And, exp.In, exp.Between, exp.Distinct, exp.Cast, exp.DataType, exp.Null,
+    *_COMPARISONS, *_ARITHMETIC, *AGGREGATES,
+)  # fmt: skip
+_SELECT_CLAUSES = frozenset({"expressions", "from_", "joins", "where", "group", "having"})
+_CLAUSE_NAMES = {
+    "with_": "WITH (common table expressions)",
+    "distinct": "SELECT DISTINCT",
+    "order": "ORDER BY",
+    "limit": "LIMIT",
+    "offset": "OFFSET",
+    "qualify": "QUALIFY",
+    "windows": "WINDOW",
+    "laterals": "LATERAL",
+}
+_NAMED_NODES: dict[type[exp.Expression], str] = {
+    exp.Or: "OR",
+    exp.Subquery: "subquery",
+    exp.Exists: "EXISTS subquery",
+    exp.Window: "window function",
+    exp.Star: "SELECT *",
+    exp.Like: "LIKE",
+    exp.ILike: "ILIKE",
+    exp.Is: "IS [NOT] NULL",
+    exp.Case: "CASE",
+    exp.If: "IF",
+    exp.Mod: "operator %",
+    exp.DPipe: "operator ||",
+    exp.Filter: "aggregate FILTER",
+    exp.Lateral: "LATERAL",
+    exp.Union: "UNION",
+    exp.Intersect: "INTERSECT",
+    exp.Except: "EXCEPT",
+    exp.Xor: "XOR",
+}
+
+
+def _refuse(construct: str, node: exp.Expression | None = None) -> errors.InvalidArgument:
+    where = f": {node.sql()}" if node is not None else ""
+    return errors.InvalidArgument(f"{construct} is not supported in a materialized view{where}")
+
+
+def parse_select(select_sql: str) -> exp.Select:
+    statement = parse_sql(select_sql)
+    if isinstance(statement, exp.SetOperation):
+        raise _refuse(statement.key.upper())
+    if not isinstance(statement, exp.Select):
+        raise errors.InvalidArgument(f"a materialized view needs a SELECT, not {statement.key}")
+    return statement
+
+
+def _unsupported_node(node: exp.Expression) -> errors.InvalidArgument:
+    for kind, name in _NAMED_NODES.items():
+        if isinstance(node, kind):
+            if isinstance(node, exp.Star) and isinstance(node.parent, exp.Column):
+                name = f"SELECT {node.parent.sql()}"
+            return _refuse(name, None if isinstance(node, exp.Star) else node)
+    if isinstance(node, exp.Select):
+        return _refuse("subquery", node)
+    if isinstance(node, exp.Func):
+        name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+        return errors.InvalidArgument(f"unsupported function {name.upper()} in {node.sql()}")
+    return _refuse(node.key.upper(), node)
+
+
+def _check_join(join: exp.Join) -> None:
+    side, kind = join.side.upper(), join.kind.upper()
+    if side:
+        raise _refuse(f"{side} OUTER JOIN (only inner joins)")
+    if kind == "CROSS":
+        raise _refuse("CROSS JOIN (a cross product)")
+    if kind not in ("", "INNER"):
+        raise _refuse(f"{kind} JOIN")
+    if join.method:
+        raise _refuse(f"{join.method.upper()} JOIN")
+    if join.args.get("using"):
+        raise _refuse("JOIN ... USING (write ON a.x = b.x)")
+
+
+def check_supported(select: exp.Select) -> None:
+    """Refuse, naming it, every construct outside the supported subset, before any resolution."""
+    for key, value in select.args.items():
+        if value and key not in _SELECT_CLAUSES:
+            raise _refuse(_CLAUSE_NAMES.get(key, key.upper()))
+    if not select.args.get("from_"):
+        raise errors.InvalidArgument("a materialized view needs a FROM clause")
+    for node in select.walk():
+        if isinstance(node, exp.Join):
+            _check_join(node)
+        elif isinstance(node, exp.Star) and isinstance(node.parent, exp.Count):
+            continue
+        elif isinstance(node, exp.Select) and node is not select:
+            raise _unsupported_node(node)
+        elif not isinstance(node, _ALLOWED):
+            raise _unsupported_node(node)
+        elif isinstance(node, exp.Cast) and not (
+            node.to.is_type(exp.DataType.Type.DATE)
+            and isinstance(node.this, exp.Literal)
+            and node.this.is_string
+        ):
+            raise _refuse("CAST (only DATE 'YYYY-MM-DD' literals)", node)
+        elif isinstance(node, AGGREGATES):
+            _check_aggregate(node)
+        elif isinstance(node, exp.Between) and node.args.get("symmetric"):
+            raise _refuse("BETWEEN SYMMETRIC")
+        elif isinstance(node, exp.In) and not node.expressions and not node.args.get("query"):
+            raise _refuse("IN without a list of values", node)
+    group = select.args.get("group")
+    if group is not None:
+        extra = [k for k, v in group.args.items() if v and k != "expressions"]
+        if extra:
+            raise _refuse(f"GROUP BY {extra[0].upper().replace('_', ' ')}")
+
+
+def _check_aggregate(node: exp.Expression) -> None:
+    outer = node.find_ancestor(*AGGREGATES)
+    if outer is not None:
+        raise errors.InvalidArgument(f"aggregate nested in an aggregate: {outer.sql()}")
+    clause = node.find_ancestor(exp.Where, exp.Join, exp.Group)
+    if clause is not None:
+        where = {"where": "WHERE", "join": "JOIN ... ON", "group": "GROUP BY"}[clause.key]
+        raise errors.InvalidArgument(
+            f"aggregate {node.sql()} in {where} is not allowed (use HAVING for conditions)"
+        )
+    arg = node.this
+    if arg is None:
+        raise errors.InvalidArgument(f"{node.sql()} needs an argument")
+    if isinstance(arg, exp.Distinct):
+        if len(arg.expressions) != 1:
+            raise _refuse(f"{node.key.upper()}(DISTINCT with several arguments)", node)
+        if isinstance(node, exp.Sum | exp.Avg):
+            raise _refuse(f"{node.key.upper()}(DISTINCT ...)", node)
+
+
+# === pass 3: tables and aliases ================================================================
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The aliases a clause can see, in FROM order, with their schemas."""
+
+    tables: dict[str, TableSchema]
+
+    def resolve(self, column: exp.Column) -> tuple[ColumnRef, ColumnType]:
+        if column.args.get("db") or column.args.get("catalog"):
+            raise _refuse("a column qualified by schema", column)
+        name = identifier(column.this, "column")
+        qualifier = column.args.get("table")
+        if qualifier is not None:
+            alias = identifier(qualifier, "table alias")
+            schema = self.tables.get(alias)
+            if schema is None:
+                raise errors.UnknownColumn(
+                    f"unknown table alias {alias!r} in {column.sql()} "
+                    f"(tables in scope: {', '.join(self.tables)})"
+                )
+            if not schema.has_column(name):
+                raise errors.UnknownColumn(
+                    f"unknown column {alias}.{name} (table {schema.name} has no column {name!r})"
+                )
+            return ColumnRef(alias, name), schema.column(name).type
+        matches = [alias for alias, schema in self.tables.items() if schema.has_column(name)]
+        if not matches:
+            raise errors.UnknownColumn(f"unknown column {name} (not in {', '.join(self.tables)})")
+        if len(matches) > 1:
+            raise errors.InvalidArgument(
+                f"column {name} is ambiguous: {', '.join(f'{a}.{name}' for a in matches)}"
+            )
+        return ColumnRef(matches[0], name), self.tables[matches[0]].column(name).type
+
+
+def _table_ref(
+    node: exp.Expression, table: Callable[[str], TableSchema]
+) -> tuple[TableRef, TableSchema]:
+    if not isinstance(node, exp.Table):
+        raise _unsupported_node(node)
+    if node.args.get("db") or node.args.get("catalog"):
+        raise _refuse("a table qualified by schema", node)
+    name = identifier(node.this, "table")
+    alias_node = node.args.get("alias")
+    if alias_node is not None and alias_node.args.get("columns"):
+        raise _refuse("column aliases on a table", node)
+    alias = identifier(alias_node, "table alias") if alias_node is not None else name
+    try:
+        schema = table(name)
+    except KeyError:
+        schema = None
+    if schema is None:
+        raise errors.UnknownTable(f"unknown table {name!r}")
+    return TableRef(alias, name), schema
+
+
+def resolve_tables(
+    select: exp.Select, table: Callable[[str], TableSchema]
+) -> tuple[tuple[TableRef, ...], Scope, list[tuple[exp.Expression, Scope]]]:
+    """FROM and JOINs -> table refs, the full scope, and each ON clause with the scope it sees."""
+    refs: list[TableRef] = []
+    scope: dict[str, TableSchema] = {}
+    ons: list[tuple[exp.Expression, Scope]] = []
+    items = [select.args["from_"].this, *(j.this for j in select.args.get("joins") or [])]
+    joins = [None, *(select.args.get("joins") or [])]
+    for item, join in zip(items, joins, strict=True):
+        ref, schema = _table_ref(item, table)
+        if ref.alias in scope:
+            raise errors.InvalidArgument(
+                f"table alias {ref.alias} is used twice; give each occurrence its own alias"
+            )
+        refs.append(ref)
+        scope[ref.alias] = schema
+        if join is not None and join.args.get("on") is not None:
+            ons.append((join.args["on"], Scope(dict(scope))))
+    return tuple(refs), Scope(scope), ons
+
+
+# === pass 4: resolve and type expressions ======================================================
+
+Typed = tuple[Expr, ColumnType]
+ColumnHook = Callable[[exp.Column], Typed]
+AggregateHook = Callable[[exp.Expression], Typed]
+
+
+def _no_aggregates(node: exp.Expression) -> Typed:
+    raise errors.InvalidArgument(f"aggregate {node.sql()} is not allowed here")
+
+
+def literal(node: exp.Expression) -> Typed:
+    """A SQL literal as a JSON literal and its type."""
+    if isinstance(node, exp.Boolean):
+        return {"lit": bool(node.this), "type": "BOOL"}, BOOL
+    if isinstance(node, exp.Cast):
+        return _date_literal(node.this.this, node), DATE
+    if isinstance(node, exp.Null):
+        raise errors.InvalidArgument(
+            f"NULL literal is not supported (a comparison with NULL is never true): "
+            f"{(node.parent or node).sql()}"
+        )
+    assert isinstance(node, exp.Literal)
+    text = node.this
+    if node.is_string:
+        return {"lit": text, "type": "TEXT"}, TEXT
+    if re.fullmatch(r"[0-9]+", text):
+        value = int(text)
+        if value <= INT_MAX:
+            return {"lit": value, "type": "INT"}, INT
+        if len(text.lstrip("0")) > 38:
+            raise errors.InvalidArgument(f"integer literal {text} has more than 38 digits")
+        return {"lit": str(value), "type": "DECIMAL(38,0)"}, decimal_type(0)
+    if re.fullmatch(r"[0-9]*\.[0-9]*", text) and text != ".":
+        number = Decimal(text)
+        scale = len(text.split(".")[1])
+        if len(number.as_tuple().digits) > 38 or scale > 38:
+            raise errors.InvalidArgument(f"decimal literal {text} has more than 38 digits")
+        return {"lit": format(number, "f"), "type": str(decimal_type(scale))}, decimal_type(scale)
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise errors.InvalidArgument(f"numeric literal {text} is not a finite number")
+    return {"lit": value, "type": "FLOAT"}, FLOAT
+
+
+def _date_literal(text: str, node: exp.Expression) -> Expr:
+    try:
+        if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
+            raise ValueError
+        datetime.date.fromisoformat(text)
+    except ValueError:
+        raise errors.TypeMismatch(
+            f"{text!r} is not an ISO-8601 date (YYYY-MM-DD) in {node.sql()}"
+        ) from None
+    return {"lit": text, "type": "DATE"}
+
+
+def _negated_literal(lit: Expr, type_: ColumnType) -> Expr:
+    value = lit["lit"]
+    if type_.kind == "DECIMAL":
+        return {**lit, "lit": format(-Decimal(value), "f") if Decimal(value) else value}
+    return {**lit, "lit": -value}
+
+
+def arithmetic_type(
+    op: str, left: ColumnType, right: ColumnType, node: exp.Expression
+) -> ColumnType:
+    """The result type of ``left op right`` (see the module docstring for the rules)."""
+    if left.kind not in NUMERIC or right.kind not in NUMERIC:
+        raise errors.TypeMismatch(f"arithmetic {op} on {left} and {right}: {node.sql()}")
+    if op == "/" or FLOAT in (left, right):
+        return FLOAT
+    if left == INT and right == INT:
+        return INT
+    s1, s2 = left.scale or 0, right.scale or 0
+    scale = s1 + s2 if op == "*" else max(s1, s2)
+    if scale > MAX_SCALE:
+        raise errors.TypeMismatch(
+            f"{node.sql()} would need DECIMAL scale {scale}, more than {MAX_SCALE}"
+        )
+    return decimal_type(scale)
+
+
+def typed(node: exp.Expression, column: ColumnHook, aggregate: AggregateHook) -> Typed:
+    """Resolve and type a value expression; columns and aggregates go through the hooks."""
+    if isinstance(node, exp.Paren):
+        return typed(node.this, column, aggregate)
+    if isinstance(node, exp.Column):
+        return column(node)
+    if isinstance(node, exp.Literal | exp.Boolean | exp.Cast | exp.Null):
+        return literal(node)
+    if isinstance(node, AGGREGATES):
+        return aggregate(node)
+    if isinstance(node, exp.Neg):
+        inner, type_ = typed(node.this, column, aggregate)
+        if type_.kind not in NUMERIC:
+            raise errors.TypeMismatch(f"unary minus on {type_}: {node.sql()}")
+        if "lit" in inner:
+            return _negated_literal(inner, type_), type_
+        return {"neg": inner}, type_
+    op = _ARITHMETIC.get(type(node))
+    if op is not None:
+        left, lt = typed(node.this, column, aggregate)
+        right, rt = typed(node.expression, column, aggregate)
+        return {"op": op, "args": [left, right]}, arithmetic_type(op, lt, rt, node)
+    if isinstance(node, tuple(_COMPARISONS) + (exp.In, exp.Between, exp.Not, exp.And)):
+        raise errors.InvalidArgument(f"a condition cannot be used as a value: {node.sql()}")
+    raise _unsupported_node(node)
+
+
+def comparable(left: Typed, right: Typed, node: exp.Expression) -> tuple[Expr, Expr]:
+    """Check two sides can be compared, reading a TEXT literal as a DATE opposite a DATE."""
+    (lj, lt), (rj, rt) = left, right
+    if lt == DATE and rt == TEXT and "lit" in rj:
+        rj, rt = _date_literal(rj["lit"], node), DATE
+    elif rt == DATE and lt == TEXT and "lit" in lj:
+        lj, lt = _date_literal(lj["lit"], node), DATE
+    if lt.kind != rt.kind and not (lt.kind in NUMERIC and rt.kind in NUMERIC):
+        raise errors.TypeMismatch(f"cannot compare {lt} with {rt}: {node.sql()}")
+    return lj, rj
+
+
+def predicate(node: exp.Expression, column: ColumnHook, aggregate: AggregateHook) -> Expr:
+    """Resolve and type one condition (no AND/OR: conjunctions are split before)."""
+    if isinstance(node, exp.Paren):
+        return predicate(node.this, column, aggregate)
+    op = _COMPARISONS.get(type(node))
+    if op is not None:
+        left = typed(node.this, column, aggregate)
+        right = typed(node.expression, column, aggregate)
+        return {"cmp": op, "args": list(comparable(left, right, node))}
+    if isinstance(node, exp.In):
+        subject = typed(node.this, column, aggregate)
+        values = [comparable(subject, typed(v, column, aggregate), node) for v in node.expressions]
+        return {"in": values[0][0], "values": [v for _, v in values]}
+    if isinstance(node, exp.Between):
+        subject = typed(node.this, column, aggregate)
+        low = comparable(subject, typed(node.args["low"], column, aggregate), node)
+        high = comparable(subject, typed(node.args["high"], column, aggregate), node)
+        return {"between": low[0], "low": low[1], "high": high[1]}
+    if isinstance(node, exp.Not):
+        if list(conjuncts(node.this))[1:]:
+            raise _refuse("NOT over AND (an OR in disguise)", node)
+        return {"not": predicate(node.this, column, aggregate)}
+    if isinstance(node, exp.And):
+        raise _refuse("nested AND", node)
+    value, type_ = typed(node, column, aggregate)
+    if type_ != BOOL:
+        raise errors.TypeMismatch(f"condition {node.sql()} is {type_}, not BOOL")
+    return {"cmp": "=", "args": [value, {"lit": True, "type": "BOOL"}]}
+
+
+def conjuncts(node: exp.Expression | None) -> Iterator[exp.Expression]:
+    """The terms of an AND chain, through parentheses."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if node is None:
+        return
+    if isinstance(node, exp.And):
+        yield from conjuncts(node.this)
+        yield from conjuncts(node.expression)
+    else:
+        yield node
+
+
+# === pass 5-6: join edges, filters, connectivity ===============================================
+
+
+def _edge(pred: Expr, scope: Scope, node: exp.Expression) -> JoinEdge | None:
+    """An equality of two bare columns of different aliases is a join edge; else None."""
+    if pred.get("cmp") != "=" or not all("col" in a for a in pred["args"]):
+        return None
+    left, right = (ColumnRef(*a["col"]) for a in pred["args"])
+    if left.alias == right.alias:
+        return None
+    lt = scope.tables[left.alias].column(left.column).type
+    rt = scope.tables[right.alias].column(right.column).type
+    if lt.kind != rt.kind or lt.scale != rt.scale:
+        raise errors.TypeMismatch(
+            f"join condition {node.sql()} compares {lt} with {rt}; join columns must have the "
+            "same type (index keys are encoded per type)"
+        )
+    return JoinEdge(left, right)
+
+
+def plan_where(
+    select: exp.Select, scope: Scope, ons: list[tuple[exp.Expression, Scope]]
+) -> tuple[tuple[JoinEdge, ...], tuple[Expr, ...]]:
+    """ON and WHERE conjunctions -> join edges (deduplicated) and the remaining filters."""
+    terms = [(term, on_scope, True) for on, on_scope in ons for term in conjuncts(on)]
+    terms += [
+        (t, scope, False) for t in conjuncts(select.args.get("where") and select.args["where"].this)
+    ]
+    edges: dict[frozenset[ColumnRef], JoinEdge] = {}
+    filters: list[Expr] = []
+    for term, term_scope, in_on in terms:
+        pred = predicate(term, lambda c, s=term_scope: _column(c, s), _no_aggregates)
+        edge = _edge(pred, scope, term)
+        if edge is not None:
+            edges.setdefault(frozenset((edge.left, edge.right)), edge)
+            continue
+        aliases = {ref.alias for ref in _refs(pred)}
+        if in_on and len(aliases) > 1:
+            raise errors.InvalidArgument(
+                f"join condition {term.sql()} is not an equality of columns: JOIN ... ON takes "
+                "a.x = b.y (other conditions between tables belong in WHERE)"
+            )
+        filters.append(pred)
+    return tuple(edges.values()), tuple(filters)
+
+
+def _column(node: exp.Column, scope: Scope) -> Typed:
+    ref, type_ = scope.resolve(node)
+    return {"col": ref.to_json()}, type_
+
+
+def _refs(tree: object) -> Iterator[ColumnRef]:
+    for alias, column in expr_columns(tree):
+        yield ColumnRef(alias, column)
+
+
+def check_connected(tables: tuple[TableRef, ...], edges: tuple[JoinEdge, ...]) -> None:
+    """Every alias must be reachable through join edges: a cross product is refused."""
+    parent = {t.alias: t.alias for t in tables}
+
+    def root(alias: str) -> str:
+        while parent[alias] != alias:
+            parent[alias] = parent[parent[alias]]
+            alias = parent[alias]
+        return alias
+
+    for edge in edges:
+        parent[root(edge.left.alias)] = root(edge.right.alias)
+    groups: dict[str, list[str]] = {}
+    for t in tables:
+        groups.setdefault(root(t.alias), []).append(t.alias)
+    if len(groups) > 1:
+        parts = " | ".join(", ".join(g) for g in groups.values())
+        raise errors.InvalidArgument(
+            f"cross product is not supported: no equality joins the tables {parts} "
+            "(add a join condition a.x = b.y)"
+        )
+
+
+# === pass 7: GROUP BY ==========================================================================
+
+
+def _select_items(select: exp.Select) -> list[tuple[str | None, exp.Expression]]:
+    items = []
+    for item in select.expressions:
+        if isinstance(item, exp.Alias):
+            items.append((identifier(item.args["alias"], "output"), item.this))
+        else:
+            items.append((None, item))
+    return items
+
+
+def plan_group_by(select: exp.Select, scope: Scope) -> list[tuple[ColumnRef, ColumnType]]:
+    """GROUP BY columns, in order, without repeats; by column, output alias or position."""
+    items = _select_items(select)
+    found: dict[ColumnRef, ColumnType] = {}
+    group = select.args.get("group")
+    for node in group.expressions if group is not None else []:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.Literal) and not node.is_string and node.this.isdigit():
+            position = int(node.this)
+            if not 1 <= position <= len(items):
+                raise errors.InvalidArgument(f"GROUP BY position {position} is not in the SELECT")
+            node = items[position - 1][1]
+            if isinstance(node, AGGREGATES):
+                raise errors.InvalidArgument(f"GROUP BY position {position} refers to an aggregate")
+        if not isinstance(node, exp.Column):
+            raise _refuse("GROUP BY of an expression (group by columns)", node)
+        ref, type_ = _group_column(node, scope, items)
+        found.setdefault(ref, type_)
+    return list(found.items())
+
+
+def _group_column(
+    node: exp.Column, scope: Scope, items: list[tuple[str | None, exp.Expression]]
+) -> tuple[ColumnRef, ColumnType]:
+    """An input column first (as SQL does), else a SELECT alias of a column."""
+    try:
+        return scope.resolve(node)
+    except errors.UnknownColumn:
+        if node.args.get("table") is None:
+            name = identifier(node.this, "column")
+            for alias, item in items:
+                if alias == name and isinstance(item, exp.Column):
+                    return scope.resolve(item)
+        raise
+
+
+# === pass 8-9: SELECT list, aggregates, HAVING =================================================
+
+
+def aggregate_result_type(kind: str, arg: ColumnType | None) -> ColumnType:
+    if kind in ("count_star", "count", "count_distinct"):
+        return INT
+    assert arg is not None
+    if kind in ("min", "max") or arg == FLOAT:
+        return arg
+    scale = arg.scale or 0
+    if kind == "sum":
+        return INT if arg == INT else decimal_type(scale)
+    return decimal_type(max(scale, 6))  # avg
+
+
+@dataclass
+class _AggregateSpec:
+    kind: str
+    arg: Expr | None
+    arg_type: ColumnType | None
+    base_name: str
+
+    def key(self) -> str:
+        return json.dumps([self.kind, self.arg], sort_keys=True)
+
+
+def aggregate_spec(node: exp.Expression, scope: Scope) -> _AggregateSpec:
+    """COUNT/SUM/AVG/MIN/MAX -> kind, typed argument and a default output name."""
+    kind = node.key
+    arg_node = node.this
+    if isinstance(arg_node, exp.Distinct):
+        arg_node = arg_node.expressions[0]
+        kind = "count_distinct" if kind == "count" else kind
+    if kind == "count" and (
+        isinstance(arg_node, exp.Star)
+        or (isinstance(arg_node, exp.Literal | exp.Boolean) and not isinstance(arg_node, exp.Null))
+    ):
+        return _AggregateSpec("count_star", None, None, "count")
+    arg, arg_type = typed(arg_node, lambda c: _column(c, scope), _no_aggregates)
+    if kind in ("sum", "avg") and arg_type.kind not in NUMERIC:
+        what = (
+            f"column {ColumnRef(*arg['col'])}" if "col" in arg else f"expression {arg_node.sql()}"
+        )
+        raise errors.TypeMismatch(f"{kind.upper()} over {arg_type} {what}")
+    base = f"{kind}_{arg['col'][1]}" if "col" in arg else kind
+    return _AggregateSpec(kind, arg, arg_type, base)
+
+
+class _Names:
+    """Output names: explicit aliases first, then derived names deduplicated with _2, _3, ..."""
+
+    def __init__(self, explicit: list[str]) -> None:
+        self.taken: set[str] = set(RESERVED_NAMES)
+        for name in explicit:
+            if name.startswith("_"):
+                raise errors.InvalidArgument(
+                    f"output name {name}: names starting with _ are reserved for the view's "
+                    "hidden columns"
+                )
+            if name in self.taken:
+                raise errors.InvalidArgument(f"output name {name} is used twice")
+            self.taken.add(name)
+
+    def derive(self, base: str) -> str:
+        name, n = base, 1
+        while name in self.taken:
+            n += 1
+            name = f"{base}_{n}"
+        self.taken.add(name)
+        return name
+
+    def hidden(self) -> str:
+        n = 0
+        while f"_having{n}" in self.taken:
+            n += 1
+        self.taken.add(f"_having{n}")
+        return f"_having{n}"
+
+
+def plan_select(
+    select: exp.Select, scope: Scope, groups: list[tuple[ColumnRef, ColumnType]]
+) -> tuple[list[GroupColumn], list[tuple[Aggregate, str]], list[str], _Names]:
+    """SELECT items -> named group columns, aggregates (with identity keys) and output order."""
+    items = _select_items(select)
+    names = _Names([alias for alias, _ in items if alias is not None])
+    group_names: dict[ColumnRef, str] = {}
+    aggregates: list[tuple[Aggregate, str]] = []
+    output: list[str] = []
+    for alias, node in items:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.Column):
+            ref, _ = scope.resolve(node)
+            if ref not in dict(groups):
+                raise errors.InvalidArgument(
+                    f"column {ref} must appear in GROUP BY or be aggregated"
+                )
+            if ref in group_names:
+                raise errors.InvalidArgument(f"GROUP BY column {ref} appears twice in SELECT")
+            group_names[ref] = alias or names.derive(ref.column)
+            output.append(group_names[ref])
+        elif isinstance(node, AGGREGATES):
+            spec = aggregate_spec(node, scope)
+            name = alias or names.derive(spec.base_name)
+            aggregates.append((_aggregate(spec, name, hidden=False), spec.key()))
+            output.append(name)
+        else:
+            raise errors.InvalidArgument(
+                f"SELECT item {node.sql()} must be a GROUP BY column or an aggregate "
+                "(expressions over aggregates are not supported)"
+            )
+    columns = [
+        GroupColumn(group_names.get(ref) or names.derive(ref.column), ref, str(type_))
+        for ref, type_ in groups
+    ]
+    return columns, aggregates, output, names
+
+
+def _aggregate(spec: _AggregateSpec, name: str, hidden: bool) -> Aggregate:
+    return Aggregate(
+        name,
+        spec.kind,
+        spec.arg,
+        None if spec.arg_type is None else str(spec.arg_type),
+        str(aggregate_result_type(spec.kind, spec.arg_type)),
+        hidden,
+    )
+
+
+def plan_having(
+    select: exp.Select,
+    scope: Scope,
+    columns: list[GroupColumn],
+    aggregates: list[tuple[Aggregate, str]],
+    names: _Names,
+) -> tuple[Expr | None, list[tuple[Aggregate, str]]]:
+    """HAVING over view columns (``{"out": name}``) and the aggregates extended by the hidden
+    ones only HAVING uses; an aggregate also in SELECT is reused, never computed twice."""
+    having = select.args.get("having")
+    aggregates = list(aggregates)
+    if having is None:
+        return None, aggregates
+    by_key = {key: agg for agg, key in reversed(aggregates)}
+    outputs = {c.name: ColumnType.parse(c.type) for c in columns}
+    outputs.update({a.name: ColumnType.parse(a.result_type) for a, _ in aggregates})
+
+    def column(node: exp.Column) -> Typed:
+        try:
+            ref, _ = scope.resolve(node)
+        except errors.UnknownColumn:
+            name = identifier(node.this, "column")
+            if node.args.get("table") is None and name in outputs:
+                return {"out": name}, outputs[name]
+            raise
+        for group in columns:
+            if group.ref == ref:
+                return {"out": group.name}, ColumnType.parse(group.type)
+        raise errors.InvalidArgument(
+            f"column {ref} in HAVING must appear in GROUP BY or be aggregated"
+        )
+
+    def aggregate(node: exp.Expression) -> Typed:
+        spec = aggregate_spec(node, scope)
+        found = by_key.get(spec.key())
+        if found is None:
+            found = _aggregate(spec, names.hidden(), hidden=True)
+            by_key[spec.key()] = found
+            aggregates.append((found, spec.key()))
+        return {"out": found.name}, ColumnType.parse(found.result_type)
+
+    preds = [predicate(term, column, aggregate) for term in conjuncts(having.this)]
+    return (preds[0] if len(preds) == 1 else {"and": preds}), aggregates
+
+
+# === the whole compilation =====================================================================
+
+
+def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> ViewPlan:
+    """Compile a CREATE MATERIALIZED VIEW; ``table(name)`` returns a schema or raises
+    ``UnknownTable`` (a KeyError or None is taken to mean the same)."""
+    select = parse_select(create.select_sql)
+    check_supported(select)
+    tables, scope, ons = resolve_tables(select, table)
+    edges, filters = plan_where(select, scope, ons)
+    check_connected(tables, edges)
+    groups = plan_group_by(select, scope)
+    columns, aggregates, output, names = plan_select(select, scope, groups)
+    having, aggregates = plan_having(select, scope, columns, aggregates, names)
+    if not aggregates:
+        raise errors.InvalidArgument(
+            f"view {create.name} computes no aggregate; a materialized view needs at least one "
+            "(COUNT, SUM, AVG, MIN, MAX)"
+        )
+    return ViewPlan(
+        name=create.name,
+        sql=create.select_sql,
+        mode=create.mode,
+        interval_ms=create.interval_ms,
+        tables=tables,
+        edges=edges,
+        filters=filters,
+        group_by=tuple(columns),
+        aggregates=tuple(agg for agg, _ in aggregates),
+        having=having,
+        output=tuple(output),
+    )
+
+
+def compile_sql(sql: str, table: Callable[[str], TableSchema]) -> ViewPlan:
+    """``CREATE MATERIALIZED VIEW ...`` text straight to a plan (tests, tools)."""
+    statement = parse_view_statement(sql)
+    if not isinstance(statement, CreateView):
+        raise errors.InvalidArgument("expected CREATE MATERIALIZED VIEW ... AS SELECT ...")
+    return compile_view(statement, table)

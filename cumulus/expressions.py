@@ -1,0 +1,303 @@
+"""Run-time evaluation of plan expressions and predicates (see ``cumulus.plan`` for the trees).
+
+View maintenance evaluates filters and aggregate arguments on every write, so a tree is compiled
+once into nested closures; evaluating is then a few Python calls per node, with no dispatch on
+the tree's shape. Values are the user-facing Python values (int, Decimal, float, str, date,
+bool, None), read through a ``lookup(alias, column)`` callable.
+
+Semantics, chosen to match SQL and to stay exact:
+
+- any NULL operand makes an arithmetic result NULL (None); "/" by zero is NULL too;
+- DECIMAL arithmetic (+ - * with any Decimal operand) is exact: a context with the largest
+  precision, so Decimal results keep every digit (the type rules bound the scale at 38);
+- "/" is FLOAT division always: both operands are converted to float, then divided (the
+  compiler types it FLOAT; Spark reproduces it with explicit casts to DOUBLE);
+- any FLOAT operand makes + - * float arithmetic;
+- predicates are three-valued inside (NOT NULL is NULL); ``compile_predicate`` answers True only
+  for TRUE, so a row whose filter is NULL is filtered out, as in SQL.
+
+HAVING predicates read view columns with ``{"out": name}``: the lookup is then called as
+``lookup("", name)``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import operator
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any
+
+from aggview.errors import InvalidArgument
+
+Lookup = Callable[[str, str], object]
+Evaluator = Callable[[Lookup], Any]
+Predicate = Callable[[Lookup], bool]
+
+# Exact for + - *: the result never has more digits than the context allows, so nothing rounds.
+# Inexact is trapped anyway, so a mistake here would raise rather than silently round.
+EXACT = decimal.Context(
+    prec=decimal.MAX_PREC,
+    Emax=decimal.MAX_EMAX,
+    Emin=decimal.MIN_EMIN,
+    traps=[decimal.InvalidOperation, decimal.Overflow, decimal.Inexact, decimal.DivisionByZero],
+)
+
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "=": operator.eq,
+    "<>": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
+def literal_value(node: Mapping[str, Any]) -> object:
+    """A JSON literal as the Python value a column of its type would hold."""
+    value, kind = node.get("lit"), node.get("type")
+    try:
+        if kind == "INT" and type(value) is int:
+            return value
+        if isinstance(kind, str) and kind.startswith("DECIMAL") and isinstance(value, str):
+            number = Decimal(value)
+            if number.is_finite():
+                return number
+        if kind == "FLOAT" and type(value) in (int, float):
+            return float(value)
+        if kind == "TEXT" and isinstance(value, str):
+            return value
+        if kind == "DATE" and isinstance(value, str):
+            return datetime.date.fromisoformat(value)
+        if kind == "BOOL" and type(value) is bool:
+            return value
+    except (ValueError, decimal.InvalidOperation):
+        pass
+    raise InvalidArgument(f"invalid literal {dict(node)!r}")
+
+
+# --- arithmetic ---------------------------------------------------------------------------------
+
+
+def _add(a: Any, b: Any) -> Any:
+    if type(a) is int and type(b) is int:
+        return a + b
+    if type(a) is float or type(b) is float:
+        return float(a) + float(b)
+    return EXACT.add(a, b)
+
+
+def _sub(a: Any, b: Any) -> Any:
+    if type(a) is int and type(b) is int:
+        return a - b
+    if type(a) is float or type(b) is float:
+        return float(a) - float(b)
+    return EXACT.subtract(a, b)
+
+
+def _mul(a: Any, b: Any) -> Any:
+    if type(a) is int and type(b) is int:
+        return a * b
+    if type(a) is float or type(b) is float:
+        return float(a) * float(b)
+    return EXACT.multiply(a, b)
+
+
+def _div(a: Any, b: Any) -> float | None:
+    divisor = float(b)
+    if divisor == 0.0:
+        return None
+    return float(a) / divisor
+
+
+def _neg(a: Any) -> Any:
+    # Decimal's unary minus rounds to the thread's context; EXACT.minus never rounds.
+    return EXACT.minus(a) if type(a) is Decimal else -a
+
+
+_ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {"+": _add, "-": _sub, "*": _mul, "/": _div}
+
+
+def _binary(op: Callable[[Any, Any], Any], left: Evaluator, right: Evaluator) -> Evaluator:
+    def evaluate(get: Lookup) -> Any:
+        a = left(get)
+        if a is None:
+            return None
+        b = right(get)
+        if b is None:
+            return None
+        return op(a, b)
+
+    return evaluate
+
+
+def _args(node: Mapping[str, Any], count: int) -> list[Any]:
+    args = node.get("args")
+    if not isinstance(args, list) or len(args) != count:
+        raise InvalidArgument(f"expression {dict(node)!r} needs {count} args")
+    return args
+
+
+def compile_expr(expr: Mapping[str, Any]) -> Evaluator:
+    """Compile a value expression once; the result maps a lookup to a value (None for NULL)."""
+    if not isinstance(expr, Mapping):
+        raise InvalidArgument(f"expression must be an object; got {expr!r}")
+    if "col" in expr:
+        ref = expr["col"]
+        if not (isinstance(ref, list) and len(ref) == 2 and all(isinstance(p, str) for p in ref)):
+            raise InvalidArgument(f"column reference must be [alias, column]; got {ref!r}")
+        alias, column = ref
+        return lambda get: get(alias, column)
+    if "out" in expr:
+        name = expr["out"]
+        if not isinstance(name, str):
+            raise InvalidArgument(f"output reference must be a name; got {name!r}")
+        return lambda get: get("", name)
+    if "lit" in expr:
+        value = literal_value(expr)
+        return lambda get: value
+    if "op" in expr:
+        op = _ARITHMETIC.get(expr["op"])
+        if op is None:
+            raise InvalidArgument(f"unknown operator {expr['op']!r}")
+        left, right = (compile_expr(a) for a in _args(expr, 2))
+        return _binary(op, left, right)
+    if "neg" in expr:
+        inner = compile_expr(expr["neg"])
+
+        def negate(get: Lookup) -> Any:
+            value = inner(get)
+            return None if value is None else _neg(value)
+
+        return negate
+    raise InvalidArgument(f"unknown expression {dict(expr)!r}")
+
+
+# --- predicates (three-valued inside: True, False or None for NULL) ----------------------------
+
+
+def _compare(op: Callable[[Any, Any], bool], left: Evaluator, right: Evaluator) -> Evaluator:
+    def evaluate(get: Lookup) -> bool | None:
+        a = left(get)
+        if a is None:
+            return None
+        b = right(get)
+        if b is None:
+            return None
+        return op(a, b)
+
+    return evaluate
+
+
+def _in(subject: Evaluator, values: list[Mapping[str, Any]]) -> Evaluator:
+    if all("lit" in v for v in values):
+        # Equal int, Decimal and float values hash alike, so one set serves every numeric type.
+        constants = frozenset(literal_value(v) for v in values)
+
+        def in_constants(get: Lookup) -> bool | None:
+            x = subject(get)
+            return None if x is None else x in constants
+
+        return in_constants
+    items = [compile_expr(v) for v in values]
+
+    def in_list(get: Lookup) -> bool | None:
+        x = subject(get)
+        if x is None:
+            return None
+        unknown = False
+        for item in items:
+            y = item(get)
+            if y is None:
+                unknown = True
+            elif x == y:
+                return True
+        return None if unknown else False
+
+    return in_list
+
+
+def _between(subject: Evaluator, low: Evaluator, high: Evaluator) -> Evaluator:
+    def evaluate(get: Lookup) -> bool | None:
+        x = subject(get)
+        if x is None:
+            return None
+        lo, hi = low(get), high(get)
+        above = None if lo is None else lo <= x
+        below = None if hi is None else x <= hi
+        if above is False or below is False:
+            return False
+        if above is None or below is None:
+            return None
+        return True
+
+    return evaluate
+
+
+def _and(parts: list[Evaluator]) -> Evaluator:
+    def evaluate(get: Lookup) -> bool | None:
+        unknown = False
+        for part in parts:
+            value = part(get)
+            if value is False:
+                return False
+            if value is None:
+                unknown = True
+        return None if unknown else True
+
+    return evaluate
+
+
+def _not(inner: Evaluator) -> Evaluator:
+    def evaluate(get: Lookup) -> bool | None:
+        value = inner(get)
+        return None if value is None else not value
+
+    return evaluate
+
+
+def _predicate3(pred: Mapping[str, Any]) -> Evaluator:
+    """Compile to a three-valued function, so NOT and AND treat NULL as SQL does."""
+    if not isinstance(pred, Mapping):
+        raise InvalidArgument(f"predicate must be an object; got {pred!r}")
+    if "cmp" in pred:
+        op = _COMPARE.get(pred["cmp"])
+        if op is None:
+            raise InvalidArgument(f"unknown comparison {pred['cmp']!r}")
+        left, right = (compile_expr(a) for a in _args(pred, 2))
+        return _compare(op, left, right)
+    if "in" in pred:
+        values = pred.get("values")
+        if not isinstance(values, list) or not values:
+            raise InvalidArgument(f"IN needs a non-empty values list; got {dict(pred)!r}")
+        return _in(compile_expr(pred["in"]), values)
+    if "between" in pred:
+        if "low" not in pred or "high" not in pred:
+            raise InvalidArgument(f"BETWEEN needs low and high; got {dict(pred)!r}")
+        return _between(
+            compile_expr(pred["between"]), compile_expr(pred["low"]), compile_expr(pred["high"])
+        )
+    if "not" in pred:
+        return _not(_predicate3(pred["not"]))
+    if "and" in pred:
+        parts = pred["and"]
+        if not isinstance(parts, list) or not parts:
+            raise InvalidArgument(f"AND needs a non-empty list; got {dict(pred)!r}")
+        return _and([_predicate3(p) for p in parts])
+    raise InvalidArgument(f"unknown predicate {dict(pred)!r}")
+
+
+def compile_predicate(pred: Mapping[str, Any]) -> Predicate:
+    """Compile a predicate once; the result is True only when the predicate is TRUE (not NULL)."""
+    inner = _predicate3(pred)
+    return lambda get: inner(get) is True
+
+
+def compile_filters(filters: list[Mapping[str, Any]] | tuple[Mapping[str, Any], ...]) -> Predicate:
+    """A view's WHERE conjunction as one predicate (always True when there are no filters)."""
+    if not filters:
+        return lambda get: True
+    if len(filters) == 1:
+        return compile_predicate(filters[0])
+    return compile_predicate({"and": list(filters)})

@@ -1,0 +1,319 @@
+"""The view plan: what the compiler makes of a view's SELECT, shared by every maintenance mode.
+
+A plan is plain data that persists as JSON in the catalog, so the coordinator, the refresher and
+the Spark layer read the same thing after a restart. Expressions and predicates are JSON trees
+(see ``cumulus.expressions`` for their meaning at run time):
+
+- ``{"col": [alias, column]}``; ``{"out": name}`` (HAVING only: a view column);
+- ``{"lit": value, "type": T}`` with value in JSON form (DECIMAL as an exact string, DATE as an
+  ISO string);
+- ``{"op": "+"|"-"|"*"|"/", "args": [e1, e2]}``, ``{"neg": e}``;
+- predicates ``{"cmp": "="|"<>"|"<"|"<="|">"|">=", "args": [e1, e2]}``,
+  ``{"in": e, "values": [e, ...]}``, ``{"between": e, "low": e, "high": e}``, ``{"not": p}``,
+  ``{"and": [p, ...]}`` (HAVING's conjunction; WHERE's is the ``filters`` tuple).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aggview.errors import InvalidArgument
+from aggview.schema import ColumnType
+
+Expr = dict[str, Any]
+
+MODES = ("sync", "async")
+AGGREGATE_KINDS = ("count_star", "count", "sum", "avg", "min", "max", "count_distinct")
+PLAN_FORMAT = 1
+
+
+def _field(data: object, key: str, kinds: type | tuple[type, ...], what: str) -> Any:
+    """Fetch one field of a persisted object, refusing a wrong shape with a message naming it."""
+    if not isinstance(data, Mapping):
+        raise InvalidArgument(f"{what} must be an object; got {data!r}")
+    if key not in data:
+        raise InvalidArgument(f"{what} lacks {key!r}")
+    value = data[key]
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _tuple(kinds)):
+        raise InvalidArgument(f"{what}: {key} has the wrong type ({value!r})")
+    return value
+
+
+def _tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
+
+
+def _type_string(text: object, what: str) -> str:
+    """Types persist in their canonical spelling; anything else is a corrupt plan."""
+    if not isinstance(text, str) or str(ColumnType.parse(text)) != text:
+        raise InvalidArgument(f"{what}: {text!r} is not a canonical column type")
+    return text
+
+
+def expr_columns(expr: object) -> Iterator[tuple[str, str]]:
+    """Every (alias, column) an expression or predicate reads, in tree order, repeats included."""
+    if isinstance(expr, Mapping):
+        col = expr.get("col")
+        if col is not None:
+            yield (col[0], col[1])
+            return
+        for value in expr.values():
+            yield from expr_columns(value)
+    elif isinstance(expr, list):
+        for item in expr:
+            yield from expr_columns(item)
+
+
+@dataclass(frozen=True)
+class ColumnRef:
+    alias: str
+    column: str
+
+    def __str__(self) -> str:
+        return f"{self.alias}.{self.column}"
+
+    def to_json(self) -> list[str]:
+        return [self.alias, self.column]
+
+    @classmethod
+    def from_json(cls, data: object) -> ColumnRef:
+        if (
+            not isinstance(data, list)
+            or len(data) != 2
+            or not all(isinstance(part, str) and part for part in data)
+        ):
+            raise InvalidArgument(f"column reference must be [alias, column]; got {data!r}")
+        return cls(data[0], data[1])
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """One occurrence of a base table in FROM; a self-join has several, with distinct aliases."""
+
+    alias: str
+    table: str
+
+    @classmethod
+    def of(cls, table: str, alias: str | None = None) -> TableRef:
+        return cls(alias or table, table)
+
+    def to_json(self) -> dict[str, str]:
+        return {"alias": self.alias, "table": self.table}
+
+    @classmethod
+    def from_json(cls, data: object) -> TableRef:
+        return cls(_field(data, "alias", str, "table ref"), _field(data, "table", str, "table ref"))
+
+
+@dataclass(frozen=True)
+class JoinEdge:
+    """``left = right`` between columns of two different aliases: what connects the join graph."""
+
+    left: ColumnRef
+    right: ColumnRef
+
+    def __post_init__(self) -> None:
+        if self.left.alias == self.right.alias:
+            raise InvalidArgument(f"join edge {self.left} = {self.right} must join two aliases")
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"left": self.left.to_json(), "right": self.right.to_json()}
+
+    @classmethod
+    def from_json(cls, data: object) -> JoinEdge:
+        return cls(
+            ColumnRef.from_json(_field(data, "left", list, "join edge")),
+            ColumnRef.from_json(_field(data, "right", list, "join edge")),
+        )
+
+
+@dataclass(frozen=True)
+class GroupColumn:
+    """A GROUP BY column: part of the view row's key, named as the view shows it."""
+
+    name: str
+    ref: ColumnRef
+    type: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ref": self.ref.to_json(), "type": self.type}
+
+    @classmethod
+    def from_json(cls, data: object) -> GroupColumn:
+        return cls(
+            _field(data, "name", str, "group column"),
+            ColumnRef.from_json(_field(data, "ref", list, "group column")),
+            _type_string(_field(data, "type", str, "group column"), "group column"),
+        )
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One aggregate the view row keeps state for; ``hidden`` ones exist only for HAVING."""
+
+    name: str
+    kind: str
+    arg: Expr | None
+    arg_type: str | None
+    result_type: str
+    hidden: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in AGGREGATE_KINDS:
+            raise InvalidArgument(f"aggregate {self.name}: unknown kind {self.kind!r}")
+        if (self.arg is None) != (self.kind == "count_star"):
+            raise InvalidArgument(f"aggregate {self.name}: only count_star has no argument")
+        if (self.arg is None) != (self.arg_type is None):
+            raise InvalidArgument(f"aggregate {self.name}: arg and arg_type go together")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "arg": copy.deepcopy(self.arg),
+            "arg_type": self.arg_type,
+            "result_type": self.result_type,
+            "hidden": self.hidden,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Aggregate:
+        what = "aggregate"
+        arg_type = _field(data, "arg_type", (str, type(None)), what)
+        return cls(
+            _field(data, "name", str, what),
+            _field(data, "kind", str, what),
+            copy.deepcopy(_field(data, "arg", (dict, type(None)), what)),
+            None if arg_type is None else _type_string(arg_type, what),
+            _type_string(_field(data, "result_type", str, what), what),
+            _field(data, "hidden", bool, what),
+        )
+
+
+@dataclass(frozen=True)
+class ViewPlan:
+    """Everything view maintenance needs: join graph, filters, group key and aggregate states.
+
+    ``sql`` is the view's SELECT as written. ``output`` lists the SELECT items' names in order;
+    the view row also holds every group column (the key) and hidden aggregates, which are not in
+    ``output``. ``having`` is applied at read time to view rows (``{"out": name}`` refs).
+    """
+
+    name: str
+    sql: str
+    mode: str
+    interval_ms: int
+    tables: tuple[TableRef, ...]
+    edges: tuple[JoinEdge, ...]
+    filters: tuple[Expr, ...]
+    group_by: tuple[GroupColumn, ...]
+    aggregates: tuple[Aggregate, ...]
+    having: Expr | None
+    output: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidArgument(f"view {self.name}: refresh must be sync or async")
+        if self.mode == "sync" and self.interval_ms != 0:
+            raise InvalidArgument(f"view {self.name}: a sync view has no interval_ms")
+        if self.mode == "async" and self.interval_ms <= 0:
+            raise InvalidArgument(f"view {self.name}: an async view needs interval_ms > 0")
+        aliases = [t.alias for t in self.tables]
+        if not aliases or len(set(aliases)) != len(aliases):
+            raise InvalidArgument(f"view {self.name}: table aliases must be present and distinct")
+        names = [g.name for g in self.group_by] + [a.name for a in self.aggregates]
+        if len(set(names)) != len(names):
+            raise InvalidArgument(f"view {self.name}: view column names must be distinct")
+        unknown = [n for n in self.output if n not in names]
+        if unknown:
+            raise InvalidArgument(f"view {self.name}: output {unknown[0]!r} is not a view column")
+
+    # --- questions view maintenance asks ---------------------------------------------------
+
+    def base_tables(self) -> tuple[str, ...]:
+        """Distinct base tables, in FROM order: the tables whose writes touch this view."""
+        return tuple(dict.fromkeys(t.table for t in self.tables))
+
+    def aliases_of(self, table: str) -> tuple[str, ...]:
+        """A self-joined table has several aliases; a delta of it enters once per alias."""
+        return tuple(t.alias for t in self.tables if t.table == table)
+
+    def table_of(self, alias: str) -> str:
+        for ref in self.tables:
+            if ref.alias == alias:
+                return ref.table
+        raise InvalidArgument(f"view {self.name} has no alias {alias!r}")
+
+    def columns_of(self, alias: str) -> tuple[str, ...]:
+        """Columns of one alias the view reads, so writes touching none of them can be skipped."""
+        found: dict[str, None] = {}
+        for edge in self.edges:
+            for ref in (edge.left, edge.right):
+                if ref.alias == alias:
+                    found[ref.column] = None
+        trees: list[object] = [*self.filters, *(a.arg for a in self.aggregates)]
+        for tree_alias, column in expr_columns(trees):
+            if tree_alias == alias:
+                found[column] = None
+        for group in self.group_by:
+            if group.ref.alias == alias:
+                found[group.ref.column] = None
+        return tuple(found)
+
+    def column_type(self, name: str) -> str:
+        """Type of a view column (group column or aggregate result) by its name."""
+        for group in self.group_by:
+            if group.name == name:
+                return group.type
+        for aggregate in self.aggregates:
+            if aggregate.name == name:
+                return aggregate.result_type
+        raise InvalidArgument(f"view {self.name} has no column {name!r}")
+
+    # --- persistence -------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_FORMAT,
+            "name": self.name,
+            "sql": self.sql,
+            "mode": self.mode,
+            "interval_ms": self.interval_ms,
+            "tables": [t.to_json() for t in self.tables],
+            "edges": [e.to_json() for e in self.edges],
+            "filters": copy.deepcopy(list(self.filters)),
+            "group_by": [g.to_json() for g in self.group_by],
+            "aggregates": [a.to_json() for a in self.aggregates],
+            "having": copy.deepcopy(self.having),
+            "output": list(self.output),
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> ViewPlan:
+        what = "view plan"
+        if _field(data, "format", int, what) != PLAN_FORMAT:
+            raise InvalidArgument(f"{what}: unsupported format {data['format']!r}")  # type: ignore[index]
+        filters = _field(data, "filters", list, what)
+        if not all(isinstance(f, dict) for f in filters):
+            raise InvalidArgument(f"{what}: filters must be objects")
+        output = _field(data, "output", list, what)
+        if not all(isinstance(o, str) for o in output):
+            raise InvalidArgument(f"{what}: output must be names")
+        return cls(
+            name=_field(data, "name", str, what),
+            sql=_field(data, "sql", str, what),
+            mode=_field(data, "mode", str, what),
+            interval_ms=_field(data, "interval_ms", int, what),
+            tables=tuple(TableRef.from_json(t) for t in _field(data, "tables", list, what)),
+            edges=tuple(JoinEdge.from_json(e) for e in _field(data, "edges", list, what)),
+            filters=tuple(copy.deepcopy(filters)),
+            group_by=tuple(GroupColumn.from_json(g) for g in _field(data, "group_by", list, what)),
+            aggregates=tuple(
+                Aggregate.from_json(a) for a in _field(data, "aggregates", list, what)
+            ),
+            having=copy.deepcopy(_field(data, "having", (dict, type(None)), what)),
+            output=tuple(output),
+        )

@@ -1,0 +1,235 @@
+-- Views the compiler must refuse. Each case: a line "-- ErrorClass: message fragment", then the
+-- SELECT of the view up to a ";" at the end of a line. The test wraps it in
+-- CREATE MATERIALIZED VIEW v AS ... and checks the exact error class and the fragment.
+
+-- joins
+-- InvalidArgument: LEFT OUTER JOIN
+SELECT count(*) FROM events e LEFT JOIN products p ON e.prod_id = p.prod_id;
+-- InvalidArgument: LEFT OUTER JOIN
+SELECT count(*) FROM events e LEFT OUTER JOIN products p ON e.prod_id = p.prod_id;
+-- InvalidArgument: RIGHT OUTER JOIN
+SELECT count(*) FROM events e RIGHT JOIN products p ON e.prod_id = p.prod_id;
+-- InvalidArgument: FULL OUTER JOIN
+SELECT count(*) FROM events e FULL OUTER JOIN products p ON e.prod_id = p.prod_id;
+-- InvalidArgument: CROSS JOIN
+SELECT count(*) FROM events e CROSS JOIN products p;
+-- InvalidArgument: NATURAL JOIN
+SELECT count(*) FROM events NATURAL JOIN products;
+-- InvalidArgument: USING
+SELECT count(*) FROM events JOIN products USING (prod_id);
+-- InvalidArgument: SEMI JOIN
+SELECT count(*) FROM events e SEMI JOIN products p ON e.prod_id = p.prod_id;
+-- InvalidArgument: cross product is not supported: no equality joins the tables e | p
+SELECT count(*) FROM events e, products p;
+-- InvalidArgument: cross product
+SELECT count(*) FROM events e JOIN products p;
+-- InvalidArgument: cross product is not supported: no equality joins the tables e, p | s
+SELECT count(*) FROM events e, products p, shops s WHERE e.prod_id = p.prod_id;
+-- InvalidArgument: cross product
+SELECT count(*) FROM events e, products p WHERE e.prod_id < p.prod_id;
+-- InvalidArgument: cross product
+SELECT count(*) FROM events e JOIN products p ON 1 = 1;
+-- InvalidArgument: join condition e.prod_id < p.prod_id is not an equality of columns
+SELECT count(*) FROM events e JOIN products p ON e.prod_id < p.prod_id;
+-- InvalidArgument: join condition e.prod_id + 1 = p.prod_id is not an equality of columns
+SELECT count(*) FROM events e JOIN products p ON e.prod_id + 1 = p.prod_id;
+-- UnknownColumn: unknown table alias 'c'
+SELECT count(*) FROM events e JOIN products p ON c.cat_id = p.cat_id JOIN categories c ON p.cat_id = c.cat_id;
+-- TypeMismatch: join condition e.cost = p.prod_id compares DECIMAL(10,2) with INT
+SELECT count(*) FROM events e JOIN products p ON e.cost = p.prod_id;
+-- InvalidArgument: table alias events is used twice
+SELECT count(*) FROM events, events;
+-- InvalidArgument: table alias e is used twice
+SELECT count(*) FROM events e JOIN products e ON e.prod_id = e.prod_id;
+-- InvalidArgument: a table qualified by schema
+SELECT count(*) FROM shop.events;
+-- InvalidArgument: column aliases on a table
+SELECT count(*) FROM events AS e(a, b);
+
+-- subqueries, set operations, clauses a view cannot have
+-- InvalidArgument: subquery
+SELECT count(*) FROM (SELECT * FROM events) s;
+-- InvalidArgument: subquery
+SELECT count(*) FROM events WHERE prod_id IN (SELECT prod_id FROM products);
+-- InvalidArgument: EXISTS subquery
+SELECT count(*) FROM events e WHERE EXISTS (SELECT 1 FROM products p WHERE p.prod_id = e.prod_id);
+-- InvalidArgument: subquery
+SELECT (SELECT count(*) FROM products), count(*) FROM events;
+-- InvalidArgument: subquery
+SELECT count(*) FROM events HAVING count(*) > (SELECT count(*) FROM products);
+-- InvalidArgument: window function
+SELECT shop_id, sum(cost) OVER (PARTITION BY shop_id) FROM events;
+-- InvalidArgument: window function
+SELECT rank() OVER (ORDER BY cost), count(*) FROM events;
+-- InvalidArgument: ORDER BY
+SELECT shop_id, count(*) FROM events GROUP BY shop_id ORDER BY shop_id;
+-- InvalidArgument: LIMIT
+SELECT shop_id, count(*) FROM events GROUP BY shop_id LIMIT 10;
+-- InvalidArgument: OFFSET
+SELECT shop_id, count(*) FROM events GROUP BY shop_id OFFSET 10;
+-- InvalidArgument: SELECT DISTINCT
+SELECT DISTINCT shop_id, count(*) FROM events GROUP BY shop_id;
+-- InvalidArgument: UNION
+SELECT count(*) FROM events UNION SELECT count(*) FROM products;
+-- InvalidArgument: UNION
+SELECT count(*) FROM events UNION ALL SELECT count(*) FROM products;
+-- InvalidArgument: INTERSECT
+SELECT count(*) FROM events INTERSECT SELECT count(*) FROM products;
+-- InvalidArgument: EXCEPT
+SELECT count(*) FROM events EXCEPT SELECT count(*) FROM products;
+-- InvalidArgument: WITH (common table expressions)
+WITH x AS (SELECT * FROM events) SELECT count(*) FROM x;
+-- InvalidArgument: SELECT *
+SELECT * FROM events;
+-- InvalidArgument: SELECT e.*
+SELECT e.*, count(*) FROM events e;
+-- InvalidArgument: needs a FROM clause
+SELECT count(*);
+-- InvalidArgument: a materialized view needs a SELECT
+INSERT INTO events VALUES (1);
+
+-- conditions
+-- InvalidArgument: OR is not supported in a materialized view: e.cost > 0 OR e.shop_id = 1
+SELECT count(*) FROM events e WHERE e.cost > 0 OR e.shop_id = 1;
+-- InvalidArgument: OR
+SELECT shop_id, count(*) FROM events GROUP BY shop_id HAVING count(*) > 1 OR sum(cost) > 5;
+-- InvalidArgument: OR
+SELECT count(*) FROM events e JOIN products p ON e.prod_id = p.prod_id OR e.shop_id = p.prod_id;
+-- InvalidArgument: NOT over AND
+SELECT count(*) FROM events WHERE NOT (cost > 0 AND shop_id = 1);
+-- InvalidArgument: BETWEEN SYMMETRIC
+SELECT count(*) FROM events WHERE shop_id BETWEEN SYMMETRIC 5 AND 1;
+-- InvalidArgument: IN without a list of values
+SELECT count(*) FROM events WHERE shop_id IN ();
+-- InvalidArgument: NULLSAFEEQ
+SELECT count(*) FROM events WHERE shop_id IS NOT DISTINCT FROM 1;
+-- InvalidArgument: LIKE
+SELECT count(*) FROM products WHERE name LIKE 'a%';
+-- InvalidArgument: IS [NOT] NULL
+SELECT count(*) FROM events WHERE cost IS NULL;
+-- InvalidArgument: NULL literal is not supported
+SELECT count(*) FROM events WHERE cost = NULL;
+-- InvalidArgument: CASE
+SELECT sum(CASE WHEN cost > 0 THEN 1 ELSE 0 END) FROM events;
+-- InvalidArgument: operator %
+SELECT count(*) FROM events WHERE shop_id % 2 = 0;
+-- InvalidArgument: operator ||
+SELECT count(*) FROM products WHERE name || 'x' = 'ax';
+-- InvalidArgument: CAST
+SELECT sum(CAST(cost AS INT)) FROM events;
+-- InvalidArgument: a condition cannot be used as a value: cost > 0
+SELECT sum(cost > 0) FROM events;
+-- TypeMismatch: condition e.cost is DECIMAL(10,2), not BOOL
+SELECT count(*) FROM events e WHERE e.cost;
+
+-- functions and aggregates
+-- InvalidArgument: unsupported function UPPER
+SELECT upper(name), count(*) FROM products GROUP BY name;
+-- InvalidArgument: unsupported function COALESCE
+SELECT sum(coalesce(cost, 0)) FROM events;
+-- InvalidArgument: unsupported function STDDEV
+SELECT stddev(cost) FROM events;
+-- InvalidArgument: unsupported function MY_UDF
+SELECT my_udf(cost), count(*) FROM events;
+-- InvalidArgument: aggregate nested in an aggregate: SUM(MAX(cost))
+SELECT sum(max(cost)) FROM events;
+-- InvalidArgument: aggregate SUM(cost) in WHERE
+SELECT count(*) FROM events WHERE sum(cost) > 0;
+-- InvalidArgument: aggregate COUNT(*) in JOIN ... ON
+SELECT count(*) FROM events e JOIN products p ON e.prod_id = p.prod_id AND count(*) > 1;
+-- InvalidArgument: aggregate SUM(cost) in GROUP BY
+SELECT count(*) FROM events GROUP BY sum(cost);
+-- InvalidArgument: SUM(DISTINCT ...)
+SELECT sum(DISTINCT cost) FROM events;
+-- InvalidArgument: AVG(DISTINCT ...)
+SELECT avg(DISTINCT cost) FROM events;
+-- InvalidArgument: COUNT(DISTINCT with several arguments)
+SELECT count(DISTINCT shop_id, prod_id) FROM events;
+-- InvalidArgument: aggregate FILTER
+SELECT count(*) FILTER (WHERE cost > 0) FROM events;
+
+-- select list and grouping
+-- InvalidArgument: column p.name must appear in GROUP BY or be aggregated
+SELECT p.name, count(*) FROM events e JOIN products p ON e.prod_id = p.prod_id;
+-- InvalidArgument: column p.name must appear in GROUP BY or be aggregated
+SELECT p.name, count(*) FROM events e JOIN products p ON e.prod_id = p.prod_id GROUP BY p.cat_id;
+-- InvalidArgument: column e.cost in HAVING must appear in GROUP BY or be aggregated
+SELECT shop_id, count(*) FROM events e GROUP BY shop_id HAVING e.cost > 1;
+-- InvalidArgument: computes no aggregate
+SELECT shop_id FROM events GROUP BY shop_id;
+-- InvalidArgument: computes no aggregate
+SELECT shop_id, prod_id FROM events GROUP BY shop_id, prod_id;
+-- InvalidArgument: SELECT item SUM(cost) / COUNT(*) must be a GROUP BY column or an aggregate
+SELECT sum(cost) / count(*) FROM events;
+-- InvalidArgument: SELECT item 1 must be a GROUP BY column or an aggregate
+SELECT 1, count(*) FROM events;
+-- InvalidArgument: SELECT item shop_id + 1 must be a GROUP BY column or an aggregate
+SELECT shop_id + 1, count(*) FROM events GROUP BY shop_id;
+-- InvalidArgument: GROUP BY of an expression
+SELECT count(*) FROM events GROUP BY shop_id + 1;
+-- InvalidArgument: ROLLUP is not supported
+SELECT shop_id, count(*) FROM events GROUP BY ROLLUP (shop_id);
+-- InvalidArgument: GROUP BY position 3 is not in the SELECT
+SELECT shop_id, count(*) FROM events GROUP BY 3;
+-- InvalidArgument: GROUP BY position 2 refers to an aggregate
+SELECT shop_id, count(*) FROM events GROUP BY 2;
+-- InvalidArgument: GROUP BY column events.shop_id appears twice in SELECT
+SELECT shop_id AS a, shop_id AS b, count(*) FROM events GROUP BY shop_id;
+-- InvalidArgument: output name n is used twice
+SELECT count(*) AS n, sum(cost) AS n FROM events;
+-- InvalidArgument: names starting with _ are reserved
+SELECT count(*) AS _count FROM events;
+
+-- names
+-- UnknownTable: unknown table 'nosuch'
+SELECT count(*) FROM nosuch;
+-- UnknownTable: unknown table 'nosuch'
+SELECT count(*) FROM events e JOIN nosuch n ON e.prod_id = n.prod_id;
+-- UnknownColumn: unknown column e.price (table events has no column 'price')
+SELECT sum(e.price) FROM events e;
+-- UnknownColumn: unknown column nope
+SELECT sum(nope) FROM events;
+-- UnknownColumn: unknown table alias 'events' in events.cost
+SELECT sum(events.cost) FROM events e;
+-- InvalidArgument: column name is ambiguous: p.name, c.name
+SELECT name, count(*) FROM products p JOIN categories c ON p.cat_id = c.cat_id GROUP BY name;
+-- InvalidArgument: column prod_id is ambiguous: e.prod_id, p.prod_id
+SELECT count(*) FROM events e JOIN products p ON e.prod_id = p.prod_id WHERE prod_id > 3;
+
+-- types
+-- TypeMismatch: SUM over TEXT column c.name
+SELECT sum(c.name) FROM categories c;
+-- TypeMismatch: AVG over DATE column events.ts
+SELECT avg(ts) FROM events;
+-- TypeMismatch: SUM over BOOL column f.ok
+SELECT sum(f.ok) FROM flags f;
+-- TypeMismatch: AVG over TEXT expression 'x'
+SELECT avg('x') FROM products p;
+-- TypeMismatch: cannot compare DATE with INT: ts > 5
+SELECT count(*) FROM events WHERE ts > 5;
+-- TypeMismatch: cannot compare TEXT with INT: name = 3
+SELECT count(*) FROM products WHERE name = 3;
+-- TypeMismatch: cannot compare TEXT with DECIMAL(10,2)
+SELECT count(*) FROM products WHERE name BETWEEN price AND 3;
+-- TypeMismatch: cannot compare INT with TEXT
+SELECT count(*) FROM events WHERE shop_id IN (1, 'two');
+-- TypeMismatch: cannot compare BOOL with INT
+SELECT count(*) FROM flags WHERE ok = 1;
+-- TypeMismatch: '2024-13-01' is not an ISO-8601 date
+SELECT count(*) FROM events WHERE ts >= '2024-13-01';
+-- TypeMismatch: 'yesterday' is not an ISO-8601 date
+SELECT count(*) FROM events WHERE ts IN ('2024-01-01', 'yesterday');
+-- TypeMismatch: 'soon' is not an ISO-8601 date
+SELECT count(*) FROM events WHERE ts > DATE 'soon';
+-- TypeMismatch: arithmetic + on TEXT and INT
+SELECT count(*) FROM products WHERE name + 1 > 2;
+-- TypeMismatch: arithmetic - on DATE and INT
+SELECT count(*) FROM events WHERE ts - 1 > DATE '2024-01-01';
+-- TypeMismatch: arithmetic * on BOOL and INT
+SELECT sum(ok * 2) FROM flags;
+-- TypeMismatch: unary minus on TEXT
+SELECT count(*) FROM products WHERE -name = 'a';
+-- TypeMismatch: would need DECIMAL scale 40, more than 38
+SELECT sum(cost * 0.00000000000000000000000000000000000001) FROM events;
+-- InvalidArgument: decimal literal 123456789012345678901234567890.123456789 has more than 38 digits
+SELECT count(*) FROM events WHERE cost > 123456789012345678901234567890.123456789;
