@@ -102,7 +102,11 @@ class InFlight:
                 self._active_reads[ts] -= 1
 
     def low_watermark(self, current: int) -> int:
-        return min(self._active_reads, default=current)
+        """No read older than this will come: not from a snapshot read in progress, nor from
+        an undecided transaction (view maintenance reads the state just before its own ts)."""
+        oldest = self.oldest()
+        undecided = current if oldest is None else oldest - 1
+        return min(min(self._active_reads, default=current), undecided)
 
 
 class TransactionManager:

@@ -30,7 +30,7 @@ from aggview.schema import Column, TableSchema, to_storage
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.catalog import Catalog
 from coordinator.transactions import Transaction, TransactionManager
-from cumulus.aggstate import Row, ViewState
+from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState
 from cumulus.compiler import AlterView, CreateView, DropView, compile_view, parse_view_statement
 from cumulus.delta import Changes, from_scratch, view_delta
 from cumulus.plan import ViewPlan
@@ -472,6 +472,8 @@ class ViewManager:
             if view.plan.mode == "async":
                 meta = await self.manager.read_keys_at(view.meta_id, [META_KEY], ts)
                 consistent_at = (decode_row(meta.get(META_KEY, b"")) or {}).get("refreshed_at", 0)
+        if not view.plan.group_by and not rows:
+            rows = [(NO_GROUP_KEY, b"")]  # SQL: an aggregate without GROUP BY has one row
         out = []
         for key, data in rows:
             row = compiled.finalize(key, decode_row(data) or {})

@@ -28,11 +28,16 @@ def combine(delta: Row, more: Row) -> Row:
 
 
 def merge(row: Row | None, delta: Row) -> Row | None:
-    """Applies a delta to a view row; None in and out means the group has no rows."""
+    """Applies a delta to a view row; None in and out means the group has no rows.
+
+    Nothing is lost: a sum whose ``_count`` is 0 while other fields are not is kept whole (a
+    delta committed before an older one it depends on, e.g. deleting a row the older one
+    inserted), so the older delta still adds up exactly; ``RowState.settle`` deletes such a
+    row once no older delta is pending."""
     merged = combine(row or {}, delta)
     for field, value in merged.items():
         if isinstance(value, dict):
             merged[field] = {v: n for v, n in value.items() if n}
-    if not merged.get("_count"):
+    if not any(merged.values()):
         return None
     return merged

@@ -108,6 +108,9 @@ class Participant:
         self.contacted = False
         self.commits_since_checkpoint = 0
         self.scans_running = 0
+        # Key ranges read by read/write transactions: (start, stop or None, ts) per table. An
+        # older transaction may not write a key into such a range (no phantoms).
+        self.range_reads: dict[str, list[tuple[bytes, bytes | None, int]]] = {}
         self.checkpoints = 0
         self._background: list[asyncio.Task[None]] = []
         self._checkpoint_lock = asyncio.Lock()
@@ -136,6 +139,7 @@ class Participant:
         prepared (rows held, deltas pending) until the coordinator tells their outcome."""
         effects: list[tuple[int, int, RowId, bool, Row | None]] = []  # lsn, ts, row, merge?, data
         undecided: dict[int, Prepared] = {}
+        unsettled: set[RowId] = set()  # rows with deltas of transactions aborted
         for record in self.wal.replay():
             kind, ts = record["kind"], record["ts"]
             if kind == "prepared":
@@ -149,12 +153,18 @@ class Participant:
                     effects += [(lsn, ts, r, False, after) for r, after in tx.after.items()]
                     effects += [(lsn, ts, r, True, delta) for r, delta in tx.merges.items()]
             elif kind == "abort":
-                undecided.pop(ts, None)
+                tx = undecided.pop(ts, None)
+                if tx is not None:  # a partial sum stored while its delta was pending settles
+                    unsettled.update(tx.merges)
             elif kind == "drop":
                 self.dropped.add(record["table"])
         effects = [e for e in effects if e[2][0] not in self.dropped]
         held = {r for tx in undecided.values() for r in (*tx.after, *tx.merges)}
-        await self._load({e[2] for e in effects} | held)
+        unsettled = {r for r in unsettled if r[0] not in self.dropped}
+        await self._load({e[2] for e in effects} | held | unsettled)
+        for ts, tx in undecided.items():  # pending before the replay: see RowState.settle
+            for row_id, delta in tx.merges.items():
+                self.rows[row_id].merges[ts] = delta
         applied = 0
         for lsn, ts, row_id, is_merge, data in effects:
             state = self.rows[row_id]
@@ -165,13 +175,14 @@ class Participant:
                 state.commit_merge(ts, data or {}, ts, lsn)
             else:
                 state.commit(ts, data, ts, lsn)
+        for row_id in unsettled:
+            if self.rows[row_id].settle():
+                self.rows[row_id].dirty = True
         for ts, tx in sorted(undecided.items()):
             for row_id in tx.after:
                 state = self.rows[row_id]
                 tx.before[row_id] = state.current
                 state.holder = ts
-            for row_id, delta in tx.merges.items():
-                self.rows[row_id].merges[ts] = delta
             self.prepared[ts] = tx
         if effects or undecided:
             log.info(
@@ -190,6 +201,13 @@ class Participant:
         as too late on every row: aborted and retried by the client, never misordered."""
         if low_watermark > self.low_watermark:
             self.low_watermark = low_watermark
+            for table, reads in list(self.range_reads.items()):
+                # every transaction still to write is younger than the watermark
+                kept = [r for r in reads if r[2] > low_watermark]
+                if kept:
+                    self.range_reads[table] = kept
+                else:
+                    del self.range_reads[table]
         if not self.contacted and issued:
             self.contacted = True
             self.evicted_floor = max(self.evicted_floor, issued)
@@ -222,7 +240,7 @@ class Participant:
             for row_id in exclusive:
                 if row_id in tx.after or row_id in taken:
                     continue
-                if not await self._acquire(row_id, ts):
+                if self._in_younger_range_read(row_id, ts) or not await self._acquire(row_id, ts):
                     raise VoteNo(Outcome.TOO_LATE, "a younger transaction got there first", row_id)
                 taken.append(row_id)
                 tx.before[row_id] = self.rows[row_id].current
@@ -268,6 +286,13 @@ class Participant:
                     after=encode_row(tx.after[(table, key)]),
                 )
         return vote
+
+    def _in_younger_range_read(self, row_id: RowId, ts: int) -> bool:
+        table, key = row_id
+        return any(
+            read_ts > ts and start <= key and (stop is None or key < stop)
+            for start, stop, read_ts in self.range_reads.get(table, ())
+        )
 
     async def _acquire(self, row_id: RowId, ts: int) -> bool:
         try:
@@ -353,6 +378,7 @@ class Participant:
         try:
             stored = await asyncio.to_thread(self._scan_store, table, start, stop)
             if request.register_read:  # the read must stay remembered (rts) on every row
+                self.range_reads.setdefault(table, []).append((start or b"", stop, ts))
                 await self._load((table, key) for key in stored)
             keys = {k for k in stored}
             for t, key in list(self.rows):

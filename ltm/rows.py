@@ -112,6 +112,7 @@ class RowState:
             self.versions[i] = (version_ts, merge(row, delta))
         if younger:
             self.versions.insert(younger, (ts, merge(self.versions[younger - 1][1], delta)))
+        self.settle()
         self.dirty = True
         self.lsn = max(self.lsn, lsn)
         self.prune(low_watermark)
@@ -119,7 +120,22 @@ class RowState:
 
     def drop_merge(self, ts: int) -> None:
         if self.merges.pop(ts, None) is not None:
+            if self.settle():
+                self.dirty = True
             self.wake_readers()
+
+    def settle(self) -> bool:
+        """Deletes the view row in every version whose ``_count`` is 0 and that no pending
+        delta is older than: until then such a version may be a partial sum that the older
+        delta completes (reads at or above a pending delta wait, so none sees it). Returns
+        whether a version changed."""
+        oldest = min(self.merges, default=None)
+        changed = False
+        for i, (ts, row) in enumerate(self.versions):
+            if row is not None and not row.get("_count") and (oldest is None or ts < oldest):
+                self.versions[i] = (ts, None)
+                changed = True
+        return changed
 
     def prune(self, low_watermark: int) -> None:
         """Keeps the newest version at or below the watermark and everything younger."""
