@@ -93,7 +93,7 @@ def error_from_rpc(exc: grpc.RpcError) -> errors.AggviewError:
     message = exc.details() or code.name
     if code == grpc.StatusCode.FAILED_PRECONDITION and message.startswith(CONDITION_FAILED_PREFIX):
         return errors.ConditionFailed(message)
-    if code == grpc.StatusCode.NOT_FOUND and message.startswith("unknown table"):
+    if code == grpc.StatusCode.NOT_FOUND and message.startswith("unknown "):
         return errors.UnknownTable(message)
     cls = _BY_CODE.get(code, errors.AggviewError)
     return cls(message)

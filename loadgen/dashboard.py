@@ -1,0 +1,91 @@
+"""The thesis's dashboard application (seed 004, §2.1 and §6.3): shops advertise products in
+categories; every click or view is an event that costs the shop money. Its aggregate views are
+the cost a shop accumulated per category (SQL-1, as a view: a lookup instead of a 312,176-row
+query plan) and the cost per category (Figure 4.1)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from coordinator import Client
+
+TABLES = [
+    "CREATE TABLE categories (id INT PRIMARY KEY, name TEXT NOT NULL, parent INT)",
+    "CREATE TABLE shops (id INT PRIMARY KEY, name TEXT NOT NULL)",
+    "CREATE TABLE address (shop_id INT PRIMARY KEY, street TEXT, city TEXT, province TEXT, "
+    "code TEXT, country TEXT)",
+    "CREATE TABLE products (id INT PRIMARY KEY, shop_id INT NOT NULL, cat_id INT NOT NULL, "
+    "name TEXT)",
+    "CREATE TABLE events (id INT PRIMARY KEY, day DATE NOT NULL, prod_id INT NOT NULL, "
+    "shop_id INT NOT NULL, type TEXT NOT NULL, cost DECIMAL(10,2) NOT NULL)",
+]
+
+# SQL-1 of the thesis, kept for every (shop, category): one lookup answers it.
+SHOP_CATEGORY_COST = (
+    "SELECT s.name AS shop, c.name AS category, SUM(e.cost) AS cost, COUNT(*) AS events "
+    "FROM events e JOIN products p ON e.prod_id = p.id JOIN categories c ON p.cat_id = c.id "
+    "JOIN shops s ON e.shop_id = s.id GROUP BY s.name, c.name"
+)
+# Figure 4.1: the total cost per category.
+CATEGORY_COST = (
+    "SELECT p.cat_id, SUM(e.cost) AS cost, COUNT(*) AS events, MAX(e.cost) AS top "
+    "FROM events e JOIN products p ON e.prod_id = p.id GROUP BY p.cat_id"
+)
+
+
+def view_ddl(name: str, select: str, mode: str = "sync", interval_ms: int = 500) -> str:
+    options = "" if mode == "sync" else f" WITH (refresh = 'async', interval_ms = {interval_ms})"
+    return f"CREATE MATERIALIZED VIEW {name}{options} AS {select}"
+
+
+@dataclass
+class Scale:
+    shops: int = 50
+    products: int = 5000
+    categories: int = 20
+
+
+def create_schema(client: Client) -> None:
+    for ddl in TABLES:
+        client.sql(ddl)
+
+
+def populate(client: Client, scale: Scale, *, batch: int = 500) -> None:
+    """The static tables: categories, shops with addresses, products."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for i in range(scale.categories):
+        rows.append(("categories", {"id": i, "name": f"category {i}", "parent": None}))
+    for i in range(scale.shops):
+        rows.append(("shops", {"id": i, "name": f"shop {i}"}))
+        rows.append(("address", {"shop_id": i, "city": f"city {i % 7}", "country": "NL"}))
+    for i in range(scale.products):
+        rows.append(
+            (
+                "products",
+                {
+                    "id": i,
+                    "shop_id": i % scale.shops,
+                    "cat_id": i % scale.categories,
+                    "name": f"product {i}",
+                },
+            )
+        )
+    for start in range(0, len(rows), batch):
+        with client.transaction() as tx:
+            for table, row in rows[start : start + batch]:
+                tx.insert(table, row)
+
+
+def event(rng: random.Random, event_id: int, scale: Scale) -> dict[str, Any]:
+    product = rng.randrange(scale.products)
+    return {
+        "id": event_id,
+        "day": "2011-06-01",
+        "prod_id": product,
+        "shop_id": product % scale.shops,
+        "type": rng.choice(["click", "view"]),
+        "cost": Decimal(rng.randrange(1, 500)) / 100,
+    }

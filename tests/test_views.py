@@ -1,0 +1,258 @@
+"""Views end to end: the dashboard schema, hot groups, bad input, restarts."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from decimal import Decimal
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from aggview import errors
+from aggview.cluster import LocalCluster
+from coordinator import Client
+from loadgen import dashboard
+
+SMALL = dashboard.Scale(shops=5, products=40, categories=4)
+
+
+def recompute(client: Client, select: str) -> list[tuple]:  # type: ignore[type-arg]
+    con = duckdb.connect()
+    for ddl in dashboard.TABLES:
+        con.execute(ddl.replace("PRIMARY KEY", ""))
+    for table in ("categories", "shops", "products", "events"):
+        rows = client.scan(table)
+        if rows:
+            columns = list(rows[0])
+            con.executemany(
+                f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
+                f"({', '.join('?' for _ in columns)})",
+                [tuple(r.values()) for r in rows],
+            )
+    return sorted(con.execute(select).fetchall(), key=repr)
+
+
+def as_tuples(rows: list[dict]) -> list[tuple]:  # type: ignore[type-arg]
+    return sorted((tuple(r.values()) for r in rows), key=repr)
+
+
+@pytest.fixture
+def dashboard_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
+    cluster = LocalCluster(tmp_path / "data", ltms=3, checkpoint_interval=0.5)
+    cluster.start()
+    try:
+        with Client(cluster.address) as client:
+            dashboard.create_schema(client)
+            dashboard.populate(client, SMALL)
+            rng = random.Random(7)
+            with client.transaction() as tx:  # events before the views exist
+                for i in range(30):
+                    tx.insert("events", dashboard.event(rng, i, SMALL))
+        yield cluster
+    finally:
+        cluster.stop()
+        cluster.kill()
+
+
+def write_events(address: str, clients: int, per_client: int, seed: int) -> int:
+    """Concurrent inserts, deletes and cost updates of events, and product moves between
+    categories (group keys change through a join). Returns timestamp-order retries."""
+    retries = []
+
+    def work(worker: int) -> None:
+        rng = random.Random(seed * 100 + worker)
+        ids = itertools.count(10_000 * (worker + 1) + seed * 1000)
+        mine: list[int] = []
+        with Client(address) as client:
+            for _ in range(per_client):
+                with client.transaction() as tx:
+                    for _ in range(rng.randint(1, 3)):
+                        if mine and rng.random() < 0.3:
+                            tx.delete("events", {"id": mine.pop(rng.randrange(len(mine)))})
+                        elif mine and rng.random() < 0.3:
+                            tx.update(
+                                "events",
+                                {"id": rng.choice(mine)},
+                                {"cost": Decimal(rng.randrange(1, 900)) / 100},
+                            )
+                        else:
+                            event_id = next(ids)
+                            tx.insert("events", dashboard.event(rng, event_id, SMALL))
+                            mine.append(event_id)
+                    if rng.random() < 0.2:
+                        tx.update(
+                            "products",
+                            {"id": rng.randrange(SMALL.products)},
+                            {"cat_id": rng.randrange(SMALL.categories)},
+                        )
+            retries.append(client.retries)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(retries)
+
+
+def test_dashboard_views_sync_and_async(dashboard_cluster: LocalCluster) -> None:
+    address = dashboard_cluster.address
+    with Client(address) as client:
+        client.sql(dashboard.view_ddl("shop_category_cost", dashboard.SHOP_CATEGORY_COST))
+        client.sql(dashboard.view_ddl("category_cost", dashboard.CATEGORY_COST))
+        client.sql(
+            dashboard.view_ddl("category_cost_async", dashboard.CATEGORY_COST, "async", 100_000)
+        )
+        write_events(address, clients=4, per_client=15, seed=1)
+        expected = recompute(client, dashboard.SHOP_CATEGORY_COST)
+        assert as_tuples(client.view("shop_category_cost")) == expected
+        assert as_tuples(client.view("category_cost")) == recompute(client, dashboard.CATEGORY_COST)
+
+        # SQL-1 as a point lookup by the full group key
+        shop, category = expected[0][0], expected[0][1]
+        answer = client.view("shop_category_cost", {"shop": shop, "category": category})
+        assert as_tuples(answer) == [expected[0]]
+
+        stale = client.view("category_cost_async")
+        refreshed_at = client.refresh("category_cost_async")
+        fresh = client.view("category_cost_async")
+        assert stale.timestamp < refreshed_at == fresh.timestamp
+        assert as_tuples(fresh) == recompute(client, dashboard.CATEGORY_COST)
+
+
+def test_hot_group_writers_do_not_wait_for_each_other(dashboard_cluster: LocalCluster) -> None:
+    address = dashboard_cluster.address
+    with Client(address) as client:
+        client.sql(
+            "CREATE MATERIALIZED VIEW one_category AS SELECT p.cat_id, SUM(e.cost) AS cost, "
+            "COUNT(*) AS n, MIN(e.cost) AS low FROM events e JOIN products p "
+            "ON e.prod_id = p.id WHERE p.cat_id = 0 GROUP BY p.cat_id"
+        )
+    hot_products = [p for p in range(SMALL.products) if p % SMALL.categories == 0]
+    retries = []
+
+    def work(worker: int) -> None:
+        rng = random.Random(worker)
+        with Client(address) as client:
+            for i in range(12):
+                with client.transaction() as tx:
+                    tx.insert(
+                        "events",
+                        {
+                            **dashboard.event(rng, 50_000 + worker * 100 + i, SMALL),
+                            "prod_id": rng.choice(hot_products),
+                        },
+                    )
+            retries.append(client.retries)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with Client(address) as client:
+        assert as_tuples(client.view("one_category")) == recompute(
+            client,
+            "SELECT p.cat_id, SUM(e.cost), COUNT(*), MIN(e.cost) FROM events e JOIN products p "
+            "ON e.prod_id = p.id WHERE p.cat_id = 0 GROUP BY p.cat_id",
+        )
+    assert sum(retries) == 0, "writers to one group aborted each other"
+
+
+def test_min_survives_deleting_the_minimum(client: Client, table_name: str) -> None:
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, g TEXT, v INT)")
+    client.sql(
+        f"CREATE MATERIALIZED VIEW {table_name}_mm AS SELECT g, MIN(v) AS low, MAX(v) AS high, "
+        f"COUNT(DISTINCT v) AS kinds FROM {table_name} GROUP BY g"
+    )
+    with client.transaction() as tx:
+        for i, v in enumerate([5, 1, 9, 1, 7]):
+            tx.insert(table_name, {"id": i, "g": "x", "v": v})
+    assert list(client.view(f"{table_name}_mm")) == [{"g": "x", "low": 1, "high": 9, "kinds": 4}]
+    with client.transaction() as tx:
+        tx.delete(table_name, {"id": 1})
+        tx.delete(table_name, {"id": 2})
+    assert list(client.view(f"{table_name}_mm")) == [{"g": "x", "low": 1, "high": 7, "kinds": 3}]
+    with client.transaction() as tx:
+        tx.delete(table_name, {"id": 3})
+    assert list(client.view(f"{table_name}_mm")) == [{"g": "x", "low": 5, "high": 7, "kinds": 2}]
+
+
+@pytest.mark.parametrize(
+    "sql, error, fragment",
+    [
+        (
+            "SELECT a.g, COUNT(*) FROM {t} a LEFT JOIN {t} b ON a.id = b.id GROUP BY a.g",
+            errors.InvalidArgument,
+            "LEFT",
+        ),
+        ("SELECT g, SUM(g) FROM {t} GROUP BY g", errors.InvalidArgument, "SUM over TEXT"),
+        (
+            "SELECT g, COUNT(*) FROM {t} WHERE v > (SELECT 1) GROUP BY g",
+            errors.InvalidArgument,
+            "subquer",
+        ),
+        ("SELECT g, COUNT(*) FROM {t} GROUP BY g ORDER BY g", errors.InvalidArgument, "ORDER BY"),
+        ("SELECT g, v, COUNT(*) FROM {t} GROUP BY g", errors.InvalidArgument, "GROUP BY"),
+        ("SELECT g, COUNT(*) FROM nowhere GROUP BY g", errors.UnknownTable, "nowhere"),
+        ("SELECT g, COUNT(nope) FROM {t} GROUP BY g", errors.InvalidArgument, "nope"),
+    ],
+)
+def test_unsupported_views_are_refused(
+    client: Client, cluster: LocalCluster, table_name: str, sql: str, error: type, fragment: str
+) -> None:
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, g TEXT, v INT)")
+    with pytest.raises(error, match=fragment):
+        client.sql(f"CREATE MATERIALIZED VIEW {table_name}_v AS {sql.format(t=table_name)}")
+    with pytest.raises(errors.UnknownTable):
+        client.view(f"{table_name}_v")
+    assert all(server.running() for server in cluster.servers)
+
+
+def test_view_ddl_rules(client: Client, table_name: str) -> None:
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, g TEXT, v INT)")
+    view = f"{table_name}_v"
+    client.sql(
+        f"CREATE MATERIALIZED VIEW {view} WITH (refresh = 'async', interval_ms = 50) AS "
+        f"SELECT g, COUNT(*) AS n FROM {table_name} GROUP BY g"
+    )
+    with pytest.raises(errors.AlreadyExists):
+        client.sql(f"CREATE MATERIALIZED VIEW {view} AS SELECT COUNT(*) FROM {table_name}")
+    with pytest.raises(errors.AlreadyExists):
+        client.sql(f"CREATE TABLE {view} (id INT PRIMARY KEY)")
+    with pytest.raises(errors.FailedPrecondition, match=view):
+        client.sql(f"DROP TABLE {table_name}")
+    with pytest.raises(errors.InvalidArgument, match="interval"):
+        client.sql(f"ALTER MATERIALIZED VIEW {view} SET (interval_ms = -5)")
+    client.sql(f"ALTER MATERIALIZED VIEW {view} SET (interval_ms = 20)")
+    with client.transaction() as tx:
+        tx.insert(table_name, {"id": 1, "g": "a", "v": 1})
+    for _ in range(100):  # the refresher runs by itself every 20 ms
+        if list(client.view(view)) == [{"g": "a", "n": 1}]:
+            break
+        threading.Event().wait(0.05)
+    assert list(client.view(view)) == [{"g": "a", "n": 1}]
+    with pytest.raises(errors.InvalidArgument, match="no column"):
+        client.view(view, {"colour": "red"})
+    client.sql(f"DROP MATERIALIZED VIEW {view}")
+    client.sql(f"DROP TABLE {table_name}")
+
+
+def test_views_survive_a_restart(dashboard_cluster: LocalCluster) -> None:
+    cluster = dashboard_cluster
+    with Client(cluster.address) as client:
+        client.sql(dashboard.view_ddl("category_cost", dashboard.CATEGORY_COST))
+        client.sql(dashboard.view_ddl("category_cost_async", dashboard.CATEGORY_COST, "async", 50))
+        write_events(cluster.address, clients=2, per_client=8, seed=3)
+    cluster.stop()
+    cluster.servers.clear()
+    cluster.start()
+    write_events(cluster.address, clients=2, per_client=8, seed=4)
+    with Client(cluster.address) as client:
+        expected = recompute(client, dashboard.CATEGORY_COST)
+        assert as_tuples(client.view("category_cost")) == expected
+        client.refresh("category_cost_async")
+        assert as_tuples(client.view("category_cost_async")) == expected
