@@ -70,14 +70,15 @@ class WriteAheadLog:
                 yield record
                 offset += _HEADER.size + length
 
-    def write(self, record: dict[str, Any]) -> int:
+    def write(self, record: dict[str, Any], *, flush: bool = True) -> int:
         """Queues a record without waiting for it to be durable (e.g. an abort: presumed) and
         returns its log sequence number (LSN): records replay in LSN order, and what a
         checkpoint stored is known by the LSN of the last change it contains."""
         self.lsn += 1
         body = pickle.dumps({**record, "lsn": self.lsn}, protocol=pickle.HIGHEST_PROTOCOL)
         self._pending.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)
-        self._kick()
+        if flush:
+            self._kick()
         return self.lsn
 
     async def append(self, record: dict[str, Any]) -> int:

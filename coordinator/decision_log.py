@@ -6,6 +6,7 @@ here and not in flight is aborted."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from aggview.wal import WriteAheadLog
@@ -23,18 +24,24 @@ class DecisionLog:
             elif record["kind"] == "done":
                 self.committed.pop(record["ts"], None)
         self._written_since_compaction = 0
+        self._compacting = False
 
     async def commit(self, ts: int, participants: list[int]) -> None:
         await self.wal.append({"kind": "commit", "ts": ts, "participants": participants})
         self.committed[ts] = participants
         self._written_since_compaction += 1
 
-    async def done(self, ts: int) -> None:
+    def done(self, ts: int) -> None:
+        """Every participant has the commit: forget it. The record needs no flush of its own
+        (it goes out with the next commit's): replaying a commit without it only re-sends a
+        decision the LTMs ignore."""
         if self.committed.pop(ts, None) is not None:
-            self.wal.write({"kind": "done", "ts": ts})
+            self.wal.write({"kind": "done", "ts": ts}, flush=False)
             self._written_since_compaction += 1
-            if self._written_since_compaction > 50_000:
-                await self.compact()
+            if self._written_since_compaction > 50_000 and not self._compacting:
+                self._compacting = True
+                task = asyncio.get_running_loop().create_task(self.compact())
+                task.add_done_callback(lambda _: setattr(self, "_compacting", False))
 
     async def compact(self) -> None:
         self._written_since_compaction = 0

@@ -131,6 +131,8 @@ class TransactionManager:
         self.decorators: list[Callable[[list[lpb.RowOp]], None]] = []
         self.epoch = 0  # bumped when views change; extensions refuse an older transaction
         self.views: Any = None  # the view manager, once one is attached
+        # Which store tables' changes the extensions need (row images on the votes).
+        self.watched: Callable[[str], bool] = lambda table_id: False
         self._deliveries: set[asyncio.Task[None]] = set()
         self.committed = 0
         self.aborted = 0
@@ -190,8 +192,9 @@ class TransactionManager:
                 images = await self._prepare_round(tx, round_ops)
                 tx.images.extend(images)
                 round_ops = []
-                for extension in self.extensions if extend else ():
-                    round_ops.extend(await extension(tx, images))
+                if images and extend:
+                    for extension in self.extensions:
+                        round_ops.extend(await extension(tx, images))
         except BaseException:
             self.in_flight.decided(ts)
             self.aborted += 1
@@ -218,9 +221,9 @@ class TransactionManager:
             partition = partition_of(op.table, op.key, self.partitions)
             sub = by_partition.get(partition)
             if sub is None:
-                sub = by_partition[partition] = lpb.SubTransaction(
-                    ts=tx.ts, want_images=bool(self.extensions)
-                )
+                sub = by_partition[partition] = lpb.SubTransaction(ts=tx.ts)
+            if not sub.want_images and self.watched(op.table):
+                sub.want_images = True
             sub.ops.append(op)
         for partition, sub in by_partition.items():
             whole = tx.subs.setdefault(partition, lpb.SubTransaction(ts=tx.ts))
@@ -277,26 +280,41 @@ class TransactionManager:
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def _deliver_later(self, ts: int, participants: list[int]) -> None:
-        task = asyncio.get_running_loop().create_task(self._deliver(ts, participants))
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
+        """Phase two, without a task per transaction: each participant's decision rides the
+        next decide batch; a failed delivery is retried until every participant has the commit
+        durably, then the decision log may forget it."""
+        pending = set(participants)
 
-    async def _deliver(self, ts: int, participants: list[int]) -> None:
-        """Phase two: retried until every participant has the commit durably."""
+        def delivered(partition: int, future: asyncio.Future[None]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                self._retry_delivery(ts, partition, pending)
+                return
+            pending.discard(partition)
+            if not pending:
+                self.decisions.done(ts)
 
-        async def one(partition: int) -> None:
+        for partition in participants:
+            future = self.channels[partition].decisions.submit(lpb.Decision(ts=ts, commit=True))
+            future.add_done_callback(lambda f, p=partition: delivered(p, f))
+
+    def _retry_delivery(self, ts: int, partition: int, pending: set[int]) -> None:
+        async def retry() -> None:
             delay = 0.05
             while True:
+                await asyncio.sleep(delay)
                 try:
                     await self.channels[partition].decide(ts, True)
-                    return
+                    break
                 except errors.AggviewError as exc:
                     log.info("commit %d to LTM %d not delivered (%s); retrying", ts, partition, exc)
-                    await asyncio.sleep(delay)
                     delay = min(delay * 2, 1.0)
+            pending.discard(partition)
+            if not pending:
+                self.decisions.done(ts)
 
-        await asyncio.gather(*(one(p) for p in participants))
-        await self.decisions.done(ts)
+        task = asyncio.get_running_loop().create_task(retry())
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
 
     def outcome(self, ts: int) -> int:
         if ts in self.decisions.committed:

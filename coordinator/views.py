@@ -86,7 +86,9 @@ class ViewManager:
         self._ddl = asyncio.Lock()
         manager.extensions.append(self._maintain)
         manager.decorators.append(self._capture)
+        manager.watched = self._watches
         manager.views = self
+        self._watched: tuple[int, set[str]] = (-1, set())
 
     # ------------------------------------------------------------------ start, stop
 
@@ -282,6 +284,19 @@ class ViewManager:
         await self.manager.system_transaction(build)
 
     # ------------------------------------------------------------------ maintenance
+
+    def _watches(self, table_id: str) -> bool:
+        """Whether writes to a store table need row images: it has an index, or a sync view
+        maintained in the transaction uses it."""
+        epoch, ids = self._watched
+        if epoch != self.manager.epoch:
+            names = {table for table, _ in self.indexes}
+            for view in self.views.values():
+                if view.plan.mode == "sync" and view.state != "initializing":
+                    names.update(view.plan.base_tables())
+            ids = {self.catalog.tables[n].table_id for n in names if n in self.catalog.tables}
+            self._watched = (self.manager.epoch, ids)
+        return table_id in ids
 
     def _capture(self, ops: list[lpb.RowOp]) -> None:
         """Asks the LTMs to append change rows for views that are async or initializing."""

@@ -316,7 +316,7 @@ class Participant:
                 self.rows[row_id].release()
             for row_id in tx.merges:
                 self.rows[row_id].drop_merge(ts)
-            self.wal.write({"kind": "abort", "ts": ts})  # presumed abort: no flush needed
+            self.wal.write({"kind": "abort", "ts": ts}, flush=False)  # presumed abort
             return
         lsn = self.wal.write({"kind": "commit", "ts": ts})
         for row_id, after in tx.after.items():

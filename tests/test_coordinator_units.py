@@ -89,7 +89,7 @@ def test_decision_log_keeps_unacknowledged_commits(tmp_path: Path) -> None:
         log = DecisionLog(tmp_path)
         await log.commit(10, [0, 1])
         await log.commit(11, [2])
-        await log.done(10)
+        log.done(10)
         await log.compact()
         await log.commit(12, [0])
         await log.wal.flush()
