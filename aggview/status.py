@@ -55,7 +55,12 @@ def add_service(server: grpc.aio.Server, service: ServiceDescriptor, servicer: A
     handlers = {}
     for method in service.methods:
         request_class = GetMessageClass(method.input_type)
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = make(
             getattr(servicer, method.name),
             request_deserializer=_tolerant(request_class.FromString),
             response_serializer=lambda message: message.SerializeToString(),

@@ -5,7 +5,7 @@ transaction per participant."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Generic, TypeVar
 
 import grpc
@@ -30,7 +30,7 @@ class Batcher(Generic[Item, Result]):
 
     def __init__(
         self,
-        send: Callable[[list[Item]], Awaitable[list[Result]]],
+        send: Callable[[list[Item]], AsyncIterator[tuple[int, Result]]],
         *,
         linger: float = 0.002,
     ) -> None:
@@ -66,21 +66,25 @@ class Batcher(Generic[Item, Result]):
             asyncio.get_running_loop().create_task(self._deliver(batch))
 
     async def _deliver(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
+        """Results may come back one by one (a stream): each caller resumes on its own."""
         self.calls += 1
         self.items += len(batch)
         try:
-            results = await self._send([item for item, _ in batch])
+            async for position, result in self._send([item for item, _ in batch]):
+                future = batch[position][1]
+                if not future.done():
+                    future.set_result(result)
         except BaseException as exc:
-            self._call_done()
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
                     future.exception()  # a caller that gave up must not log "never retrieved"
-            return
-        self._call_done()
-        for (_, future), result in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(result)
+        finally:
+            self._call_done()
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(errors.Unavailable("no answer for this item"))
+                    future.exception()
 
     def _call_done(self) -> None:
         self._in_flight -= 1
@@ -99,27 +103,42 @@ class LtmChannel:
         self.prepares: Batcher[pb.SubTransaction, pb.Vote] = Batcher(self._send_prepares)
         self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
 
-    async def _send_prepares(self, subs: list[pb.SubTransaction]) -> list[pb.Vote]:
+    async def _send_prepares(
+        self, subs: list[pb.SubTransaction]
+    ) -> AsyncIterator[tuple[int, pb.Vote]]:
+        """Votes stream back as each is ready: a sub-transaction waiting at the LTM for an
+        older one's decision must not hold back the votes batched with it (those could be
+        what that decision waits for)."""
         low, issued = self._watermarks()
         request = pb.PrepareRequest(subs=subs, low_watermark=low, issued=issued)
-        reply = await self._call(self.stub.Prepare, request, timeout=30)
-        return list(reply.votes)
+        position = {sub.ts: i for i, sub in enumerate(subs)}
+        try:
+            async for vote in self.stub.Prepare(request, timeout=30):
+                yield position[vote.ts], vote
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from None
 
-    async def _send_decisions(self, decisions: list[pb.Decision]) -> list[None]:
+    async def _send_decisions(
+        self, decisions: list[pb.Decision]
+    ) -> AsyncIterator[tuple[int, None]]:
         low, _ = self._watermarks()
         request = pb.DecideRequest(decisions=decisions, low_watermark=low)
         await self._call(self.stub.Decide, request, timeout=30)
-        return [None] * len(decisions)
+        for i in range(len(decisions)):
+            yield i, None
 
     async def _call(self, method, request, timeout: float):  # type: ignore[no-untyped-def]
         try:
             return await method(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise errors.Unavailable(
-                    f"LTM {self.index} at {self.address} is unavailable: {exc.details()}"
-                ) from None
-            raise error_from_rpc(exc) from None
+            raise self._error(exc) from None
+
+    def _error(self, exc: grpc.aio.AioRpcError) -> errors.AggviewError:
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return errors.Unavailable(
+                f"LTM {self.index} at {self.address} is unavailable: {exc.details()}"
+            )
+        return error_from_rpc(exc)
 
     async def prepare(self, sub: pb.SubTransaction) -> pb.Vote:
         try:

@@ -89,3 +89,23 @@ def event(rng: random.Random, event_id: int, scale: Scale) -> dict[str, Any]:
         "type": rng.choice(["click", "view"]),
         "cost": Decimal(rng.randrange(1, 500)) / 100,
     }
+
+
+def recompute_shop_category_cost(client: Client) -> dict[tuple[str, str], tuple[Decimal, int]]:
+    """SQL-1 for every (shop, category), computed from plain scans: what the view must equal."""
+    categories = {r["id"]: r["name"] for r in client.scan("categories")}
+    shops = {r["id"]: r["name"] for r in client.scan("shops")}
+    products = {r["id"]: r for r in client.scan("products")}
+    totals: dict[tuple[str, str], tuple[Decimal, int]] = {}
+    for row in client.scan("events"):
+        product = products.get(row["prod_id"])
+        if product is None or product["cat_id"] not in categories or row["shop_id"] not in shops:
+            continue
+        group = (shops[row["shop_id"]], categories[product["cat_id"]])
+        cost, count = totals.get(group, (Decimal(0), 0))
+        totals[group] = (cost + row["cost"], count + 1)
+    return totals
+
+
+def view_totals(rows: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[Decimal, int]]:
+    return {(r["shop"], r["category"]): (r["cost"], r["events"]) for r in rows}

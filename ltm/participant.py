@@ -162,9 +162,14 @@ class Participant:
         held = {r for tx in undecided.values() for r in (*tx.after, *tx.merges)}
         unsettled = {r for r in unsettled if r[0] not in self.dropped}
         await self._load({e[2] for e in effects} | held | unsettled)
-        for ts, tx in undecided.items():  # pending before the replay: see RowState.settle
+        # Deltas replayed later or undecided count as pending while earlier ones replay, as
+        # they did when those committed (see RowState.settle).
+        for ts, tx in undecided.items():
             for row_id, delta in tx.merges.items():
                 self.rows[row_id].merges[ts] = delta
+        for lsn, ts, row_id, is_merge, data in effects:
+            if is_merge and lsn > self.rows[row_id].lsn:
+                self.rows[row_id].merges[ts] = data or {}
         applied = 0
         for lsn, ts, row_id, is_merge, data in effects:
             state = self.rows[row_id]

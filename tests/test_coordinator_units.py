@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from coordinator.decision_log import DecisionLog
@@ -14,10 +15,11 @@ from coordinator.transactions import InFlight
 def test_batcher_sends_one_call_per_loop_turn() -> None:
     calls: list[list[int]] = []
 
-    async def send(items: list[int]) -> list[int]:
+    async def send(items: list[int]) -> AsyncIterator[tuple[int, int]]:
         calls.append(items)
         await asyncio.sleep(0.01)
-        return [i * 10 for i in items]
+        for position, i in reversed(list(enumerate(items))):  # any order
+            yield position, i * 10
 
     async def main() -> list[int]:
         batcher: Batcher[int, int] = Batcher(send)
@@ -31,8 +33,9 @@ def test_batcher_sends_one_call_per_loop_turn() -> None:
 
 
 def test_batcher_failure_reaches_every_caller() -> None:
-    async def send(items: list[int]) -> list[int]:
+    async def send(items: list[int]) -> AsyncIterator[tuple[int, int]]:
         raise ConnectionError("down")
+        yield 0, 0  # an async generator that fails on its first step
 
     async def main() -> list[object]:
         batcher: Batcher[int, int] = Batcher(send)

@@ -34,10 +34,10 @@ class LtmStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Prepare = channel.unary_unary(
+        self.Prepare = channel.unary_stream(
                 '/aggview.v1.Ltm/Prepare',
                 request_serializer=aggview_dot_wire_dot_ltm__pb2.PrepareRequest.SerializeToString,
-                response_deserializer=aggview_dot_wire_dot_ltm__pb2.PrepareReply.FromString,
+                response_deserializer=aggview_dot_wire_dot_ltm__pb2.Vote.FromString,
                 _registered_method=True)
         self.Decide = channel.unary_unary(
                 '/aggview.v1.Ltm/Decide',
@@ -65,7 +65,8 @@ class LtmServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Prepare(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """each vote as soon as it is ready
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -97,10 +98,10 @@ class LtmServicer:
 
 def add_LtmServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Prepare': grpc.unary_unary_rpc_method_handler(
+            'Prepare': grpc.unary_stream_rpc_method_handler(
                     servicer.Prepare,
                     request_deserializer=aggview_dot_wire_dot_ltm__pb2.PrepareRequest.FromString,
-                    response_serializer=aggview_dot_wire_dot_ltm__pb2.PrepareReply.SerializeToString,
+                    response_serializer=aggview_dot_wire_dot_ltm__pb2.Vote.SerializeToString,
             ),
             'Decide': grpc.unary_unary_rpc_method_handler(
                     servicer.Decide,
@@ -144,12 +145,12 @@ class Ltm:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/aggview.v1.Ltm/Prepare',
             aggview_dot_wire_dot_ltm__pb2.PrepareRequest.SerializeToString,
-            aggview_dot_wire_dot_ltm__pb2.PrepareReply.FromString,
+            aggview_dot_wire_dot_ltm__pb2.Vote.FromString,
             options,
             channel_credentials,
             insecure,
