@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import shutil
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from aggview.rowcodec import (
     encode_row,
     encode_stored,
 )
+from aggview.wal import _HEADER
 from aggview.wire import ltm_pb2 as pb
 from ltm.participant import Participant, Settings
 from ltm.rows import RowState
@@ -63,6 +65,14 @@ def delete(key: bytes, **kw: Any) -> pb.RowOp:
     return _op(pb.RowOp.DELETE, key, None, **kw)
 
 
+def put(key: bytes, values: dict[str, Any] | None, **kw: Any) -> pb.RowOp:
+    return _op(pb.RowOp.PUT, key, values, **kw)
+
+
+def merge(key: bytes, delta: dict[str, Any], **kw: Any) -> pb.RowOp:
+    return _op(pb.RowOp.MERGE, key, delta, **kw)
+
+
 def _op(
     kind: int,
     key: bytes,
@@ -71,8 +81,10 @@ def _op(
     require: list[list[Any]] | None = None,
     limits: dict[str, int] | None = None,
     table: str = TABLE,
+    changes: list[str] | None = None,
 ) -> pb.RowOp:
     op = pb.RowOp(kind=kind, table=table, key=key, values=encode_row(values))
+    op.changes_tables.extend(changes or [])
     if require is not None:
         op.require = encode_json(require)
     if limits is not None:
@@ -84,10 +96,12 @@ def sub(ts: int, *ops: pb.RowOp, want_images: bool = False) -> pb.SubTransaction
     return pb.SubTransaction(ts=ts, ops=list(ops), want_images=want_images)
 
 
-async def commit(p: Participant, ts: int, *ops: pb.RowOp) -> None:
+async def commit(p: Participant, ts: int, *ops: pb.RowOp) -> int:
+    """Prepares and commits; returns the LSN of the commit record."""
     vote = await p.prepare(sub(ts, *ops))
     assert vote.outcome == YES, vote
     await p.decide(ts, True)
+    return p.wal.lsn  # nothing else was logged since (these tests run one at a time)
 
 
 async def outcome(p: Participant, ts: int, *ops: pb.RowOp) -> int:
@@ -97,20 +111,33 @@ async def outcome(p: Participant, ts: int, *ops: pb.RowOp) -> int:
     return vote.outcome
 
 
-async def get(p: Participant, ts: int, key: bytes, register: bool = False) -> Any:
-    rows = await p.read(pb.ReadRequest(ts=ts, table=TABLE, keys=[key], register_read=register))
+async def get(
+    p: Participant, ts: int, key: bytes, register: bool = False, table: str = TABLE
+) -> Any:
+    rows = await p.read(pb.ReadRequest(ts=ts, table=table, keys=[key], register_read=register))
     assert len(rows) <= 1
     return decode_row(rows[0][1]) if rows else None
 
 
-async def scan(p: Participant, ts: int, **kw: Any) -> list[tuple[bytes, Any]]:
-    rows = await p.read(pb.ReadRequest(ts=ts, table=TABLE, scan=True, **kw))
+async def scan(p: Participant, ts: int, table: str = TABLE, **kw: Any) -> list[tuple[bytes, Any]]:
+    rows = await p.read(pb.ReadRequest(ts=ts, table=table, scan=True, **kw))
     return [(key, decode_row(data)) for key, data in rows]
 
 
-def stored(store: Store, key: bytes) -> tuple[int, Any] | None:
-    data = store.get(TABLE, key)
+def stored(store: Store, key: bytes, table: str = TABLE) -> tuple[int, Any, int] | None:
+    """(commit ts, row or None for a tombstone, LSN of the last change) as the store has it."""
+    data = store.get(table, key)
     return decode_stored(data) if data is not None else None
+
+
+def segment_records(path: Path) -> list[dict[str, Any]]:
+    """The records of one log segment file."""
+    data, offset, out = path.read_bytes(), 0, []
+    while offset + _HEADER.size <= len(data):
+        length, _ = _HEADER.unpack_from(data, offset)
+        out.append(pickle.loads(data[offset + _HEADER.size : offset + _HEADER.size + length]))
+        offset += _HEADER.size + length
+    return out
 
 
 def crash(p: Participant) -> None:
@@ -962,23 +989,30 @@ def test_an_unlogged_abort_is_recovered_as_undecided(env: Env) -> None:
 def test_checkpoint_writes_rows_to_the_store_and_drops_old_segments(env: Env) -> None:
     async def main() -> None:
         p = env.participant()
-        await commit(p, 10, insert(b"x", {"v": 1}), insert(b"y", {"v": 1}))
-        await commit(p, 20, update(b"x", {"v": 2}))
+        lsn10 = await commit(p, 10, insert(b"x", {"v": 1}), insert(b"y", {"v": 1}))
+        lsn20 = await commit(p, 20, update(b"x", {"v": 2}))
+        assert 0 < lsn10 < lsn20
         assert p.dirty_rows() == 2
         assert p.wal.segments() == [1]
         assert await p.checkpoint() == 2
-        assert stored(env.store, b"x") == (20, {"v": 2})
-        assert stored(env.store, b"y") == (10, {"v": 1})
+        # each stored row carries the LSN of the last change in it
+        assert stored(env.store, b"x") == (20, {"v": 2}, lsn20)
+        assert stored(env.store, b"y") == (10, {"v": 1}, lsn10)
         assert p.wal.segments() == [2] and p.checkpoints == 1
         assert p.dirty_rows() == 0
         # a clean checkpoint writes nothing
         assert await p.checkpoint() == 0
-        # a delete removes the row from the store
-        await commit(p, 30, delete(b"y"))
+        # a delete leaves a tombstone with the delete's LSN, which scans skip
+        lsn30 = await commit(p, 30, delete(b"y"))
         assert await p.checkpoint() == 1
-        assert stored(env.store, b"y") is None
-        assert stored(env.store, b"x") == (20, {"v": 2})
+        assert stored(env.store, b"y") == (30, None, lsn30)
+        assert stored(env.store, b"x") == (20, {"v": 2}, lsn20)
         assert len(p.wal.segments()) == 1
+        assert await scan(p, 40) == [(b"x", {"v": 2})]
+        p.rows.clear()  # forget the cache: the scan reads the store alone
+        assert await scan(p, 40) == [(b"x", {"v": 2})]
+        assert await get(p, 40, b"y") is None
+        assert p.rows[(TABLE, b"y")].lsn == lsn30  # the reloaded tombstone knows its LSN
 
     run(main)
 
@@ -986,14 +1020,15 @@ def test_checkpoint_writes_rows_to_the_store_and_drops_old_segments(env: Env) ->
 def test_checkpoint_carries_undecided_transactions(env: Env) -> None:
     async def main() -> None:
         p = env.participant()
-        await commit(p, 10, insert(b"x", {"v": 1}))
+        lsn10 = await commit(p, 10, insert(b"x", {"v": 1}))
         assert (await p.prepare(sub(20, update(b"x", {"v": 2})))).outcome == YES
         assert (await p.prepare(sub(20, insert(b"y", {"v": 2})))).outcome == YES  # grows
         await p.checkpoint()
         await p.checkpoint()
         assert p.wal.segments() == [3]
         # the store has only the committed version
-        assert stored(env.store, b"x") == (10, {"v": 1})
+        assert stored(env.store, b"x") == (10, {"v": 1}, lsn10)
+        assert stored(env.store, b"y") is None
         crash(p)
 
         q = env.participant()
@@ -1019,8 +1054,8 @@ def test_recovery_after_a_checkpoint_and_more_commits(env: Env) -> None:
         p = env.participant()
         await commit(p, 10, insert(b"a", {"v": 1}), insert(b"b", {"v": 1}), insert(b"c", {"v": 1}))
         await p.checkpoint()
-        await commit(p, 20, update(b"a", {"v": 2}), delete(b"b"), insert(b"d", {"v": 2}))
-        await commit(p, 30, update(b"a", {"v": 3}))
+        lsn20 = await commit(p, 20, update(b"a", {"v": 2}), delete(b"b"), insert(b"d", {"v": 2}))
+        lsn30 = await commit(p, 30, update(b"a", {"v": 3}))
         crash(p)
 
         q = env.participant()
@@ -1032,9 +1067,10 @@ def test_recovery_after_a_checkpoint_and_more_commits(env: Env) -> None:
         assert [k for k, _ in await scan(q, 40)] == [b"a", b"c", b"d"]
         # the replayed rows are dirty: the next checkpoint writes them
         await q.checkpoint()
-        assert stored(env.store, b"a") == (30, {"v": 3})
-        assert stored(env.store, b"b") is None
-        assert stored(env.store, b"d") == (20, {"v": 2})
+        # with the LSNs of the original commits, not new ones
+        assert stored(env.store, b"a") == (30, {"v": 3}, lsn30)
+        assert stored(env.store, b"b") == (20, None, lsn20)
+        assert stored(env.store, b"d") == (20, {"v": 2}, lsn20)
         crash(q)
 
         r = env.participant()
@@ -1054,9 +1090,9 @@ def test_a_stale_log_record_does_not_overwrite_a_newer_stored_row(env: Env) -> N
         (first,) = sorted(env.log_dir.glob("*.wal"))
         shutil.copy(first, saved)
         await p.checkpoint()
-        await commit(p, 20, update(b"x", {"v": 2}))
+        lsn20 = await commit(p, 20, update(b"x", {"v": 2}))
         await p.checkpoint()
-        assert stored(env.store, b"x") == (20, {"v": 2})
+        assert stored(env.store, b"x") == (20, {"v": 2}, lsn20)
         crash(p)
         # the old segment comes back (a crash before its removal was durable)
         shutil.copy(saved, first)
@@ -1066,7 +1102,7 @@ def test_a_stale_log_record_does_not_overwrite_a_newer_stored_row(env: Env) -> N
         assert await get(q, 30, b"x") == {"v": 2}
         assert await outcome(q, 15, update(b"x", {"v": 9})) == TOO_LATE
         await q.checkpoint()
-        assert stored(env.store, b"x") == (20, {"v": 2})
+        assert stored(env.store, b"x") == (20, {"v": 2}, lsn20)
 
     run(main)
 
@@ -1095,7 +1131,7 @@ def test_clean_rows_are_evicted_and_reloaded(env: Env) -> None:
     async def main() -> None:
         p = env.participant(cache_rows=2)
         keys = [b"k%d" % i for i in range(6)]
-        await commit(p, 10, *(insert(k, {"v": i}) for i, k in enumerate(keys)))
+        lsn10 = await commit(p, 10, *(insert(k, {"v": i}) for i, k in enumerate(keys)))
         p.observe(10, 0)
         # a row held by an undecided transaction and a row newer than the watermark stay
         assert (await p.prepare(sub(20, update(b"k0", {"v": 100})))).outcome == YES
@@ -1104,7 +1140,7 @@ def test_clean_rows_are_evicted_and_reloaded(env: Env) -> None:
         assert len(p.rows) == 2
         assert {(TABLE, b"k0"), (TABLE, b"k1")} <= set(p.rows)
         for i, key in enumerate(keys[2:], start=2):
-            assert stored(env.store, key) == (10, {"v": i})
+            assert stored(env.store, key) == (10, {"v": i}, lsn10)
         # lazily reloaded
         assert await get(p, 40, b"k3") == {"v": 3}
         assert (TABLE, b"k3") in p.rows
@@ -1246,13 +1282,696 @@ def test_a_cancelled_prepare_leaves_nothing_held(env: Env) -> None:
     run(main)
 
 
+# ----------------------------------------------------------------------------- sequence numbers
+
+
+def test_a_stale_log_record_does_not_resurrect_a_deleted_row(env: Env) -> None:
+    """The store keeps a deleted row as a tombstone with the delete's LSN: an old segment that
+    comes back (its removal was not durable) cannot insert the row again."""
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, insert(b"x", {"v": 1}))
+        await p.wal.flush()
+        saved = env.tmp_path / "saved.wal"
+        (first,) = sorted(env.log_dir.glob("*.wal"))
+        shutil.copy(first, saved)
+        await p.checkpoint()
+        lsn20 = await commit(p, 20, delete(b"x"))
+        await p.checkpoint()
+        assert stored(env.store, b"x") == (20, None, lsn20)
+        crash(p)
+        shutil.copy(saved, first)
+
+        q = env.participant()
+        await q.recover()
+        assert await get(q, 30, b"x") is None
+        assert await scan(q, 30) == []
+
+    run(main)
+
+
+def test_lsns_keep_growing_across_restarts_that_checkpointed_the_whole_log(env: Env) -> None:
+    """A clean stop leaves only the checkpoint's mark in the log; the next incarnation must
+    number its changes above every stored row's LSN, or its replay would skip them."""
+
+    async def main() -> None:
+        p = env.participant()
+        await p.start()
+        await commit(p, 10, merge(b"g", {"_count": 1, "s": 1}), insert(b"x", {"v": 1}))
+        await p.stop()
+        highest = 0
+        for i in range(3):
+            q = env.participant()
+            await q.start()
+            (ts_stored, _, lsn) = stored(env.store, b"g")
+            assert lsn > highest
+            highest = lsn
+            assert q.wal.lsn >= lsn
+            ts = 20 + 10 * i
+            assert await commit(q, ts, merge(b"g", {"_count": 1, "s": 10}), add(b"x", {"v": 1})) > (
+                lsn
+            )
+            if i == 1:
+                crash(q)  # the changes since the stop are only in the log
+                r = env.participant()
+                await r.recover()
+                assert await get(r, ts, b"g") == {"_count": 2 + i, "s": 1 + 10 * (i + 1)}
+                assert await get(r, ts, b"x") == {"v": 2 + i}
+                await r.stop()
+            else:
+                await q.stop()
+        r = env.participant()
+        await r.recover()
+        assert await get(r, 60, b"g") == {"_count": 4, "s": 31}
+        assert await get(r, 60, b"x") == {"v": 4}
+
+    run(main)
+
+
+# ----------------------------------------------------------------------------- merge
+
+
+G = b"g"
+
+
+def view(count: int, s: int, **more: Any) -> dict[str, Any]:
+    return {"_count": count, "s": s, **more}
+
+
+@pytest.mark.parametrize("order", [(10, 20, 30), (30, 20, 10), (30, 10, 20), (20, 30, 10)])
+def test_merges_commit_in_any_timestamp_order_with_exact_snapshots(
+    env: Env, order: tuple[int, ...]
+) -> None:
+    deltas = {10: view(1, 1), 20: view(1, 10), 30: view(1, 100)}
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 5, merge(G, view(1, 1000)))
+        for ts, delta in deltas.items():  # all pending at once: none waits, none is too late
+            vote = await asyncio.wait_for(p.prepare(sub(ts, merge(G, delta))), 1)
+            assert vote.outcome == YES
+        state = p.rows[(TABLE, G)]
+        assert state.holder == 0 and set(state.merges) == {10, 20, 30}
+        done: list[int] = []
+        for ts in order:
+            await p.decide(ts, True)
+            done.append(ts)
+            pending_ts = min(set(deltas) - set(done), default=99)
+            for read_ts in (5, 9, 10, 15, 20, 25, 30, 35):
+                if read_ts >= pending_ts:
+                    continue  # would wait (tested elsewhere)
+                want = [d for t, d in deltas.items() if t <= read_ts] + [view(1, 1000)]
+                expected = view(len(want), sum(d["s"] for d in want))
+                assert await get(p, read_ts, G) == expected, (order, done, read_ts)
+        # every version is there, the ones committed late inserted between the others
+        assert [ts for ts, _ in state.versions] == [0, 5, 10, 20, 30]
+        assert [row["s"] for _, row in state.versions[1:]] == [1000, 1001, 1011, 1111]
+        assert await scan(p, 40) == [(G, view(4, 1111))]
+        assert not state.busy()
+
+    run(main)
+
+
+def test_a_merge_never_waits_for_or_aborts_another_merge(env: Env) -> None:
+    async def main() -> None:
+        p = env.participant(lock_wait_timeout=0.5)
+        await commit(p, 50, merge(G, view(1, 1)))
+        state = p.rows[(TABLE, G)]
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        # older than a committed merge, beside pending ones: all yes, at once
+        votes = [
+            await p.prepare(sub(20, merge(G, view(1, 2)))),
+            await p.prepare(sub(60, merge(G, view(1, 4)))),
+            # two deltas to one row in one sub, then a growing transaction adds a third
+            await p.prepare(sub(40, merge(G, view(1, 8)), merge(G, view(-1, 16)))),
+            await p.prepare(sub(40, merge(G, view(2, 32, m={"a": 1})))),
+            await p.prepare(sub(30, merge(G, view(1, 64)))),
+        ]
+        assert loop.time() - started < 0.3
+        assert [v.outcome for v in votes] == [YES] * 5
+        assert state.holder == 0 and not state.lock_waiters
+        assert state.merges == {
+            20: view(1, 2),
+            30: view(1, 64),
+            40: view(2, 56, m={"a": 1}),
+            60: view(1, 4),
+        }
+        assert p.prepared[40].merges == {(TABLE, G): view(2, 56, m={"a": 1})}
+        await p.decide(40, True)
+        await p.decide(30, False)
+        await p.decide(60, True)
+        assert set(state.merges) == {20}
+        await p.decide(20, True)
+        assert await get(p, 70, G) == view(5, 63, m={"a": 1})
+        assert await get(p, 45, G) == view(3, 58, m={"a": 1})  # 20 and 40: no 50 yet
+        assert await get(p, 55, G) == view(4, 59, m={"a": 1})
+        assert not state.busy()
+
+    run(main)
+
+
+def test_a_group_whose_count_reaches_zero_is_deleted_and_can_come_back(env: Env) -> None:
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, merge(G, view(2, 5, m={"a": 2})))
+        lsn20 = await commit(p, 20, merge(G, view(-2, -5, m={"a": -2})))
+        assert await get(p, 15, G) == view(2, 5, m={"a": 2})
+        assert await get(p, 20, G) is None
+        assert await scan(p, 20) == []
+        await p.checkpoint()
+        assert stored(env.store, G) == (20, None, lsn20)  # a tombstone
+        # a later merge re-creates it from its own delta alone
+        await commit(p, 30, merge(G, view(1, 7)))
+        assert await get(p, 30, G) == view(1, 7)
+        # deltas that cancel out within one transaction create nothing
+        await commit(p, 40, merge(b"h", view(1, 3)), merge(b"h", view(-1, -3)))
+        assert await get(p, 40, b"h") is None
+        crash(p)
+        q = env.participant()
+        await q.recover()
+        assert await get(q, 40, G) == view(1, 7)
+        assert await get(q, 40, b"h") is None
+        await commit(q, 50, merge(G, view(-1, -7)))
+        await commit(q, 60, merge(G, view(3, 1)))
+        assert await get(q, 55, G) is None
+        assert await get(q, 60, G) == view(3, 1)
+
+    run(main)
+
+
+def test_a_delta_committed_before_an_older_one_it_depends_on(env: Env) -> None:
+    """20 inserts a second row into a group, 30 deletes it again; 30's commit reaches this LTM
+    first (e.g. 20 is only resolved by an outcome query). The partial sum at 30 has _count 0
+    but must not lose its other fields: 20 completes it."""
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, merge(G, view(1, 1, m={"a": 1})))
+        assert (await p.prepare(sub(20, merge(G, view(1, 2, m={"b": 1}))))).outcome == YES
+        assert (await p.prepare(sub(30, merge(G, view(-1, -2, m={"b": -1}))))).outcome == YES
+        await p.decide(30, True)
+        waiting = asyncio.ensure_future(get(p, 30, G))
+        assert await pending(waiting)  # the partial sum is never read
+        await p.checkpoint()  # ... and may be stored meanwhile
+        assert stored(env.store, G)[1] == view(0, -1, m={"a": 1, "b": -1})
+        # another delta (an update within the group) lands on it and is replayed on it
+        await commit(p, 25, merge(G, view(0, 5)))
+        crash(p)
+
+        q = env.participant()
+        await q.recover()
+        assert set(q.rows[(TABLE, G)].merges) == {20}
+        await q.decide(20, True)
+        assert await get(q, 30, G) == view(1, 6, m={"a": 1})
+        await q.checkpoint()
+        assert stored(env.store, G)[:2] == (30, view(1, 6, m={"a": 1}))
+
+        # the same in memory, and with the whole group deleted at 50
+        await commit(q, 35, merge(b"h", view(1, 5)))
+        assert (await q.prepare(sub(40, merge(b"h", view(1, 7))))).outcome == YES
+        assert (await q.prepare(sub(50, merge(b"h", view(-2, -12))))).outcome == YES
+        await q.decide(50, True)
+        await q.decide(40, True)
+        assert await get(q, 45, b"h") == view(2, 12)
+        assert await get(q, 50, b"h") is None
+        assert q.rows[(TABLE, b"h")].versions[-1] == (50, None)
+        await commit(q, 60, merge(b"h", view(1, 1)))
+        assert await get(q, 60, b"h") == view(1, 1)
+
+        # both commits only in the log: the replay meets the partial sum again
+        assert (await q.prepare(sub(70, merge(b"i", view(1, 3))))).outcome == YES
+        assert (await q.prepare(sub(80, merge(b"i", view(1, 4, m={"x": 1}))))).outcome == YES
+        assert (await q.prepare(sub(90, merge(b"i", view(-1, -4, m={"x": -1}))))).outcome == YES
+        await q.decide(90, True)
+        await q.decide(70, True)  # the sum is now partial with _count 0: 80 is pending
+        await q.decide(80, True)
+        assert await get(q, 90, b"i") == view(1, 3, m={})
+        crash(q)
+        r = env.participant()
+        await r.recover()
+        assert await get(r, 90, b"i") == view(1, 3, m={})
+        await commit(r, 100, merge(b"i", view(2, 2)))
+        assert await get(r, 100, b"i") == view(3, 5, m={})
+        crash(r)
+        r = env.participant()
+        await r.recover()
+        assert await get(r, 100, b"i") == view(3, 5, m={})
+        assert await get(r, 100, b"h") == view(1, 1)
+        assert await get(r, 100, G) == view(1, 6, m={"a": 1})
+
+    run(main)
+
+
+def test_an_aborted_older_delta_settles_a_partial_sum(env: Env) -> None:
+    """If the older delta aborts instead, a zero count with leftovers (float rounding) is a
+    deleted group: in memory and after a restart that found the partial sum stored."""
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, merge(G, view(1, 1, f=0.1)))
+        for ts in (20, 21):
+            assert (await p.prepare(sub(ts, merge(G, view(1, 1))))).outcome == YES
+        assert (await p.prepare(sub(30, merge(G, view(-1, -1, f=-0.3))))).outcome == YES
+        await p.decide(30, True)
+        await p.checkpoint()  # stores the partial sum: 20 and 21 are pending
+        assert stored(env.store, G)[1]["_count"] == 0
+        await p.decide(20, False)
+        assert p.rows[(TABLE, G)].versions[-1][1] is not None  # 21 still pending
+        await p.decide(21, False)
+        assert await get(p, 30, G) is None
+        await p.wal.flush()
+        crash(p)  # before a checkpoint wrote the settled row
+
+        q = env.participant()
+        await q.recover()
+        assert await get(q, 30, G) is None
+        assert await scan(q, 30) == []
+        await q.checkpoint()
+        assert stored(env.store, G)[1] is None
+        assert await scan(q, 30) == []
+
+    run(main)
+
+
+def test_multiset_fields_add_and_drop_zero_entries(env: Env) -> None:
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, merge(G, {"_count": 2, "n": 3, "f": 0.5, "m": {"a": 1, "b": 1}}))
+        await commit(p, 20, merge(G, {"_count": 1, "n": -1, "f": 0.25, "m": {"a": -1, "c": 2}}))
+        assert await get(p, 20, G) == {"_count": 3, "n": 2, "f": 0.75, "m": {"b": 1, "c": 2}}
+        await commit(p, 30, merge(G, {"_count": -1, "n": 0, "m": {"b": -1, "c": -2}}))
+        assert await get(p, 30, G) == {"_count": 2, "n": 2, "f": 0.75, "m": {}}
+        # a field the row does not have yet starts from zero / an empty multiset
+        await commit(p, 40, merge(G, {"_count": 0, "z": 4, "w": {"x": 1}}))
+        # two deltas of one transaction combine entry by entry before they apply
+        await commit(p, 50, merge(G, {"_count": 1, "m": {"x": 1}}), merge(G, {"m": {"x": -1}}))
+        want = {"_count": 3, "n": 2, "f": 0.75, "m": {}, "z": 4, "w": {"x": 1}}
+        assert await get(p, 50, G) == want
+        assert await get(p, 40, G) == {**want, "_count": 2}
+        crash(p)
+        q = env.participant()
+        await q.recover()
+        assert await get(q, 50, G) == want
+
+    run(main)
+
+
+def test_snapshot_reads_wait_for_pending_merges_at_or_below_their_timestamp(env: Env) -> None:
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, merge(G, view(1, 1)), insert(b"x", {"v": 1}))
+        assert (await p.prepare(sub(20, merge(G, view(1, 10))))).outcome == YES
+        # below the pending merge: at once; other rows: at once
+        assert await asyncio.wait_for(get(p, 19, G), 0.5) == view(1, 1)
+        assert await asyncio.wait_for(get(p, 25, b"x"), 0.5) == {"v": 1}
+        at = asyncio.ensure_future(get(p, 20, G))
+        above = asyncio.ensure_future(get(p, 25, G))
+        scanning = asyncio.ensure_future(scan(p, 25))
+        for task in (at, above, scanning):
+            assert await pending(task)
+        await p.decide(20, True)
+        assert await asyncio.wait_for(at, 1) == view(2, 11)
+        assert await asyncio.wait_for(above, 1) == view(2, 11)
+        assert await asyncio.wait_for(scanning, 1) == [(G, view(2, 11)), (b"x", {"v": 1})]
+
+        # an aborted merge: the waiting read gets the value without it
+        assert (await p.prepare(sub(30, merge(G, view(1, 100))))).outcome == YES
+        waiting = asyncio.ensure_future(get(p, 35, G))
+        assert await pending(waiting)
+        await p.decide(30, False)
+        assert await asyncio.wait_for(waiting, 1) == view(2, 11)
+        assert not p.rows[(TABLE, G)].busy()
+
+    run(main)
+
+
+def test_an_abort_drops_the_pending_merge(env: Env) -> None:
+    async def main() -> None:
+        p = env.participant()
+        assert (await p.prepare(sub(10, merge(G, view(1, 1)), insert(b"x", {"v": 1})))).outcome == (
+            YES
+        )
+        assert (await p.prepare(sub(20, merge(G, view(5, 5))))).outcome == YES
+        await p.decide(10, False)
+        state = p.rows[(TABLE, G)]
+        assert set(state.merges) == {20}
+        assert await asyncio.wait_for(get(p, 15, G), 0.5) is None
+        await p.decide(20, True)
+        assert await get(p, 20, G) == view(5, 5)
+        assert await get(p, 20, b"x") is None
+        assert not state.merges and not state.busy()
+        await p.wal.flush()  # the abort record is durable
+        crash(p)
+        q = env.participant()
+        await q.recover()
+        assert not q.prepared and not q.rows[(TABLE, G)].merges
+        assert await get(q, 20, G) == view(5, 5)
+
+    run(main)
+
+
+def test_merges_before_and_after_checkpoints_recover_exactly(env: Env) -> None:
+    """Kill (no stop) after merges on both sides of checkpoints, recover, kill again without a
+    checkpoint, recover: every delta counts once."""
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, merge(G, view(1, 1)))
+        await commit(p, 20, merge(G, view(1, 2)), merge(b"h", view(1, 2)))
+        await p.wal.flush()
+        saved = env.tmp_path / "saved.wal"
+        (first,) = sorted(env.log_dir.glob("*.wal"))
+        shutil.copy(first, saved)
+        await p.checkpoint()
+        # after the checkpoint, two commits in reverse timestamp order
+        for ts in (40, 30):
+            assert (await p.prepare(sub(ts, merge(G, view(1, ts))))).outcome == YES
+        await p.decide(40, True)
+        await p.decide(30, True)
+        await p.checkpoint()
+        await commit(p, 50, merge(G, view(-1, -1)), merge(b"h", view(1, 50)))
+        crash(p)
+        # the segment of the first commits comes back too (its removal was not durable)
+        shutil.copy(saved, first)
+
+        want_g, want_h = view(3, 1 + 2 + 30 + 40 - 1), view(2, 52)
+        for _ in range(3):  # replaying again must not apply anything twice
+            q = env.participant()
+            await q.recover()
+            assert await get(q, 60, G) == want_g
+            assert await get(q, 60, b"h") == want_h
+            crash(q)
+        q = env.participant()
+        await q.recover()
+        await q.checkpoint()
+        crash(q)
+        r = env.participant()
+        await r.recover()
+        assert await get(r, 60, G) == want_g
+        assert await get(r, 60, b"h") == want_h
+        await commit(r, 70, merge(G, view(1, 0)))
+        crash(r)
+        s = env.participant()
+        await s.recover()
+        assert await get(s, 70, G) == view(4, 72)
+
+    run(main)
+
+
+@pytest.mark.parametrize("after_switch", ["checkpoint completes", "store write lost", "log back"])
+def test_a_commit_queued_before_the_checkpoints_switch_counts_once(
+    env: Env, monkeypatch: pytest.MonkeyPatch, after_switch: str
+) -> None:
+    """The commit record of 20 is queued before the checkpoint switches segments and written
+    after, into the new segment; its PREPARED record is in the old one. Whatever of the
+    checkpoint survives the kill, the delta counts once."""
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, merge(G, view(1, 1)))
+        await p.checkpoint()
+        assert (await p.prepare(sub(20, merge(G, view(1, 10))))).outcome == YES
+        await p.wal.flush()
+        (old,) = env.log_dir.glob("*.wal")
+        saved = env.tmp_path / "saved.wal"
+        shutil.copy(old, saved)
+        if after_switch == "store write lost":
+
+            def lost(mutations: Any) -> None:
+                raise OSError("killed before the store write")
+
+            monkeypatch.setattr(env.store, "write", lost)
+        deciding = asyncio.ensure_future(p.decide(20, True))
+        checkpointing = asyncio.ensure_future(p.checkpoint())
+        results = await asyncio.gather(deciding, checkpointing, return_exceptions=True)
+        monkeypatch.undo()
+        assert results[0] is None
+        (new,) = [f for f in env.log_dir.glob("*.wal") if f.name > old.name]
+        kinds = [(r["kind"], r["ts"]) for r in segment_records(new)]
+        assert kinds[:2] == [("commit", 20), ("mark", 0)]  # queued before the switch
+        if after_switch == "store write lost":
+            assert isinstance(results[1], OSError)
+            assert old.exists() and stored(env.store, G)[1] == view(1, 1)
+        else:
+            assert results[1] == 1
+            assert not old.exists()
+            assert stored(env.store, G) == (
+                20,
+                view(2, 11),
+                kinds and segment_records(new)[0]["lsn"],
+            )
+        crash(p)
+        if after_switch == "log back":
+            shutil.copy(saved, old)
+
+        q = env.participant()
+        await q.recover()
+        assert await get(q, 20, G) == view(2, 11)
+        await q.checkpoint()
+        crash(q)
+        r = env.participant()
+        await r.recover()
+        assert await get(r, 20, G) == view(2, 11)
+
+    run(main)
+
+
+def test_undecided_merges_are_recovered_pending_and_resolved_by_outcome_query(
+    env: Env,
+) -> None:
+    answers = {20: True, 30: False, 40: True}
+    release = asyncio.Event()
+
+    async def outcome_query(stamps: list[int]) -> list[bool | None]:
+        if not release.is_set():
+            return [None] * len(stamps)
+        return [answers.get(ts) for ts in stamps]
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, merge(G, view(1, 1)))
+        assert (
+            await p.prepare(sub(20, merge(G, view(1, 10)), merge(b"h", view(1, 1))))
+        ).outcome == (YES)
+        assert (await p.prepare(sub(30, merge(G, view(1, 100))))).outcome == YES
+        await p.checkpoint()  # 20 and 30 are carried into the new segment
+        assert (await p.prepare(sub(40, merge(G, view(1, 1000))))).outcome == YES
+        crash(p)
+
+        q = env.participant(outcome_query=outcome_query, outcome_query_after=0.05)
+        await q.start()
+        assert set(q.prepared) == {20, 30, 40}
+        state = q.rows[(TABLE, G)]
+        assert state.merges == {20: view(1, 10), 30: view(1, 100), 40: view(1, 1000)}
+        assert q.rows[(TABLE, b"h")].merges == {20: view(1, 1)}
+        assert state.holder == 0
+        assert await get(q, 15, G) == view(1, 1)
+        waiting = asyncio.ensure_future(get(q, 45, G))
+        # another merge is not held up by the recovered ones
+        await asyncio.wait_for(commit(q, 50, merge(G, view(1, 10000))), 1)
+        await asyncio.sleep(0.15)
+        assert not waiting.done() and set(q.prepared) == {20, 30, 40}
+        release.set()
+        await eventually(lambda: not q.prepared)
+        assert await asyncio.wait_for(waiting, 1) == view(3, 1011)
+        assert await get(q, 50, G) == view(4, 11011)
+        assert await get(q, 50, b"h") == view(1, 1)
+        await q.stop()
+
+        r = env.participant()
+        await r.recover()
+        assert not r.prepared
+        assert await get(r, 50, G) == view(4, 11011)
+
+    run(main)
+
+
+# ----------------------------------------------------------------------------- change capture
+
+C1, C2 = "c1_t1", "c2_t1"
+
+
+def change_key(key: bytes, ts: int) -> bytes:
+    return key + ts.to_bytes(8, "big")
+
+
+def test_change_rows_are_written_with_the_change_and_only_on_commit(env: Env) -> None:
+    env.store.create_table(C1)
+    env.store.create_table(C2)
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, insert(b"x", {"v": 1}))
+        vote = await p.prepare(sub(20, update(b"x", {"v": 2}, changes=[C1, C2]), want_images=True))
+        assert vote.outcome == YES
+        assert [(i.table, i.key) for i in vote.images] == [(TABLE, b"x")]  # no image of it
+        # held by the writer: a scan below its timestamp sees nothing, at it waits
+        assert p.rows[(C1, change_key(b"x", 20))].holder == 20
+        assert await scan(p, 19, table=C1) == []
+        waiting = asyncio.ensure_future(scan(p, 20, table=C1))
+        assert await pending(waiting)
+        await p.decide(20, True)
+        change20 = (change_key(b"x", 20), {"b": {"v": 1}, "a": {"v": 2}})
+        assert await asyncio.wait_for(waiting, 1) == [change20]
+        assert await scan(p, 20, table=C2) == [change20]
+        assert await scan(p, 19, table=C1) == []
+        assert await get(p, 25, change_key(b"x", 20), table=C1) == change20[1]
+
+        # aborted: no change row; refused: none either, and nothing held
+        assert await outcome(p, 30, update(b"x", {"v": 3}, changes=[C1])) == YES
+        assert await outcome(p, 31, update(b"nope", {"v": 3}, changes=[C1])) == NOT_FOUND
+        assert await scan(p, 35, table=C1) == [change20]
+        assert all(s.holder == 0 for s in p.rows.values())
+
+        # one change row per row and transaction, whatever the number of ops; inserts and
+        # deletes have no before / after image; rows without changes_tables have none
+        await commit(
+            p,
+            40,
+            insert(b"y", {"v": 4}, changes=[C1]),
+            add(b"y", {"v": 1}, changes=[C1]),
+            insert(b"z", {"v": 0}),
+        )
+        await commit(p, 50, delete(b"x", changes=[C1]))
+        want = [
+            change20,
+            (change_key(b"x", 50), {"b": {"v": 2}, "a": None}),
+            (change_key(b"y", 40), {"b": None, "a": {"v": 5}}),
+        ]
+        assert await scan(p, 60, table=C1) == want
+        assert await scan(p, 45, table=C1) == [want[0], want[2]]
+        # a growing transaction's change row has the before image of the whole transaction
+        assert (await p.prepare(sub(70, update(b"y", {"v": 6}, changes=[C1])))).outcome == YES
+        assert (await p.prepare(sub(70, add(b"y", {"v": 1}, changes=[C1])))).outcome == YES
+        await p.decide(70, True)
+        change70 = (change_key(b"y", 70), {"b": {"v": 5}, "a": {"v": 7}})
+        assert await scan(p, 70, table=C1) == [*want, change70]
+
+        # durable like any row: through the log, then through the store
+        crash(p)
+        q = env.participant()
+        await q.recover()
+        assert await scan(q, 80, table=C1) == [*want, change70]
+        await q.checkpoint()
+        assert stored(env.store, change_key(b"x", 20), table=C1)[:2] == (20, change20[1])
+        q.rows.clear()
+        assert await scan(q, 80, table=C1) == [*want, change70]
+        assert await scan(q, 80, table=C2) == [change20]
+
+    run(main)
+
+
+def test_change_rows_live_on_the_partition_of_their_base_row(env: Env) -> None:
+    env.store.create_table(C1)
+    keys = [b"k%d" % i for i in range(40)]
+    mine = [k for k in keys if partition_of(TABLE, k, 2) == 0]
+    # with its own hash, some change row would belong to the other partition
+    assert any(partition_of(TABLE, change_key(k, 10), 2) == 1 for k in mine)
+
+    async def main() -> None:
+        p = env.participant(partition=0, partitions=2)
+        await commit(p, 10, *(insert(k, {"v": 1}, changes=[C1]) for k in mine))
+        rows = await scan(p, 10, table=C1)
+        assert [k for k, _ in rows] == sorted(change_key(k, 10) for k in mine)
+
+    run(main)
+
+
+# ----------------------------------------------------------------------------- put
+
+
+def test_put_writes_and_erases(env: Env) -> None:
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, put(b"x", {"v": 1, "s": "a"}))  # no row yet: created
+        assert await get(p, 10, b"x") == {"v": 1, "s": "a"}
+        await commit(p, 20, put(b"x", {"v": 2}))  # replaces the whole row
+        assert await get(p, 20, b"x") == {"v": 2}
+        lsn30 = await commit(p, 30, put(b"x", None))  # empty values: erase
+        assert await get(p, 30, b"x") is None
+        assert await get(p, 25, b"x") == {"v": 2}
+        await commit(p, 40, put(b"nothing", None))  # erasing no row is fine
+        assert await get(p, 40, b"nothing") is None
+        await commit(p, 50, put(b"y", {"v": 5}), put(b"y", {"v": 6}), add(b"y", {"v": 1}))
+        assert await get(p, 50, b"y") == {"v": 7}
+        # a blind write still takes its row in timestamp order
+        assert await outcome(p, 25, put(b"x", {"v": 9})) == TOO_LATE
+        assert await outcome(p, 35, put(b"y", {"v": 9})) == TOO_LATE
+        vote = await p.prepare(sub(60, put(b"y", None), want_images=True))
+        assert decode_row(vote.images[0].before) == {"v": 7}
+        assert vote.images[0].after == b""
+        await p.decide(60, True)
+        await p.checkpoint()
+        assert stored(env.store, b"x") == (30, None, lsn30)
+        assert stored(env.store, b"y")[:2] == (60, None)
+        assert await scan(p, 70) == []
+
+    run(main)
+
+
+# ----------------------------------------------------------------------------- register_read
+
+
+def test_register_read_sees_the_state_before_its_own_timestamp(env: Env) -> None:
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, insert(b"x", {"v": 1}))
+        await commit(p, 20, update(b"x", {"v": 2}))
+        assert await get(p, 20, b"x", register=True) == {"v": 1}
+        assert await get(p, 20, b"x") == {"v": 2}  # a snapshot read at 20 includes 20
+        assert await get(p, 21, b"x", register=True) == {"v": 2}
+        assert await get(p, 10, b"x", register=True) is None
+
+        # a transaction reads rows it holds without waiting for itself, then goes on
+        assert (
+            await p.prepare(sub(30, update(b"x", {"v": 3}), insert(b"y", {"v": 0})))
+        ).outcome == (YES)
+        assert await asyncio.wait_for(get(p, 30, b"x", register=True), 0.5) == {"v": 2}
+        assert await asyncio.wait_for(get(p, 30, b"y", register=True), 0.5) is None
+        rows = await asyncio.wait_for(scan(p, 30, register_read=True), 0.5)
+        assert rows == [(b"x", {"v": 2})]
+        assert (await p.prepare(sub(30, add(b"x", {"v": 10})))).outcome == YES
+        await p.decide(30, True)
+        assert await get(p, 30, b"x") == {"v": 13}
+
+        # an older holder is still waited for
+        assert (await p.prepare(sub(40, update(b"x", {"v": 40})))).outcome == YES
+        reader = asyncio.ensure_future(get(p, 50, b"x", register=True))
+        assert await pending(reader)
+        await p.decide(40, True)
+        assert await asyncio.wait_for(reader, 1) == {"v": 40}
+        # and the read is remembered: an older writer is now too late
+        assert await outcome(p, 45, update(b"x", {"v": 45})) == TOO_LATE
+
+        # its own pending merge is not waited for, an older one is
+        assert (await p.prepare(sub(60, merge(G, view(1, 1))))).outcome == YES
+        assert await asyncio.wait_for(get(p, 60, G, register=True), 0.5) is None
+        reader = asyncio.ensure_future(get(p, 61, G, register=True))
+        assert await pending(reader)
+        await p.decide(60, True)
+        assert await asyncio.wait_for(reader, 1) == view(1, 1)
+
+    run(main)
+
+
 # ----------------------------------------------------------------------------- model check
 
 KEYS = [b"a", b"b", b"c", b"d"]
-_op_strategy = st.tuples(
-    st.sampled_from(["insert", "update", "add", "delete"]),
-    st.sampled_from(KEYS),
-    st.integers(min_value=-5, max_value=5),
+VIEW_KEYS = [b"m", b"n"]  # view rows: only MERGE touches them
+_op_strategy = st.one_of(
+    st.tuples(
+        st.sampled_from(["insert", "update", "add", "delete"]),
+        st.sampled_from(KEYS),
+        st.integers(min_value=-5, max_value=5),
+    ),
+    st.tuples(st.just("merge"), st.sampled_from(VIEW_KEYS), st.integers(min_value=-5, max_value=5)),
+)
+_merges_strategy = st.lists(
+    st.tuples(st.just("merge"), st.sampled_from(VIEW_KEYS), st.integers(min_value=-5, max_value=5)),
+    min_size=1,
+    max_size=3,
 )
 _step_strategy = st.one_of(
     st.tuples(
@@ -1260,27 +1979,65 @@ _step_strategy = st.one_of(
         st.lists(_op_strategy, min_size=1, max_size=3),
         st.sampled_from(["commit", "abort", "crash, then commit", "crash, then abort"]),
     ),
+    # two merging transactions, the younger computed on the older's result (it may delete a
+    # row the older one inserted); the younger's decision arrives first
+    st.tuples(
+        st.just("pair"),
+        _merges_strategy,
+        _merges_strategy,
+        st.booleans(),
+        st.sampled_from(["nothing", "crash", "checkpoint", "checkpoint, crash"]),
+    ),
     st.just(("checkpoint",)),
     st.just(("crash",)),
 )
 
 
-def _expected(model: dict[bytes, Any], ops: list[tuple[str, bytes, int]]) -> tuple[int, dict]:
+def _member_change(row: dict[str, Any] | None, n: int) -> tuple[int, int]:
+    """A view row is the aggregate of a multiset of member values: n >= 0 adds the member
+    n % 3, n < 0 removes one of the members there are (adds one if there is none).
+    Returns (sign, value)."""
+    members = sorted(int(v) for v in (row or {}).get("m", {}))
+    if n >= 0 or not members:
+        return 1, abs(n) % 3
+    return -1, members[-n % len(members)]
+
+
+def _expected(
+    model: dict[bytes, Any], ops: list[tuple[str, bytes, int]]
+) -> tuple[int, dict, list[pb.RowOp]]:
+    """The vote, the rows after the transaction and the operations to send."""
     rows = dict(model)
+    row_ops = []
     for kind, key, n in ops:
+        if kind == "merge":
+            sign, value = _member_change(rows.get(key), n)
+            row = rows.get(key) or {"_count": 0, "s": 0, "m": {}}
+            members = dict(row["m"])
+            members[str(value)] = members.get(str(value), 0) + sign
+            members = {v: c for v, c in members.items() if c}
+            if row["_count"] + sign:
+                rows[key] = {"_count": row["_count"] + sign, "s": row["s"] + sign * value}
+                rows[key]["m"] = members
+            else:
+                assert not members and row["s"] == sign * -value
+                del rows[key]
+            row_ops.append(merge(key, {"_count": sign, "s": sign * value, "m": {str(value): sign}}))
+            continue
+        row_ops.append(_row_op(kind, key, n))
         if kind == "insert":
             if key in rows:
-                return ALREADY_EXISTS, model
+                return ALREADY_EXISTS, model, row_ops
             rows[key] = {"v": n}
         elif key not in rows:
-            return NOT_FOUND, model
+            return NOT_FOUND, model, row_ops
         elif kind == "update":
             rows[key] = {**rows[key], "v": n, "u": True}
         elif kind == "add":
             rows[key] = {**rows[key], "v": rows[key]["v"] + n}
         else:
             del rows[key]
-    return YES, rows
+    return YES, rows, row_ops
 
 
 def _row_op(kind: str, key: bytes, n: int) -> pb.RowOp:
@@ -1305,7 +2062,7 @@ def test_histories_with_checkpoints_crashes_and_eviction_match_a_model(
     env = Env(tmp_path_factory.mktemp("model"))
 
     async def check(p: Participant, ts: int, model: dict[bytes, Any]) -> None:
-        for key in KEYS:
+        for key in KEYS + VIEW_KEYS:
             assert await get(p, ts, key) == model.get(key), key
         assert await scan(p, ts) == sorted(model.items())
 
@@ -1330,10 +2087,26 @@ def test_histories_with_checkpoints_crashes_and_eviction_match_a_model(
             elif step[0] == "crash":
                 p = await restart(p, ts)
                 p.observe(0, ts)
+            elif step[0] == "pair":
+                _, older_ops, younger_ops, younger_commits, between = step
+                _, with_older, older = _expected(model, older_ops)
+                _, with_both, younger = _expected(with_older, younger_ops)
+                assert (await p.prepare(sub(ts, *older))).outcome == YES
+                ts += 1
+                assert (await p.prepare(sub(ts, *younger))).outcome == YES
+                await p.decide(ts, younger_commits)
+                if between.startswith("checkpoint"):
+                    await p.checkpoint()  # may store a partial sum
+                if between.endswith("crash"):
+                    p = await restart(p, ts)
+                    assert set(p.prepared) == {ts - 1}
+                    p.observe(0, ts)
+                await p.decide(ts - 1, True)
+                model = with_both if younger_commits else with_older
             else:
                 _, ops, decision = step
-                want, after = _expected(model, ops)
-                vote = await p.prepare(sub(ts, *(_row_op(*op) for op in ops)))
+                want, after, row_ops = _expected(model, ops)
+                vote = await p.prepare(sub(ts, *row_ops))
                 assert vote.outcome == want, (ops, model, vote)
                 if want != YES:
                     continue
@@ -1349,7 +2122,7 @@ def test_histories_with_checkpoints_crashes_and_eviction_match_a_model(
         p.observe(ts, 0)
         await p.checkpoint()
         in_store = {k: decode_stored(v)[1] for k, v in env.store.scan(TABLE)}
-        assert in_store == model
+        assert {k: row for k, row in in_store.items() if row is not None} == model
         p = await restart(p, ts)
         p.observe(0, ts + 1)
         await check(p, ts + 2, model)

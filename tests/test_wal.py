@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -34,6 +35,25 @@ def replayed(directory: Path) -> list[dict[str, Any]]:
     return list(WriteAheadLog(directory, fsync=False).replay())
 
 
+def stamped(records: list[dict[str, Any]], first: int = 1) -> list[dict[str, Any]]:
+    """The records as the log stores them: each with its log sequence number."""
+    return [{**r, "lsn": lsn} for lsn, r in enumerate(records, start=first)]
+
+
+def mark(lsn: int) -> dict[str, Any]:
+    return {"kind": "mark", "ts": 0, "lsn": lsn}
+
+
+def segment_records(path: Path) -> list[dict[str, Any]]:
+    """The intact records of one segment file, read without opening a log."""
+    data, offset, out = path.read_bytes(), 0, []
+    while offset + _HEADER.size <= len(data):
+        length, _ = _HEADER.unpack_from(data, offset)
+        out.append(pickle.loads(data[offset + _HEADER.size : offset + _HEADER.size + length]))
+        offset += _HEADER.size + length
+    return out
+
+
 def segment_files(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.wal"))
 
@@ -50,13 +70,15 @@ def test_append_replay_round_trip(tmp_path: Path) -> None:
 
     async def main() -> None:
         log = WriteAheadLog(tmp_path)  # real fsync once, to exercise that path
-        for r in records:
-            await log.append(r)
+        for lsn, r in enumerate(records, start=1):
+            assert await log.append(r) == lsn
+        assert log.lsn == len(records)
         assert log.bytes_written == sum(f.stat().st_size for f in segment_files(tmp_path))
         await log.close()
 
     run(main)
-    assert replayed(tmp_path) == records
+    assert replayed(tmp_path) == stamped(records)
+    assert all("lsn" not in r for r in records)  # the caller's dicts are not modified
 
 
 def test_replay_of_an_empty_directory(tmp_path: Path) -> None:
@@ -131,6 +153,8 @@ def test_write_alone_is_eventually_written(tmp_path: Path) -> None:
 def _write_records(directory: Path, records: list[dict[str, Any]]) -> None:
     async def main() -> None:
         log = WriteAheadLog(directory, fsync=False)
+        for _ in log.replay():  # as every user does before appending: numbering continues
+            pass
         for r in records:
             await log.append(r)
         await log.close()
@@ -151,6 +175,7 @@ def test_torn_tail_ends_replay_cleanly(tmp_path: Path) -> None:
         ends.append(offset)
     assert offset == len(data) and len(ends) == 5
 
+    records = stamped(records)
     # cut in the middle of the 4th record's body
     path.write_bytes(data[: ends[2] + _HEADER.size + 3])
     assert replayed(tmp_path) == records[:3]
@@ -175,7 +200,9 @@ def test_reopen_after_a_torn_tail_continues_in_a_new_segment(tmp_path: Path) -> 
     async def main() -> None:
         log = WriteAheadLog(tmp_path, fsync=False)
         assert [r["ts"] for r in log.replay()] == [0, 1]
-        await log.append(record(7))
+        # the torn record's number was never acknowledged: it may be given out again
+        assert log.lsn == 2
+        assert await log.append(record(7)) == 3
         await log.close()
 
     run(main)
@@ -183,6 +210,7 @@ def test_reopen_after_a_torn_tail_continues_in_a_new_segment(tmp_path: Path) -> 
     assert [f.name for f in files] == ["000000000001.wal", "000000000002.wal"]
     # the torn bytes were not appended to: the new record is readable after them
     assert [r["ts"] for r in replayed(tmp_path)] == [0, 1, 7]
+    assert [r["lsn"] for r in replayed(tmp_path)] == [1, 2, 3]
 
 
 def test_reopen_never_appends_to_an_existing_segment(tmp_path: Path) -> None:
@@ -194,32 +222,34 @@ def test_reopen_never_appends_to_an_existing_segment(tmp_path: Path) -> None:
         "000000000002.wal",
         "000000000003.wal",
     ]
-    assert [r["ts"] for r in replayed(tmp_path)] == [1, 2]
+    assert replayed(tmp_path) == stamped([record(1), record(2)])
 
 
 def test_rotate_with_carry_and_drop_before(tmp_path: Path) -> None:
     async def main() -> None:
         log = WriteAheadLog(tmp_path, fsync=False)
-        await log.append(record(1))
-        await log.append({"kind": "commit", "ts": 1})
-        await log.append(record(2))  # still undecided at the checkpoint
-        log.write({"kind": "abort", "ts": 3})  # queued, not yet flushed, before the rotation
+        await log.append(record(1))  # lsn 1
+        await log.append({"kind": "commit", "ts": 1})  # 2
+        await log.append(record(2))  # 3: still undecided at the checkpoint
+        log.write({"kind": "abort", "ts": 3})  # 4: queued, not yet flushed, before the rotation
         segment = await log.rotate([record(2, carried=True)])
         assert segment == 2
         assert log.segments() == [1, 2]
-        await log.append({"kind": "commit", "ts": 2})
-        # before drop_before both segments replay, oldest first
-        assert [r["ts"] for r in log.replay()] == [1, 1, 2, 3, 2, 2]
+        assert await log.append({"kind": "commit", "ts": 2}) == 7
+        # before drop_before both segments replay, oldest first, in LSN order
+        assert [r["ts"] for r in log.replay()] == [1, 1, 2, 3, 0, 2, 2]
+        assert [r["lsn"] for r in log.replay()] == list(range(1, 8))
         log.drop_before(segment)
         assert log.segments() == [2]
-        records = list(log.replay())
-        # the new segment holds the carried record before the decision about its transaction
-        # (a record queued before the rotation may land in either segment)
-        assert records == [
-            {"kind": "abort", "ts": 3},
-            record(2, carried=True),
-            {"kind": "commit", "ts": 2},
-        ] or records == [record(2, carried=True), {"kind": "commit", "ts": 2}]
+        # the switch is synchronous: what was still queued lands in the new segment, in order,
+        # before the mark; the carried record comes before the decision about its transaction
+        assert list(log.replay()) == [
+            {"kind": "abort", "ts": 3, "lsn": 4},
+            mark(5),
+            {**record(2, carried=True), "lsn": 6},
+            {"kind": "commit", "ts": 2, "lsn": 7},
+        ]
+        assert not (tmp_path / "000000000001.wal").exists()
         assert log.size() == (tmp_path / "000000000002.wal").stat().st_size
         segment = await log.rotate([])
         assert segment == 3
@@ -229,7 +259,7 @@ def test_rotate_with_carry_and_drop_before(tmp_path: Path) -> None:
 
     run(main)
     assert [f.name for f in segment_files(tmp_path)] == ["000000000003.wal"]
-    assert replayed(tmp_path) == [{"kind": "commit", "ts": 4}]
+    assert replayed(tmp_path) == [mark(8), {"kind": "commit", "ts": 4, "lsn": 9}]
 
 
 def test_rotate_while_a_flush_is_running(tmp_path: Path) -> None:
@@ -246,7 +276,11 @@ def test_rotate_while_a_flush_is_running(tmp_path: Path) -> None:
         assert segment == 2
 
     run(main)
-    assert sorted(r["ts"] for r in replayed(tmp_path)) == list(range(100))
+    records = replayed(tmp_path)
+    assert sorted(r["ts"] for r in records if r["kind"] != "mark") == list(range(100))
+    assert [r["kind"] for r in records].count("mark") == 1
+    # file order is LSN order, across the two segments too
+    assert [r["lsn"] for r in records] == list(range(1, 102))
 
 
 def test_short_writes_do_not_tear_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -269,7 +303,7 @@ def test_short_writes_do_not_tear_records(tmp_path: Path, monkeypatch: pytest.Mo
 
     run(main)
     monkeypatch.undo()
-    assert replayed(tmp_path) == [*records, {"kind": "commit", "ts": 99}]
+    assert replayed(tmp_path) == stamped([*records, {"kind": "commit", "ts": 99}])
 
 
 def test_failed_flush_reports_the_error_to_the_waiters(
@@ -307,7 +341,7 @@ def test_any_truncation_replays_a_prefix(
     keep = int(len(data) * cut)
     path.write_bytes(data[:keep])
     got = replayed(directory)
-    assert got == records[: len(got)]
+    assert got == stamped(records)[: len(got)]
     # exactly the records that end at or before the cut survive
     ends, offset = 0, 0
     for _ in records:
@@ -317,3 +351,128 @@ def test_any_truncation_replays_a_prefix(
             ends += 1
     assert len(got) == ends
     shutil.rmtree(directory)
+
+
+# ----------------------------------------------------------------------------- sequence numbers
+
+
+def _open_fds(directory: Path) -> list[str]:
+    """Paths of this process's open descriptors into ``directory``."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(directory) + "/"):
+            out.append(target)
+    return out
+
+
+def test_lsns_are_strictly_increasing_across_writes_appends_and_switches(tmp_path: Path) -> None:
+    async def main() -> None:
+        log = WriteAheadLog(tmp_path, fsync=False)
+        got = [log.write(record(0))]
+        got += await asyncio.gather(*(log.append(record(i)) for i in range(1, 20)))
+        got.append(log.write({"kind": "abort", "ts": 20}))
+        log.switch([record(21, carried=True)])  # the mark and the carried record: 2 numbers
+        got.append(await log.append({"kind": "commit", "ts": 21}))
+        assert got == [*range(1, 22), 24]
+        assert log.lsn == 24
+        await log.close()
+
+    run(main)
+    records = replayed(tmp_path)
+    assert [r["lsn"] for r in records] == list(range(1, 25))
+    assert records[21] == mark(22)
+    assert records[22] == {**record(21, carried=True), "lsn": 23}
+
+
+def test_lsns_survive_reopen(tmp_path: Path) -> None:
+    async def main() -> None:
+        log = WriteAheadLog(tmp_path, fsync=False)
+        assert [r["lsn"] for r in log.replay()] == [1, 2, 3]
+        assert log.lsn == 3
+        assert await log.append(record(9)) == 4
+        await log.close()
+
+    _write_records(tmp_path, [record(i) for i in range(3)])
+    run(main)
+    # reopened with nothing written: the empty segment it left changes nothing
+    _write_records(tmp_path, [])
+    _write_records(tmp_path, [record(10)])
+    assert [r["lsn"] for r in replayed(tmp_path)] == [1, 2, 3, 4, 5]
+
+
+def test_lsns_survive_reopen_when_every_old_segment_was_dropped(tmp_path: Path) -> None:
+    """A checkpoint drops every segment holding records: the mark its switch writes is then the
+    only trace of the numbering, and a reopened log must continue above it (a stored row's
+    LSN may be that high; a lower number would make recovery skip a change)."""
+
+    async def checkpoint_like(expect_lsn: int) -> None:
+        log = WriteAheadLog(tmp_path, fsync=False)
+        for _ in log.replay():
+            pass
+        assert log.lsn == expect_lsn
+        segment = await log.rotate([])
+        log.drop_before(segment)
+        await log.close()
+
+    _write_records(tmp_path, [record(i) for i in range(5)])
+    run(lambda: checkpoint_like(5))
+    assert replayed(tmp_path) == [mark(6)]
+    run(lambda: checkpoint_like(6))  # again: the only record was the previous mark
+    assert replayed(tmp_path) == [mark(7)]
+    _write_records(tmp_path, [])  # an empty segment after it
+    _write_records(tmp_path, [record(8)])
+    assert replayed(tmp_path) == [mark(7), {**record(8), "lsn": 8}]
+
+
+def test_switch_is_synchronous_and_keeps_file_order_in_lsn_order(tmp_path: Path) -> None:
+    async def main() -> None:
+        log = WriteAheadLog(tmp_path, fsync=False)
+        for i in range(3):
+            log.write(record(i))
+        await asyncio.sleep(0)  # the flusher takes these three for segment 1
+        for i in range(3, 5):
+            log.write(record(i))  # still queued at the switch: they go to segment 2
+        assert log.switch([record(9, carried=True)]) == 2  # no await needed
+        assert log.segments() == [1, 2]
+        await log.flush()
+        # the old descriptor was closed once its writes were done
+        assert _open_fds(tmp_path) == [str(tmp_path / "000000000002.wal")]
+        await log.close()
+        assert _open_fds(tmp_path) == []
+
+    run(main)
+    first, second = segment_files(tmp_path)
+    assert segment_records(first) == stamped([record(i) for i in range(3)])
+    assert segment_records(second) == [
+        *stamped([record(3), record(4)], first=4),
+        mark(6),
+        {**record(9, carried=True), "lsn": 7},
+    ]
+
+
+def test_switch_syncs_the_old_segment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records written to the old segment before the switch are durable by the next flush."""
+    synced: list[str] = []
+    real_sync = os.fdatasync
+
+    def recording_sync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_sync(fd)
+
+    async def main() -> None:
+        log = WriteAheadLog(tmp_path, fsync=True)
+        monkeypatch.setattr(wal_module.os, "fdatasync", recording_sync)
+        await log.append(record(1))
+        synced.clear()
+        log.switch([])
+        await log.flush()
+        await log.close()
+
+    run(main)
+    monkeypatch.undo()
+    assert str(tmp_path / "000000000001.wal") in synced
+    assert str(tmp_path / "000000000002.wal") in synced
