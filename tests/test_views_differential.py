@@ -9,6 +9,7 @@ and INT compare exactly; AVG (a division) within a relative 1e-9.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import threading
 from decimal import Decimal
@@ -209,7 +210,7 @@ def run_round(address: str, model: Model, seed: int, clients: int, per_client: i
 
 
 @settings(
-    max_examples=12,
+    max_examples=int(os.environ.get("AGGVIEW_VIEW_EXAMPLES", "20")),  # raise it for a soak
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
