@@ -368,29 +368,44 @@ class ViewManager:
         )
 
     def _rows_where(self, ts: int):  # type: ignore[no-untyped-def]
-        """Reads of transaction ``ts`` itself: rows of a table whose column equals a value."""
+        """Reads of transaction ``ts`` itself: rows of a table whose column equals one of
+        some values, in as few calls as the access path allows."""
         manager = self.manager
 
-        async def rows_where(table: str, column: str, value: Any) -> list[tuple[bytes, Row]]:
+        async def rows_where(
+            table: str, column: str, values: list[Any]
+        ) -> dict[Any, list[tuple[bytes, Row]]]:
             schema = self.catalog.table(table)
-            prefix = encode_key([schema.column(column).type], [value])
+            column_type = schema.column(column).type
+            prefixes = {encode_key([column_type], [v]): v for v in values}
             if column == schema.primary_key[0] and len(schema.primary_key) == 1:
-                found = await manager.read_keys_at(schema.table_id, [prefix], ts, own=True)
-                return [(k, decode_row(v) or {}) for k, v in found.items()]
+                found = await manager.read_keys_at(schema.table_id, list(prefixes), ts, own=True)
+                return {prefixes[k]: [(k, decode_row(v) or {})] for k, v in found.items()}
             if column == schema.primary_key[0]:
-                rows = await manager.read_range_at(
-                    schema.table_id, prefix, prefix_end(prefix) or b"", ts, own=True
+                table_id, path = schema.table_id, None
+            else:
+                table_id, path = self.indexes[(table, column)], schema.table_id
+            ranges = await asyncio.gather(
+                *(
+                    manager.read_range_at(table_id, p, prefix_end(p) or b"", ts, own=True)
+                    for p in prefixes
                 )
-                return [(k, decode_row(v) or {}) for k, v in rows]
-            index_id = self.indexes[(table, column)]
-            entries = await manager.read_range_at(
-                index_id, prefix, prefix_end(prefix) or b"", ts, own=True
             )
-            keys = [k[len(prefix) :] for k, _ in entries]
-            if not keys:
-                return []
-            found = await manager.read_keys_at(schema.table_id, keys, ts, own=True)
-            return [(k, decode_row(v) or {}) for k, v in found.items()]
+            out: dict[Any, list[tuple[bytes, Row]]] = {}
+            if path is None:  # a leading part of the primary key: the rows themselves
+                for value, rows in zip(prefixes.values(), ranges, strict=True):
+                    out[value] = [(k, decode_row(v) or {}) for k, v in rows]
+                return out
+            base_keys = {
+                entry[len(prefix) :]: value
+                for (prefix, value), entries in zip(prefixes.items(), ranges, strict=True)
+                for entry, _ in entries
+            }
+            if base_keys:
+                found = await manager.read_keys_at(path, list(base_keys), ts, own=True)
+                for key, data in found.items():
+                    out.setdefault(base_keys[key], []).append((key, decode_row(data) or {}))
+            return out
 
         return rows_where
 

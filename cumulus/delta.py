@@ -25,12 +25,13 @@ from ltm.merge import combine
 
 # table name -> encoded primary key -> (row before, row after), storage form; None = absent
 Changes = dict[str, dict[bytes, tuple[Row | None, Row | None]]]
-# (table name, column, storage value) -> [(key, row)] of the snapshot
-RowsWhere = Callable[[str, str, Any], Awaitable[list[tuple[bytes, Row]]]]
+# (table name, column, storage values) -> {value: [(key, row)]} of the snapshot; one call per
+# join step, so the lookups of a whole batch of changes travel together
+RowsWhere = Callable[[str, str, list[Any]], Awaitable[dict[Any, list[tuple[bytes, Row]]]]]
 
 
-async def no_rows(table: str, column: str, value: Any) -> list[tuple[bytes, Row]]:
-    return []
+async def no_rows(table: str, column: str, values: list[Any]) -> dict[Any, list[tuple[bytes, Row]]]:
+    return {}
 
 
 def join_order(plan: ViewPlan, start: int) -> list[tuple[str, list[tuple[str, str, str]]]]:
@@ -66,13 +67,19 @@ class _Side:
         self._snapshot: dict[tuple[str, str, Any], list[Row]] = {}
         self._changed: dict[tuple[str, str, bool], dict[Any, list[Row]]] = {}
 
-    async def rows(self, table: str, column: str, value: Any, new: bool) -> list[Row]:
-        cache_key = (table, column, value)
-        snapshot = self._snapshot.get(cache_key)
-        if snapshot is None:
-            changed = self.changes.get(table, {})
-            found = await self.rows_where(table, column, value)
-            snapshot = self._snapshot[cache_key] = [r for k, r in found if k not in changed]
+    async def fetch(self, table: str, column: str, values: set[Any]) -> None:
+        """Reads the snapshot rows for every value not read yet, in one call."""
+        missing = [v for v in values if (table, column, v) not in self._snapshot]
+        if not missing:
+            return
+        changed = self.changes.get(table, {})
+        found = await self.rows_where(table, column, missing)
+        for value in missing:
+            rows = found.get(value, [])
+            self._snapshot[(table, column, value)] = [r for k, r in rows if k not in changed]
+
+    def rows(self, table: str, column: str, value: Any, new: bool) -> list[Row]:
+        snapshot = self._snapshot[(table, column, value)]
         return snapshot + self._changed_rows(table, column, new).get(value, [])
 
     def _changed_rows(self, table: str, column: str, new: bool) -> dict[Any, list[Row]]:
@@ -109,16 +116,19 @@ async def view_delta(view: ViewState, changes: Changes, rows_where: RowsWhere) -
             table = plan.tables[j].table
             column, bound_alias, bound_column = edges[0]
             target = Column(column, view.column_type(alias, column))
-            extended: list[tuple[int, dict[str, Row]]] = []
+            wanted: list[tuple[int, dict[str, Row], Any]] = []
             for sign, binding in partial:
                 value = view.lookup(binding)(bound_alias, bound_column)
                 if value is None:
                     continue
                 try:
-                    stored = to_storage(target, value, table=table)
+                    wanted.append((sign, binding, to_storage(target, value, table=table)))
                 except Exception:
                     continue  # e.g. 2.5 never equals an INT column
-                for row in await side.rows(table, column, stored, new=j < i):
+            await side.fetch(table, column, {stored for _, _, stored in wanted})
+            extended: list[tuple[int, dict[str, Row]]] = []
+            for sign, binding, stored in wanted:
+                for row in side.rows(table, column, stored, new=j < i):
                     candidate = {**binding, alias: row}
                     if all(_equal(view, candidate, alias, c, a, b) for c, a, b in edges[1:]):
                         extended.append((sign, candidate))
