@@ -49,6 +49,7 @@ class Transaction:
     subs: dict[int, lpb.SubTransaction]  # partition -> sub-transaction (all rounds so far)
     images: list[lpb.RowImage] = field(default_factory=list)
     epoch: int = 0  # the view configuration the transaction started under
+    maintained: bool = False  # extensions already ran on images predicted from its inserts
 
 
 # Called after every round of yes votes; returns more row operations to prepare (none: done).
@@ -188,11 +189,19 @@ class TransactionManager:
         ts = tx.ts
         try:
             round_ops = ops
+            predicted = self._predicted_images(ops) if extend else None
+            if predicted:
+                # Only inserts of new rows: their images are known before any vote, so the
+                # extensions run now and their operations join the first round (one round
+                # instead of two, e.g. for a fact-table insert under a sync view).
+                tx.maintained = True
+                for extension in self.extensions:
+                    round_ops = round_ops + await extension(tx, predicted)
             while round_ops:
                 images = await self._prepare_round(tx, round_ops)
                 tx.images.extend(images)
                 round_ops = []
-                if images and extend:
+                if images and extend and not tx.maintained:
                     for extension in self.extensions:
                         round_ops.extend(await extension(tx, images))
         except BaseException:
@@ -215,6 +224,20 @@ class TransactionManager:
         self._deliver_later(ts, participants)
         return ts
 
+    def _predicted_images(self, ops: list[lpb.RowOp]) -> list[lpb.RowImage] | None:
+        """Row images of a transaction whose every watched operation inserts a distinct row
+        (a failed insert aborts the whole transaction, so the prediction cannot be wrong)."""
+        images = []
+        seen = set()
+        for op in ops:
+            if not self.watched(op.table):
+                continue
+            if op.kind != lpb.RowOp.INSERT or (op.table, op.key) in seen:
+                return None
+            seen.add((op.table, op.key))
+            images.append(lpb.RowImage(table=op.table, key=op.key, after=op.values))
+        return images or None
+
     async def _prepare_round(self, tx: Transaction, ops: list[lpb.RowOp]) -> list[lpb.RowImage]:
         by_partition: dict[int, lpb.SubTransaction] = {}
         for op in ops:
@@ -222,7 +245,7 @@ class TransactionManager:
             sub = by_partition.get(partition)
             if sub is None:
                 sub = by_partition[partition] = lpb.SubTransaction(ts=tx.ts)
-            if not sub.want_images and self.watched(op.table):
+            if not sub.want_images and not tx.maintained and self.watched(op.table):
                 sub.want_images = True
             sub.ops.append(op)
         for partition, sub in by_partition.items():

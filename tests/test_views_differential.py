@@ -118,7 +118,7 @@ def view_select(spec: dict[str, Any], names: list[str]) -> str:
 def recompute(client: Client, names: list[str], select: str) -> list[tuple[Any, ...]]:
     con = duckdb.connect()
     for name in names:
-        con.execute(table_ddl(name))
+        con.execute(table_ddl(name).replace("FLOAT", "DOUBLE"))  # duckdb's FLOAT is 32-bit
         rows = [(r["id"], r["k"], r["g"], r["v"], r["x"], r["f"]) for r in client.scan(name)]
         if rows:
             con.executemany(f"INSERT INTO {name} VALUES (?, ?, ?, ?, ?, ?)", rows)
