@@ -100,23 +100,7 @@ class LtmChannel:
         self._watermarks = watermarks
         self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
         self.stub = pb_grpc.LtmStub(self._channel)
-        self.prepares: Batcher[pb.SubTransaction, pb.Vote] = Batcher(self._send_prepares)
         self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
-
-    async def _send_prepares(
-        self, subs: list[pb.SubTransaction]
-    ) -> AsyncIterator[tuple[int, pb.Vote]]:
-        """Votes stream back as each is ready: a sub-transaction waiting at the LTM for an
-        older one's decision must not hold back the votes batched with it (those could be
-        what that decision waits for)."""
-        low, issued = self._watermarks()
-        request = pb.PrepareRequest(subs=subs, low_watermark=low, issued=issued)
-        position = {sub.ts: i for i, sub in enumerate(subs)}
-        try:
-            async for vote in self.stub.Prepare(request, timeout=30):
-                yield position[vote.ts], vote
-        except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from None
 
     async def _send_decisions(
         self, decisions: list[pb.Decision]
@@ -141,10 +125,17 @@ class LtmChannel:
         return error_from_rpc(exc)
 
     async def prepare(self, sub: pb.SubTransaction) -> pb.Vote:
+        """One call per sub-transaction, never batched: a batch answers when its slowest
+        vote is ready, and a vote waiting for an older transaction's decision could then hold
+        back the very votes that decision waits for (a cycle through batches). Decisions never
+        wait, so they are batched."""
+        low, issued = self._watermarks()
+        request = pb.PrepareRequest(subs=[sub], low_watermark=low, issued=issued)
         try:
-            return await self.prepares.submit(sub)
+            reply = await self._call(self.stub.Prepare, request, timeout=30)
         except errors.AggviewError as exc:
             return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=str(exc))
+        return reply.votes[0]
 
     async def decide(self, ts: int, commit: bool) -> None:
         await self.decisions.submit(pb.Decision(ts=ts, commit=commit))

@@ -157,10 +157,8 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     await server.stop(grace=1.0)
     for channel in manager.channels:
         log.info(
-            "LTM %d: %d prepares in %d calls, %d decisions in %d calls",
+            "LTM %d: %d decisions in %d calls",
             channel.index,
-            channel.prepares.items,
-            channel.prepares.calls,
             channel.decisions.items,
             channel.decisions.calls,
         )

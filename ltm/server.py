@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import grpc
 
 from aggview import errors
 from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, bind
-from aggview.status import Malformed, add_service, grpc_method
+from aggview.status import add_service, grpc_method
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from ltm.participant import Participant, Settings
@@ -26,21 +25,11 @@ class LtmServicer(pb_grpc.LtmServicer):
     def __init__(self, participant: Participant) -> None:
         self.participant = participant
 
-    async def Prepare(
-        self, request: pb.PrepareRequest | Malformed, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.Vote]:
-        """Streams each vote as soon as it is ready (see ``coordinator.ltm_channel``)."""
-        if isinstance(request, Malformed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {request.reason}")
-            return
+    @grpc_method
+    async def Prepare(self, request: pb.PrepareRequest, context: object) -> pb.PrepareReply:
         self.participant.observe(request.low_watermark, request.issued)
-        pending = [asyncio.ensure_future(self._prepare_one(sub)) for sub in request.subs]
-        try:
-            for ready in asyncio.as_completed(pending):
-                yield await ready
-        finally:
-            for task in pending:
-                task.cancel()
+        votes = await asyncio.gather(*(self._prepare_one(sub) for sub in request.subs))
+        return pb.PrepareReply(votes=votes)
 
     async def _prepare_one(self, sub: pb.SubTransaction) -> pb.Vote:
         try:

@@ -34,10 +34,10 @@ class LtmStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Prepare = channel.unary_stream(
+        self.Prepare = channel.unary_unary(
                 '/aggview.v1.Ltm/Prepare',
                 request_serializer=aggview_dot_wire_dot_ltm__pb2.PrepareRequest.SerializeToString,
-                response_deserializer=aggview_dot_wire_dot_ltm__pb2.Vote.FromString,
+                response_deserializer=aggview_dot_wire_dot_ltm__pb2.PrepareReply.FromString,
                 _registered_method=True)
         self.Decide = channel.unary_unary(
                 '/aggview.v1.Ltm/Decide',
@@ -65,8 +65,7 @@ class LtmServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Prepare(self, request, context):
-        """each vote as soon as it is ready
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -98,10 +97,10 @@ class LtmServicer:
 
 def add_LtmServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Prepare': grpc.unary_stream_rpc_method_handler(
+            'Prepare': grpc.unary_unary_rpc_method_handler(
                     servicer.Prepare,
                     request_deserializer=aggview_dot_wire_dot_ltm__pb2.PrepareRequest.FromString,
-                    response_serializer=aggview_dot_wire_dot_ltm__pb2.Vote.SerializeToString,
+                    response_serializer=aggview_dot_wire_dot_ltm__pb2.PrepareReply.SerializeToString,
             ),
             'Decide': grpc.unary_unary_rpc_method_handler(
                     servicer.Decide,
@@ -145,12 +144,12 @@ class Ltm:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
+        return grpc.experimental.unary_unary(
             request,
             target,
             '/aggview.v1.Ltm/Prepare',
             aggview_dot_wire_dot_ltm__pb2.PrepareRequest.SerializeToString,
-            aggview_dot_wire_dot_ltm__pb2.Vote.FromString,
+            aggview_dot_wire_dot_ltm__pb2.PrepareReply.FromString,
             options,
             channel_credentials,
             insecure,
