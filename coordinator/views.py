@@ -149,7 +149,9 @@ class ViewManager:
         store = self.catalog.store
         for table_id in (view.view_id, view.meta_id, *self._changes_ids(view)):
             store.create_table(table_id)
-        new_indexes = self._declare_indexes(plan)
+        # Writers pay for an index in every transaction; only sync views need the lookups
+        # inside writing transactions. An async refresh scans instead (see _rows_where).
+        new_indexes = self._declare_indexes(plan) if plan.mode == "sync" else []
         self._persist(view)
         self._register(view)  # from here on, every commit captures changes for the view
         try:
@@ -383,15 +385,24 @@ class ViewManager:
                 return {prefixes[k]: [(k, decode_row(v) or {})] for k, v in found.items()}
             if column == schema.primary_key[0]:
                 table_id, path = schema.table_id, None
-            else:
+            elif (table, column) in self.indexes:
                 table_id, path = self.indexes[(table, column)], schema.table_id
+            else:  # no index (async views only): one scan of the table for all the values
+                rows = await manager.read_range_at(schema.table_id, b"", b"", ts, own=True)
+                wanted = set(values)
+                out: dict[Any, list[tuple[bytes, Row]]] = {}
+                for key, data in rows:
+                    row = decode_row(data) or {}
+                    if row.get(column) in wanted:
+                        out.setdefault(row[column], []).append((key, row))
+                return out
             ranges = await asyncio.gather(
                 *(
                     manager.read_range_at(table_id, p, prefix_end(p) or b"", ts, own=True)
                     for p in prefixes
                 )
             )
-            out: dict[Any, list[tuple[bytes, Row]]] = {}
+            out = {}
             if path is None:  # a leading part of the primary key: the rows themselves
                 for value, rows in zip(prefixes.values(), ranges, strict=True):
                     out[value] = [(k, decode_row(v) or {}) for k, v in rows]
