@@ -466,7 +466,10 @@ class Participant:
                 for key in keys:
                     self.loading[(table, key)] = future
             try:
-                found = await asyncio.to_thread(self._get_many, missing)
+                if self.store.fast_point_reads:
+                    found = self._get_many(missing)
+                else:
+                    found = await asyncio.to_thread(self._get_many, missing)
                 for table, keys in missing.items():
                     for key in keys:
                         data = found.get((table, key))

@@ -62,6 +62,9 @@ class Store(ABC):
     """
 
     _closed: bool = False
+    # A point lookup costs less than handing it to a thread (an embedded store on local
+    # disk): callers on an event loop may then call it directly. Remote stores keep False.
+    fast_point_reads: bool = False
 
     # --- primitives an adapter implements (arguments already checked) ---------------------
 

@@ -78,6 +78,8 @@ def _unknown(table: str) -> UnknownTable:
 class SqliteStore(Store):
     """Store tables as SQLite tables ``(k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID``."""
 
+    fast_point_reads = True
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._memory = self.path == ":memory:"
