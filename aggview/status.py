@@ -55,11 +55,11 @@ def add_service(server: grpc.aio.Server, service: ServiceDescriptor, servicer: A
     handlers = {}
     for method in service.methods:
         request_class = GetMessageClass(method.input_type)
-        make = (
-            grpc.unary_stream_rpc_method_handler
-            if method.server_streaming
-            else grpc.unary_unary_rpc_method_handler
-        )
+        make = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = make(
             getattr(servicer, method.name),
             request_deserializer=_tolerant(request_class.FromString),

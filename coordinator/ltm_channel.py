@@ -5,8 +5,10 @@ transaction per participant."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 from collections.abc import AsyncIterator, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 
@@ -101,15 +103,77 @@ class LtmChannel:
         self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
         self.stub = pb_grpc.LtmStub(self._channel)
         self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
+        self._stream: Any = None  # the long-lived Exchange call, opened on first use
+        self._outbox: list[pb.LtmRequest] = []
+        self._writing = False
+        self._waiting: dict[int, asyncio.Future[pb.LtmReply]] = {}
+        self._ids = itertools.count(1)
 
     async def _send_decisions(
         self, decisions: list[pb.Decision]
     ) -> AsyncIterator[tuple[int, None]]:
         low, _ = self._watermarks()
-        request = pb.DecideRequest(decisions=decisions, low_watermark=low)
-        await self._call(self.stub.Decide, request, timeout=30)
+        await self._exchange(
+            pb.LtmRequest(decide=pb.DecideRequest(decisions=decisions, low_watermark=low))
+        )
         for i in range(len(decisions)):
             yield i, None
+
+    async def _exchange(self, request: pb.LtmRequest, timeout: float = 30.0) -> pb.LtmReply:
+        """Sends one request on the stream and waits for its own answer."""
+        if self._stream is None:
+            self._stream = self.stub.Exchange()
+            asyncio.get_running_loop().create_task(self._read(self._stream))
+        request.id = next(self._ids)
+        answer: asyncio.Future[pb.LtmReply] = asyncio.get_running_loop().create_future()
+        self._waiting[request.id] = answer
+        self._outbox.append(request)
+        if not self._writing:
+            self._writing = True
+            asyncio.get_running_loop().create_task(self._write(self._stream))
+        try:
+            reply = await asyncio.wait_for(answer, timeout)
+        finally:
+            self._waiting.pop(request.id, None)
+        if reply.HasField("error"):
+            raise errors.Unavailable(f"LTM {self.index} failed a request: {reply.error}")
+        return reply
+
+    async def _write(self, stream: Any) -> None:
+        try:
+            while self._outbox and stream is self._stream:
+                await stream.write(self._outbox.pop(0))
+        except Exception as exc:  # noqa: BLE001 - the reader reports the stream's end
+            self._broken(stream, exc)
+        finally:
+            self._writing = False
+
+    async def _read(self, stream: Any) -> None:
+        try:
+            async for reply in stream:
+                answer = self._waiting.get(reply.id)
+                if answer is not None and not answer.done():
+                    answer.set_result(reply)
+            self._broken(stream, None)
+        except Exception as exc:  # noqa: BLE001
+            self._broken(stream, exc)
+
+    def _broken(self, stream: Any, exc: BaseException | None) -> None:
+        """The stream ended (the LTM restarted, the network failed): everything waiting on
+        it fails as unavailable, and the next request opens a new stream."""
+        if stream is not self._stream:
+            return
+        self._stream = None
+        self._outbox.clear()
+        detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
+        failure = errors.Unavailable(f"LTM {self.index} at {self.address} is unavailable: {detail}")
+        waiting, self._waiting = self._waiting, {}
+        for answer in waiting.values():
+            if not answer.done():
+                answer.set_exception(failure)
+                answer.exception()
+        with contextlib.suppress(Exception):
+            stream.cancel()
 
     async def _call(self, method, request, timeout: float):  # type: ignore[no-untyped-def]
         try:
@@ -132,10 +196,10 @@ class LtmChannel:
         low, issued = self._watermarks()
         request = pb.PrepareRequest(subs=[sub], low_watermark=low, issued=issued)
         try:
-            reply = await self._call(self.stub.Prepare, request, timeout=30)
-        except errors.AggviewError as exc:
+            reply = await self._exchange(pb.LtmRequest(prepare=request))
+        except (errors.AggviewError, asyncio.TimeoutError) as exc:
             return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=str(exc))
-        return reply.votes[0]
+        return reply.vote
 
     async def decide(self, ts: int, commit: bool) -> None:
         await self.decisions.submit(pb.Decision(ts=ts, commit=commit))
@@ -150,4 +214,6 @@ class LtmChannel:
         return await self._call(self.stub.Status, pb.StatusRequest(), timeout=5)
 
     async def close(self) -> None:
+        if self._stream is not None:
+            self._broken(self._stream, None)
         await self._channel.close()

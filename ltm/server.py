@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import grpc
 
 from aggview import errors
 from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, bind
-from aggview.status import add_service, grpc_method
+from aggview.status import Malformed, add_service, grpc_method
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from ltm.participant import Participant, Settings
@@ -24,6 +25,52 @@ log = logging.getLogger(__name__)
 class LtmServicer(pb_grpc.LtmServicer):
     def __init__(self, participant: Participant) -> None:
         self.participant = participant
+
+    async def Exchange(
+        self, requests: AsyncIterator[pb.LtmRequest | Malformed], context: object
+    ) -> AsyncIterator[pb.LtmReply]:
+        """The coordinator's stream: every request handled concurrently, every answer sent
+        when ready (cheaper per message than a call each, and nothing waits for a batch)."""
+        replies: asyncio.Queue[pb.LtmReply | None] = asyncio.Queue()
+        handlers: set[asyncio.Task[None]] = set()
+
+        async def handle(request: pb.LtmRequest | Malformed) -> None:
+            if isinstance(request, Malformed):
+                replies.put_nowait(pb.LtmReply(error=f"malformed request: {request.reason}"))
+                return
+            try:
+                if request.HasField("prepare"):
+                    prepare = request.prepare
+                    self.participant.observe(prepare.low_watermark, prepare.issued)
+                    votes = [await self._prepare_one(sub) for sub in prepare.subs]
+                    reply = pb.LtmReply(id=request.id, vote=votes[0] if votes else pb.Vote())
+                else:
+                    decide = request.decide
+                    self.participant.observe(decide.low_watermark, 0)
+                    await asyncio.gather(
+                        *(self.participant.decide(d.ts, d.commit) for d in decide.decisions)
+                    )
+                    reply = pb.LtmReply(id=request.id, decided=pb.DecideReply())
+            except Exception as exc:  # the stream and the server stay up
+                log.exception("request %d on the stream failed", getattr(request, "id", 0))
+                reply = pb.LtmReply(id=request.id, error=repr(exc))
+            replies.put_nowait(reply)
+
+        async def read() -> None:
+            async for request in requests:
+                task = asyncio.ensure_future(handle(request))
+                handlers.add(task)
+                task.add_done_callback(handlers.discard)
+            if handlers:
+                await asyncio.gather(*handlers, return_exceptions=True)
+            replies.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (reply := await replies.get()) is not None:
+                yield reply
+        finally:
+            reader.cancel()
 
     @grpc_method
     async def Prepare(self, request: pb.PrepareRequest, context: object) -> pb.PrepareReply:

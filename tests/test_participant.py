@@ -1398,9 +1398,8 @@ def test_a_merge_never_waits_for_or_aborts_another_merge(env: Env) -> None:
         p = env.participant(lock_wait_timeout=0.5)
         await commit(p, 50, merge(G, view(1, 1)))
         state = p.rows[(TABLE, G)]
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        # older than a committed merge, beside pending ones: all yes, at once
+        # older than a committed merge, beside pending ones: all yes (nothing is decided
+        # meanwhile, so a wait could only end by the lock wait timeout: too late)
         votes = [
             await p.prepare(sub(20, merge(G, view(1, 2)))),
             await p.prepare(sub(60, merge(G, view(1, 4)))),
@@ -1409,7 +1408,6 @@ def test_a_merge_never_waits_for_or_aborts_another_merge(env: Env) -> None:
             await p.prepare(sub(40, merge(G, view(2, 32, m={"a": 1})))),
             await p.prepare(sub(30, merge(G, view(1, 64)))),
         ]
-        assert loop.time() - started < 0.3
         assert [v.outcome for v in votes] == [YES] * 5
         assert state.holder == 0 and not state.lock_waiters
         assert state.merges == {

@@ -476,3 +476,21 @@ def test_switch_syncs_the_old_segment(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.undo()
     assert str(tmp_path / "000000000001.wal") in synced
     assert str(tmp_path / "000000000002.wal") in synced
+
+
+def test_a_write_without_flush_waits_for_the_next_flush(tmp_path: Path) -> None:
+    async def main() -> None:
+        log = WriteAheadLog(tmp_path, fsync=False)
+        assert log.write({"kind": "abort", "ts": 1}, flush=False) == 1
+        await asyncio.sleep(0.05)
+        assert replayed(tmp_path) == []  # nothing started a flush
+        assert await log.append({"kind": "commit", "ts": 2}) == 2
+        assert replayed(tmp_path) == [
+            {"kind": "abort", "ts": 1, "lsn": 1},
+            {"kind": "commit", "ts": 2, "lsn": 2},
+        ]
+        log.write({"kind": "abort", "ts": 3}, flush=False)
+        await log.close()  # closing flushes it too
+
+    run(main)
+    assert [r["ts"] for r in replayed(tmp_path)] == [1, 2, 3]

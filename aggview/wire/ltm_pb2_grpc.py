@@ -34,6 +34,11 @@ class LtmStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Exchange = channel.stream_stream(
+                '/aggview.v1.Ltm/Exchange',
+                request_serializer=aggview_dot_wire_dot_ltm__pb2.LtmRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_ltm__pb2.LtmReply.FromString,
+                _registered_method=True)
         self.Prepare = channel.unary_unary(
                 '/aggview.v1.Ltm/Prepare',
                 request_serializer=aggview_dot_wire_dot_ltm__pb2.PrepareRequest.SerializeToString,
@@ -63,6 +68,12 @@ class LtmStub:
 
 class LtmServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def Exchange(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Prepare(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -97,6 +108,11 @@ class LtmServicer:
 
 def add_LtmServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Exchange': grpc.stream_stream_rpc_method_handler(
+                    servicer.Exchange,
+                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.LtmRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_ltm__pb2.LtmReply.SerializeToString,
+            ),
             'Prepare': grpc.unary_unary_rpc_method_handler(
                     servicer.Prepare,
                     request_deserializer=aggview_dot_wire_dot_ltm__pb2.PrepareRequest.FromString,
@@ -132,6 +148,33 @@ def add_LtmServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Ltm:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Exchange(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/aggview.v1.Ltm/Exchange',
+            aggview_dot_wire_dot_ltm__pb2.LtmRequest.SerializeToString,
+            aggview_dot_wire_dot_ltm__pb2.LtmReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Prepare(request,
