@@ -142,7 +142,9 @@ class LtmChannel:
     async def _write(self, stream: Any) -> None:
         try:
             while self._outbox and stream is self._stream:
-                await stream.write(self._outbox.pop(0))
+                message = pb.LtmRequests(requests=self._outbox)
+                self._outbox = []
+                await stream.write(message)
         except Exception as exc:  # noqa: BLE001 - the reader reports the stream's end
             self._broken(stream, exc)
         finally:
@@ -150,10 +152,11 @@ class LtmChannel:
 
     async def _read(self, stream: Any) -> None:
         try:
-            async for reply in stream:
-                answer = self._waiting.get(reply.id)
-                if answer is not None and not answer.done():
-                    answer.set_result(reply)
+            async for message in stream:
+                for reply in message.replies:
+                    answer = self._waiting.get(reply.id)
+                    if answer is not None and not answer.done():
+                        answer.set_result(reply)
             self._broken(stream, None)
         except Exception as exc:  # noqa: BLE001
             self._broken(stream, exc)

@@ -27,17 +27,15 @@ class LtmServicer(pb_grpc.LtmServicer):
         self.participant = participant
 
     async def Exchange(
-        self, requests: AsyncIterator[pb.LtmRequest | Malformed], context: object
-    ) -> AsyncIterator[pb.LtmReply]:
+        self, messages: AsyncIterator[pb.LtmRequests | Malformed], context: object
+    ) -> AsyncIterator[pb.LtmReplies]:
         """The coordinator's stream: every request handled concurrently, every answer sent
-        when ready (cheaper per message than a call each, and nothing waits for a batch)."""
+        when ready, the answers ready together in one message (a message costs far less than a
+        call, and nothing waits for a batch)."""
         replies: asyncio.Queue[pb.LtmReply | None] = asyncio.Queue()
         handlers: set[asyncio.Task[None]] = set()
 
-        async def handle(request: pb.LtmRequest | Malformed) -> None:
-            if isinstance(request, Malformed):
-                replies.put_nowait(pb.LtmReply(error=f"malformed request: {request.reason}"))
-                return
+        async def handle(request: pb.LtmRequest) -> None:
             try:
                 if request.HasField("prepare"):
                     prepare = request.prepare
@@ -52,15 +50,19 @@ class LtmServicer(pb_grpc.LtmServicer):
                     )
                     reply = pb.LtmReply(id=request.id, decided=pb.DecideReply())
             except Exception as exc:  # the stream and the server stay up
-                log.exception("request %d on the stream failed", getattr(request, "id", 0))
+                log.exception("request %d on the stream failed", request.id)
                 reply = pb.LtmReply(id=request.id, error=repr(exc))
             replies.put_nowait(reply)
 
         async def read() -> None:
-            async for request in requests:
-                task = asyncio.ensure_future(handle(request))
-                handlers.add(task)
-                task.add_done_callback(handlers.discard)
+            async for message in messages:
+                if isinstance(message, Malformed):
+                    replies.put_nowait(pb.LtmReply(error=f"malformed: {message.reason}"))
+                    continue
+                for request in message.requests:
+                    task = asyncio.ensure_future(handle(request))
+                    handlers.add(task)
+                    task.add_done_callback(handlers.discard)
             if handlers:
                 await asyncio.gather(*handlers, return_exceptions=True)
             replies.put_nowait(None)
@@ -68,7 +70,14 @@ class LtmServicer(pb_grpc.LtmServicer):
         reader = asyncio.ensure_future(read())
         try:
             while (reply := await replies.get()) is not None:
-                yield reply
+                batch = pb.LtmReplies(replies=[reply])
+                while not replies.empty():
+                    more = replies.get_nowait()
+                    if more is None:
+                        replies.put_nowait(None)
+                        break
+                    batch.replies.append(more)
+                yield batch
         finally:
             reader.cancel()
 

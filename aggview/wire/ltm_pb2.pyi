@@ -217,6 +217,18 @@ class LtmReply(_message.Message):
     error: str
     def __init__(self, id: _Optional[int] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., decided: _Optional[_Union[DecideReply, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
 
+class LtmRequests(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[LtmRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[LtmRequest, _Mapping]]] = ...) -> None: ...
+
+class LtmReplies(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[LtmReply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[LtmReply, _Mapping]]] = ...) -> None: ...
+
 class OutcomeRequest(_message.Message):
     __slots__ = ("ts",)
     TS_FIELD_NUMBER: _ClassVar[int]

@@ -36,8 +36,8 @@ class LtmStub:
         """
         self.Exchange = channel.stream_stream(
                 '/aggview.v1.Ltm/Exchange',
-                request_serializer=aggview_dot_wire_dot_ltm__pb2.LtmRequest.SerializeToString,
-                response_deserializer=aggview_dot_wire_dot_ltm__pb2.LtmReply.FromString,
+                request_serializer=aggview_dot_wire_dot_ltm__pb2.LtmRequests.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_ltm__pb2.LtmReplies.FromString,
                 _registered_method=True)
         self.Prepare = channel.unary_unary(
                 '/aggview.v1.Ltm/Prepare',
@@ -110,8 +110,8 @@ def add_LtmServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Exchange': grpc.stream_stream_rpc_method_handler(
                     servicer.Exchange,
-                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.LtmRequest.FromString,
-                    response_serializer=aggview_dot_wire_dot_ltm__pb2.LtmReply.SerializeToString,
+                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.LtmRequests.FromString,
+                    response_serializer=aggview_dot_wire_dot_ltm__pb2.LtmReplies.SerializeToString,
             ),
             'Prepare': grpc.unary_unary_rpc_method_handler(
                     servicer.Prepare,
@@ -164,8 +164,8 @@ class Ltm:
             request_iterator,
             target,
             '/aggview.v1.Ltm/Exchange',
-            aggview_dot_wire_dot_ltm__pb2.LtmRequest.SerializeToString,
-            aggview_dot_wire_dot_ltm__pb2.LtmReply.FromString,
+            aggview_dot_wire_dot_ltm__pb2.LtmRequests.SerializeToString,
+            aggview_dot_wire_dot_ltm__pb2.LtmReplies.FromString,
             options,
             channel_credentials,
             insecure,
