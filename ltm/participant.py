@@ -107,6 +107,7 @@ class Participant:
         self.evicted_floor = 0  # youngest timestamp forgotten by eviction (see _load)
         self.contacted = False
         self.commits_since_checkpoint = 0
+        self.touched: set[RowId] = set()  # rows changed since the last checkpoint's snapshot
         self.scans_running = 0
         # Key ranges read by read/write transactions: (start, stop or None, ts) per table. An
         # older transaction may not write a key into such a range (no phantoms).
@@ -176,6 +177,7 @@ class Participant:
             if lsn <= state.lsn:
                 continue  # the stored copy has it already
             applied += 1
+            self.touched.add(row_id)
             if is_merge:
                 state.commit_merge(ts, data or {}, ts, lsn)
             else:
@@ -183,6 +185,7 @@ class Participant:
         for row_id in unsettled:
             if self.rows[row_id].settle():
                 self.rows[row_id].dirty = True
+                self.touched.add(row_id)
         for ts, tx in sorted(undecided.items()):
             for row_id in tx.after:
                 state = self.rows[row_id]
@@ -321,6 +324,7 @@ class Participant:
                 self.rows[row_id].release()
             for row_id in tx.merges:
                 self.rows[row_id].drop_merge(ts)
+                self.touched.add(row_id)  # dropping a delta can settle a partial sum
             self.wal.write({"kind": "abort", "ts": ts}, flush=False)  # presumed abort
             return
         lsn = self.wal.write({"kind": "commit", "ts": ts})
@@ -336,6 +340,8 @@ class Participant:
             else:
                 state.commit_merge(ts, delta, self.low_watermark, lsn)
         self.commits_since_checkpoint += len(tx.after) + len(tx.merges)
+        self.touched.update(tx.after)
+        self.touched.update(tx.merges)
         await self.wal.flush()
 
     # ----------------------------------------------------------------- reads
@@ -533,19 +539,27 @@ class Participant:
             self.commits_since_checkpoint = 0
             written: list[tuple[RowId, int]] = []
             mutations: list[tuple[str, bytes, bytes | None]] = []
-            for row_id, state in self.rows.items():
-                if not state.dirty or row_id[0] in self.dropped:
+            touched, self.touched = self.touched, set()
+            for row_id in touched:  # not every cached row: a checkpoint must not stall reads
+                state = self.rows.get(row_id)
+                if state is None or not state.dirty or row_id[0] in self.dropped:
                     continue
                 ts, row = state.versions[-1]
                 mutations.append((row_id[0], row_id[1], encode_stored(ts, row, state.lsn)))
                 written.append((row_id, state.lsn))
-            await self.wal.flush()
-            if mutations:
-                await asyncio.to_thread(self.store.write, mutations)
+            try:
+                await self.wal.flush()
+                if mutations:
+                    await asyncio.to_thread(self.store.write, mutations)
+            except BaseException:
+                self.touched |= touched  # still dirty: the next checkpoint tries again
+                raise
             for row_id, lsn in written:
                 state = self.rows.get(row_id)
                 if state is not None and state.lsn == lsn:
                     state.dirty = False
+                elif state is not None:
+                    self.touched.add(row_id)
             self.wal.drop_before(segment)
             self.checkpoints += 1
             self._maybe_evict()
