@@ -136,7 +136,7 @@ class LtmChannel:
         finally:
             self._waiting.pop(request.id, None)
         if reply.HasField("error"):
-            raise errors.Unavailable(f"LTM {self.index} failed a request: {reply.error}")
+            raise errors.Unavailable(f"LTM {self.index}: {reply.error}")
         return reply
 
     async def _write(self, stream: Any) -> None:
@@ -208,7 +208,11 @@ class LtmChannel:
         await self.decisions.submit(pb.Decision(ts=ts, commit=commit))
 
     async def read(self, request: pb.ReadRequest) -> pb.ReadReply:
-        return await self._call(self.stub.Read, request, timeout=30)
+        try:
+            reply = await self._exchange(pb.LtmRequest(read=request))
+        except asyncio.TimeoutError:
+            raise errors.Unavailable(f"LTM {self.index} did not answer a read in time") from None
+        return reply.rows
 
     async def drop_table(self, table_id: str) -> None:
         await self._call(self.stub.DropTable, pb.DropTableRequest(table=table_id), timeout=30)

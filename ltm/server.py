@@ -42,6 +42,12 @@ class LtmServicer(pb_grpc.LtmServicer):
                     self.participant.observe(prepare.low_watermark, prepare.issued)
                     votes = [await self._prepare_one(sub) for sub in prepare.subs]
                     reply = pb.LtmReply(id=request.id, vote=votes[0] if votes else pb.Vote())
+                elif request.HasField("read"):
+                    rows = await self.participant.read(request.read)
+                    reply = pb.LtmReply(
+                        id=request.id,
+                        rows=pb.ReadReply(rows=[pb.KeyValue(key=k, row=v) for k, v in rows]),
+                    )
                 else:
                     decide = request.decide
                     self.participant.observe(decide.low_watermark, 0)
@@ -49,6 +55,8 @@ class LtmServicer(pb_grpc.LtmServicer):
                         *(self.participant.decide(d.ts, d.commit) for d in decide.decisions)
                     )
                     reply = pb.LtmReply(id=request.id, decided=pb.DecideReply())
+            except errors.AggviewError as exc:  # e.g. a read of a row still held too long
+                reply = pb.LtmReply(id=request.id, error=str(exc))
             except Exception as exc:  # the stream and the server stay up
                 log.exception("request %d on the stream failed", request.id)
                 reply = pb.LtmReply(id=request.id, error=repr(exc))

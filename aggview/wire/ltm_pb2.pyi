@@ -196,26 +196,30 @@ class StatusReply(_message.Message):
     def __init__(self, index: _Optional[int] = ..., partitions: _Optional[int] = ..., cached_rows: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., prepared: _Optional[int] = ..., checkpoints: _Optional[int] = ..., log_bytes: _Optional[int] = ...) -> None: ...
 
 class LtmRequest(_message.Message):
-    __slots__ = ("id", "prepare", "decide")
+    __slots__ = ("id", "prepare", "decide", "read")
     ID_FIELD_NUMBER: _ClassVar[int]
     PREPARE_FIELD_NUMBER: _ClassVar[int]
     DECIDE_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
     id: int
     prepare: PrepareRequest
     decide: DecideRequest
-    def __init__(self, id: _Optional[int] = ..., prepare: _Optional[_Union[PrepareRequest, _Mapping]] = ..., decide: _Optional[_Union[DecideRequest, _Mapping]] = ...) -> None: ...
+    read: ReadRequest
+    def __init__(self, id: _Optional[int] = ..., prepare: _Optional[_Union[PrepareRequest, _Mapping]] = ..., decide: _Optional[_Union[DecideRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ...) -> None: ...
 
 class LtmReply(_message.Message):
-    __slots__ = ("id", "vote", "decided", "error")
+    __slots__ = ("id", "vote", "decided", "error", "rows")
     ID_FIELD_NUMBER: _ClassVar[int]
     VOTE_FIELD_NUMBER: _ClassVar[int]
     DECIDED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
     id: int
     vote: Vote
     decided: DecideReply
     error: str
-    def __init__(self, id: _Optional[int] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., decided: _Optional[_Union[DecideReply, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    rows: ReadReply
+    def __init__(self, id: _Optional[int] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., decided: _Optional[_Union[DecideReply, _Mapping]] = ..., error: _Optional[str] = ..., rows: _Optional[_Union[ReadReply, _Mapping]] = ...) -> None: ...
 
 class LtmRequests(_message.Message):
     __slots__ = ("requests",)
