@@ -244,6 +244,9 @@ class Participant:
         try:
             for row_id in exclusive + [r for r, _ in merges]:
                 self._check_owned(row_id)
+            for change_id in captured:  # its key holds this ts: new, never in the store
+                if change_id not in self.rows:
+                    self.rows[change_id] = RowState(versions=[(0, None)], rts=self.evicted_floor)
             pinned = await self._pin(exclusive + [r for r, _ in merges])
             for row_id in exclusive:
                 if row_id in tx.after or row_id in taken:
