@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
+
 import grpc
 
 from aggview import errors
@@ -28,3 +31,21 @@ def bind(server: grpc.aio.Server, host: str, port: int) -> int:
     if bound == 0:
         raise errors.Unavailable(f"cannot listen on {host}:{port}: address in use or invalid")
     return bound
+
+
+async def run_until_signalled(
+    server: grpc.aio.Server, host: str, port: int, role: str, ready: asyncio.Event | None = None
+) -> None:
+    """Binds and starts a server, announces ``<role> listening on HOST:PORT`` (the line the
+    cluster harness waits for), serves until SIGINT or SIGTERM, then stops it gracefully."""
+    bound = bind(server, host, port)
+    await server.start()
+    print(f"{role} listening on {host}:{bound}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    await server.stop(grace=1.0)

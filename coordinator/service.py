@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import grpc
 
 from aggview import errors
 from aggview.keycodec import encode_key, prefix_end
-from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, bind
+from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, run_until_signalled
 from aggview.schema import prefix_to_storage
 from aggview.status import add_service, grpc_method
 from aggview.values import from_row, to_row
@@ -144,17 +143,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     add_service(
         server, lpb.DESCRIPTOR.services_by_name["TransactionOutcome"], OutcomeServicer(manager)
     )
-    port = bind(server, config.host, config.port)
-    await server.start()
-    print(f"coordinator listening on {config.host}:{port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    if ready is not None:
-        ready.set()
-    await stop.wait()
-    await server.stop(grace=1.0)
+    await run_until_signalled(server, config.host, config.port, "coordinator", ready)
     for channel in manager.channels:
         log.info(
             "LTM %d: %d decisions in %d calls",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import grpc
 
 from aggview import errors
-from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, bind
+from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, run_until_signalled
 from aggview.status import Malformed, add_service, grpc_method
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
@@ -179,17 +178,7 @@ async def serve(config: LtmConfig, ready: asyncio.Event | None = None) -> None:
     await participant.start()
     server = grpc.aio.server(options=[*GRPC_OPTIONS, *SERVER_OPTIONS])
     add_service(server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(participant))
-    port = bind(server, config.host, config.port)
-    await server.start()
-    print(f"ltm {config.partition} listening on {config.host}:{port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    if ready is not None:
-        ready.set()
-    await stop.wait()
-    await server.stop(grace=1.0)
+    await run_until_signalled(server, config.host, config.port, f"ltm {config.partition}", ready)
     await participant.stop()
     store.close()
     log.info("ltm %d stopped", config.partition)
