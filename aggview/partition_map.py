@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import zlib
 
-_CHANGES = re.compile(r"c\d+_")  # change table number N of base table T: "c<N>_" + T's id
+CHANGES_ID = re.compile(r"c\d+_")  # change table number N of base table T: "c<N>_" + T's id
 
 
 def changes_table(number: int, table_id: str) -> str:
@@ -19,7 +19,7 @@ def changes_table(number: int, table_id: str) -> str:
 def partition_of(table_id: str, key: bytes, partitions: int) -> int:
     """A change row lives with the base row it describes, so appending it adds no
     participant to the writing transaction."""
-    match = _CHANGES.match(table_id)
+    match = CHANGES_ID.match(table_id)
     if match:
         table_id, key = table_id[match.end() :], key[:-8]
     return zlib.crc32(key, zlib.crc32(table_id.encode())) % partitions

@@ -47,12 +47,7 @@ class WriteAheadLog:
 
     def _open(self, segment: int) -> int:
         fd = os.open(self._path(segment), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if self.fsync:
-            dir_fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        self._sync_directory()
         return fd
 
     def replay(self) -> Iterator[dict[str, Any]]:
@@ -152,9 +147,20 @@ class WriteAheadLog:
         return segment
 
     def drop_before(self, segment: int) -> None:
+        """Removes older segments strictly oldest first (the directory is synced after each),
+        so a crash never leaves an old segment behind without the newer ones."""
         for old in self.segments():
             if old < segment:
                 self._path(old).unlink(missing_ok=True)
+                self._sync_directory()
+
+    def _sync_directory(self) -> None:
+        if self.fsync:
+            dir_fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
 
     def size(self) -> int:
         return sum(self._path(s).stat().st_size for s in self.segments())

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
-from aggview.partition_map import partition_of
+from aggview.partition_map import CHANGES_ID, partition_of
 from aggview.rowcodec import (
     decode_json,
     decode_row,
@@ -32,7 +32,7 @@ from aggview.rowcodec import (
 from aggview.wal import WriteAheadLog
 from aggview.wire import ltm_pb2 as pb
 from ltm.merge import combine
-from ltm.rows import Row, RowState
+from ltm.rows import Row, RowCache, RowState
 from ltm.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class Participant:
         self.settings = settings or Settings()
         self.wal = WriteAheadLog(log_dir, fsync=fsync)
         self.outcome_query = outcome_query
-        self.rows: dict[RowId, RowState] = {}
+        self.rows = RowCache()
         self.loading: dict[RowId, asyncio.Future[None]] = {}
         self.prepared: dict[int, Prepared] = {}
         self.dropped: set[str] = set()
@@ -394,9 +394,9 @@ class Participant:
             if request.register_read:  # the read must stay remembered (rts) on every row
                 self.range_reads.setdefault(table, []).append((start or b"", stop, ts))
                 await self._load((table, key) for key in stored)
-            keys = {k for k in stored}
-            for t, key in list(self.rows):
-                if t == table and (start is None or key >= start) and (stop is None or key < stop):
+            keys = set(stored)
+            for key in list(self.rows.keys_of(table)):
+                if (start is None or key >= start) and (stop is None or key < stop):
                     keys.add(key)
             out: list[tuple[bytes, bytes]] = []
             for key in sorted(keys):
@@ -405,7 +405,7 @@ class Participant:
                     row = await self._read_row(row_id, ts, request.register_read)
                     data = encode_row(row) if row is not None else b""
                 else:
-                    data = stored[key]
+                    data = stored.get(key, b"")
                 if data:
                     out.append((key, data))
                     if request.limit and len(out) >= request.limit:
@@ -548,7 +548,15 @@ class Participant:
                 if state is None or not state.dirty or row_id[0] in self.dropped:
                     continue
                 ts, row = state.versions[-1]
-                mutations.append((row_id[0], row_id[1], encode_stored(ts, row, state.lsn)))
+                # A deleted row leaves a tombstone with its LSN, so no log record it already
+                # holds is replayed over it. Drained change rows are removed instead: they
+                # would pile up with every change ever made, and segments are dropped in
+                # order (see WriteAheadLog.drop_before), so no older record comes back.
+                if row is None and CHANGES_ID.match(row_id[0]):
+                    value = None
+                else:
+                    value = encode_stored(ts, row, state.lsn)
+                mutations.append((row_id[0], row_id[1], value))
                 written.append((row_id, state.lsn))
             try:
                 await self.wal.flush()
@@ -565,8 +573,22 @@ class Participant:
                     self.touched.add(row_id)
             self.wal.drop_before(segment)
             self.checkpoints += 1
+            self._forget_drained_changes(written)
             self._maybe_evict()
             return len(mutations)
+
+    def _forget_drained_changes(self, written: list[tuple[RowId, int]]) -> None:
+        """Change rows that a refresh deleted and the store no longer has need no memory:
+        nobody writes a change key twice, and refreshes read below every undecided writer.
+        Not while a scan runs: it may hold the store's older copy of such a row."""
+        if self.scans_running:
+            return
+        for row_id, _ in written:
+            if not CHANGES_ID.match(row_id[0]):
+                continue
+            state = self.rows.get(row_id)
+            if state is not None and state.current is None and not (state.dirty or state.busy()):
+                del self.rows[row_id]
 
     def dirty_rows(self) -> int:
         return sum(1 for state in self.rows.values() if state.dirty)

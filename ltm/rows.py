@@ -167,3 +167,39 @@ class RowState:
         for reader in readers:
             if not reader.done():
                 reader.set_result(None)
+
+
+class RowCache(dict[tuple[str, bytes], RowState]):
+    """The rows an LTM holds in memory, with the keys of each table kept apart, so a scan
+    visits one table's cached rows instead of every cached row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_table: dict[str, set[bytes]] = {}
+
+    def __setitem__(self, row_id: tuple[str, bytes], state: RowState) -> None:
+        super().__setitem__(row_id, state)
+        self.by_table.setdefault(row_id[0], set()).add(row_id[1])
+
+    def __delitem__(self, row_id: tuple[str, bytes]) -> None:
+        super().__delitem__(row_id)
+        self._forget(row_id)
+
+    def pop(self, row_id: tuple[str, bytes], *default: Any) -> Any:  # type: ignore[override]
+        state = super().pop(row_id, *default)
+        self._forget(row_id)
+        return state
+
+    def clear(self) -> None:
+        super().clear()
+        self.by_table.clear()
+
+    def _forget(self, row_id: tuple[str, bytes]) -> None:
+        keys = self.by_table.get(row_id[0])
+        if keys is not None:
+            keys.discard(row_id[1])
+            if not keys:
+                del self.by_table[row_id[0]]
+
+    def keys_of(self, table: str) -> set[bytes]:
+        return self.by_table.get(table, set())
