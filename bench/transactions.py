@@ -500,25 +500,25 @@ def run_load(args: argparse.Namespace) -> list[Result]:
     return results
 
 
+# The measured columns every benchmark table shares (see the rows each adds).
+MEASURE_COLUMNS = (
+    "committed tx/s",
+    "p50 ms",
+    "p99 ms",
+    "max ms",
+    "retries/s",
+    "errors",
+    "CPU coord/LTMs/client/other",
+)
+
+
 def print_table(results: Sequence[Result], fsync: bool) -> None:
     table = Table(
         title=f"aggview transactions ({'fsync' if fsync else 'no fsync'})",
         caption="ch: client channels; CPU: % of one core used by the coordinator, the LTMs, "
         "this client and other processes",
     )
-    for name in (
-        "LTMs",
-        "rows/tx",
-        "load",
-        "ch",
-        "committed tx/s",
-        "p50 ms",
-        "p99 ms",
-        "max ms",
-        "retries/s",
-        "errors",
-        "CPU coord/LTMs/client/other",
-    ):
+    for name in ("LTMs", "rows/tx", "load", "ch", *MEASURE_COLUMNS):
         table.add_column(name, justify="right")
     for r in results:
         load = f"closed {r.clients}" if r.mode == "closed" else f"open {r.offered:g}/s"

@@ -60,6 +60,7 @@ from rich.table import Table
 from aggview import errors
 from aggview.cluster import LocalCluster
 from bench.transactions import (
+    MEASURE_COLUMNS,
     CpuMeter,
     Ledger,
     Result,
@@ -549,19 +550,7 @@ def print_report(report: Report, found: list[dict[str, Any]], fsync: bool) -> No
         caption="spread: random products; hot: products of category 0 only (one view row). "
         "CPU: % of one core used by the coordinator, the LTMs, this client and other processes",
     )
-    for name in (
-        "case",
-        "view",
-        "workload",
-        "clients",
-        "committed tx/s",
-        "p50 ms",
-        "p99 ms",
-        "max ms",
-        "retries/s",
-        "errors",
-        "CPU coord/LTMs/client/other",
-    ):
+    for name in ("case", "view", "workload", "clients", *MEASURE_COLUMNS):
         table.add_column(name, justify="right")
     for p in report.points:
         view = {
