@@ -94,10 +94,12 @@ class Catalog:
         store.create_table(CATALOG_TABLE)
         store.create_table(META_TABLE)
         self.tables: dict[str, TableSchema] = {}
+        self.by_id: dict[str, TableSchema] = {}  # store table id -> schema (images, votes)
         self.view_names: set[str] = set()  # kept by the view manager: one namespace for both
         for _, value in store.scan_prefix(CATALOG_TABLE, b"table:"):
             schema = TableSchema.from_json(json.loads(value))
             self.tables[schema.name] = schema
+            self.by_id[schema.table_id] = schema
 
     def entries(self, kind: str) -> list[dict[str, Any]]:
         """Persisted catalog entries of one kind ("view", "index")."""
@@ -147,6 +149,7 @@ class Catalog:
             self.store.create_table(schema.table_id)
             self.put_entry("table", schema.name, schema.to_json())
             self.tables[schema.name] = schema
+            self.by_id[schema.table_id] = schema
             return schema, f"created table {schema.name}"
 
     def drop_table(self, name: str, if_exists: bool) -> TableSchema | None:
@@ -158,4 +161,5 @@ class Catalog:
                 raise errors.UnknownTable(f"unknown table {name!r}")
             self.put_entry("table", name, None)
             del self.tables[name]
+            del self.by_id[schema.table_id]
             return schema

@@ -23,7 +23,6 @@ from typing import Any
 
 from aggview import errors
 from aggview.partition_map import partition_of
-from aggview.schema import TableSchema
 from aggview.status import CONDITION_FAILED_PREFIX
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
@@ -272,7 +271,7 @@ class TransactionManager:
         if not no:
             return
         vote = min(no, key=lambda v: order.index(v.outcome))
-        schema = self._schema_by_id(vote.table)
+        schema = self.catalog.by_id.get(vote.table)
         where = (
             f"table {schema.name}, row {describe_key(schema, vote.key)}"
             if schema
@@ -290,12 +289,6 @@ class TransactionManager:
         if vote.outcome == Vote.UNAVAILABLE:
             raise errors.Unavailable(vote.message)
         raise errors.TooLate(f"transaction aborted by timestamp order at {where}; retry it")
-
-    def _schema_by_id(self, table_id: str) -> TableSchema | None:
-        for schema in self.catalog.tables.values():
-            if schema.table_id == table_id:
-                return schema
-        return None
 
     def _send_abort(self, partition: int, ts: int) -> None:
         """Best effort: an LTM that misses it asks later and hears 'aborted' (presumed abort)."""

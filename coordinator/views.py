@@ -305,9 +305,8 @@ class ViewManager:
         capturing = [v for v in self.views.values() if v.captures]
         if not capturing:
             return
-        by_table_id = {s.table_id: s for s in self.catalog.tables.values()}
         for op in ops:
-            schema = by_table_id.get(op.table)
+            schema = self.catalog.by_id.get(op.table)
             if schema is None:
                 continue
             for view in capturing:
@@ -316,10 +315,9 @@ class ViewManager:
 
     async def _maintain(self, tx: Transaction, images: list[lpb.RowImage]) -> list[lpb.RowOp]:
         """The extension of §5.3.1: index entries and sync view deltas for a round's images."""
-        by_table_id = {s.table_id: s for s in self.catalog.tables.values()}
         changes: Changes = {}
         for image in images:
-            schema = by_table_id.get(image.table)
+            schema = self.catalog.by_id.get(image.table)
             if schema is not None:
                 changes.setdefault(schema.name, {})[image.key] = (
                     decode_row(image.before),
