@@ -1,6 +1,6 @@
-"""The coordinator's line to one LTM. Prepare and decide messages of concurrent transactions
-that are bound for the same LTM travel together in one RPC, so throughput is not one RPC per
-transaction per participant."""
+"""The coordinator's line to one LTM: one long-lived stream that carries prepares, reads and
+batched decisions of all concurrent transactions, each answered on its own, so throughput is
+not one RPC per transaction per participant."""
 
 from __future__ import annotations
 

@@ -88,12 +88,6 @@ class LtmServicer(pb_grpc.LtmServicer):
         finally:
             reader.cancel()
 
-    @grpc_method
-    async def Prepare(self, request: pb.PrepareRequest, context: object) -> pb.PrepareReply:
-        self.participant.observe(request.low_watermark, request.issued)
-        votes = await asyncio.gather(*(self._prepare_one(sub) for sub in request.subs))
-        return pb.PrepareReply(votes=votes)
-
     async def _prepare_one(self, sub: pb.SubTransaction) -> pb.Vote:
         try:
             return await self.participant.prepare(sub)
@@ -102,17 +96,6 @@ class LtmServicer(pb_grpc.LtmServicer):
         except Exception as exc:  # e.g. the store is down: this transaction aborts, we serve on
             log.exception("prepare of %d failed", sub.ts)
             return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=repr(exc))
-
-    @grpc_method
-    async def Decide(self, request: pb.DecideRequest, context: object) -> pb.DecideReply:
-        self.participant.observe(request.low_watermark, 0)
-        await asyncio.gather(*(self.participant.decide(d.ts, d.commit) for d in request.decisions))
-        return pb.DecideReply()
-
-    @grpc_method
-    async def Read(self, request: pb.ReadRequest, context: object) -> pb.ReadReply:
-        rows = await self.participant.read(request)
-        return pb.ReadReply(rows=[pb.KeyValue(key=k, row=v) for k, v in rows])
 
     @grpc_method
     async def DropTable(self, request: pb.DropTableRequest, context: object) -> pb.DropTableReply:

@@ -103,12 +103,6 @@ class Vote(_message.Message):
     key: bytes
     def __init__(self, ts: _Optional[int] = ..., outcome: _Optional[_Union[Vote.Outcome, str]] = ..., message: _Optional[str] = ..., images: _Optional[_Iterable[_Union[RowImage, _Mapping]]] = ..., table: _Optional[str] = ..., key: _Optional[bytes] = ...) -> None: ...
 
-class PrepareReply(_message.Message):
-    __slots__ = ("votes",)
-    VOTES_FIELD_NUMBER: _ClassVar[int]
-    votes: _containers.RepeatedCompositeFieldContainer[Vote]
-    def __init__(self, votes: _Optional[_Iterable[_Union[Vote, _Mapping]]] = ...) -> None: ...
-
 class Decision(_message.Message):
     __slots__ = ("ts", "commit")
     TS_FIELD_NUMBER: _ClassVar[int]

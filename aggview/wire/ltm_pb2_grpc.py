@@ -39,21 +39,6 @@ class LtmStub:
                 request_serializer=aggview_dot_wire_dot_ltm__pb2.LtmRequests.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_ltm__pb2.LtmReplies.FromString,
                 _registered_method=True)
-        self.Prepare = channel.unary_unary(
-                '/aggview.v1.Ltm/Prepare',
-                request_serializer=aggview_dot_wire_dot_ltm__pb2.PrepareRequest.SerializeToString,
-                response_deserializer=aggview_dot_wire_dot_ltm__pb2.PrepareReply.FromString,
-                _registered_method=True)
-        self.Decide = channel.unary_unary(
-                '/aggview.v1.Ltm/Decide',
-                request_serializer=aggview_dot_wire_dot_ltm__pb2.DecideRequest.SerializeToString,
-                response_deserializer=aggview_dot_wire_dot_ltm__pb2.DecideReply.FromString,
-                _registered_method=True)
-        self.Read = channel.unary_unary(
-                '/aggview.v1.Ltm/Read',
-                request_serializer=aggview_dot_wire_dot_ltm__pb2.ReadRequest.SerializeToString,
-                response_deserializer=aggview_dot_wire_dot_ltm__pb2.ReadReply.FromString,
-                _registered_method=True)
         self.DropTable = channel.unary_unary(
                 '/aggview.v1.Ltm/DropTable',
                 request_serializer=aggview_dot_wire_dot_ltm__pb2.DropTableRequest.SerializeToString,
@@ -70,24 +55,6 @@ class LtmServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Exchange(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Prepare(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Decide(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Read(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -112,21 +79,6 @@ def add_LtmServicer_to_server(servicer, server):
                     servicer.Exchange,
                     request_deserializer=aggview_dot_wire_dot_ltm__pb2.LtmRequests.FromString,
                     response_serializer=aggview_dot_wire_dot_ltm__pb2.LtmReplies.SerializeToString,
-            ),
-            'Prepare': grpc.unary_unary_rpc_method_handler(
-                    servicer.Prepare,
-                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.PrepareRequest.FromString,
-                    response_serializer=aggview_dot_wire_dot_ltm__pb2.PrepareReply.SerializeToString,
-            ),
-            'Decide': grpc.unary_unary_rpc_method_handler(
-                    servicer.Decide,
-                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.DecideRequest.FromString,
-                    response_serializer=aggview_dot_wire_dot_ltm__pb2.DecideReply.SerializeToString,
-            ),
-            'Read': grpc.unary_unary_rpc_method_handler(
-                    servicer.Read,
-                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.ReadRequest.FromString,
-                    response_serializer=aggview_dot_wire_dot_ltm__pb2.ReadReply.SerializeToString,
             ),
             'DropTable': grpc.unary_unary_rpc_method_handler(
                     servicer.DropTable,
@@ -166,87 +118,6 @@ class Ltm:
             '/aggview.v1.Ltm/Exchange',
             aggview_dot_wire_dot_ltm__pb2.LtmRequests.SerializeToString,
             aggview_dot_wire_dot_ltm__pb2.LtmReplies.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Prepare(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/aggview.v1.Ltm/Prepare',
-            aggview_dot_wire_dot_ltm__pb2.PrepareRequest.SerializeToString,
-            aggview_dot_wire_dot_ltm__pb2.PrepareReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Decide(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/aggview.v1.Ltm/Decide',
-            aggview_dot_wire_dot_ltm__pb2.DecideRequest.SerializeToString,
-            aggview_dot_wire_dot_ltm__pb2.DecideReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Read(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/aggview.v1.Ltm/Read',
-            aggview_dot_wire_dot_ltm__pb2.ReadRequest.SerializeToString,
-            aggview_dot_wire_dot_ltm__pb2.ReadReply.FromString,
             options,
             channel_credentials,
             insecure,
