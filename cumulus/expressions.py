@@ -120,6 +120,8 @@ _ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {"+": _add, "-": _sub, "*": 
 
 
 def _binary(op: Callable[[Any, Any], Any], left: Evaluator, right: Evaluator) -> Evaluator:
+    """``op`` on two operands, NULL if either is (arithmetic and comparisons alike)."""
+
     def evaluate(get: Lookup) -> Any:
         a = left(get)
         if a is None:
@@ -175,19 +177,6 @@ def compile_expr(expr: Mapping[str, Any]) -> Evaluator:
 
 
 # --- predicates (three-valued inside: True, False or None for NULL) ----------------------------
-
-
-def _compare(op: Callable[[Any, Any], bool], left: Evaluator, right: Evaluator) -> Evaluator:
-    def evaluate(get: Lookup) -> bool | None:
-        a = left(get)
-        if a is None:
-            return None
-        b = right(get)
-        if b is None:
-            return None
-        return op(a, b)
-
-    return evaluate
 
 
 def _in(subject: Evaluator, values: list[Mapping[str, Any]]) -> Evaluator:
@@ -266,7 +255,7 @@ def _predicate3(pred: Mapping[str, Any]) -> Evaluator:
         if op is None:
             raise InvalidArgument(f"unknown comparison {pred['cmp']!r}")
         left, right = (compile_expr(a) for a in _args(pred, 2))
-        return _compare(op, left, right)
+        return _binary(op, left, right)
     if "in" in pred:
         values = pred.get("values")
         if not isinstance(values, list) or not values:
