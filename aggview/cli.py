@@ -5,13 +5,101 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import tempfile
 import threading
+from dataclasses import asdict
 from pathlib import Path
 
 from aggview import errors
+
+PLAINTEXT_REFUSED = (
+    "refusing to serve plaintext without authentication: pass --tls-dir DIR (TLS everywhere, "
+    "client tokens; `aggview certs DIR` makes one), or --insecure (plaintext, anyone who can "
+    "connect may do anything: one trusted machine only)"
+)
+
+
+def _add_server_security(parser: argparse.ArgumentParser, *, clients: bool) -> None:
+    group = parser.add_argument_group("security (one of --tls-dir and --insecure is required)")
+    group.add_argument(
+        "--tls-dir",
+        help="ca.pem, server.pem/-key.pem, client.pem/-key.pem, cluster.secret (aggview certs)",
+    )
+    group.add_argument(
+        "--insecure", action="store_true", help="plaintext, no tokens, no member check"
+    )
+    if clients:
+        group.add_argument(
+            "--tokens", help="client tokens, TOKEN ROLE [NAME] lines (default: TLS_DIR/tokens)"
+        )
+        group.add_argument(
+            "--limit",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="override a limit, e.g. max_views=20 (see coordinator/convert.py Limits)",
+        )
+
+
+def _server_tls_dir(args: argparse.Namespace) -> Path | None:
+    """The TLS directory, or None for --insecure; plaintext is never a silent default."""
+    if args.insecure and args.tls_dir:
+        raise errors.InvalidArgument("give --tls-dir or --insecure, not both")
+    if args.insecure:
+        return None
+    if not args.tls_dir:
+        raise errors.InvalidArgument(PLAINTEXT_REFUSED)
+    return Path(args.tls_dir)
+
+
+def _tokens_path(args: argparse.Namespace, tls_dir: Path | None) -> Path | None:
+    if tls_dir is None:
+        if args.tokens:
+            raise errors.InvalidArgument("--tokens needs --tls-dir: tokens are only sent over TLS")
+        return None
+    return Path(args.tokens) if args.tokens else tls_dir / "tokens"
+
+
+def _add_client_security(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("security (a cluster started with --tls-dir)")
+    group.add_argument("--ca", help="the cluster's CA certificate (ca.pem)")
+    group.add_argument(
+        "--token", default=os.environ.get("AGGVIEW_TOKEN"), help="default: $AGGVIEW_TOKEN"
+    )
+    group.add_argument(
+        "--tls-dir",
+        dest="client_tls_dir",
+        help="use DIR/ca.pem, and without --token the first admin token of DIR/tokens",
+    )
+
+
+def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """A blocking client for ``args.address`` with the security flags of the command."""
+    from aggview.security import token_for
+    from coordinator.client import Client
+
+    ca, token = args.ca, args.token
+    if args.client_tls_dir:
+        directory = Path(args.client_tls_dir)
+        ca = ca or directory / "ca.pem"
+        if token is None and (directory / "tokens").exists():
+            token = token_for(directory / "tokens", "admin")
+    return Client(args.address, ca=ca, token=token)
+
+
+def _run_certs(args: argparse.Namespace) -> None:
+    from aggview.certs import make_certs
+
+    written = make_certs(Path(args.dir), hosts=args.host, days=args.days, force=args.force)
+    for path in written:
+        print(path)
+    print(
+        f"start servers with --tls-dir {args.dir}; clients need {Path(args.dir) / 'ca.pem'} and "
+        f"a token from {Path(args.dir) / 'tokens'}"
+    )
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -23,8 +111,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_ltm(args: argparse.Namespace) -> None:
+    from aggview.security import TlsDir
     from ltm.server import LtmConfig, serve
 
+    tls_dir = _server_tls_dir(args)
     config = LtmConfig(
         store_url=args.store,
         log_dir=Path(args.log_dir),
@@ -36,13 +126,18 @@ def _run_ltm(args: argparse.Namespace) -> None:
         fsync=not args.no_fsync,
         cache_rows=args.cache_rows,
         checkpoint_interval=args.checkpoint_interval,
+        tls=TlsDir.load(tls_dir) if tls_dir is not None else None,
     )
     asyncio.run(serve(config))
 
 
 def _run_coordinator(args: argparse.Namespace) -> None:
+    from aggview.security import TlsDir, load_tokens
+    from coordinator.convert import Limits
     from coordinator.service import CoordinatorConfig, serve
 
+    tls_dir = _server_tls_dir(args)
+    tokens = _tokens_path(args, tls_dir)
     config = CoordinatorConfig(
         store_url=args.store,
         log_dir=Path(args.log_dir),
@@ -50,6 +145,9 @@ def _run_coordinator(args: argparse.Namespace) -> None:
         host=args.host,
         port=args.port,
         fsync=not args.no_fsync,
+        limits=Limits.parse(args.limit),
+        tls=TlsDir.load(tls_dir) if tls_dir is not None else None,
+        tokens=load_tokens(tokens) if tokens is not None else None,
     )
     asyncio.run(serve(config))
 
@@ -59,10 +157,27 @@ def _run_start(args: argparse.Namespace) -> None:
 
     if args.ltms < 1:
         raise errors.InvalidArgument("--ltms must be at least 1")
+    from aggview.security import TlsDir, load_tokens
+    from coordinator.convert import Limits
+
+    tls_dir = _server_tls_dir(args)
+    tokens = _tokens_path(args, tls_dir)
+    limits = Limits.parse(args.limit)  # checked here: a bad flag fails before anything starts
+    if tls_dir is not None:
+        TlsDir.load(tls_dir)
+        load_tokens(tokens or tls_dir / "tokens")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    cluster = LocalCluster(Path(args.data), ltms=args.ltms, port=args.port, fsync=not args.no_fsync)
+    cluster = LocalCluster(
+        Path(args.data),
+        ltms=args.ltms,
+        port=args.port,
+        fsync=not args.no_fsync,
+        tls_dir=tls_dir,
+        tokens=tokens,
+        limits={k: v for k, v in asdict(limits).items() if v != asdict(Limits())[k]},
+    )
     with cluster:
         print(f"aggview listening on {cluster.address}", flush=True)
         while not stop.wait(0.5):
@@ -74,9 +189,7 @@ def _run_start(args: argparse.Namespace) -> None:
 
 
 def _run_sql(args: argparse.Namespace) -> None:
-    from coordinator.client import Client
-
-    with Client(args.address) as client:
+    with _client(args) as client:
         for statement in args.statements:
             rows = client.sql(statement)
             if rows.columns:
@@ -108,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--ltms", type=int, default=3)
     start.add_argument("--port", type=int, default=0, help="the coordinator's port")
     start.add_argument("--no-fsync", action="store_true")
+    _add_server_security(start, clients=True)
     start.set_defaults(run=_run_start)
 
     ltm = sub.add_parser("ltm", help="run one local transaction manager")
@@ -119,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     ltm.add_argument("--cache-rows", type=int, default=1_000_000)
     ltm.add_argument("--checkpoint-interval", type=float, default=2.0)
     _add_common(ltm)
+    _add_server_security(ltm, clients=False)
     ltm.set_defaults(run=_run_ltm)
 
     coordinator = sub.add_parser("coordinator", help="run the coordinator")
@@ -126,12 +241,27 @@ def build_parser() -> argparse.ArgumentParser:
     coordinator.add_argument("--log-dir", required=True)
     coordinator.add_argument("--ltm", action="append", required=True, help="LTM address, in order")
     _add_common(coordinator)
+    _add_server_security(coordinator, clients=True)
     coordinator.set_defaults(run=_run_coordinator)
 
     sql = sub.add_parser("sql", help="run SQL statements against a cluster")
     sql.add_argument("address")
     sql.add_argument("statements", nargs="+")
+    _add_client_security(sql)
     sql.set_defaults(run=_run_sql)
+
+    certs = sub.add_parser("certs", help="make a development CA, certificates and tokens")
+    certs.add_argument("dir", help="where to write them (created if missing)")
+    certs.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        help="another name or IP address the servers are reached at (localhost, 127.0.0.1 "
+        "and ::1 are always in)",
+    )
+    certs.add_argument("--days", type=int, default=365, help="validity of the certificates")
+    certs.add_argument("--force", action="store_true", help="replace files already there")
+    certs.set_defaults(run=_run_certs)
 
     demo = sub.add_parser("demo", help="the main job: a local cluster, a workload, a report")
     demo.add_argument("--data", help="keep the cluster's data here (default: a temp dir)")

@@ -18,6 +18,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from aggview.security import token_for
 
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 _ROOT = Path(__file__).resolve().parents[1]
@@ -110,6 +113,12 @@ class LocalCluster:
     checkpoint_interval: float = 2.0
     cache_rows: int = 1_000_000
     verbose: bool = False
+    # Security: plaintext and no authentication unless tls_dir is given or secure is set (then
+    # a development CA and tokens are made in data/tls on first start); see aggview.security.
+    tls_dir: Path | None = None
+    tokens: Path | None = None  # default: tls_dir / "tokens"
+    secure: bool = False
+    limits: dict[str, int] = field(default_factory=dict)  # coordinator --limit NAME=VALUE
     servers: list[Server] = field(default_factory=list)
 
     @property
@@ -127,11 +136,44 @@ class LocalCluster:
     def ltm(self, index: int) -> Server:
         return self.servers[index]
 
+    @property
+    def tokens_path(self) -> Path | None:
+        if self.tls_dir is None:
+            return None
+        return self.tokens or self.tls_dir / "tokens"
+
+    def client_options(self, role: str = "admin") -> dict[str, Any]:
+        """What ``Client(cluster.address, **options)`` needs: nothing when insecure, else the
+        CA and the first token of ``role``."""
+        if self.tls_dir is None:
+            return {}
+        assert self.tokens_path is not None
+        return {"ca": self.tls_dir / "ca.pem", "token": token_for(self.tokens_path, role)}
+
+    def _security_flags(self) -> tuple[list[str], list[str]]:
+        """Flags for the LTMs and for the coordinator."""
+        if self.secure and self.tls_dir is None:
+            from aggview.certs import make_certs  # cryptography: only when certificates are made
+
+            self.tls_dir = self.data / "tls"
+            if not (self.tls_dir / "ca.pem").exists():
+                make_certs(self.tls_dir)
+        if self.tls_dir is None:
+            ltm = ["--insecure"]
+            coordinator = ["--insecure"]
+        else:
+            ltm = ["--tls-dir", str(self.tls_dir)]
+            coordinator = [*ltm, "--tokens", str(self.tokens_path)]
+        for name, value in self.limits.items():
+            coordinator += ["--limit", f"{name}={value}"]
+        return ltm, coordinator
+
     def start(self) -> LocalCluster:
         self.data.mkdir(parents=True, exist_ok=True)
         coordinator_port = self.port or free_port()
         coordinator_address = f"127.0.0.1:{coordinator_port}"
         common = [] if self.fsync else ["--no-fsync"]
+        ltm_security, coordinator_security = self._security_flags()
         for i in range(self.ltms):
             self.servers.append(
                 Server(
@@ -153,6 +195,7 @@ class LocalCluster:
                         "--cache-rows",
                         str(self.cache_rows),
                         *common,
+                        *ltm_security,
                     ],
                     self.data / "logs" / f"ltm-{i}.log",
                     flags=["-v"] if self.verbose else [],
@@ -172,6 +215,7 @@ class LocalCluster:
                     str(self.data / "coordinator"),
                     *ltm_args,
                     *common,
+                    *coordinator_security,
                 ],
                 self.data / "logs" / "coordinator.log",
                 port=coordinator_port,

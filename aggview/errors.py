@@ -69,6 +69,18 @@ class LimitExceeded(AggviewError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class Unauthenticated(AggviewError):
+    """No token, or one the cluster does not know (or a non-member calling a member service)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(AggviewError):
+    """The token's role does not allow this call (a read token writing, DDL without admin)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class Unavailable(AggviewError):
     """A server the request needs is down or unreachable."""
 

@@ -6,6 +6,7 @@ import asyncio
 import signal
 
 import grpc
+from grpc_health.v1 import health, health_pb2_grpc
 
 from aggview import errors
 
@@ -22,10 +23,27 @@ GRPC_OPTIONS = [
 ]
 
 
-def bind(server: grpc.aio.Server, host: str, port: int) -> int:
-    """Binds a server, with an error naming the address if it is taken."""
+def add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
+    """Adds the standard gRPC health service (grpc.health.v1.Health), overall status SERVING,
+    so orchestrators (compose, Kubernetes, grpc_health_probe) can probe any aggview server."""
+    servicer = health.aio.HealthServicer()  # starts with "" (the whole server) SERVING
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    return servicer
+
+
+def bind(
+    server: grpc.aio.Server,
+    host: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None = None,
+) -> int:
+    """Binds a server (TLS when given credentials), with an error naming the address if it
+    is taken."""
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        if credentials is None:
+            bound = server.add_insecure_port(f"{host}:{port}")
+        else:
+            bound = server.add_secure_port(f"{host}:{port}", credentials)
     except RuntimeError:
         bound = 0
     if bound == 0:
@@ -34,11 +52,16 @@ def bind(server: grpc.aio.Server, host: str, port: int) -> int:
 
 
 async def run_until_signalled(
-    server: grpc.aio.Server, host: str, port: int, role: str, ready: asyncio.Event | None = None
+    server: grpc.aio.Server,
+    host: str,
+    port: int,
+    role: str,
+    ready: asyncio.Event | None = None,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> None:
     """Binds and starts a server, announces ``<role> listening on HOST:PORT`` (the line the
     cluster harness waits for), serves until SIGINT or SIGTERM, then stops it gracefully."""
-    bound = bind(server, host, port)
+    bound = bind(server, host, port, credentials)
     await server.start()
     print(f"{role} listening on {host}:{bound}", flush=True)
     stop = asyncio.Event()

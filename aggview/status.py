@@ -24,6 +24,8 @@ _BY_CODE: dict[grpc.StatusCode, type[errors.AggviewError]] = {
     grpc.StatusCode.ABORTED: errors.TooLate,
     grpc.StatusCode.RESOURCE_EXHAUSTED: errors.LimitExceeded,
     grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
+    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
 }
 
 # A status detail key that tells a condition failure apart from other failed preconditions.
@@ -58,6 +60,7 @@ def add_service(server: grpc.aio.Server, service: ServiceDescriptor, servicer: A
         make = {
             (False, False): grpc.unary_unary_rpc_method_handler,
             (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = make(
@@ -100,5 +103,9 @@ def error_from_rpc(exc: grpc.RpcError) -> errors.AggviewError:
         return errors.ConditionFailed(message)
     if code == grpc.StatusCode.NOT_FOUND and message.startswith("unknown "):
         return errors.UnknownTable(message)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in message:
+        return errors.LimitExceeded(
+            f"request over the server's size limit (max_request_bytes): {message}"
+        )
     cls = _BY_CODE.get(code, errors.AggviewError)
     return cls(message)

@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from aggview import errors
 from aggview.net import GRPC_OPTIONS
+from aggview.security import client_credentials
 from aggview.status import error_from_rpc
 from aggview.values import from_row, to_row, to_value
 from aggview.wire import client_pb2 as pb
@@ -164,6 +166,28 @@ def _ordered(values: dict[str, Any], order: list[str]) -> dict[str, Any]:
     return {c: values[c] for c in order if c in values} if order else values
 
 
+def _explain(exc: grpc.RpcError, plaintext: bool) -> errors.AggviewError:
+    """The server's error; a connection that fails gets a hint at the likely TLS mismatch."""
+    error = error_from_rpc(exc)
+    text = str(error)
+    if not isinstance(error, errors.Unavailable):
+        return error
+    if plaintext and "failed to connect" in text:
+        return errors.Unavailable(
+            f"{text} (this client speaks plaintext: if the cluster runs with TLS, connect "
+            "with ca= (its CA certificate) and token=)"
+        )
+    if not plaintext and "handshake" in text.lower():
+        return errors.Unavailable(
+            f"{text} (TLS handshake failed: the server may be plaintext (--insecure), or ca= "
+            "is not the CA that signed its certificate)"
+        )
+    return error
+
+
+CaSource = str | Path | bytes
+
+
 def _get_row(reply: pb.GetReply) -> Row | None:
     if not reply.found:
         return None
@@ -173,15 +197,35 @@ def _get_row(reply: pb.GetReply) -> Row | None:
 
 
 class Client:
-    """A blocking client. Use as a context manager, or call :meth:`close`."""
+    """A blocking client. Use as a context manager, or call :meth:`close`.
 
-    def __init__(self, address: str, *, timeout: float = 60.0, retry: RetryPolicy | None = None):
+    A secure cluster needs ``ca=`` (the CA certificate: PEM bytes, a file, or a directory
+    holding ``ca.pem``; ``tls=True`` alone trusts the system's CAs) and ``token=`` (sent as
+    ``authorization: Bearer``, only ever over TLS). ``options`` adds gRPC channel options."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 60.0,
+        retry: RetryPolicy | None = None,
+        ca: CaSource | None = None,
+        tls: bool | None = None,
+        token: str | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ):
         self.address = address
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.retries = 0  # timestamp-order aborts retried so far
         self.last_read_timestamp = 0
-        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        credentials, self._metadata = client_credentials(ca, tls, token)
+        self._plaintext = credentials is None
+        channel_options = [*GRPC_OPTIONS, *options]
+        if credentials is None:
+            self._channel = grpc.insecure_channel(address, options=channel_options)
+        else:
+            self._channel = grpc.secure_channel(address, credentials, options=channel_options)
         self._stub = pb_grpc.AggviewStub(self._channel)
 
     def __enter__(self) -> Client:
@@ -195,9 +239,9 @@ class Client:
 
     def _call(self, method: Any, request: Any) -> Any:
         try:
-            return method(request, timeout=self.timeout)
+            return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None  # type: ignore[arg-type]
+            raise _explain(exc, self._plaintext) from None
 
     def sql(self, statement: str) -> Rows:
         rows = _sql_rows(self._call(self._stub.Sql, pb.SqlRequest(sql=statement)))
@@ -245,14 +289,31 @@ class Client:
 
 
 class AsyncClient:
-    """The same API for asyncio: ``async with client.transaction() as tx``, ``await get(...)``."""
+    """The same API for asyncio: ``async with client.transaction() as tx``, ``await get(...)``.
+    Takes the same security arguments as :class:`Client`."""
 
-    def __init__(self, address: str, *, timeout: float = 60.0, retry: RetryPolicy | None = None):
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 60.0,
+        retry: RetryPolicy | None = None,
+        ca: CaSource | None = None,
+        tls: bool | None = None,
+        token: str | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ):
         self.address = address
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.retries = 0
-        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        credentials, self._metadata = client_credentials(ca, tls, token)
+        self._plaintext = credentials is None
+        channel_options = [*GRPC_OPTIONS, *options]
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(address, options=channel_options)
+        else:
+            self._channel = grpc.aio.secure_channel(address, credentials, options=channel_options)
         self._stub = pb_grpc.AggviewStub(self._channel)
 
     async def __aenter__(self) -> AsyncClient:
@@ -266,9 +327,9 @@ class AsyncClient:
 
     async def _call(self, method: Any, request: Any) -> Any:
         try:
-            return await method(request, timeout=self.timeout)
+            return await method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None  # type: ignore[arg-type]
+            raise _explain(exc, self._plaintext) from None
 
     async def sql(self, statement: str) -> Rows:
         return _sql_rows(await self._call(self._stub.Sql, pb.SqlRequest(sql=statement)))

@@ -5,7 +5,7 @@ LTM sees the transaction."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from aggview import errors
@@ -19,9 +19,38 @@ from aggview.wire import ltm_pb2 as lpb
 
 @dataclass(frozen=True)
 class Limits:
-    max_operations: int = 10_000
-    max_row_bytes: int = 1024 * 1024
-    max_key_bytes: int = 4096
+    """What one client may ask of the coordinator; each refusal names its limit (``--limit``)."""
+
+    max_operations: int = 10_000  # rows (operations) per transaction
+    max_row_bytes: int = 1024 * 1024  # one stored row: the key-value store's value
+    max_key_bytes: int = 4096  # one encoded primary key
+    max_request_bytes: int = 16 * 1024 * 1024  # one request message (gRPC refuses bigger)
+    max_sql_bytes: int = 64 * 1024  # one SQL statement (parsing is the costly part)
+    max_views: int = 100  # materialized views in the catalog
+    max_client_transactions: int = 1024  # calls in flight per client (token, or connection)
+
+    @classmethod
+    def parse(cls, items: Sequence[str]) -> Limits:
+        """``NAME=VALUE`` pairs (``max_views=10``) over the defaults."""
+        known = {f.name for f in fields(cls)}
+        values: dict[str, int] = {}
+        for item in items:
+            name, _, text = item.partition("=")
+            name = name.strip()
+            if name not in known:
+                raise errors.InvalidArgument(
+                    f"unknown limit {name!r}; limits are {', '.join(sorted(known))}"
+                )
+            try:
+                value = int(text)
+            except ValueError:
+                raise errors.InvalidArgument(
+                    f"limit {name} needs an integer, got {text!r}"
+                ) from None
+            if value < 1:
+                raise errors.InvalidArgument(f"limit {name} must be at least 1, got {value}")
+            values[name] = value
+        return replace(cls(), **values)
 
 
 _OPS = {cpb.EQ: "==", cpb.NE: "!=", cpb.LT: "<", cpb.LE: "<=", cpb.GT: ">", cpb.GE: ">="}
@@ -39,7 +68,7 @@ def key_bytes(schema: TableSchema, key: dict[str, Any], limits: Limits) -> bytes
     if len(data) > limits.max_key_bytes:
         raise errors.LimitExceeded(
             f"table {schema.name}: key of {len(data)} bytes is over the "
-            f"{limits.max_key_bytes} byte limit"
+            f"{limits.max_key_bytes} byte limit (max_key_bytes)"
         )
     return data
 
@@ -122,7 +151,7 @@ def _checked_row(schema: TableSchema, row: dict[str, Any], limits: Limits) -> by
     if len(data) > limits.max_row_bytes:
         raise errors.LimitExceeded(
             f"table {schema.name}: row of {len(data)} bytes is over the "
-            f"{limits.max_row_bytes} byte limit"
+            f"{limits.max_row_bytes} byte limit (max_row_bytes)"
         )
     return data
 
@@ -174,5 +203,15 @@ def check_operation_count(count: int, limits: Limits) -> None:
         raise errors.InvalidArgument("a transaction needs at least one operation")
     if count > limits.max_operations:
         raise errors.LimitExceeded(
-            f"transaction has {count} operations; the limit is {limits.max_operations}"
+            f"transaction has {count} operations; the limit is {limits.max_operations} "
+            "(max_operations)"
+        )
+
+
+def check_sql_size(sql: str, limits: Limits) -> None:
+    size = len(sql.encode())
+    if size > limits.max_sql_bytes:
+        raise errors.LimitExceeded(
+            f"SQL statement of {size} bytes is over the {limits.max_sql_bytes} byte limit "
+            "(max_sql_bytes)"
         )

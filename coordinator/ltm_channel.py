@@ -14,6 +14,7 @@ import grpc
 
 from aggview import errors
 from aggview.net import GRPC_OPTIONS
+from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.status import error_from_rpc
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
@@ -96,11 +97,19 @@ class Batcher(Generic[Item, Result]):
 
 
 class LtmChannel:
-    def __init__(self, index: int, address: str, watermarks: Callable[[], tuple[int, int]]) -> None:
+    def __init__(
+        self,
+        index: int,
+        address: str,
+        watermarks: Callable[[], tuple[int, int]],
+        tls: TlsDir | None = None,
+    ) -> None:
         self.index = index
         self.address = address
         self._watermarks = watermarks
-        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        # mutual TLS plus the cluster secret when the cluster is secure (LTMs serve members only)
+        self._channel = member_channel(address, tls, GRPC_OPTIONS)
+        self._metadata = member_metadata(tls)
         self.stub = pb_grpc.LtmStub(self._channel)
         self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
         self._stream: Any = None  # the long-lived Exchange call, opened on first use
@@ -122,7 +131,7 @@ class LtmChannel:
     async def _exchange(self, request: pb.LtmRequest, timeout: float = 30.0) -> pb.LtmReply:
         """Sends one request on the stream and waits for its own answer."""
         if self._stream is None:
-            self._stream = self.stub.Exchange()
+            self._stream = self.stub.Exchange(metadata=self._metadata)
             asyncio.get_running_loop().create_task(self._read(self._stream))
         request.id = next(self._ids)
         answer: asyncio.Future[pb.LtmReply] = asyncio.get_running_loop().create_future()
@@ -180,7 +189,7 @@ class LtmChannel:
 
     async def _call(self, method, request, timeout: float):  # type: ignore[no-untyped-def]
         try:
-            return await method(request, timeout=timeout)
+            return await method(request, timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from None
 

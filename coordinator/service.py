@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from aggview import errors
 from aggview.keycodec import encode_key, prefix_end
-from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, run_until_signalled
+from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, add_health, run_until_signalled
+from aggview.rowcodec import decode_row
 from aggview.schema import prefix_to_storage
-from aggview.status import add_service, grpc_method
+from aggview.security import TlsDir, Token
+from aggview.status import Malformed, add_service, grpc_method
 from aggview.values import from_row, to_row
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
 from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc as lpb_grpc
+from coordinator.bulk import BulkAccess
 from coordinator.catalog import Catalog
-from coordinator.convert import key_bytes, wire_row
+from coordinator.convert import Limits, key_bytes, wire_row
 from coordinator.decision_log import DecisionLog
+from coordinator.gate import ClientGate
 from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
@@ -30,12 +36,13 @@ from ltm.store import open_store
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_BYTES = 16 * 1024 * 1024
-
 
 class AggviewServicer(cpb_grpc.AggviewServicer):
-    def __init__(self, manager: TransactionManager) -> None:
+    def __init__(self, manager: TransactionManager, store_url: str = "") -> None:
         self.manager = manager
+        self.bulk = BulkAccess(manager)
+        self.store_url = store_url
+        self._init_leases: dict[str, int] = {}  # view being computed by a job -> its snapshot
 
     @grpc_method
     async def Sql(self, request: cpb.SqlRequest, context: object) -> cpb.SqlReply:
@@ -89,6 +96,143 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
     async def Refresh(self, request: cpb.RefreshRequest, context: object) -> cpb.RefreshReply:
         return cpb.RefreshReply(timestamp=await self.manager.views.refresh(request.view))
 
+    # --------------------------------------------------------------- bulk access (Spark)
+
+    @grpc_method
+    async def List(self, request: cpb.ListRequest, context: object) -> cpb.ListReply:
+        views = self.manager.views.views if self.manager.views else {}
+        return cpb.ListReply(tables=sorted(self.manager.catalog.tables), views=sorted(views))
+
+    @grpc_method
+    async def Describe(self, request: cpb.DescribeRequest, context: object) -> cpb.DescribeReply:
+        catalog = self.manager.catalog
+        if request.name in catalog.tables:
+            schema = catalog.tables[request.name]
+            return cpb.DescribeReply(
+                kind=cpb.DescribeReply.TABLE,
+                store_table=schema.table_id,
+                schema_json=json.dumps(schema.to_json()),
+                columns=list(schema.column_names),
+                store_url=self.store_url,
+            )
+        view = self.manager.views.views.get(request.name)
+        if view is None:
+            raise errors.UnknownTable(f"unknown table or materialized view {request.name!r}")
+        refreshed_at = 0
+        if view.plan.mode == "async" and view.state == "live":
+            refreshed_at = await self.manager.views.refreshed_at(view)
+        return cpb.DescribeReply(
+            kind=cpb.DescribeReply.VIEW,
+            store_table=view.view_id,
+            plan_json=json.dumps(view.plan.to_json()),
+            base_schemas_json=_base_schemas(self.manager, view.plan.base_tables()),
+            columns=list(view.plan.output),
+            refreshed_at=refreshed_at,
+            state=view.state,
+        )
+
+    @grpc_method
+    async def HoldSnapshot(
+        self, request: cpb.SnapshotRequest, context: object
+    ) -> cpb.SnapshotReply:
+        if request.lease:
+            ts = self.bulk.leases.renew(request.lease, request.ttl_ms)
+            return cpb.SnapshotReply(lease=request.lease, timestamp=ts)
+        lease, ts = await self.bulk.leases.hold(request.ttl_ms)
+        return cpb.SnapshotReply(lease=lease, timestamp=ts)
+
+    @grpc_method
+    async def ReleaseSnapshot(
+        self, request: cpb.ReleaseRequest, context: object
+    ) -> cpb.ReleaseReply:
+        self.bulk.leases.release(request.lease)
+        return cpb.ReleaseReply()
+
+    @grpc_method
+    async def Splits(self, request: cpb.SplitsRequest, context: object) -> cpb.SplitsReply:
+        return cpb.SplitsReply(keys=await self.bulk.splits(request.name, request.count))
+
+    @grpc_method
+    async def ReadRange(self, request: cpb.ReadRangeRequest, context: Any) -> None:
+        async for page in self.bulk.pages(
+            request.name, request.start, request.stop, request.snapshot, request.page_rows or 5000
+        ):
+            await context.write(cpb.RawPage(rows=[cpb.RawRow(key=k, row=v) for k, v in page]))
+
+    @grpc_method
+    async def Load(self, request: cpb.LoadRequest, context: object) -> cpb.LoadReply:
+        ts, rows = await self.bulk.load(request.table, request.staging_table)
+        return cpb.LoadReply(timestamp=ts, rows=rows)
+
+    @grpc_method
+    async def BeginView(self, request: cpb.BeginViewRequest, context: object) -> cpb.BeginViewReply:
+        if bool(request.sql) == bool(request.view):
+            raise errors.InvalidArgument("give either the CREATE MATERIALIZED VIEW sql or a view")
+        views = self.manager.views
+        view = await views.begin_external(request.sql, request.view)
+        try:
+            lease, ts = await self.bulk.leases.hold(request.ttl_ms)
+        except BaseException:
+            await views.abort_external(view.name)
+            raise
+        assert view.external is not None
+        view.external.snapshot = ts
+
+        async def expired() -> None:
+            if self._init_leases.get(view.name) == lease:
+                del self._init_leases[view.name]
+                log.warning("initialization of %s abandoned: its snapshot lease expired", view.name)
+                await views.abort_external(view.name)
+
+        self.bulk.leases.leases[lease].on_expiry = expired
+        self._init_leases[view.name] = lease
+        return cpb.BeginViewReply(
+            view=view.name,
+            lease=lease,
+            snapshot=ts,
+            plan_json=json.dumps(view.plan.to_json()),
+            base_schemas_json=_base_schemas(self.manager, view.plan.base_tables()),
+        )
+
+    @grpc_method
+    async def FinishView(self, request: Any, context: object) -> cpb.FinishViewReply:
+        name, snapshot, groups = "", 0, {}
+        async for chunk in request:
+            if isinstance(chunk, Malformed):
+                raise errors.InvalidArgument(f"malformed request: {chunk.reason}")
+            if name and (chunk.view, chunk.snapshot) != (name, snapshot):
+                raise errors.InvalidArgument("every chunk must name the same view and snapshot")
+            name, snapshot = chunk.view, chunk.snapshot
+            for raw in chunk.rows:
+                groups[raw.key] = _state_row(raw.row, name)
+        if not name:
+            raise errors.InvalidArgument("no view rows sent (not even the view's name)")
+        ts = await self.manager.views.finish_external(name, snapshot, groups)
+        self.bulk.leases.release(self._init_leases.pop(name, 0))
+        return cpb.FinishViewReply(
+            message=f"initialized materialized view {name} at snapshot {snapshot}", timestamp=ts
+        )
+
+    @grpc_method
+    async def AbortView(self, request: cpb.AbortViewRequest, context: object) -> cpb.AbortViewReply:
+        await self.manager.views.abort_external(request.view)
+        self.bulk.leases.release(self._init_leases.pop(request.view, 0))
+        return cpb.AbortViewReply()
+
+
+def _base_schemas(manager: TransactionManager, tables: list[str]) -> list[str]:
+    return [json.dumps(manager.catalog.table(t).to_json()) for t in tables]
+
+
+def _state_row(data: bytes, view: str) -> dict[str, Any]:
+    try:
+        row = decode_row(data)
+    except ValueError:
+        row = None
+    if not isinstance(row, dict) or not isinstance(row.get("_count"), int):
+        raise errors.InvalidArgument(f"view {view}: a group's state must be an object with _count")
+    return row
+
 
 class OutcomeServicer(lpb_grpc.TransactionOutcomeServicer):
     def __init__(self, manager: TransactionManager) -> None:
@@ -107,6 +251,9 @@ class CoordinatorConfig:
     host: str = "127.0.0.1"
     port: int = 0
     fsync: bool = True
+    limits: Limits = Limits()
+    tls: TlsDir | None = None  # None: plaintext (``--insecure``)
+    tokens: dict[str, Token] | None = None  # None: no authentication (``--insecure``)
 
 
 def build_manager(config: CoordinatorConfig) -> TransactionManager:
@@ -122,7 +269,9 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
         )
     oracle = TimestampOracle(catalog.meta, catalog.set_meta)
     decisions = DecisionLog(config.log_dir, fsync=config.fsync)
-    manager = TransactionManager(catalog, oracle, decisions, config.ltms)
+    manager = TransactionManager(
+        catalog, oracle, decisions, config.ltms, limits=config.limits, tls=config.tls
+    )
     ViewManager(manager)
     return manager
 
@@ -132,18 +281,29 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     manager = build_manager(config)
     await manager.start()
     await manager.views.start()
+    gate = ClientGate(
+        tokens=config.tokens,
+        secret=config.tls.secret if config.tls is not None else None,
+        limits=config.limits,
+    )
     server = grpc.aio.server(
-        options=[
+        interceptors=[gate],
+        options=[  # first: gRPC takes the first of two values of one option
+            ("grpc.max_receive_message_length", config.limits.max_request_bytes),
             *GRPC_OPTIONS,
             *SERVER_OPTIONS,
-            ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-        ]
+        ],
     )
-    add_service(server, cpb.DESCRIPTOR.services_by_name["Aggview"], AggviewServicer(manager))
+    servicer = AggviewServicer(manager, config.store_url)
+    add_service(server, cpb.DESCRIPTOR.services_by_name["Aggview"], servicer)
     add_service(
         server, lpb.DESCRIPTOR.services_by_name["TransactionOutcome"], OutcomeServicer(manager)
     )
-    await run_until_signalled(server, config.host, config.port, "coordinator", ready)
+    add_health(server)
+    credentials = config.tls.server_credentials(members_only=False) if config.tls else None
+    await run_until_signalled(
+        server, config.host, config.port, "coordinator", ready, credentials=credentials
+    )
     for channel in manager.channels:
         log.info(
             "LTM %d: %d decisions in %d calls",
@@ -151,6 +311,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
             channel.decisions.items,
             channel.decisions.calls,
         )
+    await servicer.bulk.leases.close()
     await manager.views.stop()
     await manager.close()
     await manager.decisions.close()

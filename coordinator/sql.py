@@ -15,6 +15,7 @@ from aggview.schema import TableSchema, from_storage, to_storage
 from aggview.values import to_value
 from aggview.wire import client_pb2 as cpb
 from coordinator.catalog import identifier, parse_sql
+from coordinator.convert import check_sql_size
 from coordinator.transactions import TransactionManager
 
 
@@ -27,6 +28,7 @@ class SqlResult:
 
 
 async def run_sql(sql: str, manager: TransactionManager) -> SqlResult:
+    check_sql_size(sql, manager.limits)
     if manager.views is not None:
         view_statement = manager.views.handles(sql)
         if view_statement is not None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from aggview import errors
 from aggview.partition_map import partition_of
+from aggview.security import TlsDir
 from aggview.status import CONDITION_FAILED_PREFIX
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
@@ -45,8 +46,7 @@ Vote = lpb.Vote
 @dataclass
 class Transaction:
     ts: int
-    subs: dict[int, lpb.SubTransaction]  # partition -> sub-transaction (all rounds so far)
-    images: list[lpb.RowImage] = field(default_factory=list)
+    participants: set[int] = field(default_factory=set)  # partitions prepared so far
     epoch: int = 0  # the view configuration the transaction started under
     maintained: bool = False  # extensions already ran on images predicted from its inserts
 
@@ -117,6 +117,7 @@ class TransactionManager:
         decisions: DecisionLog,
         ltm_addresses: list[str],
         limits: Limits | None = None,
+        tls: TlsDir | None = None,
     ) -> None:
         self.catalog = catalog
         self.oracle = oracle
@@ -124,7 +125,7 @@ class TransactionManager:
         self.limits = limits or Limits()
         self.in_flight = InFlight()
         self.channels = [
-            LtmChannel(i, address, self._watermarks) for i, address in enumerate(ltm_addresses)
+            LtmChannel(i, address, self._watermarks, tls) for i, address in enumerate(ltm_addresses)
         ]
         self.extensions: list[Extension] = []
         # Called on a transaction's operations before the first prepare (change capture).
@@ -166,8 +167,24 @@ class TransactionManager:
             decorate(ops)
         ts = self.oracle.next()
         self.in_flight.add(ts)
-        tx = Transaction(ts, {}, epoch=self.epoch)
+        tx = Transaction(ts, epoch=self.epoch)
         return await self._run(tx, ops)
+
+    async def bulk_transaction(self, chunks: AsyncIterator[list[lpb.RowOp]]) -> int:
+        """One transaction too big for one message (a bulk load): its operations arrive in
+        chunks, each prepared as another round at the same timestamp, so every row becomes
+        visible at once when it commits, and an LTM never spends long on one message."""
+        ts = self.oracle.next()
+        self.in_flight.add(ts)
+        tx = Transaction(ts, epoch=self.epoch)
+
+        async def rounds() -> None:
+            async for ops in chunks:
+                for decorate in self.decorators:
+                    decorate(ops)
+                await self._prepare_rounds(tx, ops, extend=True)
+
+        return await self._decide(tx, rounds())
 
     async def system_transaction(self, build: Callable[[int], Awaitable[list[lpb.RowOp]]]) -> int:
         """A transaction of the system's own (view refresh, initialization): it gets its
@@ -175,7 +192,7 @@ class TransactionManager:
         operations from reads at that timestamp."""
         ts = self.oracle.next()
         self.in_flight.add(ts)
-        tx = Transaction(ts, {}, epoch=self.epoch)
+        tx = Transaction(ts, epoch=self.epoch)
         try:
             await self.in_flight.wait_decided_upto(ts - 1)
             ops = await build(ts)
@@ -185,33 +202,42 @@ class TransactionManager:
         return await self._run(tx, ops, extend=False)
 
     async def _run(self, tx: Transaction, ops: list[lpb.RowOp], extend: bool = True) -> int:
+        return await self._decide(tx, self._prepare_rounds(tx, ops, extend))
+
+    async def _prepare_rounds(self, tx: Transaction, ops: list[lpb.RowOp], extend: bool) -> None:
+        """Prepares ``ops``, then what the extensions add on their votes, until none do."""
+        round_ops = ops
+        predicted = self._predicted_images(ops) if extend else None
+        maintained = tx.maintained
+        if predicted:
+            # Only inserts of new rows: their images are known before any vote, so the
+            # extensions run now and their operations join the first round (one round
+            # instead of two, e.g. for a fact-table insert under a sync view).
+            tx.maintained = True
+            for extension in self.extensions:
+                round_ops = round_ops + await extension(tx, predicted)
+        while round_ops:
+            images = await self._prepare_round(tx, round_ops)
+            round_ops = []
+            if images and extend and not tx.maintained:
+                for extension in self.extensions:
+                    round_ops.extend(await extension(tx, images))
+        tx.maintained = maintained
+
+    async def _decide(self, tx: Transaction, prepared: Awaitable[None]) -> int:
+        """Commits once every round in ``prepared`` voted yes; aborts everywhere otherwise."""
         ts = tx.ts
         try:
-            round_ops = ops
-            predicted = self._predicted_images(ops) if extend else None
-            if predicted:
-                # Only inserts of new rows: their images are known before any vote, so the
-                # extensions run now and their operations join the first round (one round
-                # instead of two, e.g. for a fact-table insert under a sync view).
-                tx.maintained = True
-                for extension in self.extensions:
-                    round_ops = round_ops + await extension(tx, predicted)
-            while round_ops:
-                images = await self._prepare_round(tx, round_ops)
-                tx.images.extend(images)
-                round_ops = []
-                if images and extend and not tx.maintained:
-                    for extension in self.extensions:
-                        round_ops.extend(await extension(tx, images))
+            await prepared
         except BaseException:
             self.in_flight.decided(ts)
             self.aborted += 1
-            for partition in tx.subs:
+            for partition in tx.participants:
                 self._send_abort(partition, ts)
             raise
         # The decision point: once the commit record is queued the transaction commits, even
         # if the caller goes away (a cancelled RPC must not turn into aborts at the LTMs).
-        decided = asyncio.ensure_future(self._commit(ts, sorted(tx.subs)))
+        decided = asyncio.ensure_future(self._commit(ts, sorted(tx.participants)))
         return await asyncio.shield(decided)
 
     async def _commit(self, ts: int, participants: list[int]) -> int:
@@ -247,9 +273,7 @@ class TransactionManager:
             if not sub.want_images and not tx.maintained and self.watched(op.table):
                 sub.want_images = True
             sub.ops.append(op)
-        for partition, sub in by_partition.items():
-            whole = tx.subs.setdefault(partition, lpb.SubTransaction(ts=tx.ts))
-            whole.ops.extend(sub.ops)
+        tx.participants.update(by_partition)
         votes = await asyncio.gather(
             *(self.channels[p].prepare(sub) for p, sub in by_partition.items())
         )

@@ -34,6 +34,7 @@ from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState
 from cumulus.compiler import AlterView, CreateView, DropView, compile_view, parse_view_statement
 from cumulus.delta import Changes, from_scratch, view_delta
 from cumulus.plan import ViewPlan
+from ltm.merge import combine, negate
 
 log = logging.getLogger(__name__)
 META_KEY = b"\x01"  # the one row of a view's meta table
@@ -48,6 +49,7 @@ class View:
     compiled: ViewState | None = field(default=None, repr=False)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     refresher: asyncio.Task[None] | None = field(default=None, repr=False)
+    external: ExternalInit | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -75,6 +77,14 @@ class View:
             "state": self.state,
             "snapshot": self.snapshot,
         }
+
+
+@dataclass
+class ExternalInit:
+    """A view being computed outside the coordinator (a Spark job) over a held snapshot."""
+
+    snapshot: int
+    created: bool  # a new view (forgotten if the job fails) or an existing one recomputed
 
 
 class ViewManager:
@@ -138,12 +148,27 @@ class ViewManager:
         raise errors.InvalidArgument("unsupported view statement")
 
     async def _create(self, create: CreateView) -> str:
+        if create.name in self.views and create.if_not_exists:
+            return f"materialized view {create.name} already exists"
+        view, new_indexes = self._declare(create)
+        try:
+            await self._initialize(view, fresh=True, new_indexes=new_indexes)
+        except BaseException:
+            await self._forget(view)
+            raise
+        return f"created materialized view {view.name} ({view.plan.mode})"
+
+    def _declare(self, create: CreateView) -> tuple[View, list[tuple[str, str]]]:
+        """Registers a new view, initializing: from here on every commit captures its changes."""
         if create.name in self.views:
-            if create.if_not_exists:
-                return f"materialized view {create.name} already exists"
             raise errors.AlreadyExists(f"materialized view {create.name} already exists")
         if create.name in self.catalog.tables:
             raise errors.AlreadyExists(f"{create.name} is already the name of a table")
+        if len(self.views) >= self.manager.limits.max_views:
+            raise errors.LimitExceeded(
+                f"{len(self.views)} materialized views exist; the limit is "
+                f"{self.manager.limits.max_views} (max_views)"
+            )
         plan = compile_view(create, self.catalog.table)
         view = View(plan, self.catalog.next_number(), "initializing")
         store = self.catalog.store
@@ -153,13 +178,80 @@ class ViewManager:
         # inside writing transactions. An async refresh scans instead (see _rows_where).
         new_indexes = self._declare_indexes(plan) if plan.mode == "sync" else []
         self._persist(view)
-        self._register(view)  # from here on, every commit captures changes for the view
-        try:
-            await self._initialize(view, fresh=True, new_indexes=new_indexes)
-        except BaseException:
-            await self._forget(view)
-            raise
-        return f"created materialized view {view.name} ({plan.mode})"
+        self._register(view)
+        return view, new_indexes
+
+    # ------------------------------------------------------------------ external initialization
+
+    async def begin_external(self, sql: str, name: str) -> View:
+        """Declares a view (``sql``) or puts an existing one (``name``) back to initializing,
+        for a job outside the coordinator to compute at a snapshot taken right after: every
+        transaction after it is captured, every one before it is in the snapshot."""
+        async with self._ddl:
+            if sql:
+                statement = parse_view_statement(sql)
+                if not isinstance(statement, CreateView):
+                    raise errors.InvalidArgument(
+                        "expected CREATE MATERIALIZED VIEW ... to initialize a new view"
+                    )
+                view, new_indexes = self._declare(statement)
+                created = True
+                try:
+                    for table, column in new_indexes:
+                        await self._backfill_index(table, column)
+                except BaseException:
+                    await self._forget(view)
+                    raise
+            else:
+                view = self.views.get(name)
+                if view is None:
+                    raise errors.UnknownTable(f"unknown materialized view {name!r}")
+                if view.state != "live" or view.external is not None:
+                    raise errors.FailedPrecondition(
+                        f"materialized view {name} is already being initialized"
+                    )
+                async with view.lock:  # no refresh half-way through
+                    view.state = "initializing"
+                    self.manager.epoch += 1
+                    self._persist(view)
+                created = False
+            view.external = ExternalInit(snapshot=0, created=created)
+            return view
+
+    async def finish_external(self, name: str, snapshot: int, groups: dict[bytes, Row]) -> int:
+        """Installs the groups computed at ``snapshot``, then drains what was captured after
+        it and makes the view live; returns the timestamp the rows were written at."""
+        view = self._external(name)
+        if snapshot != view.external.snapshot:  # type: ignore[union-attr]
+            raise errors.InvalidArgument(
+                f"materialized view {name} is being computed at snapshot "
+                f"{view.external.snapshot}, not {snapshot}"  # type: ignore[union-attr]
+            )
+        async with self._ddl:
+            view.external = None
+            try:
+                return await self._initialize(view, fresh=True, computed=(snapshot, groups))
+            except BaseException:
+                view.external = ExternalInit(snapshot, created=False)
+                raise
+
+    async def abort_external(self, name: str) -> None:
+        """The job failed: a new view is forgotten; an existing one goes live again on the
+        rows it had, once the changes captured meanwhile are drained into it."""
+        view = self._external(name)
+        async with self._ddl:
+            external, view.external = view.external, None
+            assert external is not None
+            if external.created:
+                await self._forget(view)
+            else:
+                await self._go_live(view)
+
+    def _external(self, name: str) -> View:
+        view = self.views.get(name)
+        if view is None or view.external is None:
+            raise errors.FailedPrecondition(f"materialized view {name!r} is not being initialized")
+        return view
 
     def _changes_ids(self, view: View) -> list[str]:
         return [view.changes_id(self.catalog.table(t)) for t in view.plan.base_tables()]
@@ -227,29 +319,51 @@ class ViewManager:
     # ------------------------------------------------------------------ initialization
 
     async def _initialize(
-        self, view: View, *, fresh: bool, new_indexes: list[tuple[str, str]] | None = None
-    ) -> None:
-        """Computes the view from a snapshot while writers go on, then makes it live."""
-        if not fresh:  # a restart mid-way: start over from an empty view
-            await self._clear(view)
-        for table, column in new_indexes if new_indexes is not None else list(self.indexes):
-            await self._backfill_index(table, column)
+        self,
+        view: View,
+        *,
+        fresh: bool,
+        new_indexes: list[tuple[str, str]] | None = None,
+        computed: tuple[int, dict[bytes, Row]] | None = None,
+    ) -> int:
+        """Computes the view from a snapshot while writers go on (or installs groups computed
+        elsewhere at ``computed``'s snapshot), then makes it live."""
+        if computed is None:
+            if not fresh:  # a restart mid-way: start over from an empty view
+                await self._clear(view)
+            for table, column in new_indexes if new_indexes is not None else list(self.indexes):
+                await self._backfill_index(table, column)
         assert view.compiled is not None
         view_state = view.compiled
 
         async def initial(ts: int) -> list[lpb.RowOp]:
-            tables = {}
-            for table in view.plan.base_tables():
-                schema = self.catalog.table(table)
-                rows = await self.manager.read_range_at(schema.table_id, b"", b"", ts, own=True)
-                tables[table] = {key: decode_row(data) or {} for key, data in rows}
-            groups = await from_scratch(view_state, tables)
-            view.snapshot = ts
-            return [_merge(view.view_id, key, state) for key, state in groups.items()] + [
-                _meta(view, refreshed_at=ts)
+            if computed is not None:
+                view.snapshot, groups = computed
+                # The view may hold rows (a recomputation): move each group to its new state.
+                old = await self.manager.read_range_at(view.view_id, b"", b"", ts, own=True)
+                deltas = dict(groups)
+                for key, data in old:
+                    deltas[key] = combine(deltas.get(key, {}), negate(decode_row(data) or {}))
+                refreshed_at = view.snapshot
+            else:
+                tables = {}
+                for table in view.plan.base_tables():
+                    schema = self.catalog.table(table)
+                    rows = await self.manager.read_range_at(schema.table_id, b"", b"", ts, own=True)
+                    tables[table] = {key: decode_row(data) or {} for key, data in rows}
+                deltas = await from_scratch(view_state, tables)
+                view.snapshot = refreshed_at = ts
+            return [_merge(view.view_id, key, state) for key, state in deltas.items()] + [
+                _meta(view, refreshed_at=refreshed_at)
             ]
 
-        await self.manager.system_transaction(initial)
+        written = await self.manager.system_transaction(initial)
+        await self._go_live(view)
+        return written
+
+    async def _go_live(self, view: View) -> None:
+        """Ends initialization: for a sync view, maintenance takes over from the next
+        transaction on and the changes captured until then are drained once."""
         self._persist(view)
         if view.plan.mode == "sync":
             # From the next transaction on, maintenance is synchronous; then the changes
@@ -260,7 +374,7 @@ class ViewManager:
         view.state = "live"
         self.manager.epoch += 1
         self._persist(view)
-        if view.plan.mode == "async":
+        if view.plan.mode == "async" and (view.refresher is None or view.refresher.done()):
             self._start_refresher(view)
 
     async def _clear(self, view: View) -> None:
@@ -509,8 +623,7 @@ class ViewManager:
                 rows = await self.manager.read_range_at(view.view_id, b"", b"", ts)
             consistent_at = ts
             if view.plan.mode == "async":
-                meta = await self.manager.read_keys_at(view.meta_id, [META_KEY], ts)
-                consistent_at = (decode_row(meta.get(META_KEY, b"")) or {}).get("refreshed_at", 0)
+                consistent_at = await self._refreshed_at(view, ts)
         if not view.plan.group_by and not rows:
             rows = [(NO_GROUP_KEY, b"")]  # SQL: an aggregate without GROUP BY has one row
         out = []
@@ -519,6 +632,15 @@ class ViewManager:
             if row is not None and all(row.get(c) == v for c, v in where.items()):
                 out.append(row)
         return out, consistent_at
+
+    async def refreshed_at(self, view: View) -> int:
+        """The timestamp an async view's rows are consistent at now (its last refresh)."""
+        async with self.manager.snapshot() as ts:
+            return await self._refreshed_at(view, ts)
+
+    async def _refreshed_at(self, view: View, ts: int) -> int:
+        meta = await self.manager.read_keys_at(view.meta_id, [META_KEY], ts)
+        return (decode_row(meta.get(META_KEY, b"")) or {}).get("refreshed_at", 0)
 
 
 def _merge(view_id: str, key: bytes, delta: Row) -> lpb.RowOp:

@@ -27,6 +27,14 @@ def combine(delta: Row, more: Row) -> Row:
     return out
 
 
+def negate(delta: Row) -> Row:
+    """The delta that undoes ``delta`` (every number and multiplicity negated)."""
+    return {
+        field: {v: -n for v, n in change.items()} if isinstance(change, dict) else -change
+        for field, change in delta.items()
+    }
+
+
 def merge(row: Row | None, delta: Row) -> Row | None:
     """Applies a delta to a view row; None in and out means the group has no rows.
 

@@ -390,7 +390,7 @@ class Participant:
         start, stop = request.start or None, request.stop or None
         self.scans_running += 1  # no eviction meanwhile: the store copy we read must stay valid
         try:
-            stored = await asyncio.to_thread(self._scan_store, table, start, stop)
+            stored, _ = await asyncio.to_thread(self._scan_store, table, start, stop)
             if request.register_read:  # the read must stay remembered (rts) on every row
                 self.range_reads.setdefault(table, []).append((start or b"", stop, ts))
                 await self._load((table, key) for key in stored)
@@ -414,16 +414,50 @@ class Participant:
         finally:
             self.scans_running -= 1
 
+    async def read_page(self, request: pb.ReadRequest) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """About ``limit`` rows of a snapshot scan, for bulk readers that page through a big
+        range: the store is read only up to the page's last stored key, so a page costs its
+        own size, not the rest of the range. Returns the rows and where the next page starts
+        (empty when the range is done)."""
+        ts, table = request.ts, request.table
+        start, stop = request.start or None, request.stop or None
+        limit = max(request.limit, 1)
+        self.scans_running += 1
+        try:
+            stored, last = await asyncio.to_thread(self._scan_store, table, start, stop, limit)
+            bound = stop if last is None else last + b"\x00"  # exclusive end of this page
+            keys = set(stored)
+            for key in list(self.rows.keys_of(table)):
+                if (start is None or key >= start) and (bound is None or key < bound):
+                    keys.add(key)
+            out: list[tuple[bytes, bytes]] = []
+            for key in sorted(keys):
+                row_id = (table, key)
+                if row_id in self.rows:
+                    row = await self._read_row(row_id, ts, False)
+                    data = encode_row(row) if row is not None else b""
+                else:
+                    data = stored.get(key, b"")
+                if data:
+                    out.append((key, data))
+            return out, (bound or b"") if last is not None else b""
+        finally:
+            self.scans_running -= 1
+
     def _scan_store(
-        self, table: str, start: bytes | None, stop: bytes | None
-    ) -> dict[bytes, bytes]:
+        self, table: str, start: bytes | None, stop: bytes | None, limit: int = 0
+    ) -> tuple[dict[bytes, bytes], bytes | None]:
+        """Live rows of this partition in [start, stop), and the last key read when ``limit``
+        rows were reached before the end (None: the range was read to its end)."""
         out = {}
         for key, value in self.store.scan(table, start, stop):
             if partition_of(table, key, self.settings.partitions) == self.settings.partition:
                 row = decode_stored(value)[1]
                 if row is not None:  # not a tombstone
                     out[key] = encode_row(row)
-        return out
+                    if limit and len(out) >= limit:
+                        return out, key
+        return out, None
 
     # ----------------------------------------------------------------- cache
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import grpc
 
 from aggview import errors
-from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, run_until_signalled
+from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, add_health, run_until_signalled
+from aggview.security import MemberGate, TlsDir, member_channel, member_metadata
 from aggview.status import Malformed, add_service, grpc_method
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
@@ -42,10 +43,16 @@ class LtmServicer(pb_grpc.LtmServicer):
                     votes = [await self._prepare_one(sub) for sub in prepare.subs]
                     reply = pb.LtmReply(id=request.id, vote=votes[0] if votes else pb.Vote())
                 elif request.HasField("read"):
-                    rows = await self.participant.read(request.read)
+                    resume = b""
+                    if request.read.page:
+                        rows, resume = await self.participant.read_page(request.read)
+                    else:
+                        rows = await self.participant.read(request.read)
                     reply = pb.LtmReply(
                         id=request.id,
-                        rows=pb.ReadReply(rows=[pb.KeyValue(key=k, row=v) for k, v in rows]),
+                        rows=pb.ReadReply(
+                            rows=[pb.KeyValue(key=k, row=v) for k, v in rows], resume=resume
+                        ),
                     )
                 else:
                     decide = request.decide
@@ -128,14 +135,16 @@ class LtmConfig:
     fsync: bool = True
     cache_rows: int = 1_000_000
     checkpoint_interval: float = 2.0
+    tls: TlsDir | None = None  # None: plaintext and no member check (``--insecure``)
 
 
-def _outcome_query(address: str):  # type: ignore[no-untyped-def]
-    channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+def _outcome_query(address: str, tls: TlsDir | None):  # type: ignore[no-untyped-def]
+    channel = member_channel(address, tls, GRPC_OPTIONS)
     stub = pb_grpc.TransactionOutcomeStub(channel)
+    metadata = member_metadata(tls)
 
     async def query(timestamps: list[int]) -> list[bool | None]:
-        reply = await stub.Query(pb.OutcomeRequest(ts=timestamps), timeout=5)
+        reply = await stub.Query(pb.OutcomeRequest(ts=timestamps), timeout=5, metadata=metadata)
         by_code = {pb.OutcomeReply.COMMITTED: True, pb.OutcomeReply.ABORTED: False}
         return [by_code.get(o) for o in reply.outcomes]
 
@@ -156,12 +165,20 @@ async def serve(config: LtmConfig, ready: asyncio.Event | None = None) -> None:
         config.log_dir,
         settings,
         fsync=config.fsync,
-        outcome_query=_outcome_query(config.coordinator) if config.coordinator else None,
+        outcome_query=(
+            _outcome_query(config.coordinator, config.tls) if config.coordinator else None
+        ),
     )
     await participant.start()
-    server = grpc.aio.server(options=[*GRPC_OPTIONS, *SERVER_OPTIONS])
+    # secure: mutual TLS (members' certificate) and the cluster secret on every call
+    gates = [MemberGate(config.tls.secret)] if config.tls is not None else []
+    server = grpc.aio.server(interceptors=gates or None, options=[*GRPC_OPTIONS, *SERVER_OPTIONS])
     add_service(server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(participant))
-    await run_until_signalled(server, config.host, config.port, f"ltm {config.partition}", ready)
+    add_health(server)
+    credentials = config.tls.server_credentials(members_only=True) if config.tls else None
+    await run_until_signalled(
+        server, config.host, config.port, f"ltm {config.partition}", ready, credentials
+    )
     await participant.stop()
     store.close()
     log.info("ltm %d stopped", config.partition)

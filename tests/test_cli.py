@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def start(data: Path) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "aggview.cli", "start", "--data", str(data), "--ltms", "2"],
+        [sys.executable, "-m", "aggview.cli", "start", "--data", str(data), "--ltms", "2"]
+        + ["--insecure"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -80,7 +81,8 @@ def test_start_refuses_another_ltm_count(tmp_path: Path) -> None:
     stop(process)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "aggview.cli", "start", "--data", str(data), "--ltms", "3"],
+        [sys.executable, "-m", "aggview.cli", "start", "--data", str(data), "--ltms", "3"]
+        + ["--insecure"],
         capture_output=True,
         text=True,
         env=env,

@@ -107,7 +107,7 @@ def test_corrupt_file_is_a_store_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("hbase://localhost:9090", "hbase store adapter not available yet"),
+        ("hbase://localhost:9090?bogus=1", "unknown option 'bogus'"),
         ("redis://localhost", "supported schemes: sqlite://, hbase://"),
         ("/tmp/x.db", "unsupported store URL '/tmp/x.db'"),
         ("sqlite://relative.db", "sqlite:///absolute/path.db"),

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61ggview/wire/client.proto\x12\naggview.v1\"\xa6\x01\n\x05Value\x12\x0e\n\x04null\x18\x01 \x01(\x08H\x00\x12\x13\n\tint_value\x18\x02 \x01(\x12H\x00\x12\x17\n\rdecimal_value\x18\x03 \x01(\tH\x00\x12\x15\n\x0b\x66loat_value\x18\x04 \x01(\x01H\x00\x12\x14\n\ntext_value\x18\x05 \x01(\tH\x00\x12\x14\n\ndate_value\x18\x06 \x01(\x11H\x00\x12\x14\n\nbool_value\x18\x07 \x01(\x08H\x00\x42\x06\n\x04kind\"w\n\x03Row\x12-\n\x07\x63olumns\x18\x01 \x03(\x0b\x32\x1c.aggview.v1.Row.ColumnsEntry\x1a\x41\n\x0c\x43olumnsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.aggview.v1.Value:\x02\x38\x01\"a\n\tCondition\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\"\n\x02op\x18\x02 \x01(\x0e\x32\x16.aggview.v1.Comparison\x12 \n\x05value\x18\x03 \x01(\x0b\x32\x11.aggview.v1.Value\"\xe0\x01\n\tOperation\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.aggview.v1.Operation.Kind\x12\r\n\x05table\x18\x02 \x01(\t\x12\x1c\n\x03key\x18\x03 \x01(\x0b\x32\x0f.aggview.v1.Row\x12\x1f\n\x06values\x18\x04 \x01(\x0b\x32\x0f.aggview.v1.Row\x12&\n\x07require\x18\x05 \x03(\x0b\x32\x15.aggview.v1.Condition\"3\n\x04Kind\x12\n\n\x06INSERT\x10\x00\x12\n\n\x06UPDATE\x10\x01\x12\x07\n\x03\x41\x44\x44\x10\x02\x12\n\n\x06\x44\x45LETE\x10\x03\":\n\rCommitRequest\x12)\n\noperations\x18\x01 \x03(\x0b\x32\x15.aggview.v1.Operation\" \n\x0b\x43ommitReply\x12\x11\n\ttimestamp\x18\x01 \x01(\x04\"\x19\n\nSqlRequest\x12\x0b\n\x03sql\x18\x01 \x01(\t\"^\n\x08SqlReply\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x0f\n\x07\x63olumns\x18\x02 \x03(\t\x12\x1d\n\x04rows\x18\x03 \x03(\x0b\x32\x0f.aggview.v1.Row\x12\x11\n\ttimestamp\x18\x04 \x01(\x04\"9\n\nGetRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1c\n\x03key\x18\x02 \x01(\x0b\x32\x0f.aggview.v1.Row\"J\n\x08GetReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x1c\n\x03row\x18\x02 \x01(\x0b\x32\x0f.aggview.v1.Row\x12\x11\n\ttimestamp\x18\x03 \x01(\x04\"L\n\x0bScanRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x06prefix\x18\x02 \x01(\x0b\x32\x0f.aggview.v1.Row\x12\r\n\x05limit\x18\x03 \x01(\r\"N\n\tScanReply\x12\x1d\n\x04rows\x18\x01 \x03(\x0b\x32\x0f.aggview.v1.Row\x12\x11\n\ttimestamp\x18\x02 \x01(\x04\x12\x0f\n\x07\x63olumns\x18\x03 \x03(\t\";\n\x0bViewRequest\x12\x0c\n\x04view\x18\x01 \x01(\t\x12\x1e\n\x05where\x18\x02 \x01(\x0b\x32\x0f.aggview.v1.Row\"N\n\tViewReply\x12\x1d\n\x04rows\x18\x01 \x03(\x0b\x32\x0f.aggview.v1.Row\x12\x11\n\ttimestamp\x18\x02 \x01(\x04\x12\x0f\n\x07\x63olumns\x18\x03 \x03(\t\"\x1e\n\x0eRefreshRequest\x12\x0c\n\x04view\x18\x01 \x01(\t\"!\n\x0cRefreshReply\x12\x11\n\ttimestamp\x18\x01 \x01(\x04*<\n\nComparison\x12\x06\n\x02\x45Q\x10\x00\x12\x06\n\x02NE\x10\x01\x12\x06\n\x02LT\x10\x02\x12\x06\n\x02LE\x10\x03\x12\x06\n\x02GT\x10\x04\x12\x06\n\x02GE\x10\x05\x32\xe2\x02\n\x07\x41ggview\x12\x33\n\x03Sql\x12\x16.aggview.v1.SqlRequest\x1a\x14.aggview.v1.SqlReply\x12<\n\x06\x43ommit\x12\x19.aggview.v1.CommitRequest\x1a\x17.aggview.v1.CommitReply\x12\x33\n\x03Get\x12\x16.aggview.v1.GetRequest\x1a\x14.aggview.v1.GetReply\x12\x36\n\x04Scan\x12\x17.aggview.v1.ScanRequest\x1a\x15.aggview.v1.ScanReply\x12\x36\n\x04View\x12\x17.aggview.v1.ViewRequest\x1a\x15.aggview.v1.ViewReply\x12?\n\x07Refresh\x12\x1a.aggview.v1.RefreshRequest\x1a\x18.aggview.v1.RefreshReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61ggview/wire/client.proto\x12\naggview.v1\"\xa6\x01\n\x05Value\x12\x0e\n\x04null\x18\x01 \x01(\x08H\x00\x12\x13\n\tint_value\x18\x02 \x01(\x12H\x00\x12\x17\n\rdecimal_value\x18\x03 \x01(\tH\x00\x12\x15\n\x0b\x66loat_value\x18\x04 \x01(\x01H\x00\x12\x14\n\ntext_value\x18\x05 \x01(\tH\x00\x12\x14\n\ndate_value\x18\x06 \x01(\x11H\x00\x12\x14\n\nbool_value\x18\x07 \x01(\x08H\x00\x42\x06\n\x04kind\"w\n\x03Row\x12-\n\x07\x63olumns\x18\x01 \x03(\x0b\x32\x1c.aggview.v1.Row.ColumnsEntry\x1a\x41\n\x0c\x43olumnsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.aggview.v1.Value:\x02\x38\x01\"a\n\tCondition\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\"\n\x02op\x18\x02 \x01(\x0e\x32\x16.aggview.v1.Comparison\x12 \n\x05value\x18\x03 \x01(\x0b\x32\x11.aggview.v1.Value\"\xe0\x01\n\tOperation\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.aggview.v1.Operation.Kind\x12\r\n\x05table\x18\x02 \x01(\t\x12\x1c\n\x03key\x18\x03 \x01(\x0b\x32\x0f.aggview.v1.Row\x12\x1f\n\x06values\x18\x04 \x01(\x0b\x32\x0f.aggview.v1.Row\x12&\n\x07require\x18\x05 \x03(\x0b\x32\x15.aggview.v1.Condition\"3\n\x04Kind\x12\n\n\x06INSERT\x10\x00\x12\n\n\x06UPDATE\x10\x01\x12\x07\n\x03\x41\x44\x44\x10\x02\x12\n\n\x06\x44\x45LETE\x10\x03\":\n\rCommitRequest\x12)\n\noperations\x18\x01 \x03(\x0b\x32\x15.aggview.v1.Operation\" \n\x0b\x43ommitReply\x12\x11\n\ttimestamp\x18\x01 \x01(\x04\"\x19\n\nSqlRequest\x12\x0b\n\x03sql\x18\x01 \x01(\t\"^\n\x08SqlReply\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x0f\n\x07\x63olumns\x18\x02 \x03(\t\x12\x1d\n\x04rows\x18\x03 \x03(\x0b\x32\x0f.aggview.v1.Row\x12\x11\n\ttimestamp\x18\x04 \x01(\x04\"9\n\nGetRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1c\n\x03key\x18\x02 \x01(\x0b\x32\x0f.aggview.v1.Row\"J\n\x08GetReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x1c\n\x03row\x18\x02 \x01(\x0b\x32\x0f.aggview.v1.Row\x12\x11\n\ttimestamp\x18\x03 \x01(\x04\"L\n\x0bScanRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x06prefix\x18\x02 \x01(\x0b\x32\x0f.aggview.v1.Row\x12\r\n\x05limit\x18\x03 \x01(\r\"N\n\tScanReply\x12\x1d\n\x04rows\x18\x01 \x03(\x0b\x32\x0f.aggview.v1.Row\x12\x11\n\ttimestamp\x18\x02 \x01(\x04\x12\x0f\n\x07\x63olumns\x18\x03 \x03(\t\";\n\x0bViewRequest\x12\x0c\n\x04view\x18\x01 \x01(\t\x12\x1e\n\x05where\x18\x02 \x01(\x0b\x32\x0f.aggview.v1.Row\"N\n\tViewReply\x12\x1d\n\x04rows\x18\x01 \x03(\x0b\x32\x0f.aggview.v1.Row\x12\x11\n\ttimestamp\x18\x02 \x01(\x04\x12\x0f\n\x07\x63olumns\x18\x03 \x03(\t\"\x1e\n\x0eRefreshRequest\x12\x0c\n\x04view\x18\x01 \x01(\t\"!\n\x0cRefreshReply\x12\x11\n\ttimestamp\x18\x01 \x01(\x04\"\x1f\n\x0f\x44\x65scribeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xfb\x01\n\rDescribeReply\x12,\n\x04kind\x18\x01 \x01(\x0e\x32\x1e.aggview.v1.DescribeReply.Kind\x12\x13\n\x0bstore_table\x18\x02 \x01(\t\x12\x13\n\x0bschema_json\x18\x03 \x01(\t\x12\x11\n\tplan_json\x18\x04 \x01(\t\x12\x19\n\x11\x62\x61se_schemas_json\x18\x05 \x03(\t\x12\x0f\n\x07\x63olumns\x18\x06 \x03(\t\x12\x14\n\x0crefreshed_at\x18\x07 \x01(\x04\x12\r\n\x05state\x18\x08 \x01(\t\x12\x11\n\tstore_url\x18\t \x01(\t\"\x1b\n\x04Kind\x12\t\n\x05TABLE\x10\x00\x12\x08\n\x04VIEW\x10\x01\"\r\n\x0bListRequest\"*\n\tListReply\x12\x0e\n\x06tables\x18\x01 \x03(\t\x12\r\n\x05views\x18\x02 \x03(\t\"0\n\x0fSnapshotRequest\x12\r\n\x05lease\x18\x01 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\r\"1\n\rSnapshotReply\x12\r\n\x05lease\x18\x01 \x01(\x04\x12\x11\n\ttimestamp\x18\x02 \x01(\x04\"\x1f\n\x0eReleaseRequest\x12\r\n\x05lease\x18\x01 \x01(\x04\"\x0e\n\x0cReleaseReply\",\n\rSplitsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\x1b\n\x0bSplitsReply\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"\"\n\x06RawRow\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0b\n\x03row\x18\x02 \x01(\x0c\"b\n\x10ReadRangeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x0c\x12\x0c\n\x04stop\x18\x03 \x01(\x0c\x12\x10\n\x08snapshot\x18\x04 \x01(\x04\x12\x11\n\tpage_rows\x18\x05 \x01(\r\"+\n\x07RawPage\x12 \n\x04rows\x18\x01 \x03(\x0b\x32\x12.aggview.v1.RawRow\"3\n\x0bLoadRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x15\n\rstaging_table\x18\x02 \x01(\t\",\n\tLoadReply\x12\x11\n\ttimestamp\x18\x01 \x01(\x04\x12\x0c\n\x04rows\x18\x02 \x01(\x04\"=\n\x10\x42\x65ginViewRequest\x12\x0b\n\x03sql\x18\x01 \x01(\t\x12\x0c\n\x04view\x18\x02 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\r\"m\n\x0e\x42\x65ginViewReply\x12\x0c\n\x04view\x18\x01 \x01(\t\x12\r\n\x05lease\x18\x02 \x01(\x04\x12\x10\n\x08snapshot\x18\x03 \x01(\x04\x12\x11\n\tplan_json\x18\x04 \x01(\t\x12\x19\n\x11\x62\x61se_schemas_json\x18\x05 \x03(\t\"Q\n\rViewRowsChunk\x12\x0c\n\x04view\x18\x01 \x01(\t\x12\x10\n\x08snapshot\x18\x02 \x01(\x04\x12 \n\x04rows\x18\x03 \x03(\x0b\x32\x12.aggview.v1.RawRow\"5\n\x0f\x46inishViewReply\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x11\n\ttimestamp\x18\x02 \x01(\x04\" \n\x10\x41\x62ortViewRequest\x12\x0c\n\x04view\x18\x01 \x01(\t\"\x10\n\x0e\x41\x62ortViewReply*<\n\nComparison\x12\x06\n\x02\x45Q\x10\x00\x12\x06\n\x02NE\x10\x01\x12\x06\n\x02LT\x10\x02\x12\x06\n\x02LE\x10\x03\x12\x06\n\x02GT\x10\x04\x12\x06\n\x02GE\x10\x05\x32\xfd\x07\n\x07\x41ggview\x12\x33\n\x03Sql\x12\x16.aggview.v1.SqlRequest\x1a\x14.aggview.v1.SqlReply\x12<\n\x06\x43ommit\x12\x19.aggview.v1.CommitRequest\x1a\x17.aggview.v1.CommitReply\x12\x33\n\x03Get\x12\x16.aggview.v1.GetRequest\x1a\x14.aggview.v1.GetReply\x12\x36\n\x04Scan\x12\x17.aggview.v1.ScanRequest\x1a\x15.aggview.v1.ScanReply\x12\x36\n\x04View\x12\x17.aggview.v1.ViewRequest\x1a\x15.aggview.v1.ViewReply\x12?\n\x07Refresh\x12\x1a.aggview.v1.RefreshRequest\x1a\x18.aggview.v1.RefreshReply\x12\x36\n\x04List\x12\x17.aggview.v1.ListRequest\x1a\x15.aggview.v1.ListReply\x12\x42\n\x08\x44\x65scribe\x12\x1b.aggview.v1.DescribeRequest\x1a\x19.aggview.v1.DescribeReply\x12\x46\n\x0cHoldSnapshot\x12\x1b.aggview.v1.SnapshotRequest\x1a\x19.aggview.v1.SnapshotReply\x12G\n\x0fReleaseSnapshot\x12\x1a.aggview.v1.ReleaseRequest\x1a\x18.aggview.v1.ReleaseReply\x12<\n\x06Splits\x12\x19.aggview.v1.SplitsRequest\x1a\x17.aggview.v1.SplitsReply\x12@\n\tReadRange\x12\x1c.aggview.v1.ReadRangeRequest\x1a\x13.aggview.v1.RawPage0\x01\x12\x36\n\x04Load\x12\x17.aggview.v1.LoadRequest\x1a\x15.aggview.v1.LoadReply\x12\x45\n\tBeginView\x12\x1c.aggview.v1.BeginViewRequest\x1a\x1a.aggview.v1.BeginViewReply\x12\x46\n\nFinishView\x12\x19.aggview.v1.ViewRowsChunk\x1a\x1b.aggview.v1.FinishViewReply(\x01\x12\x45\n\tAbortView\x12\x1c.aggview.v1.AbortViewRequest\x1a\x1a.aggview.v1.AbortViewReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ROW_COLUMNSENTRY']._loaded_options = None
   _globals['_ROW_COLUMNSENTRY']._serialized_options = b'8\001'
-  _globals['_COMPARISON']._serialized_start=1375
-  _globals['_COMPARISON']._serialized_end=1435
+  _globals['_COMPARISON']._serialized_start=2590
+  _globals['_COMPARISON']._serialized_end=2650
   _globals['_VALUE']._serialized_start=42
   _globals['_VALUE']._serialized_end=208
   _globals['_ROW']._serialized_start=210
@@ -71,6 +71,50 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REFRESHREQUEST']._serialized_end=1338
   _globals['_REFRESHREPLY']._serialized_start=1340
   _globals['_REFRESHREPLY']._serialized_end=1373
-  _globals['_AGGVIEW']._serialized_start=1438
-  _globals['_AGGVIEW']._serialized_end=1792
+  _globals['_DESCRIBEREQUEST']._serialized_start=1375
+  _globals['_DESCRIBEREQUEST']._serialized_end=1406
+  _globals['_DESCRIBEREPLY']._serialized_start=1409
+  _globals['_DESCRIBEREPLY']._serialized_end=1660
+  _globals['_DESCRIBEREPLY_KIND']._serialized_start=1633
+  _globals['_DESCRIBEREPLY_KIND']._serialized_end=1660
+  _globals['_LISTREQUEST']._serialized_start=1662
+  _globals['_LISTREQUEST']._serialized_end=1675
+  _globals['_LISTREPLY']._serialized_start=1677
+  _globals['_LISTREPLY']._serialized_end=1719
+  _globals['_SNAPSHOTREQUEST']._serialized_start=1721
+  _globals['_SNAPSHOTREQUEST']._serialized_end=1769
+  _globals['_SNAPSHOTREPLY']._serialized_start=1771
+  _globals['_SNAPSHOTREPLY']._serialized_end=1820
+  _globals['_RELEASEREQUEST']._serialized_start=1822
+  _globals['_RELEASEREQUEST']._serialized_end=1853
+  _globals['_RELEASEREPLY']._serialized_start=1855
+  _globals['_RELEASEREPLY']._serialized_end=1869
+  _globals['_SPLITSREQUEST']._serialized_start=1871
+  _globals['_SPLITSREQUEST']._serialized_end=1915
+  _globals['_SPLITSREPLY']._serialized_start=1917
+  _globals['_SPLITSREPLY']._serialized_end=1944
+  _globals['_RAWROW']._serialized_start=1946
+  _globals['_RAWROW']._serialized_end=1980
+  _globals['_READRANGEREQUEST']._serialized_start=1982
+  _globals['_READRANGEREQUEST']._serialized_end=2080
+  _globals['_RAWPAGE']._serialized_start=2082
+  _globals['_RAWPAGE']._serialized_end=2125
+  _globals['_LOADREQUEST']._serialized_start=2127
+  _globals['_LOADREQUEST']._serialized_end=2178
+  _globals['_LOADREPLY']._serialized_start=2180
+  _globals['_LOADREPLY']._serialized_end=2224
+  _globals['_BEGINVIEWREQUEST']._serialized_start=2226
+  _globals['_BEGINVIEWREQUEST']._serialized_end=2287
+  _globals['_BEGINVIEWREPLY']._serialized_start=2289
+  _globals['_BEGINVIEWREPLY']._serialized_end=2398
+  _globals['_VIEWROWSCHUNK']._serialized_start=2400
+  _globals['_VIEWROWSCHUNK']._serialized_end=2481
+  _globals['_FINISHVIEWREPLY']._serialized_start=2483
+  _globals['_FINISHVIEWREPLY']._serialized_end=2536
+  _globals['_ABORTVIEWREQUEST']._serialized_start=2538
+  _globals['_ABORTVIEWREQUEST']._serialized_end=2570
+  _globals['_ABORTVIEWREPLY']._serialized_start=2572
+  _globals['_ABORTVIEWREPLY']._serialized_end=2588
+  _globals['_AGGVIEW']._serialized_start=2653
+  _globals['_AGGVIEW']._serialized_end=3674
 # @@protoc_insertion_point(module_scope)

@@ -184,3 +184,185 @@ class RefreshReply(_message.Message):
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     timestamp: int
     def __init__(self, timestamp: _Optional[int] = ...) -> None: ...
+
+class DescribeRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DescribeReply(_message.Message):
+    __slots__ = ("kind", "store_table", "schema_json", "plan_json", "base_schemas_json", "columns", "refreshed_at", "state", "store_url")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TABLE: _ClassVar[DescribeReply.Kind]
+        VIEW: _ClassVar[DescribeReply.Kind]
+    TABLE: DescribeReply.Kind
+    VIEW: DescribeReply.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STORE_TABLE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
+    BASE_SCHEMAS_JSON_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    REFRESHED_AT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STORE_URL_FIELD_NUMBER: _ClassVar[int]
+    kind: DescribeReply.Kind
+    store_table: str
+    schema_json: str
+    plan_json: str
+    base_schemas_json: _containers.RepeatedScalarFieldContainer[str]
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    refreshed_at: int
+    state: str
+    store_url: str
+    def __init__(self, kind: _Optional[_Union[DescribeReply.Kind, str]] = ..., store_table: _Optional[str] = ..., schema_json: _Optional[str] = ..., plan_json: _Optional[str] = ..., base_schemas_json: _Optional[_Iterable[str]] = ..., columns: _Optional[_Iterable[str]] = ..., refreshed_at: _Optional[int] = ..., state: _Optional[str] = ..., store_url: _Optional[str] = ...) -> None: ...
+
+class ListRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListReply(_message.Message):
+    __slots__ = ("tables", "views")
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    views: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tables: _Optional[_Iterable[str]] = ..., views: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ("lease", "ttl_ms")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    lease: int
+    ttl_ms: int
+    def __init__(self, lease: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class SnapshotReply(_message.Message):
+    __slots__ = ("lease", "timestamp")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    lease: int
+    timestamp: int
+    def __init__(self, lease: _Optional[int] = ..., timestamp: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: int
+    def __init__(self, lease: _Optional[int] = ...) -> None: ...
+
+class ReleaseReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SplitsRequest(_message.Message):
+    __slots__ = ("name", "count")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class SplitsReply(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class RawRow(_message.Message):
+    __slots__ = ("key", "row")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    row: bytes
+    def __init__(self, key: _Optional[bytes] = ..., row: _Optional[bytes] = ...) -> None: ...
+
+class ReadRangeRequest(_message.Message):
+    __slots__ = ("name", "start", "stop", "snapshot", "page_rows")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    start: bytes
+    stop: bytes
+    snapshot: int
+    page_rows: int
+    def __init__(self, name: _Optional[str] = ..., start: _Optional[bytes] = ..., stop: _Optional[bytes] = ..., snapshot: _Optional[int] = ..., page_rows: _Optional[int] = ...) -> None: ...
+
+class RawPage(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[RawRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[RawRow, _Mapping]]] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ("table", "staging_table")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    STAGING_TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    staging_table: str
+    def __init__(self, table: _Optional[str] = ..., staging_table: _Optional[str] = ...) -> None: ...
+
+class LoadReply(_message.Message):
+    __slots__ = ("timestamp", "rows")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    timestamp: int
+    rows: int
+    def __init__(self, timestamp: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
+
+class BeginViewRequest(_message.Message):
+    __slots__ = ("sql", "view", "ttl_ms")
+    SQL_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    sql: str
+    view: str
+    ttl_ms: int
+    def __init__(self, sql: _Optional[str] = ..., view: _Optional[str] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class BeginViewReply(_message.Message):
+    __slots__ = ("view", "lease", "snapshot", "plan_json", "base_schemas_json")
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    PLAN_JSON_FIELD_NUMBER: _ClassVar[int]
+    BASE_SCHEMAS_JSON_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    lease: int
+    snapshot: int
+    plan_json: str
+    base_schemas_json: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, view: _Optional[str] = ..., lease: _Optional[int] = ..., snapshot: _Optional[int] = ..., plan_json: _Optional[str] = ..., base_schemas_json: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ViewRowsChunk(_message.Message):
+    __slots__ = ("view", "snapshot", "rows")
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    snapshot: int
+    rows: _containers.RepeatedCompositeFieldContainer[RawRow]
+    def __init__(self, view: _Optional[str] = ..., snapshot: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[RawRow, _Mapping]]] = ...) -> None: ...
+
+class FinishViewReply(_message.Message):
+    __slots__ = ("message", "timestamp")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    timestamp: int
+    def __init__(self, message: _Optional[str] = ..., timestamp: _Optional[int] = ...) -> None: ...
+
+class AbortViewRequest(_message.Message):
+    __slots__ = ("view",)
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    def __init__(self, view: _Optional[str] = ...) -> None: ...
+
+class AbortViewReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -64,6 +64,56 @@ class AggviewStub:
                 request_serializer=aggview_dot_wire_dot_client__pb2.RefreshRequest.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_client__pb2.RefreshReply.FromString,
                 _registered_method=True)
+        self.List = channel.unary_unary(
+                '/aggview.v1.Aggview/List',
+                request_serializer=aggview_dot_wire_dot_client__pb2.ListRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.ListReply.FromString,
+                _registered_method=True)
+        self.Describe = channel.unary_unary(
+                '/aggview.v1.Aggview/Describe',
+                request_serializer=aggview_dot_wire_dot_client__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.DescribeReply.FromString,
+                _registered_method=True)
+        self.HoldSnapshot = channel.unary_unary(
+                '/aggview.v1.Aggview/HoldSnapshot',
+                request_serializer=aggview_dot_wire_dot_client__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.SnapshotReply.FromString,
+                _registered_method=True)
+        self.ReleaseSnapshot = channel.unary_unary(
+                '/aggview.v1.Aggview/ReleaseSnapshot',
+                request_serializer=aggview_dot_wire_dot_client__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.ReleaseReply.FromString,
+                _registered_method=True)
+        self.Splits = channel.unary_unary(
+                '/aggview.v1.Aggview/Splits',
+                request_serializer=aggview_dot_wire_dot_client__pb2.SplitsRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.SplitsReply.FromString,
+                _registered_method=True)
+        self.ReadRange = channel.unary_stream(
+                '/aggview.v1.Aggview/ReadRange',
+                request_serializer=aggview_dot_wire_dot_client__pb2.ReadRangeRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.RawPage.FromString,
+                _registered_method=True)
+        self.Load = channel.unary_unary(
+                '/aggview.v1.Aggview/Load',
+                request_serializer=aggview_dot_wire_dot_client__pb2.LoadRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.LoadReply.FromString,
+                _registered_method=True)
+        self.BeginView = channel.unary_unary(
+                '/aggview.v1.Aggview/BeginView',
+                request_serializer=aggview_dot_wire_dot_client__pb2.BeginViewRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.BeginViewReply.FromString,
+                _registered_method=True)
+        self.FinishView = channel.stream_unary(
+                '/aggview.v1.Aggview/FinishView',
+                request_serializer=aggview_dot_wire_dot_client__pb2.ViewRowsChunk.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.FinishViewReply.FromString,
+                _registered_method=True)
+        self.AbortView = channel.unary_unary(
+                '/aggview.v1.Aggview/AbortView',
+                request_serializer=aggview_dot_wire_dot_client__pb2.AbortViewRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.AbortViewReply.FromString,
+                _registered_method=True)
 
 
 class AggviewServicer:
@@ -105,6 +155,67 @@ class AggviewServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def List(self, request, context):
+        """Bulk access (the Spark layer)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Describe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HoldSnapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseSnapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Splits(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadRange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Load(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BeginView(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FinishView(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortView(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AggviewServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +248,56 @@ def add_AggviewServicer_to_server(servicer, server):
                     servicer.Refresh,
                     request_deserializer=aggview_dot_wire_dot_client__pb2.RefreshRequest.FromString,
                     response_serializer=aggview_dot_wire_dot_client__pb2.RefreshReply.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.ListRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.ListReply.SerializeToString,
+            ),
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.DescribeRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.DescribeReply.SerializeToString,
+            ),
+            'HoldSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.HoldSnapshot,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.SnapshotRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.SnapshotReply.SerializeToString,
+            ),
+            'ReleaseSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseSnapshot,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.ReleaseRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.ReleaseReply.SerializeToString,
+            ),
+            'Splits': grpc.unary_unary_rpc_method_handler(
+                    servicer.Splits,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.SplitsRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.SplitsReply.SerializeToString,
+            ),
+            'ReadRange': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadRange,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.ReadRangeRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.RawPage.SerializeToString,
+            ),
+            'Load': grpc.unary_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.LoadRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.LoadReply.SerializeToString,
+            ),
+            'BeginView': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginView,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.BeginViewRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.BeginViewReply.SerializeToString,
+            ),
+            'FinishView': grpc.stream_unary_rpc_method_handler(
+                    servicer.FinishView,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.ViewRowsChunk.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.FinishViewReply.SerializeToString,
+            ),
+            'AbortView': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortView,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.AbortViewRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.AbortViewReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +462,276 @@ class Aggview:
             '/aggview.v1.Aggview/Refresh',
             aggview_dot_wire_dot_client__pb2.RefreshRequest.SerializeToString,
             aggview_dot_wire_dot_client__pb2.RefreshReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Aggview/List',
+            aggview_dot_wire_dot_client__pb2.ListRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.ListReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Describe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Aggview/Describe',
+            aggview_dot_wire_dot_client__pb2.DescribeRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.DescribeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Aggview/HoldSnapshot',
+            aggview_dot_wire_dot_client__pb2.SnapshotRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.SnapshotReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Aggview/ReleaseSnapshot',
+            aggview_dot_wire_dot_client__pb2.ReleaseRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.ReleaseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Splits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Aggview/Splits',
+            aggview_dot_wire_dot_client__pb2.SplitsRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.SplitsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/aggview.v1.Aggview/ReadRange',
+            aggview_dot_wire_dot_client__pb2.ReadRangeRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.RawPage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Load(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Aggview/Load',
+            aggview_dot_wire_dot_client__pb2.LoadRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.LoadReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginView(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Aggview/BeginView',
+            aggview_dot_wire_dot_client__pb2.BeginViewRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.BeginViewReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishView(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/aggview.v1.Aggview/FinishView',
+            aggview_dot_wire_dot_client__pb2.ViewRowsChunk.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.FinishViewReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortView(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Aggview/AbortView',
+            aggview_dot_wire_dot_client__pb2.AbortViewRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.AbortViewReply.FromString,
             options,
             channel_credentials,
             insecure,

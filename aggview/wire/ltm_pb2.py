@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61ggview/wire/ltm.proto\x12\naggview.v1\"\xdb\x01\n\x05RowOp\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.aggview.v1.RowOp.Kind\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\x0c\x12\x0e\n\x06values\x18\x04 \x01(\x0c\x12\x0f\n\x07require\x18\x05 \x01(\x0c\x12\x0e\n\x06limits\x18\x06 \x01(\x0c\x12\x16\n\x0e\x63hanges_tables\x18\x07 \x03(\t\"G\n\x04Kind\x12\n\n\x06INSERT\x10\x00\x12\n\n\x06UPDATE\x10\x01\x12\x07\n\x03\x41\x44\x44\x10\x02\x12\n\n\x06\x44\x45LETE\x10\x03\x12\x07\n\x03PUT\x10\x04\x12\t\n\x05MERGE\x10\x05\"Q\n\x0eSubTransaction\x12\n\n\x02ts\x18\x01 \x01(\x04\x12\x1e\n\x03ops\x18\x02 \x03(\x0b\x32\x11.aggview.v1.RowOp\x12\x13\n\x0bwant_images\x18\x03 \x01(\x08\"a\n\x0ePrepareRequest\x12(\n\x04subs\x18\x01 \x03(\x0b\x32\x1a.aggview.v1.SubTransaction\x12\x15\n\rlow_watermark\x18\x02 \x01(\x04\x12\x0e\n\x06issued\x18\x03 \x01(\x04\"E\n\x08RowImage\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\x0e\n\x06\x62\x65\x66ore\x18\x03 \x01(\x0c\x12\r\n\x05\x61\x66ter\x18\x04 \x01(\x0c\"\x89\x02\n\x04Vote\x12\n\n\x02ts\x18\x01 \x01(\x04\x12)\n\x07outcome\x18\x02 \x01(\x0e\x32\x18.aggview.v1.Vote.Outcome\x12\x0f\n\x07message\x18\x03 \x01(\t\x12$\n\x06images\x18\x04 \x03(\x0b\x32\x14.aggview.v1.RowImage\x12\r\n\x05table\x18\x05 \x01(\t\x12\x0b\n\x03key\x18\x06 \x01(\x0c\"w\n\x07Outcome\x12\x07\n\x03YES\x10\x00\x12\x0c\n\x08TOO_LATE\x10\x01\x12\x14\n\x10\x43ONDITION_FAILED\x10\x02\x12\r\n\tNOT_FOUND\x10\x03\x12\x12\n\x0e\x41LREADY_EXISTS\x10\x04\x12\x0b\n\x07INVALID\x10\x05\x12\x0f\n\x0bUNAVAILABLE\x10\x06\"&\n\x08\x44\x65\x63ision\x12\n\n\x02ts\x18\x01 \x01(\x04\x12\x0e\n\x06\x63ommit\x18\x02 \x01(\x08\"O\n\rDecideRequest\x12\'\n\tdecisions\x18\x01 \x03(\x0b\x32\x14.aggview.v1.Decision\x12\x15\n\rlow_watermark\x18\x02 \x01(\x04\"\r\n\x0b\x44\x65\x63ideReply\"$\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0b\n\x03row\x18\x02 \x01(\x0c\"\x87\x01\n\x0bReadRequest\x12\n\n\x02ts\x18\x01 \x01(\x04\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\x0c\x12\x0c\n\x04scan\x18\x04 \x01(\x08\x12\r\n\x05start\x18\x05 \x01(\x0c\x12\x0c\n\x04stop\x18\x06 \x01(\x0c\x12\r\n\x05limit\x18\x07 \x01(\r\x12\x15\n\rregister_read\x18\x08 \x01(\x08\"/\n\tReadReply\x12\"\n\x04rows\x18\x01 \x03(\x0b\x32\x14.aggview.v1.KeyValue\"!\n\x10\x44ropTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\"\x10\n\x0e\x44ropTableReply\"\x0f\n\rStatusRequest\"\x93\x01\n\x0bStatusReply\x12\r\n\x05index\x18\x01 \x01(\r\x12\x12\n\npartitions\x18\x02 \x01(\r\x12\x13\n\x0b\x63\x61\x63hed_rows\x18\x03 \x01(\x04\x12\x12\n\ndirty_rows\x18\x04 \x01(\x04\x12\x10\n\x08prepared\x18\x05 \x01(\x04\x12\x13\n\x0b\x63heckpoints\x18\x06 \x01(\x04\x12\x11\n\tlog_bytes\x18\x07 \x01(\x04\"\xa5\x01\n\nLtmRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12-\n\x07prepare\x18\x02 \x01(\x0b\x32\x1a.aggview.v1.PrepareRequestH\x00\x12+\n\x06\x64\x65\x63ide\x18\x03 \x01(\x0b\x32\x19.aggview.v1.DecideRequestH\x00\x12\'\n\x04read\x18\x04 \x01(\x0b\x32\x17.aggview.v1.ReadRequestH\x00\x42\x06\n\x04\x62ody\"\xa4\x01\n\x08LtmReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12 \n\x04vote\x18\x02 \x01(\x0b\x32\x10.aggview.v1.VoteH\x00\x12*\n\x07\x64\x65\x63ided\x18\x03 \x01(\x0b\x32\x17.aggview.v1.DecideReplyH\x00\x12\x0f\n\x05\x65rror\x18\x04 \x01(\tH\x00\x12%\n\x04rows\x18\x05 \x01(\x0b\x32\x15.aggview.v1.ReadReplyH\x00\x42\x06\n\x04\x62ody\"7\n\x0bLtmRequests\x12(\n\x08requests\x18\x01 \x03(\x0b\x32\x16.aggview.v1.LtmRequest\"3\n\nLtmReplies\x12%\n\x07replies\x18\x01 \x03(\x0b\x32\x14.aggview.v1.LtmReply\"\x1c\n\x0eOutcomeRequest\x12\n\n\x02ts\x18\x01 \x03(\x04\"v\n\x0cOutcomeReply\x12\x32\n\x08outcomes\x18\x01 \x03(\x0e\x32 .aggview.v1.OutcomeReply.Outcome\"2\n\x07Outcome\x12\x0b\n\x07PENDING\x10\x00\x12\r\n\tCOMMITTED\x10\x01\x12\x0b\n\x07\x41\x42ORTED\x10\x02\x32\xcb\x01\n\x03Ltm\x12?\n\x08\x45xchange\x12\x17.aggview.v1.LtmRequests\x1a\x16.aggview.v1.LtmReplies(\x01\x30\x01\x12\x45\n\tDropTable\x12\x1c.aggview.v1.DropTableRequest\x1a\x1a.aggview.v1.DropTableReply\x12<\n\x06Status\x12\x19.aggview.v1.StatusRequest\x1a\x17.aggview.v1.StatusReply2S\n\x12TransactionOutcome\x12=\n\x05Query\x12\x1a.aggview.v1.OutcomeRequest\x1a\x18.aggview.v1.OutcomeReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61ggview/wire/ltm.proto\x12\naggview.v1\"\xdb\x01\n\x05RowOp\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.aggview.v1.RowOp.Kind\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\x0c\x12\x0e\n\x06values\x18\x04 \x01(\x0c\x12\x0f\n\x07require\x18\x05 \x01(\x0c\x12\x0e\n\x06limits\x18\x06 \x01(\x0c\x12\x16\n\x0e\x63hanges_tables\x18\x07 \x03(\t\"G\n\x04Kind\x12\n\n\x06INSERT\x10\x00\x12\n\n\x06UPDATE\x10\x01\x12\x07\n\x03\x41\x44\x44\x10\x02\x12\n\n\x06\x44\x45LETE\x10\x03\x12\x07\n\x03PUT\x10\x04\x12\t\n\x05MERGE\x10\x05\"Q\n\x0eSubTransaction\x12\n\n\x02ts\x18\x01 \x01(\x04\x12\x1e\n\x03ops\x18\x02 \x03(\x0b\x32\x11.aggview.v1.RowOp\x12\x13\n\x0bwant_images\x18\x03 \x01(\x08\"a\n\x0ePrepareRequest\x12(\n\x04subs\x18\x01 \x03(\x0b\x32\x1a.aggview.v1.SubTransaction\x12\x15\n\rlow_watermark\x18\x02 \x01(\x04\x12\x0e\n\x06issued\x18\x03 \x01(\x04\"E\n\x08RowImage\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\x0e\n\x06\x62\x65\x66ore\x18\x03 \x01(\x0c\x12\r\n\x05\x61\x66ter\x18\x04 \x01(\x0c\"\x89\x02\n\x04Vote\x12\n\n\x02ts\x18\x01 \x01(\x04\x12)\n\x07outcome\x18\x02 \x01(\x0e\x32\x18.aggview.v1.Vote.Outcome\x12\x0f\n\x07message\x18\x03 \x01(\t\x12$\n\x06images\x18\x04 \x03(\x0b\x32\x14.aggview.v1.RowImage\x12\r\n\x05table\x18\x05 \x01(\t\x12\x0b\n\x03key\x18\x06 \x01(\x0c\"w\n\x07Outcome\x12\x07\n\x03YES\x10\x00\x12\x0c\n\x08TOO_LATE\x10\x01\x12\x14\n\x10\x43ONDITION_FAILED\x10\x02\x12\r\n\tNOT_FOUND\x10\x03\x12\x12\n\x0e\x41LREADY_EXISTS\x10\x04\x12\x0b\n\x07INVALID\x10\x05\x12\x0f\n\x0bUNAVAILABLE\x10\x06\"&\n\x08\x44\x65\x63ision\x12\n\n\x02ts\x18\x01 \x01(\x04\x12\x0e\n\x06\x63ommit\x18\x02 \x01(\x08\"O\n\rDecideRequest\x12\'\n\tdecisions\x18\x01 \x03(\x0b\x32\x14.aggview.v1.Decision\x12\x15\n\rlow_watermark\x18\x02 \x01(\x04\"\r\n\x0b\x44\x65\x63ideReply\"$\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0b\n\x03row\x18\x02 \x01(\x0c\"\x95\x01\n\x0bReadRequest\x12\n\n\x02ts\x18\x01 \x01(\x04\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\x0c\x12\x0c\n\x04scan\x18\x04 \x01(\x08\x12\r\n\x05start\x18\x05 \x01(\x0c\x12\x0c\n\x04stop\x18\x06 \x01(\x0c\x12\r\n\x05limit\x18\x07 \x01(\r\x12\x15\n\rregister_read\x18\x08 \x01(\x08\x12\x0c\n\x04page\x18\t \x01(\x08\"?\n\tReadReply\x12\"\n\x04rows\x18\x01 \x03(\x0b\x32\x14.aggview.v1.KeyValue\x12\x0e\n\x06resume\x18\x02 \x01(\x0c\"!\n\x10\x44ropTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\"\x10\n\x0e\x44ropTableReply\"\x0f\n\rStatusRequest\"\x93\x01\n\x0bStatusReply\x12\r\n\x05index\x18\x01 \x01(\r\x12\x12\n\npartitions\x18\x02 \x01(\r\x12\x13\n\x0b\x63\x61\x63hed_rows\x18\x03 \x01(\x04\x12\x12\n\ndirty_rows\x18\x04 \x01(\x04\x12\x10\n\x08prepared\x18\x05 \x01(\x04\x12\x13\n\x0b\x63heckpoints\x18\x06 \x01(\x04\x12\x11\n\tlog_bytes\x18\x07 \x01(\x04\"\xa5\x01\n\nLtmRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12-\n\x07prepare\x18\x02 \x01(\x0b\x32\x1a.aggview.v1.PrepareRequestH\x00\x12+\n\x06\x64\x65\x63ide\x18\x03 \x01(\x0b\x32\x19.aggview.v1.DecideRequestH\x00\x12\'\n\x04read\x18\x04 \x01(\x0b\x32\x17.aggview.v1.ReadRequestH\x00\x42\x06\n\x04\x62ody\"\xa4\x01\n\x08LtmReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12 \n\x04vote\x18\x02 \x01(\x0b\x32\x10.aggview.v1.VoteH\x00\x12*\n\x07\x64\x65\x63ided\x18\x03 \x01(\x0b\x32\x17.aggview.v1.DecideReplyH\x00\x12\x0f\n\x05\x65rror\x18\x04 \x01(\tH\x00\x12%\n\x04rows\x18\x05 \x01(\x0b\x32\x15.aggview.v1.ReadReplyH\x00\x42\x06\n\x04\x62ody\"7\n\x0bLtmRequests\x12(\n\x08requests\x18\x01 \x03(\x0b\x32\x16.aggview.v1.LtmRequest\"3\n\nLtmReplies\x12%\n\x07replies\x18\x01 \x03(\x0b\x32\x14.aggview.v1.LtmReply\"\x1c\n\x0eOutcomeRequest\x12\n\n\x02ts\x18\x01 \x03(\x04\"v\n\x0cOutcomeReply\x12\x32\n\x08outcomes\x18\x01 \x03(\x0e\x32 .aggview.v1.OutcomeReply.Outcome\"2\n\x07Outcome\x12\x0b\n\x07PENDING\x10\x00\x12\r\n\tCOMMITTED\x10\x01\x12\x0b\n\x07\x41\x42ORTED\x10\x02\x32\xcb\x01\n\x03Ltm\x12?\n\x08\x45xchange\x12\x17.aggview.v1.LtmRequests\x1a\x16.aggview.v1.LtmReplies(\x01\x30\x01\x12\x45\n\tDropTable\x12\x1c.aggview.v1.DropTableRequest\x1a\x1a.aggview.v1.DropTableReply\x12<\n\x06Status\x12\x19.aggview.v1.StatusRequest\x1a\x17.aggview.v1.StatusReply2S\n\x12TransactionOutcome\x12=\n\x05Query\x12\x1a.aggview.v1.OutcomeRequest\x1a\x18.aggview.v1.OutcomeReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -54,33 +54,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KEYVALUE']._serialized_start=917
   _globals['_KEYVALUE']._serialized_end=953
   _globals['_READREQUEST']._serialized_start=956
-  _globals['_READREQUEST']._serialized_end=1091
-  _globals['_READREPLY']._serialized_start=1093
-  _globals['_READREPLY']._serialized_end=1140
-  _globals['_DROPTABLEREQUEST']._serialized_start=1142
-  _globals['_DROPTABLEREQUEST']._serialized_end=1175
-  _globals['_DROPTABLEREPLY']._serialized_start=1177
-  _globals['_DROPTABLEREPLY']._serialized_end=1193
-  _globals['_STATUSREQUEST']._serialized_start=1195
-  _globals['_STATUSREQUEST']._serialized_end=1210
-  _globals['_STATUSREPLY']._serialized_start=1213
-  _globals['_STATUSREPLY']._serialized_end=1360
-  _globals['_LTMREQUEST']._serialized_start=1363
-  _globals['_LTMREQUEST']._serialized_end=1528
-  _globals['_LTMREPLY']._serialized_start=1531
-  _globals['_LTMREPLY']._serialized_end=1695
-  _globals['_LTMREQUESTS']._serialized_start=1697
-  _globals['_LTMREQUESTS']._serialized_end=1752
-  _globals['_LTMREPLIES']._serialized_start=1754
-  _globals['_LTMREPLIES']._serialized_end=1805
-  _globals['_OUTCOMEREQUEST']._serialized_start=1807
-  _globals['_OUTCOMEREQUEST']._serialized_end=1835
-  _globals['_OUTCOMEREPLY']._serialized_start=1837
-  _globals['_OUTCOMEREPLY']._serialized_end=1955
-  _globals['_OUTCOMEREPLY_OUTCOME']._serialized_start=1905
-  _globals['_OUTCOMEREPLY_OUTCOME']._serialized_end=1955
-  _globals['_LTM']._serialized_start=1958
-  _globals['_LTM']._serialized_end=2161
-  _globals['_TRANSACTIONOUTCOME']._serialized_start=2163
-  _globals['_TRANSACTIONOUTCOME']._serialized_end=2246
+  _globals['_READREQUEST']._serialized_end=1105
+  _globals['_READREPLY']._serialized_start=1107
+  _globals['_READREPLY']._serialized_end=1170
+  _globals['_DROPTABLEREQUEST']._serialized_start=1172
+  _globals['_DROPTABLEREQUEST']._serialized_end=1205
+  _globals['_DROPTABLEREPLY']._serialized_start=1207
+  _globals['_DROPTABLEREPLY']._serialized_end=1223
+  _globals['_STATUSREQUEST']._serialized_start=1225
+  _globals['_STATUSREQUEST']._serialized_end=1240
+  _globals['_STATUSREPLY']._serialized_start=1243
+  _globals['_STATUSREPLY']._serialized_end=1390
+  _globals['_LTMREQUEST']._serialized_start=1393
+  _globals['_LTMREQUEST']._serialized_end=1558
+  _globals['_LTMREPLY']._serialized_start=1561
+  _globals['_LTMREPLY']._serialized_end=1725
+  _globals['_LTMREQUESTS']._serialized_start=1727
+  _globals['_LTMREQUESTS']._serialized_end=1782
+  _globals['_LTMREPLIES']._serialized_start=1784
+  _globals['_LTMREPLIES']._serialized_end=1835
+  _globals['_OUTCOMEREQUEST']._serialized_start=1837
+  _globals['_OUTCOMEREQUEST']._serialized_end=1865
+  _globals['_OUTCOMEREPLY']._serialized_start=1867
+  _globals['_OUTCOMEREPLY']._serialized_end=1985
+  _globals['_OUTCOMEREPLY_OUTCOME']._serialized_start=1935
+  _globals['_OUTCOMEREPLY_OUTCOME']._serialized_end=1985
+  _globals['_LTM']._serialized_start=1988
+  _globals['_LTM']._serialized_end=2191
+  _globals['_TRANSACTIONOUTCOME']._serialized_start=2193
+  _globals['_TRANSACTIONOUTCOME']._serialized_end=2276
 # @@protoc_insertion_point(module_scope)

@@ -132,7 +132,7 @@ class KeyValue(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., row: _Optional[bytes] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("ts", "table", "keys", "scan", "start", "stop", "limit", "register_read")
+    __slots__ = ("ts", "table", "keys", "scan", "start", "stop", "limit", "register_read", "page")
     TS_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,7 @@ class ReadRequest(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     REGISTER_READ_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
     ts: int
     table: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
@@ -149,13 +150,16 @@ class ReadRequest(_message.Message):
     stop: bytes
     limit: int
     register_read: bool
-    def __init__(self, ts: _Optional[int] = ..., table: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., scan: _Optional[bool] = ..., start: _Optional[bytes] = ..., stop: _Optional[bytes] = ..., limit: _Optional[int] = ..., register_read: _Optional[bool] = ...) -> None: ...
+    page: bool
+    def __init__(self, ts: _Optional[int] = ..., table: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., scan: _Optional[bool] = ..., start: _Optional[bytes] = ..., stop: _Optional[bytes] = ..., limit: _Optional[int] = ..., register_read: _Optional[bool] = ..., page: _Optional[bool] = ...) -> None: ...
 
 class ReadReply(_message.Message):
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "resume")
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[KeyValue]
-    def __init__(self, rows: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ...) -> None: ...
+    resume: bytes
+    def __init__(self, rows: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., resume: _Optional[bytes] = ...) -> None: ...
 
 class DropTableRequest(_message.Message):
     __slots__ = ("table",)

@@ -25,7 +25,10 @@ def _open_sqlite(url: str) -> Store:
 
 
 def _open_hbase(url: str) -> Store:
-    raise InvalidArgument("hbase store adapter not available yet")
+    # imported here so happybase loads only when an hbase:// URL is used
+    from ltm.store.hbase import HBaseStore
+
+    return HBaseStore.from_url(url)
 
 
 _FACTORIES: dict[str, Callable[[str], Store]] = {
@@ -35,7 +38,8 @@ _FACTORIES: dict[str, Callable[[str], Store]] = {
 
 
 def open_store(url: str) -> Store:
-    """Open the store a URL names: ``sqlite:///path`` (embedded) or ``hbase://host:port``."""
+    """Open the store a URL names: ``sqlite:///path`` (embedded) or ``hbase://host:port``
+    (HBase's Thrift server; options in :meth:`ltm.store.hbase.HBaseStore.from_url`)."""
     scheme, sep, _ = url.partition("://") if isinstance(url, str) else ("", "", "")
     factory = _FACTORIES.get(scheme.lower()) if sep else None
     if factory is None:

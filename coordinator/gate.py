@@ -1,0 +1,154 @@
+"""The coordinator's interceptor: tokens and roles on the client API, the cluster secret on
+member-only services, and the per-client limit on calls in flight."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from sqlglot import exp
+
+from aggview import errors
+from aggview.security import (
+    OPEN_SERVICE_PREFIXES,
+    ROLES,
+    TOKEN_HEADER,
+    Token,
+    denied,
+    guarded,
+    member_check,
+    metadata_value,
+)
+from coordinator.catalog import parse_sql
+from coordinator.convert import Limits, check_sql_size
+from cumulus.compiler import parse_view_statement
+
+CLIENT_SERVICE = "aggview.v1.Aggview"
+# Client API methods and the role they need. Sql depends on its statement; a method not listed
+# here (one added later) needs admin until someone decides otherwise: fail closed.
+METHOD_ROLES = {
+    "Get": "read",
+    "Scan": "read",
+    "View": "read",
+    "Commit": "write",
+    "Refresh": "write",
+    # bulk access (the Spark layer): snapshot reads read; loads and view (re)builds are DDL-like
+    "Describe": "read",
+    "HoldSnapshot": "read",
+    "ReleaseSnapshot": "read",
+    "Splits": "read",
+    "ReadRange": "read",
+    "Load": "admin",
+    "BeginView": "admin",
+    "FinishView": "admin",
+    "AbortView": "admin",
+}
+
+Check = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Callable[[], None]]]
+
+
+def sql_role(sql: str) -> str:
+    """The role a SQL statement needs: a plain SELECT reads; anything else is DDL (admin).
+
+    Parsed the way ``coordinator.sql.run_sql`` will parse it, so what counts as a read here is
+    what runs as one; SQL that does not parse raises the parser's InvalidArgument here."""
+    if parse_view_statement(sql) is not None:
+        return "admin"
+    return "read" if isinstance(parse_sql(sql), exp.Select) else "admin"
+
+
+class ClientGate(grpc.aio.ServerInterceptor):
+    """Checks every call before it runs. ``tokens=None`` (an insecure coordinator) skips
+    authentication, ``secret=None`` the member check; the per-client limit always applies
+    (a client is its token's name, or its connection when there are no tokens)."""
+
+    def __init__(self, *, tokens: dict[str, Token] | None, secret: str | None, limits: Limits):
+        self.tokens = tokens
+        self.secret = secret
+        self.limits = limits
+        self.in_flight: dict[str, int] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        service, _, method = details.method.lstrip("/").partition("/")
+        metadata = details.invocation_metadata  # type: ignore[attr-defined]
+        if service.startswith(OPEN_SERVICE_PREFIXES):
+            return handler
+        if service != CLIENT_SERVICE:  # e.g. the outcome service LTMs call back
+            if self.secret is None:
+                return handler
+            return member_check(handler, metadata, self.secret, details.method)
+        token = None
+        if self.tokens is not None:
+            header = metadata_value(metadata, TOKEN_HEADER)
+            if header is None:
+                return denied(
+                    handler,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "no token: this cluster needs 'authorization: Bearer TOKEN' on every call "
+                    "(Client(address, ca=..., token=...), or aggview sql --token)",
+                )
+            scheme, _, value = header.partition(" ")
+            token = self.tokens.get(value.strip()) if scheme.lower() == "bearer" else None
+            if token is None:
+                return denied(handler, grpc.StatusCode.UNAUTHENTICATED, "unknown token")
+            needed = METHOD_ROLES.get(method, "admin") if method != "Sql" else "read"
+            if ROLES[token.role] < ROLES[needed]:
+                return denied(
+                    handler,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"{method} needs the {needed} role; token {token.name!r} has {token.role}",
+                )
+        return guarded(handler, self._checker(method, token))
+
+    def _checker(self, method: str, token: Token | None) -> Check:
+        async def check(request: Any, context: grpc.aio.ServicerContext) -> Callable[[], None]:
+            if method == "Sql" and hasattr(request, "sql"):
+                problem = self._sql_problem(request.sql, token)
+                if problem is not None:
+                    await context.abort(*problem)
+            who = token.name if token is not None else context.peer()
+            count = self.in_flight.get(who, 0)
+            limit = self.limits.max_client_transactions
+            if count >= limit:
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"client {who} has {count} calls in flight; the limit is {limit} "
+                    "concurrent transactions per client (max_client_transactions)",
+                )
+            self.in_flight[who] = count + 1
+
+            def release() -> None:
+                left = self.in_flight.get(who, 1) - 1
+                if left > 0:
+                    self.in_flight[who] = left
+                else:
+                    self.in_flight.pop(who, None)
+
+            return release
+
+        return check
+
+    def _sql_problem(self, sql: str, token: Token | None) -> tuple[grpc.StatusCode, str] | None:
+        """Why this statement may not run for this token (size first: parsing costs CPU)."""
+        try:
+            check_sql_size(sql, self.limits)
+            if token is None:
+                return None
+            needed = sql_role(sql)
+        except errors.AggviewError as exc:
+            return exc.code, str(exc)
+        if ROLES[token.role] >= ROLES[needed]:
+            return None
+        what = "DDL (any SQL statement but SELECT)" if needed == "admin" else "SELECT"
+        return (
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"{what} needs the {needed} role; token {token.name!r} has {token.role}",
+        )

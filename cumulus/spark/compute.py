@@ -1,0 +1,196 @@
+"""A view computed from scratch by Spark SQL at one snapshot: the view's own join, filters and
+groups, and per group the hidden state maintenance keeps (``cumulus.aggstate``): ``_count``,
+``n<i>``/``s<i>`` for COUNT, SUM and AVG, and the value multisets ``m<i>`` for MIN, MAX and
+COUNT(DISTINCT). The plan's expression trees are rendered to Spark SQL; the session runs in
+ANSI mode without decimal precision loss, so arithmetic is exact or fails loudly.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+from aggview.schema import Column, ColumnType, to_storage
+from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState
+from cumulus.plan import expr_columns
+from cumulus.spark.source import spark_type
+
+State = dict[bytes, Row]
+_CMP = {"=": "=", "<>": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
+def quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def render(expr: dict[str, Any]) -> str:
+    """A plan expression or predicate as Spark SQL with the evaluator's meaning."""
+    if "col" in expr:
+        alias, column = expr["col"]
+        return f"{quote(alias)}.{quote(column)}"
+    if "lit" in expr:
+        return _literal(expr["lit"], ColumnType.parse(expr["type"]))
+    if "op" in expr:
+        left, right = (render(a) for a in expr["args"])
+        if expr["op"] == "/":  # the evaluator divides as floats; a zero divisor gives NULL
+            return f"try_divide(CAST({left} AS DOUBLE), CAST({right} AS DOUBLE))"
+        return f"({left} {expr['op']} {right})"
+    if "neg" in expr:
+        return f"(- {render(expr['neg'])})"
+    if "cmp" in expr:
+        left, right = (render(a) for a in expr["args"])
+        return f"({left} {_CMP[expr['cmp']]} {right})"
+    if "in" in expr:
+        values = ", ".join(render(v) for v in expr["values"])
+        return f"({render(expr['in'])} IN ({values}))"
+    if "between" in expr:
+        subject, low, high = (render(expr[k]) for k in ("between", "low", "high"))
+        return f"({subject} BETWEEN {low} AND {high})"
+    if "not" in expr:
+        return f"(NOT {render(expr['not'])})"
+    if "and" in expr:
+        return "(" + " AND ".join(render(p) for p in expr["and"]) + ")" if expr["and"] else "TRUE"
+    raise ValueError(f"cannot render {expr!r} to Spark SQL")  # "out" only occurs in HAVING
+
+
+def _literal(value: Any, column_type: ColumnType) -> str:
+    kind = column_type.kind
+    if kind == "TEXT":
+        return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if kind == "DATE":
+        return f"DATE '{value}'"
+    if kind == "BOOL":
+        return "TRUE" if value else "FALSE"
+    if kind == "DECIMAL":
+        return f"CAST('{value}' AS {spark_type(column_type)})"
+    return f"CAST({value!r} AS {spark_type(column_type)})"
+
+
+def _from_where(state: ViewState, tables: dict[str, str], *extra: str) -> str:
+    plan = state.plan
+    sources = ", ".join(f"{tables[t.table]} AS {quote(t.alias)}" for t in plan.tables)
+    conditions = [
+        f"{quote(e.left.alias)}.{quote(e.left.column)} = "
+        f"{quote(e.right.alias)}.{quote(e.right.column)}"
+        for e in plan.edges
+    ] + [render(f) for f in plan.filters]
+    conditions += extra
+    return f"FROM {sources}" + (f" WHERE {' AND '.join(conditions)}" if conditions else "")
+
+
+def _sum_type(arg_type: ColumnType) -> str:
+    """SUM in a type that cannot overflow where the evaluator's Python numbers would not."""
+    if arg_type.kind == "FLOAT":
+        return "DOUBLE"
+    return f"DECIMAL(38,{arg_type.scale or 0})"
+
+
+def state_queries(state: ViewState, tables: dict[str, str]) -> tuple[str, list[tuple[int, str]]]:
+    """The main query (groups, counts, sums) and one query per multiset aggregate."""
+    plan = state.plan
+    groups = [
+        f"{quote(g.ref.alias)}.{quote(g.ref.column)} AS g{i}" for i, g in enumerate(plan.group_by)
+    ]
+    group_by = (
+        " GROUP BY " + ", ".join(f"g{i}" for i in range(len(plan.group_by)))
+        if plan.group_by
+        else ""
+    )
+    body = _from_where(state, tables)
+    items = [*groups, "COUNT(*) AS `_count`"]
+    multisets = []
+    for i, aggregate in enumerate(plan.aggregates):
+        if aggregate.arg is None:
+            continue
+        arg = render(aggregate.arg)
+        arg_type = state.arg_types[i]
+        assert arg_type is not None
+        if aggregate.kind == "count":
+            items.append(f"COUNT({arg}) AS n{i}")
+        elif aggregate.kind in ("sum", "avg"):
+            items.append(f"COUNT({arg}) AS n{i}")
+            items.append(f"SUM(CAST({arg} AS {_sum_type(arg_type)})) AS s{i}")
+        else:
+            keys = [*groups, f"{arg} AS v"]
+            keys_by = ", ".join([*(f"g{j}" for j in range(len(plan.group_by))), "v"])
+            present = _from_where(state, tables, f"({arg}) IS NOT NULL")
+            multisets.append(
+                (i, f"SELECT {', '.join(keys)}, COUNT(*) AS c {present} GROUP BY {keys_by}")
+            )
+    return f"SELECT {', '.join(items)} {body}{group_by}", multisets
+
+
+def compute_states(spark: Any, state: ViewState, tables: dict[str, str]) -> State:
+    """Every group's state, keyed as the view stores it. ``tables`` maps each base table to
+    the name of a Spark temporary view holding its rows at the snapshot."""
+    main, multisets = state_queries(state, tables)
+    plan = state.plan
+    width = len(plan.group_by)
+    out: State = {}
+    for row in spark.sql(main).toLocalIterator():
+        if not row["_count"]:
+            continue  # an aggregate without GROUP BY over no rows: no stored group
+        key = state.encode_group(list(row[:width])) if width else NO_GROUP_KEY
+        fields: Row = {"_count": int(row["_count"])}
+        for i, aggregate in enumerate(plan.aggregates):
+            if aggregate.kind in ("count", "sum", "avg") and row[f"n{i}"]:
+                fields[f"n{i}"] = int(row[f"n{i}"])
+            if aggregate.kind in ("sum", "avg") and row[f"n{i}"]:
+                arg_type = state.arg_types[i]
+                assert arg_type is not None
+                fields[f"s{i}"] = _sum_state(arg_type, row[f"s{i}"])
+        out[key] = fields
+    for i, query in multisets:
+        arg_type = state.arg_types[i]
+        assert arg_type is not None
+        column = Column("v", arg_type)
+        for row in spark.sql(query).toLocalIterator():
+            key = state.encode_group(list(row[:width])) if width else NO_GROUP_KEY
+            stored = to_storage(column, row["v"], table=plan.name)
+            out[key].setdefault(f"m{i}", {})[json.dumps(stored)] = int(row["c"])
+    return out
+
+
+def _sum_state(arg_type: ColumnType, total: Any) -> int | float:
+    if arg_type.kind == "FLOAT":
+        return float(total)
+    scaled = Decimal(total).scaleb(arg_type.scale or 0)
+    if scaled != scaled.to_integral_value():
+        raise ValueError(f"sum {total} has more than {arg_type.scale} decimal places")
+    return int(scaled)
+
+
+def normalized(fields: Row) -> Row:
+    """A state with its zero counters and empty multisets dropped, for comparisons: a group
+    maintained through deletes may keep ``n0: 0`` where a fresh computation has no field."""
+    out: Row = {}
+    for name, value in fields.items():
+        if isinstance(value, dict):
+            value = {v: n for v, n in value.items() if n}
+        if value:
+            out[name] = value
+    return out
+
+
+def needed_columns(state: ViewState) -> dict[str, list[str]]:
+    """Per base table, the columns the view reads (column pruning for the snapshot reads)."""
+    plan = state.plan
+    by_alias = {t.alias: t.table for t in plan.tables}
+    wanted: dict[str, dict[str, None]] = {t.table: {} for t in plan.tables}
+    for edge in plan.edges:
+        wanted[by_alias[edge.left.alias]][edge.left.column] = None
+        wanted[by_alias[edge.right.alias]][edge.right.column] = None
+    for group in plan.group_by:
+        wanted[by_alias[group.ref.alias]][group.ref.column] = None
+    for aggregate in plan.aggregates:
+        if aggregate.arg is not None:
+            for alias, column in expr_columns(aggregate.arg):
+                wanted[by_alias[alias]][column] = None
+    for alias, column in expr_columns(list(plan.filters)):
+        wanted[by_alias[alias]][column] = None
+    for table, columns in wanted.items():
+        if not columns:  # COUNT(*) over a table no column of which is used: read its key
+            schema = state.schemas[next(t.alias for t in plan.tables if t.table == table)]
+            columns[schema.primary_key[0]] = None
+    return {table: list(columns) for table, columns in wanted.items()}

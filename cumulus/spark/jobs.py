@@ -1,0 +1,426 @@
+"""The Spark jobs behind ``aggview load``, ``aggview views init`` and ``aggview verify``.
+
+Each job holds a snapshot for as long as it reads, and changes the cluster in one step at its
+end (one load transaction, one view installation), so a job that fails half-way changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import itertools
+import math
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aggview import errors
+from aggview.rowcodec import decode_row, encode_row
+from aggview.schema import TableSchema
+from coordinator.bulk_client import BulkClient
+from coordinator.client import Client
+from cumulus.aggstate import Row, ViewState
+from cumulus.plan import ViewPlan
+from cumulus.spark.compute import compute_states, needed_columns, normalized
+from cumulus.spark.source import encode_staged, staging_name
+
+Progress = Callable[[str], None]
+MAX_REPORTED = 20  # bad rows named in an error message
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def snapshot_tables(
+    spark: Any, address: str, state: ViewState, snapshot: int, client_options: dict[str, Any]
+) -> dict[str, str]:
+    """Registers each base table of a view, read at ``snapshot`` with only the columns the
+    view uses, as a temporary view; returns table -> temporary view name."""
+    names = {}
+    for table, columns in needed_columns(state).items():
+        reader = (
+            spark.read.format("aggview")
+            .option("address", address)
+            .option("table", table)
+            .option("snapshot", str(snapshot))
+            .option("columns", ",".join(columns))
+        )
+        for key, value in client_options.items():
+            reader = reader.option(key, str(value))
+        name = f"aggview_{table}_{uuid.uuid4().hex[:8]}"
+        reader.load().createOrReplaceTempView(name)
+        names[table] = f"`{name}`"
+    return names
+
+
+def _view_state(plan_json: str | dict[str, Any], schemas: Iterable[Any]) -> ViewState:
+    import json
+
+    plan = ViewPlan.from_json(json.loads(plan_json) if isinstance(plan_json, str) else plan_json)
+    by_name = {}
+    for schema in schemas:
+        data = json.loads(schema) if isinstance(schema, str) else schema
+        by_name[data["name"]] = TableSchema.from_json(data)
+    return ViewState(plan, by_name.__getitem__)
+
+
+# ----------------------------------------------------------------------------- views init
+
+
+@dataclass
+class InitResult:
+    view: str
+    snapshot: int
+    timestamp: int
+    groups: int
+    message: str
+
+
+def init_view(
+    spark: Any,
+    address: str,
+    *,
+    sql: str = "",
+    view: str = "",
+    progress: Progress = _quiet,
+    client_options: dict[str, Any] | None = None,
+) -> InitResult:
+    """Creates a view (``sql``) or recomputes an existing one (``view``) with Spark SQL at a
+    snapshot while writers go on; the coordinator then applies what was captured after it."""
+    options = client_options or {}
+    with Client(address, **options) as client:
+        bulk = BulkClient(client)
+        begun = bulk.begin_view(sql=sql, view=view)
+        try:
+            progress(f"computing {begun.view} at snapshot {begun.snapshot}")
+            state = _view_state(begun.plan_json, begun.base_schemas_json)
+            tables = snapshot_tables(spark, address, state, begun.snapshot, options)
+            groups = compute_states(spark, state, tables)
+            progress(f"installing {len(groups)} groups of {begun.view}")
+            finished = bulk.finish_view(
+                begun.view, begun.snapshot, ((k, encode_row(v)) for k, v in groups.items())
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                bulk.abort_view(begun.view)
+            raise
+        return InitResult(
+            begun.view, begun.snapshot, finished.timestamp, len(groups), finished.message
+        )
+
+
+# ----------------------------------------------------------------------------- verify
+
+
+@dataclass
+class Difference:
+    group: dict[str, Any]
+    expected: dict[str, Any] | None  # the row as recomputed (None: no such group)
+    actual: dict[str, Any] | None  # the row as maintained
+    expected_state: Row | None
+    actual_state: Row | None
+
+
+@dataclass
+class VerifyResult:
+    view: str
+    timestamp: int
+    groups: int
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+
+def verify_views(
+    spark: Any,
+    address: str,
+    views: list[str] | None = None,
+    *,
+    progress: Progress = _quiet,
+    client_options: dict[str, Any] | None = None,
+) -> list[VerifyResult]:
+    """Recomputes each view at a timestamp its rows are exact at (a held snapshot for a sync
+    view; a refresh forced inside the held snapshot for an async one) and compares every
+    group's state with the maintained one."""
+    options = client_options or {}
+    results = []
+    with Client(address, **options) as client:
+        bulk = BulkClient(client)
+        names = views if views else bulk.list()[1]
+        for name in names:
+            described = bulk.describe(name)
+            if described.kind != "view":
+                raise errors.InvalidArgument(f"{name} is a table, not a materialized view")
+            if described.state != "live":
+                raise errors.FailedPrecondition(f"materialized view {name} is still initializing")
+            lease, ts = bulk.hold_snapshot()
+            try:
+                assert described.plan is not None
+                if described.plan["mode"] == "async":
+                    ts = client.refresh(name)  # exact at ts, which the lease (older) protects
+                progress(f"verifying {name} at {ts}")
+                state = _view_state(described.plan, described.base_schemas)
+                tables = snapshot_tables(spark, address, state, ts, options)
+                expected = compute_states(spark, state, tables)
+                actual = {
+                    key: decode_row(data) or {}
+                    for page in bulk.read_range(name, b"", b"", ts)
+                    for key, data in page
+                }
+            finally:
+                bulk.release_snapshot(lease)
+            result = VerifyResult(name, ts, len(expected))
+            for key in sorted(set(expected) | set(actual)):
+                want = normalized(expected.get(key, {}))
+                have = normalized(actual.get(key, {}))
+                if not _same_state(want, have):
+                    result.differences.append(
+                        Difference(
+                            group=state.decode_group(key),
+                            expected=state.finalize(key, want) if want else None,
+                            actual=state.finalize(key, have) if have else None,
+                            expected_state=want or None,
+                            actual_state=have or None,
+                        )
+                    )
+            results.append(result)
+    return results
+
+
+def _same_state(want: Row, have: Row) -> bool:
+    """Exact, except FLOAT sums, which depend on the order they were added in."""
+    if want.keys() != have.keys():
+        return False
+    for name, value in want.items():
+        other = have[name]
+        if isinstance(value, float) or isinstance(other, float):
+            if not math.isclose(value, other, rel_tol=1e-9, abs_tol=1e-9):
+                return False
+        elif value != other:
+            return False
+    return True
+
+
+# ----------------------------------------------------------------------------- load
+
+
+@dataclass
+class LoadResult:
+    table: str
+    rows: int
+    timestamp: int
+
+
+_TRUE = {"true", "t", "1", "yes", "y"}
+_FALSE = {"false", "f", "0", "no", "n"}
+
+
+def _parse_text(schema: TableSchema, header: list[str], fields: list[str]) -> dict[str, Any]:
+    """A CSV record as column -> Python value; an empty field is NULL."""
+    if len(fields) != len(header):
+        raise errors.InvalidArgument(f"expected {len(header)} fields, got {len(fields)}")
+    values: dict[str, Any] = {}
+    for name, text in zip(header, fields, strict=True):
+        kind = schema.column(name).type.kind
+        if text == "":
+            values[name] = None
+        elif kind == "INT":
+            try:
+                values[name] = int(text)
+            except ValueError:
+                raise errors.TypeMismatch(f"column {name}: {text!r} is not an integer") from None
+        elif kind == "FLOAT":
+            try:
+                values[name] = float(text)
+            except ValueError:
+                raise errors.TypeMismatch(f"column {name}: {text!r} is not a number") from None
+        elif kind == "BOOL":
+            if text.lower() not in _TRUE | _FALSE:
+                raise errors.TypeMismatch(f"column {name}: {text!r} is not true or false")
+            values[name] = text.lower() in _TRUE
+        else:  # TEXT as is; DECIMAL and DATE parse from text in to_storage
+            values[name] = text
+    return values
+
+
+def _csv_records(
+    schema: TableSchema, path: str, header: list[str], lines: Iterator[tuple[str, int]]
+) -> Iterator[tuple[str, Any, Any]]:
+    """("ok", key, (where, data)) or ("bad", where, message) per line."""
+    for text, index in lines:
+        where = f"{path}:{index + 1}"
+        try:
+            fields = next(csv.reader([text]))
+            key, data = encode_staged(schema, _parse_text(schema, header, fields))
+        except (errors.AggviewError, csv.Error, StopIteration) as exc:
+            yield ("bad", where, str(exc) or "empty line")
+            continue
+        yield ("ok", key, (where, data))
+
+
+def _typed_records(
+    schema: TableSchema, path: str, rows: Iterator[tuple[Any, int]]
+) -> Iterator[tuple[str, Any, Any]]:
+    for row, index in rows:
+        where = f"{path}: row {index + 1}"
+        try:
+            key, data = encode_staged(schema, row.asDict())
+        except errors.AggviewError as exc:
+            yield ("bad", where, str(exc))
+            continue
+        yield ("ok", key, (where, data))
+
+
+def load_files(
+    spark: Any,
+    address: str,
+    table: str,
+    files: list[str],
+    *,
+    file_format: str | None = None,
+    header: bool = True,
+    progress: Progress = _quiet,
+    client_options: dict[str, Any] | None = None,
+) -> LoadResult:
+    """Loads CSV or Parquet files into a table as one transaction: every row is checked
+    against the schema first (bad rows named by file and line), nothing is visible until
+    all of it is, at one timestamp."""
+    options = client_options or {}
+    with Client(address, **options) as client:
+        bulk = BulkClient(client)
+        described = bulk.describe(table)
+        if described.kind != "table":
+            raise errors.InvalidArgument(f"{table} is a materialized view: load into tables")
+        assert described.schema is not None
+        schema = TableSchema.from_json(described.schema)
+        records = _records(spark, schema, files, file_format, header)
+        records.persist()
+        try:
+            progress(f"checking {', '.join(files)} against table {table}")
+            problems = records.filter(lambda r: r[0] == "bad")
+            bad = problems.take(MAX_REPORTED)
+            if bad:
+                total = problems.count()
+                listed = "\n".join(f"  {where}: {message}" for _, where, message in bad)
+                more = f"\n  ... and {total - len(bad)} more" if total > len(bad) else ""
+                raise errors.InvalidArgument(
+                    f"{total} bad row(s); nothing was loaded:\n{listed}{more}"
+                )
+            good = records.filter(lambda r: r[0] == "ok").map(lambda r: (r[1], r[2][0]))
+            duplicates = (
+                good.groupByKey().filter(lambda kv: len(kv[1]) > 1).map(lambda kv: sorted(kv[1]))
+            )
+            twice = duplicates.take(MAX_REPORTED)
+            if twice:
+                listed = "\n".join(f"  {', '.join(places)}" for places in twice)
+                raise errors.InvalidArgument(
+                    f"rows with the same primary key ({', '.join(schema.primary_key)}); "
+                    f"nothing was loaded:\n{listed}"
+                )
+            staging = staging_name()
+            store_url = described.store_url
+            _with_store(store_url, lambda store: store.create_table(staging))
+            try:
+                progress(f"staging rows of {table}")
+                staged = (
+                    records.filter(lambda r: r[0] == "ok")
+                    .map(lambda r: (r[1], r[2][1]))
+                    .mapPartitions(lambda rows: [_stage(store_url, staging, rows)])
+                    .sum()
+                )
+                progress(f"committing {staged} rows into {table}")
+                ts, rows = bulk.load(table, staging)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    _with_store(store_url, lambda store: store.drop_table(staging))
+                raise
+        finally:
+            records.unpersist()
+        return LoadResult(table, rows, ts)
+
+
+def _records(
+    spark: Any, schema: TableSchema, files: list[str], file_format: str | None, header: bool
+) -> Any:
+    """One RDD of checked records over every file, each file numbered from its first line."""
+    parts = []
+    for path in files:
+        if not Path(path).is_file():
+            raise errors.InvalidArgument(f"no such file: {path}")
+        kind = file_format or Path(path).suffix.lstrip(".").lower()
+        if kind not in ("csv", "parquet"):
+            raise errors.InvalidArgument(
+                f"{path}: unknown format {kind!r}; use .csv or .parquet files (or --format)"
+            )
+        absolute = str(Path(path).resolve())
+        if kind == "csv":
+            lines = spark.sparkContext.textFile(absolute).zipWithIndex()
+            columns = list(schema.column_names)
+            if header:
+                first = lines.filter(lambda li: li[1] == 0).map(lambda li: li[0]).take(1)
+                columns = next(csv.reader(first)) if first else []
+                columns = [c.strip() for c in columns]
+                _check_columns(schema, columns, path)
+                lines = lines.filter(lambda li: li[1] > 0)
+            parts.append(
+                lines.mapPartitions(lambda it, p=path, c=columns: _csv_records(schema, p, c, it))
+            )
+        else:
+            frame = spark.read.parquet(absolute)
+            _check_columns(schema, list(frame.columns), path)
+            parts.append(
+                frame.rdd.zipWithIndex().mapPartitions(
+                    lambda it, p=path: _typed_records(schema, p, it)
+                )
+            )
+    if not parts:
+        raise errors.InvalidArgument("no files to load")
+    return parts[0] if len(parts) == 1 else spark.sparkContext.union(parts)
+
+
+def _check_columns(schema: TableSchema, columns: list[str], path: str) -> None:
+    unknown = [c for c in columns if not schema.has_column(c)]
+    if unknown:
+        raise errors.UnknownColumn(
+            f"{path}: table {schema.name} has no column {', '.join(map(repr, unknown))}"
+        )
+    missing = [c for c in schema.primary_key if c not in columns]
+    if missing:
+        raise errors.InvalidArgument(
+            f"{path}: the primary-key column(s) {', '.join(missing)} of {schema.name} are missing"
+        )
+    twice = [c for c, n in itertools.groupby(sorted(columns)) if len(list(n)) > 1]
+    if twice:
+        raise errors.InvalidArgument(f"{path}: column(s) {', '.join(twice)} appear twice")
+
+
+def _with_store(url: str, action: Callable[[Any], Any]) -> Any:
+    from ltm.store import open_store
+
+    store = open_store(url)
+    try:
+        return action(store)
+    finally:
+        store.close()
+
+
+def _stage(url: str, staging: str, rows: Iterable[tuple[bytes, bytes]]) -> int:
+    def write(store: Any) -> int:
+        count = 0
+        batch = []
+        for key, data in rows:
+            batch.append((staging, key, data))
+            count += 1
+            if len(batch) >= 5000:
+                store.write(batch)
+                batch = []
+        if batch:
+            store.write(batch)
+        return count
+
+    return _with_store(url, write)

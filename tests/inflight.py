@@ -1,0 +1,41 @@
+"""A deterministic burst of calls in flight: the coordinator's per-client limit, observed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+
+from aggview.cluster import LocalCluster
+from coordinator.client import AsyncClient
+
+
+async def burst(
+    cluster: LocalCluster, table: str, calls: int, other_role: str | None = None
+) -> list[object]:
+    """Pauses LTM 0 (SIGSTOP), sends ``calls`` scans at once over one client (and one scan
+    with ``other_role``'s token), waits until the refusals are in, resumes the LTM."""
+    options = cluster.client_options("read")
+    pid = cluster.ltm(0).process.pid  # type: ignore[union-attr]
+    async with contextlib.AsyncExitStack() as stack:
+        reader = await stack.enter_async_context(AsyncClient(cluster.address, **options))  # type: ignore[arg-type]
+        tasks = []
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            tasks = [asyncio.ensure_future(reader.scan(table)) for _ in range(calls)]
+            if other_role is not None:
+                other = await stack.enter_async_context(
+                    AsyncClient(cluster.address, **cluster.client_options(other_role))  # type: ignore[arg-type]
+                )
+                tasks.append(asyncio.ensure_future(other.scan(table)))
+            await asyncio.sleep(1.0)  # refusals are immediate; the rest wait for LTM 0
+            pending = [not task.done() for task in tasks]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    outcomes: list[object] = list(results[:calls])
+    if other_role is not None:
+        ok = pending[calls] and not isinstance(results[calls], BaseException)
+        outcomes.append("pending then done" if ok else results[calls])
+    return outcomes

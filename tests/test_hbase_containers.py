@@ -1,0 +1,198 @@
+"""A real HBase in Docker (testcontainers, ``dajobe/hbase``), and the compose file.
+
+The HBase tests run the store contract and the end-to-end view test against HBase's own Thrift
+server; they are collected everywhere and skipped, with the reason, when no Docker engine is
+reachable. The compose file is checked always: parsed as YAML, every aggview command parsed by
+aggview's own argument parser; and with ``docker compose config`` when that CLI exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import happybase
+import pytest
+import yaml
+from store_contract import StoreContract
+from test_store_hbase import check_after_restart, run_view_workload
+from thriftpy2.thrift import TException
+
+from aggview.cli import build_parser
+from ltm.store import Store, open_store
+
+HBASE_IMAGE = "dajobe/hbase"
+THRIFT_PORT = 9090
+READY_TIMEOUT = 300.0
+COMPOSE = Path(__file__).resolve().parents[1] / "docker" / "compose.yaml"
+
+
+def _docker_engine_problem() -> str | None:
+    """None when a Docker engine answers a ping, else why not (the skip reason)."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:  # any failure means: no engine to run HBase in
+        return f"no Docker engine reachable ({type(exc).__name__}: {exc})"
+    return None
+
+
+DOCKER_PROBLEM = _docker_engine_problem()
+needs_docker = pytest.mark.skipif(DOCKER_PROBLEM is not None, reason=DOCKER_PROBLEM or "")
+
+
+def wait_for_thrift(host: str, port: int, timeout: float = READY_TIMEOUT) -> None:
+    """Until HBase serves real Thrift calls: a probe table created, written, read, dropped.
+    (The Thrift port opens long before the master and a region server are up.)"""
+    deadline = time.monotonic() + timeout
+    probe = f"ready_{uuid.uuid4().hex[:8]}"
+    while True:
+        try:
+            connection = happybase.Connection(host, port, timeout=20_000)
+            try:
+                connection.create_table(probe, {"d": {}})
+                connection.table(probe).put(b"k", {b"d:v": b"ok"})
+                assert connection.table(probe).row(b"k") == {b"d:v": b"ok"}
+                connection.delete_table(probe, disable=True)
+                return
+            finally:
+                connection.close()
+        except (TException, OSError) as exc:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"HBase at {host}:{port} not ready: {exc!r}") from exc
+            time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def real_hbase() -> Iterator[tuple[str, int]]:
+    from testcontainers.core.container import DockerContainer
+
+    container = DockerContainer(HBASE_IMAGE).with_exposed_ports(THRIFT_PORT)
+    container.start()
+    try:
+        host = container.get_container_host_ip()
+        port = int(container.get_exposed_port(THRIFT_PORT))
+        wait_for_thrift(host, port)
+        yield host, port
+    finally:
+        container.stop()
+
+
+@needs_docker
+class TestRealHBaseStore(StoreContract):
+    @pytest.fixture
+    def store(self, real_hbase: tuple[str, int]) -> Iterator[Store]:
+        host, port = real_hbase
+        with open_store(f"hbase://{host}:{port}?table_prefix=contract") as store:
+            yield store
+
+
+@needs_docker
+def test_cluster_on_real_hbase_keeps_a_sync_view_exact(
+    real_hbase: tuple[str, int], tmp_path: Path
+) -> None:
+    host, port = real_hbase
+    url = f"hbase://{host}:{port}?table_prefix=e{uuid.uuid4().hex[:8]}"
+    live = run_view_workload(url, tmp_path / "data")
+    check_after_restart(url, tmp_path / "data", live)
+
+
+# --- the compose file ---------------------------------------------------------------------
+
+
+def _compose_cli() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker is not None:
+        version = subprocess.run(
+            [docker, "compose", "version"], capture_output=True, text=True, timeout=60
+        )
+        if version.returncode == 0:
+            return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return [legacy] if legacy is not None else None
+
+
+def test_compose_config_is_valid_for_docker_compose() -> None:
+    cli = _compose_cli()
+    if cli is None:
+        pytest.skip("no `docker compose` (plugin) or `docker-compose` CLI installed")
+    result = subprocess.run(
+        [*cli, "-f", str(COMPOSE), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def _aggview_args(service: str, command: list[str]) -> argparse.Namespace:
+    assert command[0] == "aggview", f"{service}: command must run aggview: {command}"
+    try:
+        return build_parser().parse_args(command[1:])
+    except SystemExit:
+        pytest.fail(f"{service}: aggview refuses the command line {command}")
+
+
+def test_compose_file_runs_real_aggview_commands() -> None:
+    spec: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    services: dict[str, Any] = spec["services"]
+    ltm_names = sorted(name for name in services if name.startswith("ltm-"))
+    assert ltm_names == ["ltm-0", "ltm-1", "ltm-2"]
+    assert {"hbase", "hbase-ready", "coordinator"} <= set(services)
+
+    hbase = services["hbase"]
+    assert hbase["image"].split(":")[0] == HBASE_IMAGE
+    assert "healthcheck" in hbase
+    ready = " ".join(services["hbase-ready"]["command"])
+    assert "wait_for_hbase.py" in ready and f"hbase:{THRIFT_PORT}" in ready
+    assert (Path(COMPOSE).parent / "wait_for_hbase.py").is_file()
+
+    declared_volumes = set(spec["volumes"])
+    roles: dict[str, argparse.Namespace] = {}
+    for name in [*ltm_names, "coordinator"]:
+        service = services[name]
+        args = _aggview_args(name, service["command"])
+        roles[name] = args
+        assert args.store == f"hbase://hbase:{THRIFT_PORT}"
+        assert args.host == "0.0.0.0"
+        if hasattr(args, "insecure"):  # servers refuse to start without a security mode
+            assert args.insecure or args.tls_dir, f"{name}: give --insecure or --tls-dir"
+        # the healthcheck asks the gRPC health service on the port the server listens on
+        check = service["healthcheck"]["test"]
+        assert check[0] == "CMD" and check[-2].endswith("docker/healthcheck.py")
+        assert check[-1] == f"127.0.0.1:{args.port}"
+        # the log directory (WAL or decision log) is on a declared named volume
+        mounts = [v.split(":") for v in service["volumes"]]
+        assert any(
+            volume in declared_volumes and args.log_dir.startswith(path + "/")
+            for volume, path in mounts
+        ), f"{name}: --log-dir {args.log_dir} is not on a named volume"
+        assert service["build"]["dockerfile"] == "docker/Dockerfile"
+
+    for index, name in enumerate(ltm_names):
+        args = roles[name]
+        assert args.command == "ltm"
+        assert (args.partition, args.partitions) == (index, len(ltm_names))
+        assert args.coordinator == f"coordinator:{roles['coordinator'].port}"
+        depends = services[name]["depends_on"]
+        assert depends["hbase-ready"]["condition"] == "service_completed_successfully"
+
+    coordinator = roles["coordinator"]
+    assert coordinator.command == "coordinator"
+    assert coordinator.ltm == [f"{name}:{roles[name].port}" for name in ltm_names]
+    depends = services["coordinator"]["depends_on"]
+    assert {name: d["condition"] for name, d in depends.items()} == {
+        name: "service_healthy" for name in ltm_names
+    }
+    assert (Path(COMPOSE).parent / "Dockerfile").is_file()

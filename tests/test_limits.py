@@ -1,0 +1,169 @@
+"""Every limit refuses with a clear error naming it, applies nothing, and leaves the servers up.
+
+One cluster with small limits (so the tests stay fast), plaintext: limits do not depend on
+security (there a client is its connection; with tokens it is its token, see test_security)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from inflight import burst
+
+from aggview import errors
+from aggview.cluster import LocalCluster
+from coordinator import Client
+from coordinator.convert import Limits
+
+LIMITS = {
+    "max_operations": 50,
+    "max_key_bytes": 64,
+    "max_row_bytes": 512,
+    "max_request_bytes": 64 * 1024,
+    "max_sql_bytes": 2048,
+    "max_views": 2,
+    "max_client_transactions": 3,
+}
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path_factory.mktemp("limited"), ltms=2, limits=LIMITS)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        cluster.kill()
+
+
+@pytest.fixture(scope="module")
+def client(limited: LocalCluster) -> Iterator[Client]:
+    with Client(limited.address, timeout=20) as c:
+        c.sql("CREATE TABLE items (id INT PRIMARY KEY, name TEXT)")
+        c.sql("CREATE TABLE named (name TEXT PRIMARY KEY, n INT)")
+        with c.transaction() as tx:
+            tx.insert("items", {"id": 1, "name": "one"})
+        yield c
+
+
+def assert_intact(client: Client, cluster: LocalCluster) -> None:
+    assert all(server.running() for server in cluster.servers)
+    assert [r["id"] for r in client.scan("items")] == [1]
+    assert client.scan("named") == []
+
+
+def test_rows_per_transaction(client: Client, limited: LocalCluster) -> None:
+    with pytest.raises(
+        errors.LimitExceeded, match=r"51 operations; the limit is 50 \(max_operations"
+    ):
+        with client.transaction() as tx:
+            for i in range(51):
+                tx.insert("items", {"id": 100 + i, "name": "x"})
+    with client.transaction() as tx:  # at the limit is fine
+        for i in range(50):
+            tx.insert("named", {"name": f"n{i}", "n": i})
+    with client.transaction() as tx:
+        for i in range(50):
+            tx.delete("named", {"name": f"n{i}"})
+    assert_intact(client, limited)
+
+
+def test_key_size(client: Client, limited: LocalCluster) -> None:
+    with pytest.raises(errors.LimitExceeded, match=r"key of \d+ bytes is over the 64 byte limit"):
+        with client.transaction() as tx:
+            tx.insert("named", {"name": "k" * 100, "n": 1})
+    with pytest.raises(errors.LimitExceeded, match="max_key_bytes"):
+        client.get("named", {"name": "k" * 100})
+    assert_intact(client, limited)
+
+
+def test_value_size(client: Client, limited: LocalCluster) -> None:
+    with pytest.raises(errors.LimitExceeded, match=r"row of \d+ bytes .* \(max_row_bytes\)"):
+        with client.transaction() as tx:
+            tx.insert("items", {"id": 2, "name": "v" * 600})
+    with pytest.raises(errors.LimitExceeded, match="max_row_bytes"):
+        with client.transaction() as tx:
+            tx.update("items", {"id": 1}, {"name": "v" * 600})
+    assert_intact(client, limited)
+
+
+def test_request_size(client: Client, limited: LocalCluster) -> None:
+    with pytest.raises(errors.LimitExceeded, match="max_request_bytes"):
+        with client.transaction() as tx:
+            tx.insert("items", {"id": 2, "name": "r" * (100 * 1024)})
+    assert_intact(client, limited)
+
+
+def test_sql_size(client: Client, limited: LocalCluster) -> None:
+    long_select = "SELECT * FROM items WHERE id = 1" + " " * 3000
+    with pytest.raises(errors.LimitExceeded, match=r"over the 2048 byte limit \(max_sql_bytes\)"):
+        client.sql(long_select)
+    assert len(client.sql(long_select.strip())) == 1
+    assert_intact(client, limited)
+
+
+def test_view_count(client: Client, limited: LocalCluster) -> None:
+    client.sql("CREATE MATERIALIZED VIEW n1 AS SELECT COUNT(*) AS n FROM items")
+    client.sql("CREATE MATERIALIZED VIEW n2 AS SELECT SUM(id) AS s FROM items")
+    with pytest.raises(errors.LimitExceeded, match=r"2 materialized views .* 2 \(max_views\)"):
+        client.sql("CREATE MATERIALIZED VIEW n3 AS SELECT MAX(id) AS m FROM items")
+    client.sql("DROP MATERIALIZED VIEW n2")
+    client.sql("CREATE MATERIALIZED VIEW n3 AS SELECT MAX(id) AS m FROM items")
+    assert client.view("n3")[0]["m"] == 1
+    client.sql("DROP MATERIALIZED VIEW n3")
+    client.sql("DROP MATERIALIZED VIEW n1")
+    assert_intact(client, limited)
+
+
+def test_concurrent_calls_per_connection(client: Client, limited: LocalCluster) -> None:
+    """3 calls in flight per client (here: per connection, no tokens): with LTM 0 paused, 3
+    scans wait and 2 more are refused at once; the slots come back afterwards."""
+    outcomes = asyncio.run(burst(limited, "items", 5))
+    refused = [o for o in outcomes if isinstance(o, errors.AggviewError)]
+    assert len(refused) == 2, outcomes
+    for failure in refused:
+        assert isinstance(failure, errors.LimitExceeded)
+        assert "3 calls in flight; the limit is 3" in str(failure)
+        assert "max_client_transactions" in str(failure)
+    assert all(isinstance(o, list) for o in outcomes if o not in refused)
+    assert_intact(client, limited)
+
+
+def test_limits_parse() -> None:
+    assert Limits.parse(["max_views=7", "max_operations=9"]) == Limits(
+        max_views=7, max_operations=9
+    )
+    with pytest.raises(errors.InvalidArgument, match="unknown limit 'nope'; limits are"):
+        Limits.parse(["nope=1"])
+    with pytest.raises(errors.InvalidArgument, match="needs an integer"):
+        Limits.parse(["max_views=x"])
+    with pytest.raises(errors.InvalidArgument, match="at least 1"):
+        Limits.parse(["max_views=0"])
+
+
+def test_coordinator_refuses_a_bad_limit_flag(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "aggview.cli", "start", "--insecure", "--data", str(tmp_path)]
+        + ["--limit", "max_veiws=3"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=60,
+    )
+    assert done.returncode == 2 and "unknown limit 'max_veiws'" in done.stderr
+
+
+def test_defaults_are_generous() -> None:
+    """The defaults the rest of the suite (and the README) rely on."""
+    limits = Limits()
+    assert limits.max_operations == 10_000 and limits.max_row_bytes == 1024 * 1024
+    assert limits.max_request_bytes == 16 * 1024 * 1024 and limits.max_views >= 100
+    assert Decimal(limits.max_client_transactions) >= 1024
