@@ -12,6 +12,7 @@ import tempfile
 import threading
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from aggview import errors
 
@@ -76,10 +77,9 @@ def _add_client_security(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """A blocking client for ``args.address`` with the security flags of the command."""
+def _client_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Client keyword arguments the security flags of a command ask for."""
     from aggview.security import token_for
-    from coordinator.client import Client
 
     ca, token = args.ca, args.token
     if args.client_tls_dir:
@@ -87,7 +87,14 @@ def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         ca = ca or directory / "ca.pem"
         if token is None and (directory / "tokens").exists():
             token = token_for(directory / "tokens", "admin")
-    return Client(args.address, ca=ca, token=token)
+    return {"ca": ca, "token": token}
+
+
+def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """A blocking client for ``args.address`` with the security flags of the command."""
+    from coordinator.client import Client
+
+    return Client(args.address, **_client_options(args))
 
 
 def _run_certs(args: argparse.Namespace) -> None:
@@ -262,6 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--days", type=int, default=365, help="validity of the certificates")
     certs.add_argument("--force", action="store_true", help="replace files already there")
     certs.set_defaults(run=_run_certs)
+
+    from cumulus.spark.commands import add_spark_commands
+
+    add_spark_commands(sub, _add_client_security, _client_options)
 
     demo = sub.add_parser("demo", help="the main job: a local cluster, a workload, a report")
     demo.add_argument("--data", help="keep the cluster's data here (default: a temp dir)")

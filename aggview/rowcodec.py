@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from aggview import errors
+
 _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _decoder = json.JSONDecoder()
 
@@ -17,8 +19,20 @@ def encode_row(row: Row | None) -> bytes:
     return b"" if row is None else _encoder.encode(row).encode()
 
 
+class MalformedData(errors.InvalidArgument, ValueError):
+    """Bytes that are not the JSON they should be: a peer's bug or a fuzzer, never a crash."""
+
+
 def decode_row(data: bytes) -> Row | None:
-    return None if not data else _decoder.decode(data.decode())
+    if not data:
+        return None
+    try:
+        row = _decoder.decode(data.decode())
+    except ValueError as exc:  # bad UTF-8 or bad JSON
+        raise MalformedData(f"malformed row data: {exc}") from None
+    if not isinstance(row, dict):
+        raise MalformedData(f"malformed row data: a JSON object expected, got {row!r:.40}")
+    return row
 
 
 def encode_json(value: Any) -> bytes:
@@ -26,7 +40,12 @@ def encode_json(value: Any) -> bytes:
 
 
 def decode_json(data: bytes) -> Any:
-    return _decoder.decode(data.decode()) if data else None
+    if not data:
+        return None
+    try:
+        return _decoder.decode(data.decode())
+    except ValueError as exc:
+        raise MalformedData(f"malformed JSON: {exc}") from None
 
 
 def encode_stored(ts: int, row: Row, lsn: int = 0) -> bytes:

@@ -47,7 +47,12 @@ def from_value(value: pb.Value) -> Any:
         except decimal.InvalidOperation:
             raise errors.TypeMismatch(f"malformed decimal {value.decimal_value!r}") from None
     if kind == "date_value":
-        return EPOCH + datetime.timedelta(days=value.date_value)
+        try:
+            return EPOCH + datetime.timedelta(days=value.date_value)
+        except OverflowError:
+            raise errors.TypeMismatch(
+                f"date {value.date_value} days from 1970-01-01 is outside years 1..9999"
+            ) from None
     return getattr(value, kind)
 
 

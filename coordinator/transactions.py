@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -41,6 +42,7 @@ from coordinator.timestamp_oracle import TimestampOracle
 
 log = logging.getLogger(__name__)
 Vote = lpb.Vote
+SYSTEM_RETRIES = 50  # timestamp-order aborts a system transaction absorbs before giving up
 
 
 @dataclass
@@ -189,17 +191,25 @@ class TransactionManager:
     async def system_transaction(self, build: Callable[[int], Awaitable[list[lpb.RowOp]]]) -> int:
         """A transaction of the system's own (view refresh, initialization): it gets its
         timestamp first, waits until every older transaction is decided, then builds its
-        operations from reads at that timestamp."""
-        ts = self.oracle.next()
-        self.in_flight.add(ts)
-        tx = Transaction(ts, epoch=self.epoch)
-        try:
-            await self.in_flight.wait_decided_upto(ts - 1)
-            ops = await build(ts)
-        except BaseException:
-            self.in_flight.decided(ts)
-            raise
-        return await self._run(tx, ops, extend=False)
+        operations from reads at that timestamp. A timestamp-order abort (a younger writer
+        got to a row first) runs it again at a new timestamp."""
+        for attempt in itertools.count():
+            ts = self.oracle.next()
+            self.in_flight.add(ts)
+            tx = Transaction(ts, epoch=self.epoch)
+            try:
+                await self.in_flight.wait_decided_upto(ts - 1)
+                ops = await build(ts)
+            except BaseException:
+                self.in_flight.decided(ts)
+                raise
+            try:
+                return await self._run(tx, ops, extend=False)
+            except errors.TooLate:
+                if attempt >= SYSTEM_RETRIES:
+                    raise
+                await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
+        raise AssertionError("unreachable")
 
     async def _run(self, tx: Transaction, ops: list[lpb.RowOp], extend: bool = True) -> int:
         return await self._decide(tx, self._prepare_rounds(tx, ops, extend))

@@ -242,6 +242,7 @@ class Participant:
         }
         exclusive = list(dict.fromkeys([r for _, r in ops] + list(captured)))
         try:
+            deltas = [(row_id, self._delta(row_id, values)) for row_id, values in merges]
             for row_id in exclusive + [r for r, _ in merges]:
                 self._check_owned(row_id)
             for change_id in captured:  # its key holds this ts: new, never in the store
@@ -281,8 +282,8 @@ class Participant:
         changed = {row_id: after[row_id] for row_id in exclusive}
         tx.after.update(changed)
         merged: dict[RowId, Row] = {}
-        for row_id, values in merges:
-            merged[row_id] = combine(tx.merges.get(row_id, {}), decode_row(values) or {})
+        for row_id, delta in deltas:
+            merged[row_id] = combine(tx.merges.get(row_id, {}), delta)
             tx.merges[row_id] = merged[row_id]
             self.rows[row_id].merges[ts] = merged[row_id]
         self.prepared[ts] = tx
@@ -340,8 +341,12 @@ class Participant:
             state = self.rows[row_id]
             if row_id[0] in self.dropped:
                 state.drop_merge(ts)
-            else:
+                continue
+            try:
                 state.commit_merge(ts, delta, self.low_watermark, lsn)
+            except TypeError as exc:  # only a malformed request makes one (see _delta)
+                log.error("view delta of %d does not fit row %r: %s; dropped", ts, row_id, exc)
+                state.drop_merge(ts)
         self.commits_since_checkpoint += len(tx.after) + len(tx.merges)
         self.touched.update(tx.after)
         self.touched.update(tx.merges)
@@ -460,6 +465,26 @@ class Participant:
         return out, None
 
     # ----------------------------------------------------------------- cache
+
+    def _delta(self, row_id: RowId, values: bytes) -> Row:
+        """A view delta that can merge into its row: numbers that add, or multisets of
+        numbers, each of the kind the row and the deltas pending on it hold (the coordinator
+        never sends another; a member's malformed request is refused, not merged later)."""
+        delta = decode_row(values) or {}
+        state = self.rows.get(row_id)
+        others = [] if state is None else [state.current or {}, *state.merges.values()]
+        for name, change in delta.items():
+            ok = _number(change) or (
+                isinstance(change, dict) and all(_number(n) for n in change.values())
+            )
+            for other in others:
+                if ok and name in other:
+                    ok = isinstance(other[name], dict) == isinstance(change, dict) and (
+                        isinstance(change, dict) or _number(other[name])
+                    )
+            if not ok:
+                raise VoteNo(Outcome.INVALID, f"malformed view delta for {name}", row_id)
+        return delta
 
     def _check_owned(self, row_id: RowId) -> None:
         if row_id[0] in self.dropped:
@@ -681,6 +706,10 @@ class Participant:
                         log.exception("applying the outcome of %d failed; asking again", ts)
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _apply(op: pb.RowOp, before: Row | None, current: Row | None, row_id: RowId) -> Row | None:
     """One operation on a row; conditions see the row as it was before the transaction."""
     if op.require:
@@ -701,6 +730,8 @@ def _apply(op: pb.RowOp, before: Row | None, current: Row | None, row_id: RowId)
         return {**current, **changes}
     if kind == pb.RowOp.ADD:
         limits = decode_json(op.limits) or {}
+        if not isinstance(limits, dict):
+            raise VoteNo(Outcome.INVALID, "malformed limits: a JSON object expected", row_id)
         row = dict(current)
         for column, delta in changes.items():
             value = row.get(column)
@@ -713,7 +744,11 @@ def _apply(op: pb.RowOp, before: Row | None, current: Row | None, row_id: RowId)
                     Outcome.INVALID, f"cannot add {delta!r} to column {column}", row_id
                 ) from None
             limit = limits.get(column)
-            if limit is not None and abs(value) >= limit:
+            try:
+                over = limit is not None and abs(value) >= limit
+            except TypeError:
+                raise VoteNo(Outcome.INVALID, f"cannot add to column {column}", row_id) from None
+            if over:
                 raise VoteNo(Outcome.INVALID, f"adding to column {column} overflows it", row_id)
             row[column] = value
         return row
@@ -723,6 +758,11 @@ def _apply(op: pb.RowOp, before: Row | None, current: Row | None, row_id: RowId)
 def _check_conditions(
     conditions: Sequence[Sequence[Any]], before: Row | None, row_id: RowId
 ) -> None:
+    if not isinstance(conditions, list) or not all(
+        isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) and isinstance(c[1], str)
+        for c in conditions
+    ):
+        raise VoteNo(Outcome.INVALID, "malformed conditions: [column, op, value] lists", row_id)
     if before is None:
         raise VoteNo(Outcome.CONDITION_FAILED, "the row does not exist", row_id)
     for column, op, value in conditions:

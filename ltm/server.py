@@ -16,7 +16,7 @@ from aggview.security import MemberGate, TlsDir, member_channel, member_metadata
 from aggview.status import Malformed, add_service, grpc_method
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
-from ltm.participant import Participant, Settings
+from ltm.participant import Participant, Settings, VoteNo
 from ltm.store import open_store
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class LtmServicer(pb_grpc.LtmServicer):
                         *(self.participant.decide(d.ts, d.commit) for d in decide.decisions)
                     )
                     reply = pb.LtmReply(id=request.id, decided=pb.DecideReply())
-            except errors.AggviewError as exc:  # e.g. a read of a row still held too long
+            except (errors.AggviewError, VoteNo) as exc:  # e.g. a row held too long, not ours
                 reply = pb.LtmReply(id=request.id, error=str(exc))
             except Exception as exc:  # the stream and the server stay up
                 log.exception("request %d on the stream failed", request.id)
@@ -98,6 +98,8 @@ class LtmServicer(pb_grpc.LtmServicer):
     async def _prepare_one(self, sub: pb.SubTransaction) -> pb.Vote:
         try:
             return await self.participant.prepare(sub)
+        except errors.InvalidArgument as exc:  # malformed operations (never the coordinator's)
+            return pb.Vote(ts=sub.ts, outcome=pb.Vote.INVALID, message=str(exc))
         except errors.AggviewError as exc:
             return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=str(exc))
         except Exception as exc:  # e.g. the store is down: this transaction aborts, we serve on
