@@ -17,9 +17,7 @@ AddSecurity = Callable[[argparse.ArgumentParser], None]
 ClientOptions = Callable[[argparse.Namespace], dict[str, Any]]
 
 
-def add_spark_commands(
-    sub: Any, add_security: AddSecurity, client_options: ClientOptions
-) -> None:
+def add_spark_commands(sub: Any, add_security: AddSecurity, client_options: ClientOptions) -> None:
     load = sub.add_parser(
         "load", help="bulk-load CSV or Parquet files into a table (Spark), at one timestamp"
     )
@@ -125,7 +123,9 @@ def _run_verify(args: argparse.Namespace, options: dict[str, Any]) -> None:
     wrong = 0
     for result in results:
         if result.ok:
-            print(f"{result.view}: OK, {result.groups} groups equal at timestamp {result.timestamp}")
+            print(
+                f"{result.view}: OK, {result.groups} groups equal at timestamp {result.timestamp}"
+            )
             continue
         wrong += 1
         print(
