@@ -212,10 +212,10 @@ def _run_demo(args: argparse.Namespace) -> None:
     from aggview.demo import run_demo
 
     if args.data:
-        run_demo(Path(args.data), ltms=args.ltms)
+        run_demo(Path(args.data), ltms=args.ltms, out=Path(args.out))
     else:
         with tempfile.TemporaryDirectory(prefix="aggview-demo-") as data:
-            run_demo(Path(data), ltms=args.ltms)
+            run_demo(Path(data), ltms=args.ltms, out=Path(args.out))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -271,12 +271,15 @@ def build_parser() -> argparse.ArgumentParser:
     certs.set_defaults(run=_run_certs)
 
     from cumulus.spark.commands import add_spark_commands
+    from loadgen.commands import add_bench_commands
 
     add_spark_commands(sub, _add_client_security, _client_options)
+    add_bench_commands(sub, _add_client_security, _client_options)
 
     demo = sub.add_parser("demo", help="the main job: a local cluster, a workload, a report")
     demo.add_argument("--data", help="keep the cluster's data here (default: a temp dir)")
     demo.add_argument("--ltms", type=int, default=3)
+    demo.add_argument("--out", default="aggview-report", help="where the report and plots go")
     demo.set_defaults(run=_run_demo)
     return parser
 

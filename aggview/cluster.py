@@ -51,12 +51,14 @@ class Server:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 30.0, env: dict[str, str] | None = None) -> None:
+        """``env`` is added to this start's environment only (e.g. ``AGGVIEW_FAILPOINTS``)."""
         args = [*self.args, "--port", str(self.port)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        env = dict(os.environ)
+        extra_env, env = env, dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+        env.update(extra_env or {})
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "aggview.cli", *self.flags, *args],

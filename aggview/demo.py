@@ -1,137 +1,277 @@
-"""``aggview demo``: a local cluster on the embedded store, a concurrent transactional workload
-with a crash in the middle, and a check that nothing was lost or half-applied."""
+"""``aggview demo``, the main job: a local cluster on the embedded store shows, in about two
+minutes, what aggview is for and checks every claim it prints.
+
+1. conditional transfers from concurrent clients while an LTM is killed and restarted: nothing
+   acknowledged is lost, nothing is half-applied;
+2. the thesis's dashboard: events bulk-loaded by Spark at one timestamp, SQL-1 (cost per shop
+   and category) created as a sync view and the cost per category as an async view, both
+   computed by Spark SQL while writers go on;
+3. a mixed workload of event inserts, corrections and deletes, with view reads meanwhile;
+4. every view recomputed by Spark and compared group by group;
+5. a short dashboard benchmark (no view, sync, async) whose report and plots are written.
+"""
 
 from __future__ import annotations
 
+import csv
 import itertools
 import random
 import threading
 import time
+from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from aggview import errors
 from aggview.cluster import LocalCluster
 from coordinator import Client
-from loadgen import dashboard, transfers
+from loadgen import dashboard, dashboard_bench, transfers
 
 ACCOUNTS = 60
 CLIENTS = 8
 
 
-def run_demo(data: Path, *, ltms: int = 3, seconds: float = 6.0) -> None:
+@dataclass
+class DemoSize:
+    """How much the demo does; the default takes about two minutes on 2 cores."""
+
+    transfer_seconds: float = 4.0
+    events: int = 50_000
+    workload_seconds: float = 6.0
+    bench_seconds: float = 2.0
+    bench_sizes: tuple[int, ...] = (1, 10, 50)
+    scale: dashboard.Scale = field(default_factory=dashboard.Scale)
+
+
+def run_demo(
+    data: Path, *, ltms: int = 3, out: Path | None = None, size: DemoSize | None = None
+) -> None:
+    size = size or DemoSize()
+    out = out or Path("aggview-report")
     console = Console()
+    started = time.monotonic()
     console.print(f"[bold]aggview demo[/]: {ltms} LTMs + a coordinator on the embedded store")
     with LocalCluster(data, ltms=ltms, checkpoint_interval=1.0) as cluster:
         console.print(f"cluster listening on {cluster.address} (data in {data})")
-        with Client(cluster.address) as client:
-            transfers.create(client, "accounts", "ledger", ACCOUNTS)
-        console.print(
-            f"{CLIENTS} clients run conditional transfers between {ACCOUNTS} accounts "
-            f"for {seconds:.0f}s; LTM 0 is killed with SIGKILL half-way and restarted"
-        )
-        stop = threading.Event()
-        outcomes = transfers.Outcomes()
-        workers = transfers.run_clients(
-            cluster.address,
-            "accounts",
-            "ledger",
-            ACCOUNTS,
-            clients=CLIENTS,
-            stop=stop,
-            outcomes=outcomes,
-        )
-        started = time.monotonic()
-        time.sleep(seconds / 2)
-        cluster.ltm(0).kill()
-        killed_at = len(outcomes.committed)
-        cluster.ltm(0).start()
-        time.sleep(seconds / 2)
-        stop.set()
-        for worker in workers:
-            worker.join()
-        elapsed = time.monotonic() - started
-
-        with Client(cluster.address) as client:
-            transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
-            balances = client.scan("accounts")
-        table = Table(title="transfers")
-        table.add_column("measure")
-        table.add_column("value", justify="right")
-        table.add_row("committed", str(len(outcomes.committed)))
-        table.add_row("committed before the crash", str(killed_at))
-        table.add_row("refused by their condition", str(outcomes.condition_failed))
-        table.add_row("failed while LTM 0 was down", str(outcomes.unknown))
-        table.add_row("timestamp-order retries", str(outcomes.retries))
-        table.add_row("committed per second", f"{len(outcomes.committed) / elapsed:.0f}")
-        table.add_row("total balance (snapshot)", str(sum(r["balance"] for r in balances)))
-        table.add_row("snapshot timestamp", str(balances.timestamp))
-        console.print(table)
-        console.print(
-            "[green]verified[/]: every acknowledged transfer is in the ledger, balances agree "
-            "with the ledger, the total is unchanged and no balance is negative"
-        )
-        run_dashboard(cluster.address, console, seconds=seconds / 2)
-    console.print("cluster stopped")
+        run_transfers(cluster, console, size.transfer_seconds)
+        run_dashboard(cluster, console, size)
+        run_bench(cluster.address, console, size, out)
+    console.print(f"cluster stopped; the demo took {time.monotonic() - started:.0f} s")
 
 
-def run_dashboard(address: str, console: Console, *, seconds: float) -> None:
-    """The thesis's dashboard: SQL-1 as a sync view, cost per category as an async view."""
-    scale = dashboard.Scale(shops=10, products=200, categories=8)
+def run_transfers(cluster: LocalCluster, console: Console, seconds: float) -> None:
+    with Client(cluster.address) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+    console.print(
+        f"\n[bold]1. transactions[/]: {CLIENTS} clients run conditional transfers between "
+        f"{ACCOUNTS} accounts for {seconds:.0f}s; LTM 0 is killed with SIGKILL half-way and "
+        "restarted"
+    )
+    stop = threading.Event()
+    outcomes = transfers.Outcomes()
+    workers = transfers.run_clients(
+        cluster.address,
+        "accounts",
+        "ledger",
+        ACCOUNTS,
+        clients=CLIENTS,
+        stop=stop,
+        outcomes=outcomes,
+    )
+    began = time.monotonic()
+    time.sleep(seconds / 2)
+    cluster.ltm(0).kill()
+    killed_at = len(outcomes.committed)
+    cluster.ltm(0).start()
+    time.sleep(seconds / 2)
+    stop.set()
+    for worker in workers:
+        worker.join()
+    elapsed = time.monotonic() - began
+    with Client(cluster.address) as client:
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
+        balances = client.scan("accounts")
+    table = Table(title="transfers")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row("committed", str(len(outcomes.committed)))
+    table.add_row("committed before the crash", str(killed_at))
+    table.add_row("refused by their condition", str(outcomes.condition_failed))
+    table.add_row("failed while LTM 0 was down", str(outcomes.unknown))
+    table.add_row("timestamp-order retries", str(outcomes.retries))
+    table.add_row("committed per second", f"{len(outcomes.committed) / elapsed:.0f}")
+    table.add_row("total balance (snapshot)", str(sum(r["balance"] for r in balances)))
+    console.print(table)
+    console.print(
+        "[green]verified[/]: every acknowledged transfer is in the ledger, balances agree "
+        "with the ledger, the total is unchanged and no balance is negative"
+    )
+
+
+def write_events(path: Path, count: int, scale: dashboard.Scale) -> None:
+    rng = random.Random(42)
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["id", "day", "prod_id", "shop_id", "type", "cost"])
+        for i in range(count):
+            row = dashboard.event(rng, i, scale)
+            out.writerow([row[c] for c in ("id", "day", "prod_id", "shop_id", "type", "cost")])
+
+
+def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> None:
+    from cumulus.spark import jobs
+    from cumulus.spark.session import spark_session
+
+    address, scale = cluster.address, size.scale
+    console.print(
+        f"\n[bold]2. the dashboard[/]: {scale.shops} shops, {scale.products} products, "
+        f"{scale.categories} categories; {size.events} events bulk-loaded with Spark"
+    )
     with Client(address) as client:
         dashboard.create_schema(client)
         dashboard.populate(client, scale)
-        client.sql(dashboard.view_ddl("shop_category_cost", dashboard.SHOP_CATEGORY_COST))
-        client.sql(
-            dashboard.view_ddl("category_cost", dashboard.CATEGORY_COST, "async", interval_ms=500)
-        )
+    with console.status("starting Spark"):
+        spark = spark_session()
+    events_csv = cluster.data / "events.csv"
+    write_events(events_csv, size.events, scale)
+    began = time.monotonic()
+    with console.status("bulk-loading events"):
+        loaded = jobs.load_files(spark, address, "events", [str(events_csv)])
     console.print(
-        f"dashboard: {CLIENTS} clients insert events for {seconds:.0f}s; SQL-1 per (shop, "
-        "category) is a sync view, cost per category an async view refreshed every 500 ms"
+        f"loaded {loaded.rows} events at timestamp {loaded.timestamp} in "
+        f"{time.monotonic() - began:.1f} s (one transaction)"
     )
-    counter = itertools.count()
     stop = threading.Event()
-    committed = []
-
-    def work(worker: int) -> None:
-        rng = random.Random(worker)
-        done = 0
-        with Client(address) as client:
-            while not stop.is_set():
-                with client.transaction() as tx:
-                    tx.insert("events", dashboard.event(rng, next(counter), scale))
-                done += 1
-        committed.append(done)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(CLIENTS)]
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds)
-    with Client(address) as client:
-        stale = client.view("category_cost")
-    stop.set()
-    for thread in threads:
-        thread.join()
-    with Client(address) as client:
-        sync_rows = client.view("shop_category_cost")
-        expected = dashboard.recompute_shop_category_cost(client)
-        assert dashboard.view_totals(sync_rows) == expected, "the sync view drifted"
-        refreshed_at = client.refresh("category_cost")
-        fresh = client.view("category_cost")
-        lookup = client.view("shop_category_cost", {"shop": "shop 3", "category": "category 3"})
-    table = Table(title="dashboard views")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    table.add_row("events committed", str(sum(committed)))
-    table.add_row("SQL-1 groups (sync view)", str(len(sync_rows)))
-    table.add_row("SQL-1 for shop 3 / category 3", str(lookup[0]["cost"] if lookup else 0))
-    table.add_row("async view read while writing: as of", str(stale.timestamp))
-    table.add_row("async view after refresh: as of", str(refreshed_at))
-    table.add_row("events in the async view", str(sum(r["events"] for r in fresh)))
-    console.print(table)
-    assert sum(r["events"] for r in fresh) == sum(committed)
+    ids = itertools.count(size.events)
+    counts: list[int] = []
+    writers = [
+        threading.Thread(target=_churn, args=(address, scale, ids, seed, stop, counts))
+        for seed in range(4)
+    ]
+    for writer in writers:
+        writer.start()
+    try:
+        for name, select, mode in (
+            ("shop_category_cost", dashboard.SHOP_CATEGORY_COST, "sync"),
+            ("category_cost", dashboard.CATEGORY_COST, "async"),
+        ):
+            began = time.monotonic()
+            with console.status(f"computing {name} with Spark SQL while 4 clients write"):
+                result = jobs.init_view(
+                    spark, address, sql=dashboard.view_ddl(name, select, mode, 500)
+                )
+            console.print(
+                f"created {name} ({mode}): {result.groups} groups computed at snapshot "
+                f"{result.snapshot}, live at {result.timestamp}, "
+                f"in {time.monotonic() - began:.1f} s"
+            )
+        console.print(
+            f"\n[bold]3. mixed workload[/]: 4 clients insert, correct and delete events for "
+            f"{size.workload_seconds:.0f}s while the views are read"
+        )
+        reads = _read_views(address, size.workload_seconds)
+    finally:
+        stop.set()
+        for writer in writers:
+            writer.join()
     console.print(
-        "[green]verified[/]: the sync view equals SQL-1 recomputed from the base tables, and "
-        "the refreshed async view counts every committed event"
+        f"{sum(counts)} write transactions committed; {reads} view reads "
+        "(SQL-1 lookups answered from one view row each)"
     )
+    console.print("\n[bold]4. verification[/]: every view recomputed by Spark SQL")
+    with console.status("verifying"):
+        results = jobs.verify_views(spark, address)
+    table = Table(title="views against recomputation")
+    for column in ("view", "groups", "exact at timestamp", "differing groups"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(r.view, str(r.groups), str(r.timestamp), str(len(r.differences)))
+    console.print(table)
+    if not all(r.ok for r in results):
+        raise errors.FailedPrecondition("a view differs from its recomputation")
+    console.print("[green]verified[/]: every view equals its SQL recomputed from the base tables")
+    with Client(address) as client:
+        for name in ("shop_category_cost", "category_cost"):
+            client.sql(f"DROP MATERIALIZED VIEW {name}")
+
+
+def _churn(
+    address: str,
+    scale: dashboard.Scale,
+    ids: itertools.count[int],
+    seed: int,
+    stop: threading.Event,
+    counts: list[int],
+) -> None:
+    """Transactions of 1-20 new events, corrections of an event's cost and product, deletes."""
+    rng = random.Random(seed)
+    done = 0
+    mine: list[int] = []
+    with Client(address) as client:
+        while not stop.is_set():
+            roll = rng.random()
+            try:
+                with client.transaction() as tx:
+                    if roll < 0.7 or len(mine) < 5:
+                        for _ in range(rng.randint(1, 20)):
+                            event = dashboard.event(rng, next(ids), scale)
+                            tx.insert("events", event)
+                            mine.append(event["id"])
+                    elif roll < 0.9:
+                        product = rng.randrange(scale.products)
+                        tx.update(
+                            "events",
+                            {"id": rng.choice(mine)},
+                            {
+                                "prod_id": product,
+                                "shop_id": product % scale.shops,
+                                "cost": Decimal(rng.randrange(1, 500)) / 100,
+                            },
+                        )
+                    else:
+                        tx.delete("events", {"id": mine.pop(rng.randrange(len(mine)))})
+            except errors.AggviewError:
+                continue
+            done += 1
+    counts.append(done)
+
+
+def _read_views(address: str, seconds: float) -> int:
+    reads = 0
+    deadline = time.monotonic() + seconds
+    with Client(address) as client:
+        while time.monotonic() < deadline:
+            client.view("shop_category_cost", {"shop": "shop 3", "category": "category 3"})
+            client.view("category_cost")
+            reads += 2
+    return reads
+
+
+def run_bench(address: str, console: Console, size: DemoSize, out: Path) -> None:
+    console.print(
+        f"\n[bold]5. benchmark[/]: transactions of {', '.join(map(str, size.bench_sizes))} "
+        f"events, {size.bench_seconds:.0f}s per point, with no view, SQL-1 sync and async"
+    )
+    config = dashboard_bench.Settings(
+        modes=[
+            dashboard_bench.Mode("none"),
+            dashboard_bench.Mode("sync"),
+            dashboard_bench.Mode("async", 500),
+        ],
+        sizes=list(size.bench_sizes),
+        seconds=size.bench_seconds,
+        clients=CLIENTS,
+        scale=size.scale,
+        ltms=0,
+        address=address,
+        out=out,
+    )
+    report = dashboard_bench.run_benchmark(config, {}, console)
+    written = dashboard_bench.write_outputs(report, out)
+    report.print(["mode", "k", "tx_per_s", "events_per_s", "p50_ms", "p99_ms", "verified"], console)
+    for r in dashboard_bench.ratios(report):
+        console.print(f"{r['mode']} / no view at {r['k']} events per transaction: {r['ratio']:.2f}")
+    console.print("wrote " + ", ".join(str(p) for p in written))

@@ -9,7 +9,13 @@ from typing import Any
 from aggview import errors
 
 _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_decoder = json.JSONDecoder()
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+_decoder = json.JSONDecoder(parse_constant=_no_constant)  # NaN, Infinity: refused as on encode
 
 Row = dict[str, Any]
 

@@ -22,7 +22,7 @@ import hmac
 import inspect
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +47,10 @@ class TlsDir:
     directory: Path
     ca: bytes
     server_cert: bytes
-    server_key: bytes
+    server_key: bytes = field(repr=False)  # never in a log line or a traceback
     client_cert: bytes
-    client_key: bytes
-    secret: str
+    client_key: bytes = field(repr=False)
+    secret: str = field(repr=False)
 
     @classmethod
     def load(cls, directory: str | Path) -> TlsDir:

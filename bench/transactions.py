@@ -40,15 +40,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 from rich.console import Console
 from rich.table import Table
 
 from aggview import errors
 from aggview.cluster import LocalCluster
 from aggview.net import GRPC_OPTIONS
-from aggview.wire import client_pb2_grpc, ltm_pb2_grpc
+from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.wire import ltm_pb2 as lpb
+from aggview.wire import ltm_pb2_grpc
 from coordinator.client import AsyncClient
 
 TABLE = "bench"
@@ -91,6 +91,7 @@ class Result:
     max_ms: float | None = None
     lag_p99_ms: float | None = None  # open loop: scheduled arrival -> commit call started
     cpu: dict[str, float] = field(default_factory=dict)  # role -> % of one core
+    security: str = "plain"  # or "tls": TLS everywhere, tokens, member checks
 
     @property
     def retries_per_s(self) -> float:
@@ -155,23 +156,18 @@ class CpuMeter:
 # --------------------------------------------------------------------------- clients and load
 
 
-async def open_clients(address: str, count: int) -> list[AsyncClient]:
-    """``count`` clients, each on its own TCP connection.
+async def open_clients(cluster: LocalCluster, count: int) -> list[AsyncClient]:
+    """``count`` clients, each on its own TCP connection (and, on a secure cluster, with TLS
+    and a write token).
 
     gRPC shares one connection between channels whose arguments are equal, so AsyncClient
-    instances made with the same address would all go over one connection. AsyncClient takes
-    no channel options, so every client after the first gets its channel replaced by one with
-    a private subchannel pool (a bench-only reach into the client's internals)."""
-    clients = []
-    for i in range(count):
-        client = AsyncClient(address)
-        if i:
-            await client._channel.close()
-            options = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
-            client._channel = grpc.aio.insecure_channel(address, options=options)
-            client._stub = client_pb2_grpc.AggviewStub(client._channel)
-        clients.append(client)
-    return clients
+    instances made with the same address would all go over one connection: every client after
+    the first gets a private subchannel pool."""
+    security = cluster.client_options("write")
+    private = [("grpc.use_local_subchannel_pool", 1)]
+    return [
+        AsyncClient(cluster.address, options=private if i else (), **security) for i in range(count)
+    ]
 
 
 def total_retries(clients: Sequence[AsyncClient]) -> int:
@@ -361,15 +357,16 @@ async def settle(cluster: LocalCluster, timeout: float = 30.0) -> None:
     """Waits until every LTM has checkpointed its dirty rows and holds nothing prepared, so
     one case's checkpoint does not land in the next case's window."""
     deadline = time.monotonic() + timeout
+    tls = TlsDir.load(cluster.tls_dir) if cluster.tls_dir is not None else None
     channels = [
-        grpc.aio.insecure_channel(cluster.ltm(i).address, options=GRPC_OPTIONS)
-        for i in range(cluster.ltms)
+        member_channel(cluster.ltm(i).address, tls, GRPC_OPTIONS) for i in range(cluster.ltms)
     ]
     try:
         stubs = [ltm_pb2_grpc.LtmStub(channel) for channel in channels]
+        metadata = member_metadata(tls)
         while time.monotonic() < deadline:
             replies = await asyncio.gather(
-                *(stub.Status(lpb.StatusRequest(), timeout=5) for stub in stubs)
+                *(stub.Status(lpb.StatusRequest(), timeout=5, metadata=metadata) for stub in stubs)
             )
             if all(r.dirty_rows == 0 and r.prepared == 0 for r in replies):
                 return
@@ -380,9 +377,9 @@ async def settle(cluster: LocalCluster, timeout: float = 30.0) -> None:
             await channel.close()
 
 
-async def check_sum(address: str, expected: int, ambiguous: int) -> str:
+async def check_sum(cluster: LocalCluster, expected: int, ambiguous: int) -> str:
     """Compares sum(v) with the row updates of every transaction that reported a commit."""
-    async with AsyncClient(address) as client:
+    async with AsyncClient(cluster.address, **cluster.client_options("read")) as client:
         rows = await client.scan(TABLE)
     total = sum(row["v"] for row in rows)
     if total == expected:
@@ -396,12 +393,14 @@ async def check_sum(address: str, expected: int, ambiguous: int) -> str:
 
 
 @contextlib.contextmanager
-def running_cluster(data: Path, ltms: int, fsync: bool) -> Iterator[LocalCluster]:
+def running_cluster(
+    data: Path, ltms: int, fsync: bool, secure: bool = False
+) -> Iterator[LocalCluster]:
     """A started cluster that is stopped cleanly on the way out, even on Ctrl-C or SIGTERM:
     once an exception (such as the KeyboardInterrupt of Ctrl-C) unwinds through here, further
     Ctrl-C and SIGTERM are ignored so they cannot cut the clean stop or the removal of the
     data directory short (``LocalCluster.stop`` kills what does not stop within 20 s)."""
-    cluster = LocalCluster(data, ltms=ltms, fsync=fsync)
+    cluster = LocalCluster(data, ltms=ltms, fsync=fsync, secure=secure)
     try:
         with cluster:
             try:
@@ -421,7 +420,7 @@ def running_cluster(data: Path, ltms: int, fsync: bool) -> Iterator[LocalCluster
 async def bench_cluster(cluster: LocalCluster, args: argparse.Namespace) -> list[Result]:
     ltms = cluster.ltms
     ledger = Ledger()
-    async with AsyncClient(cluster.address) as admin:
+    async with AsyncClient(cluster.address, **cluster.client_options("admin")) as admin:
         await admin.sql(CREATE)
         t0 = time.perf_counter()
         await preload(admin, args.preload, args.batch)
@@ -429,10 +428,11 @@ async def bench_cluster(cluster: LocalCluster, args: argparse.Namespace) -> list
             f"{ltms} LTM(s): preloaded {args.preload} rows in {time.perf_counter() - t0:.1f}s"
         )
     await settle(cluster)
-    results = []
+    results: list[Result] = []
+    security = "tls" if cluster.tls_dir is not None else "plain"
     for rows in args.rows:
         for channels in args.channels:
-            clients = await open_clients(cluster.address, channels)
+            clients = await open_clients(cluster, channels)
             try:
                 common = dict(
                     ltms=ltms,
@@ -446,6 +446,7 @@ async def bench_cluster(cluster: LocalCluster, args: argparse.Namespace) -> list
                     result = await run_closed(
                         cluster, clients, ledger, tasks=args.clients, **common
                     )
+                    result.security = security
                     results.append(result)
                     report_line(result)
                     rates = [result.tps * f for f in args.load_fraction or []]
@@ -462,6 +463,7 @@ async def bench_cluster(cluster: LocalCluster, args: argparse.Namespace) -> list
                         drain=args.drain,
                         **common,
                     )
+                    result.security = security
                     results.append(result)
                     report_line(result)
             finally:
@@ -469,14 +471,14 @@ async def bench_cluster(cluster: LocalCluster, args: argparse.Namespace) -> list
                     await client.close()
             await settle(cluster)
     if args.check:
-        err.print(await check_sum(cluster.address, ledger.row_updates, ledger.ambiguous))
+        err.print(await check_sum(cluster, ledger.row_updates, ledger.ambiguous))
     return results
 
 
 def report_line(r: Result) -> None:
     load = f"{r.clients} clients" if r.mode == "closed" else f"{r.offered:g}/s offered"
     err.print(
-        f"  {r.ltms} LTM(s), {r.rows} row(s)/tx, {r.channels} channel(s), {load}: "
+        f"  {r.security}: {r.ltms} LTM(s), {r.rows} row(s)/tx, {r.channels} channel(s), {load}: "
         f"{r.tps:.0f} tx/s, p50 {_ms(r.p50_ms)} ms, p99 {_ms(r.p99_ms)} ms, "
         f"{r.retries_per_s:.1f} retries/s, errors {r.errors or 0}, CPU % {_cpu(r)}"
         + (f", arrival lag p99 {_ms(r.lag_p99_ms)} ms" if r.mode == "open" else "")
@@ -493,11 +495,33 @@ def _ms(value: float | None) -> str:
 
 def run_load(args: argparse.Namespace) -> list[Result]:
     results: list[Result] = []
+    modes = {"plain": [False], "tls": [True], "both": [False, True]}[args.security]
     for ltms in args.ltms:
-        with tempfile.TemporaryDirectory(prefix=f"aggview-bench-{ltms}-", dir=args.tmp) as tmp:
-            with running_cluster(Path(tmp), ltms, not args.no_fsync) as cluster:
-                results.extend(asyncio.run(bench_cluster(cluster, args)))
+        for secure in modes:  # alternated per LTM count, so drift hits both alike
+            prefix = f"aggview-bench-{ltms}-{'tls' if secure else 'plain'}-"
+            with tempfile.TemporaryDirectory(prefix=prefix, dir=args.tmp) as tmp:
+                with running_cluster(Path(tmp), ltms, not args.no_fsync, secure) as cluster:
+                    results.extend(asyncio.run(bench_cluster(cluster, args)))
     return results
+
+
+def security_ratios(results: Sequence[Result]) -> list[str]:
+    """TLS throughput over plaintext throughput, for every case measured both ways."""
+    plain = {_case(r): r for r in results if r.security == "plain"}
+    lines = []
+    for r in results:
+        base = plain.get(_case(r))
+        if r.security == "tls" and base is not None and base.tps:
+            lines.append(
+                f"TLS cost: {r.ltms} LTM(s), {r.rows} row(s)/tx, {r.mode}: {r.tps:.0f} vs "
+                f"{base.tps:.0f} tx/s plaintext, ratio {r.tps / base.tps:.2f}; p50 "
+                f"{_ms(r.p50_ms)} vs {_ms(base.p50_ms)} ms"
+            )
+    return lines
+
+
+def _case(r: Result) -> tuple[object, ...]:
+    return (r.ltms, r.rows, r.mode, r.clients, r.channels, r.offered)
 
 
 # The measured columns every benchmark table shares (see the rows each adds).
@@ -518,13 +542,14 @@ def print_table(results: Sequence[Result], fsync: bool) -> None:
         caption="ch: client channels; CPU: % of one core used by the coordinator, the LTMs, "
         "this client and other processes",
     )
-    for name in ("LTMs", "rows/tx", "load", "ch", *MEASURE_COLUMNS):
+    for name in ("security", "LTMs", "rows/tx", "load", "ch", *MEASURE_COLUMNS):
         table.add_column(name, justify="right")
     for r in results:
         load = f"closed {r.clients}" if r.mode == "closed" else f"open {r.offered:g}/s"
         if r.unfinished:
             load += f" ({r.unfinished} unfinished)"
         table.add_row(
+            r.security,
             str(r.ltms),
             str(r.rows),
             load,
@@ -662,6 +687,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=500, help="rows per preload transaction")
     parser.add_argument("--no-fsync", action="store_true", help="servers skip fsync of logs")
     parser.add_argument(
+        "--security",
+        choices=["plain", "tls", "both"],
+        default="plain",
+        help="plaintext (--insecure), TLS with tokens and member checks, or both (with ratios)",
+    )
+    parser.add_argument(
         "--no-check", dest="check", action="store_false", help="skip the final sum(v) check"
     )
     parser.add_argument("--restart", action="store_true", help="time a restart instead")
@@ -697,6 +728,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             results = run_load(args)
             print_table(results, not args.no_fsync)
+            for line in security_ratios(results):
+                out.print(line)
             report = {
                 **meta,
                 "results": [{**asdict(r), "retries_per_s": r.retries_per_s} for r in results],

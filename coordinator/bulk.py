@@ -168,25 +168,8 @@ class BulkAccess:
                 f"page_rows must be between 1 and {MAX_PAGE_ROWS}; got {page_rows}"
             )
         await self.manager.in_flight.wait_decided_upto(ts)
-        for channel in self.manager.channels:
-            cursor = start
-            while True:
-                reply = await channel.read(
-                    lpb.ReadRequest(
-                        ts=ts,
-                        table=table_id,
-                        scan=True,
-                        start=cursor,
-                        stop=stop,
-                        limit=page_rows,
-                        page=True,
-                    )
-                )
-                if reply.rows:
-                    yield [(kv.key, kv.row) for kv in reply.rows]
-                if not reply.resume:
-                    break
-                cursor = reply.resume
+        async for page in self.manager.read_pages(table_id, start, stop, ts, page_rows):
+            yield page
 
     async def splits(self, name: str, count: int) -> list[bytes]:
         """About ``count`` - 1 keys cutting the table into ranges of similar size, from the rows

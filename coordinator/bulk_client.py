@@ -108,7 +108,12 @@ class BulkClient:
 
     def begin_view(self, *, sql: str = "", view: str = "", ttl_ms: int = 0) -> pb.BeginViewReply:
         request = pb.BeginViewRequest(sql=sql, view=view, ttl_ms=ttl_ms)
-        return self._call(self._stub.BeginView, request)
+        try:  # a new sync view may first index a large table
+            return self._stub.BeginView(
+                request, timeout=max(self.client.timeout, 3600), metadata=self._metadata
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None  # type: ignore[arg-type]
 
     def finish_view(
         self, view: str, snapshot: int, rows: Iterable[tuple[bytes, bytes]], chunk: int = 5000

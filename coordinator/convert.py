@@ -100,8 +100,20 @@ def row_op(
             if kind == lpb.RowOp.ADD:
                 op.limits = encode_json(_add_limits(schema, values))
     if operation.require:
-        op.require = encode_json([_condition(schema, c) for c in operation.require])
+        op.require = _storable(
+            schema, encode_json, [_condition(schema, c) for c in operation.require]
+        )
     return op
+
+
+def _storable(schema: TableSchema, encode: Callable[[Any], bytes], value: Any) -> bytes:
+    """JSON, the storage form, has no infinity (FLOAT columns accept one as a value)."""
+    try:
+        return encode(value)
+    except ValueError:
+        raise errors.InvalidArgument(
+            f"table {schema.name}: a FLOAT value is infinite; stored values must be finite"
+        ) from None
 
 
 def _changes(schema: TableSchema, kind: int, values: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +159,7 @@ def _condition(schema: TableSchema, condition: cpb.Condition) -> list[Any]:
 
 
 def _checked_row(schema: TableSchema, row: dict[str, Any], limits: Limits) -> bytes:
-    data = encode_row(row)
+    data = _storable(schema, encode_row, row)
     if len(data) > limits.max_row_bytes:
         raise errors.LimitExceeded(
             f"table {schema.name}: row of {len(data)} bytes is over the "

@@ -22,7 +22,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from aggview import errors
+from aggview import errors, failpoints
 from aggview.partition_map import partition_of
 from aggview.security import TlsDir
 from aggview.status import CONDITION_FAILED_PREFIX
@@ -211,6 +211,30 @@ class TransactionManager:
                 await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
         raise AssertionError("unreachable")
 
+    async def bulk_system_transaction(
+        self, build: Callable[[int], AsyncIterator[list[lpb.RowOp]]]
+    ) -> int:
+        """A system transaction too big for one message (an index backfill over a large table):
+        like :meth:`system_transaction`, but its operations come in chunks, each prepared as
+        another round at the same timestamp."""
+        for attempt in itertools.count():
+            ts = self.oracle.next()
+            self.in_flight.add(ts)
+            tx = Transaction(ts, epoch=self.epoch)
+
+            async def rounds(tx: Transaction = tx) -> None:
+                await self.in_flight.wait_decided_upto(tx.ts - 1)
+                async for ops in build(tx.ts):
+                    await self._prepare_rounds(tx, ops, extend=False)
+
+            try:
+                return await self._decide(tx, rounds())
+            except errors.TooLate:
+                if attempt >= SYSTEM_RETRIES:
+                    raise
+                await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
+        raise AssertionError("unreachable")
+
     async def _run(self, tx: Transaction, ops: list[lpb.RowOp], extend: bool = True) -> int:
         return await self._decide(tx, self._prepare_rounds(tx, ops, extend))
 
@@ -239,6 +263,8 @@ class TransactionManager:
         ts = tx.ts
         try:
             await prepared
+            if failpoints.ARMED:
+                failpoints.hit(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED)
         except BaseException:
             self.in_flight.decided(ts)
             self.aborted += 1
@@ -255,6 +281,8 @@ class TransactionManager:
             await self.decisions.commit(ts, participants)
         finally:
             self.in_flight.decided(ts)
+        if failpoints.ARMED:
+            failpoints.hit(failpoints.COORDINATOR_AFTER_DECISION_LOGGED)
         self.committed += 1
         self._deliver_later(ts, participants)
         return ts
@@ -340,6 +368,8 @@ class TransactionManager:
                 self._retry_delivery(ts, partition, pending)
                 return
             pending.discard(partition)
+            if failpoints.ARMED:
+                failpoints.hit(failpoints.COORDINATOR_MID_COMMIT_FANOUT)
             if not pending:
                 self.decisions.done(ts)
 
@@ -431,6 +461,32 @@ class TransactionManager:
         replies = await asyncio.gather(*(ch.read(request) for ch in self.channels))
         rows = sorted((kv.key, kv.row) for reply in replies for kv in reply.rows)
         return rows[:limit] if limit else rows
+
+    async def read_pages(
+        self, table_id: str, start: bytes, stop: bytes, ts: int, page_rows: int = 5000
+    ) -> AsyncIterator[list[tuple[bytes, bytes]]]:
+        """[start, stop) at ``ts`` page by page, LTM by LTM (not in key order across LTMs), for
+        readers of whole tables: no reply ever holds more than ``page_rows`` rows. The caller
+        keeps ``ts`` readable (a held snapshot, or its own undecided transaction)."""
+        for channel in self.channels:
+            cursor = start
+            while True:
+                reply = await channel.read(
+                    lpb.ReadRequest(
+                        ts=ts,
+                        table=table_id,
+                        scan=True,
+                        start=cursor,
+                        stop=stop,
+                        limit=page_rows,
+                        page=True,
+                    )
+                )
+                if reply.rows:
+                    yield [(kv.key, kv.row) for kv in reply.rows]
+                if not reply.resume:
+                    break
+                cursor = reply.resume
 
     async def drop_table(self, table_id: str) -> None:
         await asyncio.gather(*(ch.drop_table(table_id) for ch in self.channels))

@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from aggview import errors
+from aggview import errors, failpoints
 from aggview.keycodec import encode_key, prefix_end
 from aggview.partition_map import changes_table
 from aggview.rowcodec import decode_row, encode_row
@@ -388,16 +389,20 @@ class ViewManager:
         """Index entries for the rows a table held before the index was maintained."""
         schema = self.catalog.table(table)
 
-        async def build(ts: int) -> list[lpb.RowOp]:
-            rows = await self.manager.read_range_at(schema.table_id, b"", b"", ts, own=True)
-            ops = []
-            for key, data in rows:
-                op = self._index_op(schema, column, key, (decode_row(data) or {}).get(column))
-                if op is not None:
-                    ops.append(op)
-            return ops
+        async def build(ts: int) -> AsyncIterator[list[lpb.RowOp]]:
+            # Every older transaction is decided, so the pages read at ts stay what they are.
+            async for page in self.manager.read_pages(schema.table_id, b"", b"", ts):
+                ops = []
+                for key, data in page:
+                    value = (decode_row(data) or {}).get(column)
+                    op = self._index_op(schema, column, key, value)
+                    if op is not None:  # a younger writer's own index entry wins
+                        op.kind = lpb.RowOp.BACKFILL
+                        ops.append(op)
+                if ops:
+                    yield ops
 
-        await self.manager.system_transaction(build)
+        await self.manager.bulk_system_transaction(build)
 
     # ------------------------------------------------------------------ maintenance
 
@@ -583,7 +588,7 @@ class ViewManager:
                 ops.append(_meta(view, refreshed_at=ts))
             return ops
 
-        async with view.lock:
+        async with view.lock, failpoints.scope("refresh"):
             return await self.manager.system_transaction(drain)
 
     # ------------------------------------------------------------------ reads

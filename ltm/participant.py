@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import operator
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aggview import errors
+from aggview import errors, failpoints
 from aggview.partition_map import CHANGES_ID, partition_of
 from aggview.rowcodec import (
     decode_json,
@@ -230,7 +231,7 @@ class Participant:
         row (before and after image) appended in the same transaction, on this LTM."""
         ts = sub.ts
         tx = self.prepared.get(ts) or Prepared(ts)
-        taken: list[RowId] = []
+        taken: dict[RowId, None] = {}  # insertion-ordered set
         pinned: list[RowState] = []
         ops = [(op, (op.table, op.key)) for op in sub.ops if op.kind != pb.RowOp.MERGE]
         merges = [((op.table, op.key), op.values) for op in sub.ops if op.kind == pb.RowOp.MERGE]
@@ -241,6 +242,8 @@ class Participant:
             for changes in op.changes_tables
         }
         exclusive = list(dict.fromkeys([r for _, r in ops] + list(captured)))
+        backfills = {r for op, r in ops if op.kind == pb.RowOp.BACKFILL}
+        superseded: set[RowId] = set()
         try:
             deltas = [(row_id, self._delta(row_id, values)) for row_id, values in merges]
             for row_id in exclusive + [r for r, _ in merges]:
@@ -253,13 +256,19 @@ class Participant:
                 if row_id in tx.after or row_id in taken:
                     continue
                 if self._in_younger_range_read(row_id, ts) or not await self._acquire(row_id, ts):
+                    if row_id in backfills:
+                        superseded.add(row_id)
+                        continue
                     raise VoteNo(Outcome.TOO_LATE, "a younger transaction got there first", row_id)
-                taken.append(row_id)
+                taken[row_id] = None
                 tx.before[row_id] = self.rows[row_id].current
-            after = dict(tx.after)
+            after: dict[RowId, Row | None] = {}  # this round's rows (a bulk load has many)
             for op, row_id in ops:
+                if row_id in superseded:
+                    continue
                 before = tx.before[row_id]
-                after[row_id] = _apply(op, before, after.get(row_id, before), row_id)
+                current = after[row_id] if row_id in after else tx.after.get(row_id, before)
+                after[row_id] = _apply(op, before, current, row_id)
             for change_id, row_id in captured.items():
                 after[change_id] = {"b": tx.before[row_id], "a": after[row_id]}
         except VoteNo as no:
@@ -279,7 +288,7 @@ class Participant:
             raise
         finally:
             self._unpin(pinned)
-        changed = {row_id: after[row_id] for row_id in exclusive}
+        changed = {row_id: after[row_id] for row_id in exclusive if row_id not in superseded}
         tx.after.update(changed)
         merged: dict[RowId, Row] = {}
         for row_id, delta in deltas:
@@ -288,9 +297,11 @@ class Participant:
             self.rows[row_id].merges[ts] = merged[row_id]
         self.prepared[ts] = tx
         await self.wal.append(tx.record(changed, merged))
+        if failpoints.ARMED:
+            failpoints.hit(failpoints.LTM_AFTER_PREPARE_LOGGED)
         vote = pb.Vote(ts=ts, outcome=Outcome.YES)
         if sub.want_images:
-            for table, key in dict.fromkeys(row_id for _, row_id in ops):
+            for table, key in dict.fromkeys(r for _, r in ops if r not in superseded):
                 vote.images.add(
                     table=table,
                     key=key,
@@ -307,6 +318,9 @@ class Participant:
         )
 
     async def _acquire(self, row_id: RowId, ts: int) -> bool:
+        now = self.rows[row_id].try_acquire(ts)  # most rows are free: no task, no timer
+        if now is not None:
+            return now
         try:
             return await asyncio.wait_for(
                 self.rows[row_id].acquire(ts), self.settings.lock_wait_timeout
@@ -351,6 +365,8 @@ class Participant:
         self.touched.update(tx.after)
         self.touched.update(tx.merges)
         await self.wal.flush()
+        if failpoints.ARMED:
+            failpoints.hit(failpoints.LTM_AFTER_COMMIT_APPLIED)
 
     # ----------------------------------------------------------------- reads
 
@@ -600,7 +616,9 @@ class Participant:
             segment = self.wal.switch(carry)
             self.commits_since_checkpoint = 0
             written: list[tuple[RowId, int]] = []
-            mutations: list[tuple[str, bytes, bytes | None]] = []
+            # (table, key, ts, row, lsn); row versions are never changed in place, so they
+            # are encoded off the event loop, which keeps serving meanwhile
+            pending: list[tuple[str, bytes, int, Row | None, int]] = []
             touched, self.touched = self.touched, set()
             for row_id in touched:  # not every cached row: a checkpoint must not stall reads
                 state = self.rows.get(row_id)
@@ -611,16 +629,14 @@ class Participant:
                 # holds is replayed over it. Drained change rows are removed instead: they
                 # would pile up with every change ever made, and segments are dropped in
                 # order (see WriteAheadLog.drop_before), so no older record comes back.
-                if row is None and CHANGES_ID.match(row_id[0]):
-                    value = None
-                else:
-                    value = encode_stored(ts, row, state.lsn)
-                mutations.append((row_id[0], row_id[1], value))
+                pending.append((row_id[0], row_id[1], ts, row, state.lsn))
                 written.append((row_id, state.lsn))
             try:
                 await self.wal.flush()
-                if mutations:
-                    await asyncio.to_thread(self.store.write, mutations)
+                if pending:
+                    await asyncio.to_thread(self._write_checkpoint, pending)
+                    if failpoints.ARMED:
+                        failpoints.hit(failpoints.LTM_MID_CHECKPOINT)
             except BaseException:
                 self.touched |= touched  # still dirty: the next checkpoint tries again
                 raise
@@ -634,7 +650,16 @@ class Participant:
             self.checkpoints += 1
             self._forget_drained_changes(written)
             self._maybe_evict()
-            return len(mutations)
+            return len(pending)
+
+    def _write_checkpoint(self, pending: list[tuple[str, bytes, int, Row | None, int]]) -> None:
+        mutations: list[tuple[str, bytes, bytes | None]] = []
+        for table, key, ts, row, lsn in pending:
+            if row is None and CHANGES_ID.match(table):
+                mutations.append((table, key, None))
+            else:
+                mutations.append((table, key, encode_stored(ts, row, lsn)))
+        self.store.write(mutations)
 
     def _forget_drained_changes(self, written: list[tuple[RowId, int]]) -> None:
         """Change rows that a refresh deleted and the store no longer has need no memory:
@@ -706,6 +731,11 @@ class Participant:
                         log.exception("applying the outcome of %d failed; asking again", ts)
 
 
+def _infinite(value: Any) -> bool:
+    """A FLOAT sum past 1.8e308: JSON (and SQL) have no infinity."""
+    return isinstance(value, float) and not math.isfinite(value)
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -715,7 +745,7 @@ def _apply(op: pb.RowOp, before: Row | None, current: Row | None, row_id: RowId)
     if op.require:
         _check_conditions(decode_json(op.require), before, row_id)
     kind = op.kind
-    if kind == pb.RowOp.PUT:
+    if kind in (pb.RowOp.PUT, pb.RowOp.BACKFILL):
         return decode_row(op.values)
     if kind == pb.RowOp.INSERT:
         if current is not None:
@@ -745,7 +775,7 @@ def _apply(op: pb.RowOp, before: Row | None, current: Row | None, row_id: RowId)
                 ) from None
             limit = limits.get(column)
             try:
-                over = limit is not None and abs(value) >= limit
+                over = (limit is not None and abs(value) >= limit) or _infinite(value)
             except TypeError:
                 raise VoteNo(Outcome.INVALID, f"cannot add to column {column}", row_id) from None
             if over:

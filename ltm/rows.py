@@ -61,8 +61,8 @@ class RowState:
             self.holder or self.lock_waiters or self.read_waiters or self.pins or self.merges
         )
 
-    async def acquire(self, ts: int) -> bool:
-        """Takes the row for transaction ``ts``; False means too late (abort)."""
+    def try_acquire(self, ts: int) -> bool | None:
+        """Takes the row now if it can: True taken, False too late, None it must wait."""
         if self.holder == ts:
             return True  # a transaction growing more operations on a row it holds
         if self.too_late_for(ts):
@@ -70,6 +70,13 @@ class RowState:
         if not self.holder:
             self.holder = ts
             return True
+        return None
+
+    async def acquire(self, ts: int) -> bool:
+        """Takes the row for transaction ``ts``; False means too late (abort)."""
+        now = self.try_acquire(ts)
+        if now is not None:
+            return now
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         heapq.heappush(self.lock_waiters, (ts, next(_sequence), waiter))
         try:

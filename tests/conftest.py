@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,3 +40,13 @@ def fresh_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     finally:
         running.stop()
         running.kill()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    """The one local Spark session every test shares (it starts in about 15 s)."""
+    from cumulus.spark.session import spark_session, stop_session
+
+    session = spark_session()
+    yield session
+    stop_session()

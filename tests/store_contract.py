@@ -326,3 +326,13 @@ class StoreContract:
         assert not errors, errors
         expected = sorted(f"w{n}-{i:03d}".encode() for n in range(4) for i in range(1, 50, 2))
         assert [k for k, _ in store.scan(table, batch_size=7)] == expected
+
+    def test_count_counts_rows_and_refuses_unknown_tables(
+        self, store: Store, table: str, name: Callable[[str], str]
+    ) -> None:
+        assert store.count(table) == 0
+        self.fill(store, table, [encode_key([INT], [i]) for i in range(25)])
+        store.write([(table, encode_key([INT], [3]), None)])
+        assert store.count(table) == 24
+        with pytest.raises(UnknownTable):
+            store.count(name("absent"))

@@ -2130,3 +2130,44 @@ def test_histories_with_checkpoints_crashes_and_eviction_match_a_model(
         run(main)
     finally:
         env.store.close()
+
+
+# ----------------------------------------------------------------------------- backfill
+
+
+def backfill(key: bytes, values: dict[str, Any] | None) -> pb.RowOp:
+    return _op(pb.RowOp.BACKFILL, key, values)
+
+
+def test_backfill_yields_to_a_younger_write_and_applies_otherwise(env: Env) -> None:
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 30, put(b"taken", None))  # a younger writer already decided this row
+        vote = await p.prepare(sub(20, backfill(b"taken", {"v": 1}), backfill(b"free", {"v": 2})))
+        assert vote.outcome == YES  # where a plain PUT would be too late
+        await p.decide(20, True)
+        assert await get(p, 40, b"taken") is None  # the younger write stands
+        assert await get(p, 40, b"free") == {"v": 2}
+        assert await outcome(p, 20, put(b"taken", {"v": 1})) == TOO_LATE
+
+    run(main)
+
+
+def test_paged_scans_cover_store_and_memory_rows_exactly_once(env: Env) -> None:
+    async def main() -> None:
+        p = env.participant()
+        for ts, key in enumerate([b"a", b"c", b"e", b"g", b"i"], start=10):
+            await commit(p, ts, put(key, {"k": key.decode()}))
+        await p.checkpoint()  # these are in the store now
+        await commit(p, 20, put(b"b", {"k": "b"}), put(b"c", None), put(b"h", {"k": "h"}))
+        seen, cursor = [], b""
+        while True:
+            rows, cursor = await p.read_page(
+                pb.ReadRequest(ts=20, table=TABLE, scan=True, start=cursor, limit=2, page=True)
+            )
+            seen += [key for key, _ in rows]
+            if not cursor:
+                break
+        assert seen == [b"a", b"b", b"e", b"g", b"h", b"i"]
+
+    run(main)

@@ -179,6 +179,14 @@ def test_write_token_cannot_run_ddl(secure: LocalCluster, accounts: str) -> None
     assert_unchanged(secure)
 
 
+def test_every_client_rpc_has_a_role() -> None:
+    """A new RPC without an entry needs admin (fail closed); this makes the choice explicit."""
+    from coordinator.gate import METHOD_ROLES
+
+    methods = {m.name for m in cpb.DESCRIPTOR.services_by_name["Aggview"].methods}
+    assert methods - {"Sql"} == set(METHOD_ROLES), "add the new RPC to coordinator/gate.py"
+
+
 def test_admin_can_run_ddl(secure: LocalCluster, accounts: str) -> None:
     with client(secure, "admin") as admin:
         admin.sql("CREATE TABLE scratch (id INT PRIMARY KEY)")

@@ -33,13 +33,6 @@ SHOP_TOTALS = (
 )
 
 
-@pytest.fixture(scope="module")
-def spark() -> Any:
-    from cumulus.spark.session import spark_session
-
-    return spark_session()  # one session for the whole run; stopped at interpreter exit
-
-
 def items_table(client: Client, name: str) -> None:
     client.sql(
         f"CREATE TABLE {name} (id INT PRIMARY KEY, label TEXT NOT NULL, price DECIMAL(8,2), "

@@ -17,12 +17,14 @@ class RowOp(_message.Message):
         DELETE: _ClassVar[RowOp.Kind]
         PUT: _ClassVar[RowOp.Kind]
         MERGE: _ClassVar[RowOp.Kind]
+        BACKFILL: _ClassVar[RowOp.Kind]
     INSERT: RowOp.Kind
     UPDATE: RowOp.Kind
     ADD: RowOp.Kind
     DELETE: RowOp.Kind
     PUT: RowOp.Kind
     MERGE: RowOp.Kind
+    BACKFILL: RowOp.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]

@@ -34,12 +34,14 @@ def _quiet(message: str) -> None:
     pass
 
 
+@contextlib.contextmanager
 def snapshot_tables(
     spark: Any, address: str, state: ViewState, snapshot: int, client_options: dict[str, Any]
-) -> dict[str, str]:
+) -> Iterator[dict[str, str]]:
     """Registers each base table of a view, read at ``snapshot`` with only the columns the
-    view uses, as a temporary view; returns table -> temporary view name."""
-    names = {}
+    view uses, as a cached temporary view (the view's queries read it once); yields table ->
+    temporary view name, and drops them afterwards."""
+    names, frames = {}, []
     for table, columns in needed_columns(state).items():
         reader = (
             spark.read.format("aggview")
@@ -51,9 +53,16 @@ def snapshot_tables(
         for key, value in client_options.items():
             reader = reader.option(key, str(value))
         name = f"aggview_{table}_{uuid.uuid4().hex[:8]}"
-        reader.load().createOrReplaceTempView(name)
+        frame = reader.load().cache()
+        frame.createOrReplaceTempView(name)
+        frames.append((name, frame))
         names[table] = f"`{name}`"
-    return names
+    try:
+        yield names
+    finally:
+        for name, frame in frames:
+            spark.catalog.dropTempView(name)
+            frame.unpersist()
 
 
 def _view_state(plan_json: str | dict[str, Any], schemas: Iterable[Any]) -> ViewState:
@@ -97,8 +106,8 @@ def init_view(
         try:
             progress(f"computing {begun.view} at snapshot {begun.snapshot}")
             state = _view_state(begun.plan_json, begun.base_schemas_json)
-            tables = snapshot_tables(spark, address, state, begun.snapshot, options)
-            groups = compute_states(spark, state, tables)
+            with snapshot_tables(spark, address, state, begun.snapshot, options) as tables:
+                groups = compute_states(spark, state, tables)
             progress(f"installing {len(groups)} groups of {begun.view}")
             finished = bulk.finish_view(
                 begun.view, begun.snapshot, ((k, encode_row(v)) for k, v in groups.items())
@@ -165,8 +174,8 @@ def verify_views(
                     ts = client.refresh(name)  # exact at ts, which the lease (older) protects
                 progress(f"verifying {name} at {ts}")
                 state = _view_state(described.plan, described.base_schemas)
-                tables = snapshot_tables(spark, address, state, ts, options)
-                expected = compute_states(spark, state, tables)
+                with snapshot_tables(spark, address, state, ts, options) as tables:
+                    expected = compute_states(spark, state, tables)
                 actual = {
                     key: decode_row(data) or {}
                     for page in bulk.read_range(name, b"", b"", ts)
@@ -299,48 +308,36 @@ def load_files(
         assert described.schema is not None
         schema = TableSchema.from_json(described.schema)
         records = _records(spark, schema, files, file_format, header)
-        records.persist()
+        staging = staging_name()
+        store_url = described.store_url
+        _with_store(store_url, lambda store: store.create_table(staging))
         try:
-            progress(f"checking {', '.join(files)} against table {table}")
-            problems = records.filter(lambda r: r[0] == "bad")
-            bad = problems.take(MAX_REPORTED)
-            if bad:
-                total = problems.count()
-                listed = "\n".join(f"  {where}: {message}" for _, where, message in bad)
-                more = f"\n  ... and {total - len(bad)} more" if total > len(bad) else ""
+            # One pass checks every row and stages the good ones; a bad row anywhere means
+            # the staged rows are dropped unused.
+            progress(f"checking and staging {', '.join(files)} for table {table}")
+            passes = records.mapPartitions(
+                lambda part: [_stage_checked(store_url, staging, part)]
+            ).collect()
+            staged = sum(p[0] for p in passes)
+            total_bad = sum(p[2] for p in passes)
+            if total_bad:
+                bad = sorted((b for p in passes for b in p[1]), key=_line_order)[:MAX_REPORTED]
+                listed = "\n".join(f"  {where}: {message}" for where, message in bad)
+                more = f"\n  ... and {total_bad - len(bad)} more" if total_bad > len(bad) else ""
                 raise errors.InvalidArgument(
-                    f"{total} bad row(s); nothing was loaded:\n{listed}{more}"
+                    f"{total_bad} bad row(s); nothing was loaded:\n{listed}{more}"
                 )
-            good = records.filter(lambda r: r[0] == "ok").map(lambda r: (r[1], r[2][0]))
-            duplicates = (
-                good.groupByKey().filter(lambda kv: len(kv[1]) > 1).map(lambda kv: sorted(kv[1]))
-            )
-            twice = duplicates.take(MAX_REPORTED)
-            if twice:
-                listed = "\n".join(f"  {', '.join(places)}" for places in twice)
+            if _with_store(store_url, lambda store: store.count(staging)) != staged:
                 raise errors.InvalidArgument(
                     f"rows with the same primary key ({', '.join(schema.primary_key)}); "
-                    f"nothing was loaded:\n{listed}"
+                    f"nothing was loaded:\n{_duplicates(records)}"
                 )
-            staging = staging_name()
-            store_url = described.store_url
-            _with_store(store_url, lambda store: store.create_table(staging))
-            try:
-                progress(f"staging rows of {table}")
-                staged = (
-                    records.filter(lambda r: r[0] == "ok")
-                    .map(lambda r: (r[1], r[2][1]))
-                    .mapPartitions(lambda rows: [_stage(store_url, staging, rows)])
-                    .sum()
-                )
-                progress(f"committing {staged} rows into {table}")
-                ts, rows = bulk.load(table, staging)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    _with_store(store_url, lambda store: store.drop_table(staging))
-                raise
-        finally:
-            records.unpersist()
+            progress(f"committing {staged} rows into {table}")
+            ts, rows = bulk.load(table, staging)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                _with_store(store_url, lambda store: store.drop_table(staging))
+            raise
         return LoadResult(table, rows, ts)
 
 
@@ -359,7 +356,7 @@ def _records(
             )
         absolute = str(Path(path).resolve())
         if kind == "csv":
-            lines = spark.sparkContext.textFile(absolute).zipWithIndex()
+            lines = spark.sparkContext.textFile(absolute, minPartitions=4).zipWithIndex()
             columns = list(schema.column_names)
             if header:
                 first = lines.filter(lambda li: li[1] == 0).map(lambda li: li[0]).take(1)
@@ -409,18 +406,52 @@ def _with_store(url: str, action: Callable[[Any], Any]) -> Any:
         store.close()
 
 
-def _stage(url: str, staging: str, rows: Iterable[tuple[bytes, bytes]]) -> int:
-    def write(store: Any) -> int:
-        count = 0
+def _stage_checked(
+    url: str, staging: str, records: Iterable[tuple[str, Any, Any]]
+) -> tuple[int, list[tuple[str, str]], int]:
+    """Stages a partition's good rows; returns (rows staged, some bad rows, bad rows). Once a
+    bad row is seen nothing more is written: the load will not happen."""
+
+    def write(store: Any) -> tuple[int, list[tuple[str, str]], int]:
+        count = bad_count = 0
+        bad: list[tuple[str, str]] = []
         batch = []
-        for key, data in rows:
-            batch.append((staging, key, data))
+        for kind, first, second in records:
+            if kind == "bad":
+                bad_count += 1
+                if len(bad) < MAX_REPORTED:
+                    bad.append((first, second))
+                batch = []
+                continue
+            if bad_count:
+                continue
+            batch.append((staging, first, second[1]))
             count += 1
             if len(batch) >= 5000:
                 store.write(batch)
                 batch = []
         if batch:
             store.write(batch)
-        return count
+        return count, bad, bad_count
 
     return _with_store(url, write)
+
+
+def _line_order(bad: tuple[str, str]) -> tuple[str, int]:
+    """file:line and "file: row n" places in file, then line order."""
+    where = bad[0]
+    path, _, number = where.rpartition(":") if " row " not in where else where.rpartition(" ")
+    digits = number.strip()
+    return (path, int(digits) if digits.isdigit() else 0)
+
+
+def _duplicates(records: Any) -> str:
+    """The places of rows sharing a primary key (the rare case: found only when it happens)."""
+    places = records.filter(lambda r: r[0] == "ok").map(lambda r: (r[1], r[2][0]))
+    twice = (
+        places.groupByKey()
+        .filter(lambda kv: len(kv[1]) > 1)
+        .map(lambda kv: sorted(kv[1], key=lambda w: _line_order((w, ""))))
+        .take(MAX_REPORTED)
+    )
+    return "\n".join(f"  {', '.join(p)}" for p in twice)

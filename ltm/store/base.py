@@ -151,6 +151,15 @@ class Store(ABC):
         tables = list(dict.fromkeys(table for table, _ in latest))
         self._write([(t, k, v) for (t, k), v in latest.items()], tables)
 
+    def count(self, table: str) -> int:
+        """How many rows a table holds (bulk loads compare it with the rows they staged)."""
+        self._check_open()
+        return self._count(check_table_name(table))
+
+    def _count(self, table: str) -> int:
+        """A full scan; adapters that can count without reading every row override it."""
+        return sum(1 for _ in self.scan(table))
+
     def scan(
         self,
         table: str,

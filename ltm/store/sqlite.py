@@ -232,6 +232,16 @@ class SqliteStore(Store):
 
         return self._run(body, write=False)
 
+    def _count(self, table: str) -> int:
+        sql_table = _sql_table(table)
+
+        def body(conn: sqlite3.Connection) -> int:
+            if self._missing_tables(conn, [table]):
+                raise _unknown(table)
+            return int(conn.execute(f'SELECT COUNT(*) FROM "{sql_table}"').fetchone()[0])
+
+        return self._run(body, write=False)
+
     def _write(self, mutations: list[Mutation], tables: list[str]) -> None:
         def body(conn: sqlite3.Connection) -> None:
             missing = self._missing_tables(conn, tables)

@@ -1,0 +1,366 @@
+"""The thesis's dashboard micro-benchmark (seed 004, §6.3, Figures 6.2 and 6.3): transactions of
+k events into the dashboard schema with no view, with SQL-1 (cost per shop and category) as a
+sync view, and as an async view refreshed every 50, 500 or 5,000 ms.
+
+Each mode runs on a cluster of its own with the same static data (shops, products,
+categories), so every mode starts from the same state; against a running cluster
+(``--address``) the modes run one after another on it. For every update size k, ``--clients``
+closed-loop clients each commit transactions of k new events for ``--seconds``. After a mode the
+view is compared with SQL-1 recomputed from the base tables (an async view after a refresh).
+
+    aggview bench dashboard                         # about 6 minutes on 2 cores
+    aggview bench dashboard --sizes 1 10 --modes none sync async:500 --seconds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import random
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from aggview import errors
+from aggview.cluster import LocalCluster
+from coordinator import Client
+from coordinator.client import AsyncClient
+from loadgen import dashboard
+from loadgen.report import RunReport, line_plot, percentiles
+
+VIEW = "sql1"
+MODES = ("none", "sync", "async")
+
+
+@dataclass(frozen=True)
+class Mode:
+    kind: str  # none, sync or async
+    interval_ms: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"async {self.interval_ms} ms" if self.kind == "async" else self.kind
+
+    @classmethod
+    def parse(cls, text: str) -> Mode:
+        kind, _, interval = text.partition(":")
+        if kind not in MODES:
+            raise errors.InvalidArgument(
+                f"unknown mode {text!r}: use none, sync or async:<interval ms> (e.g. async:500)"
+            )
+        if kind != "async":
+            if interval:
+                raise errors.InvalidArgument(f"mode {kind} takes no interval; got {text!r}")
+            return cls(kind)
+        try:
+            value = int(interval or "500")
+        except ValueError:
+            raise errors.InvalidArgument(
+                f"mode {text!r}: the interval must be an integer"
+            ) from None
+        if not 1 <= value <= 3_600_000:
+            raise errors.InvalidArgument(f"mode {text!r}: interval must be 1..3600000 ms")
+        return cls("async", value)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", help="a running cluster (default: a local one per mode)")
+    parser.add_argument("--ltms", type=int, default=3, help="LTMs of the local clusters")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["none", "sync", "async:50", "async:500", "async:5000"],
+        help="none, sync, async:<ms>",
+    )
+    parser.add_argument(
+        "--sizes", nargs="+", type=int, default=[1, 10, 50, 150], help="events per transaction"
+    )
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured time per point")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--shops", type=int, default=50)
+    parser.add_argument("--products", type=int, default=5000)
+    parser.add_argument("--categories", type=int, default=20)
+    parser.add_argument("--out", default="aggview-report", help="where reports and plots go")
+
+
+@dataclass
+class Settings:
+    modes: list[Mode]
+    sizes: list[int]
+    seconds: float
+    clients: int
+    scale: dashboard.Scale
+    ltms: int
+    address: str | None
+    out: Path
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    """Every argument checked before any load starts."""
+    modes = [Mode.parse(m) for m in args.modes]
+    if not modes:
+        raise errors.InvalidArgument("give at least one mode")
+    for k in args.sizes:
+        if not 1 <= k <= 1000:
+            raise errors.InvalidArgument(f"update size {k} must be between 1 and 1000 events")
+    if not 0 < args.seconds <= 3600:
+        raise errors.InvalidArgument(f"--seconds must be in (0, 3600]; got {args.seconds}")
+    if not 1 <= args.clients <= 1000:
+        raise errors.InvalidArgument(f"--clients must be between 1 and 1000; got {args.clients}")
+    if args.shops < 1 or args.categories < 1 or args.products < args.shops:
+        raise errors.InvalidArgument(
+            "need at least 1 shop and 1 category, and at least as many products as shops"
+        )
+    if not 1 <= args.ltms <= 64:
+        raise errors.InvalidArgument(f"--ltms must be between 1 and 64; got {args.ltms}")
+    return Settings(
+        modes,
+        sorted(set(args.sizes)),
+        args.seconds,
+        args.clients,
+        dashboard.Scale(args.shops, args.products, args.categories),
+        args.ltms,
+        args.address,
+        Path(args.out),
+    )
+
+
+def check_reachable(address: str, options: dict[str, Any]) -> None:
+    try:
+        with Client(address, timeout=5, **options) as client:
+            client.sql("SELECT * FROM no_such_table_probe LIMIT 1")
+    except errors.UnknownTable:
+        return  # it answered
+    except errors.AggviewError as exc:
+        if isinstance(exc, errors.Unavailable):
+            raise errors.Unavailable(f"cluster at {address} is not reachable: {exc}") from None
+
+
+@dataclass
+class Point:
+    committed: int
+    events: int
+    aborted: int
+    latencies: list[float]
+    seconds: float
+
+
+async def measure(
+    client: AsyncClient, k: int, seconds: float, clients: int, scale: dashboard.Scale, ids: Any
+) -> Point:
+    """``clients`` closed loops committing transactions of k new events for ``seconds``."""
+    latencies: list[float] = []
+    aborted = 0
+    deadline = time.perf_counter() + seconds
+
+    async def loop(seed: int) -> None:
+        nonlocal aborted
+        rng = random.Random(seed)
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            try:
+                async with client.transaction() as tx:
+                    for _ in range(k):
+                        tx.insert("events", dashboard.event(rng, next(ids), scale))
+            except errors.AggviewError:
+                aborted += 1
+                continue
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop(next(ids)) for _ in range(clients)))
+    elapsed = time.perf_counter() - started
+    return Point(len(latencies), len(latencies) * k, aborted, latencies, elapsed)
+
+
+def _setup(address: str, mode: Mode, scale: dashboard.Scale, options: dict[str, Any]) -> None:
+    with Client(address, **options) as client:
+        existing = {r["name"] for r in _tables(client)}
+        if "events" not in existing:
+            dashboard.create_schema(client)
+            dashboard.populate(client, scale)
+        client.sql(f"DROP MATERIALIZED VIEW IF EXISTS {VIEW}")
+        if mode.kind != "none":
+            client.sql(
+                dashboard.view_ddl(VIEW, dashboard.SHOP_CATEGORY_COST, mode.kind, mode.interval_ms)
+            )
+
+
+def _tables(client: Client) -> list[dict[str, Any]]:
+    from coordinator.bulk_client import BulkClient
+
+    return [{"name": name} for name in BulkClient(client).list()[0]]
+
+
+def verify(address: str, mode: Mode, options: dict[str, Any]) -> bool:
+    if mode.kind == "none":
+        return True
+    with Client(address, **options) as client:
+        if mode.kind == "async":
+            client.refresh(VIEW)
+        return dashboard.view_totals(client.view(VIEW)) == dashboard.recompute_shop_category_cost(
+            client
+        )
+
+
+@contextlib.contextmanager
+def _cluster(config: Settings, mode: Mode, base: Path) -> Iterator[str]:
+    if config.address:
+        yield config.address
+        return
+    cluster = LocalCluster(base / mode.label.replace(" ", "_"), ltms=config.ltms)
+    try:
+        cluster.start()
+        yield cluster.address
+    finally:
+        cluster.stop()
+        cluster.kill()
+
+
+def run_benchmark(
+    config: Settings, options: dict[str, Any], console: Console | None = None
+) -> RunReport:
+    """Every mode and size; the report holds what was measured even if interrupted."""
+    console = console or Console()
+    report = RunReport(
+        "dashboard",
+        settings={
+            "modes": [m.label for m in config.modes],
+            "sizes": config.sizes,
+            "seconds": config.seconds,
+            "clients": config.clients,
+            "scale": vars(config.scale),
+            "ltms": config.ltms,
+            "address": config.address,
+        },
+    )
+    ids = itertools.count(1_000_000 * int(time.time()) % (10**15))
+    status = Text("starting")
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="aggview-bench-") as tmp,
+            Live(status, console=console, transient=True),
+        ):
+            for mode in config.modes:
+                status.plain = f"{mode.label}: setting up"
+                with _cluster(config, mode, Path(tmp)) as address:
+                    _setup(address, mode, config.scale, options)
+                    for k in config.sizes:
+                        status.plain = f"{mode.label}: {k} events per transaction"
+
+                        async def point(k: int = k) -> Point:
+                            async with AsyncClient(address, **options) as client:
+                                return await measure(
+                                    client, k, config.seconds, config.clients, config.scale, ids
+                                )
+
+                        p = asyncio.run(point())
+                        lat = percentiles([s * 1000 for s in p.latencies])
+                        report.add(
+                            mode=mode.label,
+                            k=k,
+                            tx_per_s=p.committed / p.seconds,
+                            events_per_s=p.events / p.seconds,
+                            committed=p.committed,
+                            aborted=p.aborted,
+                            p50_ms=lat["p50"],
+                            p99_ms=lat["p99"],
+                            verified=None,
+                        )
+                    status.plain = f"{mode.label}: verifying"
+                    ok = verify(address, mode, options)
+                    for row in report.rows:
+                        if row["mode"] == mode.label:
+                            row["verified"] = ok
+                    if not ok:
+                        raise errors.FailedPrecondition(f"view {VIEW} ({mode.label}) drifted")
+    except KeyboardInterrupt:
+        report.interrupted = True
+    return report
+
+
+def ratios(report: RunReport) -> list[dict[str, Any]]:
+    """Throughput of each mode over no view, per update size (measured in this run)."""
+    base = {r["k"]: r["tx_per_s"] for r in report.rows if r["mode"] == "none"}
+    out = []
+    for row in report.rows:
+        if row["mode"] != "none" and base.get(row["k"]):
+            out.append(
+                {"mode": row["mode"], "k": row["k"], "ratio": row["tx_per_s"] / base[row["k"]]}
+            )
+    return out
+
+
+def write_outputs(report: RunReport, out: Path) -> list[Path]:
+    written = report.write(out)
+    by_mode: dict[str, list[tuple[float, float]]] = {}
+    for row in report.rows:
+        by_mode.setdefault(row["mode"], []).append((row["k"], row["tx_per_s"]))
+    written.append(
+        line_plot(
+            out / "dashboard_throughput_vs_update_size.png",
+            "Throughput vs update size (thesis Figure 6.2)",
+            "events per transaction",
+            "transactions/s",
+            by_mode,
+            logx=True,
+        )
+    )
+    intervals: dict[str, list[tuple[float, float]]] = {}
+    for row in report.rows:
+        if row["mode"].startswith("async"):
+            interval = float(row["mode"].split()[1])
+            intervals.setdefault(f"k={row['k']}", []).append((interval, row["tx_per_s"]))
+    if intervals:
+        written.append(
+            line_plot(
+                out / "dashboard_async_interval.png",
+                "Async throughput vs refresh interval (thesis Figure 6.3)",
+                "refresh interval (ms)",
+                "transactions/s",
+                intervals,
+                logx=True,
+            )
+        )
+    latency = {row["mode"] + " p99": [] for row in report.rows}
+    for row in report.rows:
+        if row["p99_ms"] is not None:
+            latency[row["mode"] + " p99"].append((row["k"], row["p99_ms"]))
+    written.append(
+        line_plot(
+            out / "dashboard_latency_p99.png",
+            "p99 latency vs update size",
+            "events per transaction",
+            "ms",
+            latency,
+            logx=True,
+        )
+    )
+    return written
+
+
+def run(args: argparse.Namespace, options: dict[str, Any]) -> None:
+    config = settings(args)
+    if config.address:
+        check_reachable(config.address, options)
+    console = Console()
+    report = run_benchmark(config, options, console)
+    written = write_outputs(report, config.out)
+    report.print(
+        ["mode", "k", "tx_per_s", "events_per_s", "aborted", "p50_ms", "p99_ms", "verified"],
+        console,
+    )
+    for r in ratios(report):
+        console.print(f"{r['mode']} / none at k={r['k']}: {r['ratio']:.2f}")
+    console.print("wrote " + ", ".join(str(p) for p in written))
+    if report.interrupted:
+        console.print("[yellow]interrupted[/]: the report holds what was measured")

@@ -1,0 +1,127 @@
+"""The dashboard benchmark at a small scale: its report adds up, its views stay exact, bad
+input is refused before any load, and an interrupted run still writes what it measured."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aggview import errors
+from aggview.cluster import LocalCluster, free_port
+from coordinator import Client
+from loadgen import dashboard, dashboard_bench
+
+TINY = dashboard.Scale(shops=3, products=30, categories=3)
+
+
+def args(**overrides: object) -> object:
+    parser = __import__("argparse").ArgumentParser()
+    dashboard_bench.add_arguments(parser)
+    argv = ["--shops", "3", "--products", "30", "--categories", "3"]
+    parsed = parser.parse_args(argv)
+    for key, value in overrides.items():
+        setattr(parsed, key, value)
+    return parsed
+
+
+def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "data", ltms=2) as cluster:
+        config = dashboard_bench.settings(
+            args(
+                address=cluster.address,
+                modes=["none", "sync", "async:50"],
+                sizes=[1, 4],
+                seconds=0.7,
+                clients=2,
+                out=str(tmp_path / "out"),
+            )
+        )
+        report = dashboard_bench.run_benchmark(config, {})
+        with Client(cluster.address) as client:
+            events = len(client.scan("events"))
+    assert [(r["mode"], r["k"]) for r in report.rows] == [
+        (m, k) for m in ("none", "sync", "async 50 ms") for k in (1, 4)
+    ]
+    assert all(r["verified"] for r in report.rows)
+    assert events == sum(r["committed"] * r["k"] for r in report.rows)
+    assert all(r["aborted"] == 0 and r["tx_per_s"] > 0 for r in report.rows)
+    written = dashboard_bench.write_outputs(report, tmp_path / "out")
+    names = {p.name for p in written}
+    assert {"dashboard.json", "dashboard.csv", "dashboard_throughput_vs_update_size.png"} <= names
+    assert all(p.stat().st_size > 0 for p in written)
+    ratios = dashboard_bench.ratios(report)
+    assert {(r["mode"], r["k"]) for r in ratios} == {
+        (m, k) for m in ("sync", "async 50 ms") for k in (1, 4)
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"modes": ["fast"]}, "unknown mode 'fast'"),
+        ({"modes": ["async:often"]}, "interval must be an integer"),
+        ({"sizes": [0]}, "update size 0"),
+        ({"clients": 0}, "--clients"),
+        ({"seconds": -1.0}, "--seconds"),
+        ({"products": 1}, "at least as many products as shops"),
+    ],
+)
+def test_bad_settings_are_refused_before_any_load(overrides: dict, message: str) -> None:
+    with pytest.raises(errors.InvalidArgument, match=message):
+        dashboard_bench.settings(args(**overrides))
+
+
+def test_an_unreachable_cluster_is_named() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(errors.Unavailable, match=f"cluster at {address} is not reachable"):
+        dashboard_bench.check_reachable(address, {})
+
+
+def test_ctrl_c_stops_cleanly_and_writes_what_was_measured(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aggview.cli",
+            "bench",
+            "dashboard",
+            "--modes",
+            "none",
+            "sync",
+            "--sizes",
+            "1",
+            "--seconds",
+            "30",
+            "--clients",
+            "2",
+            "--shops",
+            "3",
+            "--products",
+            "30",
+            "--categories",
+            "3",
+            "--ltms",
+            "1",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        time.sleep(12)  # a cluster started, the first point measured or under way
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    report = json.loads((out / "dashboard.json").read_text())
+    assert report["interrupted"] is True, output
+    assert [r["mode"] for r in report["rows"]] in ([], ["none"]), output  # not all it planned
+    assert b"interrupted" in output

@@ -1,0 +1,418 @@
+"""Failure injection at every failpoint (``aggview.failpoints``): a real crash there, under load.
+
+For each point a fresh cluster runs concurrent conditional transfers (``loadgen.transfers``) and
+view-maintaining writes (events in pairs, under a sync and an async view); the process that has
+the point is restarted with it armed, crashes there (``os._exit``), and is restarted clean.
+Then, with no invariant violation allowed:
+
+- every transaction a client saw committed is there, and none is partial: balances agree with
+  the ledger, acknowledged event pairs have the acknowledged values, and a pair whose outcome the
+  client never heard is wholly before or wholly after;
+- the sync view equals its query recomputed from a scan; the async view does after a refresh;
+- no row stays locked: every LTM ends with nothing prepared, and a transaction over every
+  account commits within a bound;
+- outcomes follow the decision log: a transaction left undecided at an LTM by the crash is
+  committed if and only if the coordinator logged its commit (presumed abort otherwise).
+
+Seeded (``AGGVIEW_FAILPOINT_SEEDS=1,2,3`` runs more seeds; a failure names its seed). Each case
+records what happened (``record_property``; ``AGGVIEW_FAILPOINT_REPORT=file`` appends JSON).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from aggview import errors, failpoints
+from aggview.cluster import LocalCluster, Server
+from aggview.wal import WriteAheadLog
+from aggview.wire import ltm_pb2, ltm_pb2_grpc
+from coordinator import Client, ConditionFailed
+from loadgen import transfers
+
+ACCOUNTS, GROUPS = 24, 4
+PAIR = 500_000  # an event pair is (id, id + PAIR), written by one transaction
+VIEW_SELECT = (
+    "SELECT grp, SUM(amount) AS total, COUNT(*) AS n, MAX(amount) AS top FROM events GROUP BY grp"
+)
+CRASH_WITHIN = 15.0  # seconds of load before a point that never fires fails the case
+BOUND = 10.0  # seconds within which locks must be gone and a new transaction must commit
+SEEDS = [int(s) for s in os.environ.get("AGGVIEW_FAILPOINT_SEEDS", "1").split(",")]
+
+
+@dataclass(frozen=True)
+class Case:
+    point: str
+    role: str  # "ltm" or "coordinator": where the point is armed
+    hits: tuple[int, int]  # the seeded hit number is drawn from this range
+
+
+CASES = [
+    Case(failpoints.LTM_AFTER_PREPARE_LOGGED, "ltm", (20, 60)),
+    Case(failpoints.LTM_AFTER_COMMIT_APPLIED, "ltm", (20, 60)),
+    Case(failpoints.LTM_MID_CHECKPOINT, "ltm", (1, 3)),
+    Case(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED, "coordinator", (20, 80)),
+    Case(failpoints.COORDINATOR_AFTER_DECISION_LOGGED, "coordinator", (20, 80)),
+    Case(failpoints.COORDINATOR_MID_COMMIT_FANOUT, "coordinator", (30, 120)),
+    Case(failpoints.MID_REFRESH, "coordinator", (2, 5)),
+]
+assert {c.point for c in CASES} == set(failpoints.POINTS), "a failpoint without a test"
+
+
+@dataclass
+class Seen:
+    """What the clients saw, which the checks hold the recovered cluster to."""
+
+    acked_refs: list[str] = field(default_factory=list)  # transfers acknowledged
+    unknown_refs: set[str] = field(default_factory=set)  # the call failed: outcome unknown
+    events: dict[int, int | None] = field(default_factory=dict)  # acknowledged: amount or gone
+    # (pair, state before, state after) of event transactions whose outcome is unknown
+    uncertain: list[tuple[tuple[int, int], tuple[Any, Any], tuple[Any, Any]]] = field(
+        default_factory=list
+    )
+    errors: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def transfer_worker(address: str, seed: int, stop: threading.Event, seen: Seen) -> None:
+    rng = random.Random(seed)
+    with Client(address, timeout=10) as client:
+        while not stop.is_set():
+            src, dst = rng.sample(range(ACCOUNTS), 2)
+            ref = uuid.UUID(int=rng.getrandbits(128)).hex
+            try:
+                transfers.transfer(client, "accounts", "ledger", src, dst, rng.randint(1, 60), ref)
+                with seen.lock:
+                    seen.acked_refs.append(ref)
+            except ConditionFailed:
+                pass
+            except errors.AggviewError as exc:
+                with seen.lock:
+                    seen.unknown_refs.add(ref)
+                    seen.errors[type(exc).__name__] += 1
+                stop.wait(0.05)
+
+
+def event_worker(address: str, worker: int, seed: int, stop: threading.Event, seen: Seen) -> None:
+    """Inserts, updates and deletes event pairs, each pair in one transaction, so a partial
+    commit shows; a pair whose outcome is unknown is never touched again."""
+    rng = random.Random(seed * 100 + worker)
+    ids = itertools.count(1 + 100_000 * worker)
+    mine: dict[tuple[int, int], tuple[int, int, int]] = {}  # pair -> (group, amount, amount)
+    with Client(address, timeout=10) as client:
+        while not stop.is_set():
+            r = rng.random()  # below 0.5 insert a pair, below 0.8 update one, else delete
+            if not mine or r < 0.5:
+                first = next(ids)
+                pair, group = (first, first + PAIR), rng.randrange(GROUPS)
+                before: tuple[Any, Any] = (None, None)
+            else:
+                pair = rng.choice(sorted(mine))
+                group, *amounts = mine[pair]
+                before = (amounts[0], amounts[1])
+            after: tuple[Any, Any] = (rng.randint(1, 50), rng.randint(1, 50))
+            if before != (None, None) and r >= 0.8:
+                after = (None, None)
+            try:
+                with client.transaction() as tx:
+                    for key, old, new in zip(pair, before, after, strict=True):
+                        if old is None:
+                            tx.insert("events", {"id": key, "grp": group, "amount": new})
+                        elif new is None:
+                            tx.delete("events", {"id": key})
+                        else:
+                            tx.update("events", {"id": key}, {"amount": new})
+            except errors.AggviewError as exc:
+                with seen.lock:
+                    seen.uncertain.append((pair, before, after))
+                    seen.errors[type(exc).__name__] += 1
+                    for key in pair:
+                        seen.events.pop(key, None)
+                mine.pop(pair, None)
+                stop.wait(0.05)
+                continue
+            with seen.lock:
+                seen.events.update(zip(pair, after, strict=True))
+            if after == (None, None):
+                del mine[pair]
+            else:
+                mine[pair] = (group, after[0], after[1])
+
+
+def retrying(action: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Runs ``action`` until it stops failing as unavailable (a server just restarted)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return action()
+        except errors.AggviewError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def wait_serving(address: str) -> None:
+    with Client(address, timeout=5) as client:
+        retrying(lambda: client.scan("accounts"))
+
+
+def prepared_counts(cluster: LocalCluster) -> list[int]:
+    """Transactions each LTM holds prepared (its rows locked), from its Status RPC."""
+    counts = []
+    for i in range(cluster.ltms):
+        with grpc.insecure_channel(cluster.ltm(i).address) as channel:
+            reply = ltm_pb2_grpc.LtmStub(channel).Status(ltm_pb2.StatusRequest(), timeout=5)
+            counts.append(reply.prepared)
+    return counts
+
+
+def wal_records(directory: Path) -> list[dict[str, Any]]:
+    """The records of a log that may be live: its segments are copied first (a checkpoint may
+    drop one meanwhile: then again), and the copy replayed."""
+    for _ in range(50):
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                for path in sorted(directory.glob("*.wal")):
+                    shutil.copyfile(path, Path(tmp) / path.name)
+            except FileNotFoundError:
+                continue
+            log = WriteAheadLog(Path(tmp), fsync=False)
+            records = list(log.replay())
+            asyncio.run(log.close())
+            return records
+    raise AssertionError(f"could not copy a stable log from {directory}")
+
+
+def undecided_ledger_rows(records: list[dict[str, Any]]) -> dict[int, list[str]]:
+    """Timestamp -> ledger refs of transactions PREPARED and not decided in an LTM's log."""
+    prepared: dict[int, list[str]] = {}
+    for record in records:
+        if record["kind"] == "prepared":
+            refs = prepared.setdefault(record["ts"], [])
+            for row in record["after"].values():
+                if row is not None and set(row) == {"id", "src", "dst", "amount"}:
+                    refs.append(row["id"])
+        elif record["kind"] in ("commit", "abort"):
+            prepared.pop(record["ts"], None)
+    return prepared
+
+
+def wait_for_exit(server: Server, timeout: float) -> int | None:
+    assert server.process is not None
+    try:
+        return server.process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    running = LocalCluster(tmp_path / "data", ltms=3, checkpoint_interval=0.5, verbose=True)
+    try:
+        yield running.start()
+    finally:
+        running.stop()
+        running.kill()
+
+
+@pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed{s}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.point)
+def test_crash_at_failpoint(
+    cluster: LocalCluster, case: Case, seed: int, record_property: Callable[[str, Any], None]
+) -> None:
+    rng = random.Random(f"{case.point}/{seed}")
+    with Client(cluster.address, timeout=30) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+        client.sql(
+            "CREATE TABLE events (id INT PRIMARY KEY, grp INT NOT NULL, amount INT NOT NULL)"
+        )
+        client.sql(f"CREATE MATERIALIZED VIEW ev_sync AS {VIEW_SELECT}")
+        client.sql(
+            "CREATE MATERIALIZED VIEW ev_async WITH (refresh = 'async', interval_ms = 200) "
+            f"AS {VIEW_SELECT}"
+        )
+    victim = cluster.ltm(rng.randrange(cluster.ltms)) if case.role == "ltm" else cluster.coordinator
+    at = rng.randint(*case.hits)
+    report: dict[str, Any] = {"point": case.point, "seed": seed, "process": victim.role, "at": at}
+    violations: list[str] = []
+    try:
+        victim.stop()
+        victim.start(env={failpoints.ENV: f"{case.point}=crash@{at}"})
+        wait_serving(cluster.address)
+        seen, undecided = crash_under_load(cluster, case, victim, seed, report, violations)
+        if not violations:  # serving again: hold it to what the clients saw
+            check_recovered(cluster, seen, undecided, report, violations)
+    finally:
+        report["violations"] = violations
+        for key, value in report.items():
+            record_property(key, value)
+        if path := os.environ.get("AGGVIEW_FAILPOINT_REPORT"):
+            with open(path, "a") as out:
+                out.write(json.dumps(report, default=str) + "\n")
+        print(json.dumps(report, default=str))
+    assert report["hit"], f"seed {seed}: {case.point} never fired: {report}"
+    assert report["acknowledged"] > 10, f"seed {seed}: too little progress: {report}"
+    assert not violations, f"seed {seed}, {case.point}: {violations}"
+
+
+def crash_under_load(
+    cluster: LocalCluster,
+    case: Case,
+    victim: Server,
+    seed: int,
+    report: dict[str, Any],
+    violations: list[str],
+) -> tuple[Seen, dict[int, list[str]]]:
+    """Load until the armed process crashes; notes what the crash left undecided (from the
+    logs, before anyone resolves it); restarts the process clean; load goes on a little."""
+    stop, seen = threading.Event(), Seen()
+    workers = [
+        threading.Thread(target=transfer_worker, args=(cluster.address, seed * 10 + i, stop, seen))
+        for i in range(3)
+    ] + [
+        threading.Thread(target=event_worker, args=(cluster.address, i, seed, stop, seen))
+        for i in range(2)
+    ]
+    for worker in workers:
+        worker.start()
+    undecided: dict[int, list[str]] = {}
+    try:
+        exit_code = wait_for_exit(victim, CRASH_WITHIN)
+        report["exit_code"] = exit_code
+        report["hit"] = exit_code == failpoints.CRASH_EXIT and (
+            f"failpoint {case.point}: crash" in victim.tail(200)
+        )
+        if case.role == "coordinator":
+            report["prepared_at_crash"] = sum(prepared_counts(cluster))
+            logs = [cluster.data / f"ltm-{i}" for i in range(cluster.ltms)]
+        else:
+            logs = [cluster.data / victim.role]
+        for directory in logs:
+            for ts, refs in undecided_ledger_rows(wal_records(directory)).items():
+                undecided.setdefault(ts, []).extend(refs)
+        report["undecided_at_crash"] = len(undecided)
+        victim.kill()  # if it never crashed
+        victim.start()
+        try:
+            wait_serving(cluster.address)
+        except errors.AggviewError as exc:
+            violations.append(f"not serving after the restart: {exc!r}")
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=60)
+    report.update(
+        acknowledged=len(seen.acked_refs) + len(seen.events),
+        unknown=len(seen.unknown_refs) + len(seen.uncertain),
+        errors=dict(seen.errors),
+    )
+    return seen, undecided
+
+
+def check_recovered(
+    cluster: LocalCluster,
+    seen: Seen,
+    undecided: dict[int, list[str]],
+    report: dict[str, Any],
+    violations: list[str],
+) -> None:
+    """Every check; a failed one is a violation, and so is one that cannot get an answer."""
+
+    def check(name: str, condition: bool, detail: str = "") -> None:
+        if not condition:
+            violations.append(f"{name}: {detail}")
+
+    # No row stays locked: every prepared transaction is resolved, and new work gets through.
+    deadline = time.monotonic() + BOUND
+    while (counts := prepared_counts(cluster)) != [0] * cluster.ltms:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    check("rows still locked", counts == [0] * cluster.ltms, f"prepared per LTM {counts}")
+    with Client(cluster.address, timeout=BOUND) as client:
+        started = time.monotonic()
+        try:
+            with client.transaction() as tx:
+                for i in range(ACCOUNTS):
+                    tx.add("accounts", {"id": i}, {"balance": 0})
+            report["relock_seconds"] = round(time.monotonic() - started, 3)
+        except errors.AggviewError as exc:
+            check("a transaction over every account", False, repr(exc))
+            return  # every read below would wait for the same locks
+
+        try:
+            check_outcomes(client, cluster, seen, undecided, report, check)
+            check_data(client, seen, check)
+        except errors.AggviewError as exc:
+            check("reads after recovery", False, repr(exc))
+
+
+def check_outcomes(
+    client: Client,
+    cluster: LocalCluster,
+    seen: Seen,
+    undecided: dict[int, list[str]],
+    report: dict[str, Any],
+    check: Callable[[str, bool, str], None],
+) -> None:
+    """A transaction the crash left undecided at an LTM committed if and only if the
+    coordinator logged its commit (presumed abort), judged by its ledger row."""
+    logged = {r["ts"] for r in wal_records(cluster.data / "coordinator") if r["kind"] == "commit"}
+    ledger = {row["id"] for row in client.scan("ledger")}
+    acked = set(seen.acked_refs)
+    checked = 0
+    for ts, refs in undecided.items():
+        for ref in refs:
+            checked += 1
+            if ts in logged:
+                check("logged commit lost", ref in ledger, f"ts {ts} ref {ref}")
+            else:  # a retry of the same ref at a younger timestamp may have committed
+                check("unlogged commit applied", ref not in ledger or ref in acked, f"ts {ts}")
+    report["outcomes_checked"] = checked
+
+
+def check_data(client: Client, seen: Seen, check: Callable[[str, bool, str], None]) -> None:
+    """Nothing acknowledged lost, nothing partial, views equal to recomputation."""
+    try:
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, seen.acked_refs)
+    except AssertionError as exc:
+        check("transfers", False, str(exc))
+
+    events = {row["id"]: row for row in client.scan("events")}
+    for key, amount in seen.events.items():
+        got = events[key]["amount"] if key in events else None
+        check("acknowledged event", got == amount, f"id {key}: {got} != {amount}")
+    known = set(seen.events)
+    for pair, before, after in seen.uncertain:
+        state = tuple(events[k]["amount"] if k in events else None for k in pair)
+        check("partial event pair", state in (before, after), f"{pair}: {state}")
+        known.update(pair)
+    check("events nobody wrote", set(events) <= known, f"{sorted(set(events) - known)[:5]}")
+
+    groups: dict[int, list[int]] = {}
+    for row in events.values():
+        groups.setdefault(row["grp"], []).append(row["amount"])
+    expected = sorted((g, sum(a), len(a), max(a)) for g, a in groups.items())
+    sync_rows = sorted(tuple(r.values()) for r in client.view("ev_sync"))
+    check("sync view", sync_rows == expected, f"{sync_rows} != {expected}")
+    client.refresh("ev_async")
+    async_rows = sorted(tuple(r.values()) for r in client.view("ev_async"))
+    check("async view after refresh", async_rows == expected, f"{async_rows} != {expected}")
