@@ -39,9 +39,9 @@ class DemoSize:
     """How much the demo does; the default takes about two minutes on 2 cores."""
 
     transfer_seconds: float = 4.0
-    events: int = 50_000
-    workload_seconds: float = 6.0
-    bench_seconds: float = 2.0
+    events: int = 20_000
+    workload_seconds: float = 4.0
+    bench_seconds: float = 1.5
     bench_sizes: tuple[int, ...] = (1, 10, 50)
     scale: dashboard.Scale = field(default_factory=dashboard.Scale)
 
