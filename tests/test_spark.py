@@ -504,3 +504,34 @@ def test_an_abandoned_initialization_is_undone_when_its_lease_lapses(
             bulk.finish_view(begun.view, begun.snapshot, [])
         with client.transaction() as tx:  # writers were never held up
             tx.insert("events", dashboard.event(random.Random(1), 55_555, SMALL))
+
+
+def test_a_missing_or_old_java_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from cumulus.spark.session import _java_major, check_java
+
+    assert _java_major('openjdk version "17.0.15" 2025-04-15') == 17
+    assert _java_major('java version "1.8.0_392"') == 8
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(errors.FailedPrecondition, match="Java 17 or newer"):
+        check_java()
+    old = tmp_path / "bin"
+    old.mkdir()
+    (old / "java").write_text("#!/bin/sh\necho 'java version \"1.8.0_392\"' >&2\n")
+    (old / "java").chmod(0o755)
+    with pytest.raises(errors.FailedPrecondition, match="is Java 8"):
+        check_java()
+
+
+def test_load_on_the_command_line(
+    cluster: LocalCluster, client: Client, table_name: str, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    items_table(client, table_name)
+    good = write_csv(tmp_path / "a.csv", item_rows(20), HEADER)
+    command = [sys.executable, "-m", "aggview.cli", "load", cluster.address, table_name]
+    done = subprocess.run([*command, str(good)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"loaded 20 rows into {table_name}" in done.stdout
+    assert len(client.scan(table_name)) == 20
