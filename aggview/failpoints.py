@@ -40,7 +40,8 @@ LTM_AFTER_COMMIT_APPLIED = "ltm.after_commit_applied"  # commit logged and appli
 LTM_MID_CHECKPOINT = "ltm.mid_checkpoint"  # store written, old log segments not yet dropped
 COORDINATOR_BEFORE_DECISION_LOGGED = "coordinator.before_decision_logged"  # all votes yes
 COORDINATOR_AFTER_DECISION_LOGGED = "coordinator.after_decision_logged"  # before phase two
-COORDINATOR_MID_COMMIT_FANOUT = "coordinator.mid_commit_fanout"  # one participant acked
+# a participant acknowledged the commit (each one counts), others may not have it yet
+COORDINATOR_MID_COMMIT_FANOUT = "coordinator.mid_commit_fanout"
 # An async view's drain transaction prepared everywhere, its decision not yet logged.
 MID_REFRESH = f"refresh:{COORDINATOR_BEFORE_DECISION_LOGGED}"
 

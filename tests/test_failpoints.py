@@ -451,3 +451,21 @@ def test_restarted_coordinator_resolves_what_its_crash_left_prepared(
         assert ("in-doubt" in ledger) == commits
         transfers.check(client, "accounts", "ledger", ACCOUNTS, ["after"])
     assert prepared_counts(cluster) == [0] * cluster.ltms
+
+
+def test_failpoint_specs_and_scopes() -> None:
+    """In-process: the n-th hit fires, scopes qualify names, bad specs fail at start."""
+    try:
+        failpoints.arm(f"{failpoints.MID_REFRESH}=raise@2")
+        failpoints.hit(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED)  # not in the scope
+        with failpoints.scope("refresh"):
+            failpoints.hit(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED)  # first hit
+            with pytest.raises(failpoints.FailpointError):
+                failpoints.hit(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED)
+            failpoints.hit(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED)  # fired already
+        for bad in ("ltm.after_prepare_logged", "nowhere=crash", "ltm.mid_checkpoint=explode"):
+            with pytest.raises(ValueError):
+                failpoints.parse(bad)
+    finally:
+        failpoints.arm("")
+    assert not failpoints.ARMED
