@@ -127,6 +127,11 @@ class WriteAheadLog:
         self._kick()
         await waiter
 
+    @property
+    def segment(self) -> int:
+        """The segment new records go to."""
+        return self._segment
+
     def switch(self, carry: list[dict[str, Any]]) -> int:
         """Starts a new segment at once (no await, so a caller can take a consistent snapshot
         of its state in the same step), queues ``carry`` (records still needed, such as

@@ -576,10 +576,15 @@ class Shop:
         """Sends a transaction; an error in flight leaves its outcome unknown and is counted."""
         try:
             tx.timestamp = await client.commit(tx.operations)
-        except (ConditionFailed, errors.TooLate, errors.InvalidArgument, errors.UnknownTable):
-            raise
-        except (errors.AggviewError, asyncio.CancelledError):
+        except asyncio.CancelledError:
             self.written.unknown += 1
+            raise
+        except errors.AggviewError as exc:
+            # refusals are definite; a lost server or call leaves the outcome open
+            if isinstance(exc, (errors.Unavailable, errors.StoreError)) or (
+                type(exc) is errors.AggviewError
+            ):
+                self.written.unknown += 1
             raise
 
 

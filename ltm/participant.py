@@ -67,6 +67,7 @@ class Prepared:
     before: dict[RowId, Row | None] = field(default_factory=dict)
     merges: dict[RowId, Row] = field(default_factory=dict)  # view deltas (not held)
     since: float = field(default_factory=time.monotonic)
+    segment: int = 0  # the log segment of its first record (0: unknown, e.g. recovered)
 
     def record(self, after: dict[RowId, Row | None], merges: dict[RowId, Row]) -> dict[str, Any]:
         return {"kind": "prepared", "ts": self.ts, "after": after, "merges": merges}
@@ -230,7 +231,7 @@ class Participant:
         register as pending. A row of a table with asynchronous views also gets its change
         row (before and after image) appended in the same transaction, on this LTM."""
         ts = sub.ts
-        tx = self.prepared.get(ts) or Prepared(ts)
+        tx = self.prepared.get(ts) or Prepared(ts, segment=self.wal.segment)
         taken: dict[RowId, None] = {}  # insertion-ordered set
         pinned: list[RowState] = []
         ops = [(op, (op.table, op.key)) for op in sub.ops if op.kind != pb.RowOp.MERGE]
@@ -608,12 +609,12 @@ class Participant:
         so every change in the snapshot is in an older segment or carries an LSN the stored
         row already has. Deleted rows are stored as tombstones that keep their LSN."""
         async with self._checkpoint_lock:
-            carry = [
-                {**tx.record(dict(tx.after), dict(tx.merges))} for tx in self.prepared.values()
-            ]
-            # a dropped table stays dropped after a restart
-            carry += [{"kind": "drop", "ts": 0, "table": t} for t in sorted(self.dropped)]
+            # A dropped table stays dropped after a restart. Undecided transactions are not
+            # copied forward (a bulk load's would be copied whole at every checkpoint): the
+            # segments holding their records stay until they are decided.
+            carry = [{"kind": "drop", "ts": 0, "table": t} for t in sorted(self.dropped)]
             segment = self.wal.switch(carry)
+            keep_from = min((tx.segment for tx in self.prepared.values()), default=segment)
             self.commits_since_checkpoint = 0
             written: list[tuple[RowId, int]] = []
             # (table, key, ts, row, lsn); row versions are never changed in place, so they
@@ -646,7 +647,7 @@ class Participant:
                     state.dirty = False
                 elif state is not None:
                     self.touched.add(row_id)
-            self.wal.drop_before(segment)
+            self.wal.drop_before(min(segment, keep_from))
             self.checkpoints += 1
             self._forget_drained_changes(written)
             self._maybe_evict()
