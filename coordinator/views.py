@@ -297,10 +297,32 @@ class ViewManager:
         self.catalog.view_names.discard(view.name)
         self.catalog.put_entry("view", view.name, None)
         self.manager.epoch += 1
-        for table_id in (view.view_id, view.meta_id, *self._changes_ids(view)):
+        unused = self._unused_indexes()
+        for key in unused:  # writers stop maintaining them from the next transaction on
+            del self.indexes[key]
+            self.catalog.put_entry("index", f"{key[0]}.{key[1]}", None)
+        if unused:
+            self.manager.epoch += 1
+        for table_id in (
+            view.view_id,
+            view.meta_id,
+            *self._changes_ids(view),
+            *unused.values(),
+        ):
             with contextlib.suppress(errors.AggviewError):
                 await self.manager.drop_table(table_id)
             self.catalog.store.drop_table(table_id)
+
+    def _unused_indexes(self) -> dict[tuple[str, str], str]:
+        """Indexes no sync view joins through any more (they cost every writer)."""
+        needed = set()
+        for view in self.views.values():
+            if view.plan.mode != "sync":
+                continue
+            for edge in view.plan.edges:
+                for ref in (edge.left, edge.right):
+                    needed.add((view.plan.table_of(ref.alias), ref.column))
+        return {key: index for key, index in self.indexes.items() if key not in needed}
 
     def _alter(self, alter: AlterView) -> str:
         view = self.views.get(alter.name)
@@ -464,7 +486,7 @@ class ViewManager:
         for view in self.views.values():
             if view.plan.mode != "sync" or view.state == "initializing":
                 continue
-            relevant = {t: changes[t] for t in view.plan.base_tables() if t in changes}
+            relevant = touching(view.plan, changes)
             if not relevant:
                 continue
             assert view.compiled is not None
@@ -582,7 +604,7 @@ class ViewManager:
                     net[base_key] = (first, change.get("a"))
                 if net:
                     changes[table] = net
-            delta = await view_delta(compiled, changes, self._rows_where(ts))
+            delta = await view_delta(compiled, touching(view.plan, changes), self._rows_where(ts))
             ops.extend(_merge(view.view_id, key, d) for key, d in delta.items())
             if view.plan.mode == "async":
                 ops.append(_meta(view, refreshed_at=ts))
@@ -646,6 +668,27 @@ class ViewManager:
     async def _refreshed_at(self, view: View, ts: int) -> int:
         meta = await self.manager.read_keys_at(view.meta_id, [META_KEY], ts)
         return (decode_row(meta.get(META_KEY, b"")) or {}).get("refreshed_at", 0)
+
+
+def touching(plan: ViewPlan, changes: Changes) -> Changes:
+    """The changes to the view's tables that move a column it reads: an update of other
+    columns (a stock level under a sales view) changes no group, so it costs no join."""
+    out: Changes = {}
+    for table in plan.base_tables():
+        rows = changes.get(table)
+        if not rows:
+            continue
+        columns = {c for alias in plan.aliases_of(table) for c in plan.columns_of(alias)}
+        kept = {
+            key: (before, after)
+            for key, (before, after) in rows.items()
+            if before is None
+            or after is None
+            or any(before.get(c) != after.get(c) for c in columns)
+        }
+        if kept:
+            out[table] = kept
+    return out
 
 
 def _merge(view_id: str, key: bytes, delta: Row) -> lpb.RowOp:

@@ -648,3 +648,26 @@ def test_aggregate_invariants() -> None:
         Aggregate("x", "median", col("a", "b"), "INT", "INT")
     assert TableRef.of("events") == TableRef("events", "events")
     assert TableRef.of("events", "e") == TableRef("e", "events")
+
+
+def test_changes_to_columns_a_view_does_not_read_are_skipped() -> None:
+    from coordinator.views import touching
+
+    plan = view(
+        "SELECT c.name, SUM(e.cost) AS cost FROM events e JOIN products p ON e.prod_id = "
+        "p.prod_id JOIN categories c ON p.cat_id = c.cat_id GROUP BY c.name"
+    )
+    event = {"event_id": 1, "prod_id": 2, "cost": 5, "ts": 0}
+    changes = {
+        "events": {
+            b"a": (event, {**event, "ts": 1}),  # a column the view does not read
+            b"b": (event, {**event, "cost": 6}),
+            b"c": (None, event),
+            b"d": (event, None),
+        },
+        "products": {b"p": ({"prod_id": 2, "name": "x"}, {"prod_id": 2, "name": "y"})},
+        "shops": {b"s": (None, {"shop_id": 1})},  # not a table of the view
+    }
+    assert touching(plan, changes) == {
+        "events": {k: changes["events"][k] for k in (b"b", b"c", b"d")}
+    }

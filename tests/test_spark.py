@@ -424,7 +424,9 @@ def test_bulk_init_while_four_clients_write_then_view_equals_recomputation(
         if mode == "async":
             client.refresh("shop_totals")
         assert same(as_tuples(client.view("shop_totals")), recompute(client, SHOP_TOTALS))
-    [verified] = jobs.verify_views(spark, address, ["shop_totals"])
+    # the options the command line passes for an insecure cluster
+    insecure = {"ca": None, "token": None}
+    [verified] = jobs.verify_views(spark, address, ["shop_totals"], client_options=insecure)
     assert verified.ok and verified.groups == SMALL.shops
 
 

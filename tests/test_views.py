@@ -313,3 +313,28 @@ def test_views_stay_exact_across_kill_9(dashboard_cluster: LocalCluster, victim:
                 threading.Event().wait(0.1)
         assert sync_rows == expected
         assert async_rows == expected
+
+
+def test_dropping_the_last_sync_view_over_an_index_drops_the_index(
+    dashboard_cluster: LocalCluster,
+) -> None:
+    from ltm.store import open_store
+
+    def indexes() -> set[str]:
+        store = open_store(dashboard_cluster.store_url)
+        try:
+            return {t for t in store.list_tables() if t.startswith("i") and "_events_" in t}
+        finally:
+            store.close()
+
+    with Client(dashboard_cluster.address) as client:
+        client.sql(dashboard.view_ddl("one", dashboard.CATEGORY_COST))
+        client.sql(dashboard.view_ddl("two", dashboard.CATEGORY_COST))
+        assert len(indexes()) == 1  # events.prod_id, shared
+        client.sql("DROP MATERIALIZED VIEW one")
+        assert len(indexes()) == 1  # still joined through by view two
+        client.sql("DROP MATERIALIZED VIEW two")
+        assert indexes() == set()
+        write_events(dashboard_cluster.address, clients=1, per_client=3, seed=9)  # still fine
+        client.sql(dashboard.view_ddl("three", dashboard.CATEGORY_COST))
+        assert as_tuples(client.view("three")) == recompute(client, dashboard.CATEGORY_COST)

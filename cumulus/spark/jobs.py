@@ -51,7 +51,8 @@ def snapshot_tables(
             .option("columns", ",".join(columns))
         )
         for key, value in client_options.items():
-            reader = reader.option(key, str(value))
+            if value is not None:  # an insecure cluster: no ca, no token
+                reader = reader.option(key, str(value))
         name = f"aggview_{table}_{uuid.uuid4().hex[:8]}"
         frame = reader.load().cache()
         frame.createOrReplaceTempView(name)

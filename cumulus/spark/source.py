@@ -64,7 +64,7 @@ def connect(options: dict[str, Any]) -> Client:
     address = options.get("address")
     if not address:
         raise errors.InvalidArgument("the aggview data source needs option address=HOST:PORT")
-    extra = {k: options[k] for k in ("ca", "token") if options.get(k)}
+    extra = {k: options[k] for k in ("ca", "token") if options.get(k) not in (None, "", "None")}
     return Client(address, **extra)
 
 
