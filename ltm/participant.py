@@ -534,7 +534,7 @@ class Participant:
 
     async def _load(self, row_ids: Iterable[RowId]) -> None:
         """Brings rows into memory from the store, once each even under concurrent callers."""
-        missing: dict[str, list[bytes]] = {}
+        wanted: dict[str, dict[bytes, None]] = {}  # ordered sets: a bulk load asks for many
         waits = []
         for row_id in row_ids:
             if row_id in self.rows:
@@ -542,9 +542,8 @@ class Participant:
             if row_id in self.loading:
                 waits.append(self.loading[row_id])
                 continue
-            keys = missing.setdefault(row_id[0], [])
-            if row_id[1] not in keys:
-                keys.append(row_id[1])
+            wanted.setdefault(row_id[0], {})[row_id[1]] = None
+        missing = {table: list(keys) for table, keys in wanted.items()}
         if missing:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             for table, keys in missing.items():
