@@ -372,7 +372,9 @@ class ViewManager:
                 tables = {}
                 for table in view.plan.base_tables():
                     schema = self.catalog.table(table)
-                    rows = await self.manager.read_range_at(schema.table_id, b"", b"", ts, own=True)
+                    # paged: every older transaction is decided, so the pages stay as read
+                    pages = self.manager.read_pages(schema.table_id, b"", b"", ts)
+                    rows = [row async for page in pages for row in page]
                     tables[table] = {key: decode_row(data) or {} for key, data in rows}
                 deltas = await from_scratch(view_state, tables)
                 view.snapshot = refreshed_at = ts
@@ -527,7 +529,9 @@ class ViewManager:
             elif (table, column) in self.indexes:
                 table_id, path = self.indexes[(table, column)], schema.table_id
             else:  # no index (async views only): one scan of the table for all the values
-                rows = await manager.read_range_at(schema.table_id, b"", b"", ts, own=True)
+                # only refreshes get here (system transactions: every older one is decided)
+                pages = manager.read_pages(schema.table_id, b"", b"", ts)
+                rows = [row async for page in pages for row in page]
                 wanted = set(values)
                 out: dict[Any, list[tuple[bytes, Row]]] = {}
                 for key, data in rows:
