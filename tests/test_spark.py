@@ -11,8 +11,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
+from test_views import as_tuples, recompute
 
 from aggview import errors
 from aggview.cluster import LocalCluster
@@ -308,26 +308,6 @@ def test_bulk_load_names_missing_files_unknown_tables_and_columns(
 
 
 # ----------------------------------------------------------------------------- views
-
-
-def recompute(client: Client, select: str) -> list[tuple[Any, ...]]:
-    con = duckdb.connect()
-    for ddl in dashboard.TABLES:
-        con.execute(ddl.replace("PRIMARY KEY", ""))
-    for table in ("products", "events"):
-        rows = client.scan(table)
-        if rows:
-            columns = list(rows[0])
-            con.executemany(
-                f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
-                f"({', '.join('?' for _ in columns)})",
-                [tuple(r.values()) for r in rows],
-            )
-    return sorted(con.execute(select).fetchall(), key=repr)
-
-
-def as_tuples(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    return sorted((tuple(r.values()) for r in rows), key=repr)
 
 
 def same(view_rows: list[tuple[Any, ...]], expected: list[tuple[Any, ...]]) -> bool:
