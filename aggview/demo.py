@@ -13,13 +13,11 @@ minutes, what aggview is for and checks every claim it prints.
 
 from __future__ import annotations
 
-import csv
 import itertools
 import random
 import threading
 import time
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 
 from rich.console import Console
@@ -111,16 +109,6 @@ def run_transfers(cluster: LocalCluster, console: Console, seconds: float) -> No
     )
 
 
-def write_events(path: Path, count: int, scale: dashboard.Scale) -> None:
-    rng = random.Random(42)
-    with path.open("w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow(["id", "day", "prod_id", "shop_id", "type", "cost"])
-        for i in range(count):
-            row = dashboard.event(rng, i, scale)
-            out.writerow([row[c] for c in ("id", "day", "prod_id", "shop_id", "type", "cost")])
-
-
 def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> None:
     from cumulus.spark import jobs
     from cumulus.spark.session import spark_session
@@ -136,7 +124,7 @@ def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> No
     with console.status("starting Spark"):
         spark = spark_session()
     events_csv = cluster.data / "events.csv"
-    write_events(events_csv, size.events, scale)
+    dashboard.write_events_csv(events_csv, size.events, scale)
     began = time.monotonic()
     with console.status("bulk-loading events"):
         loaded = jobs.load_files(spark, address, "events", [str(events_csv)])
@@ -221,15 +209,8 @@ def _churn(
                             tx.insert("events", event)
                             mine.append(event["id"])
                     elif roll < 0.9:
-                        product = rng.randrange(scale.products)
                         tx.update(
-                            "events",
-                            {"id": rng.choice(mine)},
-                            {
-                                "prod_id": product,
-                                "shop_id": product % scale.shops,
-                                "cost": Decimal(rng.randrange(1, 500)) / 100,
-                            },
+                            "events", {"id": rng.choice(mine)}, dashboard.correction(rng, scale)
                         )
                     else:
                         tx.delete("events", {"id": mine.pop(rng.randrange(len(mine)))})

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import random
 import tempfile
@@ -40,25 +39,6 @@ from cumulus.spark.session import spark_session
 from loadgen import dashboard
 
 SCALE = dashboard.Scale()
-
-
-def write_events(path: Path, count: int, seed: int = 1) -> None:
-    rng = random.Random(seed)
-    with path.open("w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow(["id", "day", "prod_id", "shop_id", "type", "cost"])
-        for i in range(count):
-            product = rng.randrange(SCALE.products)
-            out.writerow(
-                [
-                    i,
-                    "2011-06-01",
-                    product,
-                    product % SCALE.shops,
-                    "click" if rng.random() < 0.5 else "view",
-                    f"{rng.randrange(1, 500) / 100:.2f}",
-                ]
-            )
 
 
 def peak_memory_mib(cluster: LocalCluster) -> list[float]:
@@ -100,7 +80,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         base = Path(tmp)
         events_csv = base / "events.csv"
         started = time.perf_counter()
-        write_events(events_csv, args.events)
+        dashboard.write_events_csv(events_csv, args.events, SCALE, seed=1)
         print(f"wrote {args.events} events to CSV in {time.perf_counter() - started:.1f} s")
         with LocalCluster(base / "bulk", ltms=args.ltms) as cluster:
             with Client(cluster.address) as client:

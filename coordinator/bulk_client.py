@@ -14,6 +14,8 @@ from aggview.status import error_from_rpc
 from aggview.wire import client_pb2 as pb
 from coordinator.client import Client
 
+JOB_SECONDS = 3600  # the deadline of calls that last as long as a bulk job
+
 
 @dataclass(frozen=True)
 class Described:
@@ -41,6 +43,15 @@ class BulkClient:
 
     def _call(self, method: Any, request: Any) -> Any:
         return self.client._call(method, request)
+
+    def _call_long(self, method: Any, request: Any) -> Any:
+        """A call that may take as long as a job over the whole table (up to an hour)."""
+        try:
+            return method(
+                request, timeout=max(self.client.timeout, JOB_SECONDS), metadata=self._metadata
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None  # type: ignore[arg-type]
 
     def list(self) -> tuple[list[str], list[str]]:
         """(tables, materialized views) by name."""
@@ -98,22 +109,12 @@ class BulkClient:
     def load(self, table: str, staging_table: str) -> tuple[int, int]:
         """Commits staged rows into ``table`` at one timestamp: (timestamp, rows)."""
         request = pb.LoadRequest(table=table, staging_table=staging_table)
-        try:
-            reply = self._stub.Load(
-                request, timeout=max(self.client.timeout, 3600), metadata=self._metadata
-            )
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None  # type: ignore[arg-type]
+        reply = self._call_long(self._stub.Load, request)
         return reply.timestamp, reply.rows
 
     def begin_view(self, *, sql: str = "", view: str = "", ttl_ms: int = 0) -> pb.BeginViewReply:
         request = pb.BeginViewRequest(sql=sql, view=view, ttl_ms=ttl_ms)
-        try:  # a new sync view may first index a large table
-            return self._stub.BeginView(
-                request, timeout=max(self.client.timeout, 3600), metadata=self._metadata
-            )
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None  # type: ignore[arg-type]
+        return self._call_long(self._stub.BeginView, request)  # may first index a big table
 
     def finish_view(
         self, view: str, snapshot: int, rows: Iterable[tuple[bytes, bytes]], chunk: int = 5000
@@ -127,12 +128,7 @@ class BulkClient:
                     batch = []
             yield pb.ViewRowsChunk(view=view, snapshot=snapshot, rows=batch)
 
-        try:
-            return self._stub.FinishView(
-                chunks(), timeout=max(self.client.timeout, 3600), metadata=self._metadata
-            )
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None  # type: ignore[arg-type]
+        return self._call_long(self._stub.FinishView, chunks())
 
     def abort_view(self, view: str) -> None:
         self._call(self._stub.AbortView, pb.AbortViewRequest(view=view))

@@ -196,6 +196,23 @@ def _get_row(reply: pb.GetReply) -> Row | None:
     return row
 
 
+def _open_channel(
+    channels: Any,
+    address: str,
+    ca: CaSource | None,
+    tls: bool | None,
+    token: str | None,
+    options: Sequence[tuple[str, Any]],
+) -> tuple[Any, Any, bool]:
+    """(channel, call metadata, plaintext?) from ``grpc`` or ``grpc.aio`` alike."""
+    credentials, metadata = client_credentials(ca, tls, token)
+    channel_options = [*GRPC_OPTIONS, *options]
+    if credentials is None:
+        return channels.insecure_channel(address, options=channel_options), metadata, True
+    channel = channels.secure_channel(address, credentials, options=channel_options)
+    return channel, metadata, False
+
+
 class Client:
     """A blocking client. Use as a context manager, or call :meth:`close`.
 
@@ -219,13 +236,9 @@ class Client:
         self.retry = retry or RetryPolicy()
         self.retries = 0  # timestamp-order aborts retried so far
         self.last_read_timestamp = 0
-        credentials, self._metadata = client_credentials(ca, tls, token)
-        self._plaintext = credentials is None
-        channel_options = [*GRPC_OPTIONS, *options]
-        if credentials is None:
-            self._channel = grpc.insecure_channel(address, options=channel_options)
-        else:
-            self._channel = grpc.secure_channel(address, credentials, options=channel_options)
+        self._channel, self._metadata, self._plaintext = _open_channel(
+            grpc, address, ca, tls, token, options
+        )
         self._stub = pb_grpc.AggviewStub(self._channel)
 
     def __enter__(self) -> Client:
@@ -307,13 +320,9 @@ class AsyncClient:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.retries = 0
-        credentials, self._metadata = client_credentials(ca, tls, token)
-        self._plaintext = credentials is None
-        channel_options = [*GRPC_OPTIONS, *options]
-        if credentials is None:
-            self._channel = grpc.aio.insecure_channel(address, options=channel_options)
-        else:
-            self._channel = grpc.aio.secure_channel(address, credentials, options=channel_options)
+        self._channel, self._metadata, self._plaintext = _open_channel(
+            grpc.aio, address, ca, tls, token, options
+        )
         self._stub = pb_grpc.AggviewStub(self._channel)
 
     async def __aenter__(self) -> AsyncClient:

@@ -5,9 +5,11 @@ query plan) and the cost per category (Figure 4.1)."""
 
 from __future__ import annotations
 
+import csv
 import random
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from coordinator import Client
@@ -89,6 +91,30 @@ def event(rng: random.Random, event_id: int, scale: Scale) -> dict[str, Any]:
         "type": rng.choice(["click", "view"]),
         "cost": Decimal(rng.randrange(1, 500)) / 100,
     }
+
+
+def correction(rng: random.Random, scale: Scale) -> dict[str, Any]:
+    """An update of an event: another product (so another group of every view) and cost."""
+    product = rng.randrange(scale.products)
+    return {
+        "prod_id": product,
+        "shop_id": product % scale.shops,
+        "cost": Decimal(rng.randrange(1, 500)) / 100,
+    }
+
+
+EVENT_COLUMNS = ("id", "day", "prod_id", "shop_id", "type", "cost")
+
+
+def write_events_csv(path: Path, count: int, scale: Scale, seed: int = 42) -> None:
+    """``count`` events (ids 0..count-1) as a CSV file with a header, for bulk loads."""
+    rng = random.Random(seed)
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(EVENT_COLUMNS)
+        for i in range(count):
+            row = event(rng, i, scale)
+            out.writerow([row[c] for c in EVENT_COLUMNS])
 
 
 def recompute_shop_category_cost(client: Client) -> dict[tuple[str, str], tuple[Decimal, int]]:

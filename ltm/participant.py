@@ -416,23 +416,9 @@ class Participant:
             if request.register_read:  # the read must stay remembered (rts) on every row
                 self.range_reads.setdefault(table, []).append((start or b"", stop, ts))
                 await self._load((table, key) for key in stored)
-            keys = set(stored)
-            for key in list(self.rows.keys_of(table)):
-                if (start is None or key >= start) and (stop is None or key < stop):
-                    keys.add(key)
-            out: list[tuple[bytes, bytes]] = []
-            for key in sorted(keys):
-                row_id = (table, key)
-                if row_id in self.rows:
-                    row = await self._read_row(row_id, ts, request.register_read)
-                    data = encode_row(row) if row is not None else b""
-                else:
-                    data = stored.get(key, b"")
-                if data:
-                    out.append((key, data))
-                    if request.limit and len(out) >= request.limit:
-                        break
-            return out
+            return await self._merged(
+                table, stored, start, stop, ts, request.register_read, request.limit
+            )
         finally:
             self.scans_running -= 1
 
@@ -443,28 +429,46 @@ class Participant:
         (empty when the range is done)."""
         ts, table = request.ts, request.table
         start, stop = request.start or None, request.stop or None
-        limit = max(request.limit, 1)
         self.scans_running += 1
         try:
-            stored, last = await asyncio.to_thread(self._scan_store, table, start, stop, limit)
+            stored, last = await asyncio.to_thread(
+                self._scan_store, table, start, stop, max(request.limit, 1)
+            )
             bound = stop if last is None else last + b"\x00"  # exclusive end of this page
-            keys = set(stored)
-            for key in list(self.rows.keys_of(table)):
-                if (start is None or key >= start) and (bound is None or key < bound):
-                    keys.add(key)
-            out: list[tuple[bytes, bytes]] = []
-            for key in sorted(keys):
-                row_id = (table, key)
-                if row_id in self.rows:
-                    row = await self._read_row(row_id, ts, False)
-                    data = encode_row(row) if row is not None else b""
-                else:
-                    data = stored.get(key, b"")
-                if data:
-                    out.append((key, data))
-            return out, (bound or b"") if last is not None else b""
+            rows = await self._merged(table, stored, start, bound, ts, False, 0)
+            return rows, (bound or b"") if last is not None else b""
         finally:
             self.scans_running -= 1
+
+    async def _merged(
+        self,
+        table: str,
+        stored: dict[bytes, bytes],
+        start: bytes | None,
+        stop: bytes | None,
+        ts: int,
+        register: bool,
+        limit: int,
+    ) -> list[tuple[bytes, bytes]]:
+        """Live rows of [start, stop) at ``ts``: the cached version where a row is in memory,
+        the store's copy otherwise, in key order, at most ``limit`` (0: all)."""
+        keys = set(stored)
+        for key in list(self.rows.keys_of(table)):
+            if (start is None or key >= start) and (stop is None or key < stop):
+                keys.add(key)
+        out: list[tuple[bytes, bytes]] = []
+        for key in sorted(keys):
+            row_id = (table, key)
+            if row_id in self.rows:
+                row = await self._read_row(row_id, ts, register)
+                data = encode_row(row) if row is not None else b""
+            else:
+                data = stored.get(key, b"")
+            if data:
+                out.append((key, data))
+                if limit and len(out) >= limit:
+                    break
+        return out
 
     def _scan_store(
         self, table: str, start: bytes | None, stop: bytes | None, limit: int = 0

@@ -351,23 +351,13 @@ def churn(address: str, seed: int, stop: threading.Event, count: list[int]) -> N
             with client.transaction() as tx:
                 roll = rng.random()
                 if roll < 0.5 or len(mine) < 3:
-                    event_id = 10_000 * seed + len(mine) + count[0] * 0
                     event_id = 10_000 * seed + rng.randrange(10_000)
                     if event_id in mine:
                         continue
                     tx.insert("events", dashboard.event(rng, event_id, SMALL))
                     mine.append(event_id)
                 elif roll < 0.8:
-                    product = rng.randrange(SMALL.products)
-                    tx.update(
-                        "events",
-                        {"id": rng.choice(mine)},
-                        {
-                            "prod_id": product,
-                            "shop_id": product % SMALL.shops,
-                            "cost": Decimal(rng.randrange(1, 500)) / 100,
-                        },
-                    )
+                    tx.update("events", {"id": rng.choice(mine)}, dashboard.correction(rng, SMALL))
                 else:
                     tx.delete("events", {"id": mine.pop(rng.randrange(len(mine)))})
             count[0] += 1

@@ -13,7 +13,6 @@ from typing import Any
 
 from aggview.schema import Column, ColumnType, to_storage
 from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState
-from cumulus.plan import expr_columns
 from cumulus.spark.source import spark_type
 
 State = dict[bytes, Row]
@@ -176,21 +175,10 @@ def normalized(fields: Row) -> Row:
 def needed_columns(state: ViewState) -> dict[str, list[str]]:
     """Per base table, the columns the view reads (column pruning for the snapshot reads)."""
     plan = state.plan
-    by_alias = {t.alias: t.table for t in plan.tables}
-    wanted: dict[str, dict[str, None]] = {t.table: {} for t in plan.tables}
-    for edge in plan.edges:
-        wanted[by_alias[edge.left.alias]][edge.left.column] = None
-        wanted[by_alias[edge.right.alias]][edge.right.column] = None
-    for group in plan.group_by:
-        wanted[by_alias[group.ref.alias]][group.ref.column] = None
-    for aggregate in plan.aggregates:
-        if aggregate.arg is not None:
-            for alias, column in expr_columns(aggregate.arg):
-                wanted[by_alias[alias]][column] = None
-    for alias, column in expr_columns(list(plan.filters)):
-        wanted[by_alias[alias]][column] = None
-    for table, columns in wanted.items():
-        if not columns:  # COUNT(*) over a table no column of which is used: read its key
-            schema = state.schemas[next(t.alias for t in plan.tables if t.table == table)]
-            columns[schema.primary_key[0]] = None
-    return {table: list(columns) for table, columns in wanted.items()}
+    out = {}
+    for table in plan.base_tables():
+        aliases = plan.aliases_of(table)
+        columns = list(dict.fromkeys(c for alias in aliases for c in plan.columns_of(alias)))
+        # COUNT(*) over a table no column of which is used still reads its key
+        out[table] = columns or [state.schemas[aliases[0]].primary_key[0]]
+    return out
