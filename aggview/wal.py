@@ -17,6 +17,7 @@ import pickle
 import struct
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ class WriteAheadLog:
         self.lsn = 0  # sequence number of the last record queued (or replayed)
         self.bytes_written = 0
         self.flushes = 0
+        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="wal-sync")
 
     def segments(self) -> list[int]:
         return sorted(int(p.stem) for p in self.directory.glob("*.wal"))
@@ -85,9 +87,10 @@ class WriteAheadLog:
         return lsn
 
     def _kick(self) -> None:
-        """Group commit: everything queued during this turn of the event loop is written and
-        synced once, right after the turn. The write and the sync run on the loop's own thread:
-        a data sync of a small append costs less than handing it to a worker thread."""
+        """Group commit: everything queued while the previous flush ran is written and synced
+        at once. The write and the sync run on a thread of their own, so the event loop keeps
+        preparing the next group meanwhile (on the loop thread, an LTM spent two thirds of its
+        time blocked in fdatasync under load)."""
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
 
@@ -97,7 +100,9 @@ class WriteAheadLog:
             waiters, self._waiters = self._waiters, []
             fd, retired, self._retired = self._fd, self._retired, []
             try:
-                self._write_and_sync(fd, chunk, retired)
+                await asyncio.get_running_loop().run_in_executor(
+                    self._syncer, self._write_and_sync, fd, chunk, retired
+                )
             except OSError as exc:
                 for waiter in waiters:
                     if not waiter.done():
@@ -173,3 +178,4 @@ class WriteAheadLog:
     async def close(self) -> None:
         await self.flush()
         os.close(self._fd)
+        self._syncer.shutdown(wait=False)
