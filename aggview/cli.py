@@ -134,6 +134,7 @@ def _run_ltm(args: argparse.Namespace) -> None:
         cache_rows=args.cache_rows,
         checkpoint_interval=args.checkpoint_interval,
         tls=TlsDir.load(tls_dir) if tls_dir is not None else None,
+        backup=args.backup,
     )
     asyncio.run(serve(config))
 
@@ -155,6 +156,7 @@ def _run_coordinator(args: argparse.Namespace) -> None:
         limits=Limits.parse(args.limit),
         tls=TlsDir.load(tls_dir) if tls_dir is not None else None,
         tokens=load_tokens(tokens) if tokens is not None else None,
+        failover_after=args.failover_after,
     )
     asyncio.run(serve(config))
 
@@ -184,13 +186,19 @@ def _run_start(args: argparse.Namespace) -> None:
         tls_dir=tls_dir,
         tokens=tokens,
         limits={k: v for k, v in asdict(limits).items() if v != asdict(Limits())[k]},
+        replicate=args.replicate,
     )
     with cluster:
         print(f"aggview listening on {cluster.address}", flush=True)
         while not stop.wait(0.5):
-            dead = [s.role for s in cluster.servers if not s.running()]
-            if dead:
-                print(f"aggview: {', '.join(dead)} exited; stopping", file=sys.stderr)
+            dead = [s for s in cluster.servers if not s.running()]
+            if args.replicate and dead and all(s.role.startswith("ltm") for s in dead):
+                for server in dead:  # its partition moved to its backup; it rejoins as one
+                    print(f"aggview: {server.role} exited; restarting it", file=sys.stderr)
+                    server.start()
+            elif dead:
+                roles = ", ".join(s.role for s in dead)
+                print(f"aggview: {roles} exited; stopping", file=sys.stderr)
                 break
     print("aggview stopped", flush=True)
 
@@ -228,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--ltms", type=int, default=3)
     start.add_argument("--port", type=int, default=0, help="the coordinator's port")
     start.add_argument("--no-fsync", action="store_true")
+    start.add_argument(
+        "--replicate",
+        action="store_true",
+        help="each LTM's log is copied to the next LTM, which takes its partition over if it "
+        "dies (a dead LTM is restarted and rejoins as a backup)",
+    )
     _add_server_security(start, clients=True)
     start.set_defaults(run=_run_start)
 
@@ -239,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     ltm.add_argument("--coordinator", help="address asked about undecided transactions")
     ltm.add_argument("--cache-rows", type=int, default=1_000_000)
     ltm.add_argument("--checkpoint-interval", type=float, default=2.0)
+    ltm.add_argument(
+        "--backup",
+        default="",
+        help="address of the next LTM (partition + 1), which keeps a copy of this one's log",
+    )
     _add_common(ltm)
     _add_server_security(ltm, clients=False)
     ltm.set_defaults(run=_run_ltm)
@@ -247,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     coordinator.add_argument("--store", required=True)
     coordinator.add_argument("--log-dir", required=True)
     coordinator.add_argument("--ltm", action="append", required=True, help="LTM address, in order")
+    coordinator.add_argument(
+        "--failover-after",
+        type=float,
+        default=0.0,
+        help="seconds an LTM may stay silent before its partitions move to their backups "
+        "(0: never; needs LTMs started with --backup)",
+    )
     _add_common(coordinator)
     _add_server_security(coordinator, clients=True)
     coordinator.set_defaults(run=_run_coordinator)

@@ -121,6 +121,10 @@ class LocalCluster:
     tokens: Path | None = None  # default: tls_dir / "tokens"
     secure: bool = False
     limits: dict[str, int] = field(default_factory=dict)  # coordinator --limit NAME=VALUE
+    # Replicated LTM logs: LTM i's log is copied to LTM i+1, which takes partition i over
+    # when LTM i is silent for failover_after seconds (see ltm.replication, coordinator.failover).
+    replicate: bool = False
+    failover_after: float = 2.0
     servers: list[Server] = field(default_factory=list)
 
     @property
@@ -176,7 +180,14 @@ class LocalCluster:
         coordinator_address = f"127.0.0.1:{coordinator_port}"
         common = [] if self.fsync else ["--no-fsync"]
         ltm_security, coordinator_security = self._security_flags()
+        # with replication, each LTM must know the next one's address before it starts
+        ports = [free_port() if self.replicate else 0 for _ in range(self.ltms)]
         for i in range(self.ltms):
+            backup = (
+                ["--backup", f"127.0.0.1:{ports[(i + 1) % self.ltms]}"]
+                if self.replicate and self.ltms > 1
+                else []
+            )
             self.servers.append(
                 Server(
                     f"ltm-{i}",
@@ -196,10 +207,12 @@ class LocalCluster:
                         str(self.checkpoint_interval),
                         "--cache-rows",
                         str(self.cache_rows),
+                        *backup,
                         *common,
                         *ltm_security,
                     ],
                     self.data / "logs" / f"ltm-{i}.log",
+                    port=ports[i],
                     flags=["-v"] if self.verbose else [],
                 )
             )
@@ -216,6 +229,7 @@ class LocalCluster:
                     "--log-dir",
                     str(self.data / "coordinator"),
                     *ltm_args,
+                    *(["--failover-after", str(self.failover_after)] if self.replicate else []),
                     *common,
                     *coordinator_security,
                 ],

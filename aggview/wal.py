@@ -19,9 +19,15 @@ import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 _HEADER = struct.Struct(">II")  # length, crc32
+
+
+class Shipper(Protocol):
+    """Where a replicated log sends each flush (see ``ltm.replication``)."""
+
+    async def ship(self, segment: int, data: bytes, drop_before: int) -> None: ...
 
 
 class WriteAheadLog:
@@ -40,6 +46,16 @@ class WriteAheadLog:
         self.bytes_written = 0
         self.flushes = 0
         self._syncer = ThreadPoolExecutor(1, thread_name_prefix="wal-sync")
+        # Replication: each flush also goes to the backup, and counts as durable only once it
+        # is there too. Held for a whole flush, so a resync sees exactly the flushed files.
+        self.shipper: Shipper | None = None
+        self.flush_lock = asyncio.Lock()
+        self._dropped_before = 0
+
+    def contents(self) -> list[tuple[int, bytes]]:
+        """Every segment's flushed bytes, oldest first (hold :attr:`flush_lock` for a
+        consistent copy: a backup's resync)."""
+        return [(s, self._path(s).read_bytes()) for s in self.segments()]
 
     def segments(self) -> list[int]:
         return sorted(int(p.stem) for p in self.directory.glob("*.wal"))
@@ -96,23 +112,35 @@ class WriteAheadLog:
 
     async def _flush_loop(self) -> None:
         while self._pending or self._waiters:
-            chunk, self._pending = b"".join(self._pending), []
-            waiters, self._waiters = self._waiters, []
-            fd, retired, self._retired = self._fd, self._retired, []
-            try:
-                await asyncio.get_running_loop().run_in_executor(
-                    self._syncer, self._write_and_sync, fd, chunk, retired
-                )
-            except OSError as exc:
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_exception(exc)
-                continue
+            async with self.flush_lock:
+                chunk, self._pending = b"".join(self._pending), []
+                waiters, self._waiters = self._waiters, []
+                fd, retired, self._retired = self._fd, self._retired, []
+                try:
+                    await self._flush(fd, self._segment, chunk, retired)
+                except Exception as exc:  # e.g. a full disk: the appenders hear of it
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_exception(exc)
+                    continue
             self.bytes_written += len(chunk)
             self.flushes += 1
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
+
+    async def _flush(self, fd: int, segment: int, chunk: bytes, retired: list[int]) -> None:
+        local = asyncio.get_running_loop().run_in_executor(
+            self._syncer, self._write_and_sync, fd, chunk, retired
+        )
+        if self.shipper is None:
+            await local
+            return
+        shipped = self.shipper.ship(segment, chunk, self._dropped_before)
+        results = await asyncio.gather(local, shipped, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     def _write_and_sync(self, fd: int, chunk: bytes, retired: list[int]) -> None:
         for old in retired:  # records written there before the switch must be durable too
@@ -158,7 +186,9 @@ class WriteAheadLog:
 
     def drop_before(self, segment: int) -> None:
         """Removes older segments strictly oldest first (the directory is synced after each),
-        so a crash never leaves an old segment behind without the newer ones."""
+        so a crash never leaves an old segment behind without the newer ones. A backup hears of
+        it with the next flush: keeping old segments longer is harmless, as replay is by LSN."""
+        self._dropped_before = max(self._dropped_before, segment)
         for old in self.segments():
             if old < segment:
                 self._path(old).unlink(missing_ok=True)

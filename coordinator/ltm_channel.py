@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from aggview import errors
+from aggview import errors, ownership
 from aggview.net import GRPC_OPTIONS
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.status import error_from_rpc
@@ -104,19 +104,38 @@ class LtmChannel:
         watermarks: Callable[[], tuple[int, int]],
         tls: TlsDir | None = None,
     ) -> None:
-        self.index = index
-        self.address = address
+        self.index = index  # the partition
         self._watermarks = watermarks
-        # mutual TLS plus the cluster secret when the cluster is secure (LTMs serve members only)
-        self._channel = member_channel(address, tls, GRPC_OPTIONS)
-        self._metadata = member_metadata(tls)
-        self.stub = pb_grpc.LtmStub(self._channel)
+        self._tls = tls
+        self.point(address, owner=index, epoch=0)
         self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
         self._stream: Any = None  # the long-lived Exchange call, opened on first use
         self._outbox: list[pb.LtmRequest] = []
         self._writing = False
         self._waiting: dict[int, asyncio.Future[pb.LtmReply]] = {}
         self._ids = itertools.count(1)
+
+    def point(self, address: str, owner: int, epoch: int) -> None:
+        """Where the partition is served (set at start from the store's ownership record)."""
+        self.address = address
+        self.owner = owner  # the LTM serving the partition (another one after a failover)
+        self.epoch = epoch
+        # mutual TLS plus the cluster secret when the cluster is secure (LTMs serve members only)
+        self._channel = member_channel(address, self._tls, GRPC_OPTIONS)
+        self._metadata = (
+            *member_metadata(self._tls),
+            *ownership.partition_metadata(self.index, epoch),
+        )
+        self.stub = pb_grpc.LtmStub(self._channel)
+
+    async def retarget(self, address: str, owner: int, epoch: int) -> None:
+        """Talks to the partition's owner at ``epoch`` from now on (failover); whatever was
+        waiting on the old owner fails as unavailable (and is retried or aborted)."""
+        old = self._channel
+        if self._stream is not None:
+            self._broken(self._stream, None)
+        self.point(address, owner, epoch)
+        await old.close()
 
     async def _send_decisions(
         self, decisions: list[pb.Decision]

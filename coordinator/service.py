@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from aggview import errors
+from aggview import errors, ownership
 from aggview.keycodec import encode_key, prefix_end
 from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, add_health, run_until_signalled
 from aggview.rowcodec import decode_row
@@ -27,6 +27,7 @@ from coordinator.bulk import BulkAccess
 from coordinator.catalog import Catalog
 from coordinator.convert import Limits, key_bytes, wire_row
 from coordinator.decision_log import DecisionLog
+from coordinator.failover import Failover
 from coordinator.gate import ClientGate
 from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
@@ -254,6 +255,7 @@ class CoordinatorConfig:
     limits: Limits = Limits()
     tls: TlsDir | None = None  # None: plaintext (``--insecure``)
     tokens: dict[str, Token] | None = None  # None: no authentication (``--insecure``)
+    failover_after: float = 0.0  # seconds an LTM may stay silent before failover; 0: never
 
 
 def build_manager(config: CoordinatorConfig) -> TransactionManager:
@@ -272,6 +274,9 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
     manager = TransactionManager(
         catalog, oracle, decisions, config.ltms, limits=config.limits, tls=config.tls
     )
+    for channel in manager.channels:  # after a failover, a partition lives elsewhere
+        record = ownership.read(store, channel.index)
+        channel.point(config.ltms[record.owner], record.owner, record.epoch)
     ViewManager(manager)
     return manager
 
@@ -281,6 +286,11 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     manager = build_manager(config)
     await manager.start()
     await manager.views.start()
+    failover = None
+    if config.failover_after > 0:
+        store = manager.catalog.store
+        failover = Failover(manager.channels, store, config.ltms, config.tls, config.failover_after)
+        failover.start()
     gate = ClientGate(
         tokens=config.tokens,
         secret=config.tls.secret if config.tls is not None else None,
@@ -311,6 +321,8 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
             channel.decisions.items,
             channel.decisions.calls,
         )
+    if failover is not None:
+        await failover.stop()
     await servicer.bulk.leases.close()
     await manager.views.stop()
     await manager.close()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors, failpoints
+from aggview.ownership import Superseded
 from aggview.partition_map import CHANGES_ID, partition_of
 from aggview.rowcodec import (
     decode_json,
@@ -96,8 +97,13 @@ class Participant:
         *,
         fsync: bool = True,
         outcome_query: OutcomeQuery | None = None,
+        fence: Callable[[], object] | None = None,
     ) -> None:
         self.store = store
+        # Raises ownership.Superseded once a newer epoch owns the partition: checked before
+        # every checkpoint, so a superseded primary never writes the store again.
+        self.fence = fence
+        self.fenced: str | None = None
         self.settings = settings or Settings()
         self.wal = WriteAheadLog(log_dir, fsync=fsync)
         self.outcome_query = outcome_query
@@ -132,7 +138,8 @@ class Participant:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        await self.checkpoint()
+        if not self.fenced:
+            await self.checkpoint()
         await self.wal.close()
 
     async def recover(self) -> None:
@@ -230,6 +237,7 @@ class Participant:
         Ordinary operations take their rows in timestamp order; view deltas (MERGE) only
         register as pending. A row of a table with asynchronous views also gets its change
         row (before and after image) appended in the same transaction, on this LTM."""
+        self._check_serving()
         ts = sub.ts
         tx = self.prepared.get(ts) or Prepared(ts, segment=self.wal.segment)
         taken: dict[RowId, None] = {}  # insertion-ordered set
@@ -373,6 +381,7 @@ class Participant:
 
     async def read(self, request: pb.ReadRequest) -> list[tuple[bytes, bytes]]:
         """Rows as of ``request.ts``, waiting only for transactions at or below it to land."""
+        self._check_serving()
         ts, table = request.ts, request.table
         if request.scan:
             return await self._scan(request)
@@ -427,6 +436,7 @@ class Participant:
         range: the store is read only up to the page's last stored key, so a page costs its
         own size, not the rest of the range. Returns the rows and where the next page starts
         (empty when the range is done)."""
+        self._check_serving()
         ts, table = request.ts, request.table
         start, stop = request.start or None, request.stop or None
         self.scans_running += 1
@@ -506,6 +516,10 @@ class Participant:
             if not ok:
                 raise VoteNo(Outcome.INVALID, f"malformed view delta for {name}", row_id)
         return delta
+
+    def _check_serving(self) -> None:
+        if self.fenced:  # a newer epoch owns the partition: its rows here may be stale
+            raise errors.FailedPrecondition(self.fenced)
 
     def _check_owned(self, row_id: RowId) -> None:
         if row_id[0] in self.dropped:
@@ -657,6 +671,12 @@ class Participant:
             return len(pending)
 
     def _write_checkpoint(self, pending: list[tuple[str, bytes, int, Row | None, int]]) -> None:
+        if self.fence is not None:
+            try:
+                self.fence()
+            except Superseded as exc:
+                self.fenced = str(exc)
+                raise
         mutations: list[tuple[str, bytes, bytes | None]] = []
         for table, key, ts, row, lsn in pending:
             if row is None and CHANGES_ID.match(table):
@@ -696,6 +716,9 @@ class Participant:
             last = time.monotonic()
             try:
                 await self.checkpoint()
+            except Superseded as exc:
+                log.warning("partition %d fenced off: %s", self.settings.partition, exc)
+                return
             except Exception:
                 log.exception("checkpoint failed; the log keeps everything, retrying later")
 

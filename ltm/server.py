@@ -10,28 +10,154 @@ from pathlib import Path
 
 import grpc
 
-from aggview import errors
+from aggview import errors, ownership
 from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, add_health, run_until_signalled
 from aggview.security import MemberGate, TlsDir, member_channel, member_metadata
 from aggview.status import Malformed, add_service, grpc_method
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from ltm.participant import Participant, Settings, VoteNo
+from ltm.replication import LogShipper, Mirror, log_dir_of
 from ltm.store import open_store
+from ltm.store.base import Store
 
 log = logging.getLogger(__name__)
 
 
+class Hosting:
+    """The partitions one LTM process serves (its own, and any it took over as their backup)
+    and the logs it mirrors for other LTMs."""
+
+    def __init__(self, config: LtmConfig, store: Store) -> None:
+        self.config = config
+        self.store = store
+        self.me = config.partition
+        self.participants: dict[int, Participant] = {}
+        self.records: dict[int, ownership.Ownership] = {}
+        self.shippers: dict[int, LogShipper] = {}
+        self.mirrors: dict[int, Mirror] = {}
+        self._outcome_query = (
+            _outcome_query(config.coordinator, config.tls) if config.coordinator else None
+        )
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Serves every partition the store's records give this LTM, at their epochs: after
+        a failover, a restarted old primary serves nothing of its own partition (fenced)."""
+        for partition in range(self.config.partitions):
+            record = await asyncio.to_thread(ownership.read, self.store, partition)
+            if record.owner != self.me:
+                if partition == self.me:
+                    log.warning(
+                        "partition %d is served by LTM %d at epoch %d: rejoining as a backup",
+                        partition,
+                        record.owner,
+                        record.epoch,
+                    )
+                continue
+            standby = (record.standby, record.standby_address)
+            if record.standby is None and partition == self.me and self.config.backup:
+                standby = ((self.me + 1) % self.config.partitions, self.config.backup)
+            await self._serve(record, *standby)
+
+    async def _serve(self, record: ownership.Ownership, standby: int | None, address: str) -> None:
+        partition = record.partition
+        settings = Settings(
+            partition=partition,
+            partitions=self.config.partitions,
+            cache_rows=self.config.cache_rows,
+            checkpoint_interval=self.config.checkpoint_interval,
+        )
+        store, epoch, me = self.store, record.epoch, self.me
+        participant = Participant(
+            self.store,
+            log_dir_of(self.config.log_dir, self.me, partition),
+            settings,
+            fsync=self.config.fsync,
+            outcome_query=self._outcome_query,
+            fence=lambda: ownership.check_owner(store, partition, epoch, me),
+        )
+        await participant.start()
+        if standby is not None and standby != self.me:
+            shipper = LogShipper(
+                self.store, participant.wal, record, standby, address, self.config.tls
+            )
+            await shipper.start()
+            self.shippers[partition] = shipper
+        self.records[partition] = record
+        self.participants[partition] = participant
+
+    async def take_over(self, request: pb.TakeOverRequest) -> None:
+        """The coordinator recorded this LTM as the partition's owner at ``request.epoch``:
+        recover the partition from the store plus the mirrored log, and serve it."""
+        async with self._lock:
+            partition = request.partition
+            served = self.records.get(partition)
+            if served is not None and served.epoch == request.epoch:
+                return  # a retried request
+            record = await asyncio.to_thread(
+                ownership.check_owner, self.store, partition, request.epoch, self.me
+            )
+            mirror = self.mirrors.pop(partition, None)
+            if mirror is None and partition != self.me:
+                log.warning("taking over partition %d without a mirror this run", partition)
+            standby = request.backup if request.backup >= 0 else None
+            await self._serve(record, standby, request.backup_address)
+            log.warning("took over partition %d at epoch %d", partition, request.epoch)
+
+    def participant(self, metadata: dict[str, str]) -> Participant:
+        partition = int(metadata.get(ownership.PARTITION_HEADER, self.me))
+        participant = self.participants.get(partition)
+        if participant is None:
+            raise errors.FailedPrecondition(f"LTM {self.me} does not serve partition {partition}")
+        epoch = metadata.get(ownership.EPOCH_HEADER)
+        if epoch is not None and int(epoch) != self.records[partition].epoch:
+            raise errors.FailedPrecondition(
+                f"LTM {self.me} serves partition {partition} at epoch "
+                f"{self.records[partition].epoch}, not {epoch}"
+            )
+        if participant.fenced:
+            raise errors.FailedPrecondition(participant.fenced)
+        return participant
+
+    async def replicate(self, request: pb.ReplicateRequest) -> None:
+        served = self.participants.get(request.partition)
+        if served is not None and not served.fenced:
+            raise ownership.Superseded(
+                f"LTM {self.me} serves partition {request.partition} itself "
+                f"(epoch {self.records[request.partition].epoch}), it is nobody's backup"
+            )
+        mirror = self.mirrors.get(request.partition)
+        if mirror is None:
+            mirror = Mirror(
+                log_dir_of(self.config.log_dir, self.me, request.partition),
+                request.partition,
+                fsync=self.config.fsync,
+            )
+            self.mirrors[request.partition] = mirror
+        await asyncio.to_thread(mirror.apply, request)
+
+    async def stop(self) -> None:
+        for shipper in self.shippers.values():
+            await shipper.close()
+        for participant in self.participants.values():
+            await participant.stop()
+
+
 class LtmServicer(pb_grpc.LtmServicer):
-    def __init__(self, participant: Participant) -> None:
-        self.participant = participant
+    def __init__(self, hosting: Hosting) -> None:
+        self.hosting = hosting
 
     async def Exchange(
         self, messages: AsyncIterator[pb.LtmRequests | Malformed], context: object
     ) -> AsyncIterator[pb.LtmReplies]:
-        """The coordinator's stream: every request handled concurrently, every answer sent
-        when ready, the answers ready together in one message (a message costs far less than a
-        call, and nothing waits for a batch)."""
+        """The coordinator's stream for one partition: every request handled concurrently,
+        every answer sent when ready, the answers ready together in one message (a message
+        costs far less than a call, and nothing waits for a batch)."""
+        try:
+            participant = self.hosting.participant(_metadata(context))
+        except errors.AggviewError as exc:
+            await context.abort(exc.code, str(exc))  # type: ignore[attr-defined]
         replies: asyncio.Queue[pb.LtmReply | None] = asyncio.Queue()
         handlers: set[asyncio.Task[None]] = set()
 
@@ -39,15 +165,15 @@ class LtmServicer(pb_grpc.LtmServicer):
             try:
                 if request.HasField("prepare"):
                     prepare = request.prepare
-                    self.participant.observe(prepare.low_watermark, prepare.issued)
-                    votes = [await self._prepare_one(sub) for sub in prepare.subs]
+                    participant.observe(prepare.low_watermark, prepare.issued)
+                    votes = [await _prepare_one(participant, sub) for sub in prepare.subs]
                     reply = pb.LtmReply(id=request.id, vote=votes[0] if votes else pb.Vote())
                 elif request.HasField("read"):
                     resume = b""
                     if request.read.page:
-                        rows, resume = await self.participant.read_page(request.read)
+                        rows, resume = await participant.read_page(request.read)
                     else:
-                        rows = await self.participant.read(request.read)
+                        rows = await participant.read(request.read)
                     reply = pb.LtmReply(
                         id=request.id,
                         rows=pb.ReadReply(
@@ -56,9 +182,9 @@ class LtmServicer(pb_grpc.LtmServicer):
                     )
                 else:
                     decide = request.decide
-                    self.participant.observe(decide.low_watermark, 0)
+                    participant.observe(decide.low_watermark, 0)
                     await asyncio.gather(
-                        *(self.participant.decide(d.ts, d.commit) for d in decide.decisions)
+                        *(participant.decide(d.ts, d.commit) for d in decide.decisions)
                     )
                     reply = pb.LtmReply(id=request.id, decided=pb.DecideReply())
             except (errors.AggviewError, VoteNo) as exc:  # e.g. a row held too long, not ours
@@ -95,34 +221,60 @@ class LtmServicer(pb_grpc.LtmServicer):
         finally:
             reader.cancel()
 
-    async def _prepare_one(self, sub: pb.SubTransaction) -> pb.Vote:
-        try:
-            return await self.participant.prepare(sub)
-        except errors.InvalidArgument as exc:  # malformed operations (never the coordinator's)
-            return pb.Vote(ts=sub.ts, outcome=pb.Vote.INVALID, message=str(exc))
-        except errors.AggviewError as exc:
-            return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=str(exc))
-        except Exception as exc:  # e.g. the store is down: this transaction aborts, we serve on
-            log.exception("prepare of %d failed", sub.ts)
-            return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=repr(exc))
-
     @grpc_method
     async def DropTable(self, request: pb.DropTableRequest, context: object) -> pb.DropTableReply:
-        await self.participant.drop_table(request.table)
+        await self.hosting.participant(_metadata(context)).drop_table(request.table)
         return pb.DropTableReply()
 
     @grpc_method
     async def Status(self, request: pb.StatusRequest, context: object) -> pb.StatusReply:
-        p = self.participant
-        return pb.StatusReply(
-            index=p.settings.partition,
-            partitions=p.settings.partitions,
-            cached_rows=len(p.rows),
-            dirty_rows=p.dirty_rows(),
-            prepared=len(p.prepared),
-            checkpoints=p.checkpoints,
-            log_bytes=p.wal.size(),
+        """The LTM process; the figures are those of the partition asked for (by default its
+        own) if it serves it, else zero."""
+        hosting = self.hosting
+        partition = int(_metadata(context).get(ownership.PARTITION_HEADER, hosting.me))
+        reply = pb.StatusReply(
+            index=hosting.me,
+            partitions=hosting.config.partitions,
+            replicas=sorted(hosting.mirrors),
+            serving=sorted(p for p, x in hosting.participants.items() if not x.fenced),
         )
+        p = hosting.participants.get(partition)
+        if p is not None:
+            shipper = hosting.shippers.get(partition)
+            reply.cached_rows = len(p.rows)
+            reply.dirty_rows = p.dirty_rows()
+            reply.prepared = len(p.prepared)
+            reply.checkpoints = p.checkpoints
+            reply.log_bytes = p.wal.size()
+            reply.epoch = hosting.records[partition].epoch
+            reply.replicated = shipper is not None and shipper.in_sync
+        return reply
+
+    @grpc_method
+    async def Replicate(self, request: pb.ReplicateRequest, context: object) -> pb.ReplicateReply:
+        await self.hosting.replicate(request)
+        return pb.ReplicateReply()
+
+    @grpc_method
+    async def TakeOver(self, request: pb.TakeOverRequest, context: object) -> pb.TakeOverReply:
+        await self.hosting.take_over(request)
+        return pb.TakeOverReply()
+
+
+def _metadata(context: object) -> dict[str, str]:
+    return dict(context.invocation_metadata() or ())  # type: ignore[attr-defined]
+
+
+async def _prepare_one(participant: Participant, sub: pb.SubTransaction) -> pb.Vote:
+    try:
+        return await participant.prepare(sub)
+    except errors.InvalidArgument as exc:  # malformed operations (never the coordinator's)
+        return pb.Vote(ts=sub.ts, outcome=pb.Vote.INVALID, message=str(exc))
+    except errors.AggviewError as exc:
+        return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=str(exc))
+    except Exception as exc:  # e.g. the store is down: this transaction aborts, we serve on
+        log.exception("prepare of %d failed", sub.ts)
+        return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=repr(exc))
 
 
 @dataclass
@@ -138,6 +290,7 @@ class LtmConfig:
     cache_rows: int = 1_000_000
     checkpoint_interval: float = 2.0
     tls: TlsDir | None = None  # None: plaintext and no member check (``--insecure``)
+    backup: str = ""  # the next LTM's address: this partition's log is replicated there
 
 
 def _outcome_query(address: str, tls: TlsDir | None):  # type: ignore[no-untyped-def]
@@ -156,31 +309,17 @@ def _outcome_query(address: str, tls: TlsDir | None):  # type: ignore[no-untyped
 async def serve(config: LtmConfig, ready: asyncio.Event | None = None) -> None:
     """Runs one LTM until SIGINT/SIGTERM, then checkpoints and exits."""
     store = open_store(config.store_url)
-    settings = Settings(
-        partition=config.partition,
-        partitions=config.partitions,
-        cache_rows=config.cache_rows,
-        checkpoint_interval=config.checkpoint_interval,
-    )
-    participant = Participant(
-        store,
-        config.log_dir,
-        settings,
-        fsync=config.fsync,
-        outcome_query=(
-            _outcome_query(config.coordinator, config.tls) if config.coordinator else None
-        ),
-    )
-    await participant.start()
+    hosting = Hosting(config, store)
+    await hosting.start()
     # secure: mutual TLS (members' certificate) and the cluster secret on every call
     gates = [MemberGate(config.tls.secret)] if config.tls is not None else []
     server = grpc.aio.server(interceptors=gates or None, options=[*GRPC_OPTIONS, *SERVER_OPTIONS])
-    add_service(server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(participant))
+    add_service(server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(hosting))
     add_health(server)
     credentials = config.tls.server_credentials(members_only=True) if config.tls else None
     await run_until_signalled(
         server, config.host, config.port, f"ltm {config.partition}", ready, credentials
     )
-    await participant.stop()
+    await hosting.stop()
     store.close()
     log.info("ltm %d stopped", config.partition)

@@ -178,7 +178,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("index", "partitions", "cached_rows", "dirty_rows", "prepared", "checkpoints", "log_bytes")
+    __slots__ = ("index", "partitions", "cached_rows", "dirty_rows", "prepared", "checkpoints", "log_bytes", "epoch", "replicas", "replicated", "serving")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     CACHED_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +186,10 @@ class StatusReply(_message.Message):
     PREPARED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     LOG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
     index: int
     partitions: int
     cached_rows: int
@@ -193,7 +197,53 @@ class StatusReply(_message.Message):
     prepared: int
     checkpoints: int
     log_bytes: int
-    def __init__(self, index: _Optional[int] = ..., partitions: _Optional[int] = ..., cached_rows: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., prepared: _Optional[int] = ..., checkpoints: _Optional[int] = ..., log_bytes: _Optional[int] = ...) -> None: ...
+    epoch: int
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    replicated: bool
+    serving: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, index: _Optional[int] = ..., partitions: _Optional[int] = ..., cached_rows: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., prepared: _Optional[int] = ..., checkpoints: _Optional[int] = ..., log_bytes: _Optional[int] = ..., epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., replicated: _Optional[bool] = ..., serving: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReplicateRequest(_message.Message):
+    __slots__ = ("partition", "epoch", "reset", "chunks", "drop_before")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    DROP_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    epoch: int
+    reset: bool
+    chunks: _containers.RepeatedCompositeFieldContainer[LogChunk]
+    drop_before: int
+    def __init__(self, partition: _Optional[int] = ..., epoch: _Optional[int] = ..., reset: _Optional[bool] = ..., chunks: _Optional[_Iterable[_Union[LogChunk, _Mapping]]] = ..., drop_before: _Optional[int] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("segment", "data")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    segment: int
+    data: bytes
+    def __init__(self, segment: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ReplicateReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TakeOverRequest(_message.Message):
+    __slots__ = ("partition", "epoch", "backup", "backup_address")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    epoch: int
+    backup: int
+    backup_address: str
+    def __init__(self, partition: _Optional[int] = ..., epoch: _Optional[int] = ..., backup: _Optional[int] = ..., backup_address: _Optional[str] = ...) -> None: ...
+
+class TakeOverReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class LtmRequest(_message.Message):
     __slots__ = ("id", "prepare", "decide", "read")

@@ -49,6 +49,16 @@ class LtmStub:
                 request_serializer=aggview_dot_wire_dot_ltm__pb2.StatusRequest.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_ltm__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Replicate = channel.unary_unary(
+                '/aggview.v1.Ltm/Replicate',
+                request_serializer=aggview_dot_wire_dot_ltm__pb2.ReplicateRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_ltm__pb2.ReplicateReply.FromString,
+                _registered_method=True)
+        self.TakeOver = channel.unary_unary(
+                '/aggview.v1.Ltm/TakeOver',
+                request_serializer=aggview_dot_wire_dot_ltm__pb2.TakeOverRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_ltm__pb2.TakeOverReply.FromString,
+                _registered_method=True)
 
 
 class LtmServicer:
@@ -72,6 +82,18 @@ class LtmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replicate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TakeOver(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LtmServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +111,16 @@ def add_LtmServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=aggview_dot_wire_dot_ltm__pb2.StatusRequest.FromString,
                     response_serializer=aggview_dot_wire_dot_ltm__pb2.StatusReply.SerializeToString,
+            ),
+            'Replicate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.ReplicateRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_ltm__pb2.ReplicateReply.SerializeToString,
+            ),
+            'TakeOver': grpc.unary_unary_rpc_method_handler(
+                    servicer.TakeOver,
+                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.TakeOverRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_ltm__pb2.TakeOverReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +204,60 @@ class Ltm:
             '/aggview.v1.Ltm/Status',
             aggview_dot_wire_dot_ltm__pb2.StatusRequest.SerializeToString,
             aggview_dot_wire_dot_ltm__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replicate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Ltm/Replicate',
+            aggview_dot_wire_dot_ltm__pb2.ReplicateRequest.SerializeToString,
+            aggview_dot_wire_dot_ltm__pb2.ReplicateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TakeOver(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Ltm/TakeOver',
+            aggview_dot_wire_dot_ltm__pb2.TakeOverRequest.SerializeToString,
+            aggview_dot_wire_dot_ltm__pb2.TakeOverReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,199 @@
+"""Replicated LTM logs: a partition's primary ships every log flush to its backup, which keeps
+the same segment files; on failover the backup recovers the partition from the store plus that
+copy, exactly as the primary would after a restart.
+
+The primary counts a flush as durable once it is on its own disk *and* on the backup's, or once
+the store's ownership record says the backup is out of sync (then the coordinator will not fail
+over to it, and the partition waits for its primary instead of losing what was acknowledged).
+A backup that falls out (a restart, a timeout) is brought back by a resync: the whole live log,
+then every flush again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import grpc
+
+from aggview import errors, ownership
+from aggview.net import GRPC_OPTIONS
+from aggview.ownership import Superseded
+from aggview.security import TlsDir, member_channel, member_metadata
+from aggview.wal import WriteAheadLog
+from aggview.wire import ltm_pb2 as pb
+from aggview.wire import ltm_pb2_grpc as pb_grpc
+from ltm.store.base import Store
+
+log = logging.getLogger(__name__)
+
+SHIP_TIMEOUT = 2.0  # a backup slower than this is dropped (and resynced) rather than waited for
+RESYNC_EVERY = 1.0
+
+
+def log_dir_of(base: Path, own_partition: int, partition: int) -> Path:
+    """Where LTM ``own_partition`` keeps partition ``partition``'s log, as primary or backup:
+    its own partition's in ``base`` itself, any other one's beside it."""
+    return base if partition == own_partition else base / f"replica-{partition}"
+
+
+class Mirror:
+    """The backup's copy of one partition's log: the primary's segment files, byte for byte."""
+
+    def __init__(self, directory: Path, partition: int, *, fsync: bool = True) -> None:
+        self.directory = directory
+        self.partition = partition
+        self.fsync = fsync
+        self.epoch = -1  # no resync received yet: appends are refused until one arrives
+
+    def apply(self, request: pb.ReplicateRequest) -> None:
+        """Runs in a worker thread; everything is on disk when it returns."""
+        if request.epoch < self.epoch:
+            raise Superseded(
+                f"partition {self.partition}: epoch {request.epoch} is older than {self.epoch}"
+            )
+        if not request.reset and self.epoch < 0:
+            raise errors.FailedPrecondition(
+                f"no copy of partition {self.partition}'s log here yet: resync first"
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if request.reset:
+            for path in sorted(self.directory.glob("*.wal")):
+                path.unlink()
+            self._sync_directory()
+        self.epoch = request.epoch
+        created = False
+        for chunk in request.chunks:
+            path = self.directory / f"{chunk.segment:012d}.wal"
+            created |= not path.exists()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                view = memoryview(chunk.data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if self.fsync:
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        if created:
+            self._sync_directory()
+        if request.drop_before:
+            for path in sorted(self.directory.glob("*.wal")):  # oldest first, as the primary
+                if int(path.stem) < request.drop_before:
+                    path.unlink()
+                    self._sync_directory()
+
+    def _sync_directory(self) -> None:
+        if self.fsync:
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+class LogShipper:
+    """The primary's side: sends each flush of ``wal`` to the backup (see module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        wal: WriteAheadLog,
+        record: ownership.Ownership,
+        backup: int,
+        backup_address: str,
+        tls: TlsDir | None,
+    ) -> None:
+        self.store = store
+        self.wal = wal
+        self.record = record
+        self.backup = backup
+        self.backup_address = backup_address
+        self._channel = member_channel(backup_address, tls, GRPC_OPTIONS)
+        self._stub = pb_grpc.LtmStub(self._channel)
+        self._metadata = member_metadata(tls)
+        self.in_sync = False
+        self._resyncer: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Before the first flush: the standby is not known to be in sync until a resync (it
+        may have missed flushes while this process was away)."""
+        await self._set_in_sync(False)
+        self.wal.shipper = self
+        self._resyncer = asyncio.get_running_loop().create_task(self._resync_loop())
+
+    async def close(self) -> None:
+        self.wal.shipper = None
+        if self._resyncer is not None:
+            self._resyncer.cancel()
+            await asyncio.gather(self._resyncer, return_exceptions=True)
+        await self._channel.close()
+
+    async def ship(self, segment: int, data: bytes, drop_before: int) -> None:
+        if not self.in_sync:
+            return
+        request = pb.ReplicateRequest(
+            partition=self.record.partition,
+            epoch=self.record.epoch,
+            chunks=[pb.LogChunk(segment=segment, data=data)],
+            drop_before=drop_before,
+        )
+        try:
+            await self._stub.Replicate(request, timeout=SHIP_TIMEOUT, metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            log.warning(
+                "partition %d: backup LTM %d at %s fell out of sync (%s); serving without it",
+                self.record.partition,
+                self.backup,
+                self.backup_address,
+                exc.details(),
+            )
+            await self._set_in_sync(False)
+
+    async def _set_in_sync(self, in_sync: bool) -> None:
+        """Recorded in the store before the next flush counts as durable: the coordinator
+        fails over only to a backup the record names."""
+        self.record = await asyncio.to_thread(self._record_backup, in_sync)
+        self.in_sync = in_sync
+
+    def _record_backup(self, in_sync: bool) -> ownership.Ownership:
+        record = self.record
+        current = ownership.check_owner(self.store, record.partition, record.epoch, record.owner)
+        updated = current.evolve(
+            standby=self.backup, standby_address=self.backup_address, in_sync=in_sync
+        )
+        ownership.write(self.store, updated)
+        return updated
+
+    async def _resync_loop(self) -> None:
+        while True:
+            if not self.in_sync:
+                try:
+                    await self.resync()
+                except grpc.aio.AioRpcError as exc:
+                    log.debug("resync of partition %d: %s", self.record.partition, exc.details())
+                except Superseded:
+                    raise
+                except Exception:
+                    log.exception("resync of partition %d failed", self.record.partition)
+            await asyncio.sleep(RESYNC_EVERY)
+
+    async def resync(self) -> None:
+        """The whole live log to the backup, between two flushes, then every flush again."""
+        async with self.wal.flush_lock:
+            chunks = await asyncio.to_thread(self.wal.contents)
+            request = pb.ReplicateRequest(
+                partition=self.record.partition,
+                epoch=self.record.epoch,
+                reset=True,
+                chunks=[pb.LogChunk(segment=s, data=d) for s, d in chunks],
+            )
+            await self._stub.Replicate(request, timeout=30, metadata=self._metadata)
+            await self._set_in_sync(True)
+        log.info(
+            "partition %d: backup LTM %d in sync (%d bytes of log)",
+            self.record.partition,
+            self.backup,
+            sum(len(d) for _, d in chunks),
+        )

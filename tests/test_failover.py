@@ -1,0 +1,175 @@
+"""Replicated LTM logs: permanent loss of an LTM under load, failover to its backup, a killed
+old primary rejoining as a backup (fenced by the epoch, never a second primary), and a second
+failover onto the LTM that was the first victim. Nothing a client saw committed may be lost."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from aggview import ownership
+from aggview.cluster import LocalCluster
+from aggview.wire import ltm_pb2 as pb
+from aggview.wire import ltm_pb2_grpc as pb_grpc
+from coordinator import Client
+from loadgen import transfers
+from ltm.store import open_store
+from tests.test_crash import wait_until_serving
+
+ACCOUNTS = 30
+VIEW = (
+    "CREATE MATERIALIZED VIEW moved AS SELECT dst, COUNT(*) AS n, SUM(amount) AS total "
+    "FROM ledger GROUP BY dst"
+)
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(
+        tmp_path / "data",
+        ltms=3,
+        checkpoint_interval=0.5,
+        replicate=True,
+        failover_after=1.0,
+        verbose=True,
+    )
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        cluster.kill()
+
+
+def status(cluster: LocalCluster, ltm: int, partition: int | None = None) -> pb.StatusReply:
+    metadata = () if partition is None else ((ownership.PARTITION_HEADER, str(partition)),)
+    with grpc.insecure_channel(cluster.ltm(ltm).address) as channel:
+        return pb_grpc.LtmStub(channel).Status(pb.StatusRequest(), timeout=5, metadata=metadata)
+
+
+def wait_for(what: str, condition, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def exchange_refused(cluster: LocalCluster, ltm: int, partition: int, epoch: int) -> str:
+    """Opens the coordinator's stream to ``ltm`` for ``partition`` at ``epoch``; the refusal."""
+    with grpc.insecure_channel(cluster.ltm(ltm).address) as channel:
+        call = pb_grpc.LtmStub(channel).Exchange(
+            iter([pb.LtmRequests()]),
+            metadata=ownership.partition_metadata(partition, epoch),
+            timeout=5,
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            list(call)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value
+    return caught.value.details()
+
+
+def test_permanent_loss_of_ltms_fails_over_and_loses_nothing(replicated: LocalCluster) -> None:
+    cluster = replicated
+    with Client(cluster.address) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+        client.sql(VIEW)
+    wait_for(
+        "every log to reach its backup",
+        lambda: all(status(cluster, i).replicated for i in range(3)),
+    )
+    stop = threading.Event()
+    outcomes = transfers.Outcomes()
+    workers = transfers.run_clients(
+        cluster.address, "accounts", "ledger", ACCOUNTS, clients=6, stop=stop, outcomes=outcomes
+    )
+    try:
+        time.sleep(1.0)
+        # 1. LTM 1 dies for good: its backup, LTM 2, takes partition 1 over
+        cluster.ltm(1).kill()
+        killed = time.monotonic()
+        wait_until_serving(cluster.address, "accounts")
+        pause = time.monotonic() - killed
+        assert pause < 15, f"service resumed only after {pause:.1f}s"
+        assert sorted(status(cluster, 2).serving) == [1, 2]
+        before = len(outcomes.committed)
+        wait_for("commits after the failover", lambda: len(outcomes.committed) > before + 20)
+
+        # 2. the old primary comes back: a backup of its old partition, never its primary
+        cluster.ltm(1).start()
+        assert list(status(cluster, 1).serving) == []
+        assert "does not serve partition 1" in exchange_refused(cluster, 1, 1, 0)
+        assert "epoch 1, not 0" in exchange_refused(cluster, 2, 1, 0)
+        wait_for(
+            "LTM 1 to hold partition 1's log again",
+            lambda: status(cluster, 2, partition=1).replicated and 1 in status(cluster, 1).replicas,
+        )
+        wait_for("LTM 0's log to reach LTM 1 again", lambda: status(cluster, 0).replicated)
+
+        # 3. LTM 2 dies too: partition 2 goes to LTM 0, partition 1 back to LTM 1
+        time.sleep(0.5)
+        cluster.ltm(2).kill()
+        wait_until_serving(cluster.address, "accounts")
+        assert sorted(status(cluster, 0).serving) == [0, 2]
+        assert sorted(status(cluster, 1).serving) == [1]
+        before = len(outcomes.committed)
+        wait_for("commits after the second failover", lambda: len(outcomes.committed) > before + 20)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=60)
+    assert len(outcomes.committed) > 100, outcomes
+    with Client(cluster.address) as client:
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
+        ledger = client.scan("ledger")
+        expected: dict[int, tuple[int, int]] = {}
+        for row in ledger:
+            n, total = expected.get(row["dst"], (0, 0))
+            expected[row["dst"]] = (n + 1, total + row["amount"])
+        view = {r["dst"]: (r["n"], r["total"]) for r in client.view("moved")}
+        assert view == expected
+
+
+def test_partition_without_in_sync_backup_waits_for_its_ltm(replicated: LocalCluster) -> None:
+    """The backup of partition 1 (LTM 2) dies first, so LTM 1 goes on alone; when LTM 1 dies
+    too, moving partition 1 would lose what only LTM 1 logged: it waits for LTM 1 instead."""
+    cluster = replicated
+    with Client(cluster.address) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+    wait_for(
+        "every log to reach its backup",
+        lambda: all(status(cluster, i).replicated for i in range(3)),
+    )
+    stop = threading.Event()
+    outcomes = transfers.Outcomes()
+    workers = transfers.run_clients(
+        cluster.address, "accounts", "ledger", ACCOUNTS, clients=4, stop=stop, outcomes=outcomes
+    )
+    try:
+        time.sleep(0.5)
+        cluster.ltm(2).kill()
+        wait_until_serving(cluster.address, "accounts")  # partition 2 moved to LTM 0
+        wait_for("LTM 1 to go on without its backup", lambda: not status(cluster, 1).replicated)
+        before = len(outcomes.committed)
+        wait_for("commits logged by LTM 1 alone", lambda: len(outcomes.committed) > before + 20)
+        cluster.ltm(1).kill()
+        time.sleep(3 * cluster.failover_after)
+        with open_store(cluster.store_url) as store:
+            record = ownership.read(store, 1)
+        assert (record.owner, record.epoch, record.in_sync) == (1, 0, False), record
+        cluster.ltm(1).start()  # serves its partition again, from its own log
+        wait_until_serving(cluster.address, "accounts")
+        cluster.ltm(2).start()  # a backup now: partition 2 stays with LTM 0
+        assert list(status(cluster, 2).serving) == []
+        before = len(outcomes.committed)
+        wait_for("commits after the restarts", lambda: len(outcomes.committed) > before + 20)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=60)
+    with Client(cluster.address) as client:
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
