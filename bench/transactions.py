@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,7 +91,7 @@ class Result:
     max_ms: float | None = None
     lag_p99_ms: float | None = None  # open loop: scheduled arrival -> commit call started
     cpu: dict[str, float] = field(default_factory=dict)  # role -> % of one core
-    security: str = "plain"  # or "tls": TLS everywhere, tokens, member checks
+    setup: str = "plain"  # "tls": TLS everywhere, tokens, member checks; "replicated": LTM logs
 
     @property
     def retries_per_s(self) -> float:
@@ -356,6 +356,20 @@ async def preload(client: AsyncClient, rows: int, batch: int, concurrency: int =
 async def settle(cluster: LocalCluster, timeout: float = 30.0) -> None:
     """Waits until every LTM has checkpointed its dirty rows and holds nothing prepared, so
     one case's checkpoint does not land in the next case's window."""
+    if not await ltms_until(cluster, lambda r: r.dirty_rows == 0 and r.prepared == 0, timeout):
+        err.print(f"[yellow]LTMs still busy after {timeout:.0f}s; going on[/]")
+
+
+async def replicas_in_sync(cluster: LocalCluster, timeout: float = 30.0) -> None:
+    """Measures start once every LTM's log reaches its backup (a resync follows the start)."""
+    if not await ltms_until(cluster, lambda r: r.replicated, timeout):
+        raise RuntimeError("the LTMs' logs did not reach their backups in time")
+
+
+async def ltms_until(
+    cluster: LocalCluster, done: Callable[[lpb.StatusReply], bool], timeout: float
+) -> bool:
+    """Polls every LTM's status until ``done`` holds for all of them (False: timed out)."""
     deadline = time.monotonic() + timeout
     tls = TlsDir.load(cluster.tls_dir) if cluster.tls_dir is not None else None
     channels = [
@@ -368,10 +382,10 @@ async def settle(cluster: LocalCluster, timeout: float = 30.0) -> None:
             replies = await asyncio.gather(
                 *(stub.Status(lpb.StatusRequest(), timeout=5, metadata=metadata) for stub in stubs)
             )
-            if all(r.dirty_rows == 0 and r.prepared == 0 for r in replies):
-                return
+            if all(done(r) for r in replies):
+                return True
             await asyncio.sleep(0.1)
-        err.print(f"[yellow]LTMs still busy after {timeout:.0f}s; going on[/]")
+        return False
     finally:
         for channel in channels:
             await channel.close()
@@ -394,13 +408,15 @@ async def check_sum(cluster: LocalCluster, expected: int, ambiguous: int) -> str
 
 @contextlib.contextmanager
 def running_cluster(
-    data: Path, ltms: int, fsync: bool, secure: bool = False
+    data: Path, ltms: int, fsync: bool, setup: str = "plain"
 ) -> Iterator[LocalCluster]:
     """A started cluster that is stopped cleanly on the way out, even on Ctrl-C or SIGTERM:
     once an exception (such as the KeyboardInterrupt of Ctrl-C) unwinds through here, further
     Ctrl-C and SIGTERM are ignored so they cannot cut the clean stop or the removal of the
     data directory short (``LocalCluster.stop`` kills what does not stop within 20 s)."""
-    cluster = LocalCluster(data, ltms=ltms, fsync=fsync, secure=secure)
+    cluster = LocalCluster(
+        data, ltms=ltms, fsync=fsync, secure=setup == "tls", replicate=setup == "replicated"
+    )
     try:
         with cluster:
             try:
@@ -417,7 +433,9 @@ def running_cluster(
 # --------------------------------------------------------------------------- modes
 
 
-async def bench_cluster(cluster: LocalCluster, args: argparse.Namespace) -> list[Result]:
+async def bench_cluster(
+    cluster: LocalCluster, args: argparse.Namespace, setup: str
+) -> list[Result]:
     ltms = cluster.ltms
     ledger = Ledger()
     async with AsyncClient(cluster.address, **cluster.client_options("admin")) as admin:
@@ -428,8 +446,9 @@ async def bench_cluster(cluster: LocalCluster, args: argparse.Namespace) -> list
             f"{ltms} LTM(s): preloaded {args.preload} rows in {time.perf_counter() - t0:.1f}s"
         )
     await settle(cluster)
+    if cluster.replicate:
+        await replicas_in_sync(cluster)
     results: list[Result] = []
-    security = "tls" if cluster.tls_dir is not None else "plain"
     for rows in args.rows:
         for channels in args.channels:
             clients = await open_clients(cluster, channels)
@@ -446,7 +465,7 @@ async def bench_cluster(cluster: LocalCluster, args: argparse.Namespace) -> list
                     result = await run_closed(
                         cluster, clients, ledger, tasks=args.clients, **common
                     )
-                    result.security = security
+                    result.setup = setup
                     results.append(result)
                     report_line(result)
                     rates = [result.tps * f for f in args.load_fraction or []]
@@ -463,7 +482,7 @@ async def bench_cluster(cluster: LocalCluster, args: argparse.Namespace) -> list
                         drain=args.drain,
                         **common,
                     )
-                    result.security = security
+                    result.setup = setup
                     results.append(result)
                     report_line(result)
             finally:
@@ -478,7 +497,7 @@ async def bench_cluster(cluster: LocalCluster, args: argparse.Namespace) -> list
 def report_line(r: Result) -> None:
     load = f"{r.clients} clients" if r.mode == "closed" else f"{r.offered:g}/s offered"
     err.print(
-        f"  {r.security}: {r.ltms} LTM(s), {r.rows} row(s)/tx, {r.channels} channel(s), {load}: "
+        f"  {r.setup}: {r.ltms} LTM(s), {r.rows} row(s)/tx, {r.channels} channel(s), {load}: "
         f"{r.tps:.0f} tx/s, p50 {_ms(r.p50_ms)} ms, p99 {_ms(r.p99_ms)} ms, "
         f"{r.retries_per_s:.1f} retries/s, errors {r.errors or 0}, CPU % {_cpu(r)}"
         + (f", arrival lag p99 {_ms(r.lag_p99_ms)} ms" if r.mode == "open" else "")
@@ -495,25 +514,28 @@ def _ms(value: float | None) -> str:
 
 def run_load(args: argparse.Namespace) -> list[Result]:
     results: list[Result] = []
-    modes = {"plain": [False], "tls": [True], "both": [False, True]}[args.security]
     for ltms in args.ltms:
-        for secure in modes:  # alternated per LTM count, so drift hits both alike
-            prefix = f"aggview-bench-{ltms}-{'tls' if secure else 'plain'}-"
+        for setup in args.setup:  # alternated per LTM count, so drift hits all alike
+            if setup == "replicated" and ltms < 2:
+                err.print("replication needs at least 2 LTMs: skipped for 1")
+                continue
+            prefix = f"aggview-bench-{ltms}-{setup}-"
             with tempfile.TemporaryDirectory(prefix=prefix, dir=args.tmp) as tmp:
-                with running_cluster(Path(tmp), ltms, not args.no_fsync, secure) as cluster:
-                    results.extend(asyncio.run(bench_cluster(cluster, args)))
+                with running_cluster(Path(tmp), ltms, not args.no_fsync, setup) as cluster:
+                    results.extend(asyncio.run(bench_cluster(cluster, args, setup)))
     return results
 
 
-def security_ratios(results: Sequence[Result]) -> list[str]:
-    """TLS throughput over plaintext throughput, for every case measured both ways."""
-    plain = {_case(r): r for r in results if r.security == "plain"}
+def setup_ratios(results: Sequence[Result]) -> list[str]:
+    """Throughput with TLS, or with replicated logs, over plaintext, for every case measured
+    both ways."""
+    plain = {_case(r): r for r in results if r.setup == "plain"}
     lines = []
     for r in results:
         base = plain.get(_case(r))
-        if r.security == "tls" and base is not None and base.tps:
+        if r.setup != "plain" and base is not None and base.tps:
             lines.append(
-                f"TLS cost: {r.ltms} LTM(s), {r.rows} row(s)/tx, {r.mode}: {r.tps:.0f} vs "
+                f"{r.setup} cost: {r.ltms} LTM(s), {r.rows} row(s)/tx, {r.mode}: {r.tps:.0f} vs "
                 f"{base.tps:.0f} tx/s plaintext, ratio {r.tps / base.tps:.2f}; p50 "
                 f"{_ms(r.p50_ms)} vs {_ms(base.p50_ms)} ms"
             )
@@ -542,14 +564,14 @@ def print_table(results: Sequence[Result], fsync: bool) -> None:
         caption="ch: client channels; CPU: % of one core used by the coordinator, the LTMs, "
         "this client and other processes",
     )
-    for name in ("security", "LTMs", "rows/tx", "load", "ch", *MEASURE_COLUMNS):
+    for name in ("setup", "LTMs", "rows/tx", "load", "ch", *MEASURE_COLUMNS):
         table.add_column(name, justify="right")
     for r in results:
         load = f"closed {r.clients}" if r.mode == "closed" else f"open {r.offered:g}/s"
         if r.unfinished:
             load += f" ({r.unfinished} unfinished)"
         table.add_row(
-            r.security,
+            r.setup,
             str(r.ltms),
             str(r.rows),
             load,
@@ -687,10 +709,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=500, help="rows per preload transaction")
     parser.add_argument("--no-fsync", action="store_true", help="servers skip fsync of logs")
     parser.add_argument(
-        "--security",
-        choices=["plain", "tls", "both"],
-        default="plain",
-        help="plaintext (--insecure), TLS with tokens and member checks, or both (with ratios)",
+        "--setup",
+        nargs="+",
+        choices=["plain", "tls", "replicated"],
+        default=["plain"],
+        help="plaintext (--insecure); TLS with tokens and member checks; replicated LTM logs "
+        "(plaintext). Several: each is also compared with plain",
     )
     parser.add_argument(
         "--no-check", dest="check", action="store_false", help="skip the final sum(v) check"
@@ -728,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             results = run_load(args)
             print_table(results, not args.no_fsync)
-            for line in security_ratios(results):
+            for line in setup_ratios(results):
                 out.print(line)
             report = {
                 **meta,

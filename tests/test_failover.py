@@ -4,6 +4,8 @@ failover onto the LTM that was the first victim. Nothing a client saw committed 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -12,12 +14,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from aggview import ownership
+from aggview import errors, ownership
 from aggview.cluster import LocalCluster
+from aggview.wal import WriteAheadLog
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from coordinator import Client
 from loadgen import transfers
+from ltm.replication import Mirror
 from ltm.store import open_store
 from tests.test_crash import wait_until_serving
 
@@ -73,21 +77,42 @@ def exchange_refused(cluster: LocalCluster, ltm: int, partition: int, epoch: int
     return caught.value.details()
 
 
-def test_permanent_loss_of_ltms_fails_over_and_loses_nothing(replicated: LocalCluster) -> None:
-    cluster = replicated
+@contextlib.contextmanager
+def transfers_running(
+    cluster: LocalCluster, clients: int, view: str | None = None
+) -> Iterator[transfers.Outcomes]:
+    """Accounts and a ledger (and ``view``), every log in sync, then ``clients`` transferring
+    until the block ends."""
     with Client(cluster.address) as client:
         transfers.create(client, "accounts", "ledger", ACCOUNTS)
-        client.sql(VIEW)
+        if view:
+            client.sql(view)
     wait_for(
         "every log to reach its backup",
-        lambda: all(status(cluster, i).replicated for i in range(3)),
+        lambda: all(status(cluster, i).replicated for i in range(cluster.ltms)),
     )
     stop = threading.Event()
     outcomes = transfers.Outcomes()
     workers = transfers.run_clients(
-        cluster.address, "accounts", "ledger", ACCOUNTS, clients=6, stop=stop, outcomes=outcomes
+        cluster.address,
+        "accounts",
+        "ledger",
+        ACCOUNTS,
+        clients=clients,
+        stop=stop,
+        outcomes=outcomes,
     )
     try:
+        yield outcomes
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=60)
+
+
+def test_permanent_loss_of_ltms_fails_over_and_loses_nothing(replicated: LocalCluster) -> None:
+    cluster = replicated
+    with transfers_running(cluster, clients=6, view=VIEW) as outcomes:
         time.sleep(1.0)
         # 1. LTM 1 dies for good: its backup, LTM 2, takes partition 1 over
         cluster.ltm(1).kill()
@@ -118,10 +143,6 @@ def test_permanent_loss_of_ltms_fails_over_and_loses_nothing(replicated: LocalCl
         assert sorted(status(cluster, 1).serving) == [1]
         before = len(outcomes.committed)
         wait_for("commits after the second failover", lambda: len(outcomes.committed) > before + 20)
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join(timeout=60)
     assert len(outcomes.committed) > 100, outcomes
     with Client(cluster.address) as client:
         transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
@@ -138,18 +159,7 @@ def test_partition_without_in_sync_backup_waits_for_its_ltm(replicated: LocalClu
     """The backup of partition 1 (LTM 2) dies first, so LTM 1 goes on alone; when LTM 1 dies
     too, moving partition 1 would lose what only LTM 1 logged: it waits for LTM 1 instead."""
     cluster = replicated
-    with Client(cluster.address) as client:
-        transfers.create(client, "accounts", "ledger", ACCOUNTS)
-    wait_for(
-        "every log to reach its backup",
-        lambda: all(status(cluster, i).replicated for i in range(3)),
-    )
-    stop = threading.Event()
-    outcomes = transfers.Outcomes()
-    workers = transfers.run_clients(
-        cluster.address, "accounts", "ledger", ACCOUNTS, clients=4, stop=stop, outcomes=outcomes
-    )
-    try:
+    with transfers_running(cluster, clients=4) as outcomes:
         time.sleep(0.5)
         cluster.ltm(2).kill()
         wait_until_serving(cluster.address, "accounts")  # partition 2 moved to LTM 0
@@ -167,9 +177,57 @@ def test_partition_without_in_sync_backup_waits_for_its_ltm(replicated: LocalClu
         assert list(status(cluster, 2).serving) == []
         before = len(outcomes.committed)
         wait_for("commits after the restarts", lambda: len(outcomes.committed) > before + 20)
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join(timeout=60)
     with Client(cluster.address) as client:
         transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
+
+
+def test_mirror_takes_appends_only_after_a_resync_and_refuses_older_epochs(
+    tmp_path: Path,
+) -> None:
+    mirror = Mirror(tmp_path, 3, fsync=False)
+
+    def request(epoch: int, *chunks: tuple[int, bytes], **fields: object) -> pb.ReplicateRequest:
+        logged = [pb.LogChunk(segment=s, data=d) for s, d in chunks]
+        return pb.ReplicateRequest(partition=3, epoch=epoch, chunks=logged, **fields)
+
+    with pytest.raises(errors.FailedPrecondition, match="resync first"):
+        mirror.apply(request(0, (1, b"x")))
+    (tmp_path / "000000000009.wal").write_bytes(b"stale")
+    mirror.apply(request(2, (1, b"ab"), (2, b"c"), reset=True))
+    mirror.apply(request(2, (2, b"d"), drop_before=2))
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.wal")} == {"000000000002.wal": b"cd"}
+    with pytest.raises(ownership.Superseded):
+        mirror.apply(request(1, (2, b"e")))
+
+
+class _InProcessShipper:
+    """Ships to a Mirror in this process: what the backup's files hold after each flush."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
+
+    async def ship(self, segment: int, data: bytes, drop_before: int) -> None:
+        chunk = pb.LogChunk(segment=segment, data=data)
+        self.mirror.apply(pb.ReplicateRequest(epoch=0, chunks=[chunk], drop_before=drop_before))
+
+
+def test_a_mirror_replays_the_same_records_as_the_log(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        wal = WriteAheadLog(tmp_path / "primary", fsync=False)
+        mirror = Mirror(tmp_path / "backup", 0, fsync=False)
+        mirror.apply(pb.ReplicateRequest(epoch=0, reset=True))
+        wal.shipper = _InProcessShipper(mirror)
+        for i in range(30):
+            await wal.append({"kind": "prepared", "ts": i, "after": {}})
+            if i % 7 == 6:
+                segment = wal.switch([])
+                await wal.flush()
+                wal.drop_before(segment - 1)
+        await wal.flush()
+        primary = list(WriteAheadLog(tmp_path / "primary", fsync=False).replay())
+        backup = list(WriteAheadLog(tmp_path / "backup", fsync=False).replay())
+        assert [r["lsn"] for r in primary] == [r["lsn"] for r in backup[-len(primary) :]]
+        assert backup[-len(primary) :] == primary
+        await wal.close()
+
+    asyncio.run(scenario())
