@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,8 @@ class LocalCluster:
     # when LTM i is silent for failover_after seconds (see ltm.replication, coordinator.failover).
     replicate: bool = False
     failover_after: float = 2.0
+    # Where the coordinator reaches LTM i (default: its own address); tests put proxies there.
+    ltm_route: Callable[[int, str], str] | None = None
     servers: list[Server] = field(default_factory=list)
 
     @property
@@ -219,7 +222,10 @@ class LocalCluster:
         try:
             for server in self.servers:
                 server.start()
-            ltm_args = [arg for s in self.servers for arg in ("--ltm", s.address)]
+            route = self.ltm_route or (lambda i, address: address)
+            ltm_args = [
+                arg for i, s in enumerate(self.servers) for arg in ("--ltm", route(i, s.address))
+            ]
             coordinator = Server(
                 "coordinator",
                 [

@@ -237,16 +237,7 @@ def test_crash_at_failpoint(
     cluster: LocalCluster, case: Case, seed: int, record_property: Callable[[str, Any], None]
 ) -> None:
     rng = random.Random(f"{case.point}/{seed}")
-    with Client(cluster.address, timeout=30) as client:
-        transfers.create(client, "accounts", "ledger", ACCOUNTS)
-        client.sql(
-            "CREATE TABLE events (id INT PRIMARY KEY, grp INT NOT NULL, amount INT NOT NULL)"
-        )
-        client.sql(f"CREATE MATERIALIZED VIEW ev_sync AS {VIEW_SELECT}")
-        client.sql(
-            "CREATE MATERIALIZED VIEW ev_async WITH (refresh = 'async', interval_ms = 200) "
-            f"AS {VIEW_SELECT}"
-        )
+    create_schema(cluster.address)
     victim = cluster.ltm(rng.randrange(cluster.ltms)) if case.role == "ltm" else cluster.coordinator
     at = rng.randint(*case.hits)
     report: dict[str, Any] = {"point": case.point, "seed": seed, "process": victim.role, "at": at}
@@ -269,6 +260,20 @@ def test_crash_at_failpoint(
     assert report["hit"], f"seed {seed}: {case.point} never fired: {report}"
     assert report["acknowledged"] > 10, f"seed {seed}: too little progress: {report}"
     assert not violations, f"seed {seed}, {case.point}: {violations}"
+
+
+def create_schema(address: str) -> None:
+    """Accounts and a ledger for transfers; events with a sync and an async view."""
+    with Client(address, timeout=30) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+        client.sql(
+            "CREATE TABLE events (id INT PRIMARY KEY, grp INT NOT NULL, amount INT NOT NULL)"
+        )
+        client.sql(f"CREATE MATERIALIZED VIEW ev_sync AS {VIEW_SELECT}")
+        client.sql(
+            "CREATE MATERIALIZED VIEW ev_async WITH (refresh = 'async', interval_ms = 200) "
+            f"AS {VIEW_SELECT}"
+        )
 
 
 def crash_under_load(
