@@ -19,6 +19,13 @@ from aggview.status import error_from_rpc
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 
+# A stream message costs the coordinator about as much CPU as the requests it carries: with
+# this many requests awaiting answers, a write waits LINGER seconds for more to join it (32
+# closed-loop clients, 3 LTMs, 3-row transactions: a median of about 600 tx/s instead of 480
+# over six alternating runs); lightly loaded, it goes at once.
+BUSY = 3
+LINGER = 0.002
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
@@ -114,6 +121,8 @@ class LtmChannel:
         self._writing = False
         self._waiting: dict[int, asyncio.Future[pb.LtmReply]] = {}
         self._ids = itertools.count(1)
+        self.messages_written = 0  # stream messages, each carrying requests_written / this
+        self.requests_written = 0
 
     def point(self, address: str, owner: int, epoch: int) -> None:
         """Where the partition is served (set at start from the store's ownership record)."""
@@ -169,8 +178,12 @@ class LtmChannel:
 
     async def _write(self, stream: Any) -> None:
         try:
+            if len(self._waiting) >= BUSY:  # under load, fewer and fuller messages
+                await asyncio.sleep(LINGER)
             while self._outbox and stream is self._stream:
                 message = pb.LtmRequests(requests=self._outbox)
+                self.messages_written += 1
+                self.requests_written += len(self._outbox)
                 self._outbox = []
                 await stream.write(message)
         except Exception as exc:  # noqa: BLE001 - the reader reports the stream's end

@@ -316,10 +316,12 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     )
     for channel in manager.channels:
         log.info(
-            "LTM %d: %d decisions in %d calls",
+            "LTM %d: %d decisions in %d calls; %d requests in %d stream messages",
             channel.index,
             channel.decisions.items,
             channel.decisions.calls,
+            channel.requests_written,
+            channel.messages_written,
         )
     if failover is not None:
         await failover.stop()
