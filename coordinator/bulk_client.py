@@ -10,6 +10,8 @@ from typing import Any
 
 import grpc
 
+from aggview.rowcodec import decode_row
+from aggview.schema import TableSchema, from_storage
 from aggview.status import error_from_rpc
 from aggview.wire import client_pb2 as pb
 from coordinator.client import Client
@@ -105,6 +107,19 @@ class BulkClient:
                 yield [(raw.key, raw.row) for raw in page.rows]
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None  # type: ignore[arg-type]
+
+    def table_rows(self, name: str, snapshot: int) -> Iterator[dict[str, Any]]:
+        """Every row of a table at a held snapshot, as the client's reads return them, page
+        by page (a whole-table scan in one reply stops at the message size limit)."""
+        described = self.describe(name)
+        if described.schema is None:
+            raise ValueError(f"{name} is a view, not a table")
+        schema = TableSchema.from_json(described.schema)
+        types = [(c, schema.column(c).type) for c in described.columns]
+        for page in self.read_range(name, b"", b"", snapshot):
+            for _, data in page:
+                row = decode_row(data) or {}
+                yield {c: from_storage(t, row.get(c)) for c, t in types}
 
     def load(self, table: str, staging_table: str) -> tuple[int, int]:
         """Commits staged rows into ``table`` at one timestamp: (timestamp, rows)."""
