@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--replicate",
         action="store_true",
         help="each LTM's log is copied to the next LTM, which takes its partition over if it "
-        "dies (a dead LTM is restarted and rejoins as a backup)",
+        "stays silent for 2 s; a dead LTM is restarted (a backup if its partition moved)",
     )
     _add_server_security(start, clients=True)
     start.set_defaults(run=_run_start)
