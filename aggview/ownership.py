@@ -1,10 +1,10 @@
 """Who serves each partition, at which epoch, and which LTM keeps a copy of its log.
 
-The record lives in the shared store, so it outlives every process. The coordinator writes it
-to fail a partition over (a new epoch, the standby as owner); the owner writes it when its
-standby falls out of sync or catches up again. An LTM serves a partition only at the epoch the
-record gives it, and checks the record before it checkpoints: a superseded primary (fenced by
-the newer epoch) never writes the store again."""
+The record lives in the shared store, so it outlives every process, in two keys per partition:
+the *fence* (epoch and owner), which only the coordinator changes, to fail a partition over;
+and the *standby* (who gets the log, and whether it is in sync), which the owner keeps current.
+An LTM serves a partition only at the epoch the fence gives it, and every store write it makes
+for the partition is guarded by that fence: a superseded primary can never write again."""
 
 from __future__ import annotations
 
@@ -13,19 +13,19 @@ import struct
 from dataclasses import dataclass, replace
 
 from aggview import errors
-from ltm.store.base import Store
+from ltm.store.base import Guard, GuardFailed, Store
 
 TABLE = "_partitions"
 PARTITION_HEADER = "aggview-partition"  # which partition a call to an LTM is for (default: its own)
 EPOCH_HEADER = "aggview-epoch"  # the epoch the caller believes in (checked when sent)
 
 
-def partition_metadata(partition: int, epoch: int) -> tuple[tuple[str, str], ...]:
-    return ((PARTITION_HEADER, str(partition)), (EPOCH_HEADER, str(epoch)))
-
-
 class Superseded(errors.FailedPrecondition):
     """A newer epoch owns the partition: this copy of it is fenced off."""
+
+
+def partition_metadata(partition: int, epoch: int) -> tuple[tuple[str, str], ...]:
+    return ((PARTITION_HEADER, str(partition)), (EPOCH_HEADER, str(epoch)))
 
 
 @dataclass(frozen=True)
@@ -45,34 +45,83 @@ class Ownership:
         """Only an in-sync standby may take over: any other would lose committed work."""
         return self.standby if self.in_sync else None
 
+    def guard(self) -> Guard:
+        """A store write under this guard lands only while this owner holds this epoch."""
+        return fence_guard(self.partition, self.epoch, self.owner)
 
-def _key(partition: int) -> bytes:
-    return struct.pack(">I", partition)
+
+def _fence_key(partition: int) -> bytes:
+    return b"f" + struct.pack(">I", partition)
+
+
+def _standby_key(partition: int) -> bytes:
+    return b"s" + struct.pack(">I", partition)
+
+
+def _fence_value(partition: int, epoch: int, owner: int) -> bytes | None:
+    """None (no key) for the state every cluster starts in: epoch 0, each LTM its own."""
+    if epoch == 0 and owner == partition:
+        return None
+    return json.dumps({"epoch": epoch, "owner": owner}).encode()
+
+
+def fence_guard(partition: int, epoch: int, owner: int) -> Guard:
+    return (TABLE, _fence_key(partition), _fence_value(partition, epoch, owner))
 
 
 def read(store: Store, partition: int) -> Ownership:
-    """The partition's record; a cluster that never failed over has epoch 0 and each partition
-    owned by the LTM of the same number."""
     if TABLE not in store.list_tables():
         return Ownership(partition, 0, partition)
-    raw = store.get(TABLE, _key(partition))
-    if raw is None:
-        return Ownership(partition, 0, partition)
-    return Ownership(partition, **json.loads(raw))
+    found = store.get_many(TABLE, [_fence_key(partition), _standby_key(partition)])
+    fence = found.get(_fence_key(partition))
+    record = Ownership(partition, 0, partition)
+    if fence is not None:
+        record = record.evolve(**json.loads(fence))
+    standby = found.get(_standby_key(partition))
+    if standby is not None:
+        record = record.evolve(**json.loads(standby))
+    return record
+
+
+def _standby_value(record: Ownership) -> bytes:
+    fields = {"standby": record.standby, "standby_address": record.standby_address}
+    return json.dumps({**fields, "in_sync": record.in_sync}).encode()
 
 
 def write(store: Store, record: Ownership) -> None:
+    """The coordinator's write: a new epoch and owner (and standby) for a partition."""
     store.create_table(TABLE)  # a no-op once it exists
-    fields = {k: v for k, v in record.__dict__.items() if k != "partition"}
-    store.write([(TABLE, _key(record.partition), json.dumps(fields).encode())])
+    p = record.partition
+    store.write(
+        [
+            (TABLE, _fence_key(p), _fence_value(p, record.epoch, record.owner)),
+            (TABLE, _standby_key(p), _standby_value(record)),
+        ]
+    )
+
+
+def write_standby(store: Store, record: Ownership) -> None:
+    """The owner's write of its standby's state, only while the fence still names it."""
+    store.create_table(TABLE)
+    try:
+        store.write_guarded(
+            record.guard(), [(TABLE, _standby_key(record.partition), _standby_value(record))]
+        )
+    except GuardFailed:
+        raise superseded(store, record) from None
+
+
+def superseded(store: Store, record: Ownership) -> Superseded:
+    current = read(store, record.partition)
+    return Superseded(
+        f"partition {record.partition} is served by LTM {current.owner} at epoch "
+        f"{current.epoch} now, not by LTM {record.owner} at epoch {record.epoch}"
+    )
 
 
 def check_owner(store: Store, partition: int, epoch: int, owner: int) -> Ownership:
-    """Raises :class:`Superseded` if a newer epoch took the partition from ``owner``."""
+    """Raises :class:`Superseded` unless ``owner`` holds the partition at ``epoch``."""
     current = read(store, partition)
     if current.epoch != epoch or current.owner != owner:
-        raise Superseded(
-            f"partition {partition} is served by LTM {current.owner} at epoch {current.epoch} "
-            f"now, not by LTM {owner} at epoch {epoch}"
-        )
+        raise superseded(store, Ownership(partition, epoch, owner))
     return current

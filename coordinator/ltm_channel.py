@@ -118,7 +118,7 @@ class LtmChannel:
         self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
         self._stream: Any = None  # the long-lived Exchange call, opened on first use
         self._outbox: list[pb.LtmRequest] = []
-        self._writing = False
+        self._writer_of: Any = None  # the stream a write task is busy with, if any
         self._waiting: dict[int, asyncio.Future[pb.LtmReply]] = {}
         self._ids = itertools.count(1)
         self.messages_written = 0  # stream messages, each carrying requests_written / this
@@ -165,11 +165,15 @@ class LtmChannel:
         answer: asyncio.Future[pb.LtmReply] = asyncio.get_running_loop().create_future()
         self._waiting[request.id] = answer
         self._outbox.append(request)
-        if not self._writing:
-            self._writing = True
+        if self._writer_of is not self._stream:  # none, or one still busy with a dead stream
+            self._writer_of = self._stream
             asyncio.get_running_loop().create_task(self._write(self._stream))
         try:
             reply = await asyncio.wait_for(answer, timeout)
+        except asyncio.TimeoutError:
+            raise errors.Unavailable(
+                f"LTM {self.index} at {self.address} did not answer within {timeout:g}s"
+            ) from None
         finally:
             self._waiting.pop(request.id, None)
         if reply.HasField("error"):
@@ -189,7 +193,8 @@ class LtmChannel:
         except Exception as exc:  # noqa: BLE001 - the reader reports the stream's end
             self._broken(stream, exc)
         finally:
-            self._writing = False
+            if self._writer_of is stream:
+                self._writer_of = None
 
     async def _read(self, stream: Any) -> None:
         try:
@@ -241,7 +246,7 @@ class LtmChannel:
         request = pb.PrepareRequest(subs=[sub], low_watermark=low, issued=issued)
         try:
             reply = await self._exchange(pb.LtmRequest(prepare=request))
-        except (errors.AggviewError, asyncio.TimeoutError) as exc:
+        except errors.AggviewError as exc:
             return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=str(exc))
         return reply.vote
 
@@ -249,11 +254,7 @@ class LtmChannel:
         await self.decisions.submit(pb.Decision(ts=ts, commit=commit))
 
     async def read(self, request: pb.ReadRequest) -> pb.ReadReply:
-        try:
-            reply = await self._exchange(pb.LtmRequest(read=request))
-        except asyncio.TimeoutError:
-            raise errors.Unavailable(f"LTM {self.index} did not answer a read in time") from None
-        return reply.rows
+        return (await self._exchange(pb.LtmRequest(read=request))).rows
 
     async def drop_table(self, table_id: str) -> None:
         await self._call(self.stub.DropTable, pb.DropTableRequest(table=table_id), timeout=30)

@@ -385,7 +385,7 @@ class TransactionManager:
                 try:
                     await self.channels[partition].decide(ts, True)
                     break
-                except errors.AggviewError as exc:
+                except Exception as exc:  # noqa: BLE001 - whatever the failure, try again
                     log.info("commit %d to LTM %d not delivered (%s); retrying", ts, partition, exc)
                     delay = min(delay * 2, 1.0)
             pending.discard(partition)

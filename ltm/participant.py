@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors, failpoints
-from aggview.ownership import Superseded
+from aggview.ownership import Ownership, Superseded, superseded
 from aggview.partition_map import CHANGES_ID, partition_of
 from aggview.rowcodec import (
     decode_json,
@@ -35,7 +35,7 @@ from aggview.wal import WriteAheadLog
 from aggview.wire import ltm_pb2 as pb
 from ltm.merge import combine
 from ltm.rows import Row, RowCache, RowState
-from ltm.store.base import Store
+from ltm.store.base import GuardFailed, Store
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +97,12 @@ class Participant:
         *,
         fsync: bool = True,
         outcome_query: OutcomeQuery | None = None,
-        fence: Callable[[], object] | None = None,
+        ownership: Ownership | None = None,
     ) -> None:
         self.store = store
-        # Raises ownership.Superseded once a newer epoch owns the partition: checked before
-        # every checkpoint, so a superseded primary never writes the store again.
-        self.fence = fence
+        # Checkpoints are written under this ownership's fence: once a newer epoch owns the
+        # partition, the store refuses them, and this copy stops serving.
+        self.ownership = ownership
         self.fenced: str | None = None
         self.settings = settings or Settings()
         self.wal = WriteAheadLog(log_dir, fsync=fsync)
@@ -671,19 +671,21 @@ class Participant:
             return len(pending)
 
     def _write_checkpoint(self, pending: list[tuple[str, bytes, int, Row | None, int]]) -> None:
-        if self.fence is not None:
-            try:
-                self.fence()
-            except Superseded as exc:
-                self.fenced = str(exc)
-                raise
         mutations: list[tuple[str, bytes, bytes | None]] = []
         for table, key, ts, row, lsn in pending:
             if row is None and CHANGES_ID.match(table):
                 mutations.append((table, key, None))
             else:
                 mutations.append((table, key, encode_stored(ts, row, lsn)))
-        self.store.write(mutations)
+        if self.ownership is None:
+            self.store.write(mutations)
+            return
+        try:
+            self.store.write_guarded(self.ownership.guard(), mutations)
+        except GuardFailed:
+            exc = superseded(self.store, self.ownership)
+            self.fenced = str(exc)
+            raise exc from None
 
     def _forget_drained_changes(self, written: list[tuple[RowId, int]]) -> None:
         """Change rows that a refresh deleted and the store no longer has need no memory:

@@ -158,12 +158,10 @@ class LogShipper:
         self.in_sync = in_sync
 
     def _record_backup(self, in_sync: bool) -> ownership.Ownership:
-        record = self.record
-        current = ownership.check_owner(self.store, record.partition, record.epoch, record.owner)
-        updated = current.evolve(
+        updated = self.record.evolve(
             standby=self.backup, standby_address=self.backup_address, in_sync=in_sync
         )
-        ownership.write(self.store, updated)
+        ownership.write_standby(self.store, updated)
         return updated
 
     async def _resync_loop(self) -> None:

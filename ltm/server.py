@@ -68,14 +68,13 @@ class Hosting:
             cache_rows=self.config.cache_rows,
             checkpoint_interval=self.config.checkpoint_interval,
         )
-        store, epoch, me = self.store, record.epoch, self.me
         participant = Participant(
             self.store,
             log_dir_of(self.config.log_dir, self.me, partition),
             settings,
             fsync=self.config.fsync,
             outcome_query=self._outcome_query,
-            fence=lambda: ownership.check_owner(store, partition, epoch, me),
+            ownership=record,
         )
         await participant.start()
         if standby is not None and standby != self.me:

@@ -16,7 +16,7 @@ import pytest
 from aggview.errors import InvalidArgument, UnknownTable
 from aggview.keycodec import encode_key
 from aggview.schema import ColumnType
-from ltm.store.base import Store
+from ltm.store.base import GuardFailed, Store
 
 TEXT = ColumnType("TEXT")
 INT = ColumnType("INT")
@@ -166,6 +166,23 @@ class StoreContract:
         store.write([(a, b"k", None), (b, b"k", b"new")])
         assert store.get(a, b"k") is None
         assert store.get(b, b"k") == b"new"
+
+    def test_guarded_write_applies_only_under_its_guard(
+        self, store: Store, name: Callable[[str], str]
+    ) -> None:
+        fence, rows = name("fence"), name("rows")
+        store.create_table(rows)
+        store.write_guarded((fence, b"p1", None), [(rows, b"k", b"1")])  # no table: absent
+        store.create_table(fence)
+        store.write([(fence, b"p1", b"epoch 1")])
+        store.write_guarded((fence, b"p1", b"epoch 1"), [(rows, b"k", b"2"), (rows, b"j", b"x")])
+        assert store.get(rows, b"k") == b"2"
+        for stale in (b"epoch 0", None):
+            with pytest.raises(GuardFailed):
+                store.write_guarded((fence, b"p1", stale), [(rows, b"k", b"3"), (rows, b"j", None)])
+        assert (store.get(rows, b"k"), store.get(rows, b"j")) == (b"2", b"x")
+        with pytest.raises(InvalidArgument):
+            store.write_guarded((fence, b"", None), [(rows, b"k", b"4")])
 
     def test_invalid_keys_and_values(self, store: Store, table: str) -> None:
         with pytest.raises(InvalidArgument):

@@ -13,11 +13,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 
-from aggview.errors import InvalidArgument, StoreError
+from aggview.errors import FailedPrecondition, InvalidArgument, StoreError
 from aggview.keycodec import prefix_end
 
 Mutation = tuple[str, bytes, bytes | None]
 """(store table, key, value); a value of None deletes the key."""
+
+Guard = tuple[str, bytes, bytes | None]
+"""(store table, key, expected value); None expects the key to be absent."""
+
+
+class GuardFailed(FailedPrecondition):
+    """A guarded write found another value under its guard key, and applied nothing."""
 
 _TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_]{1,200}")
 
@@ -88,6 +95,15 @@ class Store(ABC):
         Must raise UnknownTable and apply nothing if one of ``tables`` does not exist.
         """
 
+    def _write_guarded(self, guard: Guard, mutations: list[Mutation], tables: list[str]) -> None:
+        """Check the guard, then write. This default is two steps, so a writer that changes
+        the guard key in between is missed; adapters that can do both at once override it."""
+        table, key, expected = guard
+        current = self._get_many(table, [key]).get(key) if table in self._list_tables() else None
+        if current != expected:
+            raise GuardFailed(f"{table}: the guard key holds another value")
+        self._write(mutations, tables)
+
     @abstractmethod
     def _scan_page(
         self, table: str, start: bytes | None, stop: bytes | None, limit: int
@@ -135,6 +151,13 @@ class Store(ABC):
         When one batch names the same (table, key) more than once, the last mutation wins.
         """
         self._check_open()
+        batch = self._checked(mutations)
+        if batch:
+            self._write(batch, list(dict.fromkeys(t for t, _, _ in batch)))
+
+    @staticmethod
+    def _checked(mutations: Iterable[Mutation]) -> list[Mutation]:
+        """Checked mutations, the last one of each (table, key) kept, in last-write order."""
         latest: dict[tuple[str, bytes], bytes | None] = {}
         for mutation in mutations:
             try:
@@ -146,10 +169,22 @@ class Store(ABC):
             entry = (check_table_name(table), check_key(key))
             latest.pop(entry, None)  # re-insert so the batch keeps its last-write order
             latest[entry] = None if value is None else check_value(value)
-        if not latest:
-            return
-        tables = list(dict.fromkeys(table for table, _ in latest))
-        self._write([(t, k, v) for (t, k), v in latest.items()], tables)
+        return [(t, k, v) for (t, k), v in latest.items()]
+
+    def write_guarded(self, guard: Guard, mutations: Iterable[Mutation]) -> None:
+        """Like :meth:`write`, but only if the guard key holds the expected value (else
+        :class:`GuardFailed`, nothing applied): a fenced writer (an LTM whose partition moved
+        to a newer epoch) cannot overwrite its successor's rows."""
+        self._check_open()
+        table, key, expected = guard
+        guard = (
+            check_table_name(table),
+            check_key(key, "guard key"),
+            None if expected is None else check_value(expected),
+        )
+        batch = self._checked(mutations)
+        tables = list(dict.fromkeys(t for t, _, _ in batch))
+        self._write_guarded(guard, batch, tables)
 
     def count(self, table: str) -> int:
         """How many rows a table holds (bulk loads compare it with the rows they staged)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from aggview.errors import StoreError, UnknownTable
-from ltm.store.base import Mutation, Store
+from ltm.store.base import Guard, GuardFailed, Mutation, Store
 
 T = TypeVar("T")
 
@@ -243,20 +243,38 @@ class SqliteStore(Store):
         return self._run(body, write=False)
 
     def _write(self, mutations: list[Mutation], tables: list[str]) -> None:
+        self._run(lambda conn: self._apply(conn, mutations, tables), write=True)
+
+    def _write_guarded(self, guard: Guard, mutations: list[Mutation], tables: list[str]) -> None:
+        """The check and the write in one IMMEDIATE transaction: atomic across processes."""
+        table, key, expected = guard
+
         def body(conn: sqlite3.Connection) -> None:
-            missing = self._missing_tables(conn, tables)
-            if missing:
-                raise _unknown(missing[0])
-            for table, key, value in mutations:
-                sql_table = _sql_table(table)
-                if value is None:
-                    conn.execute(f'DELETE FROM "{sql_table}" WHERE k = ?', (key,))
-                else:
-                    conn.execute(
-                        f'INSERT OR REPLACE INTO "{sql_table}" (k, v) VALUES (?, ?)', (key, value)
-                    )
+            current = None
+            if not self._missing_tables(conn, [table]):
+                sql = f'SELECT v FROM "{_sql_table(table)}" WHERE k = ?'
+                found = conn.execute(sql, (key,)).fetchone()
+                current = None if found is None else bytes(found[0])
+            if current != expected:
+                raise GuardFailed(f"{table}: the guard key holds another value")
+            self._apply(conn, mutations, tables)
 
         self._run(body, write=True)
+
+    def _apply(
+        self, conn: sqlite3.Connection, mutations: list[Mutation], tables: list[str]
+    ) -> None:
+        missing = self._missing_tables(conn, tables)
+        if missing:
+            raise _unknown(missing[0])
+        for table, key, value in mutations:
+            sql_table = _sql_table(table)
+            if value is None:
+                conn.execute(f'DELETE FROM "{sql_table}" WHERE k = ?', (key,))
+            else:
+                conn.execute(
+                    f'INSERT OR REPLACE INTO "{sql_table}" (k, v) VALUES (?, ?)', (key, value)
+                )
 
     def _scan_page(
         self, table: str, start: bytes | None, stop: bytes | None, limit: int
