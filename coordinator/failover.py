@@ -26,7 +26,7 @@ from ltm.store.base import Store
 log = logging.getLogger(__name__)
 
 PROBE_EVERY = 0.2
-PROBE_TIMEOUT = 0.5
+PROBE_TIMEOUT = 1.0  # a busy LTM may answer slowly; a dead one refuses at once
 
 
 class Failover:

@@ -39,7 +39,7 @@ def replicated(tmp_path: Path) -> Iterator[LocalCluster]:
         ltms=3,
         checkpoint_interval=0.5,
         replicate=True,
-        failover_after=1.0,
+        failover_after=1.5,
         verbose=True,
     )
     try:
