@@ -21,9 +21,11 @@ from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from coordinator import Client
 from loadgen import transfers
+from ltm.participant import Participant, Settings
 from ltm.replication import Mirror
 from ltm.store import open_store
 from tests.test_crash import wait_until_serving
+from tests.test_participant import TABLE, commit, insert, stored, update
 
 ACCOUNTS = 30
 VIEW = (
@@ -229,5 +231,33 @@ def test_a_mirror_replays_the_same_records_as_the_log(tmp_path: Path) -> None:
         assert [r["lsn"] for r in primary] == [r["lsn"] for r in backup[-len(primary) :]]
         assert backup[-len(primary) :] == primary
         await wal.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_superseded_primary_never_writes_the_store_again(tmp_path: Path) -> None:
+    """The fence moves to another LTM (a failover the old primary did not see): its next
+    checkpoint is refused by the store, its rows there stay as they were, and it stops
+    serving the partition."""
+
+    async def scenario() -> None:
+        with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+            store.create_table(TABLE)
+            record = ownership.Ownership(0, 0, 0)
+            p = Participant(store, tmp_path / "log", Settings(), ownership=record)
+            await p.start()
+            await commit(p, 10, insert(b"k", {"v": 1}))
+            await p.checkpoint()
+            assert stored(store, b"k")[1] == {"v": 1}
+            ownership.write(store, ownership.Ownership(0, 1, 1))  # the coordinator moved it
+            await commit(p, 20, update(b"k", {"v": 2}))
+            with pytest.raises(ownership.Superseded, match="served by LTM 1 at epoch 1"):
+                await p.checkpoint()
+            assert stored(store, b"k")[1] == {"v": 1}
+            assert p.fenced
+            with pytest.raises(errors.FailedPrecondition):
+                await commit(p, 30, update(b"k", {"v": 3}))
+            await p.stop()  # no final checkpoint either
+            assert stored(store, b"k")[1] == {"v": 1}
 
     asyncio.run(scenario())
