@@ -262,6 +262,21 @@ def test_crash_at_failpoint(
     assert not violations, f"seed {seed}, {case.point}: {violations}"
 
 
+def start_workers(
+    address: str, seed: int, stop: threading.Event, seen: Seen
+) -> list[threading.Thread]:
+    """Three transfer clients and two event clients, running until ``stop``."""
+    workers = [
+        threading.Thread(target=transfer_worker, args=(address, seed * 10 + i, stop, seen))
+        for i in range(3)
+    ] + [
+        threading.Thread(target=event_worker, args=(address, i, seed, stop, seen)) for i in range(2)
+    ]
+    for worker in workers:
+        worker.start()
+    return workers
+
+
 def create_schema(address: str) -> None:
     """Accounts and a ledger for transfers; events with a sync and an async view."""
     with Client(address, timeout=30) as client:
@@ -287,15 +302,7 @@ def crash_under_load(
     """Load until the armed process crashes; notes what the crash left undecided (from the
     logs, before anyone resolves it); restarts the process clean; load goes on a little."""
     stop, seen = threading.Event(), Seen()
-    workers = [
-        threading.Thread(target=transfer_worker, args=(cluster.address, seed * 10 + i, stop, seen))
-        for i in range(3)
-    ] + [
-        threading.Thread(target=event_worker, args=(cluster.address, i, seed, stop, seen))
-        for i in range(2)
-    ]
-    for worker in workers:
-        worker.start()
+    workers = start_workers(cluster.address, seed, stop, seen)
     undecided: dict[int, list[str]] = {}
     try:
         exit_code = wait_for_exit(victim, CRASH_WITHIN)

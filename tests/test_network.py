@@ -21,9 +21,8 @@ from tests.test_failpoints import (
     Seen,
     check_data,
     create_schema,
-    event_worker,
     prepared_counts,
-    transfer_worker,
+    start_workers,
     wait_serving,
 )
 
@@ -91,15 +90,7 @@ def test_delays_drops_and_cuts_lose_nothing(
     rng = random.Random(seed)
     create_schema(cluster.address)
     stop, seen = threading.Event(), Seen()
-    workers = [
-        threading.Thread(target=transfer_worker, args=(cluster.address, seed * 10 + i, stop, seen))
-        for i in range(3)
-    ] + [
-        threading.Thread(target=event_worker, args=(cluster.address, i, seed, stop, seen))
-        for i in range(2)
-    ]
-    for worker in workers:
-        worker.start()
+    workers = start_workers(cluster.address, seed, stop, seen)
     try:
         trouble = make_trouble(proxies, rng, TROUBLE_SECONDS)
         acked_in_trouble = len(seen.acked_refs)
