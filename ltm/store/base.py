@@ -26,6 +26,7 @@ Guard = tuple[str, bytes, bytes | None]
 class GuardFailed(FailedPrecondition):
     """A guarded write found another value under its guard key, and applied nothing."""
 
+
 _TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_]{1,200}")
 
 
