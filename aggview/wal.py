@@ -51,11 +51,17 @@ class WriteAheadLog:
         self.shipper: Shipper | None = None
         self.flush_lock = asyncio.Lock()
         self._dropped_before = 0
+        self._flushing = self._segment  # the segment the flush under way writes to
 
-    def contents(self) -> list[tuple[int, bytes]]:
-        """Every segment's flushed bytes, oldest first (hold :attr:`flush_lock` for a
-        consistent copy: a backup's resync)."""
-        return [(s, self._path(s).read_bytes()) for s in self.segments()]
+    def read_segment(self, segment: int) -> bytes:
+        """A segment's flushed bytes (all of them once it is sealed; hold :attr:`flush_lock`
+        for a consistent copy of the others)."""
+        return self._path(segment).read_bytes()
+
+    def sealed(self) -> list[int]:
+        """Segments no flush writes to any more: below the current one and below the one a
+        flush under way writes to. A backup's resync copies these without stopping flushes."""
+        return [s for s in self.segments() if s < self._flushing]
 
     def segments(self) -> list[int]:
         return sorted(int(p.stem) for p in self.directory.glob("*.wal"))
@@ -116,6 +122,7 @@ class WriteAheadLog:
                 chunk, self._pending = b"".join(self._pending), []
                 waiters, self._waiters = self._waiters, []
                 fd, retired, self._retired = self._fd, self._retired, []
+                self._flushing = self._segment
                 try:
                     await self._flush(fd, self._segment, chunk, retired)
                 except Exception as exc:  # e.g. a full disk: the appenders hear of it

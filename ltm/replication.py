@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 SHIP_TIMEOUT = 2.0  # a backup slower than this is dropped (and resynced) rather than waited for
 RESYNC_EVERY = 1.0
+RESYNC_TIMEOUT = 30.0  # per request of a resync
+CHUNK_BYTES = 4 << 20
 
 
 def log_dir_of(base: Path, own_partition: int, partition: int) -> Path:
@@ -133,14 +135,8 @@ class LogShipper:
     async def ship(self, segment: int, data: bytes, drop_before: int) -> None:
         if not self.in_sync:
             return
-        request = pb.ReplicateRequest(
-            partition=self.record.partition,
-            epoch=self.record.epoch,
-            chunks=[pb.LogChunk(segment=segment, data=data)],
-            drop_before=drop_before,
-        )
         try:
-            await self._stub.Replicate(request, timeout=SHIP_TIMEOUT, metadata=self._metadata)
+            await self._send(segment, data, drop_before=drop_before, timeout=SHIP_TIMEOUT)
         except grpc.aio.AioRpcError as exc:
             log.warning(
                 "partition %d: backup LTM %d at %s fell out of sync (%s); serving without it",
@@ -150,6 +146,27 @@ class LogShipper:
                 exc.details(),
             )
             await self._set_in_sync(False)
+
+    async def _send(
+        self,
+        segment: int,
+        data: bytes,
+        *,
+        reset: bool = False,
+        drop_before: int = 0,
+        timeout: float = RESYNC_TIMEOUT,
+    ) -> None:
+        """Appends ``data`` to the backup's copy of ``segment``, in requests of at most
+        CHUNK_BYTES (a bulk load's log can outgrow a gRPC message)."""
+        for offset in range(0, max(len(data), 1), CHUNK_BYTES):
+            request = pb.ReplicateRequest(
+                partition=self.record.partition,
+                epoch=self.record.epoch,
+                reset=reset and offset == 0,
+                chunks=[pb.LogChunk(segment=segment, data=data[offset : offset + CHUNK_BYTES])],
+                drop_before=drop_before,
+            )
+            await self._stub.Replicate(request, timeout=timeout, metadata=self._metadata)
 
     async def _set_in_sync(self, in_sync: bool) -> None:
         """Recorded in the store before the next flush counts as durable: the coordinator
@@ -178,20 +195,28 @@ class LogShipper:
             await asyncio.sleep(RESYNC_EVERY)
 
     async def resync(self) -> None:
-        """The whole live log to the backup, between two flushes, then every flush again."""
-        async with self.wal.flush_lock:
-            chunks = await asyncio.to_thread(self.wal.contents)
-            request = pb.ReplicateRequest(
-                partition=self.record.partition,
-                epoch=self.record.epoch,
-                reset=True,
-                chunks=[pb.LogChunk(segment=s, data=d) for s, d in chunks],
+        """The whole live log to the backup, then every flush again. Sealed segments (which
+        no flush writes to any more, often nearly all of it) are copied while flushes go on;
+        only the rest is copied between two flushes, under the WAL's flush lock."""
+        copied: set[int] = set()
+        reset = True
+        for segment in self.wal.sealed():
+            await self._send(
+                segment, await asyncio.to_thread(self.wal.read_segment, segment), reset=reset
             )
-            await self._stub.Replicate(request, timeout=30, metadata=self._metadata)
+            copied.add(segment)
+            reset = False
+        async with self.wal.flush_lock:
+            rest = [s for s in self.wal.segments() if s not in copied]
+            for segment in rest or [self.wal.segment]:
+                data = await asyncio.to_thread(self.wal.read_segment, segment) if rest else b""
+                await self._send(segment, data, reset=reset)
+                reset = False
             await self._set_in_sync(True)
         log.info(
-            "partition %d: backup LTM %d in sync (%d bytes of log)",
+            "partition %d: backup LTM %d in sync (%d sealed segments, %d more under the lock)",
             self.record.partition,
             self.backup,
-            sum(len(d) for _, d in chunks),
+            len(copied),
+            len(rest),
         )

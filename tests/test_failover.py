@@ -16,13 +16,16 @@ import pytest
 
 from aggview import errors, ownership
 from aggview.cluster import LocalCluster
+from aggview.status import add_service
 from aggview.wal import WriteAheadLog
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from coordinator import Client
 from loadgen import transfers
+from ltm import replication
 from ltm.participant import Participant, Settings
-from ltm.replication import Mirror
+from ltm.replication import LogShipper, Mirror
+from ltm.server import Hosting, LtmConfig, LtmServicer
 from ltm.store import open_store
 from tests.test_crash import wait_until_serving
 from tests.test_participant import TABLE, commit, insert, stored, update
@@ -259,5 +262,45 @@ def test_a_superseded_primary_never_writes_the_store_again(tmp_path: Path) -> No
                 await commit(p, 30, update(b"k", {"v": 3}))
             await p.stop()  # no final checkpoint either
             assert stored(store, b"k")[1] == {"v": 1}
+
+    asyncio.run(scenario())
+
+
+def test_resync_copies_a_log_bigger_than_a_message_in_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real LTM server (in this process) as the backup; the primary's log has sealed
+    segments and a current one, and is sent in chunks far smaller than it."""
+    monkeypatch.setattr(replication, "CHUNK_BYTES", 700)
+
+    async def scenario() -> None:
+        with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+            config = LtmConfig(str(tmp_path / "store.db"), tmp_path / "backup", 1, 2)
+            server = grpc.aio.server()
+            add_service(
+                server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(Hosting(config, store))
+            )
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            wal = WriteAheadLog(tmp_path / "primary", fsync=False)
+            for i in range(40):
+                await wal.append({"kind": "prepared", "ts": i, "after": {"pad": "x" * 100}})
+                if i % 10 == 9:
+                    wal.switch([])
+            shipper = LogShipper(
+                store, wal, ownership.Ownership(0, 0, 0), 1, f"127.0.0.1:{port}", None
+            )
+            await shipper.resync()
+            assert shipper.in_sync and ownership.read(store, 0).in_sync
+            wal.shipper = shipper
+            for i in range(40, 50):
+                await wal.append({"kind": "prepared", "ts": i, "after": {"pad": "y" * 2000}})
+            await shipper.close()
+            await wal.close()
+            await server.stop(None)
+        primary = list(WriteAheadLog(tmp_path / "primary", fsync=False).replay())
+        backup = list(WriteAheadLog(tmp_path / "backup" / "replica-0", fsync=False).replay())
+        assert [r["ts"] for r in backup if r["kind"] == "prepared"] == list(range(50))
+        assert backup == primary
 
     asyncio.run(scenario())
