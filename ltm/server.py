@@ -97,6 +97,8 @@ class Hosting:
             record = await asyncio.to_thread(
                 ownership.check_owner, self.store, partition, request.epoch, self.me
             )
+            if partition in self.participants:
+                await self._retire(partition)
             mirror = self.mirrors.pop(partition, None)
             if mirror is None and partition != self.me:
                 log.warning("taking over partition %d without a mirror this run", partition)
@@ -126,6 +128,8 @@ class Hosting:
                 f"LTM {self.me} serves partition {request.partition} itself "
                 f"(epoch {self.records[request.partition].epoch}), it is nobody's backup"
             )
+        if served is not None:  # fenced: its log directory becomes the mirror
+            await self._retire(request.partition)
         mirror = self.mirrors.get(request.partition)
         if mirror is None:
             mirror = Mirror(
@@ -135,6 +139,16 @@ class Hosting:
             )
             self.mirrors[request.partition] = mirror
         await asyncio.to_thread(mirror.apply, request)
+
+    async def _retire(self, partition: int) -> None:
+        """Stops a superseded copy of a partition before its log directory is reused."""
+        shipper = self.shippers.pop(partition, None)
+        if shipper is not None:
+            await shipper.close()
+        participant = self.participants.pop(partition)
+        participant.fenced = participant.fenced or f"partition {partition} moved on"
+        await participant.stop()  # fenced: no checkpoint
+        del self.records[partition]
 
     async def stop(self) -> None:
         for shipper in self.shippers.values():

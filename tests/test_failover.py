@@ -16,6 +16,7 @@ import pytest
 
 from aggview import errors, ownership
 from aggview.cluster import LocalCluster
+from aggview.rowcodec import decode_row
 from aggview.status import add_service
 from aggview.wal import WriteAheadLog
 from aggview.wire import ltm_pb2 as pb
@@ -302,5 +303,41 @@ def test_resync_copies_a_log_bigger_than_a_message_in_chunks(
         backup = list(WriteAheadLog(tmp_path / "backup" / "replica-0", fsync=False).replay())
         assert [r["ts"] for r in backup if r["kind"] == "prepared"] == list(range(50))
         assert backup == primary
+
+    asyncio.run(scenario())
+
+
+def test_a_fenced_copy_gives_its_directory_to_the_mirror_and_can_take_over_again(
+    tmp_path: Path,
+) -> None:
+    """LTM 0 stays alive while its partition moves away (a false failover): once fenced, the
+    new owner's resync replaces it by a mirror in the same directory, and a later failover
+    back makes it serve the partition again, from the store plus that mirror."""
+
+    async def scenario() -> None:
+        with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+            store.create_table(TABLE)
+            hosting = Hosting(LtmConfig("unused", tmp_path / "ltm-0", 0, 2), store)
+            await hosting.start()
+            old = hosting.participants[0]
+            await commit(old, 10, insert(b"k", {"v": 1}))
+            await old.checkpoint()
+            ownership.write(store, ownership.Ownership(0, 1, 1))
+            with pytest.raises(ownership.Superseded):
+                await hosting.replicate(pb.ReplicateRequest(partition=0, epoch=1, reset=True))
+            await commit(old, 20, update(b"k", {"v": 2}))  # no coordinator would send this
+            with pytest.raises(ownership.Superseded):
+                await old.checkpoint()
+            await hosting.replicate(pb.ReplicateRequest(partition=0, epoch=1, reset=True))
+            assert hosting.participants == {} and list(hosting.mirrors) == [0]
+            ownership.write(store, ownership.Ownership(0, 2, 0))
+            await hosting.take_over(pb.TakeOverRequest(partition=0, epoch=2, backup=-1))
+            new = hosting.participants[0]
+            assert new is not old and hosting.records[0].epoch == 2
+            rows = await new.read(pb.ReadRequest(ts=30, table=TABLE, keys=[b"k"]))
+            assert decode_row(rows[0][1]) == {"v": 1}
+            await commit(new, 40, update(b"k", {"v": 5}))
+            await hosting.stop()
+            assert stored(store, b"k")[1] == {"v": 5}
 
     asyncio.run(scenario())
