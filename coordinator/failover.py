@@ -43,7 +43,8 @@ class Failover:
         self.addresses = addresses
         self.after = after
         self._metadata = member_metadata(tls)
-        self._stubs = [pb_grpc.LtmStub(member_channel(a, tls, GRPC_OPTIONS)) for a in addresses]
+        self._channels = [member_channel(a, tls, GRPC_OPTIONS) for a in addresses]
+        self._stubs = [pb_grpc.LtmStub(channel) for channel in self._channels]
         self._down_since: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._stuck: set[int] = set()  # partitions already reported as waiting for their LTM
@@ -56,6 +57,8 @@ class Failover:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        for channel in self._channels:
+            await channel.close()
 
     async def _alive(self, ltm: int) -> bool:
         try:
