@@ -47,7 +47,8 @@ class Ownership:
 
     def guard(self) -> Guard:
         """A store write under this guard lands only while this owner holds this epoch."""
-        return fence_guard(self.partition, self.epoch, self.owner)
+        value = _fence_value(self.partition, self.epoch, self.owner)
+        return (TABLE, _fence_key(self.partition), value)
 
 
 def _fence_key(partition: int) -> bytes:
@@ -63,10 +64,6 @@ def _fence_value(partition: int, epoch: int, owner: int) -> bytes | None:
     if epoch == 0 and owner == partition:
         return None
     return json.dumps({"epoch": epoch, "owner": owner}).encode()
-
-
-def fence_guard(partition: int, epoch: int, owner: int) -> Guard:
-    return (TABLE, _fence_key(partition), _fence_value(partition, epoch, owner))
 
 
 def read(store: Store, partition: int) -> Ownership:
@@ -112,7 +109,10 @@ def write_standby(store: Store, record: Ownership) -> None:
 
 
 def superseded(store: Store, record: Ownership) -> Superseded:
-    current = read(store, record.partition)
+    return _superseded(read(store, record.partition), record)
+
+
+def _superseded(current: Ownership, record: Ownership) -> Superseded:
     return Superseded(
         f"partition {record.partition} is served by LTM {current.owner} at epoch "
         f"{current.epoch} now, not by LTM {record.owner} at epoch {record.epoch}"
@@ -123,5 +123,5 @@ def check_owner(store: Store, partition: int, epoch: int, owner: int) -> Ownersh
     """Raises :class:`Superseded` unless ``owner`` holds the partition at ``epoch``."""
     current = read(store, partition)
     if current.epoch != epoch or current.owner != owner:
-        raise superseded(store, Ownership(partition, epoch, owner))
+        raise _superseded(current, Ownership(partition, epoch, owner))
     return current

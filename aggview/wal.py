@@ -24,6 +24,21 @@ from typing import Any, Protocol
 _HEADER = struct.Struct(">II")  # length, crc32
 
 
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # os.write may write less than asked (a full disk, a signal)
+        view = view[os.write(fd, view) :]
+
+
+def sync_directory(directory: Path) -> None:
+    """Makes a file's creation or removal in ``directory`` durable."""
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 class Shipper(Protocol):
     """Where a replicated log sends each flush (see ``ltm.replication``)."""
 
@@ -154,9 +169,7 @@ class WriteAheadLog:
             if self.fsync:
                 os.fdatasync(old)
             os.close(old)
-        view = memoryview(chunk)
-        while view:  # os.write may write less than asked (a full disk, a signal)
-            view = view[os.write(fd, view) :]
+        write_all(fd, chunk)
         if self.fsync:
             os.fdatasync(fd)
 
@@ -203,11 +216,7 @@ class WriteAheadLog:
 
     def _sync_directory(self) -> None:
         if self.fsync:
-            dir_fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            sync_directory(self.directory)
 
     def size(self) -> int:
         return sum(self._path(s).stat().st_size for s in self.segments())

@@ -32,25 +32,19 @@ from bench.transactions import (
     transaction,
 )
 from coordinator.client import AsyncClient
-from ltm.store import open_store
+from ltm.store import Store, open_store
 
 PROBE_ROWS = 40  # a probe with 40 random rows writes to all 3 partitions (but for 1 in 10^6)
 
 
-def all_in_sync(cluster: LocalCluster) -> bool:
-    with open_store(cluster.store_url) as store:
-        records = [ownership.read(store, p) for p in range(cluster.ltms)]
+def all_in_sync(cluster: LocalCluster, store: Store) -> bool:
+    records = [ownership.read(store, p) for p in range(cluster.ltms)]
     return all(r.in_sync for r in records) and all(s.running() for s in cluster.servers)
 
 
-def owner_of(cluster: LocalCluster, partition: int) -> int:
-    with open_store(cluster.store_url) as store:
-        return ownership.read(store, partition).owner
-
-
-async def wait_in_sync(cluster: LocalCluster, timeout: float = 60.0) -> None:
+async def wait_in_sync(cluster: LocalCluster, store: Store, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(all_in_sync, cluster):
+    while not await asyncio.to_thread(all_in_sync, cluster, store):
         if time.monotonic() > deadline:
             raise RuntimeError("standbys did not get in sync in time")
         await asyncio.sleep(0.05)
@@ -64,7 +58,7 @@ async def run(args: argparse.Namespace, data: Path) -> int:
         failover_after=args.failover_after,
         checkpoint_interval=1.0,
     )
-    with cluster:
+    with cluster, open_store(cluster.store_url) as store:
         ledger = Ledger()
         async with AsyncClient(cluster.address, timeout=10) as client:
             await client.sql(CREATE)
@@ -89,8 +83,9 @@ async def run(args: argparse.Namespace, data: Path) -> int:
             pauses: list[float] = []
             started = time.perf_counter()
             for round_ in range(args.kills):
-                await wait_in_sync(cluster)
-                victim = await asyncio.to_thread(owner_of, cluster, round_ % cluster.ltms)
+                await wait_in_sync(cluster, store)
+                partition = round_ % cluster.ltms
+                victim = (await asyncio.to_thread(ownership.read, store, partition)).owner
                 killed = time.perf_counter()
                 cluster.ltm(victim).kill()
                 probes = 0

@@ -21,7 +21,7 @@ from aggview import errors, ownership
 from aggview.net import GRPC_OPTIONS
 from aggview.ownership import Superseded
 from aggview.security import TlsDir, member_channel, member_metadata
-from aggview.wal import WriteAheadLog
+from aggview.wal import WriteAheadLog, sync_directory, write_all
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from ltm.store.base import Store
@@ -71,9 +71,7 @@ class Mirror:
             created |= not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                view = memoryview(chunk.data)
-                while view:
-                    view = view[os.write(fd, view) :]
+                write_all(fd, chunk.data)
                 if self.fsync:
                     os.fdatasync(fd)
             finally:
@@ -88,11 +86,7 @@ class Mirror:
 
     def _sync_directory(self) -> None:
         if self.fsync:
-            fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            sync_directory(self.directory)
 
 
 class LogShipper:
