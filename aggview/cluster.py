@@ -98,13 +98,30 @@ class Server:
             self.process.wait()
 
     def stop(self, timeout: float = 20.0) -> None:
+        self.signal_stop()
+        self.wait_stopped(timeout)
+
+    def signal_stop(self) -> None:
         if self.running():
             assert self.process is not None
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+
+    def wait_stopped(self, timeout: float) -> None:
+        """Waits for a signalled server (kill -9 after ``timeout``) and says so on stderr when
+        it did not stop cleanly: its log then holds the stacks of where it hung."""
+        if self.process is None:
+            return
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.process.wait()
+        if code not in (0, -signal.SIGKILL):
+            print(
+                f"aggview: {self.role} stopped with status {code}; see {self.log_path}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 @dataclass
@@ -250,10 +267,16 @@ class LocalCluster:
             raise
         return self
 
-    def stop(self) -> None:
-        """Coordinator first, so no new transaction reaches an LTM that is going away."""
-        for server in reversed(self.servers):
-            server.stop()
+    def stop(self, timeout: float = 20.0) -> None:
+        """Coordinator first, so no new transaction reaches an LTM that is going away; then
+        the LTMs together (each checkpoints), so stopping takes at most twice ``timeout``."""
+        ltms = [s for s in self.servers if s.role.startswith("ltm")]
+        for server in [s for s in self.servers if s not in ltms]:
+            server.stop(timeout)
+        for server in ltms:
+            server.signal_stop()
+        for server in ltms:
+            server.wait_stopped(timeout)
 
     def kill(self) -> None:
         for server in self.servers:

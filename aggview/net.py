@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
+import os
 import signal
+import sys
+import threading
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
@@ -11,6 +15,8 @@ from grpc_health.v1 import health, health_pb2_grpc
 from aggview import errors
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Once signalled, a server has this long to stop (checkpoint included) before it exits anyway.
+SHUTDOWN_DEADLINE = float(os.environ.get("AGGVIEW_SHUTDOWN_DEADLINE", "15"))
 # Servers refuse a port already in use instead of sharing it (gRPC reuses ports by default).
 SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
 GRPC_OPTIONS = [
@@ -71,4 +77,28 @@ async def run_until_signalled(
     if ready is not None:
         ready.set()
     await stop.wait()
+    arm_shutdown_deadline(loop, role)
     await server.stop(grace=1.0)
+
+
+def arm_shutdown_deadline(
+    loop: asyncio.AbstractEventLoop, role: str, seconds: float = SHUTDOWN_DEADLINE
+) -> None:
+    """A stop that hangs (in a library's shutdown, say) must not keep the cluster from
+    stopping: after ``seconds`` the stacks of every task and thread go to the log, for the
+    bug report, and the process exits with status 3. Exiting there loses nothing: what was
+    not checkpointed is replayed from the write-ahead log at the next start."""
+
+    def overrun() -> None:
+        print(f"{role}: stopping took over {seconds:g}s; exiting", file=sys.stderr, flush=True)
+        try:
+            for task in list(asyncio.all_tasks(loop)):
+                task.print_stack(file=sys.stderr)
+        except RuntimeError:  # the loop changed its task set meanwhile: threads still help
+            pass
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(3)
+
+    timer = threading.Timer(seconds, overrun)
+    timer.daemon = True  # still fires while the interpreter waits for other threads at exit
+    timer.start()

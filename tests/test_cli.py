@@ -7,8 +7,10 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from aggview.cluster import LocalCluster
 from coordinator import Client
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,3 +92,28 @@ def test_start_refuses_another_ltm_count(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "repartitioning is not supported" in done.stdout + done.stderr
+
+
+def test_a_hung_stop_is_cut_short_and_its_stacks_logged(tmp_path: Path) -> None:
+    """An LTM whose final checkpoint hangs (a failpoint stalls it for a minute) exits once its
+    stop deadline passes, with the stacks of where it hung in its log and status 3; restarted,
+    it has lost nothing."""
+    with LocalCluster(tmp_path / "data", ltms=1, checkpoint_interval=3600) as cluster:
+        ltm = cluster.ltm(0)
+        ltm.stop()
+        hang = {"AGGVIEW_FAILPOINTS": "ltm.mid_checkpoint=sleep:60"}
+        ltm.start(env={**hang, "AGGVIEW_SHUTDOWN_DEADLINE": "2"})
+        with Client(cluster.address) as client:
+            client.sql("CREATE TABLE items (id INT PRIMARY KEY, name TEXT)")
+            with client.transaction() as tx:
+                tx.insert("items", {"id": 1, "name": "kept"})
+        started = time.monotonic()
+        ltm.stop(timeout=50)
+        assert time.monotonic() - started < 40  # the failpoint alone would take 60 s
+        assert ltm.process is not None and ltm.process.returncode == 3
+        log = ltm.tail(400)
+        assert "ltm 0: stopping took over 2s; exiting" in log
+        assert "failpoints.py" in log and "checkpoint" in log  # the hung thread's stack
+        ltm.start()
+        with Client(cluster.address) as client:
+            assert client.get("items", {"id": 1}) == {"id": 1, "name": "kept"}
