@@ -533,15 +533,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--transport", choices=["buffered", "framed"], default="buffered")
     parser.add_argument("--protocol", choices=["binary", "compact"], default="binary")
     args = parser.parse_args(argv)
-    stop = threading.Event()
+    signalled: list[int] = []  # not an Event: its set() may deadlock in a signal handler
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _: signalled.append(signum))
     fixture = HBaseThriftFixture(
         args.host, args.port, transport=args.transport, protocol=args.protocol
     )
     with fixture:
         print(f"hbase thrift fixture listening on {fixture.address}", flush=True)
-        stop.wait()
+        while not signalled:
+            time.sleep(0.2)
 
 
 if __name__ == "__main__":
