@@ -97,8 +97,13 @@ def grpc_method(func: F) -> F:
 
 def error_from_rpc(exc: grpc.RpcError) -> errors.AggviewError:
     """Turns a failed call into the matching domain error, keeping the server's message."""
-    code = exc.code()
-    message = exc.details() or code.name
+    return error_from_status(exc.code(), exc.details() or "")
+
+
+def error_from_status(code: grpc.StatusCode, message: str) -> errors.AggviewError:
+    """The domain error for a status and its message (a failed call's, or a failed
+    transaction's on a Transact stream)."""
+    message = message or code.name
     if code == grpc.StatusCode.FAILED_PRECONDITION and message.startswith(CONDITION_FAILED_PREFIX):
         return errors.ConditionFailed(message)
     if code == grpc.StatusCode.NOT_FOUND and message.startswith("unknown "):

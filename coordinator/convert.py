@@ -16,6 +16,9 @@ from aggview.values import from_row, to_value
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
 
+# Clients put up to 32 KiB of transactions in one Transact message (coordinator.client).
+MIN_REQUEST_BYTES = 64 * 1024
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -47,8 +50,9 @@ class Limits:
                 raise errors.InvalidArgument(
                     f"limit {name} needs an integer, got {text!r}"
                 ) from None
-            if value < 1:
-                raise errors.InvalidArgument(f"limit {name} must be at least 1, got {value}")
+            least = MIN_REQUEST_BYTES if name == "max_request_bytes" else 1
+            if value < least:
+                raise errors.InvalidArgument(f"limit {name} must be at least {least}, got {value}")
             values[name] = value
         return replace(cls(), **values)
 

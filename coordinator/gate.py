@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -33,6 +34,7 @@ METHOD_ROLES = {
     "Scan": "read",
     "View": "read",
     "Commit": "write",
+    "Transact": "write",
     "Refresh": "write",
     # bulk access (the Spark layer): snapshot reads read; loads and view (re)builds are DDL-like
     "List": "read",
@@ -48,6 +50,11 @@ METHOD_ROLES = {
 }
 
 Check = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Callable[[], None]]]
+# How a Transact stream takes a client slot per transaction (set by the gate for the task that
+# serves the stream; the default, for a server without the gate, admits everything).
+ADMIT: ContextVar[Callable[[], Callable[[], None]]] = ContextVar(
+    "ADMIT", default=lambda: lambda: None
+)
 
 
 def _digest(token: str) -> bytes:
@@ -122,26 +129,37 @@ class ClientGate(grpc.aio.ServerInterceptor):
                 if problem is not None:
                     await context.abort(*problem)
             who = token.name if token is not None else context.peer()
-            count = self.in_flight.get(who, 0)
-            limit = self.limits.max_client_transactions
-            if count >= limit:
-                await context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"client {who} has {count} calls in flight; the limit is {limit} "
-                    "concurrent transactions per client (max_client_transactions)",
-                )
-            self.in_flight[who] = count + 1
-
-            def release() -> None:
-                left = self.in_flight.get(who, 1) - 1
-                if left > 0:
-                    self.in_flight[who] = left
-                else:
-                    self.in_flight.pop(who, None)
-
-            return release
+            if method == "Transact":  # a carrier: each transaction on it takes a slot
+                ADMIT.set(lambda: self._admit(who))
+                return lambda: None
+            try:
+                return self._admit(who)
+            except errors.LimitExceeded as exc:
+                await context.abort(exc.code, str(exc))
+                raise
 
         return check
+
+    def _admit(self, who: str) -> Callable[[], None]:
+        """Takes one of the client's slots for a call or transaction in flight; returns what
+        gives it back."""
+        count = self.in_flight.get(who, 0)
+        limit = self.limits.max_client_transactions
+        if count >= limit:
+            raise errors.LimitExceeded(
+                f"client {who} has {count} calls in flight; the limit is {limit} "
+                "concurrent transactions per client (max_client_transactions)"
+            )
+        self.in_flight[who] = count + 1
+
+        def release() -> None:
+            left = self.in_flight.get(who, 1) - 1
+            if left > 0:
+                self.in_flight[who] = left
+            else:
+                self.in_flight.pop(who, None)
+
+        return release
 
     def _sql_problem(self, sql: str, token: Token | None) -> tuple[grpc.StatusCode, str] | None:
         """Why this statement may not run for this token (size first: parsing costs CPU)."""

@@ -18,6 +18,7 @@ from aggview.rowcodec import decode_row
 from aggview.schema import prefix_to_storage
 from aggview.security import TlsDir, Token
 from aggview.status import Malformed, add_service, grpc_method
+from aggview.streams import AnswerEach
 from aggview.values import from_row, to_row
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
@@ -28,7 +29,7 @@ from coordinator.catalog import Catalog
 from coordinator.convert import Limits, key_bytes, wire_row
 from coordinator.decision_log import DecisionLog
 from coordinator.failover import Failover
-from coordinator.gate import ClientGate
+from coordinator.gate import ADMIT, ClientGate
 from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
@@ -36,6 +37,16 @@ from coordinator.views import ViewManager
 from ltm.store import open_store
 
 log = logging.getLogger(__name__)
+
+
+def _transact_requests(message: cpb.TransactRequests | Malformed) -> list[cpb.TransactRequest]:
+    if isinstance(message, Malformed):
+        raise errors.InvalidArgument(f"malformed request: {message.reason}")
+    return list(message.requests)
+
+
+def _failed(id: int, code: grpc.StatusCode, message: str) -> cpb.TransactReply:
+    return cpb.TransactReply(id=id, code=code.value[0], message=message)
 
 
 class AggviewServicer(cpb_grpc.AggviewServicer):
@@ -59,6 +70,35 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
     async def Commit(self, request: cpb.CommitRequest, context: object) -> cpb.CommitReply:
         ts = await self.manager.commit(list(request.operations))
         return cpb.CommitReply(timestamp=ts)
+
+    @grpc_method
+    async def Transact(self, messages: Any, context: Any) -> None:
+        """A client's transactions on one stream: each runs as if by its own Commit call and
+        is answered on its own (its timestamp, or the status and message Commit would have
+        ended with) as soon as it is decided."""
+        admit = ADMIT.get()
+
+        async def commit(request: cpb.TransactRequest) -> cpb.TransactReply:
+            try:
+                release = admit()
+            except errors.AggviewError as exc:
+                return _failed(request.id, exc.code, str(exc))
+            try:
+                ts = await self.manager.commit(list(request.operations))
+                return cpb.TransactReply(id=request.id, timestamp=ts)
+            except errors.AggviewError as exc:
+                return _failed(request.id, exc.code, str(exc))
+            except Exception as exc:  # a bug: this transaction fails, the stream goes on
+                log.exception("internal error in a transaction on a Transact stream")
+                return _failed(request.id, grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+            finally:
+                release()
+
+        stream = AnswerEach(
+            _transact_requests, commit, lambda replies: cpb.TransactReplies(replies=replies)
+        )
+        async for message in stream.serve(messages):
+            await context.write(message)
 
     @grpc_method
     async def Get(self, request: cpb.GetRequest, context: object) -> cpb.GetReply:

@@ -14,6 +14,7 @@ from aggview import errors, ownership
 from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, add_health, run_until_signalled
 from aggview.security import MemberGate, TlsDir, member_channel, member_metadata
 from aggview.status import Malformed, add_service, grpc_method
+from aggview.streams import AnswerEach
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from ltm.participant import Participant, Settings, VoteNo
@@ -171,68 +172,47 @@ class LtmServicer(pb_grpc.LtmServicer):
             participant = self.hosting.participant(_metadata(context))
         except errors.AggviewError as exc:
             await context.abort(exc.code, str(exc))  # type: ignore[attr-defined]
-        replies: asyncio.Queue[pb.LtmReply | None] = asyncio.Queue()
-        handlers: set[asyncio.Task[None]] = set()
 
-        async def handle(request: pb.LtmRequest) -> None:
+        async def handle(request: pb.LtmRequest | Malformed) -> pb.LtmReply:
+            if isinstance(request, Malformed):  # answered, and the stream goes on
+                return pb.LtmReply(error=f"malformed: {request.reason}")
             try:
                 if request.HasField("prepare"):
                     prepare = request.prepare
                     participant.observe(prepare.low_watermark, prepare.issued)
                     votes = [await _prepare_one(participant, sub) for sub in prepare.subs]
-                    reply = pb.LtmReply(id=request.id, vote=votes[0] if votes else pb.Vote())
-                elif request.HasField("read"):
+                    return pb.LtmReply(id=request.id, vote=votes[0] if votes else pb.Vote())
+                if request.HasField("read"):
                     resume = b""
                     if request.read.page:
                         rows, resume = await participant.read_page(request.read)
                     else:
                         rows = await participant.read(request.read)
-                    reply = pb.LtmReply(
+                    return pb.LtmReply(
                         id=request.id,
                         rows=pb.ReadReply(
                             rows=[pb.KeyValue(key=k, row=v) for k, v in rows], resume=resume
                         ),
                     )
-                else:
-                    decide = request.decide
-                    participant.observe(decide.low_watermark, 0)
-                    await asyncio.gather(
-                        *(participant.decide(d.ts, d.commit) for d in decide.decisions)
-                    )
-                    reply = pb.LtmReply(id=request.id, decided=pb.DecideReply())
+                decide = request.decide
+                participant.observe(decide.low_watermark, 0)
+                await asyncio.gather(
+                    *(participant.decide(d.ts, d.commit) for d in decide.decisions)
+                )
+                return pb.LtmReply(id=request.id, decided=pb.DecideReply())
             except (errors.AggviewError, VoteNo) as exc:  # e.g. a row held too long, not ours
-                reply = pb.LtmReply(id=request.id, error=str(exc))
+                return pb.LtmReply(id=request.id, error=str(exc))
             except Exception as exc:  # the stream and the server stay up
                 log.exception("request %d on the stream failed", request.id)
-                reply = pb.LtmReply(id=request.id, error=repr(exc))
-            replies.put_nowait(reply)
+                return pb.LtmReply(id=request.id, error=repr(exc))
 
-        async def read() -> None:
-            async for message in messages:
-                if isinstance(message, Malformed):
-                    replies.put_nowait(pb.LtmReply(error=f"malformed: {message.reason}"))
-                    continue
-                for request in message.requests:
-                    task = asyncio.ensure_future(handle(request))
-                    handlers.add(task)
-                    task.add_done_callback(handlers.discard)
-            if handlers:
-                await asyncio.gather(*handlers, return_exceptions=True)
-            replies.put_nowait(None)
-
-        reader = asyncio.ensure_future(read())
-        try:
-            while (reply := await replies.get()) is not None:
-                batch = pb.LtmReplies(replies=[reply])
-                while not replies.empty():
-                    more = replies.get_nowait()
-                    if more is None:
-                        replies.put_nowait(None)
-                        break
-                    batch.replies.append(more)
-                yield batch
-        finally:
-            reader.cancel()
+        stream = AnswerEach(
+            lambda m: [m] if isinstance(m, Malformed) else m.requests,
+            handle,
+            lambda replies: pb.LtmReplies(replies=replies),
+        )
+        async for message in stream.serve(messages):
+            yield message
 
     @grpc_method
     async def DropTable(self, request: pb.DropTableRequest, context: object) -> pb.DropTableReply:

@@ -99,6 +99,38 @@ class CommitReply(_message.Message):
     timestamp: int
     def __init__(self, timestamp: _Optional[int] = ...) -> None: ...
 
+class TransactRequest(_message.Message):
+    __slots__ = ("id", "operations")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    operations: _containers.RepeatedCompositeFieldContainer[Operation]
+    def __init__(self, id: _Optional[int] = ..., operations: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ...) -> None: ...
+
+class TransactRequests(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[TransactRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[TransactRequest, _Mapping]]] = ...) -> None: ...
+
+class TransactReply(_message.Message):
+    __slots__ = ("id", "timestamp", "code", "message")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    timestamp: int
+    code: int
+    message: str
+    def __init__(self, id: _Optional[int] = ..., timestamp: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class TransactReplies(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[TransactReply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[TransactReply, _Mapping]]] = ...) -> None: ...
+
 class SqlRequest(_message.Message):
     __slots__ = ("sql",)
     SQL_FIELD_NUMBER: _ClassVar[int]

@@ -44,6 +44,11 @@ class AggviewStub:
                 request_serializer=aggview_dot_wire_dot_client__pb2.CommitRequest.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_client__pb2.CommitReply.FromString,
                 _registered_method=True)
+        self.Transact = channel.stream_stream(
+                '/aggview.v1.Aggview/Transact',
+                request_serializer=aggview_dot_wire_dot_client__pb2.TransactRequests.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.TransactReplies.FromString,
+                _registered_method=True)
         self.Get = channel.unary_unary(
                 '/aggview.v1.Aggview/Get',
                 request_serializer=aggview_dot_wire_dot_client__pb2.GetRequest.SerializeToString,
@@ -126,6 +131,12 @@ class AggviewServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Commit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Transact(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -228,6 +239,11 @@ def add_AggviewServicer_to_server(servicer, server):
                     servicer.Commit,
                     request_deserializer=aggview_dot_wire_dot_client__pb2.CommitRequest.FromString,
                     response_serializer=aggview_dot_wire_dot_client__pb2.CommitReply.SerializeToString,
+            ),
+            'Transact': grpc.stream_stream_rpc_method_handler(
+                    servicer.Transact,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.TransactRequests.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.TransactReplies.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
@@ -354,6 +370,33 @@ class Aggview:
             '/aggview.v1.Aggview/Commit',
             aggview_dot_wire_dot_client__pb2.CommitRequest.SerializeToString,
             aggview_dot_wire_dot_client__pb2.CommitReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Transact(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/aggview.v1.Aggview/Transact',
+            aggview_dot_wire_dot_client__pb2.TransactRequests.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.TransactReplies.FromString,
             options,
             channel_credentials,
             insecure,
