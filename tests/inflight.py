@@ -6,29 +6,37 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Awaitable, Callable
 
 from aggview.cluster import LocalCluster
 from coordinator.client import AsyncClient
 
+Act = Callable[[AsyncClient], Awaitable[object]]
+
+
+def scan_of(table: str) -> Act:
+    return lambda client: client.scan(table)
+
 
 async def burst(
-    cluster: LocalCluster, table: str, calls: int, other_role: str | None = None
+    cluster: LocalCluster, act: Act, calls: int, other_role: str | None = None, role: str = "read"
 ) -> list[object]:
-    """Pauses LTM 0 (SIGSTOP), sends ``calls`` scans at once over one client (and one scan
-    with ``other_role``'s token), waits until the refusals are in, resumes the LTM."""
-    options = cluster.client_options("read")
+    """Pauses LTM 0 (SIGSTOP), runs ``act`` ``calls`` times at once over one client (and once
+    with ``other_role``'s token), waits until the refusals are in, resumes the LTM. ``act``
+    must need LTM 0 (a scan does; so does a write to a row it owns)."""
+    options = cluster.client_options(role)
     pid = cluster.ltm(0).process.pid  # type: ignore[union-attr]
     async with contextlib.AsyncExitStack() as stack:
         reader = await stack.enter_async_context(AsyncClient(cluster.address, **options))  # type: ignore[arg-type]
         tasks = []
         os.kill(pid, signal.SIGSTOP)
         try:
-            tasks = [asyncio.ensure_future(reader.scan(table)) for _ in range(calls)]
+            tasks = [asyncio.ensure_future(act(reader)) for _ in range(calls)]
             if other_role is not None:
                 other = await stack.enter_async_context(
                     AsyncClient(cluster.address, **cluster.client_options(other_role))  # type: ignore[arg-type]
                 )
-                tasks.append(asyncio.ensure_future(other.scan(table)))
+                tasks.append(asyncio.ensure_future(act(other)))
             await asyncio.sleep(1.0)  # refusals are immediate; the rest wait for LTM 0
             pending = [not task.done() for task in tasks]
         finally:

@@ -11,11 +11,12 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from inflight import burst
+from inflight import burst, scan_of
 
 from aggview import errors
 from aggview.cluster import LocalCluster
 from coordinator import Client
+from coordinator.client import AsyncClient
 from coordinator.convert import Limits
 
 LIMITS = {
@@ -121,7 +122,7 @@ def test_view_count(client: Client, limited: LocalCluster) -> None:
 def test_concurrent_calls_per_connection(client: Client, limited: LocalCluster) -> None:
     """3 calls in flight per client (here: per connection, no tokens): with LTM 0 paused, 3
     scans wait and 2 more are refused at once; the slots come back afterwards."""
-    outcomes = asyncio.run(burst(limited, "items", 5))
+    outcomes = asyncio.run(burst(limited, scan_of("items"), 5))
     refused = [o for o in outcomes if isinstance(o, errors.AggviewError)]
     assert len(refused) == 2, outcomes
     for failure in refused:
@@ -129,6 +130,58 @@ def test_concurrent_calls_per_connection(client: Client, limited: LocalCluster) 
         assert "3 calls in flight; the limit is 3" in str(failure)
         assert "max_client_transactions" in str(failure)
     assert all(isinstance(o, list) for o in outcomes if o not in refused)
+    assert_intact(client, limited)
+
+
+def test_transactions_on_one_stream_take_a_slot_each(client: Client, limited: LocalCluster) -> None:
+    """An AsyncClient's transactions share one Transact stream, and each takes one of the
+    client's 3 slots: with LTM 0 paused, 3 wait and 2 more are refused at once; the waiting
+    ones commit afterwards."""
+    client.sql("CREATE TABLE tally (id INT PRIMARY KEY, n INT NOT NULL)")
+    try:
+        with client.transaction() as tx:
+            for i in range(20):  # some row is LTM 0's: every transaction below waits for it
+                tx.insert("tally", {"id": i, "n": 0})
+
+        async def add_to_all(c: AsyncClient) -> None:
+            async with c.transaction() as tx:
+                for i in range(20):
+                    tx.add("tally", {"id": i}, {"n": 1})
+
+        outcomes = asyncio.run(burst(limited, add_to_all, 5, role="write"))
+        refused = [o for o in outcomes if isinstance(o, errors.AggviewError)]
+        assert len(refused) == 2, outcomes
+        for failure in refused:
+            assert isinstance(failure, errors.LimitExceeded)
+            assert "max_client_transactions" in str(failure)
+        assert {r["n"] for r in client.scan("tally")} == {3}
+    finally:
+        client.sql("DROP TABLE tally")
+    assert_intact(client, limited)
+
+
+def test_an_oversized_transaction_fails_alone(client: Client, limited: LocalCluster) -> None:
+    """Over max_request_bytes from an AsyncClient: refused, while a transaction sent beside
+    it on the client's stream commits."""
+
+    async def run() -> list[object]:
+        async with AsyncClient(limited.address) as c:
+
+            async def big() -> None:
+                async with c.transaction() as tx:
+                    tx.insert("items", {"id": 2, "name": "r" * (100 * 1024)})
+
+            async def small() -> None:
+                async with c.transaction() as tx:
+                    tx.insert("named", {"name": "beside", "n": 1})
+
+            return await asyncio.gather(big(), small(), return_exceptions=True)
+
+    big, small = asyncio.run(run())
+    assert isinstance(big, errors.LimitExceeded) and "max_request_bytes" in str(big)
+    assert small is None
+    with client.transaction() as tx:
+        tx.delete("named", {"name": "beside"})
     assert_intact(client, limited)
 
 
@@ -142,6 +195,8 @@ def test_limits_parse() -> None:
         Limits.parse(["max_views=x"])
     with pytest.raises(errors.InvalidArgument, match="at least 1"):
         Limits.parse(["max_views=0"])
+    with pytest.raises(errors.InvalidArgument, match="max_request_bytes must be at least 65536"):
+        Limits.parse(["max_request_bytes=1000"])
 
 
 def test_coordinator_refuses_a_bad_limit_flag(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
-from inflight import burst
+from inflight import burst, scan_of
 
 from aggview import errors
 from aggview.certs import FILES, MEMBER_NAME
@@ -200,7 +200,7 @@ def test_limit_on_calls_in_flight_is_per_token(secure: LocalCluster, accounts: s
     """This cluster allows 4 calls in flight per token. With LTM 0 paused, 4 scans of the read
     token hang in flight, 2 more are refused at once naming the limit, and a call with another
     token is not refused; all finish once the LTM resumes, so the slots were given back."""
-    outcomes = asyncio.run(burst(secure, accounts, 6, other_role="write"))
+    outcomes = asyncio.run(burst(secure, scan_of(accounts), 6, other_role="write"))
     refused = [o for o in outcomes[:6] if isinstance(o, errors.AggviewError)]
     assert len(refused) == 2, outcomes
     for failure in refused:

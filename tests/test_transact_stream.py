@@ -1,0 +1,125 @@
+"""The AsyncClient's Transact stream: many transactions of one client on one stream, each
+answered on its own with what a Commit call would have said, the stream surviving failed
+transactions, and a new stream after the coordinator restarts."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+from pathlib import Path
+
+import grpc
+import pytest
+
+from aggview import errors
+from aggview.cluster import LocalCluster
+from aggview.values import to_row
+from aggview.wire import client_pb2 as pb
+from coordinator import Client
+from coordinator.client import AsyncClient
+
+
+async def _outcomes(address: str, table: str) -> list[object]:
+    """Eight transactions at once on one stream: four commit, four fail each its own way."""
+    async with AsyncClient(address) as client:
+
+        async def run(build) -> object:  # type: ignore[no-untyped-def]
+            async with client.transaction() as tx:
+                build(tx)
+            return tx.timestamp
+
+        cases = [
+            lambda tx: tx.add(table, {"id": 1}, {"n": 1}),
+            lambda tx: tx.insert(table, {"id": 1, "n": 0}),  # exists
+            lambda tx: tx.add(table, {"id": 2}, {"n": 1}),
+            lambda tx: tx.update(table, {"id": 99}, {"n": 1}),  # missing
+            lambda tx: tx.add(table, {"id": 3}, {"n": 1}),
+            lambda tx: tx.add(table, {"id": 3}, {"n": 5}, require={"n": (">", 100)}),
+            lambda tx: tx.add(table, {"id": 4}, {"n": 1}),
+            lambda tx: tx.insert("no_such_table", {"id": 1}),
+        ]
+        return await asyncio.gather(*(run(c) for c in cases), return_exceptions=True)
+
+
+def test_each_transaction_on_the_stream_gets_its_own_answer(
+    client: Client, table_name: str
+) -> None:
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, n INT NOT NULL)")
+    with client.transaction() as tx:
+        for i in range(1, 5):
+            tx.insert(table_name, {"id": i, "n": 0})
+    outcomes = asyncio.run(_outcomes(client.address, table_name))
+    committed = outcomes[0::2]
+    assert all(isinstance(ts, int) and ts > 0 for ts in committed), outcomes
+    assert len(set(committed)) == 4
+    assert isinstance(outcomes[1], errors.AlreadyExists) and "id=1" in str(outcomes[1])
+    assert isinstance(outcomes[3], errors.RowNotFound) and "id=99" in str(outcomes[3])
+    assert isinstance(outcomes[5], errors.ConditionFailed) and "id=3" in str(outcomes[5])
+    assert isinstance(outcomes[7], errors.UnknownTable)
+    assert "no_such_table" in str(outcomes[7])
+    assert [r["n"] for r in client.scan(table_name)] == [1, 1, 1, 1]  # the failures left nothing
+
+
+def test_a_malformed_message_ends_only_its_stream(client: Client, table_name: str) -> None:
+    """Bytes that are no TransactRequests: INVALID_ARGUMENT naming it; the server stays up."""
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, n INT NOT NULL)")
+    with grpc.insecure_channel(client.address) as channel:
+        call = channel.stream_stream("/aggview.v1.Aggview/Transact")
+        with pytest.raises(grpc.RpcError) as failure:
+            list(call(iter([b"\xff\xff\xff"]), timeout=30))
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed request" in (failure.value.details() or "")
+    with client.transaction() as tx:
+        tx.insert(table_name, {"id": 1, "n": 1})
+    assert client.get(table_name, {"id": 1}) == {"id": 1, "n": 1}
+
+
+def test_a_typed_stream_answers_by_id(client: Client, table_name: str) -> None:
+    """The wire contract without the client library: ids echo, codes are grpc.StatusCode."""
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, n INT NOT NULL)")
+    row = to_row({"id": 7, "n": 1})
+    insert = pb.Operation(kind=pb.Operation.INSERT, table=table_name, values=row)
+    message = pb.TransactRequests(
+        requests=[
+            pb.TransactRequest(id=41, operations=[insert]),
+            pb.TransactRequest(id=42, operations=[insert]),  # the same row again
+        ]
+    )
+    with grpc.insecure_channel(client.address) as channel:
+        call = channel.stream_stream(
+            "/aggview.v1.Aggview/Transact",
+            request_serializer=pb.TransactRequests.SerializeToString,
+            response_deserializer=pb.TransactReplies.FromString,
+        )
+        replies = {r.id: r for m in call(iter([message]), timeout=30) for r in m.replies}
+    assert set(replies) == {41, 42}
+    first, second = sorted(replies.values(), key=lambda r: r.timestamp or 2**64)
+    assert first.code == 0 and first.timestamp > 0  # one of them inserted the row
+    assert second.code == grpc.StatusCode.ALREADY_EXISTS.value[0] and second.timestamp == 0
+    assert "already exists" in second.message
+    assert client.get(table_name, {"id": 7}) == {"id": 7, "n": 1}
+
+
+def test_a_new_stream_after_the_coordinator_restarts(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "data", ltms=2) as cluster:
+
+        async def run() -> tuple[int, int]:
+            async with AsyncClient(cluster.address, timeout=30) as client:
+                await client.sql("CREATE TABLE acc (id INT PRIMARY KEY, v DECIMAL(10,2))")
+                async with client.transaction() as tx:
+                    tx.insert("acc", {"id": 1, "v": Decimal("1.50")})
+                before = tx.timestamp
+                cluster.coordinator.stop()  # the client's stream ends with it
+                cluster.coordinator.start()
+                for _ in range(50):  # the first try may still meet the old stream
+                    try:
+                        async with client.transaction() as tx:
+                            tx.add("acc", {"id": 1}, {"v": Decimal("1.00")})
+                        break
+                    except errors.Unavailable:
+                        await asyncio.sleep(0.1)
+                assert (await client.get("acc", {"id": 1})) == {"id": 1, "v": Decimal("2.50")}
+                return before, tx.timestamp
+
+        before, after = asyncio.run(run())
+        assert after > before
