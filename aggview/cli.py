@@ -193,7 +193,7 @@ def _run_start(args: argparse.Namespace) -> None:
     )
     with cluster:
         print(f"aggview listening on {cluster.address}", flush=True)
-        while not signalled:
+        while True:
             time.sleep(0.2)
             if signalled:
                 break

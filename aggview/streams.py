@@ -3,11 +3,14 @@ LTM (``Exchange``) and a client sends its transactions to the coordinator (``Tra
 
 A stream message costs a Python gRPC server a fraction of what a call costs, so concurrent
 requests share messages both ways, and no request waits for another one to finish.
+:class:`AnswerEach` is the serving side, :class:`AskEach` the calling side.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -85,3 +88,125 @@ class AnswerEach(Generic[Request, Reply]):
                 raise end.failure
         finally:
             reader.cancel()
+
+
+class AskEach(Generic[Request, Reply]):
+    """Calls over one stream: opened on first use and again after it ends; requests made while
+    a write is under way go together in the next message (at most ``message_bytes`` of them,
+    when given); each answer finds its waiter by id. Requests and answers are messages with an
+    ``id`` field; ``pack`` makes a message of requests, and a message's ``replies`` are its
+    answers. When the stream ends, every waiter fails with ``failure(exc)`` (exc is None for
+    a stream that ended without an error, or was closed here)."""
+
+    def __init__(
+        self,
+        open_call: Callable[[], Any],
+        pack: Callable[[list[Request]], Any],
+        failure: Callable[[BaseException | None], Exception],
+        *,
+        message_bytes: int | None = None,
+        busy: int | None = None,
+        linger: float = 0.0,
+    ) -> None:
+        self._open_call = open_call
+        self._pack = pack
+        self._failure = failure
+        self._message_bytes = message_bytes
+        # with ``busy`` requests or more awaiting answers, a write waits ``linger`` seconds for
+        # more to join its message: fewer and fuller messages under load
+        self._busy = busy
+        self._linger = linger
+        self._call: Any = None
+        self._outbox: list[Request] = []
+        self._writer_of: Any = None  # the call a write task is busy with, if any
+        self._waiting: dict[int, asyncio.Future[Reply]] = {}
+        self._ids = itertools.count(1)
+        self.messages_written = 0  # each carrying requests_written / messages_written requests
+        self.requests_written = 0
+
+    async def ask(
+        self, request: Request, timeout: float, expired: Callable[[], Exception]
+    ) -> Reply:
+        """Sends ``request`` (its id is set here) and returns its answer; ``expired()`` is
+        raised when none came within ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        if self._call is None:
+            self._call = self._open_call()
+            loop.create_task(self._read(self._call))
+        request.id = next(self._ids)  # type: ignore[attr-defined]
+        answer: asyncio.Future[Reply] = loop.create_future()
+        self._waiting[request.id] = answer  # type: ignore[attr-defined]
+        self._outbox.append(request)
+        if self._writer_of is not self._call:  # none, or one still busy with an ended call
+            self._writer_of = self._call
+            loop.create_task(self._write(self._call))
+        expiry = loop.call_later(timeout, _expire, answer, expired)
+        try:
+            return await answer
+        finally:
+            expiry.cancel()
+            self._waiting.pop(request.id, None)  # type: ignore[attr-defined]
+
+    async def _write(self, call: Any) -> None:
+        try:
+            if self._busy is not None and len(self._waiting) >= self._busy:
+                await asyncio.sleep(self._linger)
+            while self._outbox and call is self._call:
+                count = self._fitting()
+                batch, self._outbox = self._outbox[:count], self._outbox[count:]
+                self.messages_written += 1
+                self.requests_written += len(batch)
+                await call.write(self._pack(batch))
+        except Exception as exc:  # noqa: BLE001 - every waiter hears of it
+            self.end(call, exc)
+        finally:
+            if self._writer_of is call:
+                self._writer_of = None
+
+    def _fitting(self) -> int:
+        """How many queued requests the next message takes (at least one)."""
+        if self._message_bytes is None:
+            return len(self._outbox)
+        size, count = 0, 0
+        for request in self._outbox:
+            size += request.ByteSize() + 8  # type: ignore[attr-defined]  # and its framing
+            if count and size > self._message_bytes:
+                break
+            count += 1
+        return count
+
+    async def _read(self, call: Any) -> None:
+        try:
+            async for message in call:
+                for reply in message.replies:
+                    answer = self._waiting.get(reply.id)
+                    if answer is not None and not answer.done():
+                        answer.set_result(reply)
+            self.end(call, None)
+        except Exception as exc:  # noqa: BLE001
+            self.end(call, exc)
+
+    def end(self, call: Any, exc: BaseException | None) -> None:
+        """``call`` ended (the peer restarted, the network failed): everything waiting on it
+        fails, and the next request opens a new call."""
+        if call is not self._call:
+            return
+        self._call = None
+        self._outbox.clear()
+        failure = self._failure(exc)
+        waiting, self._waiting = self._waiting, {}
+        for answer in waiting.values():
+            if not answer.done():
+                answer.set_exception(failure)
+                answer.exception()
+        with contextlib.suppress(Exception):
+            call.cancel()
+
+    def close(self) -> None:
+        if self._call is not None:
+            self.end(self._call, None)
+
+
+def _expire(answer: asyncio.Future[Any], expired: Callable[[], Exception]) -> None:
+    if not answer.done():
+        answer.set_exception(expired())

@@ -8,7 +8,6 @@ error is raised as the matching ``aggview.errors`` class.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ from aggview import errors
 from aggview.net import GRPC_OPTIONS
 from aggview.security import client_credentials
 from aggview.status import error_from_rpc, error_from_status
+from aggview.streams import AskEach
 from aggview.values import from_row, to_row, to_value
 from aggview.wire import client_pb2 as pb
 from aggview.wire import client_pb2_grpc as pb_grpc
@@ -309,105 +309,6 @@ STREAM_MESSAGE_BYTES = 32 * 1024
 _STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
-class _TransactStream:
-    """An AsyncClient's transactions on one Transact stream, opened on first use and again
-    after it breaks. Requests made while a write is under way go together in the next message,
-    and each answer finds its waiter by id. Why a stream: per transaction, a Python gRPC
-    server spends far less CPU on a share of a stream message than on a call."""
-
-    def __init__(self, client: AsyncClient) -> None:
-        self._client = client
-        self._call: Any = None
-        self._outbox: list[pb.TransactRequest] = []
-        self._writer_of: Any = None  # the call a write task is busy with, if any
-        self._waiting: dict[int, asyncio.Future[pb.TransactReply]] = {}
-        self._ids = itertools.count(1)
-
-    async def commit(self, request: pb.CommitRequest) -> int:
-        loop = asyncio.get_running_loop()
-        if self._call is None:
-            client = self._client
-            self._call = client._stub.Transact(metadata=client._metadata)
-            loop.create_task(self._read(self._call))
-        id = next(self._ids)
-        answer: asyncio.Future[pb.TransactReply] = loop.create_future()
-        self._waiting[id] = answer
-        self._outbox.append(pb.TransactRequest(id=id, operations=request.operations))
-        if self._writer_of is not self._call:  # none, or one still busy with a broken call
-            self._writer_of = self._call
-            loop.create_task(self._write(self._call))
-        expiry = loop.call_later(self._client.timeout, self._expire, answer)
-        try:
-            reply = await answer
-        finally:
-            expiry.cancel()
-            self._waiting.pop(id, None)
-        if reply.code:
-            code = _STATUS_BY_VALUE.get(reply.code, grpc.StatusCode.UNKNOWN)
-            raise error_from_status(code, reply.message)
-        return reply.timestamp
-
-    def _expire(self, answer: asyncio.Future[pb.TransactReply]) -> None:
-        if not answer.done():
-            answer.set_exception(
-                errors.Unavailable(
-                    f"no answer within {self._client.timeout:g}s (the transaction may or "
-                    "may not have committed)"
-                )
-            )
-
-    async def _write(self, call: Any) -> None:
-        try:
-            while self._outbox and call is self._call:
-                size, count = 0, 0
-                for request in self._outbox:
-                    size += request.ByteSize() + 8  # and its framing in the message
-                    if count and size > STREAM_MESSAGE_BYTES:
-                        break
-                    count += 1
-                batch, self._outbox = self._outbox[:count], self._outbox[count:]
-                await call.write(pb.TransactRequests(requests=batch))
-        except Exception as exc:  # noqa: BLE001 - every waiter hears of it
-            self._broken(call, exc)
-        finally:
-            if self._writer_of is call:
-                self._writer_of = None
-
-    async def _read(self, call: Any) -> None:
-        try:
-            async for message in call:
-                for reply in message.replies:
-                    answer = self._waiting.get(reply.id)
-                    if answer is not None and not answer.done():
-                        answer.set_result(reply)
-            self._broken(call, None)
-        except Exception as exc:  # noqa: BLE001
-            self._broken(call, exc)
-
-    def _broken(self, call: Any, exc: BaseException | None) -> None:
-        """The stream ended (the coordinator restarted, a message it refused): every
-        transaction still waiting fails with why (it may or may not have committed), and
-        the next one opens a new stream."""
-        if call is not self._call:
-            return
-        self._call = None
-        self._outbox.clear()
-        if isinstance(exc, grpc.RpcError):
-            failure: errors.AggviewError = _explain(exc, self._client._plaintext)
-        else:
-            failure = errors.Unavailable(f"the transaction stream ended: {exc!r}")
-        waiting, self._waiting = self._waiting, {}
-        for answer in waiting.values():
-            if not answer.done():
-                answer.set_exception(failure)
-                answer.exception()
-        call.cancel()
-
-    def close(self) -> None:
-        if self._call is not None:
-            self._broken(self._call, None)
-
-
 class AsyncClient:
     """The same API for asyncio: ``async with client.transaction() as tx``, ``await get(...)``.
     Takes the same security arguments as :class:`Client`."""
@@ -431,7 +332,14 @@ class AsyncClient:
             grpc.aio, address, ca, tls, token, options
         )
         self._stub = pb_grpc.AggviewStub(self._channel)
-        self._transactions = _TransactStream(self)
+        # Why a stream: per transaction, a Python gRPC server spends far less CPU on a share
+        # of a stream message than on a call.
+        self._transactions: AskEach[pb.TransactRequest, pb.TransactReply] = AskEach(
+            lambda: self._stub.Transact(metadata=self._metadata),
+            lambda requests: pb.TransactRequests(requests=requests),
+            self._stream_ended,
+            message_bytes=STREAM_MESSAGE_BYTES,
+        )
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -464,13 +372,34 @@ class AsyncClient:
             try:
                 if alone:
                     return (await self._call(self._stub.Commit, request)).timestamp
-                return await self._transactions.commit(request)
+                return await self._transact(request)
             except errors.TooLate:
                 if attempt + 1 == self.retry.attempts:
                     raise
                 self.retries += 1
                 await asyncio.sleep(self.retry.delay(attempt))
         raise AssertionError("unreachable")
+
+    async def _transact(self, request: pb.CommitRequest) -> int:
+        reply = await self._transactions.ask(
+            pb.TransactRequest(operations=request.operations),
+            self.timeout,
+            lambda: errors.Unavailable(
+                f"no answer within {self.timeout:g}s (the transaction may or may not have "
+                "committed)"
+            ),
+        )
+        if reply.code:
+            code = _STATUS_BY_VALUE.get(reply.code, grpc.StatusCode.UNKNOWN)
+            raise error_from_status(code, reply.message)
+        return reply.timestamp
+
+    def _stream_ended(self, exc: BaseException | None) -> errors.AggviewError:
+        """What transactions still waiting hear when the stream ends (the coordinator
+        restarted, a message it refused): they may or may not have committed."""
+        if isinstance(exc, grpc.RpcError):
+            return _explain(exc, self._plaintext)
+        return errors.Unavailable(f"the transaction stream ended: {exc!r}")
 
     async def get(self, table: str, key: Mapping[str, Any]) -> Row | None:
         return _get_row(

@@ -5,10 +5,8 @@ not one RPC per transaction per participant."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import grpc
 
@@ -16,6 +14,7 @@ from aggview import errors, ownership
 from aggview.net import GRPC_OPTIONS
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.status import error_from_rpc
+from aggview.streams import AskEach
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 
@@ -116,13 +115,14 @@ class LtmChannel:
         self._tls = tls
         self.point(address, owner=index, epoch=0)
         self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
-        self._stream: Any = None  # the long-lived Exchange call, opened on first use
-        self._outbox: list[pb.LtmRequest] = []
-        self._writer_of: Any = None  # the stream a write task is busy with, if any
-        self._waiting: dict[int, asyncio.Future[pb.LtmReply]] = {}
-        self._ids = itertools.count(1)
-        self.messages_written = 0  # stream messages, each carrying requests_written / this
-        self.requests_written = 0
+        # the long-lived Exchange call, opened on first use (on the current owner's stub)
+        self.stream: AskEach[pb.LtmRequest, pb.LtmReply] = AskEach(
+            lambda: self.stub.Exchange(metadata=self._metadata),
+            lambda requests: pb.LtmRequests(requests=requests),
+            self._unavailable,
+            busy=BUSY,
+            linger=LINGER,
+        )
 
     def point(self, address: str, owner: int, epoch: int) -> None:
         """Where the partition is served (set at start from the store's ownership record)."""
@@ -141,8 +141,7 @@ class LtmChannel:
         """Talks to the partition's owner at ``epoch`` from now on (failover); whatever was
         waiting on the old owner fails as unavailable (and is retried or aborted)."""
         old = self._channel
-        if self._stream is not None:
-            self._broken(self._stream, None)
+        self.stream.close()
         self.point(address, owner, epoch)
         await old.close()
 
@@ -158,71 +157,21 @@ class LtmChannel:
 
     async def _exchange(self, request: pb.LtmRequest, timeout: float = 30.0) -> pb.LtmReply:
         """Sends one request on the stream and waits for its own answer."""
-        if self._stream is None:
-            self._stream = self.stub.Exchange(metadata=self._metadata)
-            asyncio.get_running_loop().create_task(self._read(self._stream))
-        request.id = next(self._ids)
-        answer: asyncio.Future[pb.LtmReply] = asyncio.get_running_loop().create_future()
-        self._waiting[request.id] = answer
-        self._outbox.append(request)
-        if self._writer_of is not self._stream:  # none, or one still busy with a dead stream
-            self._writer_of = self._stream
-            asyncio.get_running_loop().create_task(self._write(self._stream))
-        try:
-            reply = await asyncio.wait_for(answer, timeout)
-        except asyncio.TimeoutError:
-            raise errors.Unavailable(
+        reply = await self.stream.ask(
+            request,
+            timeout,
+            lambda: errors.Unavailable(
                 f"LTM {self.index} at {self.address} did not answer within {timeout:g}s"
-            ) from None
-        finally:
-            self._waiting.pop(request.id, None)
+            ),
+        )
         if reply.HasField("error"):
             raise errors.Unavailable(f"LTM {self.index}: {reply.error}")
         return reply
 
-    async def _write(self, stream: Any) -> None:
-        try:
-            if len(self._waiting) >= BUSY:  # under load, fewer and fuller messages
-                await asyncio.sleep(LINGER)
-            while self._outbox and stream is self._stream:
-                message = pb.LtmRequests(requests=self._outbox)
-                self.messages_written += 1
-                self.requests_written += len(self._outbox)
-                self._outbox = []
-                await stream.write(message)
-        except Exception as exc:  # noqa: BLE001 - the reader reports the stream's end
-            self._broken(stream, exc)
-        finally:
-            if self._writer_of is stream:
-                self._writer_of = None
-
-    async def _read(self, stream: Any) -> None:
-        try:
-            async for message in stream:
-                for reply in message.replies:
-                    answer = self._waiting.get(reply.id)
-                    if answer is not None and not answer.done():
-                        answer.set_result(reply)
-            self._broken(stream, None)
-        except Exception as exc:  # noqa: BLE001
-            self._broken(stream, exc)
-
-    def _broken(self, stream: Any, exc: BaseException | None) -> None:
-        """The stream ended (the LTM restarted, the network failed): everything waiting on
-        it fails as unavailable, and the next request opens a new stream."""
-        if stream is not self._stream:
-            return
-        self._stream = None
-        self._outbox.clear()
+    def _unavailable(self, exc: BaseException | None) -> errors.Unavailable:
+        """What waiters hear when the stream ends (the LTM restarted, the network failed)."""
         detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
-        failure = errors.Unavailable(f"LTM {self.index} at {self.address} is unavailable: {detail}")
-        waiting, self._waiting = self._waiting, {}
-        for answer in waiting.values():
-            if not answer.done():
-                answer.set_exception(failure)
-                answer.exception()
-        with contextlib.suppress(Exception):
-            stream.cancel()
+        return errors.Unavailable(f"LTM {self.index} at {self.address} is unavailable: {detail}")
 
     async def _call(self, method, request, timeout: float):  # type: ignore[no-untyped-def]
         try:
@@ -263,6 +212,5 @@ class LtmChannel:
         return await self._call(self.stub.Status, pb.StatusRequest(), timeout=5)
 
     async def close(self) -> None:
-        if self._stream is not None:
-            self._broken(self._stream, None)
+        self.stream.close()
         await self._channel.close()

@@ -360,8 +360,8 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
             channel.index,
             channel.decisions.items,
             channel.decisions.calls,
-            channel.requests_written,
-            channel.messages_written,
+            channel.stream.requests_written,
+            channel.stream.messages_written,
         )
     if failover is not None:
         await failover.stop()
