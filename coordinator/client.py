@@ -398,8 +398,11 @@ class AsyncClient:
         """What transactions still waiting hear when the stream ends (the coordinator
         restarted, a message it refused): they may or may not have committed."""
         if isinstance(exc, grpc.RpcError):
-            return _explain(exc, self._plaintext)
-        return errors.Unavailable(f"the transaction stream ended: {exc!r}")
+            error = _explain(exc, self._plaintext)
+            if type(error) is not errors.AggviewError:  # a status the server chose to end it
+                return error
+            exc = error  # INTERNAL, CANCELLED, UNKNOWN: the call broke (a server gone mid-stream)
+        return errors.Unavailable(f"the transaction stream ended: {exc}")
 
     async def get(self, table: str, key: Mapping[str, Any]) -> Row | None:
         return _get_row(
