@@ -19,7 +19,7 @@ _INT_BIAS = 1 << 63
 _DECIMAL_BIAS = 1 << 127
 _DATE_BIAS = 1 << 31
 _FLOAT_SIGN = 1 << 63
-_TEXT_END = b"\x00\x01"
+TEXT_END = b"\x00\x01"  # a TEXT value ends here; a zero byte inside it is \x00\xff
 _TEXT_ZERO = b"\x00\xff"
 
 
@@ -47,7 +47,7 @@ def _encode_one(column_type: ColumnType, value: object, index: int, out: bytearr
         except UnicodeEncodeError:
             raise _bad(value, column_type, index, " (not valid Unicode)") from None
         out += raw.replace(b"\x00", _TEXT_ZERO)
-        out += _TEXT_END
+        out += TEXT_END
         return
     if kind == "FLOAT":
         if isinstance(value, bool) or not isinstance(value, float | int):
@@ -77,6 +77,14 @@ def _encode_one(column_type: ColumnType, value: object, index: int, out: bytearr
         out += (value + _DATE_BIAS).to_bytes(4, "big")
     else:  # pragma: no cover - ColumnType refuses other kinds
         raise AssertionError(kind)
+
+
+_WIDTHS = {"BOOL": 1, "INT": 8, "FLOAT": 8, "DECIMAL": 16, "DATE": 4}
+
+
+def encoded_width(column_type: ColumnType) -> int | None:
+    """Bytes of one encoded value of this type; None for TEXT (it ends at ``TEXT_END``)."""
+    return _WIDTHS.get(column_type.kind)
 
 
 def encode_key(types: Sequence[ColumnType], values: Sequence[object]) -> bytes:

@@ -8,7 +8,12 @@ from __future__ import annotations
 import re
 import zlib
 
+from aggview.keycodec import TEXT_END
+
 CHANGES_ID = re.compile(r"c\d+_")  # change table number N of base table T: "c<N>_" + T's id
+# Index number N of a column of base table T: "j<N>_<W>_" + T's id, where W is the width of
+# the column's encoded value (a number, or "t" for TEXT, which ends at TEXT_END).
+INDEX_ID = re.compile(r"j\d+_(\d+|t)_")
 
 
 def changes_table(number: int, table_id: str) -> str:
@@ -16,10 +21,23 @@ def changes_table(number: int, table_id: str) -> str:
     return f"c{number}_{table_id}"
 
 
+def index_table(number: int, width: int | None, table_id: str) -> str:
+    """The id of an index of ``table_id``; its keys are the encoded column value (``width``
+    bytes, None for TEXT) + the base key."""
+    return f"j{number}_{'t' if width is None else width}_{table_id}"
+
+
 def partition_of(table_id: str, key: bytes, partitions: int) -> int:
-    """A change row lives with the base row it describes, so appending it adds no
-    participant to the writing transaction."""
+    """A change row or an index entry lives with the base row it describes, so writing it
+    adds no participant to the writing transaction. (Indexes read by range ask every LTM
+    anyway.)"""
     match = CHANGES_ID.match(table_id)
     if match:
         table_id, key = table_id[match.end() :], key[:-8]
+    else:
+        match = INDEX_ID.match(table_id)
+        if match:
+            width = match.group(1)
+            end = key.find(TEXT_END) + len(TEXT_END) if width == "t" else int(width)
+            table_id, key = table_id[match.end() :], key[end:]
     return zlib.crc32(key, zlib.crc32(table_id.encode())) % partitions

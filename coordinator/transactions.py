@@ -28,6 +28,7 @@ from aggview.security import TlsDir
 from aggview.status import CONDITION_FAILED_PREFIX
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
+from coordinator import lookup_cache
 from coordinator.catalog import Catalog
 from coordinator.convert import (
     Limits,
@@ -37,6 +38,7 @@ from coordinator.convert import (
     row_op,
 )
 from coordinator.decision_log import DecisionLog
+from coordinator.lookup_cache import LookupCache
 from coordinator.ltm_channel import LtmChannel
 from coordinator.timestamp_oracle import TimestampOracle
 
@@ -51,6 +53,7 @@ class Transaction:
     participants: set[int] = field(default_factory=set)  # partitions prepared so far
     epoch: int = 0  # the view configuration the transaction started under
     maintained: bool = False  # extensions already ran on images predicted from its inserts
+    images: list[lpb.RowImage] = field(default_factory=list)  # every row image seen so far
 
 
 # Called after every round of yes votes; returns more row operations to prepare (none: done).
@@ -136,6 +139,12 @@ class TransactionManager:
         self.views: Any = None  # the view manager, once one is attached
         # Which store tables' changes the extensions need (row images on the votes).
         self.watched: Callable[[str], bool] = lambda table_id: False
+        # Which store tables view maintenance looks up by primary key (cached here).
+        self.lookup_tables: Callable[[], set[str]] = set
+        self.lookups = LookupCache(
+            lambda: self.lookup_tables(), lambda: self.epoch, self.oracle.current, warm=self._warm
+        )
+        self._warming: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
         self.committed = 0
         self.aborted = 0
@@ -154,6 +163,10 @@ class TransactionManager:
             self._deliver_later(ts, participants)
 
     async def close(self) -> None:
+        if self.lookups.hits or self.lookups.misses:
+            log.info("lookup cache: %d hits, %d misses", self.lookups.hits, self.lookups.misses)
+        if self._warming is not None:
+            self._warming.cancel()
         if self._deliveries:
             await asyncio.wait(self._deliveries, timeout=5)
         for channel in self.channels:
@@ -169,6 +182,7 @@ class TransactionManager:
             decorate(ops)
         ts = self.oracle.next()
         self.in_flight.add(ts)
+        self.lookups.writing(ts, [(op.table, op.key) for op in ops])
         tx = Transaction(ts, epoch=self.epoch)
         return await self._run(tx, ops)
 
@@ -178,12 +192,14 @@ class TransactionManager:
         visible at once when it commits, and an LTM never spends long on one message."""
         ts = self.oracle.next()
         self.in_flight.add(ts)
+        self.lookups.opaque(ts)
         tx = Transaction(ts, epoch=self.epoch)
 
         async def rounds() -> None:
             async for ops in chunks:
                 for decorate in self.decorators:
                     decorate(ops)
+                self.lookups.writing(ts, [(op.table, op.key) for op in ops])
                 await self._prepare_rounds(tx, ops, extend=True)
 
         return await self._decide(tx, rounds())
@@ -248,10 +264,12 @@ class TransactionManager:
             # extensions run now and their operations join the first round (one round
             # instead of two, e.g. for a fact-table insert under a sync view).
             tx.maintained = True
+            tx.images.extend(predicted)
             for extension in self.extensions:
                 round_ops = round_ops + await extension(tx, predicted)
         while round_ops:
             images = await self._prepare_round(tx, round_ops)
+            tx.images.extend(images)
             round_ops = []
             if images and extend and not tx.maintained:
                 for extension in self.extensions:
@@ -267,18 +285,25 @@ class TransactionManager:
                 failpoints.hit(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED)
         except BaseException:
             self.in_flight.decided(ts)
+            self.lookups.aborted(ts)
             self.aborted += 1
             for partition in tx.participants:
                 self._send_abort(partition, ts)
             raise
         # The decision point: once the commit record is queued the transaction commits, even
         # if the caller goes away (a cancelled RPC must not turn into aborts at the LTMs).
-        decided = asyncio.ensure_future(self._commit(ts, sorted(tx.participants)))
+        decided = asyncio.ensure_future(self._commit(tx))
         return await asyncio.shield(decided)
 
-    async def _commit(self, ts: int, participants: list[int]) -> int:
+    async def _commit(self, tx: Transaction) -> int:
+        ts, participants = tx.ts, sorted(tx.participants)
         try:
             await self.decisions.commit(ts, participants)
+        except BaseException:
+            self.lookups.unknown(ts)
+            raise
+        else:
+            self.lookups.committed(ts, tx.images)
         finally:
             self.in_flight.decided(ts)
         if failpoints.ARMED:
@@ -444,6 +469,68 @@ class TransactionManager:
             )
         )
         return {kv.key: kv.row for reply in replies for kv in reply.rows}
+
+    async def lookup_keys_at(self, table_id: str, keys: list[bytes], ts: int) -> dict[bytes, bytes]:
+        """Rows by primary key as transaction ``ts`` reads them (``own``), from the lookup
+        cache where it knows them, from the LTMs otherwise."""
+        if table_id not in self.lookups.tables():
+            return await self.read_keys_at(table_id, keys, ts, own=True)
+        found: dict[bytes, bytes] = {}
+        missing = []
+        for key in keys:
+            known, row = self.lookups.lookup((table_id, key), ts)
+            if not known:
+                missing.append(key)
+            elif row is not None:
+                found[key] = row
+        if lookup_cache.CHECK and len(missing) < len(keys):
+            await self._check_lookups(table_id, keys, missing, found, ts)
+        if missing:
+            read = await self.read_keys_at(table_id, missing, ts, own=True)
+            for key in missing:
+                self.lookups.offer((table_id, key), read.get(key), ts)
+            found.update(read)
+        return found
+
+    async def _check_lookups(
+        self,
+        table_id: str,
+        keys: list[bytes],
+        missing: list[bytes],
+        found: dict[bytes, bytes],
+        ts: int,
+    ) -> None:
+        truth = await self.read_keys_at(table_id, keys, ts, own=True)
+        for key in set(keys) - set(missing):
+            if truth.get(key) != found.get(key):
+                log.error(
+                    "lookup cache mismatch: %s key %r at %d: cache %r, LTM %r",
+                    table_id,
+                    key,
+                    ts,
+                    found.get(key),
+                    truth.get(key),
+                )
+
+    def _warm(self, table_ids: set[str]) -> None:
+        """Fills the lookup cache with the rows of newly cached tables, in the background."""
+        if self._warming is not None:
+            self._warming.cancel()
+        self._warming = asyncio.get_running_loop().create_task(self._warm_from_snapshot(table_ids))
+
+    async def _warm_from_snapshot(self, table_ids: set[str]) -> None:
+        budget = self.lookups.max_rows // 2
+        try:
+            async with self.snapshot() as ts:
+                for table_id in sorted(table_ids):
+                    async for page in self.read_pages(table_id, b"", b"", ts):
+                        for key, row in page[:budget]:
+                            self.lookups.offer((table_id, key), row, ts + 1)
+                        budget -= len(page)
+                        if budget <= 0:
+                            return
+        except errors.AggviewError as exc:  # an LTM down: lookups fill the cache instead
+            log.info("lookup cache not warmed: %s", exc)
 
     async def read_range_at(
         self,

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aggview import errors, failpoints
-from aggview.keycodec import encode_key, prefix_end
-from aggview.partition_map import changes_table
+from aggview.keycodec import encode_key, encoded_width, prefix_end
+from aggview.partition_map import changes_table, index_table
 from aggview.rowcodec import decode_row, encode_row
 from aggview.schema import Column, TableSchema, to_storage
 from aggview.wire import ltm_pb2 as lpb
@@ -98,6 +98,7 @@ class ViewManager:
         manager.extensions.append(self._maintain)
         manager.decorators.append(self._capture)
         manager.watched = self._watches
+        manager.lookup_tables = self._lookup_tables
         manager.views = self
         self._watched: tuple[int, set[str]] = (-1, set())
 
@@ -266,7 +267,8 @@ class ViewManager:
                 schema = self.catalog.table(table)
                 if ref.column == schema.primary_key[0] or (table, ref.column) in self.indexes:
                     continue
-                index_id = f"i{self.catalog.next_number()}_{table}_{ref.column}"
+                width = encoded_width(schema.column(ref.column).type)
+                index_id = index_table(self.catalog.next_number(), width, schema.table_id)
                 self.catalog.store.create_table(index_id)
                 self.catalog.put_entry(
                     "index",
@@ -443,6 +445,20 @@ class ViewManager:
             self._watched = (self.manager.epoch, ids)
         return table_id in ids
 
+    def _lookup_tables(self) -> set[str]:
+        """Tables that sync maintenance joins on their whole primary key (dimension rows,
+        looked up by key in every writing transaction): the coordinator caches them."""
+        ids = set()
+        for view in self.views.values():
+            if view.plan.mode != "sync" or view.state == "initializing":
+                continue
+            for edge in view.plan.edges:
+                for ref in (edge.left, edge.right):
+                    schema = self.catalog.table(view.plan.table_of(ref.alias))
+                    if schema.primary_key == (ref.column,):
+                        ids.add(schema.table_id)
+        return ids
+
     def _capture(self, ops: list[lpb.RowOp]) -> None:
         """Asks the LTMs to append change rows for views that are async or initializing."""
         capturing = [v for v in self.views.values() if v.captures]
@@ -522,7 +538,7 @@ class ViewManager:
             column_type = schema.column(column).type
             prefixes = {encode_key([column_type], [v]): v for v in values}
             if column == schema.primary_key[0] and len(schema.primary_key) == 1:
-                found = await manager.read_keys_at(schema.table_id, list(prefixes), ts, own=True)
+                found = await manager.lookup_keys_at(schema.table_id, list(prefixes), ts)
                 return {prefixes[k]: [(k, decode_row(v) or {})] for k, v in found.items()}
             if column == schema.primary_key[0]:
                 table_id, path = schema.table_id, None

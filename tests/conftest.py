@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from lookup_check import lookup_mismatches
 
 from aggview.cluster import LocalCluster
 from coordinator import Client
+
+# Every cluster a test starts checks each answer of the coordinator's lookup cache against the
+# LTMs; a difference anywhere fails the session (see pytest_sessionfinish).
+os.environ.setdefault("AGGVIEW_LOOKUP_CACHE_CHECK", "1")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    found = lookup_mismatches(factory.getbasetemp())
+    if found:
+        print(f"\n{len(found)} wrong answers of the lookup cache:", *found[:20], sep="\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +56,7 @@ def fresh_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     finally:
         running.stop()
         running.kill()
+    assert not lookup_mismatches(tmp_path), lookup_mismatches(tmp_path)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggview.errors import InvalidArgument
-from aggview.keycodec import decode_key, encode_key, prefix_end
+from aggview.keycodec import decode_key, encode_key, encoded_width, prefix_end
+from aggview.partition_map import index_table, partition_of
 from aggview.schema import ColumnType
 
 PROPERTY = settings(max_examples=200, deadline=None)
@@ -188,3 +189,18 @@ def test_prefix_end_examples() -> None:
     assert prefix_end(b"\x00") == b"\x01"
     assert prefix_end(b"\xff\xff") is None
     assert prefix_end(b"") is None
+
+
+@PROPERTY
+@given(st.data(), column_types, st.binary(max_size=24), st.integers(1, 7))
+def test_an_index_entry_lives_with_its_base_row(
+    data: st.DataObject, column_type: ColumnType, base_key: bytes, partitions: int
+) -> None:
+    value = data.draw(values_of(column_type))
+    prefix = encode_key([column_type], [value])
+    width = encoded_width(column_type)
+    assert width is None or len(prefix) == width
+    index_id = index_table(7, width, "t3_events")
+    assert partition_of(index_id, prefix + base_key, partitions) == partition_of(
+        "t3_events", base_key, partitions
+    )

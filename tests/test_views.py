@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from lookup_check import lookup_mismatches
 
 from aggview import errors
 from aggview.cluster import LocalCluster
@@ -55,6 +56,7 @@ def dashboard_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
     finally:
         cluster.stop()
         cluster.kill()
+    assert not lookup_mismatches(tmp_path), lookup_mismatches(tmp_path)
 
 
 def write_events(address: str, clients: int, per_client: int, seed: int) -> int:
@@ -323,7 +325,7 @@ def test_dropping_the_last_sync_view_over_an_index_drops_the_index(
     def indexes() -> set[str]:
         store = open_store(dashboard_cluster.store_url)
         try:
-            return {t for t in store.list_tables() if t.startswith("i") and "_events_" in t}
+            return {t for t in store.list_tables() if t.startswith("j") and t.endswith("_events")}
         finally:
             store.close()
 

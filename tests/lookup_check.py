@@ -1,0 +1,18 @@
+"""Finds wrong answers of the coordinator's lookup cache in the logs of the clusters tests ran
+(their coordinators run with ``AGGVIEW_LOOKUP_CACHE_CHECK=1``, set in conftest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MISMATCH = "lookup cache mismatch"
+
+
+def lookup_mismatches(root: Path) -> list[str]:
+    """Lines of coordinator logs under ``root`` where the lookup cache answered wrongly."""
+    return [
+        line
+        for log in root.rglob("coordinator.log*")
+        for line in log.read_text(errors="replace").splitlines()
+        if MISMATCH in line
+    ]
