@@ -48,8 +48,10 @@ class Image(Protocol):  # an ltm_pb2.RowImage
 
 
 UNKNOWN = object()  # a committed write whose image the coordinator did not see
-# Rows kept (a few hundred bytes each); 0 turns the cache off.
+# Rows kept; 0 turns the cache off. Bytes kept (rows may be up to max_row_bytes each).
 MAX_ROWS = int(os.environ.get("AGGVIEW_LOOKUP_CACHE_ROWS", "200000"))
+MAX_BYTES = 64 * 1024 * 1024
+ENTRY_OVERHEAD = 200  # bytes of bookkeeping per entry, roughly
 # Tests set this: every answer from the cache is compared with a read from the LTMs and a
 # difference is logged as "lookup cache mismatch" (the cache's answer is still used).
 CHECK = os.environ.get("AGGVIEW_LOOKUP_CACHE_CHECK") == "1"
@@ -63,12 +65,15 @@ class LookupCache:
         current_ts: Callable[[], int],
         max_rows: int = MAX_ROWS,
         warm: Callable[[set[str]], None] = lambda tables: None,
+        max_bytes: int = MAX_BYTES,
     ) -> None:
         self._cached_tables = cached_tables
         self._warm = warm
         self._epoch = epoch
         self._current_ts = current_ts
         self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._tables: set[str] = set()
         self._configured_epoch: int | None = None
         self._entries: OrderedDict[RowKey, tuple[object, int]] = OrderedDict()
@@ -86,6 +91,7 @@ class LookupCache:
             self._configured_epoch = epoch
             self._tables = self._cached_tables() if self.max_rows > 0 else set()
             self._entries.clear()
+            self.bytes = 0
             # Writers registered under the old set may be undecided and unregistered now:
             # what the LTMs return above every timestamp issued so far already waited for them.
             self.floor = max(self.floor, self._current_ts())
@@ -169,13 +175,23 @@ class LookupCache:
         entry = self._entries.get(row_key)
         if entry is not None and entry[1] >= visible_from:
             return  # what the cache holds is at least as new (and the only record of it)
+        if entry is not None:
+            self._drop(row_key, entry)
         if visible_from <= self.floor:
-            # Too old to trust; an older entry must go too (this may be a write after it),
-            # and the floor keeps anything at or below this from being installed again.
-            self._entries.pop(row_key, None)
+            # Too old to trust; the older entry went too (this may be a write after it), and
+            # the floor keeps anything at or below this from being installed again.
             return
         self._entries[row_key] = (row, visible_from)
-        self._entries.move_to_end(row_key)
-        while len(self._entries) > self.max_rows:
-            _, (_, evicted_from) = self._entries.popitem(last=False)
-            self.floor = max(self.floor, evicted_from)
+        self.bytes += _size(row_key, row)
+        while len(self._entries) > self.max_rows or self.bytes > self.max_bytes:
+            evicted_key, evicted = next(iter(self._entries.items()))
+            self._drop(evicted_key, evicted)
+            self.floor = max(self.floor, evicted[1])
+
+    def _drop(self, row_key: RowKey, entry: tuple[object, int]) -> None:
+        del self._entries[row_key]
+        self.bytes -= _size(row_key, entry[0])
+
+
+def _size(row_key: RowKey, row: object) -> int:
+    return len(row_key[1]) + (len(row) if isinstance(row, bytes) else 0) + ENTRY_OVERHEAD

@@ -22,7 +22,7 @@ from aggview.cluster import LocalCluster
 from aggview.schema import TableSchema
 from coordinator import Client
 from coordinator.bulk_client import BulkClient
-from coordinator.lookup_cache import LookupCache
+from coordinator.lookup_cache import ENTRY_OVERHEAD, LookupCache
 from ltm.store import open_store
 
 P = ("p", b"k1")  # a cached row
@@ -36,7 +36,7 @@ class Image:
 
 
 class Harness:
-    def __init__(self, max_rows: int = 100) -> None:
+    def __init__(self, max_rows: int = 100, max_bytes: int = 10**6) -> None:
         self.epoch = 0
         self.now = 10
         self.tables = {"p"}
@@ -47,6 +47,7 @@ class Harness:
             lambda: self.now,
             max_rows=max_rows,
             warm=self.warmed.append,
+            max_bytes=max_bytes,
         )
         self.cache.tables()  # configured at timestamp 10
 
@@ -124,6 +125,15 @@ def test_an_old_read_below_the_floor_does_not_erase_a_newer_write() -> None:
     assert h.cache.lookup(P, 20) == (True, b"new")
     h.cache.offer(P, b"old", 12)  # a read from before the write (a warm-up snapshot)
     assert h.cache.lookup(P, 20) == (True, b"new")
+
+
+def test_big_rows_are_evicted_by_their_bytes() -> None:
+    h = Harness(max_bytes=2 * (ENTRY_OVERHEAD + 2 + 1000))
+    for i, ts in enumerate((12, 13, 14)):
+        h.cache.offer(("p", b"k%d" % i), b"x" * 1000, ts)
+    assert h.cache.lookup(("p", b"k0"), 20) == (False, None)  # the oldest went
+    assert h.cache.lookup(("p", b"k2"), 20) == (True, b"x" * 1000)
+    assert h.cache.floor == 12 and h.cache.bytes <= h.cache.max_bytes
 
 
 def test_a_bulk_load_in_flight_sends_younger_readers_to_the_ltm() -> None:
