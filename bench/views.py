@@ -29,7 +29,12 @@ At the end of every case each view is compared with a recomputation by duckdb ov
 scan of the tables (async views are refreshed first), and the number of events with the
 commits the client saw.
 
+With ``--repeat N`` every case runs N times, the cases alternating, and each ratio is the median
+of the N ratios of a case to its baseline of the same pass: on a noisy machine one pass can be
+30 % off either way.
+
     python -m bench.views                                # about 4 minutes on 2 cores
+    python -m bench.views --repeat 3                     # ratios that a slow spell moves less
     python -m bench.views --intervals 50 500 5000 --json views.json
     python -m bench.views --parts 3 --big-events 1000000
 """
@@ -45,6 +50,7 @@ import platform
 import random
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -120,6 +126,7 @@ class Point(Result):
     workload: str = "spread"  # "spread": random products; "hot": products of category 0 only
     view_mode: str | None = None
     interval_ms: int | None = None
+    pass_index: int = 0  # which pass over the cases (--repeat)
 
 
 @dataclass
@@ -144,9 +151,12 @@ class Report:
     checks: list[dict[str, Any]] = field(default_factory=list)
     view_create_s: dict[str, float] = field(default_factory=dict)
 
-    def point(self, case: str, clients: int, workload: str = "spread") -> Point | None:
+    def point(
+        self, case: str, clients: int, workload: str = "spread", pass_index: int = 0
+    ) -> Point | None:
+        wanted = (case, clients, workload, pass_index)
         for p in self.points:
-            if p.case == case and p.clients == clients and p.workload == workload:
+            if (p.case, p.clients, p.workload, p.pass_index) == wanted:
                 return p
         return None
 
@@ -370,11 +380,11 @@ def report_point(p: Point) -> None:
 
 
 async def bench_case(
-    cluster: LocalCluster, case: Case, args: argparse.Namespace, report: Report
+    cluster: LocalCluster, case: Case, args: argparse.Namespace, report: Report, pass_index: int
 ) -> None:
     ledger = Ledger()
     ids = itertools.count(args.events)
-    parts = set(args.parts)
+    parts = set(args.parts) if pass_index == 0 else set(args.parts) - {3}  # reads: once
     async with AsyncClient(cluster.address) as client:
         for table in RECOMPUTE_TABLES:  # the same warm caches in every case
             await client.scan(table)
@@ -410,6 +420,7 @@ async def bench_case(
                     tasks=tasks,
                     args=args,
                 )
+                point.pass_index = pass_index
                 report.points.append(point)
                 report_point(point)
                 await settle(cluster)
@@ -491,44 +502,60 @@ def run(args: argparse.Namespace, report: Report, pids: list[int]) -> None:
     with tempfile.TemporaryDirectory(prefix="aggview-bench-views-", dir=args.tmp) as tmp:
         base = Path(tmp) / "base"
         build_base(base, args, report, pids)
-        for case in cases(args):
-            data = Path(tmp) / case.name.replace(" ", "-")
-            shutil.copytree(base, data, ignore=shutil.ignore_patterns("logs"))
-            err.print(f"{case.name}: a fresh cluster over a copy of the base")
-            with running_cluster(data, args.ltms, not args.no_fsync) as cluster:
-                pids.extend(s.process.pid for s in cluster.servers if s.process is not None)
-                asyncio.run(bench_case(cluster, case, args, report))
-            shutil.rmtree(data)
+        for pass_index in range(args.repeat):  # cases alternate: slow spells hit them alike
+            for case in cases(args):
+                data = Path(tmp) / case.name.replace(" ", "-")
+                shutil.copytree(base, data, ignore=shutil.ignore_patterns("logs"))
+                err.print(f"{case.name}: a fresh cluster over a copy of the base")
+                with running_cluster(data, args.ltms, not args.no_fsync) as cluster:
+                    pids.extend(s.process.pid for s in cluster.servers if s.process is not None)
+                    asyncio.run(bench_case(cluster, case, args, report, pass_index))
+                shutil.rmtree(data)
 
 
 # --------------------------------------------------------------------------- report
 
 
 def ratios(report: Report, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """tx/s and p50 of each case against its baseline, per client count."""
+    """tx/s and p50 of each case against its baseline, per client count: with --repeat, the
+    median of the ratios of each pass (a case against its baseline of the same pass)."""
     found = []
 
-    def add(name: str, clients: int, num: Point | None, den: Point | None, **extra: Any) -> None:
-        if num is None or den is None or not den.tps:
+    def add(
+        name: str,
+        clients: int,
+        num: tuple[str, str],
+        den: tuple[str, str],
+        **extra: Any,
+    ) -> None:
+        tps, p50s = [], []
+        for r in range(args.repeat):
+            a = report.point(num[0], clients, num[1], r)
+            b = report.point(den[0], clients, den[1], r)
+            if a is None or b is None or not b.tps:
+                continue
+            tps.append(a.tps / b.tps)
+            if a.p50_ms and b.p50_ms:
+                p50s.append(a.p50_ms / b.p50_ms)
+        if not tps:
             return
-        p50 = num.p50_ms / den.p50_ms if num.p50_ms and den.p50_ms else None
         found.append(
             {
                 "ratio": name,
                 "clients": clients,
-                "tps": round(num.tps / den.tps, 3),
-                "p50": None if p50 is None else round(p50, 3),
+                "tps": round(statistics.median(tps), 3),
+                "p50": round(statistics.median(p50s), 3) if p50s else None,
+                "tps_per_pass": [round(t, 3) for t in tps],
                 **extra,
             }
         )
 
     for clients in args.clients:
-        none = report.point("none", clients)
-        sync = report.point("sync", clients)
+        none, sync = ("none", "spread"), ("sync", "spread")
         add("sync/none", clients, sync, none)
         for ms in args.intervals:
-            add(f"async {ms}ms/none", clients, report.point(f"async {ms}ms", clients), none)
-        add("hot/spread (sync)", clients, report.point("sync", clients, "hot"), sync)
+            add(f"async {ms}ms/none", clients, (f"async {ms}ms", "spread"), none)
+        add("hot/spread (sync)", clients, ("sync", "hot"), sync)
     for clients in args.clients:
         reference = PGIVM_REFERENCE.get(clients)
         extra = {}
@@ -538,13 +565,7 @@ def ratios(report: Report, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "pg_ivm_none_tps": reference[1],
                 "pg_ivm_ratio": round(reference[0] / reference[1], 3),
             }
-        add(
-            "pg_ivm view/none",
-            clients,
-            report.point("pg_ivm SQL", clients),
-            report.point("none", clients),
-            **extra,
-        )
+        add("pg_ivm view/none", clients, ("pg_ivm SQL", "spread"), ("none", "spread"), **extra)
     return found
 
 
@@ -557,7 +578,7 @@ def print_report(report: Report, found: list[dict[str, Any]], fsync: bool) -> No
         caption="spread: random products; hot: products of category 0 only (one view row). "
         "CPU: % of one core used by the coordinator, the LTMs, this client and other processes",
     )
-    for name in ("case", "view", "workload", "clients", *MEASURE_COLUMNS):
+    for name in ("case", "view", "workload", "clients", "pass", *MEASURE_COLUMNS):
         table.add_column(name, justify="right")
     for p in report.points:
         view = {
@@ -570,6 +591,7 @@ def print_report(report: Report, found: list[dict[str, Any]], fsync: bool) -> No
             view,
             p.workload,
             str(p.clients),
+            str(p.pass_index + 1),
             f"{p.tps:.0f}",
             _ms(p.p50_ms),
             _ms(p.p99_ms),
@@ -585,7 +607,9 @@ def print_report(report: Report, found: list[dict[str, Any]], fsync: bool) -> No
             title="ratios (committed tx/s and p50 latency of a case over its baseline)",
             caption="pg_ivm: the issue's figures (tx/s with the view / without, and their ratio)",
         )
-        for name in ("ratio", "clients", "tx/s ratio", "p50 ratio", "pg_ivm view/none tx/s"):
+        passes = any(len(r["tps_per_pass"]) > 1 for r in found)
+        columns = ["ratio", "clients", "tx/s ratio", "p50 ratio", "pg_ivm view/none tx/s"]
+        for name in columns + (["tx/s ratio of each pass"] if passes else []):
             table.add_column(name, justify="right")
         for r in found:
             reference = (
@@ -594,7 +618,8 @@ def print_report(report: Report, found: list[dict[str, Any]], fsync: bool) -> No
                 else ""
             )
             p50 = "-" if r["p50"] is None else f"{r['p50']:.2f}"
-            table.add_row(r["ratio"], str(r["clients"]), f"{r['tps']:.2f}", p50, reference)
+            each = [", ".join(f"{t:.2f}" for t in r["tps_per_pass"])] if passes else []
+            table.add_row(r["ratio"], str(r["clients"]), f"{r['tps']:.2f}", p50, reference, *each)
         out.print(table)
 
     if report.reads:
@@ -688,6 +713,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[1, 2, 3, 4],
         default=[1, 2, 3, 4],
         help="1: none/sync/async; 2: hot group; 3: point reads; 4: pg_ivm workload",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="passes over the cases (alternating); ratios are the median over the passes",
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-fsync", action="store_true", help="servers skip fsync of logs")
