@@ -64,8 +64,8 @@ class LookupCache:
         epoch: Callable[[], int],
         current_ts: Callable[[], int],
         max_rows: int = MAX_ROWS,
-        warm: Callable[[set[str]], None] = lambda tables: None,
         max_bytes: int = MAX_BYTES,
+        warm: Callable[[set[str]], None] = lambda tables: None,
     ) -> None:
         self._cached_tables = cached_tables
         self._warm = warm

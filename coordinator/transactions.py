@@ -484,22 +484,28 @@ class TransactionManager:
             elif row is not None:
                 found[key] = row
         if lookup_cache.CHECK and len(missing) < len(keys):
-            await self._check_lookups(table_id, keys, missing, found, ts)
-        if missing:
+            read = await self._checked_lookups(table_id, keys, missing, found, ts)
+        elif missing:
             read = await self.read_keys_at(table_id, missing, ts, own=True)
-            for key in missing:
-                self.lookups.offer((table_id, key), read.get(key), ts)
-            found.update(read)
+        else:
+            return found
+        for key in missing:  # the cache's own answers stand, even in check mode
+            row = read.get(key)
+            self.lookups.offer((table_id, key), row, ts)
+            if row is not None:
+                found[key] = row
         return found
 
-    async def _check_lookups(
+    async def _checked_lookups(
         self,
         table_id: str,
         keys: list[bytes],
         missing: list[bytes],
         found: dict[bytes, bytes],
         ts: int,
-    ) -> None:
+    ) -> dict[bytes, bytes]:
+        """Check mode: reads every key from the LTMs once, logs where a cache answer differs,
+        and returns the rows read (the missing keys' answers among them)."""
         truth = await self.read_keys_at(table_id, keys, ts, own=True)
         for key in set(keys) - set(missing):
             if truth.get(key) != found.get(key):
@@ -511,6 +517,7 @@ class TransactionManager:
                     found.get(key),
                     truth.get(key),
                 )
+        return truth
 
     def _warm(self, table_ids: set[str]) -> None:
         """Fills the lookup cache with the rows of newly cached tables, in the background."""

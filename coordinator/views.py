@@ -261,22 +261,20 @@ class ViewManager:
     def _declare_indexes(self, plan: ViewPlan) -> list[tuple[str, str]]:
         """A secondary index for every join column that is not the first key column."""
         created = []
-        for edge in plan.edges:
-            for ref in (edge.left, edge.right):
-                table = plan.table_of(ref.alias)
-                schema = self.catalog.table(table)
-                if ref.column == schema.primary_key[0] or (table, ref.column) in self.indexes:
-                    continue
-                width = encoded_width(schema.column(ref.column).type)
-                index_id = index_table(self.catalog.next_number(), width, schema.table_id)
-                self.catalog.store.create_table(index_id)
-                self.catalog.put_entry(
-                    "index",
-                    f"{table}.{ref.column}",
-                    {"table": table, "column": ref.column, "index_id": index_id},
-                )
-                self.indexes[(table, ref.column)] = index_id
-                created.append((table, ref.column))
+        for table, column in plan.join_columns():
+            schema = self.catalog.table(table)
+            if column == schema.primary_key[0] or (table, column) in self.indexes:
+                continue
+            width = encoded_width(schema.column(column).type)
+            index_id = index_table(self.catalog.next_number(), width, schema.table_id)
+            self.catalog.store.create_table(index_id)
+            self.catalog.put_entry(
+                "index",
+                f"{table}.{column}",
+                {"table": table, "column": column, "index_id": index_id},
+            )
+            self.indexes[(table, column)] = index_id
+            created.append((table, column))
         if created:
             self.manager.epoch += 1
         return created
@@ -317,13 +315,12 @@ class ViewManager:
 
     def _unused_indexes(self) -> dict[tuple[str, str], str]:
         """Indexes no sync view joins through any more (they cost every writer)."""
-        needed = set()
-        for view in self.views.values():
-            if view.plan.mode != "sync":
-                continue
-            for edge in view.plan.edges:
-                for ref in (edge.left, edge.right):
-                    needed.add((view.plan.table_of(ref.alias), ref.column))
+        needed = {
+            pair
+            for view in self.views.values()
+            if view.plan.mode == "sync"
+            for pair in view.plan.join_columns()
+        }
         return {key: index for key, index in self.indexes.items() if key not in needed}
 
     def _alter(self, alter: AlterView) -> str:
@@ -452,11 +449,10 @@ class ViewManager:
         for view in self.views.values():
             if view.plan.mode != "sync" or view.state == "initializing":
                 continue
-            for edge in view.plan.edges:
-                for ref in (edge.left, edge.right):
-                    schema = self.catalog.table(view.plan.table_of(ref.alias))
-                    if schema.primary_key == (ref.column,):
-                        ids.add(schema.table_id)
+            for table, column in view.plan.join_columns():
+                schema = self.catalog.table(table)
+                if schema.primary_key == (column,):
+                    ids.add(schema.table_id)
         return ids
 
     def _capture(self, ops: list[lpb.RowOp]) -> None:

@@ -237,6 +237,17 @@ class ViewPlan:
         """Distinct base tables, in FROM order: the tables whose writes touch this view."""
         return tuple(dict.fromkeys(t.table for t in self.tables))
 
+    def join_columns(self) -> tuple[tuple[str, str], ...]:
+        """Distinct (table, column) pairs the joins match on, in edge order: what indexes
+        and the coordinator's lookup cache serve."""
+        return tuple(
+            dict.fromkeys(
+                (self.table_of(ref.alias), ref.column)
+                for edge in self.edges
+                for ref in (edge.left, edge.right)
+            )
+        )
+
     def aliases_of(self, table: str) -> tuple[str, ...]:
         """A self-joined table has several aliases; a delta of it enters once per alias."""
         return tuple(t.alias for t in self.tables if t.table == table)
