@@ -443,11 +443,12 @@ class ViewManager:
         return table_id in ids
 
     def _lookup_tables(self) -> set[str]:
-        """Tables that sync maintenance joins on their whole primary key (dimension rows,
-        looked up by key in every writing transaction): the coordinator caches them."""
+        """Tables that view maintenance joins on their whole primary key (dimension rows,
+        looked up by key in every writing transaction of a sync view and in every refresh of
+        an async one): the coordinator caches them."""
         ids = set()
         for view in self.views.values():
-            if view.plan.mode != "sync" or view.state == "initializing":
+            if view.state == "initializing":
                 continue
             for table, column in view.plan.join_columns():
                 schema = self.catalog.table(table)
@@ -605,10 +606,12 @@ class ViewManager:
         async def drain(ts: int) -> list[lpb.RowOp]:
             changes: Changes = {}
             ops: list[lpb.RowOp] = []
-            for table in view.plan.base_tables():
-                schema = self.catalog.table(table)
-                changes_id = view.changes_id(schema)
-                rows = await self.manager.read_range_at(changes_id, b"", b"", ts, own=True)
+            tables = view.plan.base_tables()
+            changes_ids = [view.changes_id(self.catalog.table(table)) for table in tables]
+            drained = await asyncio.gather(
+                *(self.manager.read_range_at(i, b"", b"", ts, own=True) for i in changes_ids)
+            )
+            for table, changes_id, rows in zip(tables, changes_ids, drained, strict=True):
                 net: dict[bytes, tuple[Row | None, Row | None]] = {}
                 for key, data in rows:  # key order: base key, then timestamp
                     ops.append(lpb.RowOp(kind=lpb.RowOp.PUT, table=changes_id, key=key))

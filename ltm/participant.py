@@ -404,9 +404,10 @@ class Participant:
         the committed state before ``ts`` and keeps older writers off the row."""
         state = self.rows[row_id]
         try:
-            await asyncio.wait_for(
-                state.wait_readable(ts, own=register), self.settings.lock_wait_timeout
-            )
+            if state.blocks(ts, own=register):  # most reads find the row free: no wait task
+                await asyncio.wait_for(
+                    state.wait_readable(ts, own=register), self.settings.lock_wait_timeout
+                )
         except asyncio.TimeoutError:
             raise errors.Unavailable(
                 f"row of {row_id[0]} is still held by undecided transaction {state.holder}"

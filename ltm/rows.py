@@ -153,7 +153,7 @@ class RowState:
         if keep_from:
             del self.versions[:keep_from]
 
-    def _blocks(self, ts: int, own: bool) -> bool:
+    def blocks(self, ts: int, own: bool) -> bool:
         limit = ts - 1 if own else ts
         if self.holder and self.holder <= limit:
             return True
@@ -164,7 +164,7 @@ class RowState:
         pending on it (those are decided, so the wait is short: the coordinator reads only
         below every undecided timestamp). ``own``: the reader is transaction ``ts`` itself,
         which sees the row as it was before it."""
-        while self._blocks(ts, own):
+        while self.blocks(ts, own):
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self.read_waiters.append(waiter)
             await waiter
