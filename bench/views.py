@@ -34,7 +34,7 @@ of the N ratios of a case to its baseline of the same pass: on a noisy machine o
 30 % off either way.
 
     python -m bench.views                                # about 4 minutes on 2 cores
-    python -m bench.views --repeat 3                     # ratios that a slow spell moves less
+    python -m bench.views --repeat 3                     # about 8 minutes; steadier ratios
     python -m bench.views --intervals 50 500 5000 --json views.json
     python -m bench.views --parts 3 --big-events 1000000
 """
@@ -447,7 +447,13 @@ async def bench_case(
             big.recompute_s = round(recompute_s, 3)
 
 
-def build_base(data: Path, args: argparse.Namespace, report: Report, pids: list[int]) -> None:
+def build_base(
+    data: Path,
+    args: argparse.Namespace,
+    report: Report,
+    pids: list[int],
+    loop: asyncio.AbstractEventLoop,
+) -> None:
     fsync = not args.no_fsync
     with running_cluster(data, args.ltms, fsync) as cluster:
         pids.extend(s.process.pid for s in cluster.servers if s.process is not None)
@@ -463,7 +469,7 @@ def build_base(data: Path, args: argparse.Namespace, report: Report, pids: list[
             async with AsyncClient(cluster.address) as client:
                 await insert_events(client, rows, args.batch)
 
-        asyncio.run(load())
+        loop.run_until_complete(load())
         loaded = time.perf_counter()
     report.base = {
         "ltms": args.ltms,
@@ -499,9 +505,21 @@ def cases(args: argparse.Namespace) -> list[Case]:
 
 
 def run(args: argparse.Namespace, report: Report, pids: list[int]) -> None:
+    # One event loop for the whole run: gRPC's poller thread may still call into the loop of
+    # a finished asyncio.run, which then logs "Event loop is closed" tracebacks.
+    loop = asyncio.new_event_loop()
+    try:
+        run_on(loop, args, report, pids)
+    finally:
+        loop.close()
+
+
+def run_on(
+    loop: asyncio.AbstractEventLoop, args: argparse.Namespace, report: Report, pids: list[int]
+) -> None:
     with tempfile.TemporaryDirectory(prefix="aggview-bench-views-", dir=args.tmp) as tmp:
         base = Path(tmp) / "base"
-        build_base(base, args, report, pids)
+        build_base(base, args, report, pids, loop)
         for pass_index in range(args.repeat):  # cases alternate: slow spells hit them alike
             for case in cases(args):
                 data = Path(tmp) / case.name.replace(" ", "-")
@@ -509,7 +527,7 @@ def run(args: argparse.Namespace, report: Report, pids: list[int]) -> None:
                 err.print(f"{case.name}: a fresh cluster over a copy of the base")
                 with running_cluster(data, args.ltms, not args.no_fsync) as cluster:
                     pids.extend(s.process.pid for s in cluster.servers if s.process is not None)
-                    asyncio.run(bench_case(cluster, case, args, report, pass_index))
+                    loop.run_until_complete(bench_case(cluster, case, args, report, pass_index))
                 shutil.rmtree(data)
 
 
@@ -694,7 +712,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--events", type=int, default=10_000, help="events preloaded")
     parser.add_argument("--batch", type=int, default=500, help="rows per preload transaction")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8], help="closed loop tasks")
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured time per point")
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="measured time per point (5 s: ±30 %% here)"
+    )
     parser.add_argument("--warmup", type=float, default=1.5, help="unmeasured time per point")
     parser.add_argument(
         "--intervals", type=int, nargs="+", default=[500], help="async refresh intervals, ms"
