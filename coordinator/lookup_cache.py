@@ -1,9 +1,10 @@
-"""Rows that sync view maintenance looks up by primary key, cached at the coordinator.
+"""Rows that view maintenance looks up by primary key, cached at the coordinator.
 
 A sync insert into a fact table joins the new row with its dimension rows (a product, its
-category) as they were just before the transaction. Read from the LTMs, that is one round trip
-per join step before the transaction can prepare; the dimension rows hardly ever change, and
-every change to them passes through this coordinator, so it can answer those reads itself.
+category) as they were just before the transaction; an async refresh does the same for every
+change row it drains, at its own timestamp. Read from the LTMs, that is one round trip per join
+step; the dimension rows hardly ever change, and every change to them passes through this
+coordinator, so it can answer those reads itself.
 
 A cached row is ``(row, visible_from)``: the committed state of the key seen by any read at a
 timestamp ``t >= visible_from``, as long as no write to the key below ``t`` is undecided. Every
@@ -17,7 +18,7 @@ a committed row image is the whole history below its timestamp. Hence:
   there, so an older writer arriving later is refused) and offers the result back;
 - a commit installs the row images it wrote (an operation whose image is unknown leaves an
   entry that only blocks older installs); an older install never overwrites a newer one;
-- the first lookups need not all miss: when the set of cached tables changes (a sync view is
+- the first lookups need not all miss: when the set of cached tables changes (a view is
   created, the coordinator starts) their rows are read from a snapshot in the background, up
   to half the cache, and offered like any read;
 - the ``floor`` is the newest timestamp the cache may have lost track of (an evicted entry, the
