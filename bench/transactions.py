@@ -150,7 +150,11 @@ class CpuMeter:
 
     def stop(self) -> dict[str, float]:
         (t0, a), (t1, b) = self._start, self._sample()
-        return {role: round(100 * (b[role] - a[role]) / (t1 - t0), 1) for role in a}
+        used = {role: round(100 * (b[role] - a[role]) / (t1 - t0), 1) for role in a}
+        # the machine's total is sampled at clock ticks, the processes' use is exact: over a
+        # window of a second or two the total can come out below their sum
+        used["other"] = max(0.0, used["other"])
+        return used
 
 
 # --------------------------------------------------------------------------- clients and load
