@@ -23,6 +23,7 @@ import datetime
 import ipaddress
 import os
 import secrets
+import string
 from pathlib import Path
 
 from cryptography import x509
@@ -142,11 +143,20 @@ def _write(path: Path, data: bytes, private: bool) -> None:
         os.chmod(path, 0o600)
 
 
+_TOKEN_START = string.ascii_letters + string.digits
+
+
+def new_token() -> str:
+    """A fresh random token that starts with a letter or digit, so ``--token T`` takes it
+    (a URL-safe token may start with ``-``, which argparse reads as an option)."""
+    return secrets.choice(_TOKEN_START) + secrets.token_urlsafe(24)
+
+
 def token_lines() -> str:
     """A tokens file with one fresh token per role (format: ``TOKEN ROLE [NAME]`` lines)."""
     lines = ["# aggview client tokens: TOKEN ROLE [NAME]; roles: read, write, admin (DDL)"]
     for role in ("read", "write", "admin"):
-        lines.append(f"{secrets.token_urlsafe(24)} {role} {role}-client")
+        lines.append(f"{new_token()} {role} {role}-client")
     return "\n".join(lines) + "\n"
 
 

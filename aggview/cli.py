@@ -183,6 +183,7 @@ def _run_start(args: argparse.Namespace) -> None:
         signal.signal(sig, lambda signum, _: signalled.append(signum))
     cluster = LocalCluster(
         Path(args.data),
+        store=args.store,
         ltms=args.ltms,
         port=args.port,
         fsync=not args.no_fsync,
@@ -222,8 +223,24 @@ def _run_sql(args: argparse.Namespace) -> None:
             print(rows.message)
 
 
+def _run_hbase_start(args: argparse.Namespace) -> None:
+    from ltm.store.hbase_server import HBASE_VERSION, StandaloneHBase, cache_directory
+
+    print(f"HBase {HBASE_VERSION}: jars in {cache_directory()} (resolved by Maven the first time)")
+    running = StandaloneHBase(Path(args.dir), port=args.port).start()
+    print(f"HBase running from {args.dir}: {running.url}")
+
+
+def _run_hbase_stop(args: argparse.Namespace) -> None:
+    from ltm.store.hbase_server import StandaloneHBase
+
+    if not StandaloneHBase(Path(args.dir)).stop():
+        raise errors.FailedPrecondition(f"no HBase runs from {args.dir}")
+    print(f"HBase from {args.dir} stopped")
+
+
 def _run_demo(args: argparse.Namespace) -> None:
-    from aggview.demo import run_demo
+    from loadgen.demo import run_demo
 
     if args.data:
         run_demo(Path(args.data), ltms=args.ltms, out=Path(args.out))
@@ -237,9 +254,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    start = sub.add_parser("start", help="run a coordinator and N LTMs on the embedded store")
+    start = sub.add_parser(
+        "start", help="run a coordinator and N LTMs (on the embedded store, or --store)"
+    )
     start.add_argument("--data", required=True, help="data directory (created if missing)")
     start.add_argument("--ltms", type=int, default=3)
+    start.add_argument(
+        "--store",
+        default="",
+        help="hbase://HOST:PORT (e.g. from `aggview hbase start`); default: the embedded store "
+        "in DATA/store.db",
+    )
     start.add_argument("--port", type=int, default=0, help="the coordinator's port")
     start.add_argument("--no-fsync", action="store_true")
     start.add_argument(
@@ -301,6 +326,20 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--days", type=int, default=365, help="validity of the certificates")
     certs.add_argument("--force", action="store_true", help="replace files already there")
     certs.set_defaults(run=_run_certs)
+
+    hbase = sub.add_parser("hbase", help="a real standalone HBase on this machine (Java, Maven)")
+    hbase_actions = hbase.add_subparsers(dest="action", required=True)
+    hbase_start = hbase_actions.add_parser(
+        "start", help="resolve HBase's jars (once), start HBase and its Thrift server"
+    )
+    hbase_start.add_argument("--dir", required=True, help="its files, logs and tables go here")
+    hbase_start.add_argument(
+        "--port", type=int, default=9090, help="the Thrift server's port (0: a free one)"
+    )
+    hbase_start.set_defaults(run=_run_hbase_start)
+    hbase_stop = hbase_actions.add_parser("stop", help="stop the HBase started from --dir")
+    hbase_stop.add_argument("--dir", required=True)
+    hbase_stop.set_defaults(run=_run_hbase_stop)
 
     from cumulus.spark.commands import add_spark_commands
     from loadgen.commands import add_bench_commands

@@ -146,10 +146,12 @@ class LocalCluster:
     # Where the coordinator reaches LTM i (default: its own address); tests put proxies there.
     ltm_route: Callable[[int, str], str] | None = None
     servers: list[Server] = field(default_factory=list)
+    # The shared store: "" is the embedded one in data/store.db; or hbase://HOST:PORT[?...].
+    store: str = ""
 
     @property
     def store_url(self) -> str:
-        return f"sqlite:///{(self.data / 'store.db').resolve()}"
+        return self.store or f"sqlite:///{(self.data / 'store.db').resolve()}"
 
     @property
     def coordinator(self) -> Server:

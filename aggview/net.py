@@ -10,7 +10,8 @@ import sys
 import threading
 
 import grpc
-from grpc_health.v1 import health, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from aggview import errors
 
@@ -35,6 +36,13 @@ def add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
     servicer = health.aio.HealthServicer()  # starts with "" (the whole server) SERVING
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     return servicer
+
+
+def add_reflection(server: grpc.aio.Server, services: list[str]) -> None:
+    """Adds gRPC server reflection listing ``services`` (full names), health and reflection
+    itself, so grpcurl and similar tools can list and call any aggview server."""
+    names = [*services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
+    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
 
 
 def bind(

@@ -123,6 +123,12 @@ class AskEach(Generic[Request, Reply]):
         self._ids = itertools.count(1)
         self.messages_written = 0  # each carrying requests_written / messages_written requests
         self.requests_written = 0
+        self._tasks: set[asyncio.Task[None]] = set()  # readers and writers, cancelled by close
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def ask(
         self, request: Request, timeout: float, expired: Callable[[], Exception]
@@ -132,14 +138,14 @@ class AskEach(Generic[Request, Reply]):
         loop = asyncio.get_running_loop()
         if self._call is None:
             self._call = self._open_call()
-            loop.create_task(self._read(self._call))
+            self._spawn(self._read(self._call))
         request.id = next(self._ids)  # type: ignore[attr-defined]
         answer: asyncio.Future[Reply] = loop.create_future()
         self._waiting[request.id] = answer  # type: ignore[attr-defined]
         self._outbox.append(request)
         if self._writer_of is not self._call:  # none, or one still busy with an ended call
             self._writer_of = self._call
-            loop.create_task(self._write(self._call))
+            self._spawn(self._write(self._call))
         expiry = loop.call_later(timeout, _expire, answer, expired)
         try:
             return await answer
@@ -202,9 +208,15 @@ class AskEach(Generic[Request, Reply]):
         with contextlib.suppress(Exception):
             call.cancel()
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Ends the stream (its waiters fail) and waits for its reader and writer to finish,
+        so no task of it outlives the event loop."""
         if self._call is not None:
             self.end(self._call, None)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _expire(answer: asyncio.Future[Any], expired: Callable[[], Exception]) -> None:

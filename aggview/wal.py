@@ -6,7 +6,10 @@ transactions cost one disk flush. A checkpoint rotates to a new segment and, onc
 holds everything the old segments describe, drops them. A torn record at the end of the last
 segment (a crash mid-write) ends replay; it was never acknowledged.
 
-Records are pickled dicts: the log is this process's own file, never input from the network.
+Records are pickled dicts, and unpickling runs what it decodes: log bytes may come only from
+this process or a cluster member. A backup's copy of a log (``ltm/replication.py``) does arrive
+over the network, from the primary, on the members-only channel (mutual TLS and the cluster
+secret; ``--insecure`` only on one trusted machine).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from aggview import errors, ownership
+from aggview import errors
 from aggview.cluster import LocalCluster
 from bench.transactions import (
     CREATE,
@@ -32,7 +32,7 @@ from bench.transactions import (
     transaction,
 )
 from coordinator.client import AsyncClient
-from ltm.store import Store, open_store
+from ltm.store import Store, open_store, ownership
 
 PROBE_ROWS = 40  # a probe with 40 random rows writes to all 3 partitions (but for 1 in 10^6)
 

@@ -11,41 +11,16 @@ import re
 import threading
 from typing import Any
 
-import sqlglot
 from sqlglot import exp
 
 from aggview import errors
 from aggview.schema import Column, ColumnType, TableSchema
+from cumulus.sqltext import identifier
 from ltm.store.base import Store
 
 CATALOG_TABLE = "_catalog"
 META_TABLE = "_meta"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-
-
-def identifier(node: exp.Expression | None, what: str) -> str:
-    """SQL identifier rules: unquoted names fold to lower case, quoted ones are kept."""
-    if node is None:
-        raise errors.InvalidArgument(f"missing {what} name")
-    ident = node if isinstance(node, exp.Identifier) else node.find(exp.Identifier)
-    if ident is None:
-        raise errors.InvalidArgument(f"missing {what} name")
-    name = ident.name if ident.quoted else ident.name.lower()
-    if not _NAME.match(name):
-        raise errors.InvalidArgument(
-            f"invalid {what} name {name!r}: use letters, digits and _ (at most 64)"
-        )
-    return name
-
-
-def parse_sql(sql: str) -> exp.Expression:
-    try:
-        statements = [s for s in sqlglot.parse(sql) if s is not None]
-    except sqlglot.errors.ParseError as exc:
-        raise errors.InvalidArgument(f"cannot parse SQL: {exc}") from None
-    if len(statements) != 1:
-        raise errors.InvalidArgument(f"expected one SQL statement, got {len(statements)}")
-    return statements[0]
 
 
 def table_from_create(statement: exp.Create, table_id_for: callable) -> TableSchema:  # type: ignore[valid-type]

@@ -348,7 +348,7 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        self._transactions.close()
+        await self._transactions.close()
         await self._channel.close()
 
     async def _call(self, method: Any, request: Any) -> Any:

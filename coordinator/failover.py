@@ -15,12 +15,12 @@ import time
 
 import grpc
 
-from aggview import ownership
 from aggview.net import GRPC_OPTIONS
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from coordinator.ltm_channel import LtmChannel
+from ltm.store import ownership
 from ltm.store.base import Store
 
 log = logging.getLogger(__name__)

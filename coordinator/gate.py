@@ -22,11 +22,13 @@ from aggview.security import (
     member_check,
     metadata_value,
 )
-from coordinator.catalog import parse_sql
 from coordinator.convert import Limits, check_sql_size
 from cumulus.compiler import parse_view_statement
+from cumulus.sqltext import parse_sql
 
 CLIENT_SERVICE = "aggview.v1.Aggview"
+# Server reflection (grpcurl's `list` and `describe`) is open to any valid token, as reads are.
+REFLECTION_SERVICE_PREFIX = "grpc.reflection."
 # Client API methods and the role they need. Sql depends on its statement; a method not listed
 # here (one added later) needs admin until someone decides otherwise: fail closed.
 METHOD_ROLES = {
@@ -71,6 +73,14 @@ def sql_role(sql: str) -> str:
     return "read" if isinstance(parse_sql(sql), exp.Select) else "admin"
 
 
+def role_needed(service: str, method: str) -> str:
+    """The role a call needs before its request is read (a Sql call's statement is checked
+    once it is: see :func:`sql_role`)."""
+    if service.startswith(REFLECTION_SERVICE_PREFIX) or method == "Sql":
+        return "read"
+    return METHOD_ROLES.get(method, "admin")
+
+
 class ClientGate(grpc.aio.ServerInterceptor):
     """Checks every call before it runs. ``tokens=None`` (an insecure coordinator) skips
     authentication, ``secret=None`` the member check; the per-client limit always applies
@@ -95,7 +105,8 @@ class ClientGate(grpc.aio.ServerInterceptor):
         metadata = details.invocation_metadata  # type: ignore[attr-defined]
         if service.startswith(OPEN_SERVICE_PREFIXES):
             return handler
-        if service != CLIENT_SERVICE:  # e.g. the outcome service LTMs call back
+        reflection = service.startswith(REFLECTION_SERVICE_PREFIX)
+        if service != CLIENT_SERVICE and not reflection:  # e.g. the outcome service LTMs call
             if self.secret is None:
                 return handler
             return member_check(handler, metadata, self.secret, details.method)
@@ -113,7 +124,7 @@ class ClientGate(grpc.aio.ServerInterceptor):
             token = self.tokens.get(_digest(value.strip())) if scheme.lower() == "bearer" else None
             if token is None:
                 return denied(handler, grpc.StatusCode.UNAUTHENTICATED, "unknown token")
-            needed = METHOD_ROLES.get(method, "admin") if method != "Sql" else "read"
+            needed = role_needed(service, method)
             if ROLES[token.role] < ROLES[needed]:
                 return denied(
                     handler,

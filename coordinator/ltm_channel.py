@@ -10,13 +10,14 @@ from typing import Generic, TypeVar
 
 import grpc
 
-from aggview import errors, ownership
+from aggview import errors
 from aggview.net import GRPC_OPTIONS
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.status import error_from_rpc
 from aggview.streams import AskEach
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
+from ltm.store import ownership
 
 # A stream message costs the coordinator about as much CPU as the requests it carries: with
 # this many requests awaiting answers, a write waits LINGER seconds for more to join it (32
@@ -141,7 +142,7 @@ class LtmChannel:
         """Talks to the partition's owner at ``epoch`` from now on (failover); whatever was
         waiting on the old owner fails as unavailable (and is retried or aborted)."""
         old = self._channel
-        self.stream.close()
+        await self.stream.close()
         self.point(address, owner, epoch)
         await old.close()
 
@@ -212,5 +213,5 @@ class LtmChannel:
         return await self._call(self.stub.Status, pb.StatusRequest(), timeout=5)
 
     async def close(self) -> None:
-        self.stream.close()
+        await self.stream.close()
         await self._channel.close()

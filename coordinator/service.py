@@ -11,9 +11,15 @@ from typing import Any
 
 import grpc
 
-from aggview import errors, ownership
+from aggview import errors
 from aggview.keycodec import encode_key, prefix_end
-from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, add_health, run_until_signalled
+from aggview.net import (
+    GRPC_OPTIONS,
+    SERVER_OPTIONS,
+    add_health,
+    add_reflection,
+    run_until_signalled,
+)
 from aggview.rowcodec import decode_row
 from aggview.schema import prefix_to_storage
 from aggview.security import TlsDir, Token
@@ -34,7 +40,7 @@ from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
 from coordinator.views import ViewManager
-from ltm.store import open_store
+from ltm.store import open_store, ownership
 
 log = logging.getLogger(__name__)
 
@@ -350,6 +356,13 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         server, lpb.DESCRIPTOR.services_by_name["TransactionOutcome"], OutcomeServicer(manager)
     )
     add_health(server)
+    add_reflection(
+        server,
+        [
+            cpb.DESCRIPTOR.services_by_name["Aggview"].full_name,
+            lpb.DESCRIPTOR.services_by_name["TransactionOutcome"].full_name,
+        ],
+    )
     credentials = config.tls.server_credentials(members_only=False) if config.tls else None
     await run_until_signalled(
         server, config.host, config.port, "coordinator", ready, credentials=credentials

@@ -14,9 +14,10 @@ from aggview.rowcodec import decode_row
 from aggview.schema import TableSchema, from_storage, to_storage
 from aggview.values import to_value
 from aggview.wire import client_pb2 as cpb
-from coordinator.catalog import identifier, parse_sql
 from coordinator.convert import check_sql_size
 from coordinator.transactions import TransactionManager
+from cumulus.expressions import literal_value
+from cumulus.sqltext import column_value, constant, identifier, parse_sql
 
 
 @dataclass
@@ -67,21 +68,6 @@ async def _drop_tables(statement: exp.Drop, manager: TransactionManager) -> SqlR
     )
 
 
-def _literal(node: exp.Expression) -> Any:
-    if isinstance(node, exp.Literal):
-        if node.is_string:
-            return node.this
-        text = node.this
-        return float(text) if any(c in text for c in ".eE") else int(text)
-    if isinstance(node, exp.Boolean):
-        return node.this
-    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal):
-        return -_literal(node.this)
-    if isinstance(node, exp.Null):
-        return None
-    raise errors.InvalidArgument(f"expected a literal, got {node.sql()!r}")
-
-
 def _equalities(where: exp.Expression | None, schema: TableSchema) -> dict[str, Any]:
     if where is None:
         return {}
@@ -93,11 +79,16 @@ def _equalities(where: exp.Expression | None, schema: TableSchema) -> dict[str, 
                 f"unsupported condition {term.sql()!r}: reads take column = literal AND ..."
             )
         column = schema.column(identifier(term.this, "column"))
-        value = _literal(term.expression)
-        if isinstance(value, float) and column.type.kind == "DECIMAL":
-            value = term.expression.this  # keep the literal's exact digits
+        value = column_value(term.expression, column.type)
         out[column.name] = to_storage(column, value, table=schema.name)
     return out
+
+
+def _limit(node: exp.Expression) -> int:
+    value = literal_value(constant(node)[0])
+    if type(value) is not int or value < 0:
+        raise errors.InvalidArgument(f"LIMIT takes a whole number, got {node.sql()!r}")
+    return value
 
 
 async def _select(statement: exp.Select, manager: TransactionManager) -> SqlResult:
@@ -106,7 +97,7 @@ async def _select(statement: exp.Select, manager: TransactionManager) -> SqlResu
             raise errors.InvalidArgument(
                 f"unsupported in a read: {unsupported.upper()} (declare a view for aggregates)"
             )
-    from_ = statement.args.get("from_") or statement.args.get("from")
+    from_ = statement.args.get("from_")
     if from_ is None:
         raise errors.InvalidArgument("SELECT needs FROM a table")
     schema = manager.catalog.table(identifier(from_.this, "table"))
@@ -119,7 +110,7 @@ async def _select(statement: exp.Select, manager: TransactionManager) -> SqlResu
         else:
             raise errors.InvalidArgument(f"unsupported select item {item.sql()!r}")
     limit_node = statement.args.get("limit")
-    limit = int(_literal(limit_node.expression)) if limit_node is not None else 0
+    limit = _limit(limit_node.expression) if limit_node is not None else 0
     wanted = _equalities(statement.args.get("where"), schema)
     prefix = []
     for name in schema.primary_key:

@@ -10,7 +10,7 @@
   declared; the view is computed from a snapshot, then the captured changes after the snapshot
   are drained, then the view goes live. Writers never stop.
 
-View rows are keyed by the GROUP BY values; their state merges commutatively (``ltm.merge``),
+View rows are keyed by the GROUP BY values; their state merges commutatively (``aggview.merge``),
 so concurrent writers to one group never wait for each other.
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 
 from aggview import errors, failpoints
 from aggview.keycodec import encode_key, encoded_width, prefix_end
+from aggview.merge import combine, negate
 from aggview.partition_map import changes_table, index_table
 from aggview.rowcodec import decode_row, encode_row
 from aggview.schema import Column, TableSchema, to_storage
@@ -35,7 +36,6 @@ from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState
 from cumulus.compiler import AlterView, CreateView, DropView, compile_view, parse_view_statement
 from cumulus.delta import Changes, from_scratch, view_delta
 from cumulus.plan import ViewPlan
-from ltm.merge import combine, negate
 
 log = logging.getLogger(__name__)
 META_KEY = b"\x01"  # the one row of a view's meta table
@@ -45,7 +45,11 @@ META_KEY = b"\x01"  # the one row of a view's meta table
 class View:
     plan: ViewPlan
     number: int
-    state: str  # "initializing" (capturing, not readable) or "live"
+    # "initializing": its rows are being computed, changes are captured, reads are refused;
+    # "draining" (sync views only, briefly): transactions already maintain it and the changes
+    # captured during initialization are applied once, reads still refused; "live": readable.
+    # Only "initializing" and "live" are persisted ("draining" restarts as "initializing").
+    state: str
     snapshot: int = 0  # changes at or below this are in the initial computation
     compiled: ViewState | None = field(default=None, repr=False)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)

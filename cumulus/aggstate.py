@@ -1,7 +1,7 @@
 """A view row's aggregate state: its layout, the delta one joined tuple contributes, and the
 values a user reads (one helper per aggregate kind, as pg_ivm does).
 
-State fields, all mergeable by ``ltm.merge`` (numbers add, dicts are multisets):
+State fields, all mergeable by ``aggview.merge`` (numbers add, dicts are multisets):
 ``_count`` rows in the group; ``n<i>`` non-NULL arguments of aggregate i; ``s<i>`` the sum of
 aggregate i in storage form (scaled integers for DECIMAL, so sums are exact); ``m<i>`` the
 ordered multiset {JSON storage value: multiplicity} for MIN, MAX and COUNT(DISTINCT), so that

@@ -24,12 +24,10 @@ Type rules (documented here because view maintenance and Spark must agree with t
 
 from __future__ import annotations
 
-import datetime
 import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 import sqlglot
@@ -37,8 +35,7 @@ from sqlglot import exp
 from sqlglot.tokens import Token, Tokenizer, TokenType
 
 from aggview import errors
-from aggview.schema import INT_MAX, ColumnType, TableSchema
-from coordinator.catalog import identifier, parse_sql
+from aggview.schema import ColumnType, TableSchema
 from cumulus.plan import (
     Aggregate,
     ColumnRef,
@@ -49,24 +46,27 @@ from cumulus.plan import (
     ViewPlan,
     expr_columns,
 )
+from cumulus.sqltext import (
+    BOOL,
+    DATE,
+    FLOAT,
+    INT,
+    NUMERIC,
+    TEXT,
+    Typed,
+    date_literal,
+    decimal_type,
+    identifier,
+    literal,
+    negated_literal,
+    parse_sql,
+)
 
 DEFAULT_ASYNC_INTERVAL_MS = 1000
 MIN_INTERVAL_MS = 10
 MAX_INTERVAL_MS = 86_400_000
 MAX_SCALE = 38
 RESERVED_NAMES = frozenset({"_count"})  # the refresh operator's own column in every view row
-
-INT = ColumnType("INT")
-FLOAT = ColumnType("FLOAT")
-TEXT = ColumnType("TEXT")
-DATE = ColumnType("DATE")
-BOOL = ColumnType("BOOL")
-NUMERIC = frozenset({"INT", "DECIMAL", "FLOAT"})
-
-
-def decimal_type(scale: int) -> ColumnType:
-    return ColumnType("DECIMAL", 38, scale)
-
 
 # === DDL: CREATE / DROP / ALTER MATERIALIZED VIEW ===============================================
 
@@ -532,66 +532,12 @@ def resolve_tables(
 
 # === pass 4: resolve and type expressions ======================================================
 
-Typed = tuple[Expr, ColumnType]
 ColumnHook = Callable[[exp.Column], Typed]
 AggregateHook = Callable[[exp.Expression], Typed]
 
 
 def _no_aggregates(node: exp.Expression) -> Typed:
     raise errors.InvalidArgument(f"aggregate {node.sql()} is not allowed here")
-
-
-def literal(node: exp.Expression) -> Typed:
-    """A SQL literal as a JSON literal and its type."""
-    if isinstance(node, exp.Boolean):
-        return {"lit": bool(node.this), "type": "BOOL"}, BOOL
-    if isinstance(node, exp.Cast):
-        return _date_literal(node.this.this, node), DATE
-    if isinstance(node, exp.Null):
-        raise errors.InvalidArgument(
-            f"NULL literal is not supported (a comparison with NULL is never true): "
-            f"{(node.parent or node).sql()}"
-        )
-    assert isinstance(node, exp.Literal)
-    text = node.this
-    if node.is_string:
-        return {"lit": text, "type": "TEXT"}, TEXT
-    if re.fullmatch(r"[0-9]+", text):
-        value = int(text)
-        if value <= INT_MAX:
-            return {"lit": value, "type": "INT"}, INT
-        if len(text.lstrip("0")) > 38:
-            raise errors.InvalidArgument(f"integer literal {text} has more than 38 digits")
-        return {"lit": str(value), "type": "DECIMAL(38,0)"}, decimal_type(0)
-    if re.fullmatch(r"[0-9]*\.[0-9]*", text) and text != ".":
-        number = Decimal(text)
-        scale = len(text.split(".")[1])
-        if len(number.as_tuple().digits) > 38 or scale > 38:
-            raise errors.InvalidArgument(f"decimal literal {text} has more than 38 digits")
-        return {"lit": format(number, "f"), "type": str(decimal_type(scale))}, decimal_type(scale)
-    value = float(text)
-    if value != value or value in (float("inf"), float("-inf")):
-        raise errors.InvalidArgument(f"numeric literal {text} is not a finite number")
-    return {"lit": value, "type": "FLOAT"}, FLOAT
-
-
-def _date_literal(text: str, node: exp.Expression) -> Expr:
-    try:
-        if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
-            raise ValueError
-        datetime.date.fromisoformat(text)
-    except ValueError:
-        raise errors.TypeMismatch(
-            f"{text!r} is not an ISO-8601 date (YYYY-MM-DD) in {node.sql()}"
-        ) from None
-    return {"lit": text, "type": "DATE"}
-
-
-def _negated_literal(lit: Expr, type_: ColumnType) -> Expr:
-    value = lit["lit"]
-    if type_.kind == "DECIMAL":
-        return {**lit, "lit": format(-Decimal(value), "f") if Decimal(value) else value}
-    return {**lit, "lit": -value}
 
 
 def arithmetic_type(
@@ -628,7 +574,7 @@ def typed(node: exp.Expression, column: ColumnHook, aggregate: AggregateHook) ->
         if type_.kind not in NUMERIC:
             raise errors.TypeMismatch(f"unary minus on {type_}: {node.sql()}")
         if "lit" in inner:
-            return _negated_literal(inner, type_), type_
+            return negated_literal(inner, type_), type_
         return {"neg": inner}, type_
     op = _ARITHMETIC.get(type(node))
     if op is not None:
@@ -644,9 +590,9 @@ def comparable(left: Typed, right: Typed, node: exp.Expression) -> tuple[Expr, E
     """Check two sides can be compared, reading a TEXT literal as a DATE opposite a DATE."""
     (lj, lt), (rj, rt) = left, right
     if lt == DATE and rt == TEXT and "lit" in rj:
-        rj, rt = _date_literal(rj["lit"], node), DATE
+        rj, rt = date_literal(rj["lit"], node), DATE
     elif rt == DATE and lt == TEXT and "lit" in lj:
-        lj, lt = _date_literal(lj["lit"], node), DATE
+        lj, lt = date_literal(lj["lit"], node), DATE
     if lt.kind != rt.kind and not (lt.kind in NUMERIC and rt.kind in NUMERIC):
         raise errors.TypeMismatch(f"cannot compare {lt} with {rt}: {node.sql()}")
     return lj, rj

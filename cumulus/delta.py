@@ -18,10 +18,10 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from aggview.merge import combine
 from aggview.schema import Column, to_storage
 from cumulus.aggstate import Row, ViewState
 from cumulus.plan import ViewPlan
-from ltm.merge import combine
 
 # table name -> encoded primary key -> (row before, row after), storage form; None = absent
 Changes = dict[str, dict[bytes, tuple[Row | None, Row | None]]]

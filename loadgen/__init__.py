@@ -1,1 +1,2 @@
-"""Load generators: the transfer workload now; TPC-W and the dashboard benchmark later."""
+"""Load generators (transfers, TPC-W, the thesis's dashboard), their benchmarks, and the demo
+(``aggview demo``) that runs them."""

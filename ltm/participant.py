@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors, failpoints
-from aggview.ownership import Ownership, Superseded, superseded
+from aggview.merge import combine
 from aggview.partition_map import CHANGES_ID, partition_of
 from aggview.rowcodec import (
     decode_json,
@@ -33,9 +33,9 @@ from aggview.rowcodec import (
 )
 from aggview.wal import WriteAheadLog
 from aggview.wire import ltm_pb2 as pb
-from ltm.merge import combine
 from ltm.rows import Row, RowCache, RowState
 from ltm.store.base import GuardFailed, Store
+from ltm.store.ownership import Ownership, Superseded, superseded
 
 log = logging.getLogger(__name__)
 

@@ -17,14 +17,15 @@ from pathlib import Path
 
 import grpc
 
-from aggview import errors, ownership
+from aggview import errors
 from aggview.net import GRPC_OPTIONS
-from aggview.ownership import Superseded
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.wal import WriteAheadLog, sync_directory, write_all
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
+from ltm.store import ownership
 from ltm.store.base import Store
+from ltm.store.ownership import Superseded
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aggview import errors
-from ltm.merge import merge
+from aggview.merge import merge
 
 Row = dict[str, Any]
 _sequence = itertools.count()

@@ -10,8 +10,14 @@ from pathlib import Path
 
 import grpc
 
-from aggview import errors, ownership
-from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, add_health, run_until_signalled
+from aggview import errors
+from aggview.net import (
+    GRPC_OPTIONS,
+    SERVER_OPTIONS,
+    add_health,
+    add_reflection,
+    run_until_signalled,
+)
 from aggview.security import MemberGate, TlsDir, member_channel, member_metadata
 from aggview.status import Malformed, add_service, grpc_method
 from aggview.streams import AnswerEach
@@ -19,7 +25,7 @@ from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from ltm.participant import Participant, Settings, VoteNo
 from ltm.replication import LogShipper, Mirror, log_dir_of
-from ltm.store import open_store
+from ltm.store import open_store, ownership
 from ltm.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -309,6 +315,7 @@ async def serve(config: LtmConfig, ready: asyncio.Event | None = None) -> None:
     server = grpc.aio.server(interceptors=gates or None, options=[*GRPC_OPTIONS, *SERVER_OPTIONS])
     add_service(server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(hosting))
     add_health(server)
+    add_reflection(server, [pb.DESCRIPTOR.services_by_name["Ltm"].full_name])
     credentials = config.tls.server_credentials(members_only=True) if config.tls else None
     await run_until_signalled(
         server, config.host, config.port, f"ltm {config.partition}", ready, credentials

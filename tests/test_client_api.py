@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import pytest
 
+from aggview import errors
 from aggview.errors import RowNotFound
 from coordinator import Client, ConditionFailed
 
@@ -120,3 +121,47 @@ def test_sql_reads(client: Client, table_name: str) -> None:
     assert rows == [{"owner": "owner-2", "balance": Decimal("100.00")}]
     assert rows.columns == ["owner", "balance"]
     assert len(client.sql(f"SELECT * FROM {table_name} LIMIT 2")) == 2
+
+
+def test_sql_reads_take_signed_and_exponent_literals_of_every_type(
+    client: Client, table_name: str
+) -> None:
+    """One literal parser (cumulus.sqltext) reads every WHERE: -1.50 is the same DECIMAL the
+    view compiler reads, 1e1 fits an INT key, -2.5e0 a DECIMAL, +3 a FLOAT."""
+    client.sql(
+        f"CREATE TABLE {table_name} (k INT, d DECIMAL(8,2), f FLOAT, day DATE, ok BOOL, "
+        "label TEXT, PRIMARY KEY (k, d))"
+    )
+    rows = [
+        (-10, Decimal("-1.50"), -0.25, "2024-02-29", True, "a"),
+        (10, Decimal("-2.50"), 3.0, "2024-03-01", False, "b"),
+        (7, Decimal("150.00"), 1500.0, "2023-12-31", True, "-x"),
+    ]
+    with client.transaction() as tx:
+        for k, d, f, day, ok, label in rows:
+            tx.insert(table_name, {"k": k, "d": d, "f": f, "day": day, "ok": ok, "label": label})
+
+    def labels(where: str) -> list[str]:
+        return sorted(r["label"] for r in client.sql(f"SELECT label FROM {table_name} {where}"))
+
+    assert labels("WHERE d = -1.50") == ["a"]
+    assert labels("WHERE k = -10 AND d = -1.5") == ["a"]
+    assert labels("WHERE k = -(10) AND d = -(-(-1.50))") == ["a"]
+    assert labels("WHERE k = 1e1") == ["b"]
+    assert labels("WHERE k = 10.0 AND d = -2.5e0") == ["b"]
+    assert labels("WHERE d = 1.5E+2") == ["-x"]
+    assert labels("WHERE f = -0.25") == ["a"]
+    assert labels("WHERE f = +3") == ["b"]
+    assert labels("WHERE f = 1.5e3") == ["-x"]
+    assert labels("WHERE day = '2024-02-29'") == ["a"]
+    assert labels("WHERE day = DATE '2023-12-31'") == ["-x"]
+    assert labels("WHERE ok = FALSE") == ["b"]
+    assert labels("WHERE label = '-x'") == ["-x"]
+    with pytest.raises(errors.InvalidArgument, match=r"\.d is DECIMAL\(8,2\).*1\.505"):
+        labels("WHERE d = 1.505")  # more digits than the column keeps
+    with pytest.raises(errors.InvalidArgument, match="LIMIT takes a whole number"):
+        client.sql(f"SELECT * FROM {table_name} LIMIT -1")
+    with pytest.raises(errors.InvalidArgument, match="unary minus"):
+        client.sql(f"SELECT * FROM {table_name} WHERE label = -'x'")
+    with pytest.raises(errors.InvalidArgument, match=r"\.k is INT; got Decimal 1\.5"):
+        client.sql(f"SELECT * FROM {table_name} WHERE k = 1.5")

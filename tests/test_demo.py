@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aggview.demo import DemoSize, run_demo
 from loadgen import dashboard
+from loadgen.demo import DemoSize, run_demo
 
 
 def test_demo_runs_end_to_end_and_writes_its_report(

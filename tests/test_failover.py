@@ -13,8 +13,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from polling import wait_for
 
-from aggview import errors, ownership
+from aggview import errors
 from aggview.cluster import LocalCluster
 from aggview.rowcodec import decode_row
 from aggview.status import add_service
@@ -27,7 +28,7 @@ from ltm import replication
 from ltm.participant import Participant, Settings
 from ltm.replication import LogShipper, Mirror
 from ltm.server import Hosting, LtmConfig, LtmServicer
-from ltm.store import open_store
+from ltm.store import open_store, ownership
 from tests.test_crash import wait_until_serving
 from tests.test_participant import TABLE, commit, insert, stored, update
 
@@ -59,14 +60,6 @@ def status(cluster: LocalCluster, ltm: int, partition: int | None = None) -> pb.
     metadata = () if partition is None else ((ownership.PARTITION_HEADER, str(partition)),)
     with grpc.insecure_channel(cluster.ltm(ltm).address) as channel:
         return pb_grpc.LtmStub(channel).Status(pb.StatusRequest(), timeout=5, metadata=metadata)
-
-
-def wait_for(what: str, condition, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def exchange_refused(cluster: LocalCluster, ltm: int, partition: int, epoch: int) -> str:

@@ -19,7 +19,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from inflight import burst, scan_of
 
-from aggview import errors
+from aggview import certs, errors
 from aggview.certs import FILES, MEMBER_NAME
 from aggview.cluster import LocalCluster
 from aggview.security import MEMBER_HEADER, TlsDir, load_tokens, token_for
@@ -120,6 +120,22 @@ def test_certs_command_makes_loadable_certificates(tmp_path: Path) -> None:
         timeout=60,
     )
     assert again.returncode == 2 and "--force" in again.stderr
+
+
+def test_tokens_start_with_a_letter_or_digit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--token T`` must take every token certs writes; a URL-safe token may begin with '-'."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--token")
+    monkeypatch.setattr(certs.secrets, "token_urlsafe", lambda n: "-" + "x" * (n + 7))
+    forced = certs.new_token()  # even when the random part starts with '-'
+    monkeypatch.undo()
+    for token in [forced, *(certs.new_token() for _ in range(500))]:
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{31,}", token), token
+        assert parser.parse_args(["--token", token]).token == token
+    lines = [line for line in certs.token_lines().splitlines() if not line.startswith("#")]
+    assert all(re.match(r"[A-Za-z0-9]", line) for line in lines), lines
 
 
 # --------------------------------------------------------------------------- tokens and roles
@@ -348,3 +364,48 @@ def test_start_with_tls_dir_and_sql_command(tmp_path: Path) -> None:
         process.terminate()
         out, _ = process.communicate(timeout=60)
     assert "aggview stopped" in out
+
+
+# --------------------------------------------------------------------------- server reflection
+
+
+def reflected_services(channel: grpc.Channel) -> set[str]:
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    return set(ProtoReflectionDescriptorDatabase(channel).get_services())
+
+
+def test_every_server_answers_reflection(cluster: LocalCluster) -> None:
+    """What `grpcurl -plaintext HOST:PORT list` asks, against an --insecure cluster."""
+    with grpc.insecure_channel(cluster.address) as channel:
+        services = reflected_services(channel)
+    assert {"aggview.v1.Aggview", "grpc.health.v1.Health"} <= services, services
+    with grpc.insecure_channel(cluster.ltm(0).address) as channel:
+        assert "aggview.v1.Ltm" in reflected_services(channel)
+    with grpc.insecure_channel(cluster.address) as channel:
+        from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+            ProtoReflectionDescriptorDatabase,
+        )
+
+        described = ProtoReflectionDescriptorDatabase(channel).FindFileContainingSymbol(
+            "aggview.v1.Aggview"
+        )
+    assert any(s.name == "Aggview" for s in described.service)
+
+
+def test_reflection_on_a_tls_cluster_takes_the_ca_and_a_token(
+    secure: LocalCluster, accounts: str
+) -> None:
+    ca = (secure.tls_dir / "ca.pem").read_bytes()  # type: ignore[operator]
+    token = token_for(secure.tokens_path, "read")  # type: ignore[arg-type]
+    with_token = grpc.composite_channel_credentials(
+        grpc.ssl_channel_credentials(ca), grpc.access_token_call_credentials(token)
+    )
+    with grpc.secure_channel(secure.address, with_token) as channel:
+        assert "aggview.v1.Aggview" in reflected_services(channel)
+    with grpc.secure_channel(secure.address, grpc.ssl_channel_credentials(ca)) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            reflected_services(channel)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED

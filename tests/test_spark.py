@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_views import as_tuples, recompute
+
+pytest.importorskip("pyspark")  # before the project's Spark modules are imported
+
+from test_views import as_tuples, recompute  # noqa: E402
 
 from aggview import errors
 from aggview.cluster import LocalCluster
@@ -22,8 +25,6 @@ from coordinator.bulk_client import BulkClient
 from cumulus.spark import jobs
 from loadgen import dashboard
 from ltm.store import open_store
-
-pytest.importorskip("pyspark")
 
 SMALL = dashboard.Scale(shops=5, products=40, categories=4)
 SHOP_TOTALS = (
@@ -494,16 +495,44 @@ def test_a_missing_or_old_java_is_named(monkeypatch: pytest.MonkeyPatch, tmp_pat
         check_java()
 
 
-def test_load_on_the_command_line(
+def test_load_on_the_command_line_from_elsewhere_with_another_python_on_path(
     cluster: LocalCluster, client: Client, table_name: str, tmp_path: Path
 ) -> None:
+    """As a user runs an installed aggview: by its path, from another directory, with PATH
+    leading to some other python3 (here one that refuses to run). Spark's workers must run on
+    aggview's own interpreter, and Spark's console output stays out of the terminal."""
+    import os
+    import shutil
     import subprocess
     import sys
 
     items_table(client, table_name)
     good = write_csv(tmp_path / "a.csv", item_rows(20), HEADER)
-    command = [sys.executable, "-m", "aggview.cli", "load", cluster.address, table_name]
-    done = subprocess.run([*command, str(good)], capture_output=True, text=True, timeout=300)
+    decoy = tmp_path / "decoy-bin"
+    decoy.mkdir()
+    for name in ("python", "python3"):
+        (decoy / name).write_text("#!/bin/sh\necho 'the wrong python ran' >&2\nexit 3\n")
+        (decoy / name).chmod(0o755)
+    java = shutil.which("java")
+    assert java is not None
+    path = os.pathsep.join([str(decoy), os.path.dirname(os.path.realpath(java)), "/usr/bin:/bin"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "VIRTUAL_ENV"))}
+    env.update(PATH=path, AGGVIEW_SPARK_LOG=str(tmp_path / "spark.log"))
+    script = Path(sys.executable).parent / "aggview"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "aggview.cli"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(
+        [*command, "load", cluster.address, table_name, str(good)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=elsewhere,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert f"loaded 20 rows into {table_name}" in done.stdout
     assert len(client.scan(table_name)) == 20
+    for noise in ("[Stage", "WARN", "log4j", "Using incubator modules", "the wrong python"):
+        assert noise not in done.stdout + done.stderr, noise
+    assert (tmp_path / "spark.log").stat().st_size > 0  # Spark's own output went here

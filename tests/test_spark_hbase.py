@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from hbase_thrift_fixture import HBaseThriftFixture
-from test_store_hbase import HBaseCluster
 
+from aggview.cluster import LocalCluster
 from coordinator import Client
 from coordinator.bulk_client import BulkClient
 from cumulus.spark import jobs
@@ -20,7 +20,7 @@ from cumulus.spark.source import AggviewReader
 def test_data_source_and_bulk_load_over_hbase(spark: Any, tmp_path: Path) -> None:
     with HBaseThriftFixture() as hbase:
         url = hbase.url(table_prefix=f"s{uuid.uuid4().hex[:8]}", retry_seconds=5)
-        cluster = HBaseCluster(tmp_path / "data", ltms=2, checkpoint_interval=0.3, hbase_url=url)
+        cluster = LocalCluster(tmp_path / "data", ltms=2, checkpoint_interval=0.3, store=url)
         try:
             cluster.start()
             with Client(cluster.address) as client:

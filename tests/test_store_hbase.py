@@ -13,7 +13,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
@@ -224,17 +223,6 @@ def test_tables_live_under_the_prefix_with_one_family(
 # --- a whole cluster on HBase -------------------------------------------------------------
 
 
-@dataclass
-class HBaseCluster(LocalCluster):
-    """A LocalCluster whose coordinator and LTMs use an hbase:// store."""
-
-    hbase_url: str = ""
-
-    @property
-    def store_url(self) -> str:
-        return self.hbase_url
-
-
 def _serving(address: str) -> bool:
     with grpc.insecure_channel(address) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
@@ -259,7 +247,7 @@ def run_view_workload(url: str, data: Path) -> int:
     """A cluster on ``url``: health of every server, a table and a sync view, transactions
     (inserts, deletes, group moves), the view checked against a recomputation; then a clean
     stop (each LTM checkpoints into the store). Returns the number of live rows."""
-    cluster = HBaseCluster(data, ltms=3, checkpoint_interval=0.3, hbase_url=url)
+    cluster = LocalCluster(data, ltms=3, checkpoint_interval=0.3, store=url)
     rng = random.Random(11)
     live: set[int] = set()
     with cluster:
@@ -294,7 +282,7 @@ def run_view_workload(url: str, data: Path) -> int:
 
 def check_after_restart(url: str, data: Path, live: int) -> None:
     """The same data directory and store again: rows and view as before the stop."""
-    with HBaseCluster(data, ltms=3, hbase_url=url) as again:
+    with LocalCluster(data, ltms=3, store=url) as again:
         with Client(again.address, timeout=30) as client:
             assert len(client.scan("orders")) == live
             assert _view_rows(client) == _recomputed(client)

@@ -123,3 +123,25 @@ def test_a_new_stream_after_the_coordinator_restarts(tmp_path: Path) -> None:
 
         before, after = asyncio.run(run())
         assert after > before
+
+
+def test_closing_a_client_leaves_no_task_of_it_pending(client: Client, table_name: str) -> None:
+    """On a loop run by hand (as the benchmarks do), whatever is still pending when the loop
+    closes is 'destroyed but pending': closing the client must have finished its own tasks."""
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, n INT NOT NULL)")
+
+    async def use_and_close() -> list[asyncio.Task]:
+        own = AsyncClient(client.address)
+        for i in range(5):
+            async with own.transaction() as tx:
+                tx.insert(table_name, {"id": i, "n": i})
+        await asyncio.gather(*(own.get(table_name, {"id": i}) for i in range(5)))
+        await own.close()
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    loop = asyncio.new_event_loop()
+    try:
+        left = loop.run_until_complete(use_and_close())
+    finally:
+        loop.close()
+    assert [t for t in left if not t.done()] == [], left

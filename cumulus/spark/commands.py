@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 
 from aggview import errors
+from cumulus.spark.progress import spark_status
 
 AddSecurity = Callable[[argparse.ArgumentParser], None]
 ClientOptions = Callable[[argparse.Namespace], dict[str, Any]]
@@ -52,16 +52,10 @@ def add_spark_commands(sub: Any, add_security: AddSecurity, client_options: Clie
     verify.set_defaults(run=lambda args: _run_verify(args, client_options(args)))
 
 
-@contextmanager
-def _status(console: Console, what: str) -> Iterator[Callable[[str], None]]:
-    with console.status(what) as status:
-        yield lambda message: status.update(message)
-
-
 def _spark(console: Console) -> Any:
-    from cumulus.spark.session import spark_session
+    from cumulus.spark.session import spark_log, spark_session
 
-    with console.status("starting Spark"):
+    with console.status(f"starting Spark (its own log: {spark_log()})"):
         return spark_session()
 
 
@@ -71,7 +65,7 @@ def _run_load(args: argparse.Namespace, options: dict[str, Any]) -> None:
     console = Console(stderr=True)
     spark = _spark(console)
     started = time.monotonic()
-    with _status(console, f"loading {args.table}") as progress:
+    with spark_status(console, spark, f"loading {args.table}") as progress:
         result = load_files(
             spark,
             args.address,
@@ -96,7 +90,7 @@ def _run_init(args: argparse.Namespace, options: dict[str, Any]) -> None:
     started = time.monotonic()
     target = args.view.strip()
     is_sql = target.split(None, 1)[0].upper() == "CREATE" if target else False
-    with _status(console, "initializing") as progress:
+    with spark_status(console, spark, "initializing") as progress:
         result = init_view(
             spark,
             args.address,
@@ -116,7 +110,7 @@ def _run_verify(args: argparse.Namespace, options: dict[str, Any]) -> None:
 
     console = Console(stderr=True)
     spark = _spark(console)
-    with _status(console, "verifying") as progress:
+    with spark_status(console, spark, "verifying") as progress:
         results = verify_views(
             spark, args.address, args.views or None, progress=progress, client_options=options
         )

@@ -1,10 +1,21 @@
-"""One local Spark session per process, configured for exact, small-machine jobs."""
+"""One local Spark session per process, configured for exact, small-machine jobs.
+
+Spark's Python workers run on the interpreter that runs aggview (``sys.executable``), not on
+whatever ``python3`` comes first on PATH, unless the user set ``PYSPARK_PYTHON``. The JVM's own
+output (its warnings, log4j, the Python workers' stderr) goes to a log file (:func:`spark_log`),
+not into the user's terminal; the project shows job progress itself (``cumulus.spark.progress``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from aggview import errors
@@ -49,6 +60,51 @@ def _java_major(version_output: str) -> int | None:
     return None
 
 
+def spark_log() -> Path:
+    """Where this process's Spark writes its own output: ``$AGGVIEW_SPARK_LOG``, or
+    ``aggview/spark-<pid>.log`` under the user's cache directory."""
+    if os.environ.get("AGGVIEW_SPARK_LOG"):
+        return Path(os.environ["AGGVIEW_SPARK_LOG"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "aggview" / f"spark-{os.getpid()}.log"
+
+
+def _use_this_interpreter() -> None:
+    """Workers (and driver-side Python) run on this interpreter, which has aggview installed."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+_launch_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _output_to(log: Path) -> Iterator[None]:
+    """The JVM inherits this process's stdout and stderr when it starts: point both at the log
+    for the moment of the launch, so everything it ever prints lands there."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with _launch_lock, log.open("ab") as target:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(target.fileno(), 1)
+            os.dup2(target.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 def spark_session(master: str | None = None) -> Any:
     """The process's Spark session (created once), with the aggview Data Source registered."""
     global _session
@@ -64,6 +120,9 @@ def spark_session(master: str | None = None) -> Any:
     from cumulus.spark.source import AggviewDataSource
 
     master = master or os.environ.get("AGGVIEW_SPARK_MASTER", "local[2]")
+    _use_this_interpreter()
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "resolves to a loopback" warning
     builder = (
         SparkSession.builder.master(master)
         .appName("aggview")
@@ -77,8 +136,20 @@ def spark_session(master: str | None = None) -> Any:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", os.environ.get("AGGVIEW_SPARK_MEMORY", "2g"))
         .config("spark.python.worker.reuse", "true")
+        .config("spark.ui.showConsoleProgress", "false")  # progress is shown by the project
     )
-    _session = builder.getOrCreate()
+    if master.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
+    log = spark_log()
+    try:
+        with _output_to(log):
+            _session = builder.getOrCreate()
+    except Exception as exc:  # noqa: BLE001 - whatever stopped the JVM, with its own words
+        raise errors.FailedPrecondition(
+            f"Spark did not start ({exc}); the end of its log {log}:\n{_tail(log)}"
+        ) from None
     _session.sparkContext.setLogLevel("ERROR")
     _session.dataSource.register(AggviewDataSource)
     return _session

@@ -111,7 +111,8 @@ def run_transfers(cluster: LocalCluster, console: Console, seconds: float) -> No
 
 def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> None:
     from cumulus.spark import jobs
-    from cumulus.spark.session import spark_session
+    from cumulus.spark.progress import spark_status
+    from cumulus.spark.session import spark_log, spark_session
 
     address, scale = cluster.address, size.scale
     console.print(
@@ -123,10 +124,11 @@ def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> No
         dashboard.populate(client, scale)
     with console.status("starting Spark"):
         spark = spark_session()
+    console.print(f"Spark's own output goes to {spark_log()}")
     events_csv = cluster.data / "events.csv"
     dashboard.write_events_csv(events_csv, size.events, scale)
     began = time.monotonic()
-    with console.status("bulk-loading events"):
+    with spark_status(console, spark, "bulk-loading events"):
         loaded = jobs.load_files(spark, address, "events", [str(events_csv)])
     console.print(
         f"loaded {loaded.rows} events at timestamp {loaded.timestamp} in "
@@ -147,7 +149,9 @@ def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> No
             ("category_cost", dashboard.CATEGORY_COST, "async"),
         ):
             began = time.monotonic()
-            with console.status(f"computing {name} with Spark SQL while 4 clients write"):
+            with spark_status(
+                console, spark, f"computing {name} with Spark SQL while 4 clients write"
+            ):
                 result = jobs.init_view(
                     spark, address, sql=dashboard.view_ddl(name, select, mode, 500)
                 )
@@ -170,8 +174,8 @@ def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> No
         "(SQL-1 lookups answered from one view row each)"
     )
     console.print("\n[bold]4. verification[/]: every view recomputed by Spark SQL")
-    with console.status("verifying"):
-        results = jobs.verify_views(spark, address)
+    with spark_status(console, spark, "verifying") as progress:
+        results = jobs.verify_views(spark, address, progress=progress)
     table = Table(title="views against recomputation")
     for column in ("view", "groups", "exact at timestamp", "differing groups"):
         table.add_column(column, justify="right")

@@ -1,0 +1,152 @@
+"""SQL text shared by every statement the project reads: parsing one statement, identifiers,
+and literals -- the one literal parser, so a view's WHERE, a read's WHERE and (later) an INSERT's
+VALUES agree on what ``-1.50``, ``1e3`` or ``DATE '2024-01-01'`` mean.
+
+Literal types: 12 is INT (DECIMAL(38,0) past 64 bits); 1.50 is DECIMAL(38,2); 1e3 is FLOAT; 'x'
+is TEXT, or DATE when compared with a DATE and in ISO form; DATE '2024-01-01' is DATE; a leading
+minus (any number of them, parenthesized or not) negates a numeric literal of any type.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from decimal import Decimal
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+
+from aggview import errors
+from aggview.schema import INT_MAX, ColumnType
+from cumulus.expressions import literal_value
+from cumulus.plan import Expr
+
+Typed = tuple[Expr, ColumnType]
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+INT = ColumnType("INT")
+FLOAT = ColumnType("FLOAT")
+TEXT = ColumnType("TEXT")
+DATE = ColumnType("DATE")
+BOOL = ColumnType("BOOL")
+NUMERIC = frozenset({"INT", "DECIMAL", "FLOAT"})
+
+
+def decimal_type(scale: int) -> ColumnType:
+    return ColumnType("DECIMAL", 38, scale)
+
+
+def identifier(node: exp.Expression | None, what: str) -> str:
+    """SQL identifier rules: unquoted names fold to lower case, quoted ones are kept."""
+    if node is None:
+        raise errors.InvalidArgument(f"missing {what} name")
+    ident = node if isinstance(node, exp.Identifier) else node.find(exp.Identifier)
+    if ident is None:
+        raise errors.InvalidArgument(f"missing {what} name")
+    name = ident.name if ident.quoted else ident.name.lower()
+    if not _NAME.match(name):
+        raise errors.InvalidArgument(
+            f"invalid {what} name {name!r}: use letters, digits and _ (at most 64)"
+        )
+    return name
+
+
+def parse_sql(sql: str) -> exp.Expression:
+    try:
+        statements = [s for s in sqlglot.parse(sql) if s is not None]
+    except sqlglot.errors.ParseError as exc:
+        raise errors.InvalidArgument(f"cannot parse SQL: {exc}") from None
+    if len(statements) != 1:
+        raise errors.InvalidArgument(f"expected one SQL statement, got {len(statements)}")
+    return statements[0]
+
+
+def literal(node: exp.Expression) -> Typed:
+    """A SQL literal as a JSON literal and its type."""
+    if isinstance(node, exp.Boolean):
+        return {"lit": bool(node.this), "type": "BOOL"}, BOOL
+    if isinstance(node, exp.Cast):
+        return date_literal(node.this.this, node), DATE
+    if isinstance(node, exp.Null):
+        raise errors.InvalidArgument(
+            f"NULL literal is not supported (a comparison with NULL is never true): "
+            f"{(node.parent or node).sql()}"
+        )
+    assert isinstance(node, exp.Literal)
+    text = node.this
+    if node.is_string:
+        return {"lit": text, "type": "TEXT"}, TEXT
+    if re.fullmatch(r"[0-9]+", text):
+        value = int(text)
+        if value <= INT_MAX:
+            return {"lit": value, "type": "INT"}, INT
+        if len(text.lstrip("0")) > 38:
+            raise errors.InvalidArgument(f"integer literal {text} has more than 38 digits")
+        return {"lit": str(value), "type": "DECIMAL(38,0)"}, decimal_type(0)
+    if re.fullmatch(r"[0-9]*\.[0-9]*", text) and text != ".":
+        number = Decimal(text)
+        scale = len(text.split(".")[1])
+        if len(number.as_tuple().digits) > 38 or scale > 38:
+            raise errors.InvalidArgument(f"decimal literal {text} has more than 38 digits")
+        return {"lit": format(number, "f"), "type": str(decimal_type(scale))}, decimal_type(scale)
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise errors.InvalidArgument(f"numeric literal {text} is not a finite number")
+    return {"lit": value, "type": "FLOAT"}, FLOAT
+
+
+def date_literal(text: str, node: exp.Expression) -> Expr:
+    try:
+        if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
+            raise ValueError
+        datetime.date.fromisoformat(text)
+    except ValueError:
+        raise errors.TypeMismatch(
+            f"{text!r} is not an ISO-8601 date (YYYY-MM-DD) in {node.sql()}"
+        ) from None
+    return {"lit": text, "type": "DATE"}
+
+
+def negated_literal(lit: Expr, type_: ColumnType) -> Expr:
+    value = lit["lit"]
+    if type_.kind == "DECIMAL":
+        return {**lit, "lit": format(-Decimal(value), "f") if Decimal(value) else value}
+    return {**lit, "lit": -value}
+
+
+def constant(node: exp.Expression) -> Typed:
+    """A literal, possibly signed and parenthesized (``-1.50``, ``-(-2)``, ``+3``), typed."""
+    if isinstance(node, exp.Paren):
+        return constant(node.this)
+    if isinstance(node, exp.Neg):
+        inner, type_ = constant(node.this)
+        if type_.kind not in NUMERIC:
+            raise errors.TypeMismatch(f"unary minus on {type_}: {node.sql()}")
+        return negated_literal(inner, type_), type_
+    if isinstance(node, exp.Literal | exp.Boolean | exp.Cast | exp.Null):
+        return literal(node)
+    raise errors.InvalidArgument(f"expected a literal, got {node.sql()!r}")
+
+
+def column_value(node: exp.Expression, column_type: ColumnType) -> Any:
+    """A literal as the Python value a column of ``column_type`` is written or compared with:
+    numbers convert exactly between the numeric types where they can (an exponent literal for
+    a DECIMAL column by its shortest decimal form, an integral one for an INT column), a TEXT
+    literal in ISO form for a DATE column is that date, NULL is None. What cannot convert is
+    left for the column's own check to refuse, naming the column."""
+    if isinstance(node, exp.Null):
+        return None
+    expr, type_ = constant(node)
+    value = literal_value(expr)
+    kind = column_type.kind
+    if type_.kind in NUMERIC and kind in NUMERIC and type_.kind != kind:
+        if kind == "FLOAT":
+            return float(value)
+        if kind == "DECIMAL" and isinstance(value, float):
+            return Decimal(repr(value))
+        if kind == "INT" and value == int(value):
+            return int(value)
+    if kind == "DATE" and type_.kind == "TEXT":
+        return literal_value(date_literal(value, node))
+    return value
