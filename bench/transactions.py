@@ -91,7 +91,8 @@ class Result:
     max_ms: float | None = None
     lag_p99_ms: float | None = None  # open loop: scheduled arrival -> commit call started
     cpu: dict[str, float] = field(default_factory=dict)  # role -> % of one core
-    setup: str = "plain"  # "tls": TLS everywhere, tokens, member checks; "replicated": LTM logs
+    setup: str = "plain"  # "tls": TLS everywhere, tokens, member checks; "replicated": LTM logs;
+    # "hbase": the store on a real HBase
 
     @property
     def retries_per_s(self) -> float:
@@ -412,14 +413,19 @@ async def check_sum(cluster: LocalCluster, expected: int, ambiguous: int) -> str
 
 @contextlib.contextmanager
 def running_cluster(
-    data: Path, ltms: int, fsync: bool, setup: str = "plain"
+    data: Path, ltms: int, fsync: bool, setup: str = "plain", store: str = ""
 ) -> Iterator[LocalCluster]:
     """A started cluster that is stopped cleanly on the way out, even on Ctrl-C or SIGTERM:
     once an exception (such as the KeyboardInterrupt of Ctrl-C) unwinds through here, further
     Ctrl-C and SIGTERM are ignored so they cannot cut the clean stop or the removal of the
     data directory short (``LocalCluster.stop`` kills what does not stop within 20 s)."""
     cluster = LocalCluster(
-        data, ltms=ltms, fsync=fsync, secure=setup == "tls", replicate=setup == "replicated"
+        data,
+        ltms=ltms,
+        fsync=fsync,
+        secure=setup == "tls",
+        replicate=setup == "replicated",
+        store=store,
     )
     try:
         with cluster:
@@ -516,6 +522,14 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def hbase_store(url: str | None) -> str:
+    """The HBase URL with a table prefix of its own, so each case starts on empty tables."""
+    if not url:
+        raise SystemExit("--setup hbase needs --hbase hbase://HOST:PORT (aggview hbase start)")
+    prefix = f"b{os.getpid()}x{time.monotonic_ns() % 10**9}"
+    return url + ("&" if "?" in url else "?") + f"table_prefix={prefix}"
+
+
 def run_load(args: argparse.Namespace) -> list[Result]:
     results: list[Result] = []
     for ltms in args.ltms:
@@ -524,8 +538,9 @@ def run_load(args: argparse.Namespace) -> list[Result]:
                 err.print("replication needs at least 2 LTMs: skipped for 1")
                 continue
             prefix = f"aggview-bench-{ltms}-{setup}-"
+            store = hbase_store(args.hbase) if setup == "hbase" else ""
             with tempfile.TemporaryDirectory(prefix=prefix, dir=args.tmp) as tmp:
-                with running_cluster(Path(tmp), ltms, not args.no_fsync, setup) as cluster:
+                with running_cluster(Path(tmp), ltms, not args.no_fsync, setup, store) as cluster:
                     results.extend(asyncio.run(bench_cluster(cluster, args, setup)))
     return results
 
@@ -715,10 +730,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--setup",
         nargs="+",
-        choices=["plain", "tls", "replicated"],
+        choices=["plain", "tls", "replicated", "hbase"],
         default=["plain"],
         help="plaintext (--insecure); TLS with tokens and member checks; replicated LTM logs "
-        "(plaintext). Several: each is also compared with plain",
+        "(plaintext); the store on HBase (--hbase). Several: each is also compared with plain",
+    )
+    parser.add_argument(
+        "--hbase", help="with --setup hbase: a real HBase's Thrift server, hbase://HOST:PORT"
     )
     parser.add_argument(
         "--no-check", dest="check", action="store_false", help="skip the final sum(v) check"

@@ -56,7 +56,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,7 @@ from bench.transactions import (
     _interrupt,
     _ms,
     err,
+    hbase_store,
     measure_window,
     out,
     percentile,
@@ -102,6 +103,9 @@ POINT_READ = {"name": "category 3"}
 PGIVM_REFERENCE = {1: (1771, 5661), 8: (1831, 16571)}
 # the tables the views read, loaded into duckdb for the recomputation
 RECOMPUTE_TABLES = ("categories", "products", "events")
+
+
+ON_HBASE = " @hbase"
 
 
 @dataclass(frozen=True)
@@ -453,9 +457,10 @@ def build_base(
     report: Report,
     pids: list[int],
     loop: asyncio.AbstractEventLoop,
+    store: str = "",
 ) -> None:
     fsync = not args.no_fsync
-    with running_cluster(data, args.ltms, fsync) as cluster:
+    with running_cluster(data, args.ltms, fsync, store=store) as cluster:
         pids.extend(s.process.pid for s in cluster.servers if s.process is not None)
         t0 = time.perf_counter()
         with Client(cluster.address) as client:
@@ -471,6 +476,9 @@ def build_base(
 
         loop.run_until_complete(load())
         loaded = time.perf_counter()
+    if store:  # a case's own base on HBase: its build time is reported, the base stays
+        err.print(f"  its base on HBase: {args.events} events in {loaded - populated:.1f}s")
+        return
     report.base = {
         "ltms": args.ltms,
         "shops": SCALE.shops,
@@ -504,6 +512,18 @@ def cases(args: argparse.Namespace) -> list[Case]:
     return chosen
 
 
+def store_cases(args: argparse.Namespace) -> list[tuple[Case, str]]:
+    """Every case on the embedded store, then (with --hbase) each again on HBase, named
+    ``<case> @hbase``."""
+    chosen = [(case, "") for case in cases(args)]
+    if args.hbase:
+        chosen += [
+            (replace(case, name=f"{case.name}{ON_HBASE}"), hbase_store(args.hbase))
+            for case in cases(args)
+        ]
+    return chosen
+
+
 def run(args: argparse.Namespace, report: Report, pids: list[int]) -> None:
     # One event loop for the whole run: gRPC's poller thread may still call into the loop of
     # a finished asyncio.run, which then logs "Event loop is closed" tracebacks.
@@ -521,11 +541,15 @@ def run_on(
         base = Path(tmp) / "base"
         build_base(base, args, report, pids, loop)
         for pass_index in range(args.repeat):  # cases alternate: slow spells hit them alike
-            for case in cases(args):
+            for case, store in store_cases(args):
                 data = Path(tmp) / case.name.replace(" ", "-")
-                shutil.copytree(base, data, ignore=shutil.ignore_patterns("logs"))
-                err.print(f"{case.name}: a fresh cluster over a copy of the base")
-                with running_cluster(data, args.ltms, not args.no_fsync) as cluster:
+                if store:  # HBase holds the rows: a base of its own under a fresh prefix
+                    err.print(f"{case.name}: a fresh cluster over its own base on HBase")
+                    build_base(data, args, report, pids, loop, store)
+                else:
+                    shutil.copytree(base, data, ignore=shutil.ignore_patterns("logs"))
+                    err.print(f"{case.name}: a fresh cluster over a copy of the base")
+                with running_cluster(data, args.ltms, not args.no_fsync, store=store) as cluster:
                     pids.extend(s.process.pid for s in cluster.servers if s.process is not None)
                     loop.run_until_complete(bench_case(cluster, case, args, report, pass_index))
                 shutil.rmtree(data)
@@ -574,6 +598,11 @@ def ratios(report: Report, args: argparse.Namespace) -> list[dict[str, Any]]:
         for ms in args.intervals:
             add(f"async {ms}ms/none", clients, (f"async {ms}ms", "spread"), none)
         add("hot/spread (sync)", clients, ("sync", "hot"), sync)
+    if args.hbase:
+        for clients in args.clients:
+            for case in cases(args):
+                on_hbase = (f"{case.name}{ON_HBASE}", "spread")
+                add(f"{case.name}: hbase/embedded", clients, on_hbase, (case.name, "spread"))
     for clients in args.clients:
         reference = PGIVM_REFERENCE.get(clients)
         extra = {}
@@ -741,6 +770,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="passes over the cases (alternating); ratios are the median over the passes",
     )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--hbase",
+        help="also run every case with the store on this HBase (hbase://HOST:PORT; aggview "
+        "hbase start), each against the same case on the embedded store",
+    )
     parser.add_argument("--no-fsync", action="store_true", help="servers skip fsync of logs")
     parser.add_argument("--tmp", help="where to make the data directories (default: $TMPDIR)")
     parser.add_argument("--json", type=Path, help="also write the results here")

@@ -67,3 +67,22 @@ def spark() -> Any:
     session = spark_session()
     yield session
     stop_session()
+
+
+@pytest.fixture(scope="session")
+def real_hbase(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real Apache HBase (standalone, jars from Maven Central) for the whole run, with its
+    Thrift server and a second one in framed mode. Skipped only where Java or Maven is absent."""
+    import shutil
+
+    from ltm.store.hbase_server import StandaloneHBase
+
+    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"a real HBase needs {' and '.join(missing)} on PATH")
+    hbase = StandaloneHBase(tmp_path_factory.mktemp("hbase"), port=0, framed_port=0)
+    hbase.start()
+    try:
+        yield hbase
+    finally:
+        hbase.stop()

@@ -121,13 +121,18 @@ def test_write_cut_mid_batch_is_retried_to_the_same_rows(
 
 
 def test_big_values_split_batches(store: HBaseStore, hbase: HBaseThriftFixture) -> None:
-    """A batch ends at about 1 MiB too, under a framed Thrift server's frame limit."""
+    """A batch holds at most 1 MiB of keys and values (or one bigger row), so it stays under a
+    framed Thrift server's 2 MiB frame: two 600 kB values never share one."""
     store.create_table("t")
     big = [("t", f"b{i}".encode(), bytes([i]) * 600_000) for i in range(5)]
     before = hbase.calls["mutateRows"]
     store.write(big)
-    assert hbase.calls["mutateRows"] - before == 3  # 2 + 2 + 1 values of 600 kB
-    assert dict(store.scan("t")) == {k: v for _, k, v in big}
+    assert hbase.calls["mutateRows"] - before == 5
+    small = [("t", f"s{i}".encode(), bytes([i]) * 300_000) for i in range(5)]
+    before = hbase.calls["mutateRows"]
+    store.write(small)
+    assert hbase.calls["mutateRows"] - before == 2  # 3 + 2 values of 300 kB
+    assert dict(store.scan("t")) == {k: v for _, k, v in big + small}
 
 
 def test_scan_and_get_cut_mid_call_are_retried(

@@ -53,7 +53,12 @@ COLUMN = b"d:v"
 DEFAULT_PORT = 9090
 DEFAULT_PREFIX = "aggview"
 _GET_CHUNK = 1000  # rows per getRows call
-MAX_BATCH_BYTES = 1 << 20  # keys and values per mutateRows call, at most about
+MAX_BATCH_BYTES = 1 << 20  # keys and values per mutateRows call, at most (or one bigger row)
+# What one row may hold, measured on a real HBase 2.6: the client side of its Thrift server
+# refuses a cell over hbase.client.keyvalue.maxsize (10 MiB by default), and a framed Thrift
+# server drops the connection on a call over hbase.thrift.framed.max_frame_size_in_mb (2 MiB).
+# Both minus room for the rest of the call; the URL's max_row_bytes says otherwise.
+DEFAULT_MAX_ROW_BYTES = {"buffered": (10 << 20) - (64 << 10), "framed": (2 << 20) - (64 << 10)}
 _PREFIX_RE = re.compile(r"([A-Za-z0-9_]+:)?[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _STORE_NAME_RE = re.compile(r"[A-Za-z0-9_]{1,200}")
 
@@ -93,6 +98,7 @@ class HBaseStore(Store):
         batch_size: int = 1000,
         scan_batch_size: int = 1000,
         retry_seconds: float = 10.0,
+        max_row_bytes: int | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -110,6 +116,7 @@ class HBaseStore(Store):
             ("pool_size", pool_size),
             ("timeout_ms", timeout_ms),
             ("scan_batch_size", scan_batch_size),
+            *((("max_row_bytes", max_row_bytes),) if max_row_bytes is not None else ()),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgument(f"hbase {what} must be a positive int; got {value!r}")
@@ -117,6 +124,7 @@ class HBaseStore(Store):
             raise InvalidArgument(f"hbase batch_size must be an int >= 0; got {batch_size!r}")
         if retry_seconds < 0 or connect_timeout <= 0:
             raise InvalidArgument("hbase retry_seconds must be >= 0 and connect_timeout > 0")
+        self.max_row_bytes = max_row_bytes or DEFAULT_MAX_ROW_BYTES[transport]
         self.table_prefix = table_prefix or None
         self.transport = transport
         self.protocol = protocol
@@ -153,7 +161,8 @@ class HBaseStore(Store):
     @classmethod
     def from_url(cls, url: str) -> HBaseStore:
         """``hbase://host[:port][?table_prefix=P&transport=buffered|framed&protocol=binary|
-        compact&batch_size=N&scan_batch_size=N&pool_size=N&timeout_ms=N&retry_seconds=S]``.
+        compact&batch_size=N&scan_batch_size=N&pool_size=N&timeout_ms=N&retry_seconds=S&
+        max_row_bytes=N]``.
 
         An empty ``table_prefix=`` uses table names unprefixed."""
         parts = urlsplit(url)
@@ -176,6 +185,7 @@ class HBaseStore(Store):
             "timeout_ms": int,
             "retry_seconds": float,
             "connect_timeout": float,
+            "max_row_bytes": int,
         }
         for key, value in parse_qsl(parts.query, keep_blank_values=True):
             convert = converters.get(key)
@@ -330,6 +340,13 @@ class HBaseStore(Store):
         """
         by_table: dict[str, list[tuple[bytes, bytes | None]]] = defaultdict(list)
         for table, key, value in mutations:
+            size = len(key) + len(value or b"")
+            if size > self.max_row_bytes:  # before anything is sent: the batch applies nothing
+                raise InvalidArgument(
+                    f"hbase store {self.address}: row {key[:32]!r} of {table!r} is {size} bytes, "
+                    f"over the {self.max_row_bytes} one call to HBase's {self.transport} Thrift "
+                    "server takes (max_row_bytes in the store URL, after raising HBase's limit)"
+                )
             by_table[table].append((key, value))
 
         # Retrying the whole call after a broken connection is safe: every mutation puts or
@@ -349,16 +366,17 @@ class HBaseStore(Store):
                         batch = hbase_table.batch(batch_size=self.batch_size)
                         pending = 0
                         for count, (key, value) in enumerate(rows, 1):
+                            size = len(key) + len(value or b"")
+                            if pending and pending + size > MAX_BATCH_BYTES:
+                                batch.send()
+                                pending = 0
                             if value is None:
                                 batch.delete(key, columns=[COLUMN])
                             else:
                                 batch.put(key, {COLUMN: value})
-                            pending += len(key) + len(value or b"")
+                            pending += size
                             if count % self.batch_size == 0:
                                 pending = 0  # happybase just sent the batch
-                            elif pending >= MAX_BATCH_BYTES:
-                                batch.send()
-                                pending = 0
                         batch.send()  # not `with batch`: it would send again after an error
                     else:
                         for key, value in rows:
