@@ -18,6 +18,7 @@ The peak resident memory (VmHWM) of each LTM process is read from /proc after ea
 
     python -m bench.bulk                       # 10^6 events: about 5 minutes on 2 cores
     python -m bench.bulk --events 100000 --tx-events 20000
+    python -m bench.bulk --events 100000 --tx-events 20000 --hbase hbase://127.0.0.1:9090
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview.cluster import LocalCluster
+from bench.transactions import hbase_store
 from coordinator import Client
 from coordinator.client import AsyncClient
 from cumulus.spark import jobs
@@ -73,16 +75,25 @@ async def through_transactions(address: str, count: int, batch: int, clients: in
         return time.perf_counter() - started
 
 
+def store(args: argparse.Namespace) -> str:
+    """The embedded store, or (--hbase) a fresh table prefix on that HBase."""
+    return hbase_store(args.hbase) if args.hbase else ""
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     spark = spark_session()
-    report: dict[str, Any] = {"events": args.events, "ltms": args.ltms}
+    report: dict[str, Any] = {
+        "events": args.events,
+        "ltms": args.ltms,
+        "store": "hbase" if args.hbase else "embedded",
+    }
     with tempfile.TemporaryDirectory(prefix="aggview-bulk-") as tmp:
         base = Path(tmp)
         events_csv = base / "events.csv"
         started = time.perf_counter()
         dashboard.write_events_csv(events_csv, args.events, SCALE, seed=1)
         print(f"wrote {args.events} events to CSV in {time.perf_counter() - started:.1f} s")
-        with LocalCluster(base / "bulk", ltms=args.ltms) as cluster:
+        with LocalCluster(base / "bulk", ltms=args.ltms, store=store(args)) as cluster:
             with Client(cluster.address) as client:
                 dashboard.create_schema(client)
                 dashboard.populate(client, SCALE)
@@ -111,7 +122,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(
                 f"verify: {report['verified']} differing groups in {report['verify_seconds']:.1f} s"
             )
-        with LocalCluster(base / "tx", ltms=args.ltms) as cluster:
+        with LocalCluster(base / "tx", ltms=args.ltms, store=store(args)) as cluster:
             with Client(cluster.address) as client:
                 dashboard.create_schema(client)
                 dashboard.populate(client, SCALE)
@@ -142,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--ltms", type=int, default=3)
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--hbase", help="keep the store on this HBase (hbase://HOST:PORT)")
     args = parser.parse_args(argv)
     report = run(args)
     if args.json:
