@@ -249,6 +249,13 @@ def _run_demo(args: argparse.Namespace) -> None:
             run_demo(Path(data), ltms=args.ltms, out=Path(args.out))
 
 
+def _run_m3(args: argparse.Namespace) -> None:
+    from coordinator.catalog import table_from_create
+    from cumulus.m3.command import run_m3
+
+    run_m3(args, table_from_create)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aggview", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -346,6 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_spark_commands(sub, _add_client_security, _client_options)
     add_bench_commands(sub, _add_client_security, _client_options)
+
+    from cumulus.m3.command import add_m3_command
+
+    add_m3_command(sub, _run_m3)
 
     demo = sub.add_parser("demo", help="the main job: a local cluster, a workload, a report")
     demo.add_argument("--data", help="keep the cluster's data here (default: a temp dir)")

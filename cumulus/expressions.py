@@ -80,7 +80,8 @@ def literal_value(node: Mapping[str, Any]) -> object:
 # --- arithmetic ---------------------------------------------------------------------------------
 
 
-def _add(a: Any, b: Any) -> Any:
+def add(a: Any, b: Any) -> Any:
+    """Exact for int and Decimal (never rounds), float only if either side is a float."""
     if type(a) is int and type(b) is int:
         return a + b
     if type(a) is float or type(b) is float:
@@ -96,7 +97,7 @@ def _sub(a: Any, b: Any) -> Any:
     return EXACT.subtract(a, b)
 
 
-def _mul(a: Any, b: Any) -> Any:
+def mul(a: Any, b: Any) -> Any:
     if type(a) is int and type(b) is int:
         return a * b
     if type(a) is float or type(b) is float:
@@ -116,7 +117,7 @@ def _neg(a: Any) -> Any:
     return EXACT.minus(a) if type(a) is Decimal else -a
 
 
-_ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {"+": _add, "-": _sub, "*": _mul, "/": _div}
+_ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {"+": add, "-": _sub, "*": mul, "/": _div}
 
 
 def _binary(op: Callable[[Any, Any], Any], left: Evaluator, right: Evaluator) -> Evaluator:

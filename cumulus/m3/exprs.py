@@ -1,0 +1,208 @@
+"""Expressions of M3 programs: plan trees (``cumulus.plan``) over variables.
+
+Evaluation goes through ``cumulus.expressions`` (the one evaluator, exact for INT and DECIMAL),
+with variables read from the statement's environment; types follow the view compiler's rules
+(``cumulus.compiler.arithmetic_type``). Also: turning a SUM's argument into a polynomial, so
+each monomial's variables can go to the map of their own relation (seed 003's constants
+"pulled out" and factorization need products, not sums).
+"""
+
+from __future__ import annotations
+
+import copy
+import decimal
+from collections.abc import Callable, Iterator, Mapping
+from decimal import Decimal
+from typing import Any
+
+from sqlglot import exp
+
+from aggview.errors import InvalidArgument
+from aggview.schema import ColumnType
+from cumulus.compiler import arithmetic_type
+from cumulus.expressions import compile_expr, compile_predicate, literal_value
+from cumulus.m3.program import Expr
+from cumulus.sqltext import FLOAT, INT
+
+Env = dict[str, Any]
+PREDICATE_KEYS = ("cmp", "in", "between", "not", "and", "notnull")
+ONE: Expr = {"lit": 1, "type": "INT"}
+MINUS_ONE: Expr = {"lit": -1, "type": "INT"}
+
+
+def var(name: str) -> Expr:
+    return {"var": name}
+
+
+def is_predicate(expr: Expr) -> bool:
+    return any(key in expr for key in PREDICATE_KEYS)
+
+
+def vars_of(expr: object) -> list[str]:
+    """Variables an expression reads, in order of first appearance."""
+    found: dict[str, None] = {}
+
+    def walk(node: object) -> None:
+        if isinstance(node, Mapping):
+            if "var" in node:
+                found[node["var"]] = None
+                return
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(expr)
+    return list(found)
+
+
+def rename(expr: Expr, mapping: Mapping[str, str]) -> Expr:
+    """A copy with variables renamed (those not in ``mapping`` kept)."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, Mapping):
+            if "var" in node:
+                return {"var": mapping.get(node["var"], node["var"])}
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        return node
+
+    return walk(expr)
+
+
+def from_plan(expr: Expr, column_var: Callable[[str, str], str]) -> Expr:
+    """A plan tree with its columns (and HAVING's view columns) as variables."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, Mapping):
+            if "col" in node:
+                return {"var": column_var(node["col"][0], node["col"][1])}
+            if "out" in node:
+                return {"var": node["out"]}
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        return copy.deepcopy(node)
+
+    return walk(expr)
+
+
+def to_plan(expr: Expr) -> Expr:
+    """Variables as columns of the empty alias, which is how the evaluator reads them here."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, Mapping):
+            if "var" in node:
+                return {"col": ["", node["var"]]}
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        return node
+
+    return walk(expr)
+
+
+# --- evaluation ----------------------------------------------------------------------------------
+
+
+def compile_value(expr: Expr) -> Callable[[Env], Any]:
+    """A value term as a function of the environment (None for NULL)."""
+    if "var" in expr:
+        name = expr["var"]
+        return lambda env: env[name]
+    if "lit" in expr:
+        value = literal_value(expr)
+        return lambda env: value
+    if is_predicate(expr):
+        raise InvalidArgument(f"a value term cannot be a condition: {expr!r}")
+    evaluate = compile_expr(to_plan(expr))
+    return lambda env: evaluate(lambda _alias, name: env[name])
+
+
+def compile_guard(pred: Expr) -> Callable[[Env], bool]:
+    """A guard as a function of the environment: True only for TRUE (NULL is false)."""
+    if "notnull" in pred:
+        inner = compile_value(pred["notnull"])
+        return lambda env: inner(env) is not None
+    if not is_predicate(pred):
+        raise InvalidArgument(f"a guard must be a condition: {pred!r}")
+    check = compile_predicate(to_plan(pred))
+    return lambda env: check(lambda _alias, name: env[name])
+
+
+def is_zero(value: Any) -> bool:
+    return value == 0
+
+
+# --- types ---------------------------------------------------------------------------------------
+
+
+def expr_type(expr: Expr, types: Mapping[str, ColumnType]) -> ColumnType:
+    """The type of a value term under the view compiler's rules."""
+    if "var" in expr:
+        found = types.get(expr["var"])
+        if found is None:
+            raise InvalidArgument(f"variable {expr['var']} has no known type")
+        return found
+    if "lit" in expr:
+        return ColumnType.parse(expr["type"])
+    if "neg" in expr:
+        return expr_type(expr["neg"], types)
+    if "op" in expr:
+        left, right = (expr_type(a, types) for a in expr["args"])
+        return arithmetic_type(expr["op"], left, right, exp.Var(this=str(expr)))
+    raise InvalidArgument(f"not a value term: {expr!r}")
+
+
+def product_type(exprs: list[Expr], types: Mapping[str, ColumnType]) -> ColumnType:
+    result = INT
+    for expr in exprs:
+        result = arithmetic_type("*", result, expr_type(expr, types), exp.Var(this=str(expr)))
+    return result
+
+
+# --- polynomials ---------------------------------------------------------------------------------
+
+
+def monomials(expr: Expr) -> list[list[Expr]]:
+    """``expr`` as a sum of products: each product a list of variables, constants and opaque
+    terms (a division is not a polynomial: it stays one factor). ``a - b`` is ``a + -1 * b``."""
+    if "op" in expr and expr["op"] in ("+", "-"):
+        left, right = (monomials(a) for a in expr["args"])
+        if expr["op"] == "-":
+            right = [[MINUS_ONE, *m] for m in right]
+        return left + right
+    if "op" in expr and expr["op"] == "*":
+        left, right = (monomials(a) for a in expr["args"])
+        return [[*a, *b] for a in left for b in right]
+    if "neg" in expr:
+        return [[MINUS_ONE, *m] for m in monomials(expr["neg"])]
+    return [[copy.deepcopy(expr)]]
+
+
+def nullable_parts(expr: Expr) -> Iterator[Expr]:
+    """The sub-terms whose NULL makes ``expr`` NULL besides variables: divisions (by zero)."""
+    if "op" in expr:
+        if expr["op"] == "/":
+            yield expr
+        for arg in expr["args"]:
+            yield from nullable_parts(arg)
+    elif "neg" in expr:
+        yield from nullable_parts(expr["neg"])
+
+
+def zero_of(column_type: ColumnType) -> Any:
+    if column_type == FLOAT:
+        return 0.0
+    if column_type.kind == "DECIMAL":
+        return Decimal(0)
+    return 0
+
+
+def quantize(value: Any, scale: int) -> Decimal:
+    exact = decimal.Context(prec=120)
+    return Decimal(value).quantize(
+        Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_EVEN, context=exact
+    )

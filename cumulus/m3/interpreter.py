@@ -1,0 +1,479 @@
+"""The reference interpreter: runs an M3 program over a stream of inserts and deletes, one
+update at a time, exactly as the seeds define it. It is the oracle the distributed runtime is
+tested against, so it favours plain rules over cleverness:
+
+- every statement of a trigger reads the maps as they were before the trigger began (all
+  deltas are computed first, then applied; seed 000 §2, seed 002 Example 4);
+- a loop variable ranges over the slice of the right-hand map it indexes (secondary indexes
+  per partial-key pattern, as seed 003 §3.1 describes), never over the left-hand map;
+- a missing entry is zero, and an entry whose value returns to zero is removed;
+- INT and DECIMAL arithmetic is exact; FLOAT only where a FLOAT column brings it in;
+- a relation a statement or query reads directly (bounded ``--depth``) is kept as a multiset,
+  updated after the trigger's statements ran.
+
+A stream row is checked against its relation's columns before anything changes; a bad row
+raises an ``aggview.errors`` exception that names it and leaves every map as it was.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from aggview import errors
+from aggview.schema import INT_MAX, INT_MIN, Column, from_storage, to_storage
+from cumulus.expressions import add, mul
+from cumulus.m3.exprs import Env, compile_guard, compile_value, vars_of
+from cumulus.m3.program import (
+    AggSum,
+    Factor,
+    Guard,
+    Lift,
+    MapRef,
+    Part,
+    Program,
+    Rel,
+    Source,
+    Statement,
+    Value,
+    part_refs,
+    view_parts,
+)
+
+Key = tuple[Any, ...]
+Step = Callable[[Env, Any], None]
+
+
+class Store:
+    """One map (or a relation as a multiset): key tuple -> nonzero value, with secondary
+    indexes {bound positions: {partial key: {full key: None}}} built on first use."""
+
+    __slots__ = ("data", "indexes")
+
+    def __init__(self) -> None:
+        self.data: dict[Key, Any] = {}
+        self.indexes: dict[tuple[int, ...], dict[Key, dict[Key, None]]] = {}
+
+    def index(self, positions: tuple[int, ...]) -> dict[Key, dict[Key, None]]:
+        found = self.indexes.get(positions)
+        if found is None:
+            found = self.indexes[positions] = {}
+            for key in self.data:
+                found.setdefault(tuple(key[i] for i in positions), {})[key] = None
+        return found
+
+    def add(self, key: Key, delta: Any) -> None:
+        old = self.data.get(key)
+        if old is None:
+            if delta == 0:
+                return
+            self.data[key] = delta
+            for positions, index in self.indexes.items():
+                index.setdefault(tuple(key[i] for i in positions), {})[key] = None
+            return
+        new = add(old, delta)
+        if new != 0:
+            self.data[key] = new
+            return
+        del self.data[key]
+        for positions, index in self.indexes.items():
+            partial = tuple(key[i] for i in positions)
+            bucket = index[partial]
+            del bucket[key]
+            if not bucket:
+                del index[partial]
+
+
+def key_getter(names: Sequence[str]) -> Callable[[Env], Key]:
+    if not names:
+        return lambda env: ()
+    if len(names) == 1:
+        only = names[0]
+        return lambda env: (env[only],)
+    return operator.itemgetter(*names)  # type: ignore[return-value]
+
+
+def produced(factor: Factor) -> set[str]:
+    """Variables a factor binds."""
+    if isinstance(factor, MapRef):
+        return set(factor.keys)
+    if isinstance(factor, Rel):
+        return set(factor.args)
+    if isinstance(factor, Lift):
+        return {factor.var}
+    return set()
+
+
+def needed(factor: Factor) -> set[str]:
+    if isinstance(factor, Guard):
+        return set(vars_of(factor.pred))
+    if isinstance(factor, Value | Lift):
+        return set(vars_of(factor.expr))
+    return set()
+
+
+def plan_order(body: Sequence[Factor], bound: set[str], where: str) -> list[Factor]:
+    """The order to evaluate a product in: conditions and values as soon as their variables
+    are bound (guards first, they may stop early), then the lookup with most keys bound."""
+    remaining, order, bound = list(body), [], set(bound)
+    while remaining:
+        ready = [f for f in remaining if isinstance(f, Guard | Value | Lift) and needed(f) <= bound]
+        if ready:
+            pick = next((f for f in ready if isinstance(f, Guard)), ready[0])
+        else:
+            lookups = [f for f in remaining if isinstance(f, MapRef | Rel)]
+            if not lookups:
+                missing = sorted(set().union(*(needed(f) for f in remaining)) - bound)
+                raise errors.InvalidArgument(
+                    f"{where}: variable {missing[0]} is bound by no trigger argument, map or "
+                    "relation"
+                )
+
+            pick = max(lookups, key=lambda f, bound=bound: _rank(f, bound))
+        order.append(pick)
+        remaining.remove(pick)
+        bound |= produced(pick)
+    return order
+
+
+def _rank(factor: MapRef | Rel, bound: set[str]) -> tuple[bool, int]:
+    keys = factor.keys if isinstance(factor, MapRef) else factor.args
+    return all(k in bound for k in keys), sum(k in bound for k in keys)
+
+
+class Interpreter:
+    """Sequential execution of one program. ``keep_relations`` keeps every relation's rows
+    (needed to evaluate map definitions, ``verify``), not only those statements read."""
+
+    def __init__(self, program: Program, keep_relations: bool = False) -> None:
+        self.program = program
+        self.sources = {s.name: s for s in program.sources}
+        self.maps = {m.name: Store() for m in program.maps}
+        read = {r.relation for _, s in program.statements() for r in s.body if isinstance(r, Rel)}
+        for part in [q.part for q in program.queries] + [
+            p for v in program.views for p in view_parts(v)
+        ]:
+            read |= {r.relation for r in part_refs(part) if isinstance(r, Rel)}
+        if keep_relations:
+            read |= set(self.sources)
+        self.relations = {name: Store() for name in sorted(read)}
+        self.counter = [0]  # map entries read by triggers (a measure of per-update work)
+        self._checkers = {name: _row_checker(source) for name, source in self.sources.items()}
+        self._triggers: dict[tuple[str, str], Callable[[Key], None]] = {}
+        for trigger in program.triggers:
+            self._triggers[(trigger.sign, trigger.relation)] = self._compile_trigger(
+                trigger.sign, trigger.relation, trigger.args, trigger.statements
+            )
+        self._parts: dict[AggSum, Callable[[], dict[Key, Any]]] = {}
+
+    # --- the stream --------------------------------------------------------------------------
+
+    def insert(self, relation: str, row: Sequence[Any] | Mapping[str, Any]) -> None:
+        self.apply("+", relation, row)
+
+    def delete(self, relation: str, row: Sequence[Any] | Mapping[str, Any]) -> None:
+        self.apply("-", relation, row)
+
+    def update(
+        self,
+        relation: str,
+        old: Sequence[Any] | Mapping[str, Any],
+        new: Sequence[Any] | Mapping[str, Any],
+    ) -> None:
+        """An UPDATE is a delete and an insert (seed 000 §2); both rows are checked first."""
+        self.check("-", relation, old)
+        self.check("+", relation, new)
+        self.apply("-", relation, old)
+        self.apply("+", relation, new)
+
+    def check(self, sign: str, relation: str, row: Sequence[Any] | Mapping[str, Any]) -> Key:
+        """The row's values, converted; an ``errors`` exception naming the row if it is bad."""
+        shown = f"stream row {sign}{relation}{_shown(row)}"
+        if sign not in ("+", "-"):
+            raise errors.InvalidArgument(f"{shown}: the sign must be + or -")
+        checker = self._checkers.get(relation)
+        if checker is None:
+            raise errors.UnknownTable(f"{shown}: the program has no relation {relation!r}")
+        if (sign, relation) not in self._triggers:
+            raise errors.InvalidArgument(
+                f"{shown}: the program has no trigger ON {sign} {relation}"
+            )
+        return checker(row, shown)
+
+    def apply(self, sign: str, relation: str, row: Sequence[Any] | Mapping[str, Any]) -> None:
+        values = self.check(sign, relation, row)
+        self._triggers[(sign, relation)](values)
+        store = self.relations.get(relation)
+        if store is not None:
+            store.add(values, 1 if sign == "+" else -1)
+
+    # --- compilation of triggers and products --------------------------------------------------
+
+    def _compile_trigger(
+        self, sign: str, relation: str, args: tuple[str, ...], statements: tuple[Statement, ...]
+    ) -> Callable[[Key], None]:
+        compiled: list[tuple[Step, dict[Key, Any], Store]] = []
+        for number, statement in enumerate(statements, 1):
+            out: dict[Key, Any] = {}
+            getkey = key_getter(statement.target.keys)
+
+            def emit(env: Env, acc: Any, out: dict[Key, Any] = out, getkey=getkey) -> None:  # type: ignore[no-untyped-def]
+                key = getkey(env)
+                old = out.get(key)
+                out[key] = acc if old is None else add(old, acc)
+
+            where = f"statement {number} of ON {sign} {relation}"
+            run = self._chain(statement.body, set(args), emit, where)
+            bound = set(args) | set().union(*(produced(f) for f in statement.body))
+            unbound = [k for k in statement.target.keys if k not in bound]
+            if unbound:
+                raise errors.InvalidArgument(
+                    f"{where}: key {unbound[0]} of {statement.target.name} is bound by no "
+                    "trigger argument or map on the right"
+                )
+            compiled.append((run, out, self.maps[statement.target.name]))
+        names = list(args)
+
+        def fire(values: Key) -> None:
+            env = dict(zip(names, values, strict=True))
+            for run, _, _ in compiled:
+                run(env, 1)
+            for _, out, store in compiled:
+                if out:
+                    for key, delta in out.items():
+                        store.add(key, delta)
+                    out.clear()
+
+        return fire
+
+    def _chain(self, body: Sequence[Factor], bound: set[str], last: Step, where: str) -> Step:
+        order = plan_order(body, bound, where)
+        befores, seen = [], set(bound)
+        for factor in order:
+            befores.append(frozenset(seen))
+            seen |= produced(factor)
+        step = last
+        for factor, before in reversed(list(zip(order, befores, strict=True))):
+            step = self._step(factor, before, step)
+        return step
+
+    def _step(self, factor: Factor, before: frozenset[str], nxt: Step) -> Step:
+        if isinstance(factor, Guard):
+            check = compile_guard(factor.pred)
+
+            def guard(env: Env, acc: Any) -> None:
+                if check(env):
+                    nxt(env, acc)
+
+            return guard
+        if isinstance(factor, Value):
+            value = compile_value(factor.expr)
+
+            def multiply(env: Env, acc: Any) -> None:
+                v = value(env)
+                if v is not None and v != 0:
+                    nxt(env, mul(acc, v))
+
+            return multiply
+        if isinstance(factor, Lift):
+            return _lift(factor, compile_value(factor.expr), factor.var in before, nxt)
+        if isinstance(factor, MapRef):
+            store, keys = self.maps[factor.name], factor.keys
+        else:
+            store, keys = self.relations[factor.relation], factor.args
+        return self._lookup(store, keys, before, nxt)
+
+    def _lookup(
+        self, store: Store, keys: tuple[str, ...], before: frozenset[str], nxt: Step
+    ) -> Step:
+        data, counter = store.data, self.counter
+        bound = tuple(i for i, k in enumerate(keys) if k in before)
+        if len(bound) == len(keys):
+            getkey = key_getter(keys)
+
+            def point(env: Env, acc: Any) -> None:
+                v = data.get(getkey(env))
+                if v is not None:
+                    counter[0] += 1
+                    nxt(env, mul(acc, v))
+
+            return point
+        index = store.index(bound)
+        getpartial = key_getter([keys[i] for i in bound])
+        first: dict[str, int] = {}
+        assigns: list[tuple[int, str]] = []
+        repeats: list[tuple[int, int]] = []
+        for i, k in enumerate(keys):
+            if k in before:
+                continue
+            if k in first:
+                repeats.append((first[k], i))
+            else:
+                first[k] = i
+                assigns.append((i, k))
+
+        def scan(env: Env, acc: Any) -> None:
+            bucket = index.get(getpartial(env))
+            if not bucket:
+                return
+            for full in bucket:
+                if repeats and any(full[i] != full[j] for i, j in repeats):
+                    continue
+                for i, k in assigns:
+                    env[k] = full[i]
+                counter[0] += 1
+                nxt(env, mul(acc, data[full]))
+
+        return scan
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def evaluate(self, part: Part) -> dict[Key, Any]:
+        """A map's entries (keyed in the reference's key order) or an aggregate's groups."""
+        if isinstance(part, MapRef):
+            return dict(self.maps[part.name].data)
+        run = self._parts.get(part)
+        if run is None:
+            run = self._parts[part] = self._aggregate(part)
+        return run()
+
+    def _aggregate(self, aggsum: AggSum) -> Callable[[], dict[Key, Any]]:
+        out: dict[Key, Any] = {}
+        getkey = key_getter(aggsum.keys)
+
+        def emit(env: Env, acc: Any) -> None:
+            key = getkey(env)
+            old = out.get(key)
+            out[key] = acc if old is None else add(old, acc)
+
+        missing = {r.relation for r in part_refs(aggsum) if isinstance(r, Rel)} - set(
+            self.relations
+        )
+        if missing:
+            raise errors.FailedPrecondition(
+                f"relation {sorted(missing)[0]} is not kept (use keep_relations=True)"
+            )
+        run = self._chain(aggsum.body, set(), emit, "an aggregate read")
+
+        def evaluate() -> dict[Key, Any]:
+            out.clear()
+            run({}, 1)
+            return {k: v for k, v in out.items() if v != 0}
+
+        return evaluate
+
+    def query(self, name: str) -> dict[Key, Any]:
+        for query in self.program.queries:
+            if query.name == name:
+                return self.evaluate(query.part)
+        raise errors.InvalidArgument(f"the program has no query {name!r}")
+
+    def view(self, name: str) -> list[dict[str, Any]]:
+        from cumulus.m3.readout import read_view
+
+        for view in self.program.views:
+            if view.name == name:
+                return read_view(self, view)
+        raise errors.InvalidArgument(f"the program has no view {name!r}")
+
+    def definition(self, name: str) -> dict[Key, Any]:
+        """A map's definition evaluated over the relations (``keep_relations=True``)."""
+        decl = self.program.map(name)
+        if decl.definition is None:
+            raise errors.FailedPrecondition(f"map {name} has no definition")
+        return self.evaluate(decl.definition)
+
+    def load(
+        self,
+        maps: Mapping[str, Mapping[Key, Any]],
+        relations: Mapping[str, Iterable[Sequence[Any]]] = {},
+    ) -> None:
+        """Start from given contents (bulk initialization): maps as {key: value}, relations as
+        rows (kept only where the program reads them)."""
+        for name, entries in maps.items():
+            store = self.maps[name]
+            for key, value in entries.items():
+                store.add(tuple(key), value)
+        for relation, rows in relations.items():
+            store = self.relations.get(relation)
+            if store is None:
+                continue
+            checker = self._checkers[relation]
+            for row in rows:
+                store.add(checker(row, f"row {relation}{_shown(row)}"), 1)
+
+    def sizes(self) -> dict[str, int]:
+        return {name: len(store.data) for name, store in self.maps.items()}
+
+
+def _lift(factor: Lift, value: Callable[[Env], Any], bound: bool, nxt: Step) -> Step:
+    name = factor.var
+    if bound:
+
+        def test(env: Env, acc: Any) -> None:
+            v = value(env)
+            if v is not None and v == env[name]:
+                nxt(env, acc)
+
+        return test
+
+    def bind(env: Env, acc: Any) -> None:
+        v = value(env)
+        if v is not None:
+            env[name] = v
+            nxt(env, acc)
+
+    return bind
+
+
+def _shown(row: object) -> str:
+    text = repr(tuple(row) if isinstance(row, list) else row)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _row_checker(source: Source) -> Callable[[Sequence[Any] | Mapping[str, Any], str], Key]:
+    """Checks and converts a row: arity, NOT NULL, types (exact DECIMAL scale, 64-bit INT)."""
+    columns = source.columns
+    names = source.column_names()
+    converters = [_converter(source.name, column) for column in columns]
+
+    def check(row: Sequence[Any] | Mapping[str, Any], shown: str) -> Key:
+        if isinstance(row, Mapping):
+            unknown = [k for k in row if k not in names]
+            if unknown:
+                raise errors.UnknownColumn(f"{shown}: {source.name} has no column {unknown[0]!r}")
+            values = [row.get(n) for n in names]
+        elif isinstance(row, list | tuple):
+            if len(row) != len(columns):
+                raise errors.InvalidArgument(
+                    f"{shown}: {source.name} has {len(columns)} columns, the row {len(row)}"
+                )
+            values = list(row)
+        else:
+            raise errors.InvalidArgument(f"{shown}: a row is a tuple or a dict")
+        try:
+            return tuple(convert(v) for convert, v in zip(converters, values, strict=True))
+        except errors.TypeMismatch as exc:
+            raise errors.TypeMismatch(f"{shown}: {exc}") from None
+
+    return check
+
+
+def _converter(table: str, column: Column) -> Callable[[Any], Any]:
+    kind, nullable = column.type.kind, column.nullable
+
+    def convert(value: Any) -> Any:
+        if value is None:
+            if not nullable:
+                raise errors.TypeMismatch(f"column {table}.{column.name} is NOT NULL")
+            return None
+        if kind == "INT" and type(value) is int and INT_MIN <= value <= INT_MAX:
+            return value
+        if kind == "TEXT" and type(value) is str:
+            return value
+        if kind == "FLOAT" and type(value) is float and value == value:
+            return value + 0.0  # -0.0 and 0.0 are one key
+        return from_storage(column.type, to_storage(column, value, table=table))
+
+    return convert

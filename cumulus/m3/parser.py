@@ -1,0 +1,580 @@
+"""DBToaster's M3 text -> ``Program``: the printer's output and hand-written programs (the
+seeds' examples). Every error names the line and column where the text goes wrong.
+
+Grammar (keywords in any case; ``--`` starts a comment, so the section banners are comments)::
+
+    program   := (source | map | query | view | trigger)*
+    source    := CREATE (STREAM|TABLE) name '(' name type [NOT NULL], ... ')' ';'
+    map       := DECLARE MAP name '(' type ')' '[' ']' '[' name ':' type, ... ']' [':=' aggsum] ';'
+    query     := DECLARE QUERY name ':=' part ';'
+    view      := DECLARE VIEW name '[' name ':' type, ... ']' ':=' ROWS part (',' column)*
+                 [HAVING '{' pred '}'] ';'
+    column    := name | [HIDDEN] name ':=' KIND '(' part ('+' part)* [',' part] ')' ':' type
+    trigger   := ON ('+'|'-') name '(' name, ... ')' '{' (mapref '+=' product ';')* '}'
+    part      := mapref | aggsum
+    aggsum    := AggSum '(' '[' name, ... ']' ',' product ')'
+    product   := factor ('*' factor)*
+    factor    := number | string | DATE '(' string ')' | TRUE | FALSE | name | '-' factor
+               | mapref | name '(' name, ... ')' | '{' pred '}' | '(' name '^=' factor ')'
+               | '(' product ')'
+    mapref    := name ['(' type ')'] '[' ']' '[' name, ... ']'
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from aggview import errors
+from aggview.schema import Column, ColumnType
+from cumulus.m3.exprs import MINUS_ONE, is_predicate, vars_of
+from cumulus.m3.program import (
+    VIEW_KINDS,
+    AggSum,
+    Expr,
+    Factor,
+    Guard,
+    Lift,
+    MapDecl,
+    MapRef,
+    Part,
+    Program,
+    Query,
+    Rel,
+    Source,
+    Statement,
+    Trigger,
+    Value,
+    View,
+    ViewColumn,
+)
+from cumulus.m3.tokens import Token, tokenize
+from cumulus.sqltext import NUMERIC, date_literal, literal, negated_literal
+
+_TYPE_NAMES = {"string": "TEXT", "double": "FLOAT", "long": "INT", "integer": "INT"}
+_COMPARISONS = {"=": "=", "<>": "<>", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.tokens = tokenize(text)
+        self.pos = 0
+        self.sources: dict[str, Source] = {}
+        self.maps: dict[str, MapDecl] = {}
+        self.queries: list[Query] = []
+        self.views: list[View] = []
+        self.triggers: list[Trigger] = []
+
+    # --- tokens ----------------------------------------------------------------------------------
+
+    def peek(self, ahead: int = 0) -> Token:
+        return self.tokens[min(self.pos + ahead, len(self.tokens) - 1)]
+
+    def take(self) -> Token:
+        token = self.peek()
+        self.pos += 1
+        return token
+
+    def fail(self, message: str, token: Token | None = None) -> errors.InvalidArgument:
+        token = token or self.peek()
+        return errors.InvalidArgument(f"M3 text, {token.where()}: {message}")
+
+    def is_op(self, op: str, ahead: int = 0) -> bool:
+        token = self.peek(ahead)
+        return token.kind == "op" and token.text == op
+
+    def is_word(self, word: str, ahead: int = 0) -> bool:
+        token = self.peek(ahead)
+        return token.kind == "word" and token.text.upper() == word
+
+    def op(self, op: str, what: str = "") -> Token:
+        if not self.is_op(op):
+            raise self.fail(f"expected {op!r}{what}, found {self.peek().shown()}")
+        return self.take()
+
+    def word(self, word: str) -> Token:
+        if not self.is_word(word):
+            raise self.fail(f"expected {word}, found {self.peek().shown()}")
+        return self.take()
+
+    def accept_op(self, op: str) -> bool:
+        if self.is_op(op):
+            self.pos += 1
+            return True
+        return False
+
+    def name(self, what: str) -> tuple[str, Token]:
+        token = self.peek()
+        if token.kind not in ("word", "name"):
+            raise self.fail(f"expected {what}, found {token.shown()}")
+        self.pos += 1
+        return token.text, token
+
+    def names(self, close: str, what: str) -> list[tuple[str, Token]]:
+        found: list[tuple[str, Token]] = []
+        while not self.accept_op(close):
+            if found:
+                self.op(",", f" or {close!r}")
+            found.append(self.name(what))
+        return found
+
+    def type(self) -> ColumnType:
+        text, token = self.name("a type")
+        if self.is_op("("):
+            self.take()
+            args = [self.take().text]
+            while self.accept_op(","):
+                args.append(self.take().text)
+            self.op(")")
+            text += f"({','.join(args)})"
+        try:
+            return ColumnType.parse(_TYPE_NAMES.get(text.lower(), text))
+        except errors.InvalidArgument:
+            raise self.fail(f"unknown type {text!r}", token) from None
+
+    # --- program ---------------------------------------------------------------------------------
+
+    def program(self) -> Program:
+        while self.peek().kind != "end":
+            if self.is_word("CREATE"):
+                self.source()
+            elif self.is_word("DECLARE") and self.is_word("MAP", 1):
+                self.map_decl()
+            elif self.is_word("DECLARE") and self.is_word("QUERY", 1):
+                self.query()
+            elif self.is_word("DECLARE") and self.is_word("VIEW", 1):
+                self.view()
+            elif self.is_word("ON"):
+                self.trigger()
+            else:
+                raise self.fail(
+                    f"expected CREATE STREAM, DECLARE MAP, DECLARE QUERY, DECLARE VIEW or ON, "
+                    f"found {self.peek().shown()}"
+                )
+        return Program(
+            tuple(self.sources.values()),
+            tuple(self.maps.values()),
+            tuple(self.queries),
+            tuple(self.views),
+            tuple(self.triggers),
+        )
+
+    def source(self) -> None:
+        self.take()
+        if not (self.is_word("STREAM") or self.is_word("TABLE")):
+            raise self.fail(f"expected STREAM or TABLE, found {self.peek().shown()}")
+        self.take()
+        relation, token = self.name("a relation name")
+        if relation in self.sources:
+            raise self.fail(f"relation {relation} is declared twice", token)
+        self.op("(")
+        columns: list[Column] = []
+        while not self.accept_op(")"):
+            if columns:
+                self.op(",", " or ')'")
+            column, column_token = self.name("a column name")
+            if column in [c.name for c in columns]:
+                raise self.fail(f"column {column} is declared twice", column_token)
+            column_type = self.type()
+            nullable = True
+            if self.is_word("NOT"):
+                self.take()
+                self.word("NULL")
+                nullable = False
+            columns.append(Column(column, column_type, nullable))
+        if not columns:
+            raise self.fail(f"relation {relation} has no columns", token)
+        self.op(";")
+        self.sources[relation] = Source(relation, tuple(columns))
+
+    def map_decl(self) -> None:
+        self.pos += 2
+        map_name, token = self.name("a map name")
+        if map_name in self.maps or map_name in self.sources:
+            raise self.fail(f"{map_name} is declared twice", token)
+        self.op("(")
+        value_type = self.type()
+        self.op(")")
+        self.op("[")
+        self.op("]", " (input keys are not supported)")
+        self.op("[")
+        keys: list[tuple[str, ColumnType]] = []
+        while not self.accept_op("]"):
+            if keys:
+                self.op(",", " or ']'")
+            key, key_token = self.name("a key name")
+            self.op(":")
+            keys.append((key, self.type()))
+        definition = None
+        # the declaration first, so a definition's own name is known (and refused) below
+        self.maps[map_name] = MapDecl(map_name, value_type, tuple(keys))
+        if self.accept_op(":="):
+            start = self.peek()
+            definition = self.aggsum(relations_only=True)
+            if list(definition.keys) != [k for k, _ in keys]:
+                raise self.fail(
+                    f"the definition of {map_name} sums over [{', '.join(definition.keys)}], "
+                    f"not over its keys [{', '.join(k for k, _ in keys)}]",
+                    start,
+                )
+        self.op(";")
+        self.maps[map_name] = MapDecl(map_name, value_type, tuple(keys), definition)
+
+    def query(self) -> None:
+        self.pos += 2
+        query_name, _ = self.name("a query name")
+        self.op(":=")
+        part = self.part()
+        self.op(";")
+        self.queries.append(Query(query_name, part))
+
+    def part(self) -> Part:
+        if self.is_word("AGGSUM"):
+            return self.aggsum(relations_only=False)
+        start = self.peek()
+        factor = self.factor()
+        if len(factor) != 1 or not isinstance(factor[0], MapRef):
+            raise self.fail("expected a map or AggSum(...)", start)
+        return factor[0]
+
+    def aggsum(self, relations_only: bool) -> AggSum:
+        start = self.word("AGGSUM")
+        self.op("(")
+        self.op("[")
+        keys = [k for k, _ in self.names("]", "a variable")]
+        self.op(",")
+        body = self.product(set(), relations_only=relations_only)
+        self.op(")")
+        bound = self.bound_by(body, set())
+        self.check_bound(keys, bound, start)
+        return AggSum(tuple(keys), tuple(body))
+
+    def view(self) -> None:
+        self.pos += 2
+        view_name, _ = self.name("a view name")
+        self.op("[")
+        keys: list[tuple[str, ColumnType]] = []
+        while not self.accept_op("]"):
+            if keys:
+                self.op(",", " or ']'")
+            key, _ = self.name("a group key")
+            self.op(":")
+            keys.append((key, self.type()))
+        key_names = {k for k, _ in keys}
+        self.op(":=")
+        self.word("ROWS")
+        rows = self.view_part(key_names, extra=0)
+        columns: list[ViewColumn] = []
+        while self.accept_op(","):
+            columns.append(self.view_column(key_names))
+        having = None
+        if self.is_word("HAVING"):
+            token = self.take()
+            self.op("{")
+            having = self.pred()
+            self.op("}")
+            known = key_names | {c.name for c in columns}
+            unknown = [v for v in vars_of(having) if v not in known]
+            if unknown:
+                raise self.fail(f"HAVING reads {unknown[0]}, which is not a view column", token)
+        self.op(";")
+        if not columns:
+            raise self.fail(f"view {view_name} has no columns")
+        self.views.append(View(view_name, tuple(keys), rows, tuple(columns), having))
+
+    def view_column(self, keys: set[str]) -> ViewColumn:
+        hidden = self.is_word("HIDDEN") and self.peek(1).kind in ("word", "name")
+        if hidden:
+            self.take()
+        column, token = self.name("a view column")
+        if not self.accept_op(":="):
+            if hidden or column not in keys:
+                raise self.fail(f"{column} is not a group key of the view", token)
+            return ViewColumn(column)
+        kind_token = self.take()
+        kind = kind_token.text.upper()
+        if kind_token.kind != "word" or kind not in VIEW_KINDS:
+            raise self.fail(f"expected one of {', '.join(VIEW_KINDS)}", kind_token)
+        self.op("(")
+        extra = 1 if kind in ("MIN", "MAX", "COUNT_DISTINCT") else 0
+        parts = [self.view_part(keys, extra)]
+        while kind in ("SUM", "AVG") and self.accept_op("+"):
+            parts.append(self.view_part(keys, 0))
+        count = None
+        if kind in ("SUM", "AVG"):
+            self.op(",", f" and the count {kind} reads")
+            count = self.view_part(keys, 0)
+        self.op(")")
+        self.op(":")
+        return ViewColumn(column, kind, tuple(parts), count, self.type(), hidden)
+
+    def view_part(self, keys: set[str], extra: int) -> Part:
+        start = self.peek()
+        part = self.part()
+        used = part.keys
+        if not keys <= set(used) or len([k for k in used if k not in keys]) != extra:
+            want = "all group keys and one value variable" if extra else "the group keys only"
+            raise self.fail(f"a view reads maps by {want}", start)
+        return part
+
+    def trigger(self) -> None:
+        self.take()
+        sign_token = self.take()
+        if sign_token.text not in ("+", "-"):
+            if sign_token.text.upper() == "SYSTEM":
+                raise self.fail(
+                    "ON SYSTEM READY is not supported (initialize maps in bulk)", sign_token
+                )
+            raise self.fail("expected + or - after ON", sign_token)
+        relation, token = self.name("a relation name")
+        source = self.sources.get(relation)
+        if source is None:
+            raise self.fail(f"trigger on undeclared relation {relation}", token)
+        self.op("(")
+        args = self.names(")", "a trigger variable")
+        if len(args) != len(source.columns):
+            raise self.fail(
+                f"relation {relation} has {len(source.columns)} columns, the trigger names "
+                f"{len(args)}",
+                token,
+            )
+        seen: set[str] = set()
+        for arg, arg_token in args:
+            if arg in seen:
+                raise self.fail(f"trigger variable {arg} appears twice", arg_token)
+            seen.add(arg)
+        if any(t.sign == sign_token.text and t.relation == relation for t in self.triggers):
+            raise self.fail(f"a second trigger ON {sign_token.text} {relation}", token)
+        self.op("{")
+        statements: list[Statement] = []
+        while not self.accept_op("}"):
+            statements.append(self.statement(seen))
+        self.triggers.append(
+            Trigger(sign_token.text, relation, tuple(a for a, _ in args), tuple(statements))
+        )
+
+    def statement(self, args: set[str]) -> Statement:
+        start = self.peek()
+        target = self.factor()
+        if len(target) != 1 or not isinstance(target[0], MapRef):
+            raise self.fail("a statement starts with the map it updates", start)
+        self.op("+=", " (M3 statements only add)")
+        body = self.product(args, relations_only=False)
+        self.op(";")
+        bound = self.bound_by(body, args)
+        self.check_bound(target[0].keys, bound, start)
+        return Statement(target[0], tuple(body))
+
+    # --- products and factors --------------------------------------------------------------------
+
+    def product(self, args: set[str], relations_only: bool) -> list[Factor]:
+        positions: list[tuple[Factor, Token]] = []
+        while True:
+            start = self.peek()
+            for factor in self.factor():
+                if relations_only and isinstance(factor, MapRef):
+                    raise self.fail("a map definition reads base relations, not maps", start)
+                positions.append((factor, start))
+            if not self.accept_op("*"):
+                break
+        body = [f for f, _ in positions]
+        bound = self.bound_by(body, args)
+        for factor, token in positions:
+            if isinstance(factor, Value | Guard | Lift):
+                expr = factor.pred if isinstance(factor, Guard) else factor.expr
+                self.check_bound(vars_of(expr), bound, token)
+        return body
+
+    def bound_by(self, body: list[Factor], args: set[str]) -> set[str]:
+        bound = set(args)
+        for factor in body:
+            if isinstance(factor, MapRef):
+                bound.update(factor.keys)
+            elif isinstance(factor, Rel):
+                bound.update(factor.args)
+            elif isinstance(factor, Lift):
+                bound.add(factor.var)
+        return bound
+
+    def check_bound(self, names: list[str] | tuple[str, ...], bound: set[str], at: Token) -> None:
+        for variable in names:
+            if variable not in bound:
+                raise self.fail(
+                    f"variable {variable} is bound by no trigger argument, map or relation", at
+                )
+
+    def factor(self) -> list[Factor]:
+        token = self.peek()
+        if self.accept_op("-"):
+            inner = self.factor()
+            if len(inner) == 1 and isinstance(inner[0], Value) and "lit" in inner[0].expr:
+                lit = inner[0].expr
+                lit_type = ColumnType.parse(lit["type"])
+                if lit_type.kind in NUMERIC:
+                    return [Value(negated_literal(lit, lit_type))]
+            return [Value(dict(MINUS_ONE)), *inner]
+        if self.accept_op("{"):
+            expr = self.pred()
+            self.op("}")
+            return [Guard(expr) if is_predicate(expr) else Value(expr)]
+        if self.is_op("("):
+            if self.peek(1).kind in ("word", "name") and self.is_op("^=", 2):
+                self.take()
+                variable, _ = self.name("a variable")
+                self.take()
+                inner = self.factor()
+                if len(inner) != 1 or not isinstance(inner[0], Value):
+                    raise self.fail("a lift binds a value term", token)
+                self.op(")")
+                return [Lift(variable, inner[0].expr)]
+            self.take()
+            inner_product = self.product_factors()
+            self.op(")")
+            return inner_product
+        if token.kind in ("number", "string") or self.is_word("TRUE") or self.is_word("FALSE"):
+            return [Value(self.primary())]
+        if self.is_word("DATE") and self.is_op("(", 1):
+            return [Value(self.primary())]
+        if token.kind in ("word", "name"):
+            return [self.reference()]
+        raise self.fail(f"expected a factor, found {token.shown()}", token)
+
+    def product_factors(self) -> list[Factor]:
+        factors = self.factor()
+        while self.accept_op("*"):
+            factors += self.factor()
+        return factors
+
+    def reference(self) -> Factor:
+        """A variable, a map reference or a relation atom, told apart by what follows."""
+        identifier, token = self.name("a name")
+        if self.is_op("["):
+            return self.map_keys(identifier, None, token)
+        if not self.is_op("("):
+            return Value({"var": identifier})
+        if identifier in self.maps:
+            self.take()
+            value_type = self.type()
+            self.op(")")
+            return self.map_keys(identifier, value_type, token)
+        if identifier not in self.sources:
+            raise self.fail(f"{identifier} is neither a declared map nor a relation", token)
+        self.take()
+        args = [a for a, _ in self.names(")", "a variable")]
+        source = self.sources[identifier]
+        if len(args) != len(source.columns):
+            raise self.fail(
+                f"relation {identifier} has {len(source.columns)} columns, not {len(args)}", token
+            )
+        return Rel(identifier, tuple(args))
+
+    def map_keys(self, map_name: str, value_type: ColumnType | None, token: Token) -> MapRef:
+        decl = self.maps.get(map_name)
+        if decl is None:
+            raise self.fail(f"map {map_name} is not declared", token)
+        if value_type is not None and value_type != decl.value_type:
+            raise self.fail(
+                f"map {map_name} holds {str(decl.value_type).lower()}, "
+                f"not {str(value_type).lower()}",
+                token,
+            )
+        self.op("[")
+        self.op("]", " (input keys are not supported)")
+        self.op("[")
+        keys = tuple(k for k, _ in self.names("]", "a key variable"))
+        if len(keys) != len(decl.keys):
+            raise self.fail(f"map {map_name} has {len(decl.keys)} keys, not {len(keys)}", token)
+        return MapRef(map_name, keys)
+
+    # --- expressions (inside braces) -------------------------------------------------------------
+
+    def pred(self) -> Expr:
+        parts = [self.negation()]
+        while self.is_word("AND"):
+            self.take()
+            parts.append(self.negation())
+        return parts[0] if len(parts) == 1 else {"and": parts}
+
+    def negation(self) -> Expr:
+        if self.is_word("NOT"):
+            self.take()
+            return {"not": self.negation()}
+        return self.comparison()
+
+    def comparison(self) -> Expr:
+        left = self.arith()
+        token = self.peek()
+        if token.kind == "op" and token.text in _COMPARISONS:
+            self.take()
+            return {"cmp": _COMPARISONS[token.text], "args": [left, self.arith()]}
+        if self.is_word("IN"):
+            self.take()
+            self.op("(")
+            values = [self.arith()]
+            while self.accept_op(","):
+                values.append(self.arith())
+            self.op(")")
+            return {"in": left, "values": values}
+        if self.is_word("BETWEEN"):
+            self.take()
+            low = self.arith()
+            self.word("AND")
+            return {"between": left, "low": low, "high": self.arith()}
+        if self.is_word("IS"):
+            self.take()
+            self.word("NOT")
+            self.word("NULL")
+            return {"notnull": left}
+        return left
+
+    def arith(self) -> Expr:
+        left = self.term()
+        while self.is_op("+") or self.is_op("-"):
+            op = self.take().text
+            left = {"op": op, "args": [left, self.term()]}
+        return left
+
+    def term(self) -> Expr:
+        left = self.unary()
+        while self.is_op("*") or self.is_op("/"):
+            op = self.take().text
+            left = {"op": op, "args": [left, self.unary()]}
+        return left
+
+    def unary(self) -> Expr:
+        if self.accept_op("-"):
+            inner = self.unary()
+            if "lit" in inner and ColumnType.parse(inner["type"]).kind in NUMERIC:
+                return negated_literal(inner, ColumnType.parse(inner["type"]))
+            return {"neg": inner}
+        return self.primary()
+
+    def primary(self) -> Expr:
+        token = self.take()
+        if token.kind == "number":
+            return literal(exp.Literal.number(token.text))[0]
+        if token.kind == "string":
+            return literal(exp.Literal.string(token.text[1:-1].replace("''", "'")))[0]
+        if token.kind == "op" and token.text == "(":
+            inner = self.pred()
+            self.op(")")
+            return inner
+        if token.kind == "word" and token.text.upper() in ("TRUE", "FALSE"):
+            return {"lit": token.text.upper() == "TRUE", "type": "BOOL"}
+        if token.kind == "word" and token.text.upper() == "DATE" and self.is_op("("):
+            self.take()
+            text = self.take()
+            if text.kind != "string":
+                raise self.fail("DATE takes a quoted 'YYYY-MM-DD'", text)
+            self.op(")")
+            try:
+                return date_literal(text.text[1:-1], exp.Literal.string(text.text[1:-1]))
+            except errors.InvalidArgument as exc:
+                raise self.fail(str(exc), text) from None
+        if token.kind in ("word", "name"):
+            return {"var": token.text}
+        raise self.fail(f"expected a value, found {token.shown()}", token)
+
+
+def parse_program(text: str) -> Program:
+    """Parse M3 text; ``errors.InvalidArgument`` names the line and column of any mistake."""
+    return _Parser(text).program()
