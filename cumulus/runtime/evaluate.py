@@ -1,0 +1,106 @@
+"""A statement evaluated at its writer over the slices its read nodes pushed.
+
+The same product the reference interpreter computes (same factor order, same guards, lifts and
+exact arithmetic from ``cumulus.m3``), except that each map factor reads the table of entries
+received for it rather than a whole map: the collation of seed 001 ("a set of tables, one for
+each map reference ... the natural join"), with loop variables bound by the table's keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cumulus.expressions import add, mul
+from cumulus.m3.exprs import Env, compile_guard, compile_value
+from cumulus.m3.interpreter import plan_order, produced
+from cumulus.m3.program import Guard, Lift, MapRef, Value
+from cumulus.runtime.messages import Key
+from cumulus.runtime.placement import Step
+
+Tables = dict[int, dict[Key, Any]]  # factor position -> the entries received for it
+
+
+class CompiledStep:
+    """A step's product, planned once: ``run(args_env, tables)`` -> {target key: value}."""
+
+    def __init__(self, step: Step, args: tuple[str, ...]) -> None:
+        self.step = step
+        order = plan_order(step.body, set(args), f"statement {step.number} of {step.target}")
+        positions = [next(i for i, f in enumerate(step.body) if f is factor) for factor in order]
+        seen = set(args)
+        self._plan: list[tuple[int, Any, frozenset[str]]] = []
+        for position in positions:
+            factor = step.body[position]
+            compiled: Any = None
+            if isinstance(factor, Guard):
+                compiled = compile_guard(factor.pred)
+            elif isinstance(factor, Value | Lift):
+                compiled = compile_value(factor.expr)
+            self._plan.append((position, compiled, frozenset(seen)))
+            seen |= produced(factor)
+        self._target_keys = step.target_keys
+
+    def run(self, env: Env, tables: Tables) -> dict[Key, Any]:
+        out: dict[Key, Any] = {}
+        body, plan, target_keys = self.step.body, self._plan, self._target_keys
+
+        def go(i: int, env: Env, acc: Any) -> None:
+            if i == len(plan):
+                key = tuple(env[k] for k in target_keys)
+                old = out.get(key)
+                out[key] = acc if old is None else add(old, acc)
+                return
+            position, compiled, before = plan[i]
+            factor = body[position]
+            if isinstance(factor, Guard):
+                if compiled(env):
+                    go(i + 1, env, acc)
+            elif isinstance(factor, Value):
+                value = compiled(env)
+                if value is not None and value != 0:
+                    go(i + 1, env, mul(acc, value))
+            elif isinstance(factor, Lift):
+                value = compiled(env)
+                if value is None:
+                    return
+                if factor.var in before:
+                    if value == env[factor.var]:
+                        go(i + 1, env, acc)
+                else:
+                    go(i + 1, {**env, factor.var: value}, acc)
+            else:  # a map, or a relation read through its relation map
+                keys = factor.keys if isinstance(factor, MapRef) else factor.args
+                _lookup(
+                    tables.get(position, {}), keys, before, env, acc, lambda e, a: go(i + 1, e, a)
+                )
+
+        go(0, dict(env), 1)
+        return {k: v for k, v in out.items() if v != 0}
+
+
+def _lookup(
+    table: dict[Key, Any],
+    keys: tuple[str, ...],
+    before: frozenset[str],
+    env: Env,
+    acc: Any,
+    nxt: Callable[[Env, Any], None],
+) -> None:
+    if all(k in before for k in keys):
+        value = table.get(tuple(env[k] for k in keys))
+        if value is not None:
+            nxt(env, mul(acc, value))
+        return
+    for full, value in list(table.items()):
+        bound = dict(env)
+        fits = True
+        for k, v in zip(keys, full, strict=True):
+            if k in bound:
+                if bound[k] != v:
+                    fits = False
+                    break
+            else:
+                bound[k] = v
+        if fits:
+            nxt(bound, mul(acc, value))

@@ -1,0 +1,305 @@
+"""A DW node as a state machine: ``handle(message)`` returns the messages to send, with no I/O
+and no clock inside, so the simulator, gRPC processes and Spark tasks all run this code.
+
+Speculative execution (seed 000 §3.3, seed 003 §5.1):
+
+- **WriteLog**: every map entry keeps its deltas by timestamp; a read at ts sees the sum of
+  those below ts (the state just before the update, whatever arrived later).
+- A FETCH is answered at once, except that it waits for PUTs this node already holds at a lower
+  timestamp writing a map it reads ("blocking only on pending write operations which the node
+  is already aware of", seed 003): with one switch and FIFO links no correction is ever needed.
+- **ReadLog** (the seed's SendLog, kept per read so a correction names exactly the reads it
+  revises): every slice served, with its pattern, writer and timestamp.
+- A write reaching a map after reads of it at later timestamps were served is a **late
+  write**: each writer that read the entry gets a ``Corrective`` with the delta and the reads.
+- **OperationLog** (with the seed's ReceiveLog inside it): each update this node wrote for keeps
+  the slices it was pushed and the result it wrote. A corrective revises those slices,
+  recomputes the result and writes the difference at the update's own timestamp, which may be
+  a late write in turn (recursion ends: the map dependency graph is acyclic).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from cumulus.expressions import add
+from cumulus.runtime.evaluate import CompiledStep, Tables
+from cumulus.runtime.messages import (
+    Corrective,
+    Dispatch,
+    Fetch,
+    Key,
+    Message,
+    Push,
+    Read,
+    Slice,
+    Timestamp,
+)
+from cumulus.runtime.placement import Placement, matches
+
+Outbox = list[tuple[int, Message]]
+
+
+class MapLog:
+    """One map's partition on this node: current values, and deltas by timestamp."""
+
+    __slots__ = ("current", "history", "latest")
+
+    def __init__(self) -> None:
+        self.current: dict[Key, Any] = {}
+        self.history: dict[Key, list[tuple[Timestamp, Any]]] = {}
+        self.latest: dict[Key, Timestamp] = {}
+
+    def write(self, key: Key, delta: Any, ts: Timestamp) -> None:
+        bisect.insort(self.history.setdefault(key, []), (ts, delta), key=lambda e: e[0])
+        value = add(self.current.get(key, 0), delta)
+        if value != 0:
+            self.current[key] = value
+        else:
+            self.current.pop(key, None)
+        if key not in self.latest or self.latest[key] < ts:
+            self.latest[key] = ts
+
+    def value_before(self, key: Key, ts: Timestamp) -> Any:
+        if self.latest.get(key, (0, 0)) < ts:
+            return self.current.get(key, 0)
+        value: Any = 0
+        for at, delta in self.history.get(key, ()):
+            if at >= ts:
+                break
+            value = add(value, delta)
+        return value
+
+    def slice_before(self, pattern: Key, ts: Timestamp) -> dict[Key, Any]:
+        found = {}
+        for key in self.history:
+            if matches(pattern, key):
+                value = self.value_before(key, ts)
+                if value != 0:
+                    found[key] = value
+        return found
+
+
+@dataclass
+class Operation:
+    """An update's statement this node writes for: what it was pushed, what it wrote."""
+
+    ts: Timestamp
+    statement: int
+    trigger: int = -1
+    args: Key = ()
+    expected: int | None = None  # PUSH messages to wait for, once the PUT is here
+    heard: int = 0
+    tables: Tables = field(default_factory=dict)
+    result: dict[Key, Any] | None = None  # None until evaluated
+
+    @property
+    def ready(self) -> bool:
+        return self.result is None and self.expected is not None and self.heard >= self.expected
+
+
+@dataclass
+class NodeStats:
+    corrective_sent: int = 0
+    corrective_received: int = 0
+    max_depth: int = 0
+    deferred_fetches: int = 0
+
+
+@dataclass(frozen=True)
+class _ReadEntry:
+    ts: Timestamp
+    pattern: Key
+    writer: int
+    statement: int
+    factor: int
+
+
+class Node:
+    def __init__(self, placement: Placement, number: int) -> None:
+        self.placement = placement
+        self.number = number
+        program = placement.program
+        self.compiled = [
+            [CompiledStep(step, trigger.args) for step in steps]
+            for trigger, steps in zip(program.triggers, placement.steps, strict=True)
+        ]
+        self.maps: dict[str, MapLog] = defaultdict(MapLog)
+        self.reads: dict[str, list[_ReadEntry]] = defaultdict(list)  # by map, sorted by ts
+        self.operations: dict[tuple[Timestamp, int], Operation] = {}
+        self.pending_writes: dict[str, list[Timestamp]] = defaultdict(list)  # sorted
+        self.deferred: list[tuple[Dispatch, Fetch]] = []
+        self.stats = NodeStats()
+
+    # --------------------------------------------------------------------------- messages
+
+    def handle(self, message: Message) -> Outbox:
+        out: Outbox = []
+        if isinstance(message, Dispatch):
+            self._dispatch(message)
+        elif isinstance(message, Push):
+            self._push(message)
+        elif isinstance(message, Corrective):
+            self._corrective(message, out)
+        else:
+            raise TypeError(f"a DW node cannot handle {type(message).__name__}")
+        self._progress(out)
+        return out
+
+    def _dispatch(self, message: Dispatch) -> None:
+        steps = self.placement.steps[message.trigger]
+        for statement, pushes in message.puts:
+            op = self._operation(message.ts, statement)
+            op.trigger, op.args, op.expected = message.trigger, message.args, pushes
+            bisect.insort(self.pending_writes[steps[statement].target], message.ts)
+        self.deferred.extend((message, fetch) for fetch in message.fetches)
+
+    def _push(self, message: Push) -> None:
+        for piece in message.slices:
+            table = self._operation(message.ts, piece.statement).tables.setdefault(piece.factor, {})
+            table.update(piece.entries)
+        for statement in message.statements:
+            self._operation(message.ts, statement).heard += 1
+
+    def _operation(self, ts: Timestamp, statement: int) -> Operation:
+        op = self.operations.get((ts, statement))
+        if op is None:
+            op = self.operations[(ts, statement)] = Operation(ts, statement)
+        return op
+
+    # --------------------------------------------------------------------------- progress
+
+    def _progress(self, out: Outbox) -> None:
+        """Evaluates every operation that has all it waits for and serves every FETCH that no
+        known earlier write blocks, until neither makes progress."""
+        moved = True
+        while moved:
+            moved = False
+            for op in [op for op in self.operations.values() if op.ready]:
+                self._evaluate(op, out)
+                moved = True
+            still: list[tuple[Dispatch, Fetch]] = []
+            served: dict[tuple[Timestamp, int], list[tuple[Dispatch, Fetch]]] = defaultdict(list)
+            for dispatch, fetch in self.deferred:
+                if self._blocked(dispatch, fetch):
+                    still.append((dispatch, fetch))
+                else:
+                    served[(dispatch.ts, dispatch.trigger)].append((dispatch, fetch))
+            if len(still) != len(self.deferred):
+                self.stats.deferred_fetches += sum(1 for _ in still)
+                self.deferred = still
+                for work in served.values():
+                    self._serve(work, out)
+                moved = True
+
+    def _blocked(self, dispatch: Dispatch, fetch: Fetch) -> bool:
+        step = self.placement.steps[dispatch.trigger][fetch.statement]
+        for read in step.reads:
+            if read.factor in fetch.factors:
+                pending = self.pending_writes.get(read.map)
+                if pending and pending[0] < dispatch.ts:
+                    return True
+        return False
+
+    def _serve(self, work: list[tuple[Dispatch, Fetch]], out: Outbox) -> None:
+        """PUSHes for the fetches of one update: one message per writer."""
+        dispatch = work[0][0]
+        ts, steps = dispatch.ts, self.placement.steps[dispatch.trigger]
+        env = self._env(dispatch.trigger, dispatch.args)
+        by_writer: dict[int, tuple[list[int], list[Slice]]] = defaultdict(lambda: ([], []))
+        for _, fetch in work:
+            step = steps[fetch.statement]
+            for read in step.reads:
+                if read.factor not in fetch.factors:
+                    continue
+                pattern = self.placement.pattern(read.keys, env)
+                entries = tuple(self.maps[read.map].slice_before(pattern, ts).items())
+                log = self.reads[read.map]
+                for writer in fetch.writers:
+                    entry = _ReadEntry(ts, pattern, writer, fetch.statement, read.factor)
+                    bisect.insort(log, entry, key=lambda e: e.ts)
+                    by_writer[writer][1].append(Slice(fetch.statement, read.factor, entries))
+            for writer in fetch.writers:
+                by_writer[writer][0].append(fetch.statement)
+        for writer, (statements, slices) in by_writer.items():
+            out.append((writer, Push(ts, self.number, tuple(statements), tuple(slices))))
+
+    # --------------------------------------------------------------------------- writes
+
+    def _evaluate(self, op: Operation, out: Outbox) -> None:
+        op.result = self._owned(op)
+        step = self.placement.steps[op.trigger][op.statement]
+        pending = self.pending_writes[step.target]
+        pending.pop(bisect.bisect_left(pending, op.ts))
+        for key, delta in op.result.items():
+            self._write(step.target, key, delta, op.ts, 0, out)
+
+    def _owned(self, op: Operation) -> dict[Key, Any]:
+        """The statement's result for the keys of its target this node holds."""
+        step = self.compiled[op.trigger][op.statement]
+        env = self._env(op.trigger, op.args)
+        target = step.step.target
+        node_of = self.placement.node_of
+        return {
+            key: value
+            for key, value in step.run(env, op.tables).items()
+            if node_of(target, key) == self.number
+        }
+
+    def _write(
+        self, map_name: str, key: Key, delta: Any, ts: Timestamp, depth: int, out: Outbox
+    ) -> None:
+        self.maps[map_name].write(key, delta, ts)
+        log = self.reads.get(map_name)
+        if not log or log[-1].ts <= ts:
+            return  # no read of this map at a later timestamp was served yet
+        late: dict[int, list[Read]] = defaultdict(list)
+        start = bisect.bisect_right(log, ts, key=lambda e: e.ts)
+        for entry in log[start:]:
+            if matches(entry.pattern, key):
+                late[entry.writer].append(Read(entry.ts, entry.statement, entry.factor))
+        for writer, reads in late.items():
+            self.stats.corrective_sent += 1
+            self.stats.max_depth = max(self.stats.max_depth, depth + 1)
+            out.append(
+                (
+                    writer,
+                    Corrective(self.number, ts, map_name, key, delta, tuple(reads), depth + 1),
+                )
+            )
+
+    def _corrective(self, message: Corrective, out: Outbox) -> None:
+        self.stats.corrective_received += 1
+        touched: dict[tuple[Timestamp, int], Operation] = {}
+        for read in message.reads:
+            op = self.operations[(read.ts, read.statement)]
+            table = op.tables.setdefault(read.factor, {})
+            value = add(table.get(message.key, 0), message.delta)
+            if value != 0:
+                table[message.key] = value
+            else:
+                table.pop(message.key, None)
+            touched[(read.ts, read.statement)] = op
+        for op in touched.values():
+            if op.result is None:
+                continue  # not evaluated yet: it will use the revised slices
+            step = self.placement.steps[op.trigger][op.statement]
+            revised = self._owned(op)
+            for key in set(revised) | set(op.result):
+                diff = add(revised.get(key, 0), -op.result.get(key, 0) if key in op.result else 0)
+                if diff != 0:
+                    self._write(step.target, key, diff, op.ts, message.depth, out)
+            op.result = revised
+
+    def _env(self, trigger: int, args: Key) -> dict[str, Any]:
+        names = self.placement.program.triggers[trigger].args
+        return dict(zip(names, args, strict=True))
+
+    # --------------------------------------------------------------------------- reads
+
+    def entries(self, map_name: str) -> dict[Key, Any]:
+        """The newest values of this node's partition of a map (tentative)."""
+        return dict(self.maps[map_name].current)

@@ -1,0 +1,120 @@
+"""Where every map entry lives, and which nodes an update's statements write and read.
+
+Maps are hash-partitioned on their first key over the DW nodes (a map without keys lives on
+one node, chosen by its name), so a statement whose target's first key is a trigger argument
+has one writer, and a read whose first key is a trigger argument has one read node; a loop
+variable in that position makes it every node (seed 001, Trigger Dispatch: the region of
+partitions the loop variables' projection intersects).
+
+The relations a program reads directly (bounded ``--depth``) are kept as maps too, named
+``@relation``, keyed by the whole row with its multiplicity, and maintained by one more
+statement on each of the relation's triggers: the runtime knows only maps.
+"""
+
+from __future__ import annotations
+
+import datetime
+import zlib
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from cumulus.m3.exprs import vars_of
+from cumulus.m3.program import Factor, Guard, MapRef, Program, Rel, Statement, Value
+from cumulus.runtime.messages import WILD, Key
+
+
+def relation_map(relation: str) -> str:
+    return "@" + relation
+
+
+def stable_hash(value: Any) -> int:
+    """The same number in every process for equal values (Python salts str hashes per
+    process; numbers hash by value, 1 == 1.0 == Decimal(1) alike)."""
+    if isinstance(value, bool | int | float | Decimal):
+        return hash(value)
+    if isinstance(value, datetime.date):
+        return value.toordinal()
+    return zlib.crc32(str(value).encode())
+
+
+@dataclass(frozen=True)
+class Read:
+    """A factor that reads a map: its position in the body, the map and its key variables."""
+
+    factor: int
+    map: str
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One statement of a trigger as the runtime runs it."""
+
+    number: int
+    target: str
+    target_keys: tuple[str, ...]
+    body: tuple[Factor, ...]
+    reads: tuple[Read, ...]
+    switch_guards: tuple[Guard, ...]  # guards on trigger arguments only: checked at the switch
+
+
+class Placement:
+    def __init__(self, program: Program, nodes: int) -> None:
+        if nodes < 1:
+            raise ValueError("a Cumulus runtime needs at least one DW node")
+        self.program = program
+        self.nodes = nodes
+        read = {f.relation for _, s in program.statements() for f in s.body if isinstance(f, Rel)}
+        self.steps: list[tuple[Step, ...]] = []
+        for trigger in program.triggers:
+            statements = list(trigger.statements)
+            if trigger.relation in read:
+                sign = {"lit": 1 if trigger.sign == "+" else -1, "type": "INT"}
+                statements.append(
+                    Statement(MapRef(relation_map(trigger.relation), trigger.args), (Value(sign),))
+                )
+            args = set(trigger.args)
+            self.steps.append(tuple(_step(number, s, args) for number, s in enumerate(statements)))
+        self.key_counts = {m.name: len(m.keys) for m in program.maps}
+        for source in program.sources:
+            self.key_counts[relation_map(source.name)] = len(source.columns)
+
+    def node_of(self, map_name: str, key: Key) -> int:
+        if not self.key_counts.get(map_name):
+            return zlib.crc32(map_name.encode()) % self.nodes
+        return stable_hash(key[0]) % self.nodes
+
+    def nodes_for(self, map_name: str, pattern: Key) -> tuple[int, ...]:
+        """The nodes holding entries that match ``pattern`` (WILD where a key is open)."""
+        if not self.key_counts.get(map_name) or pattern[0] is not WILD:
+            return (self.node_of(map_name, pattern),)
+        return tuple(range(self.nodes))
+
+    @staticmethod
+    def pattern(keys: tuple[str, ...], env: dict[str, Any]) -> Key:
+        return tuple(env[k] if k in env else WILD for k in keys)
+
+
+def _step(number: int, statement: Statement, args: set[str]) -> Step:
+    reads = []
+    for position, factor in enumerate(statement.body):
+        if isinstance(factor, MapRef):
+            reads.append(Read(position, factor.name, factor.keys))
+        elif isinstance(factor, Rel):
+            reads.append(Read(position, relation_map(factor.relation), factor.args))
+    guards = tuple(
+        f for f in statement.body if isinstance(f, Guard) and set(vars_of(f.pred)) <= args
+    )
+    return Step(
+        number,
+        statement.target.name,
+        statement.target.keys,
+        statement.body,
+        tuple(reads),
+        guards,
+    )
+
+
+def matches(pattern: Key, key: Key) -> bool:
+    return all(p is WILD or p == k for p, k in zip(pattern, key, strict=True))

@@ -1,0 +1,296 @@
+"""The Cumulus runtime on the simulator: at quiescence every map equals the reference
+interpreter's over the same stream, for 1-4 DW nodes, 1-3 switches, with and without
+reordering; corrections are 0 with one switch (FIFO links) and repair everything when several
+switches' messages overtake each other."""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_m3_differential import programs_for
+from test_views_differential import random_row as view_row
+from test_views_differential import view_select, view_specs
+
+from aggview import errors
+from cumulus.m3.interpreter import Interpreter
+from cumulus.m3.parser import parse_program
+from cumulus.m3.program import Program, Source
+from cumulus.runtime.messages import Dispatch
+from cumulus.runtime.simulator import Network, Simulator, Update
+
+FIXTURES = Path(__file__).parent / "m3_fixtures"
+
+# A join with deletes: q[a] = SUM(c) over r(a, b) JOIN s(b, c), higher-order (no relation read).
+WITH_DELETES = """
+CREATE STREAM r(a int NOT NULL, b int NOT NULL);
+CREATE STREAM s(b int NOT NULL, c int NOT NULL);
+
+DECLARE MAP q(int)[][a:int] := AggSum([a], r(a, b) * s(b, c) * c);
+DECLARE MAP q_r(int)[][b:int] := AggSum([b], s(b, c) * c);
+DECLARE MAP q_s(int)[][b:int, a:int] := AggSum([b, a], r(a, b));
+
+DECLARE QUERY q := q(int)[][a];
+
+ON + r(a, b) {
+    q[][a] += q_r[][b];
+    q_s[][b, a] += 1;
+}
+ON - r(a, b) {
+    q[][a] += -1 * q_r[][b];
+    q_s[][b, a] += -1;
+}
+ON + s(b, c) {
+    q[][a] += c * q_s[][b, a];
+    q_r[][b] += c;
+}
+ON - s(b, c) {
+    q[][a] += -1 * c * q_s[][b, a];
+    q_r[][b] += -1 * c;
+}
+"""
+
+PROGRAMS = {
+    "seed003_q3": (FIXTURES / "seed003_q3.m3").read_text(),
+    "seed002_ex1": (FIXTURES / "seed002_ex1.m3").read_text(),
+    "with_deletes": WITH_DELETES,
+}
+
+
+def _program(name: str) -> Program:
+    return parse_program(PROGRAMS[name])
+
+
+def random_row(source: Source, rng: random.Random) -> list[Any]:
+    row: list[Any] = []
+    for column in source.columns:
+        kind = column.type.kind
+        if kind == "INT":
+            row.append(rng.randrange(6))
+        elif kind == "DECIMAL":
+            scale = column.type.scale or 0
+            row.append(Decimal(rng.randrange(1, 500)).scaleb(-scale))
+        else:
+            row.append(rng.choice(["x", "y"]))
+    return row
+
+
+def random_stream(program: Program, rng: random.Random, length: int) -> list[Update]:
+    """Inserts in random order over every relation (children before parents as often as not),
+    and, where the program has delete triggers, deletes of rows inserted earlier."""
+    live: list[tuple[str, list[Any]]] = []
+    stream: list[Update] = []
+    deletable = {t.relation for t in program.triggers if t.sign == "-"}
+    insertable = [s for s in program.sources if program.trigger("+", s.name)]
+    for _ in range(length):
+        if live and rng.random() < 0.3 and any(r in deletable for r, _ in live):
+            choices = [i for i, (r, _) in enumerate(live) if r in deletable]
+            relation, row = live.pop(rng.choice(choices))
+            stream.append(("-", relation, row))
+        else:
+            source = rng.choice(insertable)
+            row = random_row(source, rng)
+            live.append((source.name, row))
+            stream.append(("+", source.name, row))
+    return stream
+
+
+def interpreted(program: Program, stream: list[Update]) -> dict[str, dict[Any, Any]]:
+    reference = Interpreter(program)
+    for sign, relation, row in stream:
+        reference.apply(sign, relation, row)
+    return {m.name: dict(reference.maps[m.name].data) for m in program.maps}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(sorted(PROGRAMS)),
+    nodes=st.integers(1, 4),
+    switches=st.integers(1, 3),
+    reorder=st.one_of(st.none(), st.integers(0, 10**6)),
+    seed=st.integers(0, 10**6),
+    length=st.integers(1, 120),
+)
+def test_at_quiescence_every_map_equals_the_interpreter(
+    name: str, nodes: int, switches: int, reorder: int | None, seed: int, length: int
+) -> None:
+    program = _program(name)
+    stream = random_stream(program, random.Random(seed), length)
+    simulator = Simulator(program, nodes=nodes, switches=switches, network=Network(reorder))
+    report = simulator.run(stream)
+    assert simulator.maps() == interpreted(program, stream)
+    if switches == 1:
+        assert report.corrective == 0  # FIFO from the one switch: every node knows its PUTs
+
+
+def test_reordering_across_switches_corrects_and_converges() -> None:
+    program = _program("seed003_q3")
+    stream = random_stream(program, random.Random(3), 300)
+    expected = interpreted(program, stream)
+    quiet = Simulator(program, nodes=3, switches=2)
+    assert quiet.run(stream).corrective == 0
+    assert quiet.maps() == expected
+    shuffled = Simulator(program, nodes=3, switches=2, network=Network(seed=5))
+    report = shuffled.run(stream)
+    assert report.corrective > 0
+    assert report.max_depth >= 1
+    assert shuffled.maps() == expected
+
+
+def test_a_held_put_is_overtaken_by_a_later_read_and_corrected() -> None:
+    """Switch 0's PUT of m_o[7] (a customer) is held; switch 1's order for that customer reads
+    m_o[7] first, as 0, so the order's writes are wrong until the late PUT's corrective."""
+    program = _program("seed003_q3")
+    stream: list[Update] = [
+        ("+", "customer", [7, "c", 1, Decimal("1.00")]),  # switch 0, ts (1, 0)
+        ("+", "orders", [7, 70, 2]),  # switch 1, ts (1, 1): reads m_o[7]
+        ("+", "lineitem", [70, Decimal("5.50")]),  # switch 0, ts (2, 0)
+    ]
+
+    def hold(src: tuple[str, int], dst: tuple[str, int], message: Any) -> float:
+        held = isinstance(message, Dispatch) and message.ts == (1, 0) and message.puts
+        return 100.0 if src == ("switch", 0) and held else 0.0
+
+    simulator = Simulator(program, nodes=1, switches=2, network=Network(hold=hold))
+    report = simulator.run(stream)
+    assert report.corrective >= 1
+    assert simulator.maps() == interpreted(program, stream)
+    assert simulator.maps()["m"] == {(70, 2): Decimal("5.50")}
+
+
+def test_a_bad_stream_row_is_named_and_changes_nothing() -> None:
+    program = _program("with_deletes")
+    simulator = Simulator(program, nodes=2)
+    simulator.run([("+", "r", [1, 2]), ("+", "s", [2, 3])])
+    before = simulator.maps()
+    for bad, message in (
+        (("+", "nope", [1]), "nope"),
+        (("+", "r", [1]), r"r\(1,\)|arity|2 values|columns"),
+        (("+", "r", ["x", 2]), "'x'|INT|int"),
+    ):
+        with pytest.raises(errors.AggviewError, match=message):
+            simulator.run([bad])
+        assert simulator.maps() == before
+
+
+# --------------------------------------------------------------------------- seed scenarios
+
+FIGURE_5 = """
+CREATE STREAM a(k int NOT NULL);
+CREATE STREAM b(k int NOT NULL, j int NOT NULL);
+
+DECLARE MAP mr(int)[][k:int] := AggSum([k], a(k));
+DECLARE MAP mw(int)[][j:int] := AggSum([j], a(k) * b(k, j));
+
+ON + a(k) {
+    mr[][k] += 1;
+}
+ON + b(k, j) {
+    mw[][j] += mr[][k];
+}
+"""
+
+
+def test_seed_000_figure_5_a_late_put_corrects_every_later_read() -> None:
+    """Seed 000 Figure 5: the read node holds mr; PUTs at 2 and 10; FETCHes at 7, 9, 11 are
+    answered with mr as of 2, 2 and 10; a late PUT at 6 sends one corrective naming the three
+    reads, and the writer's mw ends as if everything had come in order."""
+    from cumulus.runtime.messages import Corrective, Push
+    from cumulus.runtime.node import Node
+    from cumulus.runtime.placement import Placement
+    from cumulus.runtime.switch import Switch
+
+    program = parse_program(FIGURE_5)
+    placement = Placement(program, nodes=2)
+    reader, writer = Node(placement, 0), Node(placement, 1)
+    switch = Switch(placement, 0)
+    assert placement.node_of("mr", (0,)) == 0 and placement.node_of("mw", (1,)) == 1
+
+    def deliver(ts: tuple[int, int], trigger: int, args: tuple[int, ...]) -> list[Any]:
+        out = []
+        for node, message in switch.dispatch(ts, trigger, args):
+            target = reader if node == 0 else writer
+            out += target.handle(message)
+        return out
+
+    assert deliver((2, 0), 0, (0,)) == []
+    assert deliver((10, 0), 0, (0,)) == []
+    answers = {}
+    for ts in ((7, 0), (9, 0), (11, 0)):
+        (destination, push), *_ = deliver(ts, 1, (0, 1))
+        assert destination == 1 and isinstance(push, Push)
+        answers[ts[0]] = dict(push.slices[0].entries)
+        assert writer.handle(push) == []
+    assert answers == {7: {(0,): 1}, 9: {(0,): 1}, 11: {(0,): 2}}
+    assert writer.entries("mw") == {(1,): 4}  # 1 + 1 + 2
+
+    (destination, corrective), *more = deliver((6, 0), 0, (0,))
+    assert not more and destination == 1 and isinstance(corrective, Corrective)
+    assert corrective.write_ts == (6, 0) and corrective.delta == 1 and corrective.depth == 1
+    assert sorted(r.ts for r in corrective.reads) == [(7, 0), (9, 0), (11, 0)]
+    assert writer.handle(corrective) == []
+    assert writer.entries("mw") == {(1,): 7}  # 2 + 2 + 3: mr as it should have been read
+
+
+# --------------------------------------------------------------------------- compiled views
+
+
+@st.composite
+def compiled_cases(draw: st.DrawFn) -> tuple[Program, list[Update], int, int, int | None]:
+    """A random view (the views' own generator) compiled to M3, a random stream of inserts,
+    deletes and updates (a delete and an insert) over its tables, and a schedule."""
+    spec = draw(view_specs())
+    names = [f"t{i}" for i in range(spec["tables"])]
+    depth = draw(st.sampled_from([None, 1]))
+    program = programs_for(view_select(spec, names), names)[depth]
+    rng = random.Random(spec["seed"])
+    names = [s.name for s in program.sources]  # a self-join reads fewer tables than drawn
+    rows: dict[str, dict[int, dict[str, Any]]] = {n: {} for n in names}
+    stream: list[Update] = []
+    for step in range(draw(st.integers(1, 60))):
+        table = rng.choice(names)
+        if rows[table] and rng.random() < 0.35:
+            row_id = rng.choice(sorted(rows[table]))
+            stream.append(("-", table, rows[table].pop(row_id)))
+            if rng.random() < 0.5:  # an UPDATE: the delete, then the new row
+                rows[table][row_id] = {**view_row(rng, row_id), "id": row_id}
+                stream.append(("+", table, rows[table][row_id]))
+        else:
+            rows[table][1000 + step] = view_row(rng, 1000 + step)
+            stream.append(("+", table, rows[table][1000 + step]))
+    nodes, switches = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    return program, stream, nodes, switches, draw(st.one_of(st.none(), st.integers(0, 10**6)))
+
+
+def close_enough(got: dict[str, dict[Any, Any]], want: dict[str, dict[Any, Any]]) -> bool:
+    """Equal, except that FLOAT sums may differ in their last bits (added in another order)."""
+    if got.keys() != want.keys():
+        return False
+    for name in want:
+        a, b = got[name], want[name]
+        for key in a.keys() | b.keys():
+            x, y = a.get(key, 0), b.get(key, 0)
+            if isinstance(x, float) or isinstance(y, float):
+                if abs(float(x) - float(y)) > 1e-6 * max(1.0, abs(float(y))):
+                    return False
+            elif x != y:
+                return False
+    return True
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=compiled_cases())
+def test_compiled_views_run_distributed_equal_the_interpreter(
+    case: tuple[Program, list[Update], int, int, int | None],
+) -> None:
+    program, stream, nodes, switches, reorder = case
+    simulator = Simulator(program, nodes=nodes, switches=switches, network=Network(reorder))
+    report = simulator.run(stream)
+    assert close_enough(simulator.maps(), interpreted(program, stream))
+    if switches == 1:
+        assert report.corrective == 0
