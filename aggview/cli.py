@@ -256,6 +256,13 @@ def _run_m3(args: argparse.Namespace) -> None:
     run_m3(args, table_from_create)
 
 
+def _run_cumulus_replay(args: argparse.Namespace) -> None:
+    from coordinator.catalog import table_from_create
+    from cumulus.runtime.replay import run_replay
+
+    run_replay(args, table_from_create)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aggview", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -355,8 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_commands(sub, _add_client_security, _client_options)
 
     from cumulus.m3.command import add_m3_command
+    from cumulus.runtime.replay import add_cumulus_commands
 
     add_m3_command(sub, _run_m3)
+    add_cumulus_commands(sub, _run_cumulus_replay)
 
     demo = sub.add_parser("demo", help="the main job: a local cluster, a workload, a report")
     demo.add_argument("--data", help="keep the cluster's data here (default: a temp dir)")

@@ -28,6 +28,7 @@ from typing import Any
 from cumulus.expressions import add
 from cumulus.runtime.evaluate import CompiledStep, Tables
 from cumulus.runtime.messages import (
+    WILD,
     Corrective,
     Dispatch,
     Fetch,
@@ -74,6 +75,9 @@ class MapLog:
         return value
 
     def slice_before(self, pattern: Key, ts: Timestamp) -> dict[Key, Any]:
+        if WILD not in pattern:  # a point read
+            value = self.value_before(pattern, ts)
+            return {pattern: value} if value != 0 else {}
         found = {}
         for key in self.history:
             if matches(pattern, key):
@@ -133,6 +137,8 @@ class Node:
         self.pending_writes: dict[str, list[Timestamp]] = defaultdict(list)  # sorted
         self.deferred: list[tuple[Dispatch, Fetch]] = []
         self.stats = NodeStats()
+        self.completed: list[Timestamp] = []  # updates written for since the host last looked
+        self._ready: list[Operation] = []  # operations that have all they wait for
 
     # --------------------------------------------------------------------------- messages
 
@@ -155,6 +161,8 @@ class Node:
             op = self._operation(message.ts, statement)
             op.trigger, op.args, op.expected = message.trigger, message.args, pushes
             bisect.insort(self.pending_writes[steps[statement].target], message.ts)
+            if op.ready:
+                self._ready.append(op)
         self.deferred.extend((message, fetch) for fetch in message.fetches)
 
     def _push(self, message: Push) -> None:
@@ -162,7 +170,10 @@ class Node:
             table = self._operation(message.ts, piece.statement).tables.setdefault(piece.factor, {})
             table.update(piece.entries)
         for statement in message.statements:
-            self._operation(message.ts, statement).heard += 1
+            op = self._operation(message.ts, statement)
+            op.heard += 1
+            if op.ready:
+                self._ready.append(op)
 
     def _operation(self, ts: Timestamp, statement: int) -> Operation:
         op = self.operations.get((ts, statement))
@@ -178,9 +189,11 @@ class Node:
         moved = True
         while moved:
             moved = False
-            for op in [op for op in self.operations.values() if op.ready]:
-                self._evaluate(op, out)
-                moved = True
+            while self._ready:
+                op = self._ready.pop()
+                if op.ready:  # not evaluated meanwhile
+                    self._evaluate(op, out)
+                    moved = True
             still: list[tuple[Dispatch, Fetch]] = []
             served: dict[tuple[Timestamp, int], list[tuple[Dispatch, Fetch]]] = defaultdict(list)
             for dispatch, fetch in self.deferred:
@@ -231,6 +244,7 @@ class Node:
 
     def _evaluate(self, op: Operation, out: Outbox) -> None:
         op.result = self._owned(op)
+        self.completed.append(op.ts)
         step = self.placement.steps[op.trigger][op.statement]
         pending = self.pending_writes[step.target]
         pending.pop(bisect.bisect_left(pending, op.ts))

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import pickle
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
 from cumulus.runtime.messages import Key, Message
 from cumulus.runtime.node import Node
@@ -65,6 +67,7 @@ class Simulator:
         switches: int = 1,
         network: Network | None = None,
         gap: float = 1.0,
+        measure_bytes: bool = False,
     ) -> None:
         if switches < 1:
             raise ValueError("a Cumulus runtime needs at least one switch")
@@ -77,25 +80,46 @@ class Simulator:
         self._queue: list[tuple[float, int, Address, Address, Any]] = []
         self._seq = itertools.count()
         self._last: dict[tuple[Address, Address], float] = {}
+        self._fed = 0
+        self._measure_bytes = measure_bytes
+        self.bytes: Counter[str] = Counter()
+        self._entered: dict[Any, float] = {}  # timestamp -> virtual time it entered
+        self._done: dict[Any, float] = {}  # timestamp -> virtual time of its last write
         self.report = Report()
 
     def _send(self, src: Address, dst: Address, message: Message) -> None:
         at = self.now + self.network.delay(src, dst, message)
         at = max(at, self._last.get((src, dst), 0.0) + 1e-9)  # per-pair FIFO
         self._last[(src, dst)] = at
-        self.report.messages[type(message).__name__] += 1
+        kind = type(message).__name__
+        self.report.messages[kind] += 1
+        if self._measure_bytes:
+            self.bytes[kind] += len(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         heapq.heappush(self._queue, (at, next(self._seq), src, dst, message))
 
     def run(self, stream: Iterable[Update]) -> Report:
-        """Feeds the stream (update i to switch i mod K, one every ``gap``) and runs until
-        quiescence: no message left anywhere."""
-        for i, (sign, relation, row) in enumerate(stream):
-            self._until(i * self.gap)
-            switch = self.switches[i % len(self.switches)]
-            _, messages = switch.update(sign, relation, row)
+        """Feeds the stream and runs until quiescence: no message left anywhere."""
+        self.feed(stream)
+        return self.finish()
+
+    def check(self, update: Update) -> None:
+        """Raises, naming the row, if the update does not fit the program (nothing changes)."""
+        sign, relation, row = update
+        self.switches[0].check(sign, relation, row)
+
+    def feed(self, stream: Iterable[Update]) -> None:
+        """Update i goes to switch i mod K, one every ``gap`` of virtual time."""
+        for sign, relation, row in stream:
+            self._until(self._fed * self.gap)
+            switch = self.switches[self._fed % len(self.switches)]
+            ts, messages = switch.update(sign, relation, row)
+            self._fed += 1
             self.report.updates += 1
+            self._entered[ts] = self.now
             for node, message in messages:
                 self._send(("switch", switch.number), ("node", node), message)
+
+    def finish(self) -> Report:
         self._until(float("inf"))
         self.report.corrective = sum(n.stats.corrective_sent for n in self.nodes)
         self.report.max_depth = max((n.stats.max_depth for n in self.nodes), default=0)
@@ -109,8 +133,33 @@ class Simulator:
             node = self.nodes[dst[1]]
             for target, reply in node.handle(message):
                 self._send(("node", node.number), ("node", target), reply)
+            for ts in node.completed:
+                self._done[ts] = at
+            node.completed.clear()
         if time != float("inf"):
             self.now = max(self.now, time)
+
+    def latencies(self) -> list[float]:
+        """Virtual time from each update's entry to its last write (updates that wrote)."""
+        return [self._done[ts] - at for ts, at in self._entered.items() if ts in self._done]
+
+    def log_sizes(self) -> dict[str, int]:
+        return {
+            "write_log_entries": sum(
+                len(h) for n in self.nodes for m in n.maps.values() for h in m.history.values()
+            ),
+            "read_log_entries": sum(len(log) for n in self.nodes for log in n.reads.values()),
+            "operations": sum(len(n.operations) for n in self.nodes),
+        }
+
+    def as_interpreter(self) -> Interpreter:
+        """An interpreter holding the gathered maps, for reading views the way it reads them."""
+        reader = Interpreter(self.placement.program)
+        for name, entries in self.maps().items():
+            store = reader.maps[name]
+            for key, value in entries.items():
+                store.add(key, value)
+        return reader
 
     def maps(self) -> dict[str, dict[Key, Any]]:
         """Every program map, gathered from the nodes (newest values)."""

@@ -37,11 +37,17 @@ class Switch:
         self.counter += 1
         return (self.counter, self.number)
 
+    def check(
+        self, sign: str, relation: str, row: Sequence[Any] | Mapping[str, Any]
+    ) -> tuple[Any, ...]:
+        """The row's values, converted; an ``errors`` exception naming a row that does not fit."""
+        return self._checker.check(sign, relation, row)
+
     def update(
         self, sign: str, relation: str, row: Sequence[Any] | Mapping[str, Any]
     ) -> tuple[Timestamp, list[tuple[int, Dispatch]]]:
         """The update's timestamp and its messages; a bad row raises (nothing is stamped)."""
-        values = self._checker.check(sign, relation, row)
+        values = self.check(sign, relation, row)
         trigger = self._triggers.get((sign, relation))
         if trigger is None:  # check() refuses these; kept for a program without the trigger
             raise errors.InvalidArgument(f"no trigger ON {sign} {relation}")

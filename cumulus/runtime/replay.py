@@ -1,0 +1,356 @@
+"""``aggview cumulus replay``: views compiled to one M3 program, an update stream from a CSV
+file run through the Cumulus runtime, the views and the run's figures written to a directory.
+
+The stream file has one update per line: ``op,table,v1,v2,...`` with ``op`` ``+`` or ``-`` and
+the values in the table's column order (standard CSV quoting; DATE as ISO-8601, BOOL as
+true/false, an empty field is NULL). A line that does not fit the schema stops the replay
+before it is applied, naming the line and how far the replay got.
+
+Hosts: ``sim`` (the seeded simulator) runs today; ``grpc`` and ``spark`` are refused, saying
+so. Modes: ``speculative``; ``conservative`` is refused likewise. Epochs are not built yet: the
+run ends at quiescence, which is the last epoch (everything is committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from aggview import errors
+from aggview.schema import TableSchema
+from cumulus.m3.command import TableFromCreate, tables_of
+from cumulus.m3.compiler import compile_program, plan_of
+from cumulus.m3.interpreter import Interpreter
+from cumulus.m3.program import Program, Source
+from cumulus.m3.readout import read_view
+from cumulus.runtime.simulator import Network, Simulator, Update
+
+HOSTS = ("sim", "grpc", "spark")
+MODES = ("speculative", "conservative")
+_TRUE, _FALSE = {"true", "t", "1"}, {"false", "f", "0"}
+
+
+@dataclass
+class ReplayConfig:
+    schema_sql: str
+    views: list[tuple[str, str]]  # (name, SELECT)
+    stream: Path
+    out: Path
+    delimiter: str = ","
+    host: str = "sim"
+    nodes: int = 2
+    switches: int = 1
+    mode: str = "speculative"
+    reorder: int | None = None
+    epoch_ms: int = 1000
+    check: bool = False
+
+
+@dataclass
+class ReplayResult:
+    updates: int
+    differences: list[str]
+    stats: dict[str, Any]
+
+
+def add_cumulus_commands(sub: Any, run: Callable[[argparse.Namespace], None]) -> None:
+    cumulus = sub.add_parser("cumulus", help="views as M3 programs on the Cumulus runtime")
+    actions = cumulus.add_subparsers(dest="action", required=True)
+    parser = actions.add_parser(
+        "replay", help="run an update stream (CSV) through the runtime; write views and stats"
+    )
+    parser.add_argument("--schema", required=True, help="a file of CREATE TABLE statements")
+    parser.add_argument(
+        "--view", action="append", required=True, metavar='NAME="SELECT ..."', help="repeatable"
+    )
+    parser.add_argument("--stream", required=True, help="op,table,v1,v2,... lines")
+    parser.add_argument("--delimiter", default=",")
+    parser.add_argument("--host", choices=HOSTS, default="sim")
+    parser.add_argument("--nodes", type=int, default=2, help="DW nodes")
+    parser.add_argument("--switches", type=int, default=1, help="update streams")
+    parser.add_argument("--mode", choices=MODES, default="speculative")
+    parser.add_argument(
+        "--reorder", type=int, default=None, metavar="SEED", help="random delays from SEED"
+    )
+    parser.add_argument("--epoch-ms", type=int, default=1000)
+    parser.add_argument("--out", required=True, help="where NAME.csv and stats.json go")
+    parser.add_argument(
+        "--check", action="store_true", help="compare with the interpreter and duckdb (exit 1)"
+    )
+    parser.set_defaults(run=run)
+
+
+def config_from(args: argparse.Namespace) -> ReplayConfig:
+    try:
+        schema_sql = Path(args.schema).read_text()
+    except OSError as exc:
+        raise errors.InvalidArgument(f"cannot read --schema {args.schema}: {exc}") from None
+    views = []
+    for item in args.view:
+        name, sep, select = item.partition("=")
+        if not sep or not name.strip() or not select.strip():
+            raise errors.InvalidArgument(f'--view takes NAME="SELECT ...", not {item!r}')
+        views.append((name.strip(), select.strip()))
+    return ReplayConfig(
+        schema_sql,
+        views,
+        Path(args.stream),
+        Path(args.out),
+        args.delimiter,
+        args.host,
+        args.nodes,
+        args.switches,
+        args.mode,
+        args.reorder,
+        args.epoch_ms,
+        args.check,
+    )
+
+
+def run_replay(args: argparse.Namespace, table_from_create: TableFromCreate) -> None:
+    result = replay(config_from(args), table_from_create)
+    stats = result.stats
+    print(
+        f"{result.updates} updates through {stats['nodes']} node(s) and {stats['switches']} "
+        f"switch(es): {stats['updates_per_s']} updates/s, {stats['corrective_updates']} "
+        f"corrective updates; views and stats.json in {args.out}"
+    )
+    if result.differences:
+        for difference in result.differences:
+            print(f"DIFFERS: {difference}")
+        raise SystemExit(1)
+    if stats["checked"]:
+        print("checked: every view equals the reference interpreter's and duckdb's")
+
+
+def compile_views(
+    schema_sql: str, views: list[tuple[str, str]], table_from_create: TableFromCreate
+) -> tuple[Program, dict[str, TableSchema]]:
+    tables = tables_of(schema_sql, table_from_create)
+
+    def table(name: str) -> TableSchema:
+        if name not in tables:
+            raise errors.UnknownTable(f"unknown table {name!r} (not in the schema file)")
+        return tables[name]
+
+    if not views:
+        raise errors.InvalidArgument('give at least one --view NAME="SELECT ..."')
+    plans = [plan_of(select, name, table) for name, select in views]
+    return compile_program(plans, table), tables
+
+
+def read_stream(path: Path, program: Program, delimiter: str) -> Iterator[tuple[int, Update]]:
+    """(line number, update) for every line, each checked against the schema."""
+    sources = {s.name: s for s in program.sources}
+    try:
+        handle = path.open(newline="")
+    except OSError as exc:
+        raise errors.InvalidArgument(f"cannot read --stream {path}: {exc.strerror}") from None
+    with handle:
+        for number, fields in enumerate(csv.reader(handle, delimiter=delimiter), 1):
+            if not fields or (len(fields) == 1 and not fields[0].strip()):
+                continue
+            yield number, _update(number, fields, sources)
+
+
+def _update(number: int, fields: list[str], sources: dict[str, Source]) -> Update:
+    where = f"stream line {number}"
+    op, table, *values = fields
+    if op not in ("+", "-"):
+        raise errors.InvalidArgument(f"{where}: the operation must be + or -, not {op!r}")
+    source = sources.get(table)
+    if source is None:
+        raise errors.UnknownTable(f"{where}: no view reads a table {table!r}")
+    if len(values) != len(source.columns):
+        raise errors.InvalidArgument(
+            f"{where}: {table} has {len(source.columns)} columns, the line gives {len(values)}"
+        )
+    row = []
+    for column, text in zip(source.columns, values, strict=True):
+        row.append(_value(where, f"{table}.{column.name}", column.type.kind, text))
+    return (op, table, row)
+
+
+def _value(where: str, column: str, kind: str, text: str) -> Any:
+    if text == "":
+        return None
+    try:
+        if kind == "INT":
+            return int(text)
+        if kind == "FLOAT":
+            return float(text)
+        if kind == "DECIMAL":
+            return Decimal(text)
+        if kind == "DATE":
+            return datetime.date.fromisoformat(text)
+        if kind == "BOOL":
+            if text.lower() in _TRUE | _FALSE:
+                return text.lower() in _TRUE
+            raise ValueError
+    except (ValueError, InvalidOperation):
+        raise errors.TypeMismatch(f"{where}: {text!r} is not a {kind} for {column}") from None
+    return text
+
+
+def replay(config: ReplayConfig, table_from_create: TableFromCreate) -> ReplayResult:
+    if config.host not in HOSTS:
+        raise errors.InvalidArgument(f"--host is one of {', '.join(HOSTS)}")
+    if config.host != "sim":
+        raise errors.FailedPrecondition(
+            f"--host {config.host} is not built yet; --host sim runs the same nodes simulated"
+        )
+    if config.mode != "speculative":
+        raise errors.FailedPrecondition(f"--mode {config.mode} is not built yet")
+    if config.nodes < 1 or config.switches < 1:
+        raise errors.InvalidArgument("--nodes and --switches must be at least 1")
+    program, tables = compile_views(config.schema_sql, config.views, table_from_create)
+    simulator = Simulator(
+        program,
+        nodes=config.nodes,
+        switches=config.switches,
+        network=Network(config.reorder),
+        measure_bytes=True,
+    )
+    reference = Interpreter(program) if config.check else None
+    applied: list[Update] = []
+    started = time.perf_counter()
+    last = 0
+    try:
+        for number, update in read_stream(config.stream, program, config.delimiter):
+            try:
+                simulator.check(update)  # the whole row, before anything of it is applied
+            except errors.AggviewError as exc:
+                raise type(exc)(f"stream line {number}: {exc}") from None
+            simulator.feed([update])
+            if reference is not None:
+                reference.apply(*update)
+            applied.append(update)
+            last = number
+    except errors.AggviewError as exc:
+        raise type(exc)(
+            f"{exc}; the replay stopped there, after {len(applied)} updates (through line {last})"
+        ) from None
+    report = simulator.finish()
+    seconds = time.perf_counter() - started
+    config.out.mkdir(parents=True, exist_ok=True)
+    views = {v.name: v for v in program.views}
+    results = {name: read_view(simulator.as_interpreter(), views[name]) for name, _ in config.views}
+    for name, rows in results.items():
+        _write_csv(config.out / f"{name}.csv", views[name], rows)
+    differences: list[str] = []
+    if reference is not None:
+        differences = _check(config, program, tables, applied, results, reference)
+    latencies = simulator.latencies()
+    stats = {
+        "host": config.host,
+        "mode": config.mode,
+        "nodes": config.nodes,
+        "switches": config.switches,
+        "reorder": config.reorder,
+        "updates": report.updates,
+        "seconds": round(seconds, 3),
+        "updates_per_s": round(report.updates / seconds, 1) if seconds else None,
+        "latency_virtual_p50": _percentile(latencies, 50),
+        "latency_virtual_p99": _percentile(latencies, 99),
+        "messages": dict(report.messages),
+        "bytes": dict(simulator.bytes),
+        "messages_per_1000_updates": {
+            k: round(1000 * v / max(report.updates, 1), 1) for k, v in report.messages.items()
+        },
+        "corrective_updates": report.corrective,
+        "corrective_max_depth": report.max_depth,
+        "epochs": 1,
+        "log_sizes": simulator.log_sizes(),
+        "checked": config.check,
+        "differences": differences,
+    }
+    (config.out / "stats.json").write_text(json.dumps(stats, indent=2, default=str) + "\n")
+    return ReplayResult(report.updates, differences, stats)
+
+
+def _check(
+    config: ReplayConfig,
+    program: Program,
+    tables: dict[str, TableSchema],
+    applied: list[Update],
+    results: dict[str, list[dict[str, Any]]],
+    reference: Interpreter,
+) -> list[str]:
+    """Every view against the reference interpreter and against duckdb over the final tables."""
+    import duckdb
+
+    found = []
+    views = {v.name: v for v in program.views}
+    for name, _ in config.views:
+        if _rows(results[name]) != _rows(read_view(reference, views[name])):
+            found.append(f"{name}: the runtime's rows differ from the reference interpreter's")
+    con = duckdb.connect()
+    live: dict[str, Counter[tuple[Any, ...]]] = {s.name: Counter() for s in program.sources}
+    for sign, table, row in applied:
+        live[table][tuple(row)] += 1 if sign == "+" else -1
+    for source in program.sources:
+        schema = tables[source.name]
+        columns = ", ".join(f'"{c.name}" {_duck_type(c.type)}' for c in schema.columns)
+        con.execute(f'CREATE TABLE "{source.name}" ({columns})')
+        marks = ", ".join("?" for _ in schema.columns)
+        for row, count in live[source.name].items():
+            for _ in range(count):
+                con.execute(f'INSERT INTO "{source.name}" VALUES ({marks})', list(row))
+    for name, select in config.views:
+        expected = con.execute(select).fetchall()
+        if _rows(results[name]) != _rows([dict(enumerate(r)) for r in expected]):
+            found.append(f"{name}: the runtime's rows differ from duckdb's recomputation")
+    return found
+
+
+def _duck_type(column_type: Any) -> str:
+    spelled = {"FLOAT": "DOUBLE", "TEXT": "VARCHAR", "BOOL": "BOOLEAN"}
+    return spelled.get(column_type.kind, str(column_type))
+
+
+def _rows(rows: list[dict[Any, Any]]) -> list[tuple[Any, ...]]:
+    """Rows as sorted tuples, numbers compared by value (FLOAT to 9 significant digits)."""
+
+    def norm(value: Any) -> Any:
+        if isinstance(value, float):
+            return float(f"{value:.9g}")
+        if isinstance(value, Decimal):
+            return float(value) if value != value.to_integral_value() else int(value)
+        return value
+
+    return sorted((tuple(norm(v) for v in row.values()) for row in rows), key=repr)
+
+
+def _write_csv(path: Path, view: Any, rows: list[dict[str, Any]]) -> None:
+    names = [c.name for c in view.columns if not c.hidden]
+    with path.open("w", newline="") as handle:
+        out = csv.writer(handle)
+        out.writerow(names)
+        for row in sorted(rows, key=lambda r: repr(tuple(r.values()))):
+            out.writerow(["" if row[n] is None else _text(row[n]) for n in names])
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return str(value)
+
+
+def _percentile(values: list[float], q: int) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return round(values[0], 3)
+    return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 3)
