@@ -208,11 +208,17 @@ class AskEach(Generic[Request, Reply]):
         with contextlib.suppress(Exception):
             call.cancel()
 
+    def abandon(self) -> None:
+        """Ends the current call at once (its waiters fail); the next request opens a new one.
+        Synchronous on purpose: a caller moving the stream to another peer must not yield
+        before it has pointed the next call there."""
+        if self._call is not None:
+            self.end(self._call, None)
+
     async def close(self) -> None:
         """Ends the stream (its waiters fail) and waits for its reader and writer to finish,
         so no task of it outlives the event loop."""
-        if self._call is not None:
-            self.end(self._call, None)
+        self.abandon()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

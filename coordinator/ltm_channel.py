@@ -142,7 +142,7 @@ class LtmChannel:
         """Talks to the partition's owner at ``epoch`` from now on (failover); whatever was
         waiting on the old owner fails as unavailable (and is retried or aborted)."""
         old = self._channel
-        await self.stream.close()
+        self.stream.abandon()  # no await before point(): nothing may start on the old peer
         self.point(address, owner, epoch)
         await old.close()
 
