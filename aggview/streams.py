@@ -218,11 +218,15 @@ class AskEach(Generic[Request, Reply]):
     async def close(self) -> None:
         """Ends the stream (its waiters fail) and waits for its reader and writer to finish,
         so no task of it outlives the event loop."""
+        call = self._call
         self.abandon()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if call is not None:  # gRPC's own task for the call ends once its status is in
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(call.code(), 5)
 
 
 def _expire(answer: asyncio.Future[Any], expired: Callable[[], Exception]) -> None:

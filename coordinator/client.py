@@ -309,6 +309,21 @@ STREAM_MESSAGE_BYTES = 32 * 1024
 _STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
+async def _grpc_status_tasks_done(limit: float = 1.0) -> None:
+    """gRPC keeps a task per call until the call's status is in, which can be a few loop turns
+    after the channel closed; a loop closed before then logs "Task was destroyed but it is
+    pending!". Wait for those (any channel's: they end by themselves), at most ``limit`` s."""
+    deadline = asyncio.get_running_loop().time() + limit
+    while asyncio.get_running_loop().time() < deadline:
+        if not any(
+            "_handle_status_once_received" in getattr(t.get_coro(), "__qualname__", "")
+            for t in asyncio.all_tasks()
+            if not t.done()
+        ):
+            return
+        await asyncio.sleep(0.001)
+
+
 class AsyncClient:
     """The same API for asyncio: ``async with client.transaction() as tx``, ``await get(...)``.
     Takes the same security arguments as :class:`Client`."""
@@ -350,6 +365,7 @@ class AsyncClient:
     async def close(self) -> None:
         await self._transactions.close()
         await self._channel.close()
+        await _grpc_status_tasks_done()
 
     async def _call(self, method: Any, request: Any) -> Any:
         try:
