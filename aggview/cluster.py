@@ -27,6 +27,14 @@ _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 _ROOT = Path(__file__).resolve().parents[1]
 
 
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log file ('' if it cannot be read): what errors quote."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -84,8 +92,7 @@ class Server:
         raise RuntimeError(f"{self.role} did not start within {timeout}s:\n{self.tail()}")
 
     def tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None

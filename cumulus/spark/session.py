@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
+from aggview.cluster import log_tail
 
 _session: Any = None
 
@@ -98,13 +99,6 @@ def _output_to(log: Path) -> Iterator[None]:
                 os.close(fd)
 
 
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 def spark_session(master: str | None = None) -> Any:
     """The process's Spark session (created once), with the aggview Data Source registered."""
     global _session
@@ -148,7 +142,7 @@ def spark_session(master: str | None = None) -> Any:
             _session = builder.getOrCreate()
     except Exception as exc:  # noqa: BLE001 - whatever stopped the JVM, with its own words
         raise errors.FailedPrecondition(
-            f"Spark did not start ({exc}); the end of its log {log}:\n{_tail(log)}"
+            f"Spark did not start ({exc}); the end of its log {log}:\n{log_tail(log, 20)}"
         ) from None
     _session.sparkContext.setLogLevel("ERROR")
     _session.dataSource.register(AggviewDataSource)

@@ -26,7 +26,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from aggview import errors
-from aggview.cluster import free_port
+from aggview.cluster import free_port, log_tail
 
 POM = Path(__file__).with_name("hbase_pom.xml")
 SPLIT_TOOL = Path(__file__).with_name("hbase_tools") / "SplitTable.java"
@@ -340,8 +340,10 @@ class StandaloneHBase:
                     raise errors.Unavailable(
                         f"HBase's {role} exited at start (status {process.returncode}); "
                         f"{self.directory / 'logs' / (role + '.log')} ends with:\n"
-                        + _tail(self.directory / "logs" / f"{role}.log")
-                        + _tail(self.directory / "logs" / f"{role}.out")
+                        + log_tail(self.directory / "logs" / f"{role}.log", 15)
+                        + "\n"
+                        + log_tail(self.directory / "logs" / f"{role}.out", 15)
+                        + "\n"
                     )
             try:
                 for port, transport in servers:
@@ -451,10 +453,3 @@ def _port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) + "\n"
-    except OSError:
-        return ""
