@@ -58,11 +58,11 @@ def config(tmp_path: Path, stream: Path, **options: Any) -> ReplayConfig:
     return ReplayConfig(SCHEMA, [("cost", COST)], stream, tmp_path / "out", **options)
 
 
-def test_replay_writes_each_view_and_its_stats_and_checks_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["speculative", "conservative"])
+def test_replay_writes_each_view_and_its_stats_and_checks_them(tmp_path: Path, mode: str) -> None:
     stream = dashboard_stream(tmp_path / "updates.csv", seed=2, length=600)
-    result = replay(
-        config(tmp_path, stream, nodes=3, switches=2, reorder=7, check=True), table_from_create
-    )
+    options = {"nodes": 3, "switches": 2, "reorder": 7, "epoch_ms": 100, "mode": mode}
+    result = replay(config(tmp_path, stream, check=True, **options), table_from_create)
     assert result.updates == 600 and result.differences == []
     with (tmp_path / "out" / "cost.csv").open() as handle:
         rows = list(csv.reader(handle))
@@ -72,7 +72,9 @@ def test_replay_writes_each_view_and_its_stats_and_checks_them(tmp_path: Path) -
     assert stats["updates"] == 600 and stats["checked"] is True
     assert stats["messages"]["Dispatch"] > 0 and stats["bytes"]["Push"] > 0
     assert stats["latency_virtual_p99"] >= stats["latency_virtual_p50"] > 0
-    assert set(stats["log_sizes"]) == {"write_log_entries", "read_log_entries", "operations"}
+    assert set(stats["peak_log_sizes"]) == {"write_log_entries", "read_log_entries", "operations"}
+    assert stats["epochs"] > 1 and stats["committed_ts"] >= 300  # two switches' counters
+    assert (stats["corrective_updates"] > 0) == (mode == "speculative")
 
 
 def test_a_bad_line_stops_the_replay_before_it_naming_it(tmp_path: Path) -> None:
@@ -97,7 +99,7 @@ def test_hosts_and_modes_not_built_yet_are_named(tmp_path: Path) -> None:
     for options, message in (
         ({"host": "grpc"}, "--host grpc is not built yet"),
         ({"host": "spark"}, "--host spark is not built yet"),
-        ({"mode": "conservative"}, "--mode conservative is not built yet"),
+        ({"epoch_ms": 0}, "--epoch-ms must be positive"),
         ({"nodes": 0}, "at least 1"),
     ):
         with pytest.raises(errors.AggviewError, match=message):

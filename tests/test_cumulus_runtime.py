@@ -128,6 +128,85 @@ def test_at_quiescence_every_map_equals_the_interpreter(
         assert report.corrective == 0  # FIFO from the one switch: every node knows its PUTs
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(sorted(PROGRAMS)),
+    nodes=st.integers(1, 4),
+    switches=st.integers(1, 3),
+    reorder=st.one_of(st.none(), st.integers(0, 10**6)),
+    mode=st.sampled_from(["speculative", "conservative"]),
+    epoch_every=st.sampled_from([3.0, 10.0, 40.0]),
+    seed=st.integers(0, 10**6),
+    length=st.integers(1, 120),
+)
+def test_every_committed_epoch_equals_the_interpreter_over_its_prefix(
+    name: str,
+    nodes: int,
+    switches: int,
+    reorder: int | None,
+    mode: str,
+    epoch_every: float,
+    seed: int,
+    length: int,
+) -> None:
+    """Epochs close while updates and corrections are in flight; each commit's snapshot is the
+    stream's prefix up to the cut in timestamp order, exactly. A message for a committed
+    timestamp arriving after the commit would raise ProtocolError in the node."""
+    program = _program(name)
+    stream = random_stream(program, random.Random(seed), length)
+    checked: list[int] = []
+
+    def on_commit(cut: int) -> None:
+        order = sorted(range(len(simulator.stamped)), key=lambda i: simulator.stamped[i])
+        prefix = [stream[i] for i in order if simulator.stamped[i][0] <= cut]
+        assert simulator.snapshot(cut) == (cut, interpreted(program, prefix))
+        checked.append(cut)
+
+    simulator = Simulator(
+        program,
+        nodes=nodes,
+        switches=switches,
+        network=Network(reorder),
+        mode=mode,
+        epoch_every=epoch_every,
+        on_commit=on_commit,
+    )
+    report = simulator.run(stream)
+    assert checked and checked == sorted(set(checked))
+    assert simulator.snapshot() == (checked[-1], simulator.maps())  # at rest: committed = newest
+    assert checked[-1] == max(ts[0] for ts in simulator.stamped)
+    assert simulator.log_sizes() == {"write_log_entries": 0, "read_log_entries": 0, "operations": 0}
+    if mode == "conservative":
+        assert report.corrective == 0  # reads wait for every earlier write instead
+
+
+def test_conservative_mode_waits_where_speculation_corrects() -> None:
+    """The same reordered stream over two switches: speculative corrects, conservative defers
+    reads instead and corrects nothing; both end equal to the interpreter."""
+    program = _program("seed003_q3")
+    stream = random_stream(program, random.Random(3), 300)
+    want = interpreted(program, stream)
+    runs = {}
+    for mode in ("speculative", "conservative"):
+        simulator = Simulator(program, nodes=3, switches=2, network=Network(seed=5), mode=mode)
+        runs[mode] = simulator.run(stream)
+        assert simulator.maps() == want
+        runs[mode + "_deferred"] = sum(n.stats.deferred_fetches for n in simulator.nodes)
+    assert runs["speculative"].corrective > 0 and runs["conservative"].corrective == 0
+    assert runs["conservative_deferred"] > runs["speculative_deferred"]
+
+
+def test_a_node_with_a_log_limit_asks_for_epochs() -> None:
+    program = _program("seed002_ex1")
+    stream = random_stream(program, random.Random(1), 200)
+    counts = []
+    for limit in (None, 20):
+        simulator = Simulator(program, nodes=2, log_limit=limit)
+        counts.append(len(simulator.run(stream).epochs))
+        assert simulator.maps() == interpreted(program, stream)
+    assert counts[0] == 1 and counts[1] > 3  # only the last epoch, or many along the way
+
+
 def test_reordering_across_switches_corrects_and_converges() -> None:
     program = _program("seed003_q3")
     stream = random_stream(program, random.Random(3), 300)
@@ -200,7 +279,7 @@ def test_seed_000_figure_5_a_late_put_corrects_every_later_read() -> None:
     """Seed 000 Figure 5: the read node holds mr; PUTs at 2 and 10; FETCHes at 7, 9, 11 are
     answered with mr as of 2, 2 and 10; a late PUT at 6 sends one corrective naming the three
     reads, and the writer's mw ends as if everything had come in order."""
-    from cumulus.runtime.messages import Corrective, Push
+    from cumulus.runtime.messages import Corrective, Push, Settled
     from cumulus.runtime.node import Node
     from cumulus.runtime.placement import Placement
     from cumulus.runtime.switch import Switch
@@ -233,8 +312,9 @@ def test_seed_000_figure_5_a_late_put_corrects_every_later_read() -> None:
     assert not more and destination == 1 and isinstance(corrective, Corrective)
     assert corrective.write_ts == (6, 0) and corrective.delta == 1 and corrective.depth == 1
     assert sorted(r.ts for r in corrective.reads) == [(7, 0), (9, 0), (11, 0)]
-    assert writer.handle(corrective) == []
+    assert writer.handle(corrective) == [(0, Settled(1))]  # applied, and caused nothing more
     assert writer.entries("mw") == {(1,): 7}  # 2 + 2 + 3: mr as it should have been read
+    assert reader.handle(Settled(1)) == []
 
 
 # --------------------------------------------------------------------------- compiled views
@@ -353,3 +433,112 @@ def test_seed_000_example_3_3_a_corrective_revises_every_later_update() -> None:
     for relation in ("t", "r", "r", "s", "s"):  # the timestamp order
         reference.apply("+", relation, [1])
     assert node.entries("m1") == dict(reference.maps["m1"].data)
+
+
+# --------------------------------------------------------------------------- seed 000 Figure 6
+
+
+def _place_by_map(placement: Any, home: dict[str, int]) -> None:
+    """Figure 6's placement, by map rather than by key (both maps' keys are 1)."""
+    placement.node_of = lambda name, key: home[name]
+    placement.nodes_for = lambda name, pattern: (home[name],)
+
+
+@pytest.mark.parametrize("violation", ["atomicity", "order"])
+def test_seed_000_figure_6_atomicity_and_order_violations_are_corrected_alike(
+    violation: str,
+) -> None:
+    """Seed 000 Example 3.2 / Figure 6: S(1) at TS1 and T(1) at TS2, m1 on one node and m2 on
+    the other, both holding 5 and 3 at TS0. (a) the two updates run at once: each node answers
+    the other's FETCH with the TS0 value; (b) they run as T(1), S(1): node 2 answers S's FETCH
+    with m2 before TS1 from its write log. Either way the node holding m1 (written earlier in the
+    total order) sends the one corrective, and the maps end as if run in order."""
+    from cumulus.runtime.messages import Corrective, Push, Settled
+    from cumulus.runtime.node import Node
+    from cumulus.runtime.placement import Placement
+    from cumulus.runtime.switch import Switch
+
+    program = parse_program((FIXTURES / "seed000_ex3_2.m3").read_text())
+    placement = Placement(program, nodes=2)
+    _place_by_map(placement, {"m1": 0, "m2": 1})  # the seed's DW Node 1 and Node 2
+    nodes = [Node(placement, 0), Node(placement, 1)]
+    nodes[0].maps["m1"].write((1,), 5, (0, 0))
+    nodes[1].maps["m2"].write((1,), 3, (0, 0))
+    switch = Switch(placement, 0)
+    s_update = dict(switch.dispatch((1, 0), 0, (1,)))  # S(1): PUT at node 0, FETCH at node 1
+    t_update = dict(switch.dispatch((2, 0), 1, (1,)))  # T(1): PUT at node 1, FETCH at node 0
+
+    def only(replies: list[Any], kind: type) -> Any:
+        assert len(replies) == 1 and isinstance(replies[0][1], kind), replies
+        return replies[0]
+
+    if violation == "atomicity":
+        _, push_t = only(nodes[0].handle(t_update[0]), Push)  # m1 as of TS0, for TS2
+        _, push_s = only(nodes[1].handle(s_update[1]), Push)  # m2 as of TS0, for TS1
+        assert nodes[0].handle(s_update[0]) == [] and nodes[1].handle(t_update[1]) == []
+        destination, corrective = only(nodes[0].handle(push_s), Corrective)  # m1 at TS1: late
+        assert nodes[1].handle(push_t) == []
+    else:
+        assert nodes[1].handle(t_update[1]) == []
+        _, push_t = only(nodes[0].handle(t_update[0]), Push)  # m1 as of TS0, for TS2
+        assert nodes[1].handle(push_t) == []  # m2 at TS2 = 3 + 5
+        _, push_s = only(nodes[1].handle(s_update[1]), Push)  # m2 before TS1: 3, not 8
+        assert nodes[0].handle(s_update[0]) == []
+        destination, corrective = only(nodes[0].handle(push_s), Corrective)
+    assert dict(push_t.slices[0].entries) == {(1,): 5} and dict(push_s.slices[0].entries) == {
+        (1,): 3
+    }
+    assert destination == 1 and corrective.map == "m1" and corrective.write_ts == (1, 0)
+    assert corrective.delta == 3 and [r.ts for r in corrective.reads] == [(2, 0)]
+    assert nodes[1].handle(corrective) == [(0, Settled(corrective.seq))]
+    assert nodes[0].entries("m1") == {(1,): 8}  # 5 + m2 (3)
+    assert nodes[1].entries("m2") == {(1,): 11}  # 3 + m1 after S (8)
+
+
+# --------------------------------------------------------------------------- seed 003 Figure 3
+
+FIGURE_3 = """
+CREATE STREAM w(k int, v int);
+CREATE STREAM r(k int, j int);
+DECLARE MAP m_c(int)[][k:int];
+DECLARE MAP out(int)[][j:int];
+ON + w(k, v) {
+    m_c[][k] += v;
+}
+ON + r(k, j) {
+    out[][j] += m_c[][k];
+}
+"""
+
+
+def test_seed_003_figure_3_reads_from_the_write_log_and_revises_later_reads() -> None:
+    """Seed 003 Figure 3: m_c[2] holds +2 at <1> and +4 at <6>; a read at <3> gets 2 (not the
+    current 6), at <4> and <5> too, at <7> 6. Then a write to m_c[2] ordered at <3> (behind the
+    read at <3>, before those at <4>, <5>, <7>) arrives: the read log names the later reads, and
+    one revising update goes to their computation node."""
+    from cumulus.runtime.messages import Corrective, Push
+    from cumulus.runtime.node import Node
+    from cumulus.runtime.placement import Placement
+    from cumulus.runtime.switch import Switch
+
+    program = parse_program(FIGURE_3)
+    placement = Placement(program, nodes=1)
+    node, switch = Node(placement, 0), Switch(placement, 0)
+    for ts, value in (((1, 0), 2), ((6, 0), 4)):
+        for _, message in switch.dispatch(ts, 0, (2, value)):
+            assert node.handle(message) == []
+    assert node.entries("m_c") == {(2,): 6}
+    seen = {}
+    for counter in (3, 4, 5, 7):
+        for _, message in switch.dispatch((counter, 0), 1, (2, counter)):
+            for _, reply in node.handle(message):
+                assert isinstance(reply, Push)
+                seen[counter] = dict(reply.slices[0].entries)[(2,)]
+                assert node.handle(reply) == []
+    assert seen == {3: 2, 4: 2, 5: 2, 7: 6}
+    ((_, write),) = switch.dispatch((3, 1), 0, (2, 10))
+    ((_, late),) = node.handle(write)
+    assert isinstance(late, Corrective) and late.write_ts == (3, 1) and late.delta == 10
+    assert [r.ts for r in late.reads] == [(4, 0), (5, 0), (7, 0)]
+    assert node.handle(late)[0][1].seq == late.seq  # applied and settled
+    assert node.entries("out") == {(3,): 2, (4,): 12, (5,): 12, (7,): 16}

@@ -11,6 +11,14 @@ numbers, never code: every node holds the program.
   just before the update's timestamp (an empty slice too: the writer must hear from everyone);
 - ``Corrective`` (node -> writer): a write that reached a map after the node had already served
   reads of it at later timestamps: the delta, and exactly which reads it corrects.
+
+- ``Settled`` (writer -> the corrective's source): the corrective and every corrective it caused
+  in turn have been applied (Dijkstra-Scholten termination: a node knows its corrections are
+  done without the map graph being acyclic, which seed 000's Figure 6 program is not).
+
+Epochs (seed 000 §3.4): ``EpochEnd`` (switch -> node) closes a cut; ``EpochReady`` (node ->
+coordinator) says the node's maps are final up to the cut; ``EpochCommit`` (coordinator -> node)
+commits it; a node whose logs grow asks for an early end with ``EpochEndRequest``.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Any
 Timestamp = tuple[int, int]
 Key = tuple[Any, ...]
 WILD = object()  # a key position the read leaves open (a loop variable)
+COORDINATOR = -1  # the address, in a node's outbox, of the epoch coordinator (the switches' side)
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,9 @@ class Dispatch:
     args: Key
     puts: tuple[tuple[int, int], ...]  # (statement, number of PUSH messages to wait for)
     fetches: tuple[Fetch, ...]
+    # conservative mode: how many updates with PUTs for this node come before this one (seed 001's
+    # version number); a FETCH is served once those have all been written. Unused when speculative.
+    puts_before: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,39 @@ class Corrective:
     delta: Any
     reads: tuple[Read, ...]
     depth: int  # 1 for a late write; n + 1 for a revision caused by a depth-n corrective
+    seq: int = 0  # numbered per source, for its Settled
 
 
-Message = Dispatch | Push | Corrective
+@dataclass(frozen=True)
+class Settled:
+    seq: int  # the source's number of the corrective that is settled
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """Every update of this switch with a timestamp counter up to ``cut`` was dispatched before
+    this message, and the switch stamps none at or below it any more."""
+
+    cut: int
+    switch: int
+
+
+@dataclass(frozen=True)
+class EpochReady:
+    cut: int
+    source: int
+
+
+@dataclass(frozen=True)
+class EpochCommit:
+    cut: int
+
+
+@dataclass(frozen=True)
+class EpochEndRequest:
+    source: int
+
+
+Message = (
+    Dispatch | Push | Corrective | Settled | EpochEnd | EpochReady | EpochCommit | EpochEndRequest
+)

@@ -28,14 +28,20 @@ from typing import Any
 from cumulus.expressions import add
 from cumulus.runtime.evaluate import CompiledStep, Tables
 from cumulus.runtime.messages import (
+    COORDINATOR,
     WILD,
     Corrective,
     Dispatch,
+    EpochCommit,
+    EpochEnd,
+    EpochEndRequest,
+    EpochReady,
     Fetch,
     Key,
     Message,
     Push,
     Read,
+    Settled,
     Slice,
     Timestamp,
 )
@@ -45,46 +51,74 @@ Outbox = list[tuple[int, Message]]
 
 
 class MapLog:
-    """One map's partition on this node: current values, and deltas by timestamp."""
+    """One map's partition on this node: current values, the values at the last committed cut,
+    and the deltas written after that cut, by timestamp."""
 
-    __slots__ = ("current", "history", "latest")
+    __slots__ = ("base", "current", "history", "latest")
 
     def __init__(self) -> None:
         self.current: dict[Key, Any] = {}
+        self.base: dict[Key, Any] = {}  # every write up to the committed cut, coalesced
         self.history: dict[Key, list[tuple[Timestamp, Any]]] = {}
         self.latest: dict[Key, Timestamp] = {}
 
     def write(self, key: Key, delta: Any, ts: Timestamp) -> None:
         bisect.insort(self.history.setdefault(key, []), (ts, delta), key=lambda e: e[0])
-        value = add(self.current.get(key, 0), delta)
-        if value != 0:
-            self.current[key] = value
-        else:
-            self.current.pop(key, None)
+        _accumulate(self.current, key, delta)
         if key not in self.latest or self.latest[key] < ts:
             self.latest[key] = ts
 
     def value_before(self, key: Key, ts: Timestamp) -> Any:
         if self.latest.get(key, (0, 0)) < ts:
             return self.current.get(key, 0)
-        value: Any = 0
+        value: Any = self.base.get(key, 0)
         for at, delta in self.history.get(key, ()):
             if at >= ts:
                 break
             value = add(value, delta)
         return value
 
+    def value_at(self, key: Key, cut: int) -> Any:
+        """The value once every write with a timestamp counter up to ``cut`` is in."""
+        return self.value_before(key, (cut + 1, -1))
+
+    def keys(self) -> set[Key]:
+        return set(self.base) | set(self.history)
+
     def slice_before(self, pattern: Key, ts: Timestamp) -> dict[Key, Any]:
         if WILD not in pattern:  # a point read
             value = self.value_before(pattern, ts)
             return {pattern: value} if value != 0 else {}
         found = {}
-        for key in self.history:
+        for key in self.keys():
             if matches(pattern, key):
                 value = self.value_before(key, ts)
                 if value != 0:
                     found[key] = value
         return found
+
+    def fold(self, cut: int) -> None:
+        """Garbage collection at a committed cut: the writes up to it become the base."""
+        for key in list(self.history):
+            entries = self.history[key]
+            split = bisect.bisect_left(entries, (cut + 1, -1), key=lambda e: e[0])
+            for _, delta in entries[:split]:
+                _accumulate(self.base, key, delta)
+            if split == len(entries):
+                del self.history[key]
+            elif split:
+                self.history[key] = entries[split:]
+
+    def entries(self) -> int:
+        return sum(len(h) for h in self.history.values())
+
+
+def _accumulate(values: dict[Key, Any], key: Key, delta: Any) -> None:
+    value = add(values.get(key, 0), delta)
+    if value != 0:
+        values[key] = value
+    else:
+        values.pop(key, None)
 
 
 @dataclass
@@ -99,6 +133,7 @@ class Operation:
     heard: int = 0
     tables: Tables = field(default_factory=dict)
     result: dict[Key, Any] | None = None  # None until evaluated
+    version: int = 0  # conservative mode: the update's place among this node's PUTs
 
     @property
     def ready(self) -> bool:
@@ -111,6 +146,7 @@ class NodeStats:
     corrective_received: int = 0
     max_depth: int = 0
     deferred_fetches: int = 0
+    epochs: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,10 +158,30 @@ class _ReadEntry:
     factor: int
 
 
+class ProtocolError(RuntimeError):
+    """A message the protocol promises never arrives did (a host or network bug)."""
+
+
+MODES = ("speculative", "conservative")
+
+
 class Node:
-    def __init__(self, placement: Placement, number: int) -> None:
+    def __init__(
+        self,
+        placement: Placement,
+        number: int,
+        *,
+        switches: int = 1,
+        mode: str = "speculative",
+        log_limit: int | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
         self.placement = placement
         self.number = number
+        self.switches = switches
+        self.mode = mode
+        self.log_limit = log_limit  # write-log entries past which the node asks for an epoch end
         program = placement.program
         self.compiled = [
             [CompiledStep(step, trigger.args) for step in steps]
@@ -139,27 +195,62 @@ class Node:
         self.stats = NodeStats()
         self.completed: list[Timestamp] = []  # updates written for since the host last looked
         self._ready: list[Operation] = []  # operations that have all they wait for
+        # conservative mode: PUTs left per version, and how many versions are fully written
+        self._left: dict[int, int] = {}
+        self._finished: set[int] = set()  # versions fully written, beyond the first gap
+        self._written = 0
+        # correctives: those sent and not settled (seq -> lowest read counter, cause), and per
+        # received corrective (source, seq) how many of the ones it caused are not settled
+        self._sent = 0
+        self._unsettled: dict[int, tuple[int, tuple[int, int] | None]] = {}
+        self._caused: dict[tuple[int, int], int] = {}
+        self._cause: tuple[int, int] | None = None
+        # epochs
+        self.committed = 0  # the last committed cut: no message at or below it arrives any more
+        self.ready_cut = 0  # the highest cut this node said EPOCH READY for
+        self._ends: dict[int, set[int]] = defaultdict(set)  # cut -> switches that closed it
+        self._asked = False  # an EpochEndRequest is out
 
     # --------------------------------------------------------------------------- messages
 
     def handle(self, message: Message) -> Outbox:
         out: Outbox = []
         if isinstance(message, Dispatch):
+            self._not_committed(message.ts[0], message)
             self._dispatch(message)
         elif isinstance(message, Push):
+            self._not_committed(message.ts[0], message)
             self._push(message)
         elif isinstance(message, Corrective):
+            self._not_committed(min(r.ts[0] for r in message.reads), message)
             self._corrective(message, out)
+        elif isinstance(message, Settled):
+            self._settled(message.seq, out)
+        elif isinstance(message, EpochEnd):
+            self._epoch_end(message)
+        elif isinstance(message, EpochCommit):
+            self._commit(message.cut)
         else:
             raise TypeError(f"a DW node cannot handle {type(message).__name__}")
         self._progress(out)
+        self._epoch_progress(out)
         return out
+
+    def _not_committed(self, counter: int, message: Message) -> None:
+        if counter <= self.committed:
+            raise ProtocolError(
+                f"node {self.number} got {type(message).__name__} for timestamp {counter} after "
+                f"committing the epoch up to {self.committed}"
+            )
 
     def _dispatch(self, message: Dispatch) -> None:
         steps = self.placement.steps[message.trigger]
+        if message.puts and self.mode == "conservative":
+            self._left[message.puts_before] = len(message.puts)
         for statement, pushes in message.puts:
             op = self._operation(message.ts, statement)
             op.trigger, op.args, op.expected = message.trigger, message.args, pushes
+            op.version = message.puts_before
             bisect.insort(self.pending_writes[steps[statement].target], message.ts)
             if op.ready:
                 self._ready.append(op)
@@ -209,6 +300,8 @@ class Node:
                 moved = True
 
     def _blocked(self, dispatch: Dispatch, fetch: Fetch) -> bool:
+        if self.mode == "conservative":  # seed 001: wait for every earlier PUT to this node
+            return self._written < dispatch.puts_before
         step = self.placement.steps[dispatch.trigger][fetch.statement]
         for read in step.reads:
             if read.factor in fetch.factors:
@@ -250,6 +343,17 @@ class Node:
         pending.pop(bisect.bisect_left(pending, op.ts))
         for key, delta in op.result.items():
             self._write(step.target, key, delta, op.ts, 0, out)
+        if self.mode == "conservative":
+            self._version_written(op.version)
+
+    def _version_written(self, version: int) -> None:
+        self._left[version] -= 1
+        if not self._left[version]:
+            del self._left[version]
+            self._finished.add(version)
+            while self._written in self._finished:
+                self._finished.discard(self._written)
+                self._written += 1
 
     def _owned(self, op: Operation) -> dict[Key, Any]:
         """The statement's result for the keys of its target this node holds."""
@@ -278,24 +382,32 @@ class Node:
         for writer, reads in late.items():
             self.stats.corrective_sent += 1
             self.stats.max_depth = max(self.stats.max_depth, depth + 1)
-            out.append(
-                (
-                    writer,
-                    Corrective(self.number, ts, map_name, key, delta, tuple(reads), depth + 1),
-                )
+            self._sent += 1
+            self._unsettled[self._sent] = (min(r.ts[0] for r in reads), self._cause)
+            if self._cause is not None:
+                self._caused[self._cause] += 1
+            corrective = Corrective(
+                self.number, ts, map_name, key, delta, tuple(reads), depth + 1, self._sent
             )
+            out.append((writer, corrective))
 
     def _corrective(self, message: Corrective, out: Outbox) -> None:
         self.stats.corrective_received += 1
+        cause = (message.source, message.seq)
+        self._caused[cause] = 0
+        self._cause = cause
+        try:
+            self._revise(message, out)
+        finally:
+            self._cause = None
+        if not self._caused[cause]:
+            self._settle(cause, out)
+
+    def _revise(self, message: Corrective, out: Outbox) -> None:
         touched: dict[tuple[Timestamp, int], Operation] = {}
         for read in message.reads:
             op = self.operations[(read.ts, read.statement)]
-            table = op.tables.setdefault(read.factor, {})
-            value = add(table.get(message.key, 0), message.delta)
-            if value != 0:
-                table[message.key] = value
-            else:
-                table.pop(message.key, None)
+            _accumulate(op.tables.setdefault(read.factor, {}), message.key, message.delta)
             touched[(read.ts, read.statement)] = op
         for op in touched.values():
             if op.result is None:
@@ -308,6 +420,59 @@ class Node:
                     self._write(step.target, key, diff, op.ts, message.depth, out)
             op.result = revised
 
+    def _settle(self, cause: tuple[int, int], out: Outbox) -> None:
+        del self._caused[cause]
+        source, seq = cause
+        out.append((source, Settled(seq)))
+
+    def _settled(self, seq: int, out: Outbox) -> None:
+        _, cause = self._unsettled.pop(seq)
+        if cause is not None:
+            self._caused[cause] -= 1
+            if not self._caused[cause]:
+                self._settle(cause, out)
+
+    # --------------------------------------------------------------------------- epochs
+
+    def _epoch_end(self, message: EpochEnd) -> None:
+        # the next epoch's end may overtake this one's commit (they travel different links)
+        self._not_committed(message.cut, message)
+        self._ends[message.cut].add(message.switch)
+
+    def _epoch_progress(self, out: Outbox) -> None:
+        """EPOCH READY once the cut is final here: every switch closed it (so every update up to
+        it has arrived: links are FIFO), every write up to it is done, and every corrective this
+        node sent that revises a read up to it is settled."""
+        if self.log_limit is not None and not self._asked:
+            if sum(m.entries() for m in self.maps.values()) > self.log_limit:
+                self._asked = True
+                out.append((COORDINATOR, EpochEndRequest(self.number)))
+        for cut in sorted(self._ends):
+            if cut <= self.ready_cut:
+                continue
+            if len(self._ends[cut]) < self.switches:
+                return
+            if any(pending and pending[0][0] <= cut for pending in self.pending_writes.values()):
+                return
+            if any(lowest <= cut for lowest, _ in self._unsettled.values()):
+                return
+            self.ready_cut = cut
+            out.append((COORDINATOR, EpochReady(cut, self.number)))
+
+    def _commit(self, cut: int) -> None:
+        """Garbage collection (seed 000 §3.4): logs up to the cut are folded or dropped."""
+        if cut > self.ready_cut:
+            raise ProtocolError(f"node {self.number} got EpochCommit for {cut} before being ready")
+        for closed in [c for c in self._ends if c <= cut]:
+            del self._ends[closed]
+        for log in self.maps.values():
+            log.fold(cut)
+        for name, reads in self.reads.items():
+            self.reads[name] = reads[bisect.bisect_left(reads, (cut + 1, -1), key=lambda e: e.ts) :]
+        self.operations = {k: op for k, op in self.operations.items() if k[0][0] > cut}
+        self.committed, self._asked = cut, False
+        self.stats.epochs += 1
+
     def _env(self, trigger: int, args: Key) -> dict[str, Any]:
         names = self.placement.program.triggers[trigger].args
         return dict(zip(names, args, strict=True))
@@ -317,3 +482,17 @@ class Node:
     def entries(self, map_name: str) -> dict[Key, Any]:
         """The newest values of this node's partition of a map (tentative)."""
         return dict(self.maps[map_name].current)
+
+    def snapshot(self, map_name: str, cut: int) -> dict[Key, Any]:
+        """This node's partition of a map at a cut it has committed, or is ready to (exact)."""
+        if not self.committed <= cut <= self.ready_cut:
+            raise ValueError(
+                f"node {self.number} has no snapshot at {cut}: it committed {self.committed}"
+            )
+        log = self.maps[map_name]
+        found = {}
+        for key in log.keys():
+            value = log.value_at(key, cut)
+            if value != 0:
+                found[key] = value
+        return found

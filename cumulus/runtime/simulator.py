@@ -4,6 +4,9 @@ were sent (seed 000 §2). Between pairs, delays are what the ``Network`` says: t
 (nothing overtakes anything), random per message from a seed (reordering across pairs), plus
 holds of chosen messages, so that later FETCHes overtake an earlier PUT on cue.
 
+Epochs end every ``epoch_every`` virtual seconds (and once more at the end of a run); each
+commit is recorded with its cut and times, and ``on_commit`` may read the snapshot right then.
+
 Seeded and deterministic: a failing schedule reproduces from its seed.
 """
 
@@ -20,12 +23,13 @@ from typing import Any
 
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
-from cumulus.runtime.messages import Key, Message
+from cumulus.runtime.epochs import EpochCoordinator, Sends
+from cumulus.runtime.messages import COORDINATOR, EpochCommit, Key, Message
 from cumulus.runtime.node import Node
 from cumulus.runtime.placement import Placement
-from cumulus.runtime.switch import Switch
+from cumulus.runtime.switch import Clock, Switch
 
-Address = tuple[str, int]  # ("switch", i) or ("node", i)
+Address = tuple[str, int]  # ("switch", i), ("node", i) or ("coordinator", 0)
 Update = tuple[str, str, Sequence[Any] | Mapping[str, Any]]  # (sign, relation, row)
 Hold = Callable[[Address, Address, Message], float]
 
@@ -56,6 +60,9 @@ class Report:
     corrective: int = 0
     max_depth: int = 0
     finished_at: float = 0.0
+    # per committed epoch: (cut, virtual time it began, time it committed, newest counter then)
+    epochs: list[tuple[int, float, float, int]] = field(default_factory=list)
+    peak_logs: Counter[str] = field(default_factory=Counter)  # largest log sizes seen at a commit
 
 
 class Simulator:
@@ -68,12 +75,25 @@ class Simulator:
         network: Network | None = None,
         gap: float = 1.0,
         measure_bytes: bool = False,
+        mode: str = "speculative",
+        epoch_every: float | None = None,
+        log_limit: int | None = None,
+        on_commit: Callable[[int], None] | None = None,
     ) -> None:
         if switches < 1:
             raise ValueError("a Cumulus runtime needs at least one switch")
         self.placement = Placement(program, nodes)
-        self.nodes = [Node(self.placement, i) for i in range(nodes)]
-        self.switches = [Switch(self.placement, i) for i in range(switches)]
+        self.nodes = [
+            Node(self.placement, i, switches=switches, mode=mode, log_limit=log_limit)
+            for i in range(nodes)
+        ]
+        shared = Clock() if mode == "conservative" else None
+        self.switches = [Switch(self.placement, i, shared) for i in range(switches)]
+        self.epochs = EpochCoordinator(self.switches, nodes)
+        self.epoch_every = epoch_every
+        self.on_commit = on_commit
+        self._next_epoch = epoch_every if epoch_every is not None else float("inf")
+        self._began = 0.0
         self.network = network or Network()
         self.gap = gap  # virtual seconds between two updates entering the system
         self.now = 0.0
@@ -81,6 +101,7 @@ class Simulator:
         self._seq = itertools.count()
         self._last: dict[tuple[Address, Address], float] = {}
         self._fed = 0
+        self.stamped: list[Any] = []  # each fed update's timestamp, in the order fed
         self._measure_bytes = measure_bytes
         self.bytes: Counter[str] = Counter()
         self._entered: dict[Any, float] = {}  # timestamp -> virtual time it entered
@@ -111,8 +132,12 @@ class Simulator:
         """Update i goes to switch i mod K, one every ``gap`` of virtual time."""
         for sign, relation, row in stream:
             self._until(self._fed * self.gap)
+            if self.now >= self._next_epoch:
+                self._next_epoch = self.now + (self.epoch_every or 0.0)
+                self._epoch(self.epochs.begin())
             switch = self.switches[self._fed % len(self.switches)]
             ts, messages = switch.update(sign, relation, row)
+            self.stamped.append(ts)
             self._fed += 1
             self.report.updates += 1
             self._entered[ts] = self.now
@@ -120,19 +145,44 @@ class Simulator:
                 self._send(("switch", switch.number), ("node", node), message)
 
     def finish(self) -> Report:
+        """Runs to quiescence and commits a last epoch holding every update."""
         self._until(float("inf"))
+        while self.epochs.committed < self.epochs.newest():
+            self._epoch(self.epochs.begin())
+            self._until(float("inf"))
         self.report.corrective = sum(n.stats.corrective_sent for n in self.nodes)
         self.report.max_depth = max((n.stats.max_depth for n in self.nodes), default=0)
         self.report.finished_at = self.now
         return self.report
 
+    def _epoch(self, sends: Sends) -> None:
+        for sender, node, message in sends:
+            if isinstance(message, EpochCommit):
+                cut = message.cut
+                if not self.report.epochs or self.report.epochs[-1][0] != cut:
+                    newest = self.epochs.newest()
+                    self.report.epochs.append((cut, self._began, self.now, newest))
+                    self.report.peak_logs |= Counter(self.log_sizes())
+                    if self.on_commit is not None:
+                        self.on_commit(cut)
+            else:
+                self._began = self.now
+            src = ("coordinator", 0) if sender == COORDINATOR else ("switch", sender)
+            self._send(src, ("node", node), message)
+
     def _until(self, time: float) -> None:
         while self._queue and self._queue[0][0] <= time:
             at, _, _, dst, message = heapq.heappop(self._queue)
             self.now = at
+            if dst[0] == "coordinator":
+                self._epoch(self.epochs.handle(message))
+                continue
             node = self.nodes[dst[1]]
             for target, reply in node.handle(message):
-                self._send(("node", node.number), ("node", target), reply)
+                if target == COORDINATOR:
+                    self._send(("node", node.number), ("coordinator", 0), reply)
+                else:
+                    self._send(("node", node.number), ("node", target), reply)
             for ts in node.completed:
                 self._done[ts] = at
             node.completed.clear()
@@ -152,19 +202,28 @@ class Simulator:
             "operations": sum(len(n.operations) for n in self.nodes),
         }
 
-    def as_interpreter(self) -> Interpreter:
-        """An interpreter holding the gathered maps, for reading views the way it reads them."""
-        reader = Interpreter(self.placement.program)
-        for name, entries in self.maps().items():
-            store = reader.maps[name]
-            for key, value in entries.items():
-                store.add(key, value)
-        return reader
-
     def maps(self) -> dict[str, dict[Key, Any]]:
-        """Every program map, gathered from the nodes (newest values)."""
+        """Every program map, gathered from the nodes (newest values: tentative)."""
         out: dict[str, dict[Key, Any]] = {m.name: {} for m in self.placement.program.maps}
         for node in self.nodes:
             for name in out:
                 out[name].update(node.entries(name))
         return out
+
+    def snapshot(self, cut: int | None = None) -> tuple[int, dict[str, dict[Key, Any]]]:
+        """Every program map at a committed cut (default: the last): exact, one timestamp."""
+        cut = self.epochs.committed if cut is None else cut
+        out: dict[str, dict[Key, Any]] = {m.name: {} for m in self.placement.program.maps}
+        for node in self.nodes:
+            for name in out:
+                out[name].update(node.snapshot(name, cut))
+        return cut, out
+
+
+def holding(program: Program, maps: Mapping[str, Mapping[Key, Any]]) -> Interpreter:
+    """An interpreter holding the given maps, to read views the way it reads them."""
+    reader = Interpreter(program)
+    for name, entries in maps.items():
+        for key, value in entries.items():
+            reader.maps[name].add(key, value)
+    return reader

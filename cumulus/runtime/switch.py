@@ -5,6 +5,11 @@ arguments are checked here (a false one sends nothing for that statement); the w
 nodes holding the target's partitions the update can touch; each map factor's read nodes get a
 FETCH naming the writers; each writer's PUT says how many PUSHes to wait for. Everything for
 one node and one update goes in one message.
+
+Timestamps come from a ``Clock``. Speculative: one per switch, so no switch waits for
+another; the total order is (counter, switch) and the counters are pulled together at each
+epoch end. Conservative: one shared by all switches (seed 003's "central coordinator"), because
+seed 001's version numbers need every node's PUTs counted in one order before they are sent.
 """
 
 from __future__ import annotations
@@ -16,15 +21,23 @@ from typing import Any
 from aggview import errors
 from cumulus.m3.exprs import compile_guard
 from cumulus.m3.interpreter import Interpreter
-from cumulus.runtime.messages import Dispatch, Fetch, Timestamp
+from cumulus.runtime.messages import Dispatch, EpochEnd, Fetch, Timestamp
 from cumulus.runtime.placement import Placement
 
 
+class Clock:
+    """Timestamp counters, and per node how many updates with PUTs for it were dispatched."""
+
+    def __init__(self) -> None:
+        self.counter = 0
+        self.puts: dict[int, int] = defaultdict(int)
+
+
 class Switch:
-    def __init__(self, placement: Placement, number: int) -> None:
+    def __init__(self, placement: Placement, number: int, clock: Clock | None = None) -> None:
         self.placement = placement
         self.number = number
-        self.counter = 0
+        self.clock = clock or Clock()
         program = placement.program
         self._checker = Interpreter(program)  # checks and converts stream rows, names bad ones
         self._triggers = {(t.sign, t.relation): i for i, t in enumerate(program.triggers)}
@@ -34,8 +47,14 @@ class Switch:
         ]
 
     def stamp(self) -> Timestamp:
-        self.counter += 1
-        return (self.counter, self.number)
+        self.clock.counter += 1
+        return (self.clock.counter, self.number)
+
+    def close(self, cut: int) -> list[tuple[int, EpochEnd]]:
+        """Ends the epoch at ``cut``: nothing is stamped at or below it any more, and every node
+        hears so after this switch's updates up to it (links are FIFO)."""
+        self.clock.counter = max(self.clock.counter, cut)
+        return [(node, EpochEnd(cut, self.number)) for node in range(self.placement.nodes)]
 
     def check(
         self, sign: str, relation: str, row: Sequence[Any] | Mapping[str, Any]
@@ -73,7 +92,11 @@ class Switch:
                 fetches[node].append(Fetch(step.number, tuple(factors), writers))
             for writer in writers:
                 puts[writer].append((step.number, len(by_node)))
-        return [
-            (node, Dispatch(ts, trigger, values, tuple(puts[node]), tuple(fetches[node])))
-            for node in sorted(set(puts) | set(fetches))
-        ]
+        out = []
+        for node in sorted(set(puts) | set(fetches)):
+            before = self.clock.puts[node]
+            if puts[node]:
+                self.clock.puts[node] += 1
+            message = Dispatch(ts, trigger, values, tuple(puts[node]), tuple(fetches[node]), before)
+            out.append((node, message))
+        return out
