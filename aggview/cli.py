@@ -263,6 +263,29 @@ def _run_cumulus_replay(args: argparse.Namespace) -> None:
     run_replay(args, table_from_create)
 
 
+def _run_cumulus_node(args: argparse.Namespace) -> None:
+    from aggview.security import TlsDir
+    from cumulus.runtime.dw_server import NodeConfig, serve
+
+    tls_dir = _server_tls_dir(args)
+    try:
+        program_text = Path(args.program).read_text()
+    except OSError as exc:
+        raise errors.InvalidArgument(f"cannot read --program {args.program}: {exc}") from None
+    config = NodeConfig(
+        program_text,
+        number=args.number,
+        nodes=args.nodes,
+        switches=args.switches,
+        mode=args.mode,
+        log_limit=args.log_limit,
+        host=args.host,
+        port=args.port,
+        tls=TlsDir.load(tls_dir) if tls_dir is not None else None,
+    )
+    asyncio.run(serve(config))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aggview", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -365,7 +388,17 @@ def build_parser() -> argparse.ArgumentParser:
     from cumulus.runtime.replay import add_cumulus_commands
 
     add_m3_command(sub, _run_m3)
-    add_cumulus_commands(sub, _run_cumulus_replay)
+    cumulus = add_cumulus_commands(sub, _run_cumulus_replay)
+    node = cumulus.add_parser("node", help="one Cumulus DW node (replay --host grpc starts them)")
+    node.add_argument("--program", required=True, help="the M3 program (aggview m3 prints one)")
+    node.add_argument("--number", type=int, required=True, help="this node's number, from 0")
+    node.add_argument("--nodes", type=int, required=True)
+    node.add_argument("--switches", type=int, default=1)
+    node.add_argument("--mode", choices=("speculative", "conservative"), default="speculative")
+    node.add_argument("--log-limit", type=int, default=None, help="write-log entries")
+    _add_common(node)
+    _add_server_security(node, clients=False)
+    node.set_defaults(run=_run_cumulus_node)
 
     demo = sub.add_parser("demo", help="the main job: a local cluster, a workload, a report")
     demo.add_argument("--data", help="keep the cluster's data here (default: a temp dir)")

@@ -15,10 +15,12 @@ so the views written are committed snapshots holding every update.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import json
 import statistics
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -64,7 +66,8 @@ class ReplayResult:
     stats: dict[str, Any]
 
 
-def add_cumulus_commands(sub: Any, run: Callable[[argparse.Namespace], None]) -> None:
+def add_cumulus_commands(sub: Any, run: Callable[[argparse.Namespace], None]) -> Any:
+    """Adds ``aggview cumulus replay``; returns the ``cumulus`` subcommands for more."""
     cumulus = sub.add_parser("cumulus", help="views as M3 programs on the Cumulus runtime")
     actions = cumulus.add_subparsers(dest="action", required=True)
     parser = actions.add_parser(
@@ -89,6 +92,7 @@ def add_cumulus_commands(sub: Any, run: Callable[[argparse.Namespace], None]) ->
         "--check", action="store_true", help="compare with the interpreter and duckdb (exit 1)"
     )
     parser.set_defaults(run=run)
+    return actions
 
 
 def config_from(args: argparse.Namespace) -> ReplayConfig:
@@ -206,9 +210,14 @@ def _value(where: str, column: str, kind: str, text: str) -> Any:
 def replay(config: ReplayConfig, table_from_create: TableFromCreate) -> ReplayResult:
     if config.host not in HOSTS:
         raise errors.InvalidArgument(f"--host is one of {', '.join(HOSTS)}")
-    if config.host != "sim":
+    if config.host == "spark":
         raise errors.FailedPrecondition(
-            f"--host {config.host} is not built yet; --host sim runs the same nodes simulated"
+            "--host spark is not built yet; --host grpc runs the same nodes as processes"
+        )
+    if config.host == "grpc" and config.reorder is not None:
+        raise errors.InvalidArgument(
+            "--reorder injects delays in the simulator only; over gRPC, two or more --switches "
+            "reorder for real"
         )
     if config.mode not in MODES:
         raise errors.InvalidArgument(f"--mode is one of {', '.join(MODES)}")
@@ -217,15 +226,50 @@ def replay(config: ReplayConfig, table_from_create: TableFromCreate) -> ReplayRe
     if config.nodes < 1 or config.switches < 1:
         raise errors.InvalidArgument("--nodes and --switches must be at least 1")
     program, tables = compile_views(config.schema_sql, config.views, table_from_create)
-    simulator = Simulator(
-        program,
-        nodes=config.nodes,
-        switches=config.switches,
-        network=Network(config.reorder),
-        measure_bytes=True,
-        mode=config.mode,
-        epoch_every=float(config.epoch_ms),
-    )
+    with _runtime(config, program) as simulator:
+        return _replay(config, program, tables, simulator)
+
+
+@contextlib.contextmanager
+def _runtime(config: ReplayConfig, program: Program) -> Iterator[Any]:
+    """The simulator, or DW node processes and their driver, stopped afterwards."""
+    if config.host == "sim":
+        yield Simulator(
+            program,
+            nodes=config.nodes,
+            switches=config.switches,
+            network=Network(config.reorder),
+            measure_bytes=True,
+            mode=config.mode,
+            epoch_every=float(config.epoch_ms),
+        )
+        return
+    from cumulus.runtime.grpc_host import GrpcRuntime, start_node_processes
+
+    with tempfile.TemporaryDirectory(prefix="aggview-cumulus-") as base:
+        servers = start_node_processes(
+            program, config.nodes, Path(base), switches=config.switches, mode=config.mode
+        )
+        runtime = None
+        try:
+            runtime = GrpcRuntime(
+                program,
+                [s.address for s in servers],
+                switches=config.switches,
+                mode=config.mode,
+                epoch_ms=config.epoch_ms,
+            )
+            yield runtime
+        finally:
+            if runtime is not None:
+                runtime.close()
+            for server in servers:
+                server.stop()
+
+
+def _replay(
+    config: ReplayConfig, program: Program, tables: dict[str, TableSchema], simulator: Any
+) -> ReplayResult:
     reference = Interpreter(program) if config.check else None
     applied: list[Update] = []
     started = time.perf_counter()
@@ -266,8 +310,10 @@ def replay(config: ReplayConfig, table_from_create: TableFromCreate) -> ReplayRe
         "updates": report.updates,
         "seconds": round(seconds, 3),
         "updates_per_s": round(report.updates / seconds, 1) if seconds else None,
-        "latency_virtual_p50": _percentile(latencies, 50),
-        "latency_virtual_p99": _percentile(latencies, 99),
+        # the simulator's latencies are in virtual ms, the processes' in seconds of wall time
+        "latency_unit": "virtual ms" if config.host == "sim" else "s",
+        "latency_p50": _percentile(latencies, 50),
+        "latency_p99": _percentile(latencies, 99),
         "messages": dict(report.messages),
         "bytes": dict(simulator.bytes),
         "messages_per_1000_updates": {

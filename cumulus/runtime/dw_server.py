@@ -1,0 +1,296 @@
+"""A DW node as a gRPC server: the ``Node`` state machine behind ordered streams.
+
+The driver opens one ``Drive`` stream per switch; the node opens one ``Link`` stream to each
+other node on first use. Every stream delivers in order, so each pair of processes is a FIFO
+link, as the protocol assumes. Messages wait in one inbox and one task feeds them to the node,
+so the state machine never runs twice at once; what it sends goes out batched per stream.
+
+The same ``NodeHost`` runs in a process of its own (``aggview cumulus node``) and inside a
+Spark task (``cumulus/spark/dw_stage.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, add_health, add_reflection, bind
+from aggview.security import MemberGate, TlsDir, member_channel, member_metadata
+from aggview.status import add_service
+from aggview.wire import cumulus_pb2 as pb
+from aggview.wire import cumulus_pb2_grpc as pb_grpc
+from cumulus.m3.parser import parse_program
+from cumulus.runtime.messages import COORDINATOR, Message
+from cumulus.runtime.node import Node
+from cumulus.runtime.placement import Placement
+from cumulus.runtime.wire import decode, encode, encode_entries
+
+log = logging.getLogger("aggview.cumulus")
+
+BATCH = 512  # messages per batch on a stream, at most
+SERVICE = pb.DESCRIPTOR.services_by_name["DwNode"]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    program_text: str  # the M3 program (every node holds it)
+    number: int
+    nodes: int
+    switches: int = 1
+    mode: str = "speculative"
+    log_limit: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    tls: TlsDir | None = None
+
+
+class NodeHost:
+    """One node's state machine, inbox, streams and server."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        placement = Placement(parse_program(config.program_text), config.nodes)
+        self.node = Node(
+            placement,
+            config.number,
+            switches=config.switches,
+            mode=config.mode,
+            log_limit=config.log_limit,
+        )
+        self.inbox: asyncio.Queue[Message] = asyncio.Queue()
+        self.to_driver: asyncio.Queue[pb.Envelope | None] = asyncio.Queue()
+        self.peers: list[str] = []
+        self.links: dict[int, asyncio.Queue[pb.Envelope | None]] = {}
+        self.sent: Counter[str] = Counter()
+        self.bytes: Counter[str] = Counter()
+        self.failure: str | None = None
+        self.drives = 0  # Drive streams open
+        self.finished = asyncio.Event()  # every Drive stream that opened has ended
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._channels: list[grpc.aio.Channel] = []
+        self.server: grpc.aio.Server | None = None
+
+    async def start(self) -> int:
+        """Starts the server and the node's task; returns the bound port."""
+        tls = self.config.tls
+        gates = [MemberGate(tls.secret)] if tls is not None else []
+        self.server = grpc.aio.server(
+            interceptors=gates or None, options=[*GRPC_OPTIONS, *SERVER_OPTIONS]
+        )
+        add_service(self.server, SERVICE, _Servicer(self))
+        add_health(self.server)
+        add_reflection(self.server, [SERVICE.full_name])
+        credentials = tls.server_credentials(members_only=True) if tls else None
+        port = bind(self.server, self.config.host, self.config.port, credentials)
+        await self.server.start()
+        self._tasks.append(asyncio.create_task(self._run()))
+        return port
+
+    async def stop(self) -> None:
+        for queue in self.links.values():
+            queue.put_nowait(None)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await task
+        for channel in self._channels:
+            await channel.close()
+        if self.server is not None:
+            await self.server.stop(grace=1.0)
+
+    # ------------------------------------------------------------------------- the node
+
+    async def _run(self) -> None:
+        """Feeds the inbox to the node, one message at a time, and routes what it sends."""
+        node, number = self.node, self.config.number
+        while True:
+            message = await self.inbox.get()
+            try:
+                out = node.handle(message)
+            except Exception as exc:  # a protocol or evaluation error ends this node's run
+                self.failure = f"DW node {number}: {type(exc).__name__}: {exc}"
+                log.exception("DW node %d failed", number)
+                self.to_driver.put_nowait(None)
+                return
+            for target, reply in out:
+                if target == number:
+                    self.inbox.put_nowait(reply)
+                elif target == COORDINATOR:
+                    self.to_driver.put_nowait(encode(reply))
+                else:
+                    self._link(target).put_nowait(encode(reply))
+            if node.completed:
+                done = [pb.Ts(counter=c, switch_id=s) for c, s in node.completed]
+                self.to_driver.put_nowait(pb.Envelope(completed=pb.Completed(ts=done)))
+                node.completed.clear()
+
+    def _link(self, target: int) -> asyncio.Queue[pb.Envelope | None]:
+        queue = self.links.get(target)
+        if queue is None:
+            queue = self.links[target] = asyncio.Queue()
+            self._tasks.append(asyncio.create_task(self._send_to(target, queue)))
+        return queue
+
+    async def _send_to(self, target: int, queue: asyncio.Queue[pb.Envelope | None]) -> None:
+        tls = self.config.tls
+        channel = member_channel(self.peers[target], tls, GRPC_OPTIONS)
+        self._channels.append(channel)
+        stub = pb_grpc.DwNodeStub(channel)
+        batches = _batches(queue, self.config.number, self.sent, self.bytes)
+        await stub.Link(batches, metadata=member_metadata(tls))
+
+    def hello(self, hello: pb.Hello) -> None:
+        if len(hello.peers) != self.config.nodes:
+            raise ValueError(f"{len(hello.peers)} peer addresses for {self.config.nodes} nodes")
+        self.peers = list(hello.peers)
+
+
+async def _batches(
+    queue: asyncio.Queue[pb.Envelope | None],
+    source: int,
+    sent: Counter[str] | None = None,
+    sizes: Counter[str] | None = None,
+) -> AsyncIterator[pb.Batch]:
+    """The queue's envelopes as batches, in order, until a None."""
+    while True:
+        first = await queue.get()
+        if first is None:
+            return
+        batch = [first]
+        while len(batch) < BATCH and not queue.empty():
+            more = queue.get_nowait()
+            if more is None:
+                yield _batch(batch, source, sent, sizes)
+                return
+            batch.append(more)
+        yield _batch(batch, source, sent, sizes)
+
+
+def _batch(
+    envelopes: list[pb.Envelope],
+    source: int,
+    sent: Counter[str] | None,
+    sizes: Counter[str] | None,
+) -> pb.Batch:
+    if sent is not None and sizes is not None:
+        for envelope in envelopes:
+            kind = kind_name(envelope)
+            sent[kind] += 1
+            sizes[kind] += envelope.ByteSize()
+    return pb.Batch(source=source, messages=envelopes)
+
+
+def kind_name(envelope: pb.Envelope) -> str:
+    """The message's class name (``epoch_end`` -> ``EpochEnd``), as the simulator counts."""
+    return "".join(part.title() for part in (envelope.WhichOneof("kind") or "").split("_"))
+
+
+class _Servicer:
+    def __init__(self, host: NodeHost) -> None:
+        self.host = host
+
+    async def Drive(  # noqa: N802 (gRPC method name)
+        self, requests: AsyncIterator[pb.Batch], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Batch]:
+        host = self.host
+        host.drives += 1
+        hello: pb.Hello | None = None
+        reader: asyncio.Task[None] | None = None
+        try:
+            first = await anext(aiter(requests), None)
+            kind = first.messages[0].WhichOneof("kind") if first and first.messages else None
+            if first is None or kind != "hello":
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Drive starts with Hello")
+                return
+            hello = first.messages[0].hello
+            try:
+                host.hello(hello)
+                for envelope in first.messages[1:]:
+                    host.inbox.put_nowait(decode(envelope))
+            except (ValueError, TypeError) as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            reader = asyncio.create_task(_read(requests, host))
+            if hello.switch_id != 0:  # only switch 0's stream carries the node's answers
+                await reader
+                return
+            async for batch in _batches(host.to_driver, host.config.number):
+                yield batch
+            if host.failure is not None:
+                await context.abort(grpc.StatusCode.INTERNAL, host.failure)
+        finally:
+            if reader is not None and not reader.done():
+                reader.cancel()
+            host.drives -= 1
+            if not host.drives:
+                host.finished.set()
+
+    async def Link(  # noqa: N802
+        self, requests: AsyncIterator[pb.Batch], context: grpc.aio.ServicerContext
+    ) -> pb.LinkReply:
+        try:
+            await _read(requests, self.host)
+        except (ValueError, TypeError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.LinkReply()
+
+    async def ReadMap(  # noqa: N802
+        self, request: pb.MapRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MapReply:
+        node = self.host.node
+        if request.map not in node.placement.key_counts:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no map {request.map!r}")
+        try:
+            if request.committed:
+                entries = node.snapshot(request.map, request.cut)
+            else:
+                entries = node.entries(request.map)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return pb.MapReply(entries=encode_entries(entries))
+
+    async def Stats(  # noqa: N802
+        self, request: pb.NodeStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.NodeStatsReply:
+        host = self.host
+        node, stats = host.node, host.node.stats
+        return pb.NodeStatsReply(
+            corrective_sent=stats.corrective_sent,
+            corrective_received=stats.corrective_received,
+            max_depth=stats.max_depth,
+            deferred_fetches=stats.deferred_fetches,
+            epochs=stats.epochs,
+            write_log_entries=sum(m.entries() for m in node.maps.values()),
+            read_log_entries=sum(len(r) for r in node.reads.values()),
+            operations=len(node.operations),
+            messages_sent=dict(host.sent),
+            bytes_sent=dict(host.bytes),
+        )
+
+
+async def _read(requests: AsyncIterator[pb.Batch], host: NodeHost) -> None:
+    async for batch in requests:
+        for envelope in batch.messages:
+            host.inbox.put_nowait(decode(envelope))
+
+
+async def serve(config: NodeConfig) -> None:
+    """``aggview cumulus node``: one DW node until SIGINT or SIGTERM."""
+    import signal
+
+    host = NodeHost(config)
+    port = await host.start()
+    print(f"cumulus node {config.number} listening on {config.host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await host.stop()

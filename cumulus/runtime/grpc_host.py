@@ -1,0 +1,320 @@
+"""The Cumulus runtime over gRPC: the switches and the epoch coordinator in this process, each
+DW node a server (a process of its own, or a Spark task) reached by one ordered stream per
+switch. Same interface as the simulator (``check``, ``feed``, ``finish``, ``maps``,
+``snapshot``, ``latencies``), so the replay runs either.
+
+Messages to a node are batched per stream: a batch leaves when it holds ``BATCH`` messages or
+is older than ``LINGER`` seconds, and at every epoch end. The number of operations dispatched
+and not yet written is held under ``WINDOW``, so a fast stream cannot swamp the nodes' inboxes.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from aggview import errors
+from aggview.cluster import Server, free_port
+from aggview.net import GRPC_OPTIONS
+from aggview.security import TlsDir, member_metadata
+from aggview.wire import cumulus_pb2 as pb
+from aggview.wire import cumulus_pb2_grpc as pb_grpc
+from cumulus.m3.printer import print_program
+from cumulus.m3.program import Program
+from cumulus.runtime.dw_server import kind_name
+from cumulus.runtime.epochs import EpochCoordinator, Sends
+from cumulus.runtime.messages import COORDINATOR, Dispatch, EpochCommit, Key
+from cumulus.runtime.placement import Placement
+from cumulus.runtime.simulator import Report, Update
+from cumulus.runtime.switch import Clock, Switch
+from cumulus.runtime.wire import decode, decode_entries, encode
+
+BATCH = 256
+LINGER = 0.005
+WINDOW = 20_000
+STALL = 120.0  # seconds without any answer from the nodes before a run is declared stuck
+
+
+def _channel(address: str, tls: TlsDir | None) -> grpc.Channel:
+    if tls is None:
+        return grpc.insecure_channel(address, options=GRPC_OPTIONS)
+    return grpc.secure_channel(address, tls.member_credentials(), options=GRPC_OPTIONS)
+
+
+class GrpcRuntime:
+    def __init__(
+        self,
+        program: Program,
+        addresses: list[str],
+        *,
+        switches: int = 1,
+        mode: str = "speculative",
+        epoch_ms: int = 1000,
+        tls: TlsDir | None = None,
+    ) -> None:
+        if switches < 1:
+            raise ValueError("a Cumulus runtime needs at least one switch")
+        self.program = program
+        self.addresses = addresses
+        self.placement = Placement(program, len(addresses))
+        shared = Clock() if mode == "conservative" else None
+        self.switches = [Switch(self.placement, i, shared) for i in range(switches)]
+        self.epochs = EpochCoordinator(self.switches, len(addresses))
+        self.epoch_every = epoch_ms / 1000
+        self.tls = tls
+        self.report = Report()
+        self._lock = threading.Condition()
+        self._failure: str | None = None
+        self._entered: dict[Any, float] = {}
+        self._done: dict[Any, float] = {}
+        self._outstanding = 0  # operations dispatched and not yet written
+        self._start = self._last_answer = time.monotonic()
+        self._fed = 0
+        self._began = self._start
+        self._next_epoch = self._began + self.epoch_every
+        self._channels = [_channel(a, tls) for a in addresses]
+        self._stubs = [pb_grpc.DwNodeStub(c) for c in self._channels]
+        self._pending: dict[tuple[int, int], list[pb.Envelope]] = {}
+        self._oldest: dict[tuple[int, int], float] = {}
+        self._queues: dict[tuple[int, int], queue.SimpleQueue[pb.Batch | None]] = {}
+        self._threads: list[threading.Thread] = []
+        self.sent: Counter[str] = Counter()
+        self.bytes: Counter[str] = Counter()
+        for s in range(switches):
+            for n in range(len(addresses)):
+                self._open(s, n)
+
+    # ------------------------------------------------------------------------- streams
+
+    def _open(self, switch: int, node: int) -> None:
+        requests: queue.SimpleQueue[pb.Batch | None] = queue.SimpleQueue()
+        hello = pb.Hello(switch_id=switch, peers=self.addresses)
+        requests.put(pb.Batch(source=-1, messages=[pb.Envelope(hello=hello)]))
+        self._queues[(switch, node)] = requests
+        self._pending[(switch, node)] = []
+        responses = self._stubs[node].Drive(
+            iter(requests.get, None), metadata=member_metadata(self.tls)
+        )
+        thread = threading.Thread(
+            target=self._answers, args=(node, responses), name=f"cumulus-drive-{switch}-{node}"
+        )
+        thread.daemon = True
+        thread.start()
+        self._threads.append(thread)
+
+    def _answers(self, node: int, responses: Iterator[pb.Batch]) -> None:
+        """Reads one Drive stream's answers: READY and END REQUEST for the coordinator,
+        completions for latency and the window."""
+        try:
+            for batch in responses:
+                now = time.monotonic()
+                with self._lock:
+                    self._last_answer = now
+                    for envelope in batch.messages:
+                        kind = envelope.WhichOneof("kind")
+                        if kind == "completed":
+                            for ts in envelope.completed.ts:
+                                self._done[(ts.counter, ts.switch_id)] = now
+                            self._outstanding -= len(envelope.completed.ts)
+                        else:
+                            self._route(self.epochs.handle(decode(envelope)))
+                    self._flush_all()
+                    self._lock.notify_all()
+        except grpc.RpcError as exc:
+            with self._lock:
+                if self._failure is None and exc.code() != grpc.StatusCode.CANCELLED:
+                    self._failure = (
+                        f"DW node {node} at {self.addresses[node]} failed: "
+                        f"{exc.code().name}: {exc.details()}"
+                    )
+                self._lock.notify_all()
+
+    def _send(self, switch: int, node: int, message: Any) -> None:
+        envelope = encode(message)
+        kind = kind_name(envelope)
+        self.sent[kind] += 1
+        self.bytes[kind] += envelope.ByteSize()
+        key = (switch, node)
+        pending = self._pending[key]
+        if not pending:
+            self._oldest[key] = time.monotonic()
+        pending.append(envelope)
+        if len(pending) >= BATCH:
+            self._flush(key)
+
+    def _flush(self, key: tuple[int, int]) -> None:
+        pending = self._pending[key]
+        if pending:
+            self._queues[key].put(pb.Batch(source=-1, messages=pending))
+            self._pending[key] = []
+
+    def _flush_all(self, older_than: float | None = None) -> None:
+        now = time.monotonic()
+        for key, pending in self._pending.items():
+            if pending and (older_than is None or now - self._oldest[key] >= older_than):
+                self._flush(key)
+
+    def _route(self, sends: Sends) -> None:
+        for sender, node, message in sends:
+            if isinstance(message, EpochCommit):
+                cut = message.cut
+                newest = self.epochs.newest()
+                began = self._began - self._start
+                self.report.epochs.append((cut, began, time.monotonic() - self._start, newest))
+            else:
+                self._began = time.monotonic()
+            self._send(0 if sender == COORDINATOR else sender, node, message)
+
+    # ------------------------------------------------------------------------- the run
+
+    def check(self, update: Update) -> None:
+        sign, relation, row = update
+        self.switches[0].check(sign, relation, row)
+
+    def feed(self, stream: Iterable[Update]) -> None:
+        for sign, relation, row in stream:
+            with self._lock:
+                self._raise_failure()
+                while self._outstanding > WINDOW and self._failure is None:
+                    self._flush_all()
+                    self._wait()
+                switch = self.switches[self._fed % len(self.switches)]
+                ts, messages = switch.update(sign, relation, row)
+                self._fed += 1
+                self.report.updates += 1
+                self._entered[ts] = time.monotonic()
+                for node, message in messages:
+                    self._outstanding += len(message.puts) if isinstance(message, Dispatch) else 0
+                    self._send(switch.number, node, message)
+                if time.monotonic() >= self._next_epoch:
+                    self._next_epoch = time.monotonic() + self.epoch_every
+                    self._route(self.epochs.begin())
+                    self._flush_all()
+                else:
+                    self._flush_all(LINGER)
+
+    def finish(self) -> Report:
+        """Commits a last epoch holding every update fed, and waits for it."""
+        with self._lock:
+            while self.epochs.committed < self.epochs.newest():
+                self._raise_failure()
+                self._route(self.epochs.begin())
+                self._flush_all()
+                self._wait()
+            self._raise_failure()
+        stats = [stub.Stats(pb.NodeStatsRequest(), metadata=self._metadata) for stub in self._stubs]
+        self.report.corrective = sum(s.corrective_sent for s in stats)
+        self.report.max_depth = max((s.max_depth for s in stats), default=0)
+        self.report.messages = Counter(self.sent)
+        for s in stats:
+            self.report.messages.update(dict(s.messages_sent))
+            self.bytes.update(dict(s.bytes_sent))
+        self.node_stats = stats
+        return self.report
+
+    @property
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        return member_metadata(self.tls)
+
+    def _wait(self) -> None:
+        self._lock.wait(timeout=1.0)
+        if time.monotonic() - self._last_answer > STALL and self._failure is None:
+            self._failure = f"no DW node answered for {STALL:g}s"
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise errors.Unavailable(self._failure)
+
+    # ------------------------------------------------------------------------- results
+
+    def latencies(self) -> list[float]:
+        """Seconds from each update's dispatch to its last write (updates that wrote)."""
+        return [self._done[ts] - at for ts, at in self._entered.items() if ts in self._done]
+
+    def maps(self) -> dict[str, dict[Key, Any]]:
+        return self._gather(pb.MapRequest(committed=False))
+
+    def snapshot(self, cut: int | None = None) -> tuple[int, dict[str, dict[Key, Any]]]:
+        cut = self.epochs.committed if cut is None else cut
+        return cut, self._gather(pb.MapRequest(committed=True, cut=cut))
+
+    def _gather(self, request: pb.MapRequest) -> dict[str, dict[Key, Any]]:
+        out: dict[str, dict[Key, Any]] = {}
+        for m in self.program.maps:
+            out[m.name] = {}
+            for stub in self._stubs:
+                request.map = m.name
+                reply = stub.ReadMap(request, metadata=self._metadata)
+                out[m.name].update(decode_entries(reply.entries))
+        return out
+
+    def log_sizes(self) -> dict[str, int]:
+        stats = getattr(self, "node_stats", [])
+        return {
+            "write_log_entries": sum(s.write_log_entries for s in stats),
+            "read_log_entries": sum(s.read_log_entries for s in stats),
+            "operations": sum(s.operations for s in stats),
+        }
+
+    def close(self) -> None:
+        """Ends every Drive stream (the nodes see the driver leave) and closes the channels."""
+        for key in self._queues:
+            self._flush(key)
+            self._queues[key].put(None)
+        for thread in self._threads:
+            thread.join(timeout=5)
+        for channel in self._channels:
+            channel.close()
+
+
+def start_node_processes(
+    program: Program,
+    nodes: int,
+    base: Path,
+    *,
+    switches: int = 1,
+    mode: str = "speculative",
+    tls_dir: Path | None = None,
+) -> list[Server]:
+    """``nodes`` DW node processes on free local ports (stop them with ``Server.stop``)."""
+    base.mkdir(parents=True, exist_ok=True)
+    program_path = base / "program.m3"
+    program_path.write_text(print_program(program))
+    security = ["--tls-dir", str(tls_dir)] if tls_dir is not None else ["--insecure"]
+    servers = []
+    try:
+        for number in range(nodes):
+            server = Server(
+                f"cumulus node {number}",
+                [
+                    "cumulus",
+                    "node",
+                    "--program",
+                    str(program_path),
+                    "--number",
+                    str(number),
+                    "--nodes",
+                    str(nodes),
+                    "--switches",
+                    str(switches),
+                    "--mode",
+                    mode,
+                    *security,
+                ],
+                base / f"node-{number}.log",
+                port=free_port(),
+            )
+            server.start()
+            servers.append(server)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
