@@ -260,7 +260,13 @@ def _run_cumulus_replay(args: argparse.Namespace) -> None:
     from coordinator.catalog import table_from_create
     from cumulus.runtime.replay import run_replay
 
-    run_replay(args, table_from_create)
+    def spark_nodes(program_text: str, nodes: int, switches: int, mode: str) -> Any:
+        from cumulus.spark.dw_stage import spark_nodes
+        from cumulus.spark.session import spark_session
+
+        return spark_nodes(spark_session(), program_text, nodes, switches=switches, mode=mode)
+
+    run_replay(args, table_from_create, spark_nodes)
 
 
 def _run_cumulus_node(args: argparse.Namespace) -> None:

@@ -7,9 +7,10 @@ true/false, an empty field is NULL). A line that does not fit the schema stops t
 before it is applied, naming the line and how far the replay got.
 
 Hosts: ``sim`` (the seeded simulator, where one virtual millisecond passes between two updates
-and ``--epoch-ms`` is in those milliseconds) runs today; ``grpc`` and ``spark`` are refused,
-saying so. Modes: ``speculative`` and ``conservative``. The run ends by committing a last epoch,
-so the views written are committed snapshots holding every update.
+and ``--epoch-ms`` is in those milliseconds), ``grpc`` (each DW node a process of its own) and
+``spark`` (the DW nodes as the tasks of one barrier stage); the last two run the same nodes over
+gRPC and measure wall-clock time. Modes: ``speculative`` and ``conservative``. The run ends by
+committing a last epoch, so the views written are committed snapshots holding every update.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -34,6 +36,7 @@ from aggview.schema import TableSchema
 from cumulus.m3.command import TableFromCreate, tables_of
 from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.interpreter import Interpreter
+from cumulus.m3.printer import print_program
 from cumulus.m3.program import Program, Source
 from cumulus.m3.readout import read_view
 from cumulus.runtime.simulator import Network, Simulator, Update, holding
@@ -122,8 +125,12 @@ def config_from(args: argparse.Namespace) -> ReplayConfig:
     )
 
 
-def run_replay(args: argparse.Namespace, table_from_create: TableFromCreate) -> None:
-    result = replay(config_from(args), table_from_create)
+def run_replay(
+    args: argparse.Namespace,
+    table_from_create: TableFromCreate,
+    spark_nodes: SparkNodes | None = None,
+) -> None:
+    result = replay(config_from(args), table_from_create, spark_nodes)
     stats = result.stats
     print(
         f"{result.updates} updates through {stats['nodes']} node(s) and {stats['switches']} "
@@ -207,14 +214,17 @@ def _value(where: str, column: str, kind: str, text: str) -> Any:
     return text
 
 
-def replay(config: ReplayConfig, table_from_create: TableFromCreate) -> ReplayResult:
+# Spark's DW node stage (cumulus.spark.dw_stage.spark_nodes), given by the caller: this layer
+# does not import Spark. (program text, nodes, switches, mode) -> a context of node addresses.
+SparkNodes = Callable[[str, int, int, str], AbstractContextManager[list[str]]]
+
+
+def replay(
+    config: ReplayConfig, table_from_create: TableFromCreate, spark_nodes: SparkNodes | None = None
+) -> ReplayResult:
     if config.host not in HOSTS:
         raise errors.InvalidArgument(f"--host is one of {', '.join(HOSTS)}")
-    if config.host == "spark":
-        raise errors.FailedPrecondition(
-            "--host spark is not built yet; --host grpc runs the same nodes as processes"
-        )
-    if config.host == "grpc" and config.reorder is not None:
+    if config.host != "sim" and config.reorder is not None:
         raise errors.InvalidArgument(
             "--reorder injects delays in the simulator only; over gRPC, two or more --switches "
             "reorder for real"
@@ -226,13 +236,15 @@ def replay(config: ReplayConfig, table_from_create: TableFromCreate) -> ReplayRe
     if config.nodes < 1 or config.switches < 1:
         raise errors.InvalidArgument("--nodes and --switches must be at least 1")
     program, tables = compile_views(config.schema_sql, config.views, table_from_create)
-    with _runtime(config, program) as simulator:
+    with _runtime(config, program, spark_nodes) as simulator:
         return _replay(config, program, tables, simulator)
 
 
 @contextlib.contextmanager
-def _runtime(config: ReplayConfig, program: Program) -> Iterator[Any]:
-    """The simulator, or DW node processes and their driver, stopped afterwards."""
+def _runtime(
+    config: ReplayConfig, program: Program, spark_nodes: SparkNodes | None
+) -> Iterator[Any]:
+    """The simulator, or DW nodes (processes, or Spark tasks) and their driver, stopped after."""
     if config.host == "sim":
         yield Simulator(
             program,
@@ -246,6 +258,23 @@ def _runtime(config: ReplayConfig, program: Program) -> Iterator[Any]:
         return
     from cumulus.runtime.grpc_host import GrpcRuntime, start_node_processes
 
+    if config.host == "spark":
+        if spark_nodes is None:
+            raise errors.FailedPrecondition("--host spark needs the Spark layer (aggview[spark])")
+        text = print_program(program)
+        with spark_nodes(text, config.nodes, config.switches, config.mode) as addresses:
+            runtime = GrpcRuntime(
+                program,
+                addresses,
+                switches=config.switches,
+                mode=config.mode,
+                epoch_ms=config.epoch_ms,
+            )
+            try:
+                yield runtime
+            finally:
+                runtime.close()
+        return
     with tempfile.TemporaryDirectory(prefix="aggview-cumulus-") as base:
         servers = start_node_processes(
             program, config.nodes, Path(base), switches=config.switches, mode=config.mode
