@@ -94,11 +94,11 @@ def test_a_bad_line_stops_the_replay_before_it_naming_it(tmp_path: Path) -> None
             replay(config(tmp_path, stream), table_from_create)
 
 
-def test_hosts_and_modes_not_built_yet_are_named(tmp_path: Path) -> None:
+def test_options_that_cannot_work_are_named(tmp_path: Path) -> None:
     stream = dashboard_stream(tmp_path / "updates.csv", seed=1, length=5)
     for options, message in (
         ({"host": "grpc", "reorder": 3}, "--reorder injects delays in the simulator only"),
-        ({"host": "spark"}, "--host spark is not built yet"),
+        ({"host": "spark"}, "--host spark needs the Spark layer"),  # no stage given
         ({"epoch_ms": 0}, "--epoch-ms must be positive"),
         ({"nodes": 0}, "at least 1"),
     ):
