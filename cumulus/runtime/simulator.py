@@ -82,6 +82,7 @@ class Simulator:
     ) -> None:
         if switches < 1:
             raise ValueError("a Cumulus runtime needs at least one switch")
+        self.program = program
         self.placement = Placement(program, nodes)
         self.nodes = [
             Node(self.placement, i, switches=switches, mode=mode, log_limit=log_limit)
