@@ -62,7 +62,10 @@ def config(tmp_path: Path, stream: Path, **options: Any) -> ReplayConfig:
 def test_replay_writes_each_view_and_its_stats_and_checks_them(tmp_path: Path, mode: str) -> None:
     stream = dashboard_stream(tmp_path / "updates.csv", seed=2, length=600)
     options = {"nodes": 3, "switches": 2, "reorder": 7, "epoch_ms": 100, "mode": mode}
+    told: list[str] = []
+    options["progress"] = told.append
     result = replay(config(tmp_path, stream, check=True, **options), table_from_create)
+    assert told == ["committing the last epoch after 600 updates"]  # every 1,000 and at the end
     assert result.updates == 600 and result.differences == []
     with (tmp_path / "out" / "cost.csv").open() as handle:
         rows = list(csv.reader(handle))

@@ -60,6 +60,7 @@ class ReplayConfig:
     reorder: int | None = None
     epoch_ms: int = 1000
     check: bool = False
+    progress: Callable[[str], None] | None = None  # told how far the replay got, now and then
 
 
 @dataclass
@@ -130,7 +131,12 @@ def run_replay(
     table_from_create: TableFromCreate,
     spark_nodes: SparkNodes | None = None,
 ) -> None:
-    result = replay(config_from(args), table_from_create, spark_nodes)
+    from rich.console import Console
+
+    config = config_from(args)
+    with Console(stderr=True).status("replaying") as status:
+        config.progress = status.update
+        result = replay(config, table_from_create, spark_nodes)
     stats = result.stats
     print(
         f"{result.updates} updates through {stats['nodes']} node(s) and {stats['switches']} "
@@ -314,10 +320,15 @@ def _replay(
                 reference.apply(*update)
             applied.append(update)
             last = number
+            if config.progress is not None and len(applied) % 1000 == 0:
+                rate = len(applied) / max(time.perf_counter() - started, 1e-9)
+                config.progress(f"replaying: {len(applied):,} updates, {rate:,.0f}/s")
     except errors.AggviewError as exc:
         raise type(exc)(
             f"{exc}; the replay stopped there, after {len(applied)} updates (through line {last})"
         ) from None
+    if config.progress is not None:
+        config.progress(f"committing the last epoch after {len(applied):,} updates")
     report = simulator.finish()
     seconds = time.perf_counter() - started
     config.out.mkdir(parents=True, exist_ok=True)
