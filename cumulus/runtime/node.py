@@ -21,6 +21,7 @@ Speculative execution (seed 000 §3.3, seed 003 §5.1):
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -191,7 +192,12 @@ class Node:
         self.reads: dict[str, list[_ReadEntry]] = defaultdict(list)  # by map, sorted by ts
         self.operations: dict[tuple[Timestamp, int], Operation] = {}
         self.pending_writes: dict[str, list[Timestamp]] = defaultdict(list)  # sorted
-        self.deferred: list[tuple[Dispatch, Fetch]] = []
+        # FETCHes to look at, and those parked: by the map whose pending write blocks them
+        # (speculative) or by the version they wait for (conservative)
+        self._candidates: list[tuple[Dispatch, Fetch]] = []
+        self._by_map: dict[str, list[tuple[Timestamp, int, Dispatch, Fetch]]] = defaultdict(list)
+        self._by_version: list[tuple[int, int, Dispatch, Fetch]] = []
+        self._parked = 0  # tie-breaker: parked FETCHes never compare among themselves
         self.stats = NodeStats()
         self.completed: list[Timestamp] = []  # updates written for since the host last looked
         self._ready: list[Operation] = []  # operations that have all they wait for
@@ -254,7 +260,7 @@ class Node:
             bisect.insort(self.pending_writes[steps[statement].target], message.ts)
             if op.ready:
                 self._ready.append(op)
-        self.deferred.extend((message, fetch) for fetch in message.fetches)
+        self._candidates.extend((message, fetch) for fetch in message.fetches)
 
     def _push(self, message: Push) -> None:
         for piece in message.slices:
@@ -276,39 +282,50 @@ class Node:
 
     def _progress(self, out: Outbox) -> None:
         """Evaluates every operation that has all it waits for and serves every FETCH that no
-        known earlier write blocks, until neither makes progress."""
-        moved = True
-        while moved:
-            moved = False
+        known earlier write blocks, until neither makes progress. A blocked FETCH is parked on
+        what blocks it and looked at again only when that moves."""
+        while self._ready or self._candidates:
             while self._ready:
                 op = self._ready.pop()
                 if op.ready:  # not evaluated meanwhile
                     self._evaluate(op, out)
-                    moved = True
-            still: list[tuple[Dispatch, Fetch]] = []
-            served: dict[tuple[Timestamp, int], list[tuple[Dispatch, Fetch]]] = defaultdict(list)
-            for dispatch, fetch in self.deferred:
-                if self._blocked(dispatch, fetch):
-                    still.append((dispatch, fetch))
-                else:
-                    served[(dispatch.ts, dispatch.trigger)].append((dispatch, fetch))
-            if len(still) != len(self.deferred):
-                self.stats.deferred_fetches += sum(1 for _ in still)
-                self.deferred = still
-                for work in served.values():
-                    self._serve(work, out)
-                moved = True
+            candidates, self._candidates = self._candidates, []
+            serve: dict[tuple[Timestamp, int], list[tuple[Dispatch, Fetch]]] = defaultdict(list)
+            for dispatch, fetch in candidates:
+                if not self._park(dispatch, fetch):
+                    serve[(dispatch.ts, dispatch.trigger)].append((dispatch, fetch))
+            for work in serve.values():
+                self._serve(work, out)
 
-    def _blocked(self, dispatch: Dispatch, fetch: Fetch) -> bool:
+    def _park(self, dispatch: Dispatch, fetch: Fetch) -> bool:
+        """Parks the FETCH if it must wait (True), on the version or the map that blocks it."""
+        self._parked += 1
         if self.mode == "conservative":  # seed 001: wait for every earlier PUT to this node
-            return self._written < dispatch.puts_before
+            if self._written < dispatch.puts_before:
+                heapq.heappush(
+                    self._by_version, (dispatch.puts_before, self._parked, dispatch, fetch)
+                )
+                self.stats.deferred_fetches += 1
+                return True
+            return False
         step = self.placement.steps[dispatch.trigger][fetch.statement]
         for read in step.reads:
             if read.factor in fetch.factors:
                 pending = self.pending_writes.get(read.map)
                 if pending and pending[0] < dispatch.ts:
+                    waiting = self._by_map[read.map]
+                    heapq.heappush(waiting, (dispatch.ts, self._parked, dispatch, fetch))
+                    self.stats.deferred_fetches += 1
                     return True
         return False
+
+    def _release(self, map_name: str) -> None:
+        """FETCHes parked on a map whose earliest pending write moved past them."""
+        waiting = self._by_map.get(map_name)
+        pending = self.pending_writes[map_name]
+        while waiting and (not pending or waiting[0][0] <= pending[0]):
+            _, _, dispatch, fetch = heapq.heappop(waiting)
+            self._candidates.append((dispatch, fetch))
 
     def _serve(self, work: list[tuple[Dispatch, Fetch]], out: Outbox) -> None:
         """PUSHes for the fetches of one update: one message per writer."""
@@ -341,6 +358,7 @@ class Node:
         step = self.placement.steps[op.trigger][op.statement]
         pending = self.pending_writes[step.target]
         pending.pop(bisect.bisect_left(pending, op.ts))
+        self._release(step.target)
         for key, delta in op.result.items():
             self._write(step.target, key, delta, op.ts, 0, out)
         if self.mode == "conservative":
@@ -354,6 +372,9 @@ class Node:
             while self._written in self._finished:
                 self._finished.discard(self._written)
                 self._written += 1
+            while self._by_version and self._by_version[0][0] <= self._written:
+                _, _, dispatch, fetch = heapq.heappop(self._by_version)
+                self._candidates.append((dispatch, fetch))
 
     def _owned(self, op: Operation) -> dict[Key, Any]:
         """The statement's result for the keys of its target this node holds."""
