@@ -228,7 +228,7 @@ class NodeStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatsReply(_message.Message):
-    __slots__ = ("corrective_sent", "corrective_received", "max_depth", "deferred_fetches", "epochs", "write_log_entries", "read_log_entries", "operations", "messages_sent", "bytes_sent")
+    __slots__ = ("corrective_sent", "corrective_received", "max_depth", "deferred_fetches", "epochs", "write_log_entries", "read_log_entries", "operations", "messages_sent", "bytes_sent", "committed")
     class MessagesSentEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +253,7 @@ class NodeStatsReply(_message.Message):
     OPERATIONS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
     corrective_sent: int
     corrective_received: int
     max_depth: int
@@ -263,4 +264,5 @@ class NodeStatsReply(_message.Message):
     operations: int
     messages_sent: _containers.ScalarMap[str, int]
     bytes_sent: _containers.ScalarMap[str, int]
-    def __init__(self, corrective_sent: _Optional[int] = ..., corrective_received: _Optional[int] = ..., max_depth: _Optional[int] = ..., deferred_fetches: _Optional[int] = ..., epochs: _Optional[int] = ..., write_log_entries: _Optional[int] = ..., read_log_entries: _Optional[int] = ..., operations: _Optional[int] = ..., messages_sent: _Optional[_Mapping[str, int]] = ..., bytes_sent: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    committed: int
+    def __init__(self, corrective_sent: _Optional[int] = ..., corrective_received: _Optional[int] = ..., max_depth: _Optional[int] = ..., deferred_fetches: _Optional[int] = ..., epochs: _Optional[int] = ..., write_log_entries: _Optional[int] = ..., read_log_entries: _Optional[int] = ..., operations: _Optional[int] = ..., messages_sent: _Optional[_Mapping[str, int]] = ..., bytes_sent: _Optional[_Mapping[str, int]] = ..., committed: _Optional[int] = ...) -> None: ...

@@ -272,6 +272,7 @@ class _Servicer:
             operations=len(node.operations),
             messages_sent=dict(host.sent),
             bytes_sent=dict(host.bytes),
+            committed=node.committed,
         )
 
 

@@ -8,7 +8,7 @@ each map reference ... the natural join"), with loop variables bound by the tabl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cumulus.expressions import add, mul
@@ -71,28 +71,46 @@ class CompiledStep:
                     go(i + 1, {**env, factor.var: value}, acc)
             else:  # a map, or a relation read through its relation map
                 keys = factor.keys if isinstance(factor, MapRef) else factor.args
-                _lookup(
-                    tables.get(position, {}), keys, before, env, acc, lambda e, a: go(i + 1, e, a)
-                )
+                table = tables.get(position, {})
+                if all(k in before for k in keys):  # a point lookup
+                    value = table.get(tuple(env[k] for k in keys))
+                    if value is not None:
+                        go(i + 1, env, mul(acc, value))
+                    return
+                nxt: Callable[[Env, Any], None] = lambda e, a: go(i + 1, e, a)  # noqa: E731
+                bound = tuple(j for j, k in enumerate(keys) if k in before)
+                if not bound or i not in scanned:  # one pass needs no index
+                    scanned.add(i)
+                    _scan(table.items(), keys, env, acc, nxt)
+                    return
+                index = indexes.get(i)
+                if index is None:  # scanned again inside a loop: index it once
+                    index = indexes[i] = _index(table, bound)
+                _scan(index.get(tuple(env[keys[j]] for j in bound), ()), keys, env, acc, nxt)
 
+        scanned: set[int] = set()
+        indexes: dict[int, dict[Key, list[tuple[Key, Any]]]] = {}
         go(0, dict(env), 1)
         return {k: v for k, v in out.items() if v != 0}
 
 
-def _lookup(
-    table: dict[Key, Any],
+def _index(table: dict[Key, Any], bound: tuple[int, ...]) -> dict[Key, list[tuple[Key, Any]]]:
+    """A received table's entries by the values at the positions the plan has bound."""
+    index: dict[Key, list[tuple[Key, Any]]] = {}
+    for full, value in table.items():
+        index.setdefault(tuple(full[j] for j in bound), []).append((full, value))
+    return index
+
+
+def _scan(
+    entries: Iterable[tuple[Key, Any]],
     keys: tuple[str, ...],
-    before: frozenset[str],
     env: Env,
     acc: Any,
     nxt: Callable[[Env, Any], None],
 ) -> None:
-    if all(k in before for k in keys):
-        value = table.get(tuple(env[k] for k in keys))
-        if value is not None:
-            nxt(env, mul(acc, value))
-        return
-    for full, value in list(table.items()):
+    """Each entry that fits the variables bound so far, with its open variables bound."""
+    for full, value in list(entries):
         bound = dict(env)
         fits = True
         for k, v in zip(keys, full, strict=True):

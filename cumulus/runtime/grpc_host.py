@@ -209,7 +209,13 @@ class GrpcRuntime:
                 self._flush_all()
                 self._wait()
             self._raise_failure()
-        stats = [stub.Stats(pb.NodeStatsRequest(), metadata=self._metadata) for stub in self._stubs]
+        while True:  # the commit is on its way to the nodes: wait until all have applied it
+            stats = [
+                stub.Stats(pb.NodeStatsRequest(), metadata=self._metadata) for stub in self._stubs
+            ]
+            if all(s.committed >= self.epochs.committed for s in stats):
+                break
+            time.sleep(0.01)
         self.report.corrective = sum(s.corrective_sent for s in stats)
         self.report.max_depth = max((s.max_depth for s in stats), default=0)
         self.report.messages = Counter(self.sent)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,20 +54,27 @@ Outbox = list[tuple[int, Message]]
 
 class MapLog:
     """One map's partition on this node: current values, the values at the last committed cut,
-    and the deltas written after that cut, by timestamp."""
+    and the deltas written after that cut, by timestamp. Slices with open key positions are
+    answered from an index on the bound positions, built on first use."""
 
-    __slots__ = ("base", "current", "history", "latest")
+    __slots__ = ("base", "current", "history", "indexes", "latest")
 
     def __init__(self) -> None:
         self.current: dict[Key, Any] = {}
         self.base: dict[Key, Any] = {}  # every write up to the committed cut, coalesced
         self.history: dict[Key, list[tuple[Timestamp, Any]]] = {}
-        self.latest: dict[Key, Timestamp] = {}
+        self.latest: dict[Key, Timestamp] = {}  # every key ever written: its newest write
+        # bound positions -> their values -> the keys having them
+        self.indexes: dict[tuple[int, ...], dict[Key, list[Key]]] = {}
 
     def write(self, key: Key, delta: Any, ts: Timestamp) -> None:
         bisect.insort(self.history.setdefault(key, []), (ts, delta), key=lambda e: e[0])
         _accumulate(self.current, key, delta)
-        if key not in self.latest or self.latest[key] < ts:
+        latest = self.latest.get(key)
+        if latest is None:
+            for bound, index in self.indexes.items():
+                index.setdefault(tuple(key[i] for i in bound), []).append(key)
+        if latest is None or latest < ts:
             self.latest[key] = ts
 
     def value_before(self, key: Key, ts: Timestamp) -> Any:
@@ -83,19 +91,27 @@ class MapLog:
         """The value once every write with a timestamp counter up to ``cut`` is in."""
         return self.value_before(key, (cut + 1, -1))
 
-    def keys(self) -> set[Key]:
-        return set(self.base) | set(self.history)
+    def keys(self) -> Iterable[Key]:
+        return self.latest.keys()
 
     def slice_before(self, pattern: Key, ts: Timestamp) -> dict[Key, Any]:
         if WILD not in pattern:  # a point read
             value = self.value_before(pattern, ts)
             return {pattern: value} if value != 0 else {}
+        bound = tuple(i for i, part in enumerate(pattern) if part is not WILD)
+        candidates: Iterable[Key] = self.latest
+        if bound:
+            index = self.indexes.get(bound)
+            if index is None:
+                index = self.indexes[bound] = {}
+                for key in self.latest:
+                    index.setdefault(tuple(key[i] for i in bound), []).append(key)
+            candidates = index.get(tuple(pattern[i] for i in bound), ())
         found = {}
-        for key in self.keys():
-            if matches(pattern, key):
-                value = self.value_before(key, ts)
-                if value != 0:
-                    found[key] = value
+        for key in candidates:
+            value = self.value_before(key, ts)
+            if value != 0:
+                found[key] = value
         return found
 
     def fold(self, cut: int) -> None:
@@ -380,7 +396,9 @@ class Node:
         """The statement's result for the keys of its target this node holds."""
         step = self.compiled[op.trigger][op.statement]
         env = self._env(op.trigger, op.args)
-        target = step.step.target
+        target, keys = step.step.target, step.step.target_keys
+        if self.placement.nodes == 1 or not keys or keys[0] in env:
+            return step.run(env, op.tables)  # one writer: the switch sent the PUT here alone
         node_of = self.placement.node_of
         return {
             key: value
