@@ -157,7 +157,12 @@ def _run_coordinator(args: argparse.Namespace) -> None:
         tls=TlsDir.load(tls_dir) if tls_dir is not None else None,
         tokens=load_tokens(tokens) if tokens is not None else None,
         failover_after=args.failover_after,
+        local_partitions=args.local_partitions,
+        checkpoint_interval=args.checkpoint_interval,
+        cache_rows=args.cache_rows,
     )
+    if bool(args.ltm) == bool(args.local_partitions):
+        raise errors.InvalidArgument("give the LTMs (--ltm, repeated) or --local-partitions N")
     asyncio.run(serve(config))
 
 
@@ -191,6 +196,7 @@ def _run_start(args: argparse.Namespace) -> None:
         tokens=tokens,
         limits={k: v for k, v in asdict(limits).items() if v != asdict(Limits())[k]},
         replicate=args.replicate,
+        processes=args.processes,
     )
     with cluster:
         print(f"aggview listening on {cluster.address}", flush=True)
@@ -316,6 +322,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="each LTM's log is copied to the next LTM, which takes its partition over if it "
         "stays silent for 2 s; a dead LTM is restarted (a backup if its partition moved)",
     )
+    start.add_argument(
+        "--processes",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="1: the whole cluster in one process (the --ltms partitions served by the "
+        "coordinator, no message between processes); 0: one process per LTM",
+    )
     _add_server_security(start, clients=True)
     start.set_defaults(run=_run_start)
 
@@ -339,7 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
     coordinator = sub.add_parser("coordinator", help="run the coordinator")
     coordinator.add_argument("--store", required=True)
     coordinator.add_argument("--log-dir", required=True)
-    coordinator.add_argument("--ltm", action="append", required=True, help="LTM address, in order")
+    coordinator.add_argument("--ltm", action="append", default=[], help="LTM address, in order")
+    coordinator.add_argument(
+        "--local-partitions",
+        type=int,
+        default=0,
+        help="serve this many partitions in this process instead of LTMs (no --ltm)",
+    )
+    coordinator.add_argument("--checkpoint-interval", type=float, default=2.0)
+    coordinator.add_argument("--cache-rows", type=int, default=1_000_000)
     coordinator.add_argument(
         "--failover-after",
         type=float,

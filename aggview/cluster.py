@@ -155,6 +155,9 @@ class LocalCluster:
     servers: list[Server] = field(default_factory=list)
     # The shared store: "" is the embedded one in data/store.db; or hbase://HOST:PORT[?...].
     store: str = ""
+    # 1: the whole cluster in the coordinator's process (its ``ltms`` partitions served there,
+    # no LTM processes); 0: one process per LTM, as before.
+    processes: int = 0
 
     @property
     def store_url(self) -> str:
@@ -211,7 +214,9 @@ class LocalCluster:
         ltm_security, coordinator_security = self._security_flags()
         # with replication, each LTM must know the next one's address before it starts
         ports = [free_port() if self.replicate else 0 for _ in range(self.ltms)]
-        for i in range(self.ltms):
+        if self.processes == 1 and self.replicate:
+            raise ValueError("one process has one fate: replication needs an LTM per process")
+        for i in range(self.ltms if self.processes != 1 else 0):
             backup = (
                 ["--backup", f"127.0.0.1:{ports[(i + 1) % self.ltms]}"]
                 if self.replicate and self.ltms > 1
@@ -252,6 +257,15 @@ class LocalCluster:
             ltm_args = [
                 arg for i, s in enumerate(self.servers) for arg in ("--ltm", route(i, s.address))
             ]
+            if self.processes == 1:
+                ltm_args = [
+                    "--local-partitions",
+                    str(self.ltms),
+                    "--checkpoint-interval",
+                    str(self.checkpoint_interval),
+                    "--cache-rows",
+                    str(self.cache_rows),
+                ]
             coordinator = Server(
                 "coordinator",
                 [

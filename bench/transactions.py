@@ -413,7 +413,12 @@ async def check_sum(cluster: LocalCluster, expected: int, ambiguous: int) -> str
 
 @contextlib.contextmanager
 def running_cluster(
-    data: Path, ltms: int, fsync: bool, setup: str = "plain", store: str = ""
+    data: Path,
+    ltms: int,
+    fsync: bool,
+    setup: str = "plain",
+    store: str = "",
+    processes: int = 0,
 ) -> Iterator[LocalCluster]:
     """A started cluster that is stopped cleanly on the way out, even on Ctrl-C or SIGTERM:
     once an exception (such as the KeyboardInterrupt of Ctrl-C) unwinds through here, further
@@ -426,6 +431,7 @@ def running_cluster(
         secure=setup == "tls",
         replicate=setup == "replicated",
         store=store,
+        processes=processes,
     )
     try:
         with cluster:

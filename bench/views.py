@@ -106,6 +106,7 @@ RECOMPUTE_TABLES = ("categories", "products", "events")
 
 
 ON_HBASE = " @hbase"
+ONE_PROCESS = " @1 process"
 
 
 @dataclass(frozen=True)
@@ -513,9 +514,12 @@ def cases(args: argparse.Namespace) -> list[Case]:
 
 
 def store_cases(args: argparse.Namespace) -> list[tuple[Case, str]]:
-    """Every case on the embedded store, then (with --hbase) each again on HBase, named
-    ``<case> @hbase``."""
+    """Every case on the embedded store, then (with --one-process) each again with the whole
+    cluster in one process, named ``<case> @1 process``, then (with --hbase) each again on
+    HBase, named ``<case> @hbase``."""
     chosen = [(case, "") for case in cases(args)]
+    if args.one_process:
+        chosen += [(replace(case, name=f"{case.name}{ONE_PROCESS}"), "") for case in cases(args)]
     if args.hbase:
         chosen += [
             (replace(case, name=f"{case.name}{ON_HBASE}"), hbase_store(args.hbase))
@@ -549,7 +553,10 @@ def run_on(
                 else:
                     shutil.copytree(base, data, ignore=shutil.ignore_patterns("logs"))
                     err.print(f"{case.name}: a fresh cluster over a copy of the base")
-                with running_cluster(data, args.ltms, not args.no_fsync, store=store) as cluster:
+                processes = 1 if case.name.endswith(ONE_PROCESS) else 0
+                with running_cluster(
+                    data, args.ltms, not args.no_fsync, store=store, processes=processes
+                ) as cluster:
                     pids.extend(s.process.pid for s in cluster.servers if s.process is not None)
                     loop.run_until_complete(bench_case(cluster, case, args, report, pass_index))
                 shutil.rmtree(data)
@@ -598,6 +605,11 @@ def ratios(report: Report, args: argparse.Namespace) -> list[dict[str, Any]]:
         for ms in args.intervals:
             add(f"async {ms}ms/none", clients, (f"async {ms}ms", "spread"), none)
         add("hot/spread (sync)", clients, ("sync", "hot"), sync)
+    if args.one_process:
+        for clients in args.clients:
+            for case in cases(args):
+                alone = (f"{case.name}{ONE_PROCESS}", "spread")
+                add(f"{case.name}: 1 process/separate", clients, alone, (case.name, "spread"))
     if args.hbase:
         for clients in args.clients:
             for case in cases(args):
@@ -770,6 +782,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="passes over the cases (alternating); ratios are the median over the passes",
     )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--one-process",
+        action="store_true",
+        help="run every case again with the whole cluster in one process (--processes 1)",
+    )
     parser.add_argument(
         "--hbase",
         help="also run every case with the store on this HBase (hbase://HOST:PORT; aggview "

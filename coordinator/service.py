@@ -36,6 +36,7 @@ from coordinator.convert import Limits, key_bytes, wire_row
 from coordinator.decision_log import DecisionLog
 from coordinator.failover import Failover
 from coordinator.gate import ADMIT, ClientGate
+from coordinator.local_ltm import LocalLtm, LocalPartitions
 from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
@@ -302,34 +303,61 @@ class CoordinatorConfig:
     tls: TlsDir | None = None  # None: plaintext (``--insecure``)
     tokens: dict[str, Token] | None = None  # None: no authentication (``--insecure``)
     failover_after: float = 0.0  # seconds an LTM may stay silent before failover; 0: never
+    local_partitions: int = 0  # > 0: serve this many partitions in this process (no LTMs)
+    checkpoint_interval: float = 2.0  # of the local partitions
+    cache_rows: int = 1_000_000
 
 
 def build_manager(config: CoordinatorConfig) -> TransactionManager:
     store = open_store(config.store_url)
     catalog = Catalog(store)
+    count = config.local_partitions or len(config.ltms)
     partitions = catalog.meta("partitions")
     if partitions is None:
-        catalog.set_meta("partitions", str(len(config.ltms)))
-    elif int(partitions) != len(config.ltms):
+        catalog.set_meta("partitions", str(count))
+    elif int(partitions) != count:
         raise errors.FailedPrecondition(
             f"this data was written by {partitions} LTMs; start with {partitions} "
-            f"(got {len(config.ltms)}): repartitioning is not supported"
+            f"(got {count}): repartitioning is not supported"
         )
     oracle = TimestampOracle(catalog.meta, catalog.set_meta)
     decisions = DecisionLog(config.log_dir, fsync=config.fsync)
     manager = TransactionManager(
         catalog, oracle, decisions, config.ltms, limits=config.limits, tls=config.tls
     )
+    if config.local_partitions:
+        local = LocalPartitions(
+            store,
+            config.log_dir / "partitions",
+            count,
+            lambda timestamps: _outcomes(manager, timestamps),
+            fsync=config.fsync,
+            cache_rows=config.cache_rows,
+            checkpoint_interval=config.checkpoint_interval,
+        )
+        manager.local = local
+        manager.channels = [
+            LocalLtm(i, hosting, manager._watermarks) for i, hosting in enumerate(local.hostings)
+        ]
     for channel in manager.channels:  # after a failover, a partition lives elsewhere
         record = ownership.read(store, channel.index)
-        channel.point(config.ltms[record.owner], record.owner, record.epoch)
+        if not config.local_partitions:
+            channel.point(config.ltms[record.owner], record.owner, record.epoch)
     ViewManager(manager)
     return manager
+
+
+async def _outcomes(manager: TransactionManager, timestamps: list[int]) -> list[bool | None]:
+    """An in-process participant's question about undecided transactions, answered here."""
+    by_code = {lpb.OutcomeReply.COMMITTED: True, lpb.OutcomeReply.ABORTED: False}
+    return [by_code.get(manager.outcome(ts)) for ts in timestamps]
 
 
 async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -> None:
     """Runs the coordinator until SIGINT/SIGTERM."""
     manager = build_manager(config)
+    if manager.local is not None:
+        await manager.local.start()
     await manager.start()
     await manager.views.start()
     failover = None
@@ -369,17 +397,17 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     )
     for channel in manager.channels:
         log.info(
-            "LTM %d: %d decisions in %d calls; %d requests in %d stream messages",
+            "LTM %d: %d decisions in %d calls",
             channel.index,
             channel.decisions.items,
             channel.decisions.calls,
-            channel.stream.requests_written,
-            channel.stream.messages_written,
         )
     if failover is not None:
         await failover.stop()
     await servicer.bulk.leases.close()
     await manager.views.stop()
     await manager.close()
+    if manager.local is not None:
+        await manager.local.stop()
     await manager.decisions.close()
     manager.catalog.store.close()

@@ -129,9 +129,10 @@ class TransactionManager:
         self.decisions = decisions
         self.limits = limits or Limits()
         self.in_flight = InFlight()
-        self.channels = [
+        self.channels: list[Any] = [
             LtmChannel(i, address, self._watermarks, tls) for i, address in enumerate(ltm_addresses)
         ]
+        self.local: Any = None  # the partitions hosted in this process (``--processes 1``)
         self.extensions: list[Extension] = []
         # Called on a transaction's operations before the first prepare (change capture).
         self.decorators: list[Callable[[list[lpb.RowOp]], None]] = []

@@ -23,7 +23,7 @@ from aggview.status import Malformed, add_service, grpc_method
 from aggview.streams import AnswerEach
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
-from ltm.participant import Participant, Settings, VoteNo
+from ltm.participant import OutcomeQuery, Participant, Settings, VoteNo
 from ltm.replication import LogShipper, Mirror, log_dir_of
 from ltm.store import open_store, ownership
 from ltm.store.base import Store
@@ -35,7 +35,11 @@ class Hosting:
     """The partitions one LTM process serves (its own, and any it took over as their backup)
     and the logs it mirrors for other LTMs."""
 
-    def __init__(self, config: LtmConfig, store: Store) -> None:
+    def __init__(
+        self, config: LtmConfig, store: Store, outcome_query: OutcomeQuery | None = None
+    ) -> None:
+        """``outcome_query``: how an in-doubt participant asks about a transaction; by default
+        the coordinator at ``config.coordinator`` over gRPC."""
         self.config = config
         self.store = store
         self.me = config.partition
@@ -43,9 +47,9 @@ class Hosting:
         self.records: dict[int, ownership.Ownership] = {}
         self.shippers: dict[int, LogShipper] = {}
         self.mirrors: dict[int, Mirror] = {}
-        self._outcome_query = (
-            _outcome_query(config.coordinator, config.tls) if config.coordinator else None
-        )
+        if outcome_query is None and config.coordinator:
+            outcome_query = _outcome_query(config.coordinator, config.tls)
+        self._outcome_query = outcome_query
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -186,20 +190,11 @@ class LtmServicer(pb_grpc.LtmServicer):
                 if request.HasField("prepare"):
                     prepare = request.prepare
                     participant.observe(prepare.low_watermark, prepare.issued)
-                    votes = [await _prepare_one(participant, sub) for sub in prepare.subs]
+                    votes = [await prepare_one(participant, sub) for sub in prepare.subs]
                     return pb.LtmReply(id=request.id, vote=votes[0] if votes else pb.Vote())
                 if request.HasField("read"):
-                    resume = b""
-                    if request.read.page:
-                        rows, resume = await participant.read_page(request.read)
-                    else:
-                        rows = await participant.read(request.read)
-                    return pb.LtmReply(
-                        id=request.id,
-                        rows=pb.ReadReply(
-                            rows=[pb.KeyValue(key=k, row=v) for k, v in rows], resume=resume
-                        ),
-                    )
+                    rows = await read_reply(participant, request.read)
+                    return pb.LtmReply(id=request.id, rows=rows)
                 decide = request.decide
                 participant.observe(decide.low_watermark, 0)
                 await asyncio.gather(
@@ -231,23 +226,7 @@ class LtmServicer(pb_grpc.LtmServicer):
         own) if it serves it, else zero."""
         hosting = self.hosting
         partition = int(_metadata(context).get(ownership.PARTITION_HEADER, hosting.me))
-        reply = pb.StatusReply(
-            index=hosting.me,
-            partitions=hosting.config.partitions,
-            replicas=sorted(hosting.mirrors),
-            serving=sorted(p for p, x in hosting.participants.items() if not x.fenced),
-        )
-        p = hosting.participants.get(partition)
-        if p is not None:
-            shipper = hosting.shippers.get(partition)
-            reply.cached_rows = len(p.rows)
-            reply.dirty_rows = p.dirty_rows()
-            reply.prepared = len(p.prepared)
-            reply.checkpoints = p.checkpoints
-            reply.log_bytes = p.wal.size()
-            reply.epoch = hosting.records[partition].epoch
-            reply.replicated = shipper is not None and shipper.in_sync
-        return reply
+        return status_reply(hosting, partition)
 
     @grpc_method
     async def Replicate(self, request: pb.ReplicateRequest, context: object) -> pb.ReplicateReply:
@@ -260,11 +239,41 @@ class LtmServicer(pb_grpc.LtmServicer):
         return pb.TakeOverReply()
 
 
+def status_reply(hosting: Hosting, partition: int) -> pb.StatusReply:
+    """The LTM process; the figures are those of ``partition`` if it serves it, else zero."""
+    reply = pb.StatusReply(
+        index=hosting.me,
+        partitions=hosting.config.partitions,
+        replicas=sorted(hosting.mirrors),
+        serving=sorted(p for p, x in hosting.participants.items() if not x.fenced),
+    )
+    p = hosting.participants.get(partition)
+    if p is not None:
+        shipper = hosting.shippers.get(partition)
+        reply.cached_rows = len(p.rows)
+        reply.dirty_rows = p.dirty_rows()
+        reply.prepared = len(p.prepared)
+        reply.checkpoints = p.checkpoints
+        reply.log_bytes = p.wal.size()
+        reply.epoch = hosting.records[partition].epoch
+        reply.replicated = shipper is not None and shipper.in_sync
+    return reply
+
+
 def _metadata(context: object) -> dict[str, str]:
     return dict(context.invocation_metadata() or ())  # type: ignore[attr-defined]
 
 
-async def _prepare_one(participant: Participant, sub: pb.SubTransaction) -> pb.Vote:
+async def read_reply(participant: Participant, request: pb.ReadRequest) -> pb.ReadReply:
+    resume = b""
+    if request.page:
+        rows, resume = await participant.read_page(request)
+    else:
+        rows = await participant.read(request)
+    return pb.ReadReply(rows=[pb.KeyValue(key=k, row=v) for k, v in rows], resume=resume)
+
+
+async def prepare_one(participant: Participant, sub: pb.SubTransaction) -> pb.Vote:
     try:
         return await participant.prepare(sub)
     except errors.InvalidArgument as exc:  # malformed operations (never the coordinator's)

@@ -17,6 +17,8 @@ from coordinator import Client
 # Every cluster a test starts checks each answer of the coordinator's lookup cache against the
 # LTMs; a difference anywhere fails the session (see pytest_sessionfinish).
 os.environ.setdefault("AGGVIEW_LOOKUP_CACHE_CHECK", "1")
+# The session cluster's layout: 0, one process per LTM; 1, the whole cluster in one process.
+PROCESSES = int(os.environ.get("AGGVIEW_TEST_PROCESSES", "0"))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -31,7 +33,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("cluster"), ltms=3) as running:
+    with LocalCluster(tmp_path_factory.mktemp("cluster"), ltms=3, processes=PROCESSES) as running:
         yield running
 
 

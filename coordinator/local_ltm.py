@@ -1,0 +1,116 @@
+"""Partitions served inside the coordinator's process (``--processes 1``): each partition's
+participant is called directly, with the very protobuf objects the gRPC path would have sent, so
+a transaction costs no message between processes, no serialization and no second event loop.
+
+``LocalLtm`` answers the calls the transaction manager makes on an ``LtmChannel``; decisions are
+still collected per partition (one batch in flight, what arrives meanwhile in the next), so the
+participant's log groups them as it does behind a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from aggview import errors
+from aggview.wire import ltm_pb2 as pb
+from coordinator.ltm_channel import Batcher
+from ltm.participant import OutcomeQuery, Participant, VoteNo
+from ltm.server import Hosting, LtmConfig, prepare_one, read_reply, status_reply
+from ltm.store import Store
+
+
+class LocalPartitions:
+    """Every partition of the cluster, hosted here (no backups: one process has one fate)."""
+
+    def __init__(
+        self,
+        store: Store,
+        log_dir: Path,
+        partitions: int,
+        outcome_query: OutcomeQuery,
+        *,
+        fsync: bool = True,
+        cache_rows: int = 1_000_000,
+        checkpoint_interval: float = 2.0,
+    ) -> None:
+        self.hostings = [
+            Hosting(
+                LtmConfig(
+                    store_url="",
+                    log_dir=log_dir / f"partition-{p}",  # each partition's log on its own
+                    partition=p,
+                    partitions=partitions,
+                    fsync=fsync,
+                    cache_rows=cache_rows,
+                    checkpoint_interval=checkpoint_interval,
+                ),
+                store,
+                outcome_query,
+            )
+            for p in range(partitions)
+        ]
+
+    async def start(self) -> None:
+        for hosting in self.hostings:
+            await hosting.start()
+
+    async def stop(self) -> None:
+        for hosting in self.hostings:
+            await hosting.stop()
+
+
+class LocalLtm:
+    """One partition, in process, behind the ``LtmChannel`` calls."""
+
+    address = "in-process"
+
+    def __init__(
+        self, index: int, hosting: Hosting, watermarks: Callable[[], tuple[int, int]]
+    ) -> None:
+        self.index = self.owner = index
+        self.epoch = 0
+        self.hosting = hosting
+        self._watermarks = watermarks
+        self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
+
+    @property
+    def participant(self) -> Participant:
+        return self.hosting.participant({})
+
+    def point(self, address: str, owner: int, epoch: int) -> None:
+        """Nothing moves in one process: kept for the channel's interface."""
+
+    async def prepare(self, sub: pb.SubTransaction) -> pb.Vote:
+        participant = self.participant
+        low, issued = self._watermarks()
+        participant.observe(low, issued)
+        return await prepare_one(participant, sub)
+
+    async def _send_decisions(
+        self, decisions: list[pb.Decision]
+    ) -> AsyncIterator[tuple[int, None]]:
+        participant = self.participant
+        participant.observe(self._watermarks()[0], 0)
+        await asyncio.gather(*(participant.decide(d.ts, d.commit) for d in decisions))
+        for i in range(len(decisions)):
+            yield i, None
+
+    async def decide(self, ts: int, commit: bool) -> None:
+        await self.decisions.submit(pb.Decision(ts=ts, commit=commit))
+
+    async def read(self, request: pb.ReadRequest) -> pb.ReadReply:
+        try:
+            return await read_reply(self.participant, request)
+        except VoteNo as exc:  # e.g. a row held too long: what the stream would have said
+            raise errors.Unavailable(f"LTM {self.index}: {exc}") from None
+
+    async def drop_table(self, table_id: str) -> None:
+        await self.participant.drop_table(table_id)
+
+    async def status(self) -> pb.StatusReply:
+        return status_reply(self.hosting, self.index)
+
+    async def close(self) -> None:
+        """The participants stop with ``LocalPartitions.stop``."""

@@ -1,0 +1,91 @@
+"""The whole cluster in one process (``aggview start --processes 1``): the coordinator serves
+every partition itself, with direct calls. The same guarantees as the separate processes: the
+serializability and view differential tests run here again, and kill -9 of the one process
+under load loses nothing acknowledged and leaves nothing half applied."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lookup_check import lookup_mismatches
+from polling import wait_for
+from test_crash import ACCOUNTS, wait_until_serving
+from test_crash import test_clean_restart_keeps_everything as test_clean_restart  # noqa: F401
+from test_serializability import (  # noqa: F401
+    test_concurrent_transfers_keep_every_invariant as test_transfers_keep_every_invariant,
+)
+from test_views_differential import (  # noqa: F401
+    test_views_equal_recomputation as test_one_process_views_equal_recomputation,
+)
+
+from aggview.cluster import LocalCluster
+from coordinator import Client
+from loadgen import transfers
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("one"), ltms=3, processes=1) as running:
+        assert len(running.servers) == 1  # no LTM processes
+        yield running
+
+
+@pytest.fixture
+def fresh_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    running = LocalCluster(tmp_path / "data", ltms=3, checkpoint_interval=0.5, processes=1)
+    try:
+        yield running.start()
+    finally:
+        running.stop()
+        running.kill()
+    assert not lookup_mismatches(tmp_path), lookup_mismatches(tmp_path)
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_kill_of_the_one_process_under_load_loses_nothing(
+    fresh_cluster: LocalCluster, seed: int
+) -> None:
+    rng = random.Random(seed)
+    cluster = fresh_cluster
+    with Client(cluster.address) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+    stop = threading.Event()
+    outcomes = transfers.Outcomes()
+    workers = transfers.run_clients(
+        cluster.address,
+        "accounts",
+        "ledger",
+        ACCOUNTS,
+        clients=6,
+        stop=stop,
+        outcomes=outcomes,
+        seed=seed,
+    )
+    try:
+        for _ in range(2):
+            time.sleep(rng.uniform(0.3, 1.2))
+            cluster.coordinator.kill()
+            cluster.coordinator.start()
+            wait_until_serving(cluster.address, "accounts")
+            restarted = len(outcomes.committed)
+            wait_for(
+                f"seed {seed}: transfers commit again after the restart",
+                lambda n=restarted: len(outcomes.committed) > n,
+            )
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=60)
+    assert len(outcomes.committed) > 20, f"seed {seed}: too little progress {outcomes}"
+    with Client(cluster.address) as client:
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
+
+
+def test_start_refuses_replication_in_one_process(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="one process has one fate"):
+        LocalCluster(tmp_path, ltms=2, processes=1, replicate=True).start()
