@@ -15,7 +15,7 @@ ALLOWED: dict[str, set[str]] = {
     "ltm.store": {"aggview"},
     "cumulus": {"aggview"},  # the view compiler: SQL -> plan, deltas, aggregate state
     "ltm": {"aggview", "ltm.store"},
-    "coordinator": {"aggview", "ltm.store", "cumulus"},
+    "coordinator": {"aggview", "ltm.store", "ltm", "cumulus"},
     "cumulus.spark": {"aggview", "ltm.store", "cumulus", "coordinator"},
     "loadgen": {"aggview", "ltm.store", "cumulus", "coordinator", "cumulus.spark"},
 }
