@@ -542,3 +542,18 @@ def test_seed_003_figure_3_reads_from_the_write_log_and_revises_later_reads() ->
     assert [r.ts for r in late.reads] == [(4, 0), (5, 0), (7, 0)]
     assert node.handle(late)[0][1].seq == late.seq  # applied and settled
     assert node.entries("out") == {(3,): 2, (4,): 12, (5,): 12, (7,): 16}
+
+
+def test_feeding_after_a_finish_goes_on_at_the_same_pace() -> None:
+    """A second feed after finish enters its updates one per gap from where the first ended,
+    not all at once (which would make a conservative node queue them all)."""
+    program = _program("seed002_ex1")
+    stream = random_stream(program, random.Random(2), 60)
+    simulator = Simulator(program, nodes=2, network=Network(seed=1), mode="conservative")
+    simulator.run(stream[:30])
+    ended = simulator.now
+    simulator.feed(stream[30:])
+    simulator.finish()
+    entered = sorted(at for at in simulator._entered.values() if at >= ended)
+    assert len(entered) == 30 and entered[-1] - entered[0] >= 29 * simulator.gap
+    assert simulator.maps() == interpreted(program, stream)

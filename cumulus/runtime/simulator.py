@@ -102,6 +102,7 @@ class Simulator:
         self._seq = itertools.count()
         self._last: dict[tuple[Address, Address], float] = {}
         self._fed = 0
+        self._entry = 0.0  # virtual time the next update enters
         self.stamped: list[Any] = []  # each fed update's timestamp, in the order fed
         self._measure_bytes = measure_bytes
         self.bytes: Counter[str] = Counter()
@@ -130,9 +131,11 @@ class Simulator:
         self.switches[0].check(sign, relation, row)
 
     def feed(self, stream: Iterable[Update]) -> None:
-        """Update i goes to switch i mod K, one every ``gap`` of virtual time."""
+        """Update i goes to switch i mod K, one every ``gap`` of virtual time (after a
+        ``finish``, counting from its end)."""
         for sign, relation, row in stream:
-            self._until(self._fed * self.gap)
+            self._until(self._entry)
+            self._entry += self.gap
             if self.now >= self._next_epoch:
                 self._next_epoch = self.now + (self.epoch_every or 0.0)
                 self._epoch(self.epochs.begin())
@@ -154,6 +157,7 @@ class Simulator:
         self.report.corrective = sum(n.stats.corrective_sent for n in self.nodes)
         self.report.max_depth = max((n.stats.max_depth for n in self.nodes), default=0)
         self.report.finished_at = self.now
+        self._entry = max(self._entry, self.now)  # a later feed goes on from here, not at once
         return self.report
 
     def _epoch(self, sends: Sends) -> None:
