@@ -218,6 +218,10 @@ class SqliteStore(Store):
 
     def _get_many(self, table: str, keys: list[bytes]) -> dict[bytes, bytes]:
         sql_table = _sql_table(table)
+        if not keys:
+            return {}
+        if len(keys) <= _IN_CHUNK:  # one statement reads one snapshot: no BEGIN, no COMMIT
+            return self._with_retry(lambda: self._select_keys(table, sql_table, keys))
 
         def body(conn: sqlite3.Connection) -> dict[bytes, bytes]:
             if self._missing_tables(conn, [table]):
@@ -231,6 +235,19 @@ class SqliteStore(Store):
             return found
 
         return self._run(body, write=False)
+
+    def _select_keys(self, table: str, sql_table: str, keys: list[bytes]) -> dict[bytes, bytes]:
+        """A point read on the hot path (every new row's first access): the statement itself
+        says if the table is missing, instead of a look in sqlite_master first."""
+        marks = ",".join("?" * len(keys))
+        with self._connection() as conn:
+            try:
+                rows = conn.execute(f'SELECT k, v FROM "{sql_table}" WHERE k IN ({marks})', keys)
+                return {bytes(k): bytes(v) for k, v in rows}
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    raise _unknown(table) from None
+                raise
 
     def _count(self, table: str) -> int:
         sql_table = _sql_table(table)
