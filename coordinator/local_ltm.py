@@ -2,6 +2,10 @@
 participant is called directly, with the very protobuf objects the gRPC path would have sent, so
 a transaction costs no message between processes, no serialization and no second event loop.
 
+Votes are written to the participant's log without waiting for the disk: a transaction with one
+participant commits with one durable write (its prepare and commit records flushed together, no
+decision record), one with several flushes their prepares before its decision is logged.
+
 ``LocalLtm`` answers the calls the transaction manager makes on an ``LtmChannel``; decisions are
 still collected per partition (one batch in flight, what arrives meanwhile in the next), so the
 participant's log groups them as it does behind a stream.
@@ -83,10 +87,16 @@ class LocalLtm:
         """Nothing moves in one process: kept for the channel's interface."""
 
     async def prepare(self, sub: pb.SubTransaction) -> pb.Vote:
+        """The vote is not durable yet: the transaction manager makes it so, with the commit
+        record of a one-partition transaction, or by ``flush`` before logging its decision."""
         participant = self.participant
         low, issued = self._watermarks()
         participant.observe(low, issued)
-        return await prepare_one(participant, sub)
+        return await prepare_one(participant, sub, durable=False)
+
+    async def flush(self) -> None:
+        """Every prepare record so far is durable."""
+        await self.participant.wal.flush()
 
     async def _send_decisions(
         self, decisions: list[pb.Decision]

@@ -231,8 +231,10 @@ class Participant:
             for state in self.rows.values():  # loaded before (by recovery, by reads)
                 state.rts = max(state.rts, issued)
 
-    async def prepare(self, sub: pb.SubTransaction) -> pb.Vote:
-        """Runs one sub-transaction up to its vote; a yes vote is durable before it is sent.
+    async def prepare(self, sub: pb.SubTransaction, *, durable: bool = True) -> pb.Vote:
+        """Runs one sub-transaction up to its vote; a yes vote is durable before it is sent,
+        unless ``durable`` is False: a coordinator in this very process then makes it durable
+        with the commit record (one-phase commit) or by ``wal.flush`` before its decision.
 
         Ordinary operations take their rows in timestamp order; view deltas (MERGE) only
         register as pending. A row of a table with asynchronous views also gets its change
@@ -305,7 +307,10 @@ class Participant:
             tx.merges[row_id] = merged[row_id]
             self.rows[row_id].merges[ts] = merged[row_id]
         self.prepared[ts] = tx
-        await self.wal.append(tx.record(changed, merged))
+        if durable:
+            await self.wal.append(tx.record(changed, merged))
+        else:
+            self.wal.write(tx.record(changed, merged), flush=False)
         if failpoints.ARMED:
             failpoints.hit(failpoints.LTM_AFTER_PREPARE_LOGGED)
         vote = pb.Vote(ts=ts, outcome=Outcome.YES)

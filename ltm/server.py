@@ -273,9 +273,11 @@ async def read_reply(participant: Participant, request: pb.ReadRequest) -> pb.Re
     return pb.ReadReply(rows=[pb.KeyValue(key=k, row=v) for k, v in rows], resume=resume)
 
 
-async def prepare_one(participant: Participant, sub: pb.SubTransaction) -> pb.Vote:
+async def prepare_one(
+    participant: Participant, sub: pb.SubTransaction, *, durable: bool = True
+) -> pb.Vote:
     try:
-        return await participant.prepare(sub)
+        return await participant.prepare(sub, durable=durable)
     except errors.InvalidArgument as exc:  # malformed operations (never the coordinator's)
         return pb.Vote(ts=sub.ts, outcome=pb.Vote.INVALID, message=str(exc))
     except errors.AggviewError as exc:
