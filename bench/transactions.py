@@ -435,7 +435,7 @@ def running_cluster(
         secure=setup == "tls",
         replicate=setup == "replicated",
         store=store,
-        processes=processes,
+        processes=1 if setup == "one-process" else processes,
     )
     try:
         with cluster:
@@ -740,10 +740,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--setup",
         nargs="+",
-        choices=["plain", "tls", "replicated", "hbase"],
+        choices=["plain", "tls", "replicated", "hbase", "one-process"],
         default=["plain"],
         help="plaintext (--insecure); TLS with tokens and member checks; replicated LTM logs "
-        "(plaintext); the store on HBase (--hbase). Several: each is also compared with plain",
+        "(plaintext); the store on HBase (--hbase); the whole cluster in one process "
+        "(--processes 1). Several: each is also compared with plain",
     )
     parser.add_argument(
         "--hbase", help="with --setup hbase: a real HBase's Thrift server, hbase://HOST:PORT"
