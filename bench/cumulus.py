@@ -66,7 +66,7 @@ from cumulus.m3.printer import print_program
 from cumulus.m3.program import Program
 from cumulus.runtime.grpc_host import GrpcRuntime, start_node_processes
 from cumulus.runtime.messages import Key
-from cumulus.runtime.simulator import Network, Simulator
+from cumulus.runtime.simulator import Network, Report, Simulator
 from cumulus.runtime.simulator import Update as OneRow
 from loadgen import dashboard
 
@@ -155,24 +155,34 @@ def run_sim(
     wall, cpu = time.perf_counter(), time.process_time()
     report = simulator.run(stream.updates)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {
+        **figures(report, wall, cpu, simulator.latencies(), ms_per_unit=1),
+        "virtual_s": report.finished_at / 1000,
+        "maps": simulator.maps(),
+    }
+
+
+def figures(
+    report: Report, wall: float, cpu: float, latencies: list[float], ms_per_unit: float
+) -> dict[str, Any]:
+    """One cell's figures from its run's report; latencies and epoch times are in units of
+    ``ms_per_unit`` milliseconds (virtual ms on the simulator, seconds on the real hosts)."""
     per_k = 1000 / report.updates
-    latencies = simulator.latencies()
+    in_ms = [ms_per_unit * x for x in latencies]
     return {
         "updates": report.updates,
         "wall_s": wall,
         "updates_per_s": report.updates / wall,
         "cpu_s_per_1000": cpu * per_k,
-        "latency_ms_p50": percentile(latencies, 50),
-        "latency_ms_p99": percentile(latencies, 99),
+        "latency_ms_p50": percentile(in_ms, 50),
+        "latency_ms_p99": percentile(in_ms, 99),
         "messages_per_1000": {k: n * per_k for k, n in sorted(report.messages.items())},
         "correctives_per_1000": report.corrective * per_k,
         "corrective_max_depth": report.max_depth,
         "epochs": len(report.epochs),
         "epoch_lag_ts_p50": percentile([newest - cut for cut, _, _, newest in report.epochs], 50),
-        "epoch_lag_ms_p50": percentile([c - b for _, b, c, _ in report.epochs], 50),
+        "epoch_lag_ms_p50": percentile([ms_per_unit * (c - b) for _, b, c, _ in report.epochs], 50),
         "peak_logs": dict(report.peak_logs),
-        "virtual_s": report.finished_at / 1000,
-        "maps": simulator.maps(),
     }
 
 
@@ -221,27 +231,11 @@ def _drive(
         report = runtime.finish()
         wall = time.perf_counter() - wall
         cpu = time.process_time() + sum(_proc_cpu_seconds(p) for p in pids) - cpu
-        latencies = [1000 * s for s in runtime.latencies()]
+        latencies = runtime.latencies()
         maps = runtime.maps()
     finally:
         runtime.close()
-    per_k = 1000 / report.updates
-    return {
-        "updates": report.updates,
-        "wall_s": wall,
-        "updates_per_s": report.updates / wall,
-        "cpu_s_per_1000": cpu * per_k,
-        "latency_ms_p50": percentile(latencies, 50),
-        "latency_ms_p99": percentile(latencies, 99),
-        "messages_per_1000": {k: n * per_k for k, n in sorted(report.messages.items())},
-        "correctives_per_1000": report.corrective * per_k,
-        "corrective_max_depth": report.max_depth,
-        "epochs": len(report.epochs),
-        "epoch_lag_ts_p50": percentile([newest - cut for cut, _, _, newest in report.epochs], 50),
-        "epoch_lag_ms_p50": percentile([1000 * (c - b) for _, b, c, _ in report.epochs], 50),
-        "peak_logs": {},
-        "maps": maps,
-    }
+    return {**figures(report, wall, cpu, latencies, ms_per_unit=1000), "maps": maps}
 
 
 Host = Callable[[Program, Stream, int, int, str, int | None], dict[str, Any]]

@@ -307,30 +307,27 @@ class TransactionManager:
         if len(participants) != 1:
             await asyncio.gather(*(self.channels[p].flush() for p in participants))
             return await self._commit(tx)
-        ts = tx.ts
+        await self._decided(tx, self.channels[participants[0]].decide(tx.ts, True))
+        self.committed += 1
+        return tx.ts
+
+    async def _decided(self, tx: Transaction, durable: Awaitable[None]) -> None:
+        """Awaits what makes the commit durable; then the transaction is decided (reads at
+        its timestamp may go on) and the lookup cache learns its outcome, or that it is
+        unknown if the write failed."""
         try:
-            await self.channels[participants[0]].decide(ts, True)
+            await durable
         except BaseException:
-            self.lookups.unknown(ts)
+            self.lookups.unknown(tx.ts)
             raise
         else:
-            self.lookups.committed(ts, tx.images)
+            self.lookups.committed(tx.ts, tx.images)
         finally:
-            self.in_flight.decided(ts)
-        self.committed += 1
-        return ts
+            self.in_flight.decided(tx.ts)
 
     async def _commit(self, tx: Transaction) -> int:
         ts, participants = tx.ts, sorted(tx.participants)
-        try:
-            await self.decisions.commit(ts, participants)
-        except BaseException:
-            self.lookups.unknown(ts)
-            raise
-        else:
-            self.lookups.committed(ts, tx.images)
-        finally:
-            self.in_flight.decided(ts)
+        await self._decided(tx, self.decisions.commit(ts, participants))
         if failpoints.ARMED:
             failpoints.hit(failpoints.COORDINATOR_AFTER_DECISION_LOGGED)
         self.committed += 1
