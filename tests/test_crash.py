@@ -9,12 +9,13 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from polling import wait_for
 
 from aggview import errors
-from aggview.cluster import LocalCluster
+from aggview.cluster import LocalCluster, Server
 from coordinator import Client
 from loadgen import transfers
 
@@ -34,20 +35,20 @@ def wait_until_serving(address: str, accounts: str, timeout: float = 30.0) -> No
                 time.sleep(0.1)
 
 
-@pytest.mark.parametrize("victim", ["ltm", "coordinator"])
-@pytest.mark.parametrize("seed", [1, 2])
-def test_kill_and_restart_under_load(fresh_cluster: LocalCluster, victim: str, seed: int) -> None:
+def kill_twice_under_load(
+    cluster: LocalCluster, victim: Callable[[random.Random], Server], seed: int
+) -> transfers.Outcomes:
+    """Transfers from 6 clients while ``victim`` (picked by a seeded draw) is killed with -9
+    and restarted twice; each time the clients must commit again. Returns what they saw."""
     rng = random.Random(seed)
-    cluster = fresh_cluster
-    accounts, ledger = "accounts", "ledger"
     with Client(cluster.address) as client:
-        transfers.create(client, accounts, ledger, ACCOUNTS)
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
     stop = threading.Event()
     outcomes = transfers.Outcomes()
     workers = transfers.run_clients(
         cluster.address,
-        accounts,
-        ledger,
+        "accounts",
+        "ledger",
         ACCOUNTS,
         clients=6,
         stop=stop,
@@ -57,15 +58,11 @@ def test_kill_and_restart_under_load(fresh_cluster: LocalCluster, victim: str, s
     try:
         for _ in range(2):
             time.sleep(rng.uniform(0.3, 1.2))
-            server = (
-                cluster.ltm(rng.randrange(cluster.ltms))
-                if victim == "ltm"
-                else (cluster.coordinator)
-            )
+            server = victim(rng)
             server.kill()
             time.sleep(rng.uniform(0.0, 0.5))
             server.start()
-            wait_until_serving(cluster.address, accounts)
+            wait_until_serving(cluster.address, "accounts")
             restarted = len(outcomes.committed)
             wait_for(
                 f"seed {seed}: the clients' transfers to commit again after the restart",
@@ -76,11 +73,25 @@ def test_kill_and_restart_under_load(fresh_cluster: LocalCluster, victim: str, s
         for worker in workers:
             worker.join(timeout=60)
     assert len(outcomes.committed) > 20, f"seed {seed}: too little progress {outcomes}"
+    return outcomes
+
+
+@pytest.mark.parametrize("victim", ["ltm", "coordinator"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_kill_and_restart_under_load(fresh_cluster: LocalCluster, victim: str, seed: int) -> None:
+    cluster = fresh_cluster
+
+    def pick(rng: random.Random) -> Server:
+        if victim == "ltm":
+            return cluster.ltm(rng.randrange(cluster.ltms))
+        return cluster.coordinator
+
+    outcomes = kill_twice_under_load(cluster, pick, seed)
     with Client(cluster.address) as client:
-        transfers.check(client, accounts, ledger, ACCOUNTS, outcomes.committed)
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
     # and it keeps serving transactions
     with Client(cluster.address) as client:
-        transfers.transfer(client, accounts, ledger, 0, 1, 0, f"after-{seed}")
+        transfers.transfer(client, "accounts", "ledger", 0, 1, 0, f"after-{seed}")
 
 
 def test_clean_restart_keeps_everything(fresh_cluster: LocalCluster) -> None:

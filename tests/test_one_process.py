@@ -5,16 +5,14 @@ under load loses nothing acknowledged and leaves nothing half applied."""
 
 from __future__ import annotations
 
-import random
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from lookup_check import lookup_mismatches
 from polling import wait_for
-from test_crash import ACCOUNTS, wait_until_serving
+from test_crash import ACCOUNTS, kill_twice_under_load, wait_until_serving
 from test_crash import test_clean_restart_keeps_everything as test_clean_restart  # noqa: F401
 from test_serializability import (  # noqa: F401
     test_concurrent_transfers_keep_every_invariant as test_transfers_keep_every_invariant,
@@ -51,38 +49,8 @@ def fresh_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 def test_kill_of_the_one_process_under_load_loses_nothing(
     fresh_cluster: LocalCluster, seed: int
 ) -> None:
-    rng = random.Random(seed)
     cluster = fresh_cluster
-    with Client(cluster.address) as client:
-        transfers.create(client, "accounts", "ledger", ACCOUNTS)
-    stop = threading.Event()
-    outcomes = transfers.Outcomes()
-    workers = transfers.run_clients(
-        cluster.address,
-        "accounts",
-        "ledger",
-        ACCOUNTS,
-        clients=6,
-        stop=stop,
-        outcomes=outcomes,
-        seed=seed,
-    )
-    try:
-        for _ in range(2):
-            time.sleep(rng.uniform(0.3, 1.2))
-            cluster.coordinator.kill()
-            cluster.coordinator.start()
-            wait_until_serving(cluster.address, "accounts")
-            restarted = len(outcomes.committed)
-            wait_for(
-                f"seed {seed}: transfers commit again after the restart",
-                lambda n=restarted: len(outcomes.committed) > n,
-            )
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join(timeout=60)
-    assert len(outcomes.committed) > 20, f"seed {seed}: too little progress {outcomes}"
+    outcomes = kill_twice_under_load(cluster, lambda rng: cluster.coordinator, seed)
     with Client(cluster.address) as client:
         transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
 
