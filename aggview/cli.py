@@ -171,6 +171,11 @@ def _run_start(args: argparse.Namespace) -> None:
 
     if args.ltms < 1:
         raise errors.InvalidArgument("--ltms must be at least 1")
+    if args.processes == 1 and args.replicate:
+        raise errors.InvalidArgument(
+            "--replicate needs an LTM per process (a backup in the same process dies with it); "
+            "leave out --processes 1"
+        )
     from aggview.security import TlsDir, load_tokens
     from coordinator.convert import Limits
 

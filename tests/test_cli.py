@@ -16,11 +16,11 @@ from coordinator import Client
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start(data: Path) -> tuple[subprocess.Popen[str], str]:
+def start(data: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
         [sys.executable, "-m", "aggview.cli", "start", "--data", str(data), "--ltms", "2"]
-        + ["--insecure"],
+        + ["--insecure", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -92,6 +92,31 @@ def test_start_refuses_another_ltm_count(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "repartitioning is not supported" in done.stdout + done.stderr
+
+
+def test_start_in_one_process_serves_and_refuses_replication(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    base = [sys.executable, "-m", "aggview.cli", "start", "--data", str(tmp_path / "one")]
+    done = subprocess.run(
+        [*base, "--processes", "1", "--replicate", "--insecure"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "--replicate needs an LTM per process" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    process, address = start(tmp_path / "one", "--processes", "1")
+    try:
+        created = sql(address, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+        assert "error" not in created.lower(), created
+        assert sql(address, "SELECT * FROM t").splitlines()[0] == "id\tv"
+    finally:
+        stop(process)
+    data = tmp_path / "one"  # the partitions' logs in the coordinator's directory, no LTM's
+    assert (data / "coordinator" / "partitions" / "partition-1").is_dir()
+    assert not (data / "ltm-0").exists()
 
 
 def test_a_hung_stop_is_cut_short_and_its_stacks_logged(tmp_path: Path) -> None:
