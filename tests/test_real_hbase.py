@@ -212,11 +212,19 @@ def test_scans_cross_a_region_split(real_hbase: StandaloneHBase) -> None:
         running = real_hbase.running()
         assert running is not None
         connection = happybase.Connection(running.host, running.ports.thrift)
+
+        def split_seen() -> bool:
+            """The Thrift server learns of the new regions a moment after the master: until
+            then it may answer with an application error (seen once in four full runs)."""
+            try:
+                return len(connection.table(f"{prefix}_t").regions()) == 2
+            except Exception:  # noqa: BLE001 - thriftpy2's TApplicationException and the like
+                return False
+
         try:
-            regions = connection.table(f"{prefix}_t").regions()
+            wait_for("the split to show two regions through Thrift", split_seen)
         finally:
             connection.close()
-        assert len(regions) == 2
         assert [k for k, _ in store.scan("t")] == keys  # in order, each once, across the split
         across = list(store.scan("t", encode_key([INT], [0]), encode_key([INT], [20])))
         assert [k for k, _ in across] == keys[150:170]
