@@ -87,6 +87,7 @@ class GrpcRuntime:
         self._threads: list[threading.Thread] = []
         self.sent: Counter[str] = Counter()
         self.bytes: Counter[str] = Counter()
+        self.node_stats: list[pb.NodeStatsReply] = []  # as of the last finish
         for s in range(switches):
             for n in range(len(addresses)):
                 self._open(s, n)
@@ -262,7 +263,7 @@ class GrpcRuntime:
         return out
 
     def log_sizes(self) -> dict[str, int]:
-        stats = getattr(self, "node_stats", [])
+        stats = self.node_stats
         return {
             "write_log_entries": sum(s.write_log_entries for s in stats),
             "read_log_entries": sum(s.read_log_entries for s in stats),

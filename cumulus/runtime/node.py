@@ -232,6 +232,7 @@ class Node:
         self.ready_cut = 0  # the highest cut this node said EPOCH READY for
         self._ends: dict[int, set[int]] = defaultdict(set)  # cut -> switches that closed it
         self._asked = False  # an EpochEndRequest is out
+        self._log_entries = 0  # write-log entries after the committed cut
 
     # --------------------------------------------------------------------------- messages
 
@@ -410,6 +411,7 @@ class Node:
         self, map_name: str, key: Key, delta: Any, ts: Timestamp, depth: int, out: Outbox
     ) -> None:
         self.maps[map_name].write(key, delta, ts)
+        self._log_entries += 1
         log = self.reads.get(map_name)
         if not log or log[-1].ts <= ts:
             return  # no read of this map at a later timestamp was served yet
@@ -483,7 +485,7 @@ class Node:
         it has arrived: links are FIFO), every write up to it is done, and every corrective this
         node sent that revises a read up to it is settled."""
         if self.log_limit is not None and not self._asked:
-            if sum(m.entries() for m in self.maps.values()) > self.log_limit:
+            if self._log_entries > self.log_limit:
                 self._asked = True
                 out.append((COORDINATOR, EpochEndRequest(self.number)))
         for cut in sorted(self._ends):
@@ -506,6 +508,7 @@ class Node:
             del self._ends[closed]
         for log in self.maps.values():
             log.fold(cut)
+        self._log_entries = sum(log.entries() for log in self.maps.values())
         for name, reads in self.reads.items():
             self.reads[name] = reads[bisect.bisect_left(reads, (cut + 1, -1), key=lambda e: e.ts) :]
         self.operations = {k: op for k, op in self.operations.items() if k[0][0] > cut}

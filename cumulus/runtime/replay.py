@@ -262,42 +262,43 @@ def _runtime(
             epoch_every=float(config.epoch_ms),
         )
         return
-    from cumulus.runtime.grpc_host import GrpcRuntime, start_node_processes
+    from cumulus.runtime.grpc_host import GrpcRuntime
 
+    with _node_addresses(config, program, spark_nodes) as addresses:
+        runtime = GrpcRuntime(
+            program,
+            addresses,
+            switches=config.switches,
+            mode=config.mode,
+            epoch_ms=config.epoch_ms,
+        )
+        try:
+            yield runtime
+        finally:
+            runtime.close()
+
+
+@contextlib.contextmanager
+def _node_addresses(
+    config: ReplayConfig, program: Program, spark_nodes: SparkNodes | None
+) -> Iterator[list[str]]:
+    """The DW nodes' addresses: Spark tasks, or processes of our own, stopped afterwards."""
     if config.host == "spark":
         if spark_nodes is None:
             raise errors.FailedPrecondition("--host spark needs the Spark layer (aggview[spark])")
         text = print_program(program)
         with spark_nodes(text, config.nodes, config.switches, config.mode) as addresses:
-            runtime = GrpcRuntime(
-                program,
-                addresses,
-                switches=config.switches,
-                mode=config.mode,
-                epoch_ms=config.epoch_ms,
-            )
-            try:
-                yield runtime
-            finally:
-                runtime.close()
+            yield addresses
         return
+    from cumulus.runtime.grpc_host import start_node_processes
+
     with tempfile.TemporaryDirectory(prefix="aggview-cumulus-") as base:
         servers = start_node_processes(
             program, config.nodes, Path(base), switches=config.switches, mode=config.mode
         )
-        runtime = None
         try:
-            runtime = GrpcRuntime(
-                program,
-                [s.address for s in servers],
-                switches=config.switches,
-                mode=config.mode,
-                epoch_ms=config.epoch_ms,
-            )
-            yield runtime
+            yield [s.address for s in servers]
         finally:
-            if runtime is not None:
-                runtime.close()
             for server in servers:
                 server.stop()
 
