@@ -59,11 +59,11 @@ class SnapshotLeases:
     async def hold(self, ttl_ms: int = 0) -> tuple[int, int]:
         """A new lease on the current snapshot: (lease id, timestamp)."""
         ttl = _ttl(ttl_ms)
-        ts = self.manager.oracle.current()
+        ts = await self.manager.clock.read_timestamp()
         stack = contextlib.ExitStack()
-        stack.enter_context(self.manager.in_flight.reading(ts))
+        stack.callback(self.manager.in_flight.stop_reading, ts)
         try:
-            await self.manager.in_flight.wait_decided_upto(ts)
+            await self.manager.clock.wait_decided(ts)
         except BaseException:
             stack.close()
             raise
@@ -86,7 +86,7 @@ class SnapshotLeases:
 
     def check(self, ts: int) -> None:
         """A read at ``ts`` is safe only while a lease at or below it holds the watermark."""
-        if ts > self.manager.oracle.current():
+        if ts > self.manager.clock.issued():
             raise errors.InvalidArgument(f"snapshot {ts} is in the future")
         now = time.monotonic()
         for held in self.leases.values():
@@ -167,7 +167,7 @@ class BulkAccess:
             raise errors.InvalidArgument(
                 f"page_rows must be between 1 and {MAX_PAGE_ROWS}; got {page_rows}"
             )
-        await self.manager.in_flight.wait_decided_upto(ts)
+        await self.manager.clock.wait_decided(ts)
         async for page in self.manager.read_pages(table_id, start, stop, ts, page_rows):
             yield page
 

@@ -32,11 +32,13 @@ from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc as lpb_grpc
 from coordinator.bulk import BulkAccess
 from coordinator.catalog import Catalog
+from coordinator.clock import Clock
 from coordinator.convert import Limits, key_bytes, wire_row
 from coordinator.decision_log import DecisionLog
 from coordinator.failover import Failover
 from coordinator.gate import ADMIT, ClientGate
 from coordinator.local_ltm import LocalLtm, LocalPartitions
+from coordinator.member_clock import InFlight, LeaderClock
 from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
@@ -320,10 +322,10 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
             f"this data was written by {partitions} LTMs; start with {partitions} "
             f"(got {count}): repartitioning is not supported"
         )
-    oracle = TimestampOracle(catalog.meta, catalog.set_meta)
+    clock = LeaderClock(Clock(TimestampOracle(catalog.meta, catalog.set_meta), 1), InFlight())
     decisions = DecisionLog(config.log_dir, fsync=config.fsync)
     manager = TransactionManager(
-        catalog, oracle, decisions, config.ltms, limits=config.limits, tls=config.tls
+        catalog, clock, decisions, config.ltms, limits=config.limits, tls=config.tls
     )
     if config.local_partitions:
         local = LocalPartitions(

@@ -19,11 +19,16 @@ class TimestampOracle:
         self._reserved = self._last
 
     def next(self) -> int:
-        if self._last >= self._reserved:
-            self._reserved = self._last + BLOCK
+        return self.take(1)
+
+    def take(self, count: int) -> int:
+        """``count`` consecutive timestamps; returns the first."""
+        if self._last + count > self._reserved:
+            self._reserved = self._last + count + BLOCK
             self._set_meta(_KEY, str(self._reserved))
-        self._last += 1
-        return self._last
+        first = self._last + 1
+        self._last += count
+        return first
 
     def current(self) -> int:
         """The youngest timestamp issued so far."""

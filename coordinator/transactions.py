@@ -14,11 +14,10 @@ committed before it started (strict serializability for reads too).
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +39,7 @@ from coordinator.convert import (
 from coordinator.decision_log import DecisionLog
 from coordinator.lookup_cache import LookupCache
 from coordinator.ltm_channel import LtmChannel
-from coordinator.timestamp_oracle import TimestampOracle
+from coordinator.member_clock import MemberClock
 
 log = logging.getLogger(__name__)
 Vote = lpb.Vote
@@ -60,75 +59,21 @@ class Transaction:
 Extension = Callable[[Transaction, list[lpb.RowImage]], Awaitable[list[lpb.RowOp]]]
 
 
-class InFlight:
-    """Timestamps handed out and not yet decided, and the reads waiting for them."""
-
-    def __init__(self) -> None:
-        self._undecided: dict[int, None] = {}  # insertion order is timestamp order
-        self._readers: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._active_reads: dict[int, int] = {}
-        self._sequence = 0
-
-    def add(self, ts: int) -> None:
-        self._undecided[ts] = None
-
-    def __contains__(self, ts: int) -> bool:
-        return ts in self._undecided
-
-    def oldest(self) -> int | None:
-        return next(iter(self._undecided), None)
-
-    def decided(self, ts: int) -> None:
-        self._undecided.pop(ts, None)
-        oldest = self.oldest()
-        while self._readers and (oldest is None or self._readers[0][0] < oldest):
-            _, _, waiter = heapq.heappop(self._readers)
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def wait_decided_upto(self, ts: int) -> None:
-        oldest = self.oldest()
-        if oldest is None or oldest > ts:
-            return
-        self._sequence += 1
-        waiter = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._readers, (ts, self._sequence, waiter))
-        await waiter
-
-    @contextmanager
-    def reading(self, ts: int) -> Iterator[None]:
-        self._active_reads[ts] = self._active_reads.get(ts, 0) + 1
-        try:
-            yield
-        finally:
-            if self._active_reads[ts] == 1:
-                del self._active_reads[ts]
-            else:
-                self._active_reads[ts] -= 1
-
-    def low_watermark(self, current: int) -> int:
-        """No read older than this will come: not from a snapshot read in progress, nor from
-        an undecided transaction (view maintenance reads the state just before its own ts)."""
-        oldest = self.oldest()
-        undecided = current if oldest is None else oldest - 1
-        return min(min(self._active_reads, default=current), undecided)
-
-
 class TransactionManager:
     def __init__(
         self,
         catalog: Catalog,
-        oracle: TimestampOracle,
+        clock: MemberClock,
         decisions: DecisionLog,
         ltm_addresses: list[str],
         limits: Limits | None = None,
         tls: TlsDir | None = None,
     ) -> None:
         self.catalog = catalog
-        self.oracle = oracle
+        self.clock = clock
+        self.in_flight = clock.in_flight
         self.decisions = decisions
         self.limits = limits or Limits()
-        self.in_flight = InFlight()
         self.channels: list[Any] = [
             LtmChannel(i, address, self._watermarks, tls) for i, address in enumerate(ltm_addresses)
         ]
@@ -143,7 +88,7 @@ class TransactionManager:
         # Which store tables view maintenance looks up by primary key (cached here).
         self.lookup_tables: Callable[[], set[str]] = set
         self.lookups = LookupCache(
-            lambda: self.lookup_tables(), lambda: self.epoch, self.oracle.current, warm=self._warm
+            lambda: self.lookup_tables(), lambda: self.epoch, self.clock.issued, warm=self._warm
         )
         self._warming: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
@@ -155,8 +100,7 @@ class TransactionManager:
         return len(self.channels)
 
     def _watermarks(self) -> tuple[int, int]:
-        current = self.oracle.current()
-        return self.in_flight.low_watermark(current), current
+        return self.clock.marks.low, self.clock.issued()
 
     async def start(self) -> None:
         """Re-delivers commit decisions that participants had not acknowledged before a restart."""
@@ -181,8 +125,7 @@ class TransactionManager:
         ops = [row_op(op, self.catalog.table, self.limits) for op in operations]
         for decorate in self.decorators:
             decorate(ops)
-        ts = self.oracle.next()
-        self.in_flight.add(ts)
+        ts, epoch = await self.clock.next()
         self.lookups.writing(ts, [(op.table, op.key) for op in ops])
         tx = Transaction(ts, epoch=self.epoch)
         return await self._run(tx, ops)
@@ -191,8 +134,7 @@ class TransactionManager:
         """One transaction too big for one message (a bulk load): its operations arrive in
         chunks, each prepared as another round at the same timestamp, so every row becomes
         visible at once when it commits, and an LTM never spends long on one message."""
-        ts = self.oracle.next()
-        self.in_flight.add(ts)
+        ts, epoch = await self.clock.next()
         self.lookups.opaque(ts)
         tx = Transaction(ts, epoch=self.epoch)
 
@@ -211,11 +153,10 @@ class TransactionManager:
         operations from reads at that timestamp. A timestamp-order abort (a younger writer
         got to a row first) runs it again at a new timestamp."""
         for attempt in itertools.count():
-            ts = self.oracle.next()
-            self.in_flight.add(ts)
+            ts, epoch = await self.clock.next()
             tx = Transaction(ts, epoch=self.epoch)
             try:
-                await self.in_flight.wait_decided_upto(ts - 1)
+                await self.clock.wait_decided(ts - 1)
                 ops = await build(ts)
             except BaseException:
                 self.in_flight.decided(ts)
@@ -235,12 +176,11 @@ class TransactionManager:
         like :meth:`system_transaction`, but its operations come in chunks, each prepared as
         another round at the same timestamp."""
         for attempt in itertools.count():
-            ts = self.oracle.next()
-            self.in_flight.add(ts)
+            ts, epoch = await self.clock.next()
             tx = Transaction(ts, epoch=self.epoch)
 
             async def rounds(tx: Transaction = tx) -> None:
-                await self.in_flight.wait_decided_upto(tx.ts - 1)
+                await self.clock.wait_decided(tx.ts - 1)
                 async for ops in build(tx.ts):
                     await self._prepare_rounds(tx, ops, extend=False)
 
@@ -457,10 +397,12 @@ class TransactionManager:
         """A read timestamp: every transaction at or below it is decided, and no LTM prunes
         the versions it needs until the block ends (it counts in the low watermark from the
         moment it is taken)."""
-        ts = self.oracle.current()
-        with self.in_flight.reading(ts):
-            await self.in_flight.wait_decided_upto(ts)
+        ts = await self.clock.read_timestamp()
+        try:
+            await self.clock.wait_decided(ts)
             yield ts
+        finally:
+            self.in_flight.stop_reading(ts)
 
     async def read_keys(self, table_id: str, keys: list[bytes]) -> tuple[dict[bytes, bytes], int]:
         """Rows by key from one consistent snapshot; returns (key -> row, timestamp)."""

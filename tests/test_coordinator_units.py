@@ -6,10 +6,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from coordinator.clock import Clock
 from coordinator.decision_log import DecisionLog
 from coordinator.ltm_channel import Batcher
+from coordinator.member_clock import InFlight, LeaderClock
 from coordinator.timestamp_oracle import BLOCK, TimestampOracle
-from coordinator.transactions import InFlight
 
 
 def test_batcher_sends_one_call_per_loop_turn() -> None:
@@ -44,23 +45,32 @@ def test_batcher_failure_reaches_every_caller() -> None:
     assert all(isinstance(r, ConnectionError) for r in asyncio.run(main()))
 
 
+def _leader(members: int = 1) -> LeaderClock:
+    meta: dict[str, str] = {}
+    return LeaderClock(Clock(TimestampOracle(meta.get, meta.__setitem__), members), InFlight())
+
+
 def test_reads_wait_for_older_undecided_transactions_only() -> None:
     async def main() -> list[str]:
-        flight = InFlight()
+        clock = _leader()
+        flight = clock.in_flight
         events: list[str] = []
-        for ts in (5, 7, 9):
-            flight.add(ts)
+        issued = [clock.take()[0] for _ in range(9)]  # 1..9; all but 5, 7 and 9 decided
+        for ts in issued:
+            if ts not in (5, 7, 9):
+                flight.decided(ts)
 
         async def read(ts: int) -> None:
-            await flight.wait_decided_upto(ts)
+            await clock.wait_decided(ts)
             events.append(f"read {ts}")
 
-        await flight.wait_decided_upto(4)  # nothing older: no wait
+        await clock.wait_decided(4)  # nothing older: no wait
         readers = [asyncio.create_task(read(t)) for t in (6, 8)]
         await asyncio.sleep(0)
         for ts in (7, 5, 9):
             events.append(f"decide {ts}")
             flight.decided(ts)
+            await asyncio.sleep(0)
             await asyncio.sleep(0)
         await asyncio.gather(*readers)
         return events
@@ -70,11 +80,26 @@ def test_reads_wait_for_older_undecided_transactions_only() -> None:
 
 
 def test_low_watermark_is_the_oldest_active_read() -> None:
-    flight = InFlight()
-    assert flight.low_watermark(100) == 100
-    with flight.reading(40), flight.reading(60):
-        assert flight.low_watermark(100) == 40
-    assert flight.low_watermark(100) == 100
+    async def main() -> None:
+        clock = _leader()
+        for _ in range(40):
+            clock.in_flight.decided(clock.take()[0])
+        first = await clock.read_timestamp()
+        for _ in range(20):
+            clock.in_flight.decided(clock.take()[0])
+        second = await clock.read_timestamp()
+        for _ in range(40):
+            clock.in_flight.decided(clock.take()[0])
+        await asyncio.sleep(0)
+        assert (first, second, clock.marks.low) == (40, 60, 40)
+        clock.in_flight.stop_reading(first)
+        await asyncio.sleep(0)
+        assert clock.marks.low == 60
+        clock.in_flight.stop_reading(second)
+        await asyncio.sleep(0)
+        assert clock.marks.low == clock.marks.decided == 100
+
+    asyncio.run(main())
 
 
 def test_oracle_never_reissues_after_a_crash() -> None:

@@ -1,0 +1,110 @@
+"""The cluster's clock: timestamps for every coordinating member, and the two watermarks that
+reads and pruning need once no single process sees every transaction.
+
+``Clock`` runs at the leader (member 0) and is a pure state machine. A member asks for exactly
+as many timestamps as it has transactions waiting (one request per batch; never a reserve, as
+an unused timestamp would hold the watermarks back) and for a read timestamp when it has reads
+waiting. After its in-flight set changes it reports the oldest timestamp it has not decided,
+its oldest active read, and the sequence number of the last grant it had received then. From
+those the clock knows, cluster-wide:
+
+- ``decided``: every transaction at or below it is decided. A grant that no report covers yet
+  counts as undecided, so nothing slips between a grant and the report that follows it.
+- ``low``: no read below it will come (participants prune the versions under it): the oldest
+  active read anywhere, and never above ``decided`` (view maintenance reads the state just
+  before its own timestamp).
+
+Strictly serializable: a transaction asks for its timestamp after it began, and every grant is
+above every earlier one, so a transaction that began after another committed has the larger
+timestamp. A read's timestamp is the youngest granted when it asked, and it reads once that is
+decided: it sees exactly the transactions that committed before it began, and never aborts one.
+
+The catalog epoch (the set of tables, views and indexes) is the clock's too: every grant
+carries it, so a member learns of a change before it runs a transaction timestamped after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coordinator.timestamp_oracle import TimestampOracle
+
+
+@dataclass(frozen=True)
+class Grant:
+    seq: int  # the member reports it has received every grant up to this one
+    first: int  # count consecutive timestamps from first (none when count is 0)
+    count: int
+    read_ts: int  # the youngest timestamp issued before this grant (0: no read was asked)
+    epoch: int  # the catalog epoch every timestamp of the grant runs under
+
+
+@dataclass(frozen=True)
+class Marks:
+    issued: int  # the youngest timestamp issued
+    decided: int  # every transaction at or below this is decided
+    low: int  # no read below this will come
+    epoch: int
+
+
+@dataclass
+class _Member:
+    writes: dict[int, int] = field(default_factory=dict)  # unacknowledged grant seq -> first ts
+    reads: dict[int, int] = field(default_factory=dict)  # unacknowledged grant seq -> read ts
+    undecided: int | None = None  # its oldest undecided timestamp, as last reported
+    reading: int | None = None  # its oldest active read, as last reported
+
+
+class Clock:
+    def __init__(self, oracle: TimestampOracle, members: int) -> None:
+        self.oracle = oracle
+        self._members = [_Member() for _ in range(members)]
+        self._seq = 0
+        self.epoch = 0
+
+    @property
+    def members(self) -> int:
+        return len(self._members)
+
+    def grant(self, member: int, count: int, read: bool = False) -> Grant:
+        """``count`` timestamps for ``member``'s waiting transactions, and a read timestamp if
+        it has reads waiting."""
+        held = self._members[member]
+        self._seq += 1
+        read_ts = self.oracle.current() if read else 0
+        if read:
+            held.reads[self._seq] = read_ts
+        first = 0
+        if count:
+            first = self.oracle.take(count)
+            held.writes[self._seq] = first
+        return Grant(self._seq, first, count, read_ts, self.epoch)
+
+    def report(self, member: int, seq: int, undecided: int | None, reading: int | None) -> None:
+        """What ``member`` holds after every grant up to ``seq``."""
+        held = self._members[member]
+        held.undecided, held.reading = undecided, reading
+        for grants in (held.writes, held.reads):
+            for s in [s for s in grants if s <= seq]:
+                del grants[s]
+
+    def bump_epoch(self) -> int:
+        """A new catalog epoch, for every timestamp granted from now on; returns it."""
+        self.epoch += 1
+        return self.epoch
+
+    def marks(self) -> Marks:
+        issued = self.oracle.current()
+        oldest = issued + 1
+        reading = issued
+        for held in self._members:
+            if held.undecided is not None:
+                oldest = min(oldest, held.undecided)
+            if held.writes:
+                oldest = min(oldest, *held.writes.values())
+            if held.reading is not None:
+                reading = min(reading, held.reading)
+            if held.reads:
+                reading = min(reading, *held.reads.values())
+        decided = oldest - 1
+        return Marks(issued, decided, min(decided, reading), self.epoch)

@@ -1,0 +1,151 @@
+"""A coordinating member's side of the cluster clock (``coordinator.clock``).
+
+It gives the member's transactions their timestamps and its reads theirs, each counted in the
+member's in-flight set in the very step it arrives (so no report can miss it), and wakes those
+waiting until the cluster has decided everything up to a timestamp. ``LeaderClock`` holds the
+clock itself (member 0, and the only member of a one-coordinator cluster): every call is a
+direct one. ``FollowerClock`` (``coordinator.clock_service``) asks the leader over a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from coordinator.clock import Clock, Marks
+
+
+class InFlight:
+    """This member's timestamps handed out and not yet decided, and its active reads."""
+
+    def __init__(self) -> None:
+        self._undecided: dict[int, None] = {}  # insertion order is timestamp order
+        self._active_reads: dict[int, int] = {}
+        self.changed: Callable[[], None] = lambda: None  # its oldest of either may have moved
+
+    def add(self, ts: int) -> None:
+        self._undecided[ts] = None
+
+    def __contains__(self, ts: int) -> bool:
+        return ts in self._undecided
+
+    def oldest(self) -> int | None:
+        return next(iter(self._undecided), None)
+
+    def oldest_read(self) -> int | None:
+        return min(self._active_reads, default=None)
+
+    def decided(self, ts: int) -> None:
+        if self._undecided.pop(ts, 0) is None:
+            self.changed()
+
+    def start_reading(self, ts: int) -> None:
+        self._active_reads[ts] = self._active_reads.get(ts, 0) + 1
+
+    def stop_reading(self, ts: int) -> None:
+        if self._active_reads[ts] == 1:
+            del self._active_reads[ts]
+            self.changed()
+        else:
+            self._active_reads[ts] -= 1
+
+    @contextmanager
+    def reading(self, ts: int) -> Iterator[None]:
+        self.start_reading(ts)
+        try:
+            yield
+        finally:
+            self.stop_reading(ts)
+
+
+class MemberClock:
+    """What a transaction manager asks of the clock, whichever member it runs on."""
+
+    def __init__(self, in_flight: InFlight) -> None:
+        self.in_flight = in_flight
+        self.marks = Marks(0, 0, 0, 0)
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._sequence = itertools.count()
+
+    async def next(self) -> tuple[int, int]:
+        """A timestamp for a transaction, and the catalog epoch it runs under; the timestamp
+        is in the in-flight set until the caller reports it decided."""
+        raise NotImplementedError
+
+    async def read_timestamp(self) -> int:
+        """The youngest timestamp issued, counted as an active read until ``stop_reading``."""
+        raise NotImplementedError
+
+    def issued(self) -> int:
+        """The youngest timestamp this member knows to be issued."""
+        return self.marks.issued
+
+    async def wait_decided(self, ts: int) -> None:
+        """Returns once every transaction at or below ``ts`` is decided, cluster-wide."""
+        if self.marks.decided >= ts:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (ts, next(self._sequence), waiter))
+        self._waiting(self._waiters[0][0])
+        await waiter
+
+    def _waiting(self, ts: int) -> None:
+        """Someone here waits until ``ts`` is decided (a follower tells the leader)."""
+
+    def _marked(self, marks: Marks) -> None:
+        self.marks = marks
+        while self._waiters and self._waiters[0][0] <= marks.decided:
+            _, _, waiter = heapq.heappop(self._waiters)
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class LeaderClock(MemberClock):
+    """Member 0: the clock is here. Watermarks are recomputed once per event-loop step in
+    which anything changed, here or in a follower's report, and followers waiting for them
+    are told (``followers_told``)."""
+
+    def __init__(self, clock: Clock, in_flight: InFlight) -> None:
+        super().__init__(in_flight)
+        self.clock = clock
+        self._seq = 0
+        self._scheduled = False
+        self.followers_told: Callable[[Marks], None] = lambda marks: None
+        in_flight.changed = self.changed
+        self._recompute()
+
+    async def next(self) -> tuple[int, int]:
+        return self.take()
+
+    def take(self) -> tuple[int, int]:
+        grant = self.clock.grant(0, 1)
+        self._seq = grant.seq
+        self.in_flight.add(grant.first)
+        return grant.first, grant.epoch
+
+    async def read_timestamp(self) -> int:
+        ts = self.clock.oracle.current()
+        self.in_flight.start_reading(ts)
+        return ts
+
+    def issued(self) -> int:
+        return self.clock.oracle.current()
+
+    def changed(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._recompute)
+
+    def _waiting(self, ts: int) -> None:
+        self.changed()  # this member's own grants may be what holds the watermark
+
+    def _recompute(self) -> None:
+        self._scheduled = False
+        in_flight = self.in_flight
+        self.clock.report(0, self._seq, in_flight.oldest(), in_flight.oldest_read())
+        marks = self.clock.marks()
+        self._marked(marks)
+        self.followers_told(marks)
