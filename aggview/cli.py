@@ -160,9 +160,17 @@ def _run_coordinator(args: argparse.Namespace) -> None:
         local_partitions=args.local_partitions,
         checkpoint_interval=args.checkpoint_interval,
         cache_rows=args.cache_rows,
+        members=args.member_address,
+        member=args.member,
     )
     if bool(args.ltm) == bool(args.local_partitions):
         raise errors.InvalidArgument("give the LTMs (--ltm, repeated) or --local-partitions N")
+    if args.member_address and not args.local_partitions:
+        raise errors.InvalidArgument("members serve their partitions: give --local-partitions N")
+    if args.member_address and not 0 <= args.member < len(args.member_address):
+        raise errors.InvalidArgument(
+            f"--member {args.member} is not one of the {len(args.member_address)} members"
+        )
     asyncio.run(serve(config))
 
 
@@ -171,10 +179,12 @@ def _run_start(args: argparse.Namespace) -> None:
 
     if args.ltms < 1:
         raise errors.InvalidArgument("--ltms must be at least 1")
-    if args.processes == 1 and args.replicate:
+    if args.processes < 0:
+        raise errors.InvalidArgument("--processes must be 0 (an LTM per process) or more")
+    if args.processes >= 1 and args.replicate:
         raise errors.InvalidArgument(
-            "--replicate needs an LTM per process (a backup in the same process dies with it); "
-            "leave out --processes 1"
+            "--replicate needs the separate-process layout (--processes 0) for now: members "
+            "do not replicate their partitions yet"
         )
     from aggview.security import TlsDir, load_tokens
     from coordinator.convert import Limits
@@ -330,10 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument(
         "--processes",
         type=int,
-        choices=(0, 1),
         default=0,
-        help="1: the whole cluster in one process (the --ltms partitions served by the "
-        "coordinator, no message between processes); 0: one process per LTM",
+        help="P >= 1: the --ltms partitions in P processes that each coordinate "
+        "transactions (1: the whole cluster in one process, no message between processes); "
+        "0: a coordinator and one process per LTM",
     )
     _add_server_security(start, clients=True)
     start.set_defaults(run=_run_start)
@@ -365,6 +375,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="serve this many partitions in this process instead of LTMs (no --ltm)",
     )
+    coordinator.add_argument(
+        "--member-address",
+        action="append",
+        default=[],
+        help="every coordinating member's address, in order (repeated; member 0 keeps the "
+        "clock and the catalog); partition p is hosted by member p %% members",
+    )
+    coordinator.add_argument("--member", type=int, default=0, help="which member this is")
     coordinator.add_argument("--checkpoint-interval", type=float, default=2.0)
     coordinator.add_argument("--cache-rows", type=int, default=1_000_000)
     coordinator.add_argument(

@@ -156,7 +156,8 @@ class LocalCluster:
     # The shared store: "" is the embedded one in data/store.db; or hbase://HOST:PORT[?...].
     store: str = ""
     # 1: the whole cluster in the coordinator's process (its ``ltms`` partitions served there,
-    # no LTM processes); 0: one process per LTM, as before.
+    # no LTM processes); P >= 2: P members that each host a share and coordinate; 0: one
+    # process per LTM, as before.
     processes: int = 0
 
     @property
@@ -165,11 +166,18 @@ class LocalCluster:
 
     @property
     def coordinator(self) -> Server:
+        """The process clients are pointed at: the coordinator, or member 0."""
+        if self.processes >= 2:
+            return self.servers[0]
         return self.servers[-1]
 
     @property
     def address(self) -> str:
         return self.coordinator.address
+
+    def member(self, index: int) -> Server:
+        """A coordinating member (``processes`` >= 2)."""
+        return self.servers[index]
 
     def ltm(self, index: int) -> Server:
         return self.servers[index]
@@ -214,8 +222,11 @@ class LocalCluster:
         ltm_security, coordinator_security = self._security_flags()
         # with replication, each LTM must know the next one's address before it starts
         ports = [free_port() if self.replicate else 0 for _ in range(self.ltms)]
-        if self.processes == 1 and self.replicate:
-            raise ValueError("one process has one fate: replication needs an LTM per process")
+        if self.processes >= 1 and self.replicate:
+            raise ValueError("replication needs the separate-process layout (processes=0)")
+        if self.processes >= 2:
+            self._start_members(common, coordinator_security, coordinator_port)
+            return self
         for i in range(self.ltms if self.processes != 1 else 0):
             backup = (
                 ["--backup", f"127.0.0.1:{ports[(i + 1) % self.ltms]}"]
@@ -290,10 +301,50 @@ class LocalCluster:
             raise
         return self
 
+    def _start_members(self, common: list[str], security: list[str], port: int) -> None:
+        """P members over the partitions; member 0 (the clock, the catalog) starts first."""
+        members = min(self.processes, self.ltms)
+        ports = [port, *(free_port() for _ in range(members - 1))]
+        addresses = [arg for p in ports for arg in ("--member-address", f"127.0.0.1:{p}")]
+        for m in range(members):
+            self.servers.append(
+                Server(
+                    f"member-{m}",
+                    [
+                        "coordinator",
+                        "--store",
+                        self.store_url,
+                        "--log-dir",
+                        str(self.data / f"member-{m}"),
+                        "--local-partitions",
+                        str(self.ltms),
+                        "--member",
+                        str(m),
+                        *addresses,
+                        "--checkpoint-interval",
+                        str(self.checkpoint_interval),
+                        "--cache-rows",
+                        str(self.cache_rows),
+                        *common,
+                        *security,
+                    ],
+                    self.data / "logs" / f"member-{m}.log",
+                    port=ports[m],
+                    flags=["-v"] if self.verbose else [],
+                )
+            )
+        try:
+            for server in self.servers:
+                server.start()
+        except BaseException:
+            self.stop()
+            raise
+
     def stop(self, timeout: float = 20.0) -> None:
         """Coordinator first, so no new transaction reaches an LTM that is going away; then
         the LTMs together (each checkpoints), so stopping takes at most twice ``timeout``."""
-        ltms = [s for s in self.servers if s.role.startswith("ltm")]
+        # members together (they checkpoint their partitions), as LTMs are
+        ltms = [s for s in self.servers if s.role.startswith(("ltm", "member"))]
         for server in [s for s in self.servers if s not in ltms]:
             server.stop(timeout)
         for server in ltms:

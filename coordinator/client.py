@@ -24,6 +24,7 @@ from aggview.streams import AskEach
 from aggview.values import from_row, to_row, to_value
 from aggview.wire import client_pb2 as pb
 from aggview.wire import client_pb2_grpc as pb_grpc
+from coordinator.routing import Router
 
 _COMPARISONS = {"==": pb.EQ, "!=": pb.NE, "<": pb.LT, "<=": pb.LE, ">": pb.GT, ">=": pb.GE}
 Require = Mapping[str, tuple[str, Any]]
@@ -241,6 +242,9 @@ class Client:
             grpc, address, ca, tls, token, options
         )
         self._stub = pb_grpc.AggviewStub(self._channel)
+        self._open = lambda member: _open_channel(grpc, member, ca, tls, token, options)[0]
+        self._router: Router | None = None
+        self._members: dict[int, tuple[Any, Any]] = {}  # member -> (channel, stub)
 
     def __enter__(self) -> Client:
         return self
@@ -249,6 +253,8 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        for channel, _ in self._members.values():
+            channel.close()
         self._channel.close()
 
     def _call(self, method: Any, request: Any) -> Any:
@@ -257,8 +263,42 @@ class Client:
         except grpc.RpcError as exc:
             raise _explain(exc, self._plaintext) from None
 
+    def _routing(self) -> Router:
+        if self._router is None:
+            try:
+                reply = self._call(self._stub.Members, pb.MembersRequest())
+            except errors.AggviewError:  # a server from before members: it serves everything
+                reply = pb.MembersReply()
+            self._router = Router(reply.addresses, reply.partitions)
+        return self._router
+
+    def _member(self, member: int | None) -> Any:
+        """The stub of a member (None: the address this client was given)."""
+        if member is None:
+            return self._stub
+        if member not in self._members:
+            channel = self._open(self._routing().members[member])
+            self._members[member] = (channel, pb_grpc.AggviewStub(channel))
+        return self._members[member][1]
+
+    def _stub_for(self, operations: Sequence[pb.Operation]) -> Any:
+        router = self._routing()
+        if not router.routes:
+            return self._stub
+        for table in router.unknown(operations):
+            try:
+                reply = self._call(self._stub.Describe, pb.DescribeRequest(name=table))
+            except errors.AggviewError:
+                reply = None
+            router.learn(table, reply)
+        return self._member(router.member_for(operations))
+
+    def _leader(self) -> Any:
+        """Member 0, which keeps the catalog (DDL, refreshes go there)."""
+        return self._member(0) if self._routing().routes else self._stub
+
     def sql(self, statement: str) -> Rows:
-        rows = _sql_rows(self._call(self._stub.Sql, pb.SqlRequest(sql=statement)))
+        rows = _sql_rows(self._call(self._leader().Sql, pb.SqlRequest(sql=statement)))
         self.last_read_timestamp = rows.timestamp or self.last_read_timestamp
         return rows
 
@@ -268,9 +308,10 @@ class Client:
     def commit(self, operations: list[pb.Operation]) -> int:
         """Sends one transaction, retrying timestamp-order aborts; returns its timestamp."""
         request = pb.CommitRequest(operations=operations)
+        stub = self._stub_for(operations)
         for attempt in range(self.retry.attempts):
             try:
-                return self._call(self._stub.Commit, request).timestamp
+                return self._call(stub.Commit, request).timestamp
             except errors.TooLate:
                 if attempt + 1 == self.retry.attempts:
                     raise
@@ -299,7 +340,7 @@ class Client:
 
     def refresh(self, name: str) -> int:
         """Refreshes an async view now; returns the timestamp it is exact at."""
-        return self._call(self._stub.Refresh, pb.RefreshRequest(view=name)).timestamp
+        return self._call(self._leader().Refresh, pb.RefreshRequest(view=name)).timestamp
 
 
 # A Transact message carries at most this much; a transaction as big goes by its own Commit
@@ -347,10 +388,19 @@ class AsyncClient:
             grpc.aio, address, ca, tls, token, options
         )
         self._stub = pb_grpc.AggviewStub(self._channel)
+        self._open = lambda member: _open_channel(grpc.aio, member, ca, tls, token, options)[0]
         # Why a stream: per transaction, a Python gRPC server spends far less CPU on a share
         # of a stream message than on a call.
-        self._transactions: AskEach[pb.TransactRequest, pb.TransactReply] = AskEach(
-            lambda: self._stub.Transact(metadata=self._metadata),
+        self._transactions = self._stream(self._stub)
+        self._router: Router | None = None
+        self._routing_lock = asyncio.Lock()
+        # member -> (channel, stub, its Transact stream)
+        self._members: dict[int, tuple[Any, Any, AskEach[pb.TransactRequest, pb.TransactReply]]]
+        self._members = {}
+
+    def _stream(self, stub: Any) -> AskEach[pb.TransactRequest, pb.TransactReply]:
+        return AskEach(
+            lambda: stub.Transact(metadata=self._metadata),
             lambda requests: pb.TransactRequests(requests=requests),
             self._stream_ended,
             message_bytes=STREAM_MESSAGE_BYTES,
@@ -364,8 +414,50 @@ class AsyncClient:
 
     async def close(self) -> None:
         await self._transactions.close()
+        for channel, _, stream in self._members.values():
+            await stream.close()
+            await channel.close()
         await self._channel.close()
         await _grpc_status_tasks_done()
+
+    async def _routing(self) -> Router:
+        async with self._routing_lock:
+            if self._router is None:
+                try:
+                    reply = await self._call(self._stub.Members, pb.MembersRequest())
+                except errors.AggviewError:  # a server from before members
+                    reply = pb.MembersReply()
+                self._router = Router(reply.addresses, reply.partitions)
+        return self._router
+
+    async def _member(self, member: int | None) -> tuple[Any, Any]:
+        """(stub, Transact stream) of a member (None: the address this client was given)."""
+        if member is None:
+            return self._stub, self._transactions
+        if member not in self._members:
+            router = await self._routing()
+            channel = self._open(router.members[member])
+            stub = pb_grpc.AggviewStub(channel)
+            self._members[member] = (channel, stub, self._stream(stub))
+        _, stub, stream = self._members[member]
+        return stub, stream
+
+    async def _route(self, operations: Sequence[pb.Operation]) -> tuple[Any, Any]:
+        router = await self._routing()
+        if not router.routes:
+            return self._stub, self._transactions
+        for table in router.unknown(operations):
+            try:
+                reply = await self._call(self._stub.Describe, pb.DescribeRequest(name=table))
+            except errors.AggviewError:
+                reply = None
+            router.learn(table, reply)
+        return await self._member(router.member_for(operations))
+
+    async def _leader(self) -> Any:
+        """Member 0, which keeps the catalog (DDL, refreshes go there)."""
+        router = await self._routing()
+        return (await self._member(0))[0] if router.routes else self._stub
 
     async def _call(self, method: Any, request: Any) -> Any:
         try:
@@ -374,7 +466,8 @@ class AsyncClient:
             raise _explain(exc, self._plaintext) from None
 
     async def sql(self, statement: str) -> Rows:
-        return _sql_rows(await self._call(self._stub.Sql, pb.SqlRequest(sql=statement)))
+        stub = await self._leader()
+        return _sql_rows(await self._call(stub.Sql, pb.SqlRequest(sql=statement)))
 
     def transaction(self) -> _AsyncClientTransaction:
         return _AsyncClientTransaction(self)
@@ -384,11 +477,12 @@ class AsyncClient:
         by its own Commit call."""
         request = pb.CommitRequest(operations=operations)
         alone = request.ByteSize() + 8 > STREAM_MESSAGE_BYTES
+        stub, stream = await self._route(operations)
         for attempt in range(self.retry.attempts):
             try:
                 if alone:
-                    return (await self._call(self._stub.Commit, request)).timestamp
-                return await self._transact(request)
+                    return (await self._call(stub.Commit, request)).timestamp
+                return await self._transact(stream, request)
             except errors.TooLate:
                 if attempt + 1 == self.retry.attempts:
                     raise
@@ -396,8 +490,10 @@ class AsyncClient:
                 await asyncio.sleep(self.retry.delay(attempt))
         raise AssertionError("unreachable")
 
-    async def _transact(self, request: pb.CommitRequest) -> int:
-        reply = await self._transactions.ask(
+    async def _transact(
+        self, stream: AskEach[pb.TransactRequest, pb.TransactReply], request: pb.CommitRequest
+    ) -> int:
+        reply = await stream.ask(
             pb.TransactRequest(operations=request.operations),
             self.timeout,
             lambda: errors.Unavailable(
@@ -436,4 +532,5 @@ class AsyncClient:
         return _scan_rows(await self._call(self._stub.View, request))
 
     async def refresh(self, name: str) -> int:
-        return (await self._call(self._stub.Refresh, pb.RefreshRequest(view=name))).timestamp
+        stub = await self._leader()
+        return (await self._call(stub.Refresh, pb.RefreshRequest(view=name))).timestamp

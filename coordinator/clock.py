@@ -35,7 +35,7 @@ class Grant:
     seq: int  # the member reports it has received every grant up to this one
     first: int  # count consecutive timestamps from first (none when count is 0)
     count: int
-    read_ts: int  # the youngest timestamp issued before this grant (0: no read was asked)
+    read_ts: int  # the youngest timestamp issued before this grant, if a read was asked
     epoch: int  # the catalog epoch every timestamp of the grant runs under
 
 
@@ -53,14 +53,19 @@ class _Member:
     reads: dict[int, int] = field(default_factory=dict)  # unacknowledged grant seq -> read ts
     undecided: int | None = None  # its oldest undecided timestamp, as last reported
     reading: int | None = None  # its oldest active read, as last reported
+    reported: bool = False  # until it has, it may hold anything (the leader restarted)
 
 
 class Clock:
     def __init__(self, oracle: TimestampOracle, members: int) -> None:
         self.oracle = oracle
-        self._members = [_Member() for _ in range(members)]
+        # Member 0 is the leader's own, reported in every step; a follower holds the
+        # watermarks at 0 until its first report (after a restart of the leader, it may hold
+        # transactions timestamped by the leader's previous run).
+        self._members = [_Member(reported=m == 0) for m in range(members)]
         self._seq = 0
         self.epoch = 0
+        self.configuration = b"{}"
 
     @property
     def members(self) -> int:
@@ -80,24 +85,36 @@ class Clock:
             held.writes[self._seq] = first
         return Grant(self._seq, first, count, read_ts, self.epoch)
 
+    def connected(self, member: int) -> None:
+        """A new stream from ``member``: the grants sent on its previous one that it has not
+        acknowledged never reached it, or were decided before it restarted. Its first
+        report follows in the same message."""
+        held = self._members[member]
+        held.writes.clear()
+        held.reads.clear()
+
     def report(self, member: int, seq: int, undecided: int | None, reading: int | None) -> None:
         """What ``member`` holds after every grant up to ``seq``."""
         held = self._members[member]
+        held.reported = True
         held.undecided, held.reading = undecided, reading
         for grants in (held.writes, held.reads):
             for s in [s for s in grants if s <= seq]:
                 del grants[s]
 
-    def bump_epoch(self) -> int:
-        """A new catalog epoch, for every timestamp granted from now on; returns it."""
-        self.epoch += 1
-        return self.epoch
+    def publish(self, epoch: int, configuration: bytes) -> None:
+        """A new catalog epoch, for every timestamp granted from now on, and what members
+        need to run under it (handed to each with its next grant)."""
+        self.epoch = epoch
+        self.configuration = configuration
 
     def marks(self) -> Marks:
         issued = self.oracle.current()
         oldest = issued + 1
         reading = issued
         for held in self._members:
+            if not held.reported:
+                oldest = 1
             if held.undecided is not None:
                 oldest = min(oldest, held.undecided)
             if held.writes:

@@ -38,6 +38,7 @@ METHOD_ROLES = {
     "Commit": "write",
     "Transact": "write",
     "Refresh": "write",
+    "Members": "read",
     # bulk access (the Spark layer): snapshot reads read; loads and view (re)builds are DDL-like
     "List": "read",
     "Describe": "read",

@@ -18,15 +18,24 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from aggview import errors
+from aggview.status import grpc_method
 from aggview.wire import ltm_pb2 as pb
 from coordinator.ltm_channel import Batcher
 from ltm.participant import OutcomeQuery, Participant, VoteNo
-from ltm.server import Hosting, LtmConfig, prepare_one, read_reply, status_reply
-from ltm.store import Store
+from ltm.server import (
+    Hosting,
+    LtmConfig,
+    LtmServicer,
+    prepare_one,
+    read_reply,
+    status_reply,
+)
+from ltm.store import Store, ownership
 
 
 class LocalPartitions:
-    """Every partition of the cluster, hosted here (no backups: one process has one fate)."""
+    """The partitions hosted in this process: every one of the cluster (``--processes 1``),
+    or a member's share (no backups in either layout yet)."""
 
     def __init__(
         self,
@@ -38,9 +47,10 @@ class LocalPartitions:
         fsync: bool = True,
         cache_rows: int = 1_000_000,
         checkpoint_interval: float = 2.0,
+        hosted: list[int] | None = None,
     ) -> None:
-        self.hostings = [
-            Hosting(
+        self.hostings = {
+            p: Hosting(
                 LtmConfig(
                     store_url="",
                     log_dir=log_dir / f"partition-{p}",  # each partition's log on its own
@@ -53,15 +63,23 @@ class LocalPartitions:
                 store,
                 outcome_query,
             )
-            for p in range(partitions)
-        ]
+            for p in (range(partitions) if hosted is None else hosted)
+        }
+
+    def participant(self, metadata: dict[str, str]) -> Participant:
+        """The participant a member's stream or call names (``ltm.server.LtmServicer``)."""
+        partition = int(metadata.get(ownership.PARTITION_HEADER, -1))
+        hosting = self.hostings.get(partition)
+        if hosting is None:
+            raise errors.FailedPrecondition(f"partition {partition} is not hosted here")
+        return hosting.participant(metadata)
 
     async def start(self) -> None:
-        for hosting in self.hostings:
+        for hosting in self.hostings.values():
             await hosting.start()
 
     async def stop(self) -> None:
-        for hosting in self.hostings:
+        for hosting in self.hostings.values():
             await hosting.stop()
 
 
@@ -124,3 +142,28 @@ class LocalLtm:
 
     async def close(self) -> None:
         """The participants stop with ``LocalPartitions.stop``."""
+
+
+class MemberLtmServicer(LtmServicer):
+    """Other members' streams and calls to the partitions this member hosts."""
+
+    def __init__(self, local: LocalPartitions) -> None:
+        super().__init__(local)  # type: ignore[arg-type]  # participant() is all it needs
+        self.local = local
+
+    @grpc_method
+    async def Status(self, request: pb.StatusRequest, context: object) -> pb.StatusReply:
+        metadata = dict(context.invocation_metadata() or ())  # type: ignore[attr-defined]
+        partition = int(metadata.get(ownership.PARTITION_HEADER, -1))
+        hosting = self.local.hostings.get(partition)
+        if hosting is None:
+            raise errors.FailedPrecondition(f"partition {partition} is not hosted here")
+        return status_reply(hosting, partition)
+
+    @grpc_method
+    async def Replicate(self, request: pb.ReplicateRequest, context: object) -> pb.ReplicateReply:
+        raise errors.FailedPrecondition("members do not replicate their partitions yet")
+
+    @grpc_method
+    async def TakeOver(self, request: pb.TakeOverRequest, context: object) -> pb.TakeOverReply:
+        raise errors.FailedPrecondition("members do not take partitions over yet")

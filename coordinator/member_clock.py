@@ -12,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
+from aggview import errors
 from coordinator.clock import Clock, Marks
 
 
@@ -83,6 +86,10 @@ class MemberClock:
         """The youngest timestamp this member knows to be issued."""
         return self.marks.issued
 
+    def publish(self, epoch: int, configuration: dict[str, Any]) -> None:
+        """The catalog changed (only the leader changes it)."""
+        raise errors.FailedPrecondition("tables, views and indexes change at member 0 only")
+
     async def wait_decided(self, ts: int) -> None:
         """Returns once every transaction at or below ``ts`` is decided, cluster-wide."""
         if self.marks.decided >= ts:
@@ -106,14 +113,14 @@ class MemberClock:
 class LeaderClock(MemberClock):
     """Member 0: the clock is here. Watermarks are recomputed once per event-loop step in
     which anything changed, here or in a follower's report, and followers waiting for them
-    are told (``followers_told``)."""
+    are told (``listeners``)."""
 
     def __init__(self, clock: Clock, in_flight: InFlight) -> None:
         super().__init__(in_flight)
         self.clock = clock
         self._seq = 0
         self._scheduled = False
-        self.followers_told: Callable[[Marks], None] = lambda marks: None
+        self.listeners: set[Callable[[Marks], None]] = set()  # the followers' streams
         in_flight.changed = self.changed
         self._recompute()
 
@@ -134,6 +141,9 @@ class LeaderClock(MemberClock):
     def issued(self) -> int:
         return self.clock.oracle.current()
 
+    def publish(self, epoch: int, configuration: dict[str, Any]) -> None:
+        self.clock.publish(epoch, json.dumps(configuration).encode())
+
     def changed(self) -> None:
         if not self._scheduled:
             self._scheduled = True
@@ -148,4 +158,5 @@ class LeaderClock(MemberClock):
         self.clock.report(0, self._seq, in_flight.oldest(), in_flight.oldest_read())
         marks = self.clock.marks()
         self._marked(marks)
-        self.followers_told(marks)
+        for listener in list(self.listeners):
+            listener(marks)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from aggview.net import (
 )
 from aggview.rowcodec import decode_row
 from aggview.schema import prefix_to_storage
-from aggview.security import TlsDir, Token
+from aggview.security import TlsDir, Token, member_channel, member_metadata
 from aggview.status import Malformed, add_service, grpc_method
 from aggview.streams import AnswerEach
 from aggview.values import from_row, to_row
@@ -33,12 +35,14 @@ from aggview.wire import ltm_pb2_grpc as lpb_grpc
 from coordinator.bulk import BulkAccess
 from coordinator.catalog import Catalog
 from coordinator.clock import Clock
+from coordinator.clock_service import ClockServicer, FollowerClock
 from coordinator.convert import Limits, key_bytes, wire_row
 from coordinator.decision_log import DecisionLog
 from coordinator.failover import Failover
 from coordinator.gate import ADMIT, ClientGate
-from coordinator.local_ltm import LocalLtm, LocalPartitions
-from coordinator.member_clock import InFlight, LeaderClock
+from coordinator.local_ltm import LocalLtm, LocalPartitions, MemberLtmServicer
+from coordinator.ltm_channel import LtmChannel
+from coordinator.member_clock import InFlight, LeaderClock, MemberClock
 from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
@@ -58,6 +62,23 @@ def _failed(id: int, code: grpc.StatusCode, message: str) -> cpb.TransactReply:
     return cpb.TransactReply(id=id, code=code.value[0], message=message)
 
 
+def caught_up(method: Any) -> Any:
+    """At a follower member, a table or view it does not know may be younger than its copy of
+    the catalog: it catches up with member 0's (one round trip) and tries once more."""
+
+    @functools.wraps(method)
+    async def wrapper(self: AggviewServicer, request: Any, context: object) -> Any:
+        try:
+            return await method(self, request, context)
+        except errors.UnknownTable:
+            if self.manager.leader is None:
+                raise
+            await self.manager.catch_up()
+            return await method(self, request, context)
+
+    return wrapper
+
+
 class AggviewServicer(cpb_grpc.AggviewServicer):
     def __init__(self, manager: TransactionManager, store_url: str = "") -> None:
         self.manager = manager
@@ -66,6 +87,7 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
         self._init_leases: dict[str, int] = {}  # view being computed by a job -> its snapshot
 
     @grpc_method
+    @caught_up
     async def Sql(self, request: cpb.SqlRequest, context: object) -> cpb.SqlReply:
         result = await run_sql(request.sql, self.manager)
         return cpb.SqlReply(
@@ -110,6 +132,7 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
             await context.write(message)
 
     @grpc_method
+    @caught_up
     async def Get(self, request: cpb.GetRequest, context: object) -> cpb.GetReply:
         schema = self.manager.catalog.table(request.table)
         key = key_bytes(schema, from_row(request.key), self.manager.limits)
@@ -119,6 +142,7 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
         return cpb.GetReply(found=True, row=wire_row(schema, rows[key]), timestamp=ts)
 
     @grpc_method
+    @caught_up
     async def Scan(self, request: cpb.ScanRequest, context: object) -> cpb.ScanReply:
         schema = self.manager.catalog.table(request.table)
         prefix = from_row(request.prefix)
@@ -135,12 +159,17 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
         )
 
     @grpc_method
+    @caught_up
     async def View(self, request: cpb.ViewRequest, context: object) -> cpb.ViewReply:
         rows, ts = await self.manager.views.read(request.view, from_row(request.where))
         view = self.manager.views.views[request.view]
         return cpb.ViewReply(
             rows=[to_row(row) for row in rows], timestamp=ts, columns=list(view.plan.output)
         )
+
+    @grpc_method
+    async def Members(self, request: cpb.MembersRequest, context: object) -> cpb.MembersReply:
+        return cpb.MembersReply(addresses=self.manager.members, partitions=self.manager.partitions)
 
     @grpc_method
     async def Refresh(self, request: cpb.RefreshRequest, context: object) -> cpb.RefreshReply:
@@ -154,6 +183,7 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
         return cpb.ListReply(tables=sorted(self.manager.catalog.tables), views=sorted(views))
 
     @grpc_method
+    @caught_up
     async def Describe(self, request: cpb.DescribeRequest, context: object) -> cpb.DescribeReply:
         catalog = self.manager.catalog
         if request.name in catalog.tables:
@@ -308,6 +338,16 @@ class CoordinatorConfig:
     local_partitions: int = 0  # > 0: serve this many partitions in this process (no LTMs)
     checkpoint_interval: float = 2.0  # of the local partitions
     cache_rows: int = 1_000_000
+    # Several coordinating members (``--processes P``): every member's address, in order;
+    # member 0 keeps the clock and the catalog. Partition p is hosted by member p % P.
+    members: list[str] = field(default_factory=list)
+    member: int = 0
+
+    def hosted(self, partitions: int) -> list[int] | None:
+        """The partitions this process hosts (None: every one)."""
+        if not self.members:
+            return None
+        return [p for p in range(partitions) if p % len(self.members) == self.member]
 
 
 def build_manager(config: CoordinatorConfig) -> TransactionManager:
@@ -322,25 +362,52 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
             f"this data was written by {partitions} LTMs; start with {partitions} "
             f"(got {count}): repartitioning is not supported"
         )
-    clock = LeaderClock(Clock(TimestampOracle(catalog.meta, catalog.set_meta), 1), InFlight())
     decisions = DecisionLog(config.log_dir, fsync=config.fsync)
+    in_flight = InFlight()
+    clock: MemberClock
+    if config.member == 0:
+        oracle = TimestampOracle(catalog.meta, catalog.set_meta)
+        clock = LeaderClock(Clock(oracle, max(1, len(config.members))), in_flight)
+    else:
+        clock = FollowerClock(
+            config.member,
+            in_flight,
+            config.members[0],
+            config.tls,
+            lambda epoch, configuration: manager.views.install(epoch, configuration),
+        )
     manager = TransactionManager(
         catalog, clock, decisions, config.ltms, limits=config.limits, tls=config.tls
     )
     if config.local_partitions:
+        others = [
+            _outcome_stub(address, config.tls)
+            for m, address in enumerate(config.members)
+            if m != config.member
+        ]
         local = LocalPartitions(
             store,
             config.log_dir / "partitions",
             count,
-            lambda timestamps: _outcomes(manager, timestamps),
+            lambda timestamps: _outcomes(manager, others, timestamps),
             fsync=config.fsync,
             cache_rows=config.cache_rows,
             checkpoint_interval=config.checkpoint_interval,
+            hosted=config.hosted(count),
         )
         manager.local = local
         manager.channels = [
-            LocalLtm(i, hosting, manager._watermarks) for i, hosting in enumerate(local.hostings)
+            LocalLtm(p, local.hostings[p], manager._watermarks)
+            if p in local.hostings
+            else LtmChannel(
+                p, config.members[p % len(config.members)], manager._watermarks, config.tls
+            )
+            for p in range(count)
         ]
+    manager.members = list(config.members)
+    if len(config.members) > 1:
+        # Writes to cached rows no longer all pass through one process (see DECISIONS).
+        manager.lookups.max_rows = 0
     for channel in manager.channels:  # after a failover, a partition lives elsewhere
         record = ownership.read(store, channel.index)
         if not config.local_partitions:
@@ -349,10 +416,40 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
     return manager
 
 
-async def _outcomes(manager: TransactionManager, timestamps: list[int]) -> list[bool | None]:
-    """An in-process participant's question about undecided transactions, answered here."""
-    by_code = {lpb.OutcomeReply.COMMITTED: True, lpb.OutcomeReply.ABORTED: False}
-    return [by_code.get(manager.outcome(ts)) for ts in timestamps]
+def _outcome_stub(address: str, tls: TlsDir | None) -> Callable[[list[int]], Awaitable[Any]]:
+    stub = lpb_grpc.TransactionOutcomeStub(member_channel(address, tls, GRPC_OPTIONS))
+    metadata = member_metadata(tls)
+    return lambda timestamps: stub.Query(
+        lpb.OutcomeRequest(ts=timestamps), timeout=5, metadata=metadata
+    )
+
+
+async def _outcomes(
+    manager: TransactionManager,
+    others: list[Callable[[list[int]], Awaitable[Any]]],
+    timestamps: list[int],
+) -> list[bool | None]:
+    """An in-process participant's question about undecided transactions. With several
+    members, whichever coordinated a transaction knows it (its decision log, or in flight);
+    the others say aborted. Presumed abort needs every member's answer: while one cannot be
+    asked, nothing is known (None: ask again later)."""
+    answers = [[manager.outcome(ts) for ts in timestamps]]
+    unknown = False
+    for query in others:
+        try:
+            answers.append(list((await query(timestamps)).outcomes))
+        except grpc.aio.AioRpcError as exc:
+            log.info("outcome of %d transactions not known yet: %s", len(timestamps), exc.details())
+            unknown = True
+    outcomes: list[bool | None] = []
+    for said in zip(*answers, strict=True):
+        if lpb.OutcomeReply.COMMITTED in said:
+            outcomes.append(True)
+        elif lpb.OutcomeReply.PENDING in said or unknown:
+            outcomes.append(None)
+        else:
+            outcomes.append(False)
+    return outcomes
 
 
 async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -> None:
@@ -360,8 +457,12 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     manager = build_manager(config)
     if manager.local is not None:
         await manager.local.start()
+    if isinstance(manager.clock, FollowerClock):
+        manager.leader = config.members[0]
+        await manager.clock.start()  # its first answer brings the catalog
     await manager.start()
-    await manager.views.start()
+    if manager.leader is None:
+        await manager.views.start()
     failover = None
     if config.failover_after > 0:
         store = manager.catalog.store
@@ -385,14 +486,22 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     add_service(
         server, lpb.DESCRIPTOR.services_by_name["TransactionOutcome"], OutcomeServicer(manager)
     )
+    services = [
+        cpb.DESCRIPTOR.services_by_name["Aggview"],
+        lpb.DESCRIPTOR.services_by_name["TransactionOutcome"],
+    ]
+    if config.members and manager.local is not None:  # other members' streams to our partitions
+        add_service(
+            server, lpb.DESCRIPTOR.services_by_name["Ltm"], MemberLtmServicer(manager.local)
+        )
+        services.append(lpb.DESCRIPTOR.services_by_name["Ltm"])
+        if isinstance(manager.clock, LeaderClock):
+            add_service(
+                server, lpb.DESCRIPTOR.services_by_name["Clock"], ClockServicer(manager.clock)
+            )
+            services.append(lpb.DESCRIPTOR.services_by_name["Clock"])
     add_health(server)
-    add_reflection(
-        server,
-        [
-            cpb.DESCRIPTOR.services_by_name["Aggview"].full_name,
-            lpb.DESCRIPTOR.services_by_name["TransactionOutcome"].full_name,
-        ],
-    )
+    add_reflection(server, [service.full_name for service in services])
     credentials = config.tls.server_credentials(members_only=False) if config.tls else None
     await run_until_signalled(
         server, config.host, config.port, "coordinator", ready, credentials=credentials
@@ -409,6 +518,8 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     await servicer.bulk.leases.close()
     await manager.views.stop()
     await manager.close()
+    if isinstance(manager.clock, FollowerClock):
+        await manager.clock.close()
     if manager.local is not None:
         await manager.local.stop()
     await manager.decisions.close()

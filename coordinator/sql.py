@@ -36,7 +36,10 @@ async def run_sql(sql: str, manager: TransactionManager) -> SqlResult:
             return SqlResult(message=await manager.views.execute(view_statement))
     statement = parse_sql(sql)
     if isinstance(statement, exp.Create) and str(statement.args.get("kind")).upper() == "TABLE":
+        manager.at_leader("CREATE TABLE")
         schema, message = manager.catalog.create_table(statement)
+        if schema is not None and manager.views is not None:
+            manager.views.publish()
         return SqlResult(message=message)
     if isinstance(statement, exp.Drop) and str(statement.args.get("kind")).upper() == "TABLE":
         return await _drop_tables(statement, manager)
@@ -49,6 +52,7 @@ async def run_sql(sql: str, manager: TransactionManager) -> SqlResult:
 
 
 async def _drop_tables(statement: exp.Drop, manager: TransactionManager) -> SqlResult:
+    manager.at_leader("DROP TABLE")
     dropped = []
     for table in statement.args.get("tables") or [statement.this]:
         name = identifier(table, "table")
@@ -60,6 +64,8 @@ async def _drop_tables(statement: exp.Drop, manager: TransactionManager) -> SqlR
         schema = manager.catalog.drop_table(name, bool(statement.args.get("exists")))
         if schema is None:
             continue
+        if manager.views is not None:
+            manager.views.publish()
         await manager.drop_table(schema.table_id)
         manager.catalog.store.drop_table(schema.table_id)
         dropped.append(name)

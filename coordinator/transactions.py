@@ -94,6 +94,21 @@ class TransactionManager:
         self._deliveries: set[asyncio.Task[None]] = set()
         self.committed = 0
         self.aborted = 0
+        self.leader: str | None = None  # member 0's address, when this member is not it
+        self.members: list[str] = []  # every coordinating member's address (none: just this)
+
+    def at_leader(self, what: str) -> None:
+        """Refuses, at a follower member, what only member 0 runs (it keeps the catalog)."""
+        if self.leader is not None:
+            raise errors.FailedPrecondition(
+                f"{what} runs at member 0 of the cluster ({self.leader}); send it there "
+                "(the Python client does)"
+            )
+
+    def bump_epoch(self, configuration: dict[str, Any]) -> None:
+        """Views, indexes or tables changed: a new epoch for what is timestamped from now."""
+        self.epoch += 1
+        self.clock.publish(self.epoch, configuration)
 
     @property
     def partitions(self) -> int:
@@ -122,13 +137,34 @@ class TransactionManager:
     async def commit(self, operations: list[cpb.Operation]) -> int:
         """Runs one one-shot transaction; returns its commit timestamp or raises why not."""
         check_operation_count(len(operations), self.limits)
-        ops = [row_op(op, self.catalog.table, self.limits) for op in operations]
-        for decorate in self.decorators:
-            decorate(ops)
-        ts, epoch = await self.clock.next()
+        try:
+            ops, epoch = self._row_ops(operations), self.epoch
+        except errors.UnknownTable:
+            if self.leader is None:
+                raise
+            await self.catch_up()  # a follower's catalog may be older than the client's
+            ops, epoch = self._row_ops(operations), self.epoch
+        ts, _ = await self.clock.next()
+        if self.epoch != epoch:  # the catalog changed meanwhile: convert under the new one
+            try:
+                ops = self._row_ops(operations)
+            except BaseException:
+                self.in_flight.decided(ts)
+                raise
         self.lookups.writing(ts, [(op.table, op.key) for op in ops])
         tx = Transaction(ts, epoch=self.epoch)
         return await self._run(tx, ops)
+
+    def _row_ops(self, operations: list[cpb.Operation]) -> list[lpb.RowOp]:
+        ops = [row_op(op, self.catalog.table, self.limits) for op in operations]
+        for decorate in self.decorators:
+            decorate(ops)
+        return ops
+
+    async def catch_up(self) -> None:
+        """Takes the catalog as of now (at a follower: one round trip to the clock)."""
+        ts = await self.clock.read_timestamp()
+        self.in_flight.stop_reading(ts)
 
     async def bulk_transaction(self, chunks: AsyncIterator[list[lpb.RowOp]]) -> int:
         """One transaction too big for one message (a bulk load): its operations arrive in
@@ -238,14 +274,15 @@ class TransactionManager:
         return await asyncio.shield(decided)
 
     async def _commit_local(self, tx: Transaction) -> int:
-        """Every participant is in this process and its vote is not on disk yet. One
-        participant: one-phase commit, its prepare and commit records flushed together, no
+        """Some participants are in this process and their votes are not on disk yet. One
+        participant, here: one-phase commit, its prepare and commit records flushed together, no
         decision record (a crash before that flush leaves a prepare alone, which the
         participant's question about it then aborts: presumed abort). Several: their prepares
         flushed, then two-phase commit as across processes."""
         participants = sorted(tx.participants)
-        if len(participants) != 1:
-            await asyncio.gather(*(self.channels[p].flush() for p in participants))
+        local = [p for p in participants if hasattr(self.channels[p], "flush")]
+        if len(participants) != 1 or not local:  # across processes: two-phase commit
+            await asyncio.gather(*(self.channels[p].flush() for p in local))
             return await self._commit(tx)
         await self._decided(tx, self.channels[participants[0]].decide(tx.ts, True))
         self.committed += 1

@@ -115,6 +115,7 @@ class ViewManager:
             view = View(ViewPlan.from_json(entry["plan"]), entry["number"], entry["state"])
             view.snapshot = entry["snapshot"]
             self._register(view)
+        self.publish()  # what other members run under, tables included
         for view in list(self.views.values()):
             if view.state != "live":  # the coordinator stopped while initializing it
                 asyncio.get_running_loop().create_task(self._initialize(view, fresh=False))
@@ -133,7 +134,42 @@ class ViewManager:
         view.compiled = ViewState(view.plan, self.catalog.table)
         self.views[view.name] = view
         self.catalog.view_names.add(view.name)
-        self.manager.epoch += 1
+        self.publish()
+
+    def publish(self) -> None:
+        """A new catalog epoch: every transaction timestamped from now on runs under the
+        tables, views and indexes as they are at this moment (other members get this very
+        configuration with their next timestamps)."""
+        self.manager.bump_epoch(self.configuration())
+
+    def configuration(self) -> dict[str, Any]:
+        """What a member needs to run transactions: tables, indexes, views and their state."""
+        return {
+            "tables": [schema.to_json() for schema in self.catalog.tables.values()],
+            "indexes": [
+                {"table": t, "column": c, "index_id": i} for (t, c), i in self.indexes.items()
+            ],
+            "views": [
+                {"plan": v.plan.to_json(), "number": v.number, "state": v.state}
+                for v in self.views.values()
+            ],
+        }
+
+    def install(self, epoch: int, configuration: dict[str, Any]) -> None:
+        """A follower member takes the leader's configuration of ``epoch``."""
+        catalog = self.catalog
+        schemas = [TableSchema.from_json(t) for t in configuration["tables"]]
+        catalog.tables = {s.name: s for s in schemas}
+        catalog.by_id = {s.table_id: s for s in schemas}
+        self.indexes = {(e["table"], e["column"]): e["index_id"] for e in configuration["indexes"]}
+        views = {}
+        for entry in configuration["views"]:
+            view = View(ViewPlan.from_json(entry["plan"]), entry["number"], entry["state"])
+            view.compiled = ViewState(view.plan, catalog.table)
+            views[view.name] = view
+        self.views = views
+        catalog.view_names = set(views)
+        self.manager.epoch = epoch
 
     def _persist(self, view: View) -> None:
         self.catalog.put_entry("view", view.name, view.to_json())
@@ -144,6 +180,7 @@ class ViewManager:
         return parse_view_statement(sql)
 
     async def execute(self, statement: Any) -> str:
+        self.manager.at_leader("CREATE, ALTER and DROP MATERIALIZED VIEW")
         async with self._ddl:
             if isinstance(statement, CreateView):
                 return await self._create(statement)
@@ -193,6 +230,7 @@ class ViewManager:
         """Declares a view (``sql``) or puts an existing one (``name``) back to initializing,
         for a job outside the coordinator to compute at a snapshot taken right after: every
         transaction after it is captured, every one before it is in the snapshot."""
+        self.manager.at_leader("a view's initialization")
         async with self._ddl:
             if sql:
                 statement = parse_view_statement(sql)
@@ -218,7 +256,7 @@ class ViewManager:
                     )
                 async with view.lock:  # no refresh half-way through
                     view.state = "initializing"
-                    self.manager.epoch += 1
+                    self.publish()
                     self._persist(view)
                 created = False
             view.external = ExternalInit(snapshot=0, created=created)
@@ -227,6 +265,7 @@ class ViewManager:
     async def finish_external(self, name: str, snapshot: int, groups: dict[bytes, Row]) -> int:
         """Installs the groups computed at ``snapshot``, then drains what was captured after
         it and makes the view live; returns the timestamp the rows were written at."""
+        self.manager.at_leader("a view's initialization")
         view = self._external(name)
         if snapshot != view.external.snapshot:  # type: ignore[union-attr]
             raise errors.InvalidArgument(
@@ -244,6 +283,7 @@ class ViewManager:
     async def abort_external(self, name: str) -> None:
         """The job failed: a new view is forgotten; an existing one goes live again on the
         rows it had, once the changes captured meanwhile are drained into it."""
+        self.manager.at_leader("a view's initialization")
         view = self._external(name)
         async with self._ddl:
             external, view.external = view.external, None
@@ -280,7 +320,7 @@ class ViewManager:
             self.indexes[(table, column)] = index_id
             created.append((table, column))
         if created:
-            self.manager.epoch += 1
+            self.publish()
         return created
 
     async def _drop(self, drop: DropView) -> str:
@@ -300,13 +340,13 @@ class ViewManager:
         self.views.pop(view.name, None)
         self.catalog.view_names.discard(view.name)
         self.catalog.put_entry("view", view.name, None)
-        self.manager.epoch += 1
+        self.publish()
         unused = self._unused_indexes()
         for key in unused:  # writers stop maintaining them from the next transaction on
             del self.indexes[key]
             self.catalog.put_entry("index", f"{key[0]}.{key[1]}", None)
         if unused:
-            self.manager.epoch += 1
+            self.publish()
         for table_id in (
             view.view_id,
             view.meta_id,
@@ -397,10 +437,10 @@ class ViewManager:
             # From the next transaction on, maintenance is synchronous; then the changes
             # captured since the snapshot are drained once and capture stops.
             view.state = "draining"
-            self.manager.epoch += 1
+            self.publish()
             await self.refresh(view.name, initializing=True)
         view.state = "live"
-        self.manager.epoch += 1
+        self.publish()
         self._persist(view)
         if view.plan.mode == "async" and (view.refresher is None or view.refresher.done()):
             self._start_refresher(view)
@@ -597,6 +637,7 @@ class ViewManager:
 
     async def refresh(self, name: str, *, initializing: bool = False) -> int:
         """Drains the view's change rows below a new timestamp into the view (Algorithm 5.2)."""
+        self.manager.at_leader("a refresh")
         view = self.views.get(name)
         if view is None:
             raise errors.UnknownTable(f"unknown materialized view {name!r}")

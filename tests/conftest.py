@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -49,16 +50,23 @@ def table_name() -> str:
     return f"t_{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-def fresh_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    """A cluster of its own, for tests that kill servers."""
-    running = LocalCluster(tmp_path / "data", ltms=3, checkpoint_interval=0.5, verbose=True)
+@contextlib.contextmanager
+def own_cluster(tmp_path: Path, **layout: Any) -> Iterator[LocalCluster]:
+    """A cluster of its own (``layout``: LocalCluster's fields), stopped and checked after."""
+    running = LocalCluster(tmp_path / "data", checkpoint_interval=0.5, **layout)
     try:
         yield running.start()
     finally:
         running.stop()
         running.kill()
     assert not lookup_mismatches(tmp_path), lookup_mismatches(tmp_path)
+
+
+@pytest.fixture
+def fresh_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A cluster of its own, for tests that kill servers."""
+    with own_cluster(tmp_path, ltms=3, verbose=True) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

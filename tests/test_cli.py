@@ -105,7 +105,7 @@ def test_start_in_one_process_serves_and_refuses_replication(tmp_path: Path) -> 
         timeout=60,
     )
     assert done.returncode != 0
-    assert "--replicate needs an LTM per process" in done.stdout + done.stderr
+    assert "--replicate needs the separate-process layout" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     process, address = start(tmp_path / "one", "--processes", "1")
     try:
@@ -117,6 +117,20 @@ def test_start_in_one_process_serves_and_refuses_replication(tmp_path: Path) -> 
     data = tmp_path / "one"  # the partitions' logs in the coordinator's directory, no LTM's
     assert (data / "coordinator" / "partitions" / "partition-1").is_dir()
     assert not (data / "ltm-0").exists()
+
+
+def test_start_with_two_coordinating_processes(tmp_path: Path) -> None:
+    data = tmp_path / "two"
+    process, address = start(data, "--ltms", "4", "--processes", "2")
+    try:
+        created = sql(address, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+        assert "error" not in created.lower(), created
+        assert sql(address, "SELECT * FROM t").splitlines()[0] == "id\tv"
+    finally:
+        stop(process)
+    for member, partitions in ((0, (0, 2)), (1, (1, 3))):  # partition p on member p % 2
+        hosted = sorted(p.name for p in (data / f"member-{member}" / "partitions").iterdir())
+        assert hosted == [f"partition-{p}" for p in partitions]
 
 
 def test_a_hung_stop_is_cut_short_and_its_stacks_logged(tmp_path: Path) -> None:

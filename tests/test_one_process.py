@@ -5,14 +5,12 @@ under load loses nothing acknowledged and leaves nothing half applied."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lookup_check import lookup_mismatches
-from polling import wait_for
-from test_crash import ACCOUNTS, kill_twice_under_load, wait_until_serving
+from conftest import own_cluster
+from test_crash import ACCOUNTS, acknowledged_inserts_survive_a_kill, kill_twice_under_load
 from test_crash import test_clean_restart_keeps_everything as test_clean_restart  # noqa: F401
 from test_serializability import (  # noqa: F401
     test_concurrent_transfers_keep_every_invariant as test_transfers_keep_every_invariant,
@@ -21,7 +19,6 @@ from test_views_differential import (  # noqa: F401
     test_views_equal_recomputation as test_one_process_views_equal_recomputation,
 )
 
-from aggview import errors
 from aggview.cluster import LocalCluster
 from coordinator import Client
 from loadgen import transfers
@@ -36,13 +33,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def fresh_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    running = LocalCluster(tmp_path / "data", ltms=3, checkpoint_interval=0.5, processes=1)
-    try:
-        yield running.start()
-    finally:
-        running.stop()
-        running.kill()
-    assert not lookup_mismatches(tmp_path), lookup_mismatches(tmp_path)
+    with own_cluster(tmp_path, ltms=3, processes=1) as running:
+        yield running
 
 
 @pytest.mark.parametrize("seed", [3, 4])
@@ -56,7 +48,7 @@ def test_kill_of_the_one_process_under_load_loses_nothing(
 
 
 def test_start_refuses_replication_in_one_process(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="one process has one fate"):
+    with pytest.raises(ValueError, match="replication needs the separate-process layout"):
         LocalCluster(tmp_path, ltms=2, processes=1, replicate=True).start()
 
 
@@ -64,34 +56,4 @@ def test_one_row_inserts_acknowledged_before_a_kill_survive_it(fresh_cluster: Lo
     """One-partition transactions commit with one durable write (no decision record): every
     insert a client saw commit is there after kill -9 and a restart."""
     cluster = fresh_cluster
-    with Client(cluster.address) as client:
-        client.sql("CREATE TABLE notes (id INT PRIMARY KEY, body TEXT NOT NULL)")
-    acknowledged: list[int] = []
-    stop = threading.Event()
-
-    def writer(first: int) -> None:
-        with Client(cluster.address, timeout=5) as client:
-            for i in range(first, first + 100_000, 7):
-                if stop.is_set():
-                    return
-                try:
-                    with client.transaction() as tx:
-                        tx.insert("notes", {"id": i, "body": f"note {i}"})
-                except errors.AggviewError:  # the kill: an unknown outcome, not counted
-                    return
-                acknowledged.append(i)
-
-    workers = [threading.Thread(target=writer, args=(w,)) for w in range(7)]
-    for worker in workers:
-        worker.start()
-    wait_for("some inserts to commit", lambda: len(acknowledged) > 200)
-    cluster.coordinator.kill()
-    stop.set()
-    for worker in workers:
-        worker.join(timeout=30)
-    cluster.coordinator.start()
-    wait_until_serving(cluster.address, "notes")
-    with Client(cluster.address) as client:
-        present = {row["id"] for row in client.scan("notes")}
-    missing = [i for i in acknowledged if i not in present]
-    assert not missing, f"{len(missing)} acknowledged inserts lost, e.g. {missing[:5]}"
+    acknowledged_inserts_survive_a_kill(cluster, cluster.coordinator, lambda w: cluster.address)

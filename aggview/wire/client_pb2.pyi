@@ -398,3 +398,15 @@ class AbortViewRequest(_message.Message):
 class AbortViewReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class MembersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MembersReply(_message.Message):
+    __slots__ = ("addresses", "partitions")
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    partitions: int
+    def __init__(self, addresses: _Optional[_Iterable[str]] = ..., partitions: _Optional[int] = ...) -> None: ...

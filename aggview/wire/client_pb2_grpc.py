@@ -69,6 +69,11 @@ class AggviewStub:
                 request_serializer=aggview_dot_wire_dot_client__pb2.RefreshRequest.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_client__pb2.RefreshReply.FromString,
                 _registered_method=True)
+        self.Members = channel.unary_unary(
+                '/aggview.v1.Aggview/Members',
+                request_serializer=aggview_dot_wire_dot_client__pb2.MembersRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.MembersReply.FromString,
+                _registered_method=True)
         self.List = channel.unary_unary(
                 '/aggview.v1.Aggview/List',
                 request_serializer=aggview_dot_wire_dot_client__pb2.ListRequest.SerializeToString,
@@ -162,6 +167,14 @@ class AggviewServicer:
 
     def Refresh(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Members(self, request, context):
+        """Which processes coordinate: a client sends each transaction to the member hosting most
+        of its rows, and DDL to member 0.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -264,6 +277,11 @@ def add_AggviewServicer_to_server(servicer, server):
                     servicer.Refresh,
                     request_deserializer=aggview_dot_wire_dot_client__pb2.RefreshRequest.FromString,
                     response_serializer=aggview_dot_wire_dot_client__pb2.RefreshReply.SerializeToString,
+            ),
+            'Members': grpc.unary_unary_rpc_method_handler(
+                    servicer.Members,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.MembersRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.MembersReply.SerializeToString,
             ),
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
@@ -505,6 +523,33 @@ class Aggview:
             '/aggview.v1.Aggview/Refresh',
             aggview_dot_wire_dot_client__pb2.RefreshRequest.SerializeToString,
             aggview_dot_wire_dot_client__pb2.RefreshReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Members(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Aggview/Members',
+            aggview_dot_wire_dot_client__pb2.MembersRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.MembersReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -302,3 +302,45 @@ class OutcomeReply(_message.Message):
     OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     outcomes: _containers.RepeatedScalarFieldContainer[OutcomeReply.Outcome]
     def __init__(self, outcomes: _Optional[_Iterable[_Union[OutcomeReply.Outcome, str]]] = ...) -> None: ...
+
+class ClockRequest(_message.Message):
+    __slots__ = ("member", "count", "read", "report", "seen", "undecided", "reading", "wait")
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    SEEN_FIELD_NUMBER: _ClassVar[int]
+    UNDECIDED_FIELD_NUMBER: _ClassVar[int]
+    READING_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    member: int
+    count: int
+    read: bool
+    report: bool
+    seen: int
+    undecided: int
+    reading: int
+    wait: int
+    def __init__(self, member: _Optional[int] = ..., count: _Optional[int] = ..., read: _Optional[bool] = ..., report: _Optional[bool] = ..., seen: _Optional[int] = ..., undecided: _Optional[int] = ..., reading: _Optional[int] = ..., wait: _Optional[int] = ...) -> None: ...
+
+class ClockReply(_message.Message):
+    __slots__ = ("seq", "first", "count", "read_ts", "issued", "decided", "low", "epoch", "configuration")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    READ_TS_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_FIELD_NUMBER: _ClassVar[int]
+    LOW_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CONFIGURATION_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    first: int
+    count: int
+    read_ts: int
+    issued: int
+    decided: int
+    low: int
+    epoch: int
+    configuration: bytes
+    def __init__(self, seq: _Optional[int] = ..., first: _Optional[int] = ..., count: _Optional[int] = ..., read_ts: _Optional[int] = ..., issued: _Optional[int] = ..., decided: _Optional[int] = ..., low: _Optional[int] = ..., epoch: _Optional[int] = ..., configuration: _Optional[bytes] = ...) -> None: ...

@@ -342,3 +342,75 @@ class TransactionOutcome:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ClockStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Tick = channel.stream_stream(
+                '/aggview.v1.Clock/Tick',
+                request_serializer=aggview_dot_wire_dot_ltm__pb2.ClockRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_ltm__pb2.ClockReply.FromString,
+                _registered_method=True)
+
+
+class ClockServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Tick(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ClockServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Tick': grpc.stream_stream_rpc_method_handler(
+                    servicer.Tick,
+                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.ClockRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_ltm__pb2.ClockReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'aggview.v1.Clock', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('aggview.v1.Clock', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Clock:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Tick(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/aggview.v1.Clock/Tick',
+            aggview_dot_wire_dot_ltm__pb2.ClockRequest.SerializeToString,
+            aggview_dot_wire_dot_ltm__pb2.ClockReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

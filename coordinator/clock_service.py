@@ -1,0 +1,294 @@
+"""The cluster clock between processes: the leader's ``Clock`` service and a follower
+member's ``FollowerClock``, one ordered stream per follower.
+
+A follower asks for as many timestamps as it has transactions waiting, one request at a time
+(what arrives while one is out goes in the next: a batch per round trip under load), and
+reports what it holds once per event-loop step in which that changed. A reply carries the
+watermarks; the leader also sends them unasked once they reach what the follower waits for,
+and the catalog of a newer epoch before the first grant under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from aggview import errors
+from aggview.net import GRPC_OPTIONS
+from aggview.security import TlsDir, member_channel, member_metadata
+from aggview.status import Malformed
+from aggview.wire import ltm_pb2 as pb
+from aggview.wire import ltm_pb2_grpc as pb_grpc
+from coordinator.clock import Grant, Marks
+from coordinator.member_clock import InFlight, LeaderClock, MemberClock
+
+log = logging.getLogger(__name__)
+
+
+def _reply(marks: Marks, grant: Grant | None = None) -> pb.ClockReply:
+    reply = pb.ClockReply(
+        issued=marks.issued, decided=marks.decided, low=marks.low, epoch=marks.epoch
+    )
+    if grant is not None:
+        reply.seq, reply.first, reply.count = grant.seq, grant.first, grant.count
+        reply.read_ts, reply.epoch = grant.read_ts, grant.epoch
+    return reply
+
+
+class ClockServicer(pb_grpc.ClockServicer):
+    """At the leader: one stream per follower member."""
+
+    def __init__(self, leader: LeaderClock) -> None:
+        self.leader = leader
+
+    async def Tick(
+        self, requests: AsyncIterator[pb.ClockRequest | Malformed], context: Any
+    ) -> AsyncIterator[pb.ClockReply]:
+        clock = self.leader.clock
+        replies: asyncio.Queue[pb.ClockReply | None] = asyncio.Queue()
+        state = {"member": -1, "wait": 0, "epoch": -1}
+
+        def send(reply: pb.ClockReply) -> None:
+            if reply.epoch > state["epoch"]:  # the follower runs nothing under an unknown epoch
+                reply.configuration = clock.configuration
+                state["epoch"] = reply.epoch
+            replies.put_nowait(reply)
+
+        def told(marks: Marks) -> None:
+            if state["wait"] and marks.decided >= state["wait"]:
+                state["wait"] = 0
+                send(_reply(marks))
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    if isinstance(request, Malformed):
+                        raise errors.InvalidArgument(f"malformed clock request: {request.reason}")
+                    member = request.member
+                    if not 0 < member < clock.members:
+                        raise errors.InvalidArgument(
+                            f"member {member} is not a follower of this {clock.members}-member "
+                            "cluster"
+                        )
+                    if state["member"] != member:
+                        if state["member"] != -1:
+                            raise errors.InvalidArgument("one clock stream serves one member")
+                        clock.connected(member)
+                    state["member"] = member
+                    if request.report:
+                        clock.report(
+                            member, request.seen, request.undecided or None, request.reading or None
+                        )
+                        self.leader.changed()
+                    if request.wait:
+                        state["wait"] = request.wait
+                        self.leader.changed()
+                    if request.count or request.read:
+                        grant = clock.grant(member, request.count, request.read)
+                        send(_reply(clock.marks(), grant))
+            finally:
+                replies.put_nowait(None)
+
+        self.leader.listeners.add(told)
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (reply := await replies.get()) is not None:
+                yield reply
+            try:
+                await reader
+            except errors.AggviewError as exc:  # bad input ends this stream, with its reason
+                await context.abort(exc.code, str(exc))
+        finally:
+            self.leader.listeners.discard(told)
+            reader.cancel()
+
+
+class FollowerClock(MemberClock):
+    """A follower member's side: its requests and reports on one stream to the leader.
+    ``install(epoch, configuration)`` runs, in the step a reply arrives, before any grant
+    under a newer catalog epoch is handed out."""
+
+    def __init__(
+        self,
+        member: int,
+        in_flight: InFlight,
+        leader: str,
+        tls: TlsDir | None,
+        install: Callable[[int, dict[str, Any]], None],
+    ) -> None:
+        super().__init__(in_flight)
+        self.member = member
+        self.address = leader
+        self._tls = tls
+        self._install = install
+        self._writers: list[asyncio.Future[tuple[int, int]]] = []  # waiting to be asked for
+        self._readers: list[asyncio.Future[int]] = []
+        self._asked_writes: deque[asyncio.Future[tuple[int, int]]] = deque()
+        self._asked_reads: list[asyncio.Future[int]] = []
+        self._asking = False
+        self._scheduled = False
+        self._seen = 0
+        self._wait_sent = 0
+        self._outbox: asyncio.Queue[pb.ClockRequest] = asyncio.Queue()
+        self._call: Any = None
+        self._closed = False
+        self._reader: asyncio.Task[None] | None = None
+        in_flight.changed = self._changed
+
+    async def start(self) -> None:
+        self._channel = member_channel(self.address, self._tls, GRPC_OPTIONS)
+        self._open()
+        ts = await self.read_timestamp()  # the first grant brings the catalog
+        self.in_flight.stop_reading(ts)
+
+    def _open(self) -> None:
+        """A new stream; its first message reports what this member holds."""
+        stub = pb_grpc.ClockStub(self._channel)
+        outbox: asyncio.Queue[pb.ClockRequest] = asyncio.Queue()
+
+        async def outgoing() -> AsyncIterator[pb.ClockRequest]:
+            while True:
+                yield await outbox.get()
+
+        self._outbox = outbox
+        self._seen = 0  # grants are numbered per stream
+        self._asking = False
+        self._wait_sent = self._waiters[0][0] if self._waiters else 0
+        self._call = stub.Tick(outgoing(), metadata=member_metadata(self._tls))
+        self._reader = asyncio.get_running_loop().create_task(self._read(self._call))
+        self._changed()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._call is not None:
+            self._call.cancel()
+        await self._channel.close()
+
+    # ------------------------------------------------------------------ asking
+
+    async def next(self) -> tuple[int, int]:
+        future: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        self._writers.append(future)
+        self._ask_soon()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.in_flight.decided(future.result()[0])  # granted, never used
+            raise
+
+    async def read_timestamp(self) -> int:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._readers.append(future)
+        self._ask_soon()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.in_flight.stop_reading(future.result())
+            raise
+
+    def _ask_soon(self) -> None:
+        if not self._asking and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._send)
+
+    def _changed(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._send)
+
+    def _waiting(self, ts: int) -> None:
+        if not self._wait_sent or ts < self._wait_sent:
+            self._wait_sent = ts
+            self._changed()
+
+    def _send(self) -> None:
+        """One message: a report of what this member holds, and what it waits for; and,
+        unless a request is out, everything waiting for a timestamp."""
+        self._scheduled = False
+        request = pb.ClockRequest(
+            member=self.member,
+            report=True,
+            seen=self._seen,
+            undecided=self.in_flight.oldest() or 0,
+            reading=self.in_flight.oldest_read() or 0,
+            wait=self._wait_sent,
+        )
+        if not self._asking and (self._writers or self._readers):
+            self._asking = True
+            request.count = len(self._writers)
+            request.read = bool(self._readers)
+            self._asked_writes.extend(self._writers)
+            self._asked_reads = self._readers
+            self._writers, self._readers = [], []
+        self._outbox.put_nowait(request)
+
+    # ------------------------------------------------------------------ answers
+
+    async def _read(self, call: Any) -> None:
+        """Answers until the stream ends; then whatever waits fails as unavailable and a new
+        stream is opened (the leader restarted, or the network failed)."""
+        try:
+            async for reply in call:
+                self._received(reply)
+            problem = "member 0 ended the clock stream"
+        except grpc.aio.AioRpcError as exc:
+            problem = f"the clock stream to member 0 failed: {exc.details() or exc.code()}"
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:  # a bug here must not leave everything waiting in silence
+            log.exception("clock stream reader failed")
+            problem = f"the clock stream to member 0 failed: {exc!r}"
+        log.warning("%s", problem)
+        failure = errors.Unavailable(problem)
+        asked = [*self._asked_writes, *self._asked_reads]
+        self._asked_writes.clear()
+        self._asked_reads = []
+        for future in asked:
+            if not future.done():
+                future.set_exception(failure)
+        await asyncio.sleep(0.2)
+        if not self._closed:
+            self._open()
+
+    def _received(self, reply: pb.ClockReply) -> None:
+        if reply.configuration:
+            self._install(reply.epoch, json.loads(reply.configuration))
+        if reply.seq:
+            self._granted(reply)
+        self._marked(Marks(reply.issued, reply.decided, reply.low, reply.epoch))
+        if self._wait_sent and reply.decided >= self._wait_sent:
+            self._wait_sent = 0
+            if self._waiters:
+                self._waiting(self._waiters[0][0])
+
+    def _granted(self, reply: pb.ClockReply) -> None:
+        self._seen = reply.seq
+        unused = False
+        for ts in range(reply.first, reply.first + reply.count):
+            future = self._asked_writes.popleft()
+            if future.done():  # its caller went away: the next report releases it
+                unused = True
+                continue
+            self.in_flight.add(ts)
+            future.set_result((ts, reply.epoch))
+        if self._asked_reads:  # the grant answers the one request out, reads included
+            for future in self._asked_reads:
+                if future.done():
+                    unused = True
+                    continue
+                self.in_flight.start_reading(reply.read_ts)
+                future.set_result(reply.read_ts)
+            self._asked_reads = []
+        self._asking = False
+        if unused or self._writers or self._readers:
+            self._changed()

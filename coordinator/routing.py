@@ -1,0 +1,74 @@
+"""Which member a client sends a transaction to: the one hosting most of its rows, so that
+its sub-transactions there are direct calls and a one-row transaction commits with one
+durable write. Learnt from any server (``Members``) and the tables' schemas (``Describe``);
+whatever cannot be placed (an unknown table, a bad key) goes to the address the client was
+given, whose answer then says what is wrong."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+
+from aggview import errors
+from aggview.partition_map import partition_of
+from aggview.schema import TableSchema
+from aggview.values import from_row
+from aggview.wire import client_pb2 as pb
+from coordinator.convert import Limits, key_bytes
+
+KEY_LIMITS = Limits()
+
+
+class Router:
+    """Pure: the clients fetch what it lacks (``unknown``) and hand it over (``learn``)."""
+
+    def __init__(self, members: Sequence[str], partitions: int) -> None:
+        self.members = list(members)
+        self.partitions = partitions
+        self._schemas: dict[str, TableSchema | None] = {}
+
+    @property
+    def routes(self) -> bool:
+        return len(self.members) > 1
+
+    def member_for(self, operations: Sequence[pb.Operation]) -> int | None:
+        """The member hosting most of the rows (the first row's on a tie); None: no idea."""
+        counts: Counter[int] = Counter()
+        for op in operations:
+            member = self._member_of(op)
+            if member is None:
+                return None
+            counts[member] += 1
+        if not counts:
+            return None
+        best = max(counts.values())
+        return next(m for m in counts if counts[m] == best)
+
+    def _member_of(self, op: pb.Operation) -> int | None:
+        schema = self._schemas.get(op.table)
+        if schema is None:
+            return None
+        row = from_row(op.values if op.kind == pb.Operation.INSERT else op.key)
+        try:
+            key = key_bytes(schema, {c: row[c] for c in schema.primary_key}, KEY_LIMITS)
+        except (KeyError, errors.AggviewError, TypeError, ValueError):
+            return None
+        return partition_of(schema.table_id, key, self.partitions) % len(self.members)
+
+    def unknown(self, operations: Sequence[pb.Operation]) -> set[str]:
+        """Tables whose schema is needed to place these operations."""
+        return {op.table for op in operations if op.table not in self._schemas}
+
+    def learn(self, table: str, reply: pb.DescribeReply | None) -> None:
+        """What ``Describe`` said of a table (None: it failed, e.g. no such table yet)."""
+        if reply is None:
+            return  # not remembered: the table may be created later
+        is_table = reply.kind == pb.DescribeReply.TABLE and reply.schema_json
+        self._schemas[table] = (
+            TableSchema.from_json(json.loads(reply.schema_json)) if is_table else None
+        )
+
+    def forget(self, table: str) -> None:
+        """A table dropped or created again: its schema is looked up anew."""
+        self._schemas.pop(table, None)
