@@ -55,6 +55,7 @@ class Server:
     port: int = 0
     flags: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
+    code: Path = _ROOT  # the checkout whose code the process runs (benchmarks: an old one)
 
     @property
     def address(self) -> str:
@@ -66,7 +67,7 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         extra_env, env = env, dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.code), env.get("PYTHONPATH")]))
         env.update(extra_env or {})
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -159,6 +160,8 @@ class LocalCluster:
     # no LTM processes); P >= 2: P members that each host a share and coordinate; 0: one
     # process per LTM, as before.
     processes: int = 0
+    # The checkout the servers run (default: this one); benchmarks compare an older one.
+    code: Path = _ROOT
 
     @property
     def store_url(self) -> str:
@@ -259,6 +262,7 @@ class LocalCluster:
                     self.data / "logs" / f"ltm-{i}.log",
                     port=ports[i],
                     flags=["-v"] if self.verbose else [],
+                    code=self.code,
                 )
             )
         try:
@@ -293,6 +297,7 @@ class LocalCluster:
                 self.data / "logs" / "coordinator.log",
                 port=coordinator_port,
                 flags=["-v"] if self.verbose else [],
+                code=self.code,
             )
             self.servers.append(coordinator)
             coordinator.start()
@@ -331,6 +336,7 @@ class LocalCluster:
                     self.data / "logs" / f"member-{m}.log",
                     port=ports[m],
                     flags=["-v"] if self.verbose else [],
+                    code=self.code,
                 )
             )
         try:

@@ -144,7 +144,8 @@ class CpuMeter:
         roles: dict[str, float] = {"client": time.process_time(), "coordinator": 0.0, "ltms": 0.0}
         for server in self.cluster.servers:
             if server.process is not None:
-                role = "coordinator" if server.role == "coordinator" else "ltms"
+                # members coordinate (and host partitions): counted with the coordinator
+                role = "ltms" if server.role.startswith("ltm") else "coordinator"
                 roles[role] += _proc_cpu_seconds(server.process.pid)
         roles["other"] = _machine_busy_seconds() - sum(roles.values())
         return time.perf_counter(), roles
@@ -362,7 +363,7 @@ async def settle(cluster: LocalCluster, timeout: float = 30.0) -> None:
     """Waits until every LTM has checkpointed its dirty rows and holds nothing prepared, so
     one case's checkpoint does not land in the next case's window. A one-process cluster shows
     no LTM status: there, two checkpoint intervals pass instead."""
-    if cluster.processes == 1:
+    if cluster.processes >= 1:
         await asyncio.sleep(2 * cluster.checkpoint_interval)
         return
     if not await ltms_until(cluster, lambda r: r.dirty_rows == 0 and r.prepared == 0, timeout):
@@ -415,6 +416,13 @@ async def check_sum(cluster: LocalCluster, expected: int, ambiguous: int) -> str
     return f"[bold red]CONSISTENCY CHECK FAILED[/]: sum(v) = {total}, expected {expected}"
 
 
+def setup_processes(setup: str) -> int:
+    """The --processes of a setup (0: the separate coordinator and LTMs)."""
+    if setup == "one-process":
+        return 1
+    return int(setup.removeprefix("processes-")) if setup.startswith("processes-") else 0
+
+
 @contextlib.contextmanager
 def running_cluster(
     data: Path,
@@ -423,6 +431,7 @@ def running_cluster(
     setup: str = "plain",
     store: str = "",
     processes: int = 0,
+    code: Path | None = None,
 ) -> Iterator[LocalCluster]:
     """A started cluster that is stopped cleanly on the way out, even on Ctrl-C or SIGTERM:
     once an exception (such as the KeyboardInterrupt of Ctrl-C) unwinds through here, further
@@ -435,7 +444,8 @@ def running_cluster(
         secure=setup == "tls",
         replicate=setup == "replicated",
         store=store,
-        processes=1 if setup == "one-process" else processes,
+        processes=setup_processes(setup) or processes,
+        **({"code": code} if code is not None else {}),
     )
     try:
         with cluster:
@@ -549,26 +559,45 @@ def run_load(args: argparse.Namespace) -> list[Result]:
                 continue
             prefix = f"aggview-bench-{ltms}-{setup}-"
             store = hbase_store(args.hbase) if setup == "hbase" else ""
+            code = old_code(args) if setup == "old" else None
             with tempfile.TemporaryDirectory(prefix=prefix, dir=args.tmp) as tmp:
-                with running_cluster(Path(tmp), ltms, not args.no_fsync, setup, store) as cluster:
+                with running_cluster(
+                    Path(tmp), ltms, not args.no_fsync, setup, store, code=code
+                ) as cluster:
                     results.extend(asyncio.run(bench_cluster(cluster, args, setup)))
     return results
 
 
+def old_code(args: argparse.Namespace) -> Path:
+    """The checkout --setup old runs (a ``git worktree`` of an older commit)."""
+    if not args.old or not (Path(args.old) / "aggview" / "cli.py").exists():
+        raise SystemExit("--setup old needs --old DIR, a checkout of aggview (git worktree add)")
+    return Path(args.old).resolve()
+
+
 def setup_ratios(results: Sequence[Result]) -> list[str]:
-    """Throughput with TLS, or with replicated logs, over plaintext, for every case measured
-    both ways."""
-    plain = {_case(r): r for r in results if r.setup == "plain"}
+    """Every setup against the baseline, for every case measured both ways: the old code
+    when it was measured (--setup old), else plaintext."""
+    baseline = "old" if any(r.setup == "old" for r in results) else "plain"
+    base_of = {_case(r): r for r in results if r.setup == baseline}
     lines = []
     for r in results:
-        base = plain.get(_case(r))
-        if r.setup != "plain" and base is not None and base.tps:
+        base = base_of.get(_case(r))
+        if r.setup != baseline and base is not None and base.tps:
             lines.append(
-                f"{r.setup} cost: {r.ltms} LTM(s), {r.rows} row(s)/tx, {r.mode}: {r.tps:.0f} vs "
-                f"{base.tps:.0f} tx/s plaintext, ratio {r.tps / base.tps:.2f}; p50 "
-                f"{_ms(r.p50_ms)} vs {_ms(base.p50_ms)} ms"
+                f"{r.setup} against {baseline}: {r.ltms} LTM(s), {r.rows} row(s)/tx, {r.mode}, "
+                f"{r.clients} clients: {r.tps:.0f} vs {base.tps:.0f} tx/s, ratio "
+                f"{r.tps / base.tps:.2f}; p50 {_ms(r.p50_ms)} vs {_ms(base.p50_ms)} ms; server "
+                f"CPU {_server_cpu_ms(r):.2f} vs {_server_cpu_ms(base):.2f} ms/tx"
             )
     return lines
+
+
+def _server_cpu_ms(r: Result) -> float:
+    """Milliseconds of server CPU (coordinating processes and LTMs) per committed transaction."""
+    if not r.tps:
+        return 0.0
+    return 10 * (r.cpu.get("coordinator", 0) + r.cpu.get("ltms", 0)) / r.tps
 
 
 def _case(r: Result) -> tuple[object, ...]:
@@ -740,11 +769,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--setup",
         nargs="+",
-        choices=["plain", "tls", "replicated", "hbase", "one-process"],
+        choices=[
+            "plain",
+            "tls",
+            "replicated",
+            "hbase",
+            "one-process",
+            "processes-2",
+            "processes-4",
+            "old",
+        ],
         default=["plain"],
         help="plaintext (--insecure); TLS with tokens and member checks; replicated LTM logs "
         "(plaintext); the store on HBase (--hbase); the whole cluster in one process "
-        "(--processes 1). Several: each is also compared with plain",
+        "(--processes 1); in 2 or 4 processes that each coordinate (--processes P); the "
+        "servers of --old (plaintext). Several: each is also compared with old, if measured, "
+        "else with plain",
+    )
+    parser.add_argument(
+        "--old", help="with --setup old: a checkout of older code (git worktree add DIR REV)"
     )
     parser.add_argument(
         "--hbase", help="with --setup hbase: a real HBase's Thrift server, hbase://HOST:PORT"

@@ -76,6 +76,7 @@ from bench.transactions import (
     err,
     hbase_store,
     measure_window,
+    old_code,
     out,
     percentile,
     running_cluster,
@@ -107,6 +108,12 @@ RECOMPUTE_TABLES = ("categories", "products", "events")
 
 ON_HBASE = " @hbase"
 ONE_PROCESS = " @1 process"
+OLD = " @old"
+
+
+def in_processes(processes: int) -> str:
+    """The suffix of a case run in ``processes`` coordinating processes."""
+    return ONE_PROCESS if processes == 1 else f" @{processes} processes"
 
 
 @dataclass(frozen=True)
@@ -513,13 +520,21 @@ def cases(args: argparse.Namespace) -> list[Case]:
     return chosen
 
 
+def layouts(args: argparse.Namespace) -> list[int]:
+    """The --processes layouts each case also runs in (--one-process is --processes 1)."""
+    return sorted({*args.processes, *([1] if args.one_process else [])})
+
+
 def store_cases(args: argparse.Namespace) -> list[tuple[Case, str]]:
     """Every case on the embedded store, then (with --one-process) each again with the whole
     cluster in one process, named ``<case> @1 process``, then (with --hbase) each again on
     HBase, named ``<case> @hbase``."""
     chosen = [(case, "") for case in cases(args)]
-    if args.one_process:
-        chosen += [(replace(case, name=f"{case.name}{ONE_PROCESS}"), "") for case in cases(args)]
+    if args.old:
+        chosen += [(replace(case, name=f"{case.name}{OLD}"), "") for case in cases(args)]
+    for processes in layouts(args):
+        suffix = in_processes(processes)
+        chosen += [(replace(case, name=f"{case.name}{suffix}"), "") for case in cases(args)]
     if args.hbase:
         chosen += [
             (replace(case, name=f"{case.name}{ON_HBASE}"), hbase_store(args.hbase))
@@ -553,9 +568,12 @@ def run_on(
                 else:
                     shutil.copytree(base, data, ignore=shutil.ignore_patterns("logs"))
                     err.print(f"{case.name}: a fresh cluster over a copy of the base")
-                processes = 1 if case.name.endswith(ONE_PROCESS) else 0
+                processes = next(
+                    (p for p in layouts(args) if case.name.endswith(in_processes(p))), 0
+                )
+                code = old_code(args) if case.name.endswith(OLD) else None
                 with running_cluster(
-                    data, args.ltms, not args.no_fsync, store=store, processes=processes
+                    data, args.ltms, not args.no_fsync, store=store, processes=processes, code=code
                 ) as cluster:
                     pids.extend(s.process.pid for s in cluster.servers if s.process is not None)
                     loop.run_until_complete(bench_case(cluster, case, args, report, pass_index))
@@ -605,11 +623,18 @@ def ratios(report: Report, args: argparse.Namespace) -> list[dict[str, Any]]:
         for ms in args.intervals:
             add(f"async {ms}ms/none", clients, (f"async {ms}ms", "spread"), none)
         add("hot/spread (sync)", clients, ("sync", "hot"), sync)
-    if args.one_process:
+    for processes in layouts(args):
+        suffix = in_processes(processes)
         for clients in args.clients:
             for case in cases(args):
-                alone = (f"{case.name}{ONE_PROCESS}", "spread")
-                add(f"{case.name}: 1 process/separate", clients, alone, (case.name, "spread"))
+                layout = (f"{case.name}{suffix}", "spread")
+                add(f"{case.name}:{suffix}/separate", clients, layout, (case.name, "spread"))
+    if args.old:
+        for suffix in ["", *(in_processes(p) for p in layouts(args))]:
+            for clients in args.clients:
+                for case in cases(args):
+                    new, old = (f"{case.name}{suffix}", "spread"), (f"{case.name}{OLD}", "spread")
+                    add(f"{case.name}{suffix or ' (separate)'}/old", clients, new, old)
     if args.hbase:
         for clients in args.clients:
             for case in cases(args):
@@ -635,7 +660,8 @@ def print_report(report: Report, found: list[dict[str, Any]], fsync: bool) -> No
         f"events preloaded, {base['products']} products in {base['categories']} categories "
         f"({'fsync' if fsync else 'no fsync'})",
         caption="spread: random products; hot: products of category 0 only (one view row). "
-        "CPU: % of one core used by the coordinator, the LTMs, this client and other processes",
+        "CPU: % of one core used by the coordinating processes (the coordinator, or every "
+        "member), the LTMs, this client and other processes",
     )
     for name in ("case", "view", "workload", "clients", "pass", *MEASURE_COLUMNS):
         table.add_column(name, justify="right")
@@ -786,6 +812,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--one-process",
         action="store_true",
         help="run every case again with the whole cluster in one process (--processes 1)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        default=[],
+        help="run every case again in each of these layouts: P processes that each "
+        "coordinate, the partitions spread over them (1: the whole cluster in one process)",
+    )
+    parser.add_argument(
+        "--old",
+        help="also run every case on the servers of this checkout of older code (git worktree "
+        "add DIR REV), in its default layout, each layout of this code against it",
     )
     parser.add_argument(
         "--hbase",

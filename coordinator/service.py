@@ -461,6 +461,9 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         manager.leader = config.members[0]
         await manager.clock.start()  # its first answer brings the catalog
     await manager.start()
+    for channel in manager.channels:  # before anyone else's message: see Participant.observe
+        if isinstance(channel, LocalLtm):
+            channel.participant.observe(*manager._watermarks())
     if manager.leader is None:
         await manager.views.start()
     failover = None
