@@ -8,7 +8,10 @@ for each other; a row whose ``_count`` reaches 0 is deleted.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+
+from aggview.partition_map import group_of
 
 Row = dict[str, Any]
 
@@ -49,3 +52,16 @@ def merge(row: Row | None, delta: Row) -> Row | None:
     if not any(merged.values()):
         return None
     return merged
+
+
+def gather(rows: Iterable[tuple[bytes, Row]], partials: bool) -> dict[bytes, Row]:
+    """A view's groups from its stored rows: as they are, or, for a view kept as partial rows
+    (``aggview.partition_map``), each group's partials added up (a group whose partials cancel
+    out is absent)."""
+    if not partials:
+        return dict(rows)
+    groups: dict[bytes, Row] = {}
+    for key, row in rows:
+        group = group_of(key)
+        groups[group] = combine(groups.get(group, {}), row)
+    return {g: kept for g, row in groups.items() if (kept := merge(None, row)) is not None}

@@ -14,6 +14,23 @@ CHANGES_ID = re.compile(r"c\d+_")  # change table number N of base table T: "c<N
 # Index number N of a column of base table T: "j<N>_<W>_" + T's id, where W is the width of
 # the column's encoded value (a number, or "t" for TEXT, which ends at TEXT_END).
 INDEX_ID = re.compile(r"j\d+_(\d+|t)_")
+# View number N kept as partial rows: a group's state is the sum of one row per partition
+# that changed it, keyed by the group key + that partition (2 bytes), and lives there.
+PARTIALS_ID = re.compile(r"u\d+_")
+PARTITION_BYTES = 2
+
+
+def is_partials(table_id: str) -> bool:
+    return PARTIALS_ID.match(table_id) is not None
+
+
+def partial_key(group_key: bytes, partition: int) -> bytes:
+    """The key of a group's partial row that lives on ``partition``."""
+    return group_key + partition.to_bytes(PARTITION_BYTES, "big")
+
+
+def group_of(partial: bytes) -> bytes:
+    return partial[:-PARTITION_BYTES]
 
 
 def changes_table(number: int, table_id: str) -> str:
@@ -31,6 +48,8 @@ def partition_of(table_id: str, key: bytes, partitions: int) -> int:
     """A change row or an index entry lives with the base row it describes, so writing it
     adds no participant to the writing transaction. (Indexes read by range ask every LTM
     anyway.)"""
+    if PARTIALS_ID.match(table_id):
+        return int.from_bytes(key[-PARTITION_BYTES:], "big") % partitions
     match = CHANGES_ID.match(table_id)
     if match:
         table_id, key = table_id[match.end() :], key[:-8]

@@ -19,14 +19,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import zlib
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aggview import errors, failpoints
 from aggview.keycodec import encode_key, encoded_width, prefix_end
-from aggview.merge import combine, negate
-from aggview.partition_map import changes_table, index_table
+from aggview.merge import combine, gather, negate
+from aggview.partition_map import changes_table, index_table, partial_key, partition_of
 from aggview.rowcodec import decode_row, encode_row
 from aggview.schema import Column, TableSchema, to_storage
 from aggview.wire import ltm_pb2 as lpb
@@ -55,6 +56,9 @@ class View:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     refresher: asyncio.Task[None] | None = field(default=None, repr=False)
     external: ExternalInit | None = field(default=None, repr=False)
+    # Kept as partial rows, one per partition that changed a group (see DECISIONS, Views);
+    # views created before partial rows keep one row per group.
+    partials: bool = False
 
     @property
     def name(self) -> str:
@@ -62,7 +66,21 @@ class View:
 
     @property
     def view_id(self) -> str:
-        return f"v{self.number}_{self.name}"
+        return f"{'u' if self.partials else 'v'}{self.number}_{self.name}"
+
+    def merge(self, key: bytes, delta: Row, home: int) -> lpb.RowOp:
+        """The operation adding ``delta`` to group ``key``: with partial rows, to the group's
+        row on partition ``home`` (one the transaction writes anyway, so the view adds no
+        participant; any other when none is)."""
+        if self.partials:
+            key = partial_key(key, home)
+        return lpb.RowOp(
+            kind=lpb.RowOp.MERGE, table=self.view_id, key=key, values=encode_row(delta)
+        )
+
+    def groups(self, rows: Iterable[tuple[bytes, bytes]]) -> dict[bytes, Row]:
+        """Each group's state from the view's stored rows."""
+        return gather(((key, decode_row(data) or {}) for key, data in rows), self.partials)
 
     @property
     def meta_id(self) -> str:
@@ -81,6 +99,7 @@ class View:
             "number": self.number,
             "state": self.state,
             "snapshot": self.snapshot,
+            "partials": self.partials,
         }
 
 
@@ -112,7 +131,12 @@ class ViewManager:
         for entry in self.catalog.entries("index"):
             self.indexes[(entry["table"], entry["column"])] = entry["index_id"]
         for entry in self.catalog.entries("view"):
-            view = View(ViewPlan.from_json(entry["plan"]), entry["number"], entry["state"])
+            view = View(
+                ViewPlan.from_json(entry["plan"]),
+                entry["number"],
+                entry["state"],
+                partials=entry.get("partials", False),
+            )
             view.snapshot = entry["snapshot"]
             self._register(view)
         self.publish()  # what other members run under, tables included
@@ -150,7 +174,12 @@ class ViewManager:
                 {"table": t, "column": c, "index_id": i} for (t, c), i in self.indexes.items()
             ],
             "views": [
-                {"plan": v.plan.to_json(), "number": v.number, "state": v.state}
+                {
+                    "plan": v.plan.to_json(),
+                    "number": v.number,
+                    "state": v.state,
+                    "partials": v.partials,
+                }
                 for v in self.views.values()
             ],
         }
@@ -164,7 +193,12 @@ class ViewManager:
         self.indexes = {(e["table"], e["column"]): e["index_id"] for e in configuration["indexes"]}
         views = {}
         for entry in configuration["views"]:
-            view = View(ViewPlan.from_json(entry["plan"]), entry["number"], entry["state"])
+            view = View(
+                ViewPlan.from_json(entry["plan"]),
+                entry["number"],
+                entry["state"],
+                partials=entry["partials"],
+            )
             view.compiled = ViewState(view.plan, catalog.table)
             views[view.name] = view
         self.views = views
@@ -213,7 +247,7 @@ class ViewManager:
                 f"{self.manager.limits.max_views} (max_views)"
             )
         plan = compile_view(create, self.catalog.table)
-        view = View(plan, self.catalog.next_number(), "initializing")
+        view = View(plan, self.catalog.next_number(), "initializing", partials=True)
         store = self.catalog.store
         for table_id in (view.view_id, view.meta_id, *self._changes_ids(view)):
             store.create_table(table_id)
@@ -408,8 +442,8 @@ class ViewManager:
                 # The view may hold rows (a recomputation): move each group to its new state.
                 old = await self.manager.read_range_at(view.view_id, b"", b"", ts, own=True)
                 deltas = dict(groups)
-                for key, data in old:
-                    deltas[key] = combine(deltas.get(key, {}), negate(decode_row(data) or {}))
+                for key, state in view.groups(old).items():
+                    deltas[key] = combine(deltas.get(key, {}), negate(state))
                 refreshed_at = view.snapshot
             else:
                 tables = {}
@@ -421,7 +455,7 @@ class ViewManager:
                     tables[table] = {key: decode_row(data) or {} for key, data in rows}
                 deltas = await from_scratch(view_state, tables)
                 view.snapshot = refreshed_at = ts
-            return [_merge(view.view_id, key, state) for key, state in deltas.items()] + [
+            return [view.merge(key, d, self._home(key)) for key, d in deltas.items()] + [
                 _meta(view, refreshed_at=refreshed_at)
             ]
 
@@ -527,6 +561,8 @@ class ViewManager:
             return []
         if tx.epoch != self.manager.epoch:
             raise errors.TooLate("views or indexes changed during the transaction; retry it")
+        # partial view rows go with the first changed row: no participant added
+        home = partition_of(images[0].table, images[0].key, self.manager.partitions)
         ops: list[lpb.RowOp] = []
         for table, rows in changes.items():
             schema = self.catalog.table(table)
@@ -550,8 +586,12 @@ class ViewManager:
                 continue
             assert view.compiled is not None
             delta = await view_delta(view.compiled, relevant, self._rows_where(tx.ts))
-            ops.extend(_merge(view.view_id, key, d) for key, d in delta.items())
+            ops.extend(view.merge(key, d, home) for key, d in delta.items())
         return [op for op in ops if op is not None]
+
+    def _home(self, group_key: bytes) -> int:
+        """Where a group's partial row goes when no partition is better than another."""
+        return zlib.crc32(group_key) % self.manager.partitions
 
     def _index_op(
         self, schema: TableSchema, column: str, key: bytes, value: Any, *, erase: bool = False
@@ -669,7 +709,7 @@ class ViewManager:
                 if net:
                     changes[table] = net
             delta = await view_delta(compiled, touching(view.plan, changes), self._rows_where(ts))
-            ops.extend(_merge(view.view_id, key, d) for key, d in delta.items())
+            ops.extend(view.merge(key, d, self._home(key)) for key, d in delta.items())
             if view.plan.mode == "async":
                 ops.append(_meta(view, refreshed_at=ts))
             return ops
@@ -703,8 +743,11 @@ class ViewManager:
         async with self.manager.snapshot() as ts:
             if view.plan.group_by and len(prefix_values) == len(view.plan.group_by):
                 key = compiled.encode_group(prefix_values)
-                found = await self.manager.read_keys_at(view.view_id, [key], ts)
-                rows = list(found.items())
+                keys = [key]
+                if view.partials:
+                    keys = [partial_key(key, p) for p in range(self.manager.partitions)]
+                found = await self.manager.read_keys_at(view.view_id, keys, ts)
+                rows = sorted(found.items())
             elif prefix_values:
                 start = compiled.encode_group(prefix_values)
                 rows = await self.manager.read_range_at(
@@ -715,11 +758,12 @@ class ViewManager:
             consistent_at = ts
             if view.plan.mode == "async":
                 consistent_at = await self._refreshed_at(view, ts)
-        if not view.plan.group_by and not rows:
-            rows = [(NO_GROUP_KEY, b"")]  # SQL: an aggregate without GROUP BY has one row
+        groups = view.groups(rows)
+        if not view.plan.group_by and not groups:
+            groups = {NO_GROUP_KEY: {}}  # SQL: an aggregate without GROUP BY has one row
         out = []
-        for key, data in rows:
-            row = compiled.finalize(key, decode_row(data) or {})
+        for key, state in sorted(groups.items()):
+            row = compiled.finalize(key, state)
             if row is not None and all(row.get(c) == v for c, v in where.items()):
                 out.append(row)
         return out, consistent_at
@@ -753,10 +797,6 @@ def touching(plan: ViewPlan, changes: Changes) -> Changes:
         if kept:
             out[table] = kept
     return out
-
-
-def _merge(view_id: str, key: bytes, delta: Row) -> lpb.RowOp:
-    return lpb.RowOp(kind=lpb.RowOp.MERGE, table=view_id, key=key, values=encode_row(delta))
 
 
 def _meta(view: View, *, refreshed_at: int) -> lpb.RowOp:

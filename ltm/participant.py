@@ -22,7 +22,7 @@ from typing import Any
 
 from aggview import errors, failpoints
 from aggview.merge import combine
-from aggview.partition_map import CHANGES_ID, partition_of
+from aggview.partition_map import CHANGES_ID, is_partials, partition_of
 from aggview.rowcodec import (
     decode_json,
     decode_row,
@@ -584,7 +584,10 @@ class Participant:
                         ts, row, lsn = decode_stored(data) if data else (0, None, 0)
                         # rts and older versions were forgotten on eviction: assume the worst.
                         self.rows[(table, key)] = RowState(
-                            versions=[(ts, row)], rts=self.evicted_floor, lsn=lsn
+                            versions=[(ts, row)],
+                            rts=self.evicted_floor,
+                            lsn=lsn,
+                            partial=is_partials(table),
                         )
                 future.set_result(None)
             except BaseException as exc:

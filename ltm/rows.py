@@ -33,6 +33,9 @@ class RowState:
     merges: dict[int, Row] = field(default_factory=dict)  # prepared view deltas by timestamp
     lock_waiters: list[tuple[int, int, asyncio.Future[bool]]] = field(default_factory=list)
     read_waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    # a partial row of a view (aggview.partition_map): its _count may be 0 while its sums
+    # are not, for good, so it is never settled
+    partial: bool = False
 
     @property
     def last_ts(self) -> int:
@@ -136,6 +139,8 @@ class RowState:
         delta is older than: until then such a version may be a partial sum that the older
         delta completes (reads at or above a pending delta wait, so none sees it). Returns
         whether a version changed."""
+        if self.partial:
+            return False
         oldest = min(self.merges, default=None)
         changed = False
         for i, (ts, row) in enumerate(self.versions):

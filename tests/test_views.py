@@ -14,7 +14,10 @@ from lookup_check import lookup_mismatches
 
 from aggview import errors
 from aggview.cluster import LocalCluster
+from aggview.merge import gather
+from aggview.partition_map import group_of, partial_key, partition_of
 from coordinator import Client
+from coordinator.bulk_client import BulkClient
 from loadgen import dashboard
 
 SMALL = dashboard.Scale(shops=5, products=40, categories=4)
@@ -162,6 +165,33 @@ def test_hot_group_writers_do_not_wait_for_each_other(dashboard_cluster: LocalCl
             "ON e.prod_id = p.id WHERE p.cat_id = 0 GROUP BY p.cat_id",
         )
     assert sum(retries) == 0, "writers to one group aborted each other"
+    with Client(address) as client:  # the hot group is kept as partial rows, spread out
+        bulk = BulkClient(client)
+        store_table = bulk.describe("one_category").store_table
+        lease, ts = bulk.hold_snapshot()
+        try:
+            stored = [kv for page in bulk.read_range("one_category", b"", b"", ts) for kv in page]
+        finally:
+            bulk.release_snapshot(lease)
+    homes = {partition_of(store_table, key, dashboard_cluster.ltms) for key, _ in stored}
+    assert len({group_of(key) for key, _ in stored}) == 1
+    assert len(homes) > 1, "every writer merged into one row"
+    assert {int.from_bytes(key[-2:], "big") for key, _ in stored} == homes
+
+
+def test_partial_rows_add_up_and_cancel_out() -> None:
+    """Unit: a group's partial rows are summed, multisets too; a group whose partials cancel
+    is absent; a view from before partial rows is read as it is."""
+    g1, g2 = b"\x01a", b"\x01b"
+    rows = [
+        (partial_key(g1, 0), {"_count": 2, "s0": 10, "m0": {3: 1, 4: 1}}),
+        (partial_key(g1, 3), {"_count": -1, "s0": -4, "m0": {4: -1}}),
+        (partial_key(g2, 1), {"_count": 1, "s0": 5}),
+        (partial_key(g2, 2), {"_count": -1, "s0": -5}),
+    ]
+    assert gather(rows, partials=True) == {g1: {"_count": 1, "s0": 6, "m0": {3: 1}}}
+    assert partition_of("u7_sales", partial_key(g1, 3), 4) == 3
+    assert gather([(g1, {"_count": 1})], partials=False) == {g1: {"_count": 1}}
 
 
 def test_min_survives_deleting_the_minimum(client: Client, table_name: str) -> None:

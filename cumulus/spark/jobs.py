@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
-from aggview.rowcodec import decode_row, encode_row
+from aggview.rowcodec import encode_row
 from aggview.schema import TableSchema
 from coordinator.bulk_client import BulkClient
 from coordinator.client import Client
 from cumulus.aggstate import Row, ViewState
 from cumulus.plan import ViewPlan
 from cumulus.spark.compute import compute_states, needed_columns, normalized
-from cumulus.spark.source import encode_staged, staging_name
+from cumulus.spark.source import encode_staged, staging_name, view_states
 
 Progress = Callable[[str], None]
 MAX_REPORTED = 20  # bad rows named in an error message
@@ -177,11 +177,7 @@ def verify_views(
                 state = _view_state(described.plan, described.base_schemas)
                 with snapshot_tables(spark, address, state, ts, options) as tables:
                     expected = compute_states(spark, state, tables)
-                actual = {
-                    key: decode_row(data) or {}
-                    for page in bulk.read_range(name, b"", b"", ts)
-                    for key, data in page
-                }
+                actual = dict(view_states(described, bulk.read_range(name, b"", b"", ts)))
             finally:
                 bulk.release_snapshot(lease)
             result = VerifyResult(name, ts, len(expected))

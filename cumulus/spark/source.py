@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,8 @@ from pyspark.sql.types import StructType
 
 from aggview import errors
 from aggview.keycodec import encode_key, prefix_end
+from aggview.merge import gather
+from aggview.partition_map import is_partials
 from aggview.rowcodec import decode_row, encode_row
 from aggview.schema import ColumnType, TableSchema, from_storage, to_storage
 from coordinator.bulk_client import BulkClient, Described
@@ -212,14 +214,22 @@ class AggviewReader(DataSourceReader):
             if described.kind == "table":
                 yield from _table_rows(described, self.columns, pages)
             elif self.raw:
-                for page in pages:
-                    for key, data in page:
-                        state = decode_row(data) or {}
-                        yield tuple(
-                            {"key": key, "state": json.dumps(state)}[c] for c in self.columns
-                        )
+                for key, state in view_states(described, pages):
+                    yield tuple({"key": key, "state": json.dumps(state)}[c] for c in self.columns)
             else:
                 yield from _view_rows(described, self.columns, pages)
+
+
+def view_states(
+    described: Described, pages: Iterable[list[tuple[bytes, bytes]]]
+) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """(group key, state) of a view's groups from its stored rows, in key order for a view
+    kept as one row per group; a view kept as partial rows is added up first (all of it)."""
+    rows = ((key, decode_row(data) or {}) for page in pages for key, data in page)
+    if is_partials(described.store_table):
+        yield from sorted(gather(rows, partials=True).items())
+    else:
+        yield from rows
 
 
 def _table_rows(
@@ -239,12 +249,11 @@ def _view_rows(
 ) -> Iterator[tuple[Any, ...]]:
     state = view_state(described)
     seen = False
-    for page in pages:
-        for key, data in page:
-            seen = True
-            row = state.finalize(key, decode_row(data) or {})
-            if row is not None:
-                yield tuple(row[c] for c in columns)
+    for key, group in view_states(described, pages):
+        seen = True
+        row = state.finalize(key, group)
+        if row is not None:
+            yield tuple(row[c] for c in columns)
     if not seen and not state.plan.group_by:  # SQL: an aggregate without GROUP BY has one row
         row = state.finalize(b"\x00", {})
         if row is not None:
