@@ -23,8 +23,9 @@ from aggview.security import (
     metadata_value,
 )
 from coordinator.convert import Limits, check_sql_size
+from coordinator.dml import CONTROL, WRITES
 from cumulus.compiler import parse_view_statement
-from cumulus.sqltext import parse_sql
+from cumulus.sqltext import parse_statements
 
 CLIENT_SERVICE = "aggview.v1.Aggview"
 # Server reflection (grpcurl's `list` and `describe`) is open to any valid token, as reads are.
@@ -65,13 +66,19 @@ def _digest(token: str) -> bytes:
 
 
 def sql_role(sql: str) -> str:
-    """The role a SQL statement needs: a plain SELECT reads; anything else is DDL (admin).
+    """The role SQL needs: a plain SELECT reads; INSERT, UPDATE, DELETE (and BEGIN, COMMIT,
+    ROLLBACK around them) write; anything else is DDL (admin).
 
     Parsed the way ``coordinator.sql.run_sql`` will parse it, so what counts as a read here is
     what runs as one; SQL that does not parse raises the parser's InvalidArgument here."""
     if parse_view_statement(sql) is not None:
         return "admin"
-    return "read" if isinstance(parse_sql(sql), exp.Select) else "admin"
+    statements = parse_statements(sql)
+    if all(isinstance(s, WRITES + CONTROL) for s in statements):
+        return "write"
+    if len(statements) == 1 and isinstance(statements[0], exp.Select):
+        return "read"
+    return "admin"
 
 
 def role_needed(service: str, method: str) -> str:
@@ -184,7 +191,9 @@ class ClientGate(grpc.aio.ServerInterceptor):
             return exc.code, str(exc)
         if ROLES[token.role] >= ROLES[needed]:
             return None
-        what = "DDL (any SQL statement but SELECT)" if needed == "admin" else "SELECT"
+        what = {"admin": "DDL (SQL but SELECT and writes)", "write": "INSERT, UPDATE, DELETE"}.get(
+            needed, "SELECT"
+        )
         return (
             grpc.StatusCode.PERMISSION_DENIED,
             f"{what} needs the {needed} role; token {token.name!r} has {token.role}",

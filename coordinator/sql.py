@@ -15,9 +15,10 @@ from aggview.schema import TableSchema, from_storage, to_storage
 from aggview.values import to_value
 from aggview.wire import client_pb2 as cpb
 from coordinator.convert import check_sql_size
+from coordinator.dml import is_write, run_writes
 from coordinator.transactions import TransactionManager
 from cumulus.expressions import literal_value
-from cumulus.sqltext import column_value, constant, identifier, parse_sql
+from cumulus.sqltext import column_value, constant, identifier, parse_statements
 
 
 @dataclass
@@ -34,7 +35,15 @@ async def run_sql(sql: str, manager: TransactionManager) -> SqlResult:
         view_statement = manager.views.handles(sql)
         if view_statement is not None:
             return SqlResult(message=await manager.views.execute(view_statement))
-    statement = parse_sql(sql)
+    statements = parse_statements(sql)
+    if is_write(statements):
+        return SqlResult(message=await run_writes(statements, manager))
+    if len(statements) != 1:
+        raise errors.InvalidArgument(
+            f"expected one SQL statement, got {len(statements)} (several are for writes: "
+            "INSERT, UPDATE, DELETE inside BEGIN; ...; COMMIT;)"
+        )
+    statement = statements[0]
     if isinstance(statement, exp.Create) and str(statement.args.get("kind")).upper() == "TABLE":
         manager.at_leader("CREATE TABLE")
         schema, message = manager.catalog.create_table(statement)
@@ -46,8 +55,8 @@ async def run_sql(sql: str, manager: TransactionManager) -> SqlResult:
     if isinstance(statement, exp.Select):
         return await _select(statement, manager)
     raise errors.InvalidArgument(
-        f"unsupported SQL statement {statement.key.upper()}: expected CREATE TABLE, DROP TABLE "
-        "or SELECT"
+        f"unsupported SQL statement {statement.key.upper()}: expected CREATE TABLE, DROP TABLE, "
+        "SELECT, INSERT, UPDATE, DELETE or BEGIN; ...; COMMIT;"
     )
 
 
@@ -106,7 +115,10 @@ async def _select(statement: exp.Select, manager: TransactionManager) -> SqlResu
     from_ = statement.args.get("from_")
     if from_ is None:
         raise errors.InvalidArgument("SELECT needs FROM a table")
-    schema = manager.catalog.table(identifier(from_.this, "table"))
+    name = identifier(from_.this, "table")
+    if manager.views is not None and name in manager.views.views:
+        return await _select_view(statement, name, manager)
+    schema = manager.catalog.table(name)
     columns = []
     for item in statement.expressions:
         if isinstance(item, exp.Star):
@@ -143,3 +155,48 @@ async def _select(statement: exp.Select, manager: TransactionManager) -> SqlResu
             break
     result.message = f"{len(result.rows)} row(s) at timestamp {ts}"
     return result
+
+
+async def _select_view(statement: exp.Select, name: str, manager: TransactionManager) -> SqlResult:
+    """A view's rows from one snapshot (an async view's: as of its last refresh, the
+    timestamp the result carries); a WHERE of equalities on leading GROUP BY columns is a
+    lookup, any other equality filters."""
+    assert manager.views is not None
+    view = manager.views.views[name]
+    output = list(view.plan.output)
+    columns = []
+    for item in statement.expressions:
+        if isinstance(item, exp.Star):
+            columns.extend(output)
+        elif isinstance(item, exp.Column) and identifier(item, "column") in output:
+            columns.append(identifier(item, "column"))
+        else:
+            raise errors.InvalidArgument(
+                f"unsupported select item {item.sql()!r}: materialized view {name} has "
+                f"{', '.join(output)}"
+            )
+    where: dict[str, Any] = {}
+    condition = statement.args.get("where")
+    for term in _terms(condition.this if condition is not None else None):
+        if not isinstance(term, exp.EQ) or not isinstance(term.this, exp.Column):
+            raise errors.InvalidArgument(
+                f"unsupported condition {term.sql()!r}: view reads take column = literal AND ..."
+            )
+        where[identifier(term.this, "column")] = literal_value(constant(term.expression)[0])
+    limit_node = statement.args.get("limit")
+    limit = _limit(limit_node.expression) if limit_node is not None else 0
+    rows, ts = await manager.views.read(name, where)
+    result = SqlResult(columns=columns, timestamp=ts)
+    for found in rows[:limit] if limit else rows:
+        row = cpb.Row()
+        for column in columns:
+            row.columns[column].CopyFrom(to_value(found[column]))
+        result.rows.append(row)
+    result.message = f"{len(result.rows)} row(s) of {name} at timestamp {ts}"
+    return result
+
+
+def _terms(node: exp.Expression | None) -> list[exp.Expression]:
+    if node is None:
+        return []
+    return list(node.flatten()) if isinstance(node, exp.And) else [node]

@@ -205,6 +205,40 @@ class TransactionManager:
                 await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
         raise AssertionError("unreachable")
 
+    async def read_write_transaction(
+        self, build: Callable[[int], Awaitable[list[cpb.Operation]]]
+    ) -> int:
+        """A client's transaction whose writes depend on what it reads (a SQL UPDATE or DELETE
+        with a WHERE): ``build`` reads at the transaction's own timestamp, marking what it read
+        so no older writer can change it afterwards, and returns the operations, which commit
+        at that timestamp like any client's (checked, captured, views maintained). A
+        timestamp-order abort runs it again at a new timestamp. Nothing to write: nothing
+        commits, and the reads' timestamp is returned."""
+        for attempt in itertools.count():
+            ts, _ = await self.clock.next()
+            self.lookups.opaque(ts)  # its rows are known only once it has read
+            tx = Transaction(ts, epoch=self.epoch)
+            try:
+                operations = await build(ts)
+                if operations:
+                    check_operation_count(len(operations), self.limits)
+                ops = self._row_ops(operations)
+            except BaseException:
+                self.in_flight.decided(ts)
+                self.lookups.aborted(ts)
+                raise
+            if not ops:
+                self.in_flight.decided(ts)
+                self.lookups.aborted(ts)
+                return ts
+            try:
+                return await self._run(tx, ops)
+            except errors.TooLate:
+                if attempt >= SYSTEM_RETRIES:
+                    raise
+                await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
+        raise AssertionError("unreachable")
+
     async def bulk_system_transaction(
         self, build: Callable[[int], AsyncIterator[list[lpb.RowOp]]]
     ) -> int:

@@ -52,11 +52,19 @@ def identifier(node: exp.Expression | None, what: str) -> str:
     return name
 
 
-def parse_sql(sql: str) -> exp.Expression:
+def parse_statements(sql: str) -> list[exp.Expression]:
+    """Every statement of ``sql`` (separated by semicolons)."""
     try:
         statements = [s for s in sqlglot.parse(sql) if s is not None]
     except sqlglot.errors.ParseError as exc:
         raise errors.InvalidArgument(f"cannot parse SQL: {exc}") from None
+    if not statements:
+        raise errors.InvalidArgument("no SQL statement")
+    return statements
+
+
+def parse_sql(sql: str) -> exp.Expression:
+    statements = parse_statements(sql)
     if len(statements) != 1:
         raise errors.InvalidArgument(f"expected one SQL statement, got {len(statements)}")
     return statements[0]

@@ -126,6 +126,9 @@ def test_start_with_two_coordinating_processes(tmp_path: Path) -> None:
         created = sql(address, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
         assert "error" not in created.lower(), created
         assert sql(address, "SELECT * FROM t").splitlines()[0] == "id\tv"
+        said = sql(address, "INSERT INTO t VALUES (1, 10), (2, 20); UPDATE t SET v = v + 1")
+        assert said.startswith("INSERT 2 at timestamp") and "; UPDATE 2 at" in said, said
+        assert sql(address, "SELECT v FROM t WHERE id = 2").splitlines()[1] == "21"
     finally:
         stop(process)
     for member, partitions in ((0, (0, 2)), (1, (1, 3))):  # partition p on member p % 2

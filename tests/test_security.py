@@ -169,6 +169,8 @@ def test_read_token_cannot_write(secure: LocalCluster, accounts: str) -> None:
             reader.refresh("total")
         with pytest.raises(errors.PermissionDenied, match="admin role"):
             reader.sql("DROP TABLE accounts")
+        with pytest.raises(errors.PermissionDenied, match="UPDATE, DELETE needs the write role"):
+            reader.sql(f"DELETE FROM {accounts} WHERE id = 1")
     assert_unchanged(secure)
 
 
@@ -192,6 +194,12 @@ def test_write_token_cannot_run_ddl(secure: LocalCluster, accounts: str) -> None
         with pytest.raises(errors.InvalidArgument, match="parse"):  # refused before it runs
             writer.sql("SELECT * FROM (")
         assert len(writer.sql("select * from accounts -- a read")) == 2
+        assert (
+            "UPDATE 1"
+            in writer.sql(
+                f"BEGIN; UPDATE {accounts} SET balance = balance + 0 WHERE id = 1; COMMIT;"
+            ).message
+        )
     assert_unchanged(secure)
 
 
