@@ -8,9 +8,12 @@ error is raised as the matching ``aggview.errors`` class.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import random
+import re
 import time
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +218,58 @@ def _open_channel(
     return channel, metadata, False
 
 
+def query_sql(
+    view: str,
+    where: Mapping[str, Any] | None = None,
+    rollup: Sequence[str] | None = None,
+    order_by: Sequence[str] = (),
+    limit: int = 0,
+) -> str:
+    """The SQL of a query-layer call (see ``Client.query``), every value a quoted literal."""
+    names = [view, *(where or {}), *(rollup or ()), *(c.lstrip("-") for c in order_by)]
+    for name in names:
+        if not _IDENTIFIER.match(name):
+            raise errors.InvalidArgument(f"invalid name {name!r}: letters, digits and _")
+    terms = []
+    for column, wanted in (where or {}).items():
+        if wanted is None:
+            terms.append(f"{column} IS NULL")
+        elif isinstance(wanted, list | set | frozenset):
+            terms.append(f"{column} IN ({', '.join(_sql_literal(v) for v in wanted)})")
+        elif isinstance(wanted, tuple):
+            low, high = wanted
+            terms.append(f"{column} BETWEEN {_sql_literal(low)} AND {_sql_literal(high)}")
+        else:
+            terms.append(f"{column} = {_sql_literal(wanted)}")
+    sql = f"SELECT * FROM {view}"
+    if terms:
+        sql += " WHERE " + " AND ".join(terms)
+    if rollup is not None:
+        sql += f" GROUP BY {', '.join(rollup) or '()'}"
+    if order_by:
+        sql += " ORDER BY " + ", ".join(
+            f"{c[1:]} DESC" if c.startswith("-") else c for c in order_by
+        )
+    if limit:
+        sql += f" LIMIT {int(limit)}"
+    return sql
+
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def _sql_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int | float | Decimal):
+        return str(value)
+    if isinstance(value, datetime.date):
+        return f"DATE '{value.isoformat()}'"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    raise errors.InvalidArgument(f"cannot compare with {value!r} ({type(value).__name__})")
+
+
 class Client:
     """A blocking client. Use as a context manager, or call :meth:`close`.
 
@@ -337,6 +392,25 @@ class Client:
         rows = _scan_rows(self._call(self._stub.View, request))
         self.last_read_timestamp = rows.timestamp
         return rows
+
+    def query(
+        self,
+        view: str,
+        where: Mapping[str, Any] | None = None,
+        *,
+        rollup: Sequence[str] | None = None,
+        order_by: Sequence[str] = (),
+        limit: int = 0,
+    ) -> Rows:
+        """Slice, dice, roll up and drill down a view, exactly, from one snapshot.
+
+        ``where``: column -> a value (equality), a list (IN), a (low, high) tuple (BETWEEN) or
+        None (IS NULL). ``rollup``: the group columns to keep (fewer than the view's: each
+        aggregate is re-aggregated from the groups' state, so AVG, MIN, MAX and COUNT DISTINCT
+        stay exact; [] gives one total row; None, the view's own groups). ``order_by``:
+        columns, "-col" descending. A column or aggregate the view cannot answer is an
+        error naming it."""
+        return self.sql(query_sql(view, where, rollup, order_by, limit))
 
     def refresh(self, name: str) -> int:
         """Refreshes an async view now; returns the timestamp it is exact at."""
@@ -530,6 +604,10 @@ class AsyncClient:
     async def view(self, name: str, where: Mapping[str, Any] | None = None) -> Rows:
         request = pb.ViewRequest(view=name, where=to_row(where or {}))
         return _scan_rows(await self._call(self._stub.View, request))
+
+    async def query(self, view: str, where: Mapping[str, Any] | None = None, **how: Any) -> Rows:
+        """See :meth:`Client.query` (``how``: rollup, order_by, limit)."""
+        return await self.sql(query_sql(view, where, **how))
 
     async def refresh(self, name: str) -> int:
         stub = await self._leader()

@@ -17,6 +17,7 @@ from aggview.wire import client_pb2 as cpb
 from coordinator.convert import check_sql_size
 from coordinator.dml import is_write, run_writes
 from coordinator.transactions import TransactionManager
+from coordinator.view_query import Condition
 from cumulus.expressions import literal_value
 from cumulus.sqltext import column_value, constant, identifier, parse_statements
 
@@ -107,17 +108,17 @@ def _limit(node: exp.Expression) -> int:
 
 
 async def _select(statement: exp.Select, manager: TransactionManager) -> SqlResult:
-    for unsupported in ("joins", "group", "having", "order", "with", "offset"):
-        if statement.args.get(unsupported):
-            raise errors.InvalidArgument(
-                f"unsupported in a read: {unsupported.upper()} (declare a view for aggregates)"
-            )
     from_ = statement.args.get("from_")
     if from_ is None:
         raise errors.InvalidArgument("SELECT needs FROM a table")
     name = identifier(from_.this, "table")
     if manager.views is not None and name in manager.views.views:
         return await _select_view(statement, name, manager)
+    for unsupported in ("joins", "group", "having", "order", "with", "offset"):
+        if statement.args.get(unsupported):
+            raise errors.InvalidArgument(
+                f"unsupported in a read: {unsupported.upper()} (declare a view for aggregates)"
+            )
     schema = manager.catalog.table(name)
     columns = []
     for item in statement.expressions:
@@ -157,43 +158,150 @@ async def _select(statement: exp.Select, manager: TransactionManager) -> SqlResu
     return result
 
 
+# How a view's aggregate column rolls up, and the SQL functions that say so.
+_ROLLUP = {
+    "sum": {"SUM"},
+    "count": {"SUM"},
+    "count_star": {"SUM"},
+    "min": {"MIN"},
+    "max": {"MAX"},
+    "avg": {"AVG"},
+    "count_distinct": set(),
+}
+_SQL_FUNCTIONS = {
+    exp.Sum: "SUM",
+    exp.Count: "COUNT",
+    exp.Min: "MIN",
+    exp.Max: "MAX",
+    exp.Avg: "AVG",
+}
+_RANGES = {exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">=", exp.NEQ: "!=", exp.EQ: "="}
+
+
 async def _select_view(statement: exp.Select, name: str, manager: TransactionManager) -> SqlResult:
-    """A view's rows from one snapshot (an async view's: as of its last refresh, the
-    timestamp the result carries); a WHERE of equalities on leading GROUP BY columns is a
-    lookup, any other equality filters."""
+    """A query over a view's stored state (``coordinator.view_query``): WHERE slices and dices
+    (=, IN, BETWEEN, comparisons, IS NULL, AND), GROUP BY fewer of its group columns rolls up
+    (each aggregate column by its own aggregate: write it bare or as SUM/COUNT/MIN/MAX/AVG of
+    itself, matching), ORDER BY and LIMIT order and cut. One snapshot; an async view's rows are
+    those of its last refresh, the timestamp the result carries."""
     assert manager.views is not None
     view = manager.views.views[name]
-    output = list(view.plan.output)
-    columns = []
+    plan = view.plan
+    kinds = {a.name: a.kind for a in plan.aggregates}
+    groups = [g.name for g in plan.group_by]
+    for unsupported in ("joins", "having", "with", "offset"):
+        if statement.args.get(unsupported):
+            raise errors.InvalidArgument(
+                f"unsupported in a query of materialized view {name}: {unsupported.upper()}"
+            )
+    group_node = statement.args.get("group")
+    keep = None
+    if group_node is not None:  # GROUP BY (): everything in one row
+        keep = [identifier(g, "column") for g in group_node.expressions if g != exp.Tuple()]
+    elif any(isinstance(i.unalias(), exp.AggFunc) for i in statement.expressions):
+        keep = []  # an aggregate without GROUP BY: everything rolled into one row
+    columns: list[tuple[str, str]] = []  # (output name, view column)
     for item in statement.expressions:
-        if isinstance(item, exp.Star):
-            columns.extend(output)
-        elif isinstance(item, exp.Column) and identifier(item, "column") in output:
-            columns.append(identifier(item, "column"))
-        else:
+        alias = item.alias if isinstance(item, exp.Alias) else ""
+        node = item.this if isinstance(item, exp.Alias) else item
+        if isinstance(node, exp.Star):
+            columns.extend((c, c) for c in plan.output if keep is None or c in keep or c in kinds)
+            continue
+        column = _view_column(node, name, kinds, groups)
+        if keep is not None and column in groups and column not in keep:
             raise errors.InvalidArgument(
-                f"unsupported select item {item.sql()!r}: materialized view {name} has "
-                f"{', '.join(output)}"
+                f"{column} is neither grouped by nor an aggregate: add it to GROUP BY"
             )
-    where: dict[str, Any] = {}
-    condition = statement.args.get("where")
-    for term in _terms(condition.this if condition is not None else None):
-        if not isinstance(term, exp.EQ) or not isinstance(term.this, exp.Column):
-            raise errors.InvalidArgument(
-                f"unsupported condition {term.sql()!r}: view reads take column = literal AND ..."
+        columns.append((alias or (column if isinstance(node, exp.Column) else node.sql()), column))
+    conditions = [_condition(t, name) for t in _terms(_where(statement))]
+    rows, ts = await manager.views.query(name, conditions, keep)
+    order = statement.args.get("order")
+    if order is not None:
+        for ordered in reversed(order.expressions):
+            column = identifier(ordered.this, "column")
+            if not rows or column not in rows[0]:
+                if rows:
+                    raise errors.InvalidArgument(f"cannot ORDER BY {column!r}: not in the result")
+                continue
+            rows.sort(
+                key=lambda r, c=column: (r[c] is None, 0 if r[c] is None else r[c]),
+                reverse=bool(ordered.args.get("desc")),
             )
-        where[identifier(term.this, "column")] = literal_value(constant(term.expression)[0])
     limit_node = statement.args.get("limit")
     limit = _limit(limit_node.expression) if limit_node is not None else 0
-    rows, ts = await manager.views.read(name, where)
-    result = SqlResult(columns=columns, timestamp=ts)
+    result = SqlResult(columns=[out for out, _ in columns], timestamp=ts)
     for found in rows[:limit] if limit else rows:
         row = cpb.Row()
-        for column in columns:
-            row.columns[column].CopyFrom(to_value(found[column]))
+        for out, column in columns:
+            row.columns[out].CopyFrom(to_value(found[column]))
         result.rows.append(row)
     result.message = f"{len(result.rows)} row(s) of {name} at timestamp {ts}"
     return result
+
+
+def _view_column(node: exp.Expression, name: str, kinds: dict[str, str], groups: list[str]) -> str:
+    """The view column a select item reads: a column, or an aggregate of an aggregate column
+    that rolls it up the way the view aggregates it."""
+    if isinstance(node, exp.Column):
+        column = identifier(node, "column")
+        if column not in kinds and column not in groups:
+            raise errors.UnknownColumn(f"materialized view {name} has no column {column!r}")
+        return column
+    function = next((f for t, f in _SQL_FUNCTIONS.items() if isinstance(node, t)), None)
+    inner = node.this if function is not None else None
+    if isinstance(inner, exp.Distinct) or not isinstance(inner, exp.Column):
+        raise errors.InvalidArgument(
+            f"unsupported select item {node.sql()!r}: a column of materialized view {name}, or "
+            "SUM/COUNT/MIN/MAX/AVG of one of its aggregate columns"
+        )
+    column = identifier(inner, "column")
+    kind = kinds.get(column)
+    if kind is None:
+        raise errors.InvalidArgument(
+            f"{node.sql()}: {column!r} is not an aggregate column of materialized view {name} "
+            f"(those are {', '.join(kinds)})"
+        )
+    if function not in _ROLLUP[kind]:
+        how = " or ".join(sorted(_ROLLUP[kind])) or f"{column} itself"
+        raise errors.InvalidArgument(
+            f"{node.sql()} cannot be derived: {column} is {kind.upper().replace('_', ' ')} per "
+            f"group, so it rolls up as {how}"
+        )
+    return column
+
+
+def _where(statement: exp.Select) -> exp.Expression | None:
+    where = statement.args.get("where")
+    return where.this if where is not None else None
+
+
+def _condition(term: exp.Expression, name: str) -> Condition:
+    if isinstance(term, exp.Paren):
+        return _condition(term.this, name)
+    node = term.this
+    if not isinstance(node, exp.Column):
+        raise errors.InvalidArgument(
+            f"unsupported condition {term.sql()!r} on materialized view {name}: column op "
+            "literal, IN, BETWEEN or IS NULL, joined by AND"
+        )
+    column = identifier(node, "column")
+    if isinstance(term, exp.Is) and isinstance(term.expression, exp.Null):
+        return Condition(column, "is null")
+    if isinstance(term, exp.In):
+        return Condition(column, "in", [_literal(v) for v in term.expressions])
+    if isinstance(term, exp.Between):
+        return Condition(column, "between", _literal(term.args["low"]), _literal(term.args["high"]))
+    op = _RANGES.get(type(term))
+    if op is None:
+        raise errors.InvalidArgument(
+            f"unsupported condition {term.sql()!r} on materialized view {name}: column op "
+            "literal, IN, BETWEEN or IS NULL, joined by AND"
+        )
+    return Condition(column, op, _literal(term.expression))
+
+
+def _literal(node: exp.Expression) -> Any:
+    return literal_value(constant(node)[0])
 
 
 def _terms(node: exp.Expression | None) -> list[exp.Expression]:

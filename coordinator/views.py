@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import zlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,8 +31,10 @@ from aggview.partition_map import changes_table, index_table, partial_key, parti
 from aggview.rowcodec import decode_row, encode_row
 from aggview.schema import Column, TableSchema, to_storage
 from aggview.wire import ltm_pb2 as lpb
+from coordinator import view_query
 from coordinator.catalog import Catalog
 from coordinator.transactions import Transaction, TransactionManager
+from coordinator.view_query import Condition
 from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState
 from cumulus.compiler import AlterView, CreateView, DropView, compile_view, parse_view_statement
 from cumulus.delta import Changes, from_scratch, view_delta
@@ -722,6 +724,14 @@ class ViewManager:
     async def read(self, name: str, where: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
         """Rows of a view from one snapshot, and the timestamp they are consistent at (for an
         async view: its last refresh). A where on leading GROUP BY columns is a lookup."""
+        conditions = [Condition(column, "=", value) for column, value in where.items()]
+        return await self.query(name, conditions)
+
+    async def query(
+        self, name: str, conditions: Sequence[Condition], keep: Sequence[str] | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The view's groups that meet ``conditions``, rolled up to the group columns ``keep``
+        (None: the view's own), from one snapshot (see ``coordinator.view_query``)."""
         view = self.views.get(name)
         if view is None:
             raise errors.UnknownTable(f"unknown materialized view {name!r}")
@@ -729,44 +739,46 @@ class ViewManager:
             raise errors.FailedPrecondition(f"materialized view {name} is still initializing")
         assert view.compiled is not None
         compiled = view.compiled
-        outputs = set(view.plan.output)
-        for column in where:
-            if column not in outputs:
-                raise errors.UnknownColumn(f"materialized view {name} has no column {column!r}")
-        prefix_values = []
-        for group in view.plan.group_by:
-            if group.name not in where:
-                break
-            column = Column(group.name, compiled.group_types[len(prefix_values)])
-            to_storage(column, where[group.name], table=name)  # type check, with a clear error
-            prefix_values.append(where[group.name])
+        view_query.check(compiled, name, conditions, keep or [])
+        for condition in conditions:  # type checks, each with a clear error
+            group = next((g for g in view.plan.group_by if g.name == condition.column), None)
+            if group is None or condition.op == "is null":
+                continue
+            column = Column(group.name, compiled.group_types[view.plan.group_by.index(group)])
+            values = condition.value if condition.op == "in" else [condition.value, condition.high]
+            for value in values:
+                if value is not None:
+                    to_storage(column, value, table=name)
+        prefixes = view_query.prefixes(compiled, conditions)
         async with self.manager.snapshot() as ts:
-            if view.plan.group_by and len(prefix_values) == len(view.plan.group_by):
-                key = compiled.encode_group(prefix_values)
-                keys = [key]
-                if view.partials:
-                    keys = [partial_key(key, p) for p in range(self.manager.partitions)]
-                found = await self.manager.read_keys_at(view.view_id, keys, ts)
-                rows = sorted(found.items())
-            elif prefix_values:
-                start = compiled.encode_group(prefix_values)
-                rows = await self.manager.read_range_at(
-                    view.view_id, start, prefix_end(start) or b"", ts
-                )
-            else:
-                rows = await self.manager.read_range_at(view.view_id, b"", b"", ts)
+            rows = await self._stored_groups(view, prefixes, ts)
             consistent_at = ts
             if view.plan.mode == "async":
                 consistent_at = await self._refreshed_at(view, ts)
         groups = view.groups(rows)
         if not view.plan.group_by and not groups:
             groups = {NO_GROUP_KEY: {}}  # SQL: an aggregate without GROUP BY has one row
-        out = []
-        for key, state in sorted(groups.items()):
-            row = compiled.finalize(key, state)
-            if row is not None and all(row.get(c) == v for c, v in where.items()):
-                out.append(row)
-        return out, consistent_at
+        return view_query.answer(compiled, groups, conditions, keep), consistent_at
+
+    async def _stored_groups(
+        self, view: View, prefixes: list[list[Any]] | None, ts: int
+    ) -> list[tuple[bytes, bytes]]:
+        """The view's stored rows under each key prefix (None: all of them)."""
+        assert view.compiled is not None
+        if prefixes is None:
+            return await self.manager.read_range_at(view.view_id, b"", b"", ts)
+        whole = [p for p in prefixes if len(p) == len(view.plan.group_by)]
+        keys = [view.compiled.encode_group(p) for p in whole]
+        if view.partials:
+            keys = [partial_key(k, q) for k in keys for q in range(self.manager.partitions)]
+        found = await self.manager.read_keys_at(view.view_id, keys, ts) if keys else {}
+        rows = list(found.items())
+        for prefix in prefixes:
+            if len(prefix) < len(view.plan.group_by):
+                start = view.compiled.encode_group(prefix)
+                stop = prefix_end(start) or b""
+                rows += await self.manager.read_range_at(view.view_id, start, stop, ts)
+        return rows
 
     async def refreshed_at(self, view: View) -> int:
         """The timestamp an async view's rows are consistent at now (its last refresh)."""

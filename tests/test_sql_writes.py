@@ -77,6 +77,13 @@ def test_a_transaction_with_a_failing_statement_applies_nothing(
     assert _rows(client.scan(table_name)) == [(1, 9), (2, 20)]
 
 
+def each_refused(client: Client, refusals: dict[str, str]) -> None:
+    """Each statement fails with an error whose message matches its pattern."""
+    for sql, problem in refusals.items():
+        with pytest.raises(errors.AggviewError, match=problem):
+            client.sql(sql)
+
+
 def _rows(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return sorted(tuple(r.values()) for r in rows)
 
@@ -116,9 +123,7 @@ def test_bad_writes_are_refused_naming_the_problem(client: Client, table_name: s
         f"INSERT INTO {table_name} VALUES (1, 1); SELECT * FROM {table_name}": "SELECT among",
         f"INSERT INTO nowhere_{table_name} VALUES (1)": "unknown table",
     }
-    for sql, problem in refusals.items():
-        with pytest.raises(errors.AggviewError, match=problem):
-            client.sql(sql)
+    each_refused(client, refusals)
     assert client.scan(table_name) == []
     assert [r["n"] for r in client.sql(f"SELECT n FROM {table_name}_n")] == [0]
 
