@@ -232,16 +232,30 @@ def _run_start(args: argparse.Namespace) -> None:
 
 
 def _run_sql(args: argparse.Namespace) -> None:
+    """Statements from the command line, a file (``-f FILE``, ``-f -``: stdin), or, with
+    neither, stdin: an interactive shell with history when it is a terminal."""
+    from aggview.sqlscript import calls, shell
+
     with _client(args) as client:
-        for statement in args.statements:
-            rows = client.sql(statement)
-            if rows.columns:
-                print("\t".join(rows.columns))
-                for row in rows:
-                    print(
-                        "\t".join("NULL" if row[c] is None else str(row[c]) for c in rows.columns)
-                    )
-            print(rows.message)
+        if args.statements:
+            for statement in args.statements:
+                _print_result(client.sql(statement), args.format)
+        elif args.file is not None or not sys.stdin.isatty():
+            text = sys.stdin.read() if args.file in (None, "-") else Path(args.file).read_text()
+            for call in calls(text):
+                _print_result(client.sql(call), args.format)
+        else:
+            shell(lambda call: _print_result(client.sql(call), args.format))
+
+
+def _print_result(rows: Any, form: str) -> None:
+    from aggview.sqlscript import render
+
+    text = render(list(rows.columns), [[row[c] for c in rows.columns] for row in rows], form)
+    if text:
+        print(text)
+    if form != "json":
+        print(rows.message)
 
 
 def _run_hbase_start(args: argparse.Namespace) -> None:
@@ -396,9 +410,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_security(coordinator, clients=True)
     coordinator.set_defaults(run=_run_coordinator)
 
-    sql = sub.add_parser("sql", help="run SQL statements against a cluster")
+    sql = sub.add_parser(
+        "sql",
+        help="run SQL against a cluster: statements given, a file, or an interactive shell",
+    )
     sql.add_argument("address")
-    sql.add_argument("statements", nargs="+")
+    sql.add_argument("statements", nargs="*", help="each one call (BEGIN; ...; COMMIT; is one)")
+    sql.add_argument("-f", "--file", help="run the statements of this file (-: stdin)")
+    sql.add_argument("--format", choices=["table", "csv", "json"], default="table")
     _add_client_security(sql)
     sql.set_defaults(run=_run_sql)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -40,7 +41,7 @@ def stop(process: subprocess.Popen[str]) -> str:
     return out
 
 
-def sql(address: str, *statements: str) -> str:
+def sql(address: str, *statements: str, stdin: str = "") -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-m", "aggview.cli", "sql", address, *statements],
@@ -48,6 +49,7 @@ def sql(address: str, *statements: str) -> str:
         text=True,
         env=env,
         timeout=60,
+        input=stdin,
     )
     return done.stdout + done.stderr
 
@@ -129,6 +131,17 @@ def test_start_with_two_coordinating_processes(tmp_path: Path) -> None:
         said = sql(address, "INSERT INTO t VALUES (1, 10), (2, 20); UPDATE t SET v = v + 1")
         assert said.startswith("INSERT 2 at timestamp") and "; UPDATE 2 at" in said, said
         assert sql(address, "SELECT v FROM t WHERE id = 2").splitlines()[1] == "21"
+        script = tmp_path / "script.sql"
+        script.write_text(
+            "-- a script; semicolons in comments and 'strings;' do not cut\n"
+            "BEGIN; INSERT INTO t VALUES (3, 30); UPDATE t SET v = v - 1 WHERE id = 3; COMMIT;\n"
+            "SELECT * FROM t WHERE id = 3;\n"
+        )
+        out = sql(address, "-f", str(script), "--format", "csv").splitlines()
+        assert out[0].startswith("COMMIT INSERT 1, UPDATE 1 at timestamp"), out
+        assert out[1:3] == ["id,v", "3,29"], out
+        out = sql(address, "--format", "json", stdin="SELECT v FROM t WHERE id = 1;")
+        assert json.loads(out) == [{"v": 11}], out
     finally:
         stop(process)
     for member, partitions in ((0, (0, 2)), (1, (1, 3))):  # partition p on member p % 2
