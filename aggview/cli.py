@@ -258,6 +258,36 @@ def _print_result(rows: Any, form: str) -> None:
         print(rows.message)
 
 
+def _run_watch(args: argparse.Namespace) -> None:
+    """Prints a view's changes as they come, until Ctrl-C."""
+    from coordinator.subscriptions import Changes, Watch
+
+    def show(changes: Changes, watch: Watch) -> None:
+        if changes.reset:
+            print(f"-- {len(changes.changes)} row(s) at timestamp {changes.timestamp}")
+
+        def shown(row: dict[str, Any]) -> str:
+            return " ".join(f"{k}={v}" for k, v in sorted(row.items()))
+
+        for change in changes.changes:
+            before = "" if changes.reset or change.old is None else f"{shown(change.old)} -> "
+            after = "(gone)" if change.new is None else shown(change.new)
+            print(f"{changes.timestamp}\t{before}{after}", flush=True)
+
+    where: dict[str, Any] = {}
+    for item in args.where:
+        column, _, text = item.partition("=")
+        where[column] = int(text) if text.lstrip("-").isdigit() else text
+    with _client(args) as client:
+        watch = client.watch(args.view, show, where, interval_ms=args.interval_ms)
+        try:
+            while watch.error is None:
+                time.sleep(0.2)
+            raise watch.error
+        finally:
+            watch.stop()
+
+
 def _run_hbase_start(args: argparse.Namespace) -> None:
     from ltm.store.hbase_server import HBASE_VERSION, StandaloneHBase, cache_directory
 
@@ -420,6 +450,16 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--format", choices=["table", "csv", "json"], default="table")
     _add_client_security(sql)
     sql.set_defaults(run=_run_sql)
+
+    watch = sub.add_parser("watch", help="print a view's changes as they commit")
+    watch.add_argument("address")
+    watch.add_argument("view")
+    watch.add_argument(
+        "--where", action="append", default=[], help="COLUMN=VALUE: only this slice (text)"
+    )
+    watch.add_argument("--interval-ms", type=int, default=0, help="how often (default 50)")
+    _add_client_security(watch)
+    watch.set_defaults(run=_run_watch)
 
     certs = sub.add_parser("certs", help="make a development CA, certificates and tokens")
     certs.add_argument("dir", help="where to write them (created if missing)")

@@ -12,7 +12,8 @@ import datetime
 import random
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import Future
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,9 @@ from aggview.streams import AskEach
 from aggview.values import from_row, to_row, to_value
 from aggview.wire import client_pb2 as pb
 from aggview.wire import client_pb2_grpc as pb_grpc
+from coordinator import subscriptions
 from coordinator.routing import Router
+from coordinator.subscriptions import Changes, Watch
 
 _COMPARISONS = {"==": pb.EQ, "!=": pb.NE, "<": pb.LT, "<=": pb.LE, ">": pb.GT, ">=": pb.GE}
 Require = Mapping[str, tuple[str, Any]]
@@ -412,6 +415,42 @@ class Client:
         error naming it."""
         return self.sql(query_sql(view, where, rollup, order_by, limit))
 
+    def watch(
+        self,
+        view: str,
+        callback: Callable[[Changes, Watch], None] | None = None,
+        where: Mapping[str, Any] | None = None,
+        *,
+        interval_ms: int = 0,
+    ) -> Watch:
+        """Subscribes to a view (or a slice: ``where`` equalities): ``watch.copy.rows`` is the
+        view as of ``watch.copy.timestamp``, kept up to date on a thread that calls
+        ``callback(changes, watch)`` after each message and reconnects by itself. The first
+        message is the whole view (``changes.reset``). ``watch.stop()`` ends it."""
+        return Watch(self._watch_stream(view, where, interval_ms), callback)
+
+    def when(
+        self,
+        view: str,
+        group: Mapping[str, Any],
+        predicate: Callable[[dict[str, Any]], bool],
+        *,
+        interval_ms: int = 0,
+    ) -> Future[dict[str, Any]]:
+        """A future resolved with the row of ``group`` (its group columns' values) once
+        ``predicate(row)`` holds, e.g. ``client.when("v", {"shop": 1}, lambda r: r["n"] >=
+        100).result(timeout=60)``."""
+        return subscriptions.when(self._watch_stream(view, group, interval_ms), predicate)
+
+    def _watch_stream(
+        self, view: str, where: Mapping[str, Any] | None, interval_ms: int
+    ) -> Callable[[int], Any]:
+        def open_stream(since: int) -> Any:
+            request = subscriptions.request(view, where, since, interval_ms)
+            return self._stub.WatchView(request, metadata=self._metadata)
+
+        return open_stream
+
     def refresh(self, name: str) -> int:
         """Refreshes an async view now; returns the timestamp it is exact at."""
         return self._call(self._leader().Refresh, pb.RefreshRequest(view=name)).timestamp
@@ -608,6 +647,18 @@ class AsyncClient:
     async def query(self, view: str, where: Mapping[str, Any] | None = None, **how: Any) -> Rows:
         """See :meth:`Client.query` (``how``: rollup, order_by, limit)."""
         return await self.sql(query_sql(view, where, **how))
+
+    def watch(
+        self, view: str, where: Mapping[str, Any] | None = None, *, interval_ms: int = 0
+    ) -> AsyncIterator[Changes]:
+        """A view's changes as they commit: ``async for changes in client.watch("v")``; the
+        first is the whole view (``reset``); reconnects by itself. See :meth:`Client.watch`."""
+
+        def open_stream(since: int) -> Any:
+            request = subscriptions.request(view, where, since, interval_ms)
+            return self._stub.WatchView(request, metadata=self._metadata)
+
+        return subscriptions.watch_changes(open_stream)
 
     async def refresh(self, name: str) -> int:
         stub = await self._leader()

@@ -40,6 +40,7 @@ METHOD_ROLES = {
     "Transact": "write",
     "Refresh": "write",
     "Members": "read",
+    "WatchView": "read",
     # bulk access (the Spark layer): snapshot reads read; loads and view (re)builds are DDL-like
     "List": "read",
     "Describe": "read",

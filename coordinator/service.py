@@ -32,6 +32,7 @@ from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
 from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc as lpb_grpc
+from coordinator import watch as watching
 from coordinator.bulk import BulkAccess
 from coordinator.catalog import Catalog
 from coordinator.clock import Clock
@@ -47,6 +48,7 @@ from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
 from coordinator.views import ViewManager
+from coordinator.watch import watch
 from ltm.store import open_store, ownership
 
 log = logging.getLogger(__name__)
@@ -166,6 +168,25 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
         return cpb.ViewReply(
             rows=[to_row(row) for row in rows], timestamp=ts, columns=list(view.plan.output)
         )
+
+    @grpc_method
+    async def WatchView(self, request: cpb.WatchRequest, context: Any) -> None:
+        """A view's changes as they commit (``coordinator.watch``)."""
+        if request.interval_ms and not 10 <= request.interval_ms <= 60_000:
+            raise errors.InvalidArgument(
+                f"interval_ms must be between 10 and 60000 (0: 50 ms), got {request.interval_ms}"
+            )
+        interval = (request.interval_ms or 50) / 1000
+        where = from_row(request.where)
+        async for message in watch(self.manager, request.view, where, interval):
+            try:
+                await asyncio.wait_for(context.write(message), watching.STALL_SECONDS)
+            except TimeoutError:
+                raise errors.LimitExceeded(
+                    f"the subscriber to {request.view} took no message for "
+                    f"{watching.STALL_SECONDS:g} s and was dropped (the server keeps one "
+                    "message per subscriber)"
+                ) from None
 
     @grpc_method
     async def Members(self, request: cpb.MembersRequest, context: object) -> cpb.MembersReply:

@@ -142,6 +142,22 @@ def test_start_with_two_coordinating_processes(tmp_path: Path) -> None:
         assert out[1:3] == ["id,v", "3,29"], out
         out = sql(address, "--format", "json", stdin="SELECT v FROM t WHERE id = 1;")
         assert json.loads(out) == [{"v": 11}], out
+        sql(address, "CREATE MATERIALIZED VIEW t_n AS SELECT v, COUNT(*) AS n FROM t GROUP BY v")
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        watching = subprocess.Popen(
+            [sys.executable, "-m", "aggview.cli", "watch", address, "t_n", "--where", "v=99"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            assert watching.stdout is not None
+            assert watching.stdout.readline().startswith("-- 0 row(s) at timestamp")
+            sql(address, "INSERT INTO t VALUES (9, 99)")
+            assert watching.stdout.readline().rstrip().endswith("\tn=1 v=99")
+        finally:
+            watching.terminate()
+            watching.wait(timeout=30)
     finally:
         stop(process)
     for member, partitions in ((0, (0, 2)), (1, (1, 3))):  # partition p on member p % 2

@@ -74,6 +74,11 @@ class AggviewStub:
                 request_serializer=aggview_dot_wire_dot_client__pb2.MembersRequest.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_client__pb2.MembersReply.FromString,
                 _registered_method=True)
+        self.WatchView = channel.unary_stream(
+                '/aggview.v1.Aggview/WatchView',
+                request_serializer=aggview_dot_wire_dot_client__pb2.WatchRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_client__pb2.ViewChanges.FromString,
+                _registered_method=True)
         self.List = channel.unary_unary(
                 '/aggview.v1.Aggview/List',
                 request_serializer=aggview_dot_wire_dot_client__pb2.ListRequest.SerializeToString,
@@ -174,6 +179,13 @@ class AggviewServicer:
     def Members(self, request, context):
         """Which processes coordinate: a client sends each transaction to the member hosting most
         of its rows, and DDL to member 0.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchView(self, request, context):
+        """A view's changes as they happen (coordinator/watch.py).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -282,6 +294,11 @@ def add_AggviewServicer_to_server(servicer, server):
                     servicer.Members,
                     request_deserializer=aggview_dot_wire_dot_client__pb2.MembersRequest.FromString,
                     response_serializer=aggview_dot_wire_dot_client__pb2.MembersReply.SerializeToString,
+            ),
+            'WatchView': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchView,
+                    request_deserializer=aggview_dot_wire_dot_client__pb2.WatchRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_client__pb2.ViewChanges.SerializeToString,
             ),
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
@@ -550,6 +567,33 @@ class Aggview:
             '/aggview.v1.Aggview/Members',
             aggview_dot_wire_dot_client__pb2.MembersRequest.SerializeToString,
             aggview_dot_wire_dot_client__pb2.MembersReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchView(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/aggview.v1.Aggview/WatchView',
+            aggview_dot_wire_dot_client__pb2.WatchRequest.SerializeToString,
+            aggview_dot_wire_dot_client__pb2.ViewChanges.FromString,
             options,
             channel_credentials,
             insecure,
