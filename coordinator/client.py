@@ -8,11 +8,12 @@ error is raised as the matching ``aggview.errors`` class.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from decimal import Decimal
 from pathlib import Path
@@ -273,6 +274,29 @@ def _sql_literal(value: Any) -> str:
     raise errors.InvalidArgument(f"cannot compare with {value!r} ({type(value).__name__})")
 
 
+class Snapshot:
+    """Reads at one held timestamp (``Client.snapshot``)."""
+
+    def __init__(self, client: Client, timestamp: int) -> None:
+        self.client = client
+        self.timestamp = timestamp
+
+    def get(self, table: str, key: Mapping[str, Any]) -> Row | None:
+        return self.client.get(table, key, as_of=self.timestamp)
+
+    def scan(self, table: str, prefix: Mapping[str, Any] | None = None, *, limit: int = 0) -> Rows:
+        return self.client.scan(table, prefix, limit=limit, as_of=self.timestamp)
+
+    def view(self, name: str, where: Mapping[str, Any] | None = None) -> Rows:
+        return self.client.view(name, where, as_of=self.timestamp)
+
+    def sql(self, statement: str) -> Rows:
+        return self.client.sql(statement, as_of=self.timestamp)
+
+    def query(self, view: str, where: Mapping[str, Any] | None = None, **how: Any) -> Rows:
+        return self.client.query(view, where, as_of=self.timestamp, **how)
+
+
 class Client:
     """A blocking client. Use as a context manager, or call :meth:`close`.
 
@@ -355,8 +379,9 @@ class Client:
         """Member 0, which keeps the catalog (DDL, refreshes go there)."""
         return self._member(0) if self._routing().routes else self._stub
 
-    def sql(self, statement: str) -> Rows:
-        rows = _sql_rows(self._call(self._leader().Sql, pb.SqlRequest(sql=statement)))
+    def sql(self, statement: str, *, as_of: int = 0) -> Rows:
+        request = pb.SqlRequest(sql=statement, as_of=as_of)
+        rows = _sql_rows(self._call(self._leader().Sql, request))
         self.last_read_timestamp = rows.timestamp or self.last_read_timestamp
         return rows
 
@@ -377,24 +402,49 @@ class Client:
                 time.sleep(self.retry.delay(attempt))
         raise AssertionError("unreachable")
 
-    def get(self, table: str, key: Mapping[str, Any]) -> Row | None:
-        reply = self._call(self._stub.Get, pb.GetRequest(table=table, key=to_row(key)))
+    def get(self, table: str, key: Mapping[str, Any], *, as_of: int = 0) -> Row | None:
+        """A row by its key, now or ``as_of`` a held snapshot (see :meth:`snapshot`)."""
+        request = pb.GetRequest(table=table, key=to_row(key), as_of=as_of)
+        reply = self._call(self._reader(as_of).Get, request)
         self.last_read_timestamp = reply.timestamp
         return _get_row(reply)
 
-    def scan(self, table: str, prefix: Mapping[str, Any] | None = None, *, limit: int = 0) -> Rows:
-        request = pb.ScanRequest(table=table, prefix=to_row(prefix or {}), limit=limit)
-        rows = _scan_rows(self._call(self._stub.Scan, request))
+    def scan(
+        self,
+        table: str,
+        prefix: Mapping[str, Any] | None = None,
+        *,
+        limit: int = 0,
+        as_of: int = 0,
+    ) -> Rows:
+        request = pb.ScanRequest(table=table, prefix=to_row(prefix or {}), limit=limit, as_of=as_of)
+        rows = _scan_rows(self._call(self._reader(as_of).Scan, request))
         self.last_read_timestamp = rows.timestamp
         return rows
 
-    def view(self, name: str, where: Mapping[str, Any] | None = None) -> Rows:
+    def view(self, name: str, where: Mapping[str, Any] | None = None, *, as_of: int = 0) -> Rows:
         """A view's rows (SELECT order) from one snapshot; ``.timestamp`` is when they were
         exact: now for a sync view, the last refresh for an async one."""
-        request = pb.ViewRequest(view=name, where=to_row(where or {}))
-        rows = _scan_rows(self._call(self._stub.View, request))
+        request = pb.ViewRequest(view=name, where=to_row(where or {}), as_of=as_of)
+        rows = _scan_rows(self._call(self._reader(as_of).View, request))
         self.last_read_timestamp = rows.timestamp
         return rows
+
+    def _reader(self, as_of: int) -> Any:
+        """Reads at a held snapshot go where it is held (member 0); others, where asked."""
+        return self._leader() if as_of else self._stub
+
+    @contextlib.contextmanager
+    def snapshot(self, ttl_ms: int = 0) -> Iterator[Snapshot]:
+        """A read-only transaction: every read through the yielded object (``get``, ``scan``,
+        ``view``, ``sql``, ``query``) is at one timestamp, ``.timestamp``, held until the block
+        ends (or ``ttl_ms`` passes without a read: 60 s by default)."""
+        stub = self._leader()
+        reply = self._call(stub.HoldSnapshot, pb.SnapshotRequest(ttl_ms=ttl_ms))
+        try:
+            yield Snapshot(self, reply.timestamp)
+        finally:
+            self._call(stub.ReleaseSnapshot, pb.ReleaseRequest(lease=reply.lease))
 
     def query(
         self,
@@ -404,6 +454,7 @@ class Client:
         rollup: Sequence[str] | None = None,
         order_by: Sequence[str] = (),
         limit: int = 0,
+        as_of: int = 0,
     ) -> Rows:
         """Slice, dice, roll up and drill down a view, exactly, from one snapshot.
 
@@ -413,7 +464,7 @@ class Client:
         stay exact; [] gives one total row; None, the view's own groups). ``order_by``:
         columns, "-col" descending. A column or aggregate the view cannot answer is an
         error naming it."""
-        return self.sql(query_sql(view, where, rollup, order_by, limit))
+        return self.sql(query_sql(view, where, rollup, order_by, limit), as_of=as_of)
 
     def watch(
         self,

@@ -88,10 +88,17 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
         self.store_url = store_url
         self._init_leases: dict[str, int] = {}  # view being computed by a job -> its snapshot
 
+    def _as_of(self, ts: int) -> int:
+        """A read's timestamp when the client names one: only at a snapshot held here
+        (HoldSnapshot), whose row versions are kept; 0 (now) otherwise."""
+        if ts:
+            self.bulk.leases.check(ts)
+        return ts
+
     @grpc_method
     @caught_up
     async def Sql(self, request: cpb.SqlRequest, context: object) -> cpb.SqlReply:
-        result = await run_sql(request.sql, self.manager)
+        result = await run_sql(request.sql, self.manager, self._as_of(request.as_of))
         return cpb.SqlReply(
             message=result.message,
             columns=result.columns,
@@ -138,7 +145,7 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
     async def Get(self, request: cpb.GetRequest, context: object) -> cpb.GetReply:
         schema = self.manager.catalog.table(request.table)
         key = key_bytes(schema, from_row(request.key), self.manager.limits)
-        rows, ts = await self.manager.read_keys(schema.table_id, [key])
+        rows, ts = await self.manager.read_keys(schema.table_id, [key], self._as_of(request.as_of))
         if key not in rows:
             return cpb.GetReply(found=False, timestamp=ts)
         return cpb.GetReply(found=True, row=wire_row(schema, rows[key]), timestamp=ts)
@@ -153,7 +160,9 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
             values = prefix_to_storage(schema, prefix)
             start = encode_key(schema.key_types[: len(values)], values)
             stop = prefix_end(start) or b""
-        rows, ts = await self.manager.read_range(schema.table_id, start, stop, request.limit)
+        rows, ts = await self.manager.read_range(
+            schema.table_id, start, stop, request.limit, self._as_of(request.as_of)
+        )
         return cpb.ScanReply(
             rows=[wire_row(schema, data) for _, data in rows],
             timestamp=ts,
@@ -163,7 +172,9 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
     @grpc_method
     @caught_up
     async def View(self, request: cpb.ViewRequest, context: object) -> cpb.ViewReply:
-        rows, ts = await self.manager.views.read(request.view, from_row(request.where))
+        rows, ts = await self.manager.views.read(
+            request.view, from_row(request.where), self._as_of(request.as_of)
+        )
         view = self.manager.views.views[request.view]
         return cpb.ViewReply(
             rows=[to_row(row) for row in rows], timestamp=ts, columns=list(view.plan.output)

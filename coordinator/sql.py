@@ -30,13 +30,16 @@ class SqlResult:
     timestamp: int = 0
 
 
-async def run_sql(sql: str, manager: TransactionManager) -> SqlResult:
+async def run_sql(sql: str, manager: TransactionManager, at: int = 0) -> SqlResult:
+    """Runs one call's SQL; ``at``: a SELECT reads that held snapshot."""
     check_sql_size(sql, manager.limits)
     if manager.views is not None:
         view_statement = manager.views.handles(sql)
         if view_statement is not None:
             return SqlResult(message=await manager.views.execute(view_statement))
     statements = parse_statements(sql)
+    if at and not (len(statements) == 1 and isinstance(statements[0], exp.Select)):
+        raise errors.InvalidArgument("as_of is for one SELECT: writes and DDL happen now")
     if is_write(statements):
         return SqlResult(message=await run_writes(statements, manager))
     if len(statements) != 1:
@@ -54,7 +57,7 @@ async def run_sql(sql: str, manager: TransactionManager) -> SqlResult:
     if isinstance(statement, exp.Drop) and str(statement.args.get("kind")).upper() == "TABLE":
         return await _drop_tables(statement, manager)
     if isinstance(statement, exp.Select):
-        return await _select(statement, manager)
+        return await _select(statement, manager, at)
     raise errors.InvalidArgument(
         f"unsupported SQL statement {statement.key.upper()}: expected CREATE TABLE, DROP TABLE, "
         "SELECT, INSERT, UPDATE, DELETE or BEGIN; ...; COMMIT;"
@@ -107,13 +110,13 @@ def _limit(node: exp.Expression) -> int:
     return value
 
 
-async def _select(statement: exp.Select, manager: TransactionManager) -> SqlResult:
+async def _select(statement: exp.Select, manager: TransactionManager, at: int) -> SqlResult:
     from_ = statement.args.get("from_")
     if from_ is None:
         raise errors.InvalidArgument("SELECT needs FROM a table")
     name = identifier(from_.this, "table")
     if manager.views is not None and name in manager.views.views:
-        return await _select_view(statement, name, manager)
+        return await _select_view(statement, name, manager, at)
     for unsupported in ("joins", "group", "having", "order", "with", "offset"):
         if statement.args.get(unsupported):
             raise errors.InvalidArgument(
@@ -138,7 +141,7 @@ async def _select(statement: exp.Select, manager: TransactionManager) -> SqlResu
         prefix.append(wanted[name])
     start = encode_key(schema.key_types[: len(prefix)], prefix) if prefix else b""
     stop = (prefix_end(start) or b"") if prefix else b""
-    rows, ts = await manager.read_range(schema.table_id, start, stop)
+    rows, ts = await manager.read_range(schema.table_id, start, stop, at=at)
     result = SqlResult(columns=columns, timestamp=ts)
     for _, data in rows:
         stored = decode_row(data) or {}
@@ -178,7 +181,9 @@ _SQL_FUNCTIONS = {
 _RANGES = {exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">=", exp.NEQ: "!=", exp.EQ: "="}
 
 
-async def _select_view(statement: exp.Select, name: str, manager: TransactionManager) -> SqlResult:
+async def _select_view(
+    statement: exp.Select, name: str, manager: TransactionManager, at: int
+) -> SqlResult:
     """A query over a view's stored state (``coordinator.view_query``): WHERE slices and dices
     (=, IN, BETWEEN, comparisons, IS NULL, AND), GROUP BY fewer of its group columns rolls up
     (each aggregate column by its own aggregate: write it bare or as SUM/COUNT/MIN/MAX/AVG of
@@ -214,7 +219,7 @@ async def _select_view(statement: exp.Select, name: str, manager: TransactionMan
             )
         columns.append((alias or (column if isinstance(node, exp.Column) else node.sql()), column))
     conditions = [_condition(t, name) for t in _terms(_where(statement))]
-    rows, ts = await manager.views.query(name, conditions, keep)
+    rows, ts = await manager.views.query(name, conditions, keep, at)
     order = statement.args.get("order")
     if order is not None:
         for ordered in reversed(order.expressions):

@@ -464,10 +464,14 @@ class TransactionManager:
     # ----------------------------------------------------------------- reads
 
     @asynccontextmanager
-    async def snapshot(self) -> AsyncIterator[int]:
+    async def snapshot(self, at: int = 0) -> AsyncIterator[int]:
         """A read timestamp: every transaction at or below it is decided, and no LTM prunes
         the versions it needs until the block ends (it counts in the low watermark from the
-        moment it is taken)."""
+        moment it is taken). ``at``: a timestamp the caller keeps readable (a held snapshot)."""
+        if at:
+            await self.clock.wait_decided(at)
+            yield at
+            return
         ts = await self.clock.read_timestamp()
         try:
             await self.clock.wait_decided(ts)
@@ -475,16 +479,20 @@ class TransactionManager:
         finally:
             self.in_flight.stop_reading(ts)
 
-    async def read_keys(self, table_id: str, keys: list[bytes]) -> tuple[dict[bytes, bytes], int]:
-        """Rows by key from one consistent snapshot; returns (key -> row, timestamp)."""
-        async with self.snapshot() as ts:
+    async def read_keys(
+        self, table_id: str, keys: list[bytes], at: int = 0
+    ) -> tuple[dict[bytes, bytes], int]:
+        """Rows by key from one consistent snapshot (now, or ``at``, a held one); returns
+        (key -> row, timestamp)."""
+        async with self.snapshot(at) as ts:
             return await self.read_keys_at(table_id, keys, ts), ts
 
     async def read_range(
-        self, table_id: str, start: bytes, stop: bytes, limit: int = 0
+        self, table_id: str, start: bytes, stop: bytes, limit: int = 0, at: int = 0
     ) -> tuple[list[tuple[bytes, bytes]], int]:
-        """A key range of a table from one consistent snapshot, in key order."""
-        async with self.snapshot() as ts:
+        """A key range of a table from one consistent snapshot (now, or ``at``), in key
+        order."""
+        async with self.snapshot(at) as ts:
             return await self.read_range_at(table_id, start, stop, ts, limit=limit), ts
 
     async def read_keys_at(

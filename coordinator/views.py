@@ -721,14 +721,21 @@ class ViewManager:
 
     # ------------------------------------------------------------------ reads
 
-    async def read(self, name: str, where: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
-        """Rows of a view from one snapshot, and the timestamp they are consistent at (for an
-        async view: its last refresh). A where on leading GROUP BY columns is a lookup."""
+    async def read(
+        self, name: str, where: dict[str, Any], at: int = 0
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Rows of a view from one snapshot (now, or ``at``, a held one), and the timestamp
+        they are consistent at (for an async view: its last refresh). A where on leading GROUP
+        BY columns is a lookup."""
         conditions = [Condition(column, "=", value) for column, value in where.items()]
-        return await self.query(name, conditions)
+        return await self.query(name, conditions, at=at)
 
     async def query(
-        self, name: str, conditions: Sequence[Condition], keep: Sequence[str] | None = None
+        self,
+        name: str,
+        conditions: Sequence[Condition],
+        keep: Sequence[str] | None = None,
+        at: int = 0,
     ) -> tuple[list[dict[str, Any]], int]:
         """The view's groups that meet ``conditions``, rolled up to the group columns ``keep``
         (None: the view's own), from one snapshot (see ``coordinator.view_query``)."""
@@ -750,7 +757,7 @@ class ViewManager:
                 if value is not None:
                     to_storage(column, value, table=name)
         prefixes = view_query.prefixes(compiled, conditions)
-        async with self.manager.snapshot() as ts:
+        async with self.manager.snapshot(at) as ts:
             rows = await self._stored_groups(view, prefixes, ts)
             consistent_at = ts
             if view.plan.mode == "async":

@@ -132,10 +132,12 @@ class TransactReplies(_message.Message):
     def __init__(self, replies: _Optional[_Iterable[_Union[TransactReply, _Mapping]]] = ...) -> None: ...
 
 class SqlRequest(_message.Message):
-    __slots__ = ("sql",)
+    __slots__ = ("sql", "as_of")
     SQL_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_FIELD_NUMBER: _ClassVar[int]
     sql: str
-    def __init__(self, sql: _Optional[str] = ...) -> None: ...
+    as_of: int
+    def __init__(self, sql: _Optional[str] = ..., as_of: _Optional[int] = ...) -> None: ...
 
 class SqlReply(_message.Message):
     __slots__ = ("message", "columns", "rows", "timestamp")
@@ -150,12 +152,14 @@ class SqlReply(_message.Message):
     def __init__(self, message: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("table", "key")
+    __slots__ = ("table", "key", "as_of")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_FIELD_NUMBER: _ClassVar[int]
     table: str
     key: Row
-    def __init__(self, table: _Optional[str] = ..., key: _Optional[_Union[Row, _Mapping]] = ...) -> None: ...
+    as_of: int
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[_Union[Row, _Mapping]] = ..., as_of: _Optional[int] = ...) -> None: ...
 
 class GetReply(_message.Message):
     __slots__ = ("found", "row", "timestamp")
@@ -168,14 +172,16 @@ class GetReply(_message.Message):
     def __init__(self, found: _Optional[bool] = ..., row: _Optional[_Union[Row, _Mapping]] = ..., timestamp: _Optional[int] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("table", "prefix", "limit")
+    __slots__ = ("table", "prefix", "limit", "as_of")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_FIELD_NUMBER: _ClassVar[int]
     table: str
     prefix: Row
     limit: int
-    def __init__(self, table: _Optional[str] = ..., prefix: _Optional[_Union[Row, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
+    as_of: int
+    def __init__(self, table: _Optional[str] = ..., prefix: _Optional[_Union[Row, _Mapping]] = ..., limit: _Optional[int] = ..., as_of: _Optional[int] = ...) -> None: ...
 
 class ScanReply(_message.Message):
     __slots__ = ("rows", "timestamp", "columns")
@@ -188,12 +194,14 @@ class ScanReply(_message.Message):
     def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ViewRequest(_message.Message):
-    __slots__ = ("view", "where")
+    __slots__ = ("view", "where", "as_of")
     VIEW_FIELD_NUMBER: _ClassVar[int]
     WHERE_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_FIELD_NUMBER: _ClassVar[int]
     view: str
     where: Row
-    def __init__(self, view: _Optional[str] = ..., where: _Optional[_Union[Row, _Mapping]] = ...) -> None: ...
+    as_of: int
+    def __init__(self, view: _Optional[str] = ..., where: _Optional[_Union[Row, _Mapping]] = ..., as_of: _Optional[int] = ...) -> None: ...
 
 class ViewReply(_message.Message):
     __slots__ = ("rows", "timestamp", "columns")
