@@ -156,7 +156,8 @@ class RetryPolicy:
 
 
 def _sql_rows(reply: pb.SqlReply) -> Rows:
-    rows = Rows(Row(from_row(r)) for r in reply.rows)
+    order = list(reply.columns)
+    rows = Rows(Row(_ordered(from_row(r), order)) for r in reply.rows)
     rows.timestamp, rows.message, rows.columns = reply.timestamp, reply.message, list(reply.columns)
     return rows
 

@@ -31,6 +31,7 @@ class Limits:
     max_sql_bytes: int = 64 * 1024  # one SQL statement (parsing is the costly part)
     max_views: int = 100  # materialized views in the catalog
     max_client_transactions: int = 1024  # calls in flight per client (token, or connection)
+    max_adhoc_rows: int = 100_000  # rows an ad-hoc SELECT (join, aggregate) may read
 
     @classmethod
     def parse(cls, items: Sequence[str]) -> Limits:

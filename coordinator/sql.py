@@ -14,6 +14,7 @@ from aggview.rowcodec import decode_row
 from aggview.schema import TableSchema, from_storage, to_storage
 from aggview.values import to_value
 from aggview.wire import client_pb2 as cpb
+from coordinator import adhoc
 from coordinator.convert import check_sql_size
 from coordinator.dml import is_write, run_writes
 from coordinator.transactions import TransactionManager
@@ -103,6 +104,50 @@ def _equalities(where: exp.Expression | None, schema: TableSchema) -> dict[str, 
     return out
 
 
+def _simple(statement: exp.Select) -> bool:
+    """A read of one table or view that the key-value path answers: columns, equalities,
+    LIMIT (views also take their own slices, roll-ups and ORDER BY)."""
+    if any(statement.args.get(k) for k in ("joins", "having", "with", "offset", "distinct")):
+        return False
+    from_ = statement.args["from_"].this
+    if not isinstance(from_.this, exp.Identifier) or from_.args.get("db"):
+        return False
+    return True
+
+
+def _key_value_read(statement: exp.Select) -> bool:
+    """Columns of one table where columns equal literals: read from the LTMs directly."""
+    if statement.args.get("group") or statement.args.get("order"):
+        return False
+    if not all(isinstance(i, exp.Star | exp.Column) for i in statement.expressions):
+        return False
+    where = _where(statement)
+    return all(
+        isinstance(t, exp.EQ) and isinstance(t.this, exp.Column) and _is_literal(t.expression)
+        for t in _terms(where)
+    )
+
+
+def _is_literal(node: exp.Expression) -> bool:
+    try:
+        constant(node)
+    except errors.AggviewError:
+        return False
+    return True
+
+
+async def _select_adhoc(statement: exp.Select, manager: TransactionManager, at: int) -> SqlResult:
+    columns, rows, ts, note = await adhoc.run(statement, manager, at)
+    result = SqlResult(columns=columns, timestamp=ts)
+    for values in rows:
+        row = cpb.Row()
+        for name, value in zip(columns, values, strict=True):
+            row.columns[name].CopyFrom(to_value(value))
+        result.rows.append(row)
+    result.message = f"{len(rows)} row(s) at timestamp {ts} ({note})"
+    return result
+
+
 def _limit(node: exp.Expression) -> int:
     value = literal_value(constant(node)[0])
     if type(value) is not int or value < 0:
@@ -114,14 +159,13 @@ async def _select(statement: exp.Select, manager: TransactionManager, at: int) -
     from_ = statement.args.get("from_")
     if from_ is None:
         raise errors.InvalidArgument("SELECT needs FROM a table")
+    if not isinstance(from_.this, exp.Table) or not _simple(statement):
+        return await _select_adhoc(statement, manager, at)
     name = identifier(from_.this, "table")
     if manager.views is not None and name in manager.views.views:
         return await _select_view(statement, name, manager, at)
-    for unsupported in ("joins", "group", "having", "order", "with", "offset"):
-        if statement.args.get(unsupported):
-            raise errors.InvalidArgument(
-                f"unsupported in a read: {unsupported.upper()} (declare a view for aggregates)"
-            )
+    if not _key_value_read(statement):
+        return await _select_adhoc(statement, manager, at)
     schema = manager.catalog.table(name)
     columns = []
     for item in statement.expressions:

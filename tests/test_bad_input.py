@@ -159,7 +159,7 @@ def test_malformed_request(cluster: LocalCluster, client: Client, accounts: str)
         ("MERGE INTO x USING y ON x.a = y.a WHEN MATCHED THEN DELETE", "unsupported SQL"),
         ("UPDATE x SET a = 1", "unknown table 'x'"),
         ("SELECT * FROM x; SELECT 1", "one SQL statement"),
-        ("SELECT * FROM {t} WHERE id > 1", "unsupported condition"),
+        ("SELECT * FROM {t} a JOIN read_csv('/etc/passwd') b ON true", "unsupported source"),
         ("SELECT * FROM {t} WHERE nope = 1", "no column 'nope'"),
         ("SELECT * FROM {t} WHERE id = 'x'", "id is INT"),
         ("SELECT * FROM missing", "unknown table"),

@@ -27,6 +27,7 @@ LIMITS = {
     "max_sql_bytes": 2048,
     "max_views": 2,
     "max_client_transactions": 3,
+    "max_adhoc_rows": 30,
 }
 
 
@@ -222,3 +223,13 @@ def test_defaults_are_generous() -> None:
     assert limits.max_operations == 10_000 and limits.max_row_bytes == 1024 * 1024
     assert limits.max_request_bytes == 16 * 1024 * 1024 and limits.max_views >= 100
     assert Decimal(limits.max_client_transactions) >= 1024
+
+
+def test_rows_an_adhoc_select_may_read(client: Client, limited: LocalCluster) -> None:
+    client.sql("CREATE TABLE many (id INT PRIMARY KEY, g INT)")
+    client.sql("INSERT INTO many VALUES " + ", ".join(f"({i}, {i % 3})" for i in range(40)))
+    with pytest.raises(errors.LimitExceeded, match="max_adhoc_rows.*materialized view"):
+        client.sql("SELECT g, COUNT(*) FROM many GROUP BY g")
+    assert len(client.sql("SELECT * FROM many WHERE g = 1")) == 13  # a key-value read: no limit
+    client.sql("DROP TABLE many")
+    assert_intact(client, limited)

@@ -129,3 +129,52 @@ def test_what_a_view_cannot_answer_is_refused(client: Client, table_name: str) -
     each_refused(client, refusals)
     with pytest.raises(errors.InvalidArgument, match="invalid name"):
         client.query(view, {"a; DROP TABLE x": 1})
+
+
+def test_adhoc_selects_equal_duckdb(client: Client, table_name: str) -> None:
+    """Joins, aggregates, ORDER BY, DISTINCT and expressions over base tables (and a view) are
+    answered at one snapshot, as duckdb answers them over the same rows."""
+    import random
+
+    rng = random.Random(5)
+    shops, sales = f"{table_name}_shops", f"{table_name}_sales"
+    schema = {
+        shops: "(id INT PRIMARY KEY, city TEXT NOT NULL)",
+        sales: "(id INT PRIMARY KEY, shop INT NOT NULL, amount DECIMAL(8,2), day DATE)",
+    }
+    rows = {
+        shops: [f"({i}, '{rng.choice(['oslo', 'rome'])}')" for i in range(6)],
+        sales: [
+            f"({i}, {rng.randrange(6)}, {rng.randint(1, 999) / 100}, "
+            f"DATE '2026-01-{rng.randint(1, 28):02d}')"
+            for i in range(40)
+        ],
+    }
+    db = duckdb.connect()
+    for name, columns in schema.items():
+        for target in (client.sql, db.execute):
+            target(f"CREATE TABLE {name} {columns}")
+            target(f"INSERT INTO {name} VALUES {', '.join(rows[name])}")
+    client.sql(
+        f"CREATE MATERIALIZED VIEW {table_name}_per_shop AS SELECT shop, SUM(amount) AS total "
+        f"FROM {sales} GROUP BY shop"
+    )
+    db.execute(
+        f"CREATE VIEW {table_name}_per_shop AS SELECT shop, SUM(amount) AS total "
+        f"FROM {sales} GROUP BY shop"
+    )
+    queries = [
+        f"SELECT s.city, COUNT(*) AS n, SUM(x.amount) AS total FROM {sales} x "
+        f"JOIN {shops} s ON x.shop = s.id GROUP BY s.city ORDER BY s.city",
+        f"SELECT shop, MAX(day) AS last FROM {sales} GROUP BY shop HAVING COUNT(*) > 5 "
+        "ORDER BY shop",
+        f"SELECT DISTINCT shop FROM {sales} WHERE amount > 5 ORDER BY shop",
+        f"SELECT id, amount * 2 AS twice FROM {sales} WHERE id < 5 ORDER BY id",
+        f"SELECT p.shop, p.total, s.city FROM {table_name}_per_shop p JOIN {shops} s "
+        "ON p.shop = s.id ORDER BY p.shop",
+    ]
+    for sql in queries:
+        got = client.sql(sql)
+        assert [tuple(r.values()) for r in got] == db.execute(sql).fetchall(), sql
+        assert "rows read" in got.message
+    assert "reads the same tables" in client.sql(f"SELECT SUM(amount) FROM {sales}").message

@@ -1,0 +1,131 @@
+"""Ad-hoc SELECTs over base tables (joins, aggregates, ORDER BY …) at one snapshot.
+
+The rows of every table (or view) the query names are read at one timestamp, up to the
+``max_adhoc_rows`` limit in all, into an in-memory duckdb that cannot touch files or the
+network, and the query runs there. Past the limit the answer is an error that suggests a
+materialized view (or Spark); the message of a result names the views over the same tables,
+which may answer it cheaper. Pure reading: nothing here writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import duckdb
+from sqlglot import exp
+
+from aggview import errors
+from aggview.rowcodec import decode_row
+from aggview.schema import ColumnType, TableSchema, from_storage
+from coordinator.transactions import TransactionManager
+from cumulus.sqltext import identifier
+
+
+def _duckdb_type(column_type: ColumnType) -> str:
+    return {
+        "INT": "BIGINT",
+        "FLOAT": "DOUBLE",
+        "TEXT": "VARCHAR",
+        "DATE": "DATE",
+        "BOOL": "BOOLEAN",
+    }.get(column_type.kind) or f"DECIMAL({column_type.precision}, {column_type.scale})"
+
+
+def sources(statement: exp.Select) -> list[str]:
+    """The tables and views a query reads; anything else there (a table function, a file, a
+    schema-qualified name) is refused."""
+    ctes = {identifier(c.args["alias"], "name") for c in statement.find_all(exp.CTE)}
+    names = []
+    for table in statement.find_all(exp.Table):
+        if not isinstance(table.this, exp.Identifier) or table.args.get("db"):
+            raise errors.InvalidArgument(f"unsupported source {table.sql()!r}: name a table")
+        name = identifier(table.this, "table")
+        if name not in ctes and name not in names:
+            names.append(name)
+    if not names:
+        raise errors.InvalidArgument("SELECT needs FROM a table")
+    return names
+
+
+async def run(
+    statement: exp.Select, manager: TransactionManager, at: int
+) -> tuple[list[str], list[tuple[Any, ...]], int, str]:
+    """(columns, rows, timestamp, note) of an ad-hoc query."""
+    names = sources(statement)
+    views = manager.views.views if manager.views is not None else {}
+    loaded: dict[str, tuple[list[tuple[str, str]], list[tuple[Any, ...]]]] = {}
+    budget = limit = manager.limits.max_adhoc_rows
+    async with manager.snapshot(at) as ts:
+        for name in names:
+            if name in views:
+                rows, _ = await manager.views.read(name, {}, at=ts)  # type: ignore[union-attr]
+                columns = [(c, _view_type(rows, c)) for c in views[name].plan.output]
+                values = [tuple(r[c] for c, _ in columns) for r in rows]
+            else:
+                schema = manager.catalog.table(name)
+                stored = await manager.read_range_at(
+                    schema.table_id, b"", b"", ts, limit=budget + 1
+                )
+                columns = [(c.name, _duckdb_type(c.type)) for c in schema.columns]
+                values = [_typed(schema, data) for _, data in stored]
+            budget -= len(values)
+            if budget < 0:
+                raise errors.LimitExceeded(
+                    f"this query reads more than {limit} rows ({name} among them; the limit is "
+                    "max_adhoc_rows): declare a materialized view for it (CREATE MATERIALIZED "
+                    "VIEW … AS SELECT …) or run it in Spark (cumulus.spark)"
+                )
+            loaded[name] = (columns, values)
+    columns, rows = await asyncio.to_thread(_execute, statement, loaded)
+    over = [v for v, view in views.items() if set(view.plan.base_tables()) == set(names)]
+    note = f"computed over {limit - budget} rows read"
+    if over:
+        note += f"; materialized view {', '.join(sorted(over))} reads the same tables"
+    return columns, rows, ts, note
+
+
+def _view_type(rows: list[dict[str, Any]], column: str) -> str:
+    """A view column's duckdb type, from its values (views hold numbers, text, dates)."""
+    sample = next((r[column] for r in rows if r[column] is not None), None)
+    if isinstance(sample, bool):
+        return "BOOLEAN"
+    if isinstance(sample, int):
+        return "BIGINT"
+    if isinstance(sample, float):
+        return "DOUBLE"
+    if sample is not None and type(sample).__name__ == "Decimal":
+        return "DECIMAL(38, 10)"
+    if sample is not None and type(sample).__name__ == "date":
+        return "DATE"
+    return "VARCHAR"
+
+
+def _typed(schema: TableSchema, data: bytes) -> tuple[Any, ...]:
+    raw = decode_row(data) or {}
+    return tuple(
+        None if raw.get(c.name) is None else from_storage(c.type, raw[c.name])
+        for c in schema.columns
+    )
+
+
+def _execute(
+    statement: exp.Select, loaded: dict[str, tuple[list[tuple[str, str]], list[tuple[Any, ...]]]]
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    con = duckdb.connect(config={"enable_external_access": False})
+    try:
+        for name, (columns, rows) in loaded.items():
+            declared = ", ".join(f'"{c}" {t}' for c, t in columns)
+            con.execute(f'CREATE TABLE "{name}" ({declared})')
+            if rows:
+                marks = ", ".join("?" for _ in columns)
+                con.executemany(f'INSERT INTO "{name}" VALUES ({marks})', rows)
+        con.execute("SET lock_configuration = true")
+        try:
+            result = con.execute(statement.sql(dialect="duckdb"))
+        except duckdb.Error as exc:
+            raise errors.InvalidArgument(f"cannot run this query: {exc}") from None
+        columns = [d[0] for d in result.description or []]
+        return columns, result.fetchall()
+    finally:
+        con.close()
