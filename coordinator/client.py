@@ -298,6 +298,31 @@ class Snapshot:
         return self.client.query(view, where, as_of=self.timestamp, **how)
 
 
+class AsyncSnapshot:
+    """Reads at one held timestamp (``AsyncClient.snapshot``)."""
+
+    def __init__(self, client: AsyncClient, timestamp: int) -> None:
+        self.client = client
+        self.timestamp = timestamp
+
+    async def get(self, table: str, key: Mapping[str, Any]) -> Row | None:
+        return await self.client.get(table, key, as_of=self.timestamp)
+
+    async def scan(
+        self, table: str, prefix: Mapping[str, Any] | None = None, *, limit: int = 0
+    ) -> Rows:
+        return await self.client.scan(table, prefix, limit=limit, as_of=self.timestamp)
+
+    async def view(self, name: str, where: Mapping[str, Any] | None = None) -> Rows:
+        return await self.client.view(name, where, as_of=self.timestamp)
+
+    async def sql(self, statement: str) -> Rows:
+        return await self.client.sql(statement, as_of=self.timestamp)
+
+    async def query(self, view: str, where: Mapping[str, Any] | None = None, **how: Any) -> Rows:
+        return await self.client.query(view, where, as_of=self.timestamp, **how)
+
+
 class Client:
     """A blocking client. Use as a context manager, or call :meth:`close`.
 
@@ -630,9 +655,9 @@ class AsyncClient:
         except grpc.RpcError as exc:
             raise _explain(exc, self._plaintext) from None
 
-    async def sql(self, statement: str) -> Rows:
+    async def sql(self, statement: str, *, as_of: int = 0) -> Rows:
         stub = await self._leader()
-        return _sql_rows(await self._call(stub.Sql, pb.SqlRequest(sql=statement)))
+        return _sql_rows(await self._call(stub.Sql, pb.SqlRequest(sql=statement, as_of=as_of)))
 
     def transaction(self) -> _AsyncClientTransaction:
         return _AsyncClientTransaction(self)
@@ -681,24 +706,44 @@ class AsyncClient:
             exc = error  # INTERNAL, CANCELLED, UNKNOWN: the call broke (a server gone mid-stream)
         return errors.Unavailable(f"the transaction stream ended: {exc}")
 
-    async def get(self, table: str, key: Mapping[str, Any]) -> Row | None:
-        return _get_row(
-            await self._call(self._stub.Get, pb.GetRequest(table=table, key=to_row(key)))
-        )
+    async def get(self, table: str, key: Mapping[str, Any], *, as_of: int = 0) -> Row | None:
+        request = pb.GetRequest(table=table, key=to_row(key), as_of=as_of)
+        return _get_row(await self._call((await self._reader(as_of)).Get, request))
 
     async def scan(
-        self, table: str, prefix: Mapping[str, Any] | None = None, *, limit: int = 0
+        self,
+        table: str,
+        prefix: Mapping[str, Any] | None = None,
+        *,
+        limit: int = 0,
+        as_of: int = 0,
     ) -> Rows:
-        request = pb.ScanRequest(table=table, prefix=to_row(prefix or {}), limit=limit)
-        return _scan_rows(await self._call(self._stub.Scan, request))
+        request = pb.ScanRequest(table=table, prefix=to_row(prefix or {}), limit=limit, as_of=as_of)
+        return _scan_rows(await self._call((await self._reader(as_of)).Scan, request))
 
-    async def view(self, name: str, where: Mapping[str, Any] | None = None) -> Rows:
-        request = pb.ViewRequest(view=name, where=to_row(where or {}))
-        return _scan_rows(await self._call(self._stub.View, request))
+    async def view(
+        self, name: str, where: Mapping[str, Any] | None = None, *, as_of: int = 0
+    ) -> Rows:
+        request = pb.ViewRequest(view=name, where=to_row(where or {}), as_of=as_of)
+        return _scan_rows(await self._call((await self._reader(as_of)).View, request))
+
+    async def _reader(self, as_of: int) -> Any:
+        return await self._leader() if as_of else self._stub
+
+    @contextlib.asynccontextmanager
+    async def snapshot(self, ttl_ms: int = 0) -> AsyncIterator[AsyncSnapshot]:
+        """See :meth:`Client.snapshot`: ``async with client.snapshot() as snap``."""
+        stub = await self._leader()
+        reply = await self._call(stub.HoldSnapshot, pb.SnapshotRequest(ttl_ms=ttl_ms))
+        try:
+            yield AsyncSnapshot(self, reply.timestamp)
+        finally:
+            await self._call(stub.ReleaseSnapshot, pb.ReleaseRequest(lease=reply.lease))
 
     async def query(self, view: str, where: Mapping[str, Any] | None = None, **how: Any) -> Rows:
-        """See :meth:`Client.query` (``how``: rollup, order_by, limit)."""
-        return await self.sql(query_sql(view, where, **how))
+        """See :meth:`Client.query` (``how``: rollup, order_by, limit, as_of)."""
+        as_of = how.pop("as_of", 0)
+        return await self.sql(query_sql(view, where, **how), as_of=as_of)
 
     def watch(
         self, view: str, where: Mapping[str, Any] | None = None, *, interval_ms: int = 0

@@ -3,10 +3,13 @@ at one held timestamp while writers go on; as_of reads need a held snapshot."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from aggview import errors
 from coordinator import Client
+from coordinator.client import AsyncClient
 
 
 def test_reads_in_a_snapshot_agree_while_writers_go_on(client: Client, table_name: str) -> None:
@@ -42,3 +45,20 @@ def test_as_of_is_refused_where_it_cannot_hold(client: Client, table_name: str) 
     with pytest.raises(errors.FailedPrecondition, match="hold a snapshot first"):
         client.scan(table_name, as_of=1)
     assert client.scan(table_name) == []
+
+
+def test_the_asyncio_client_reads_in_a_snapshot_too(client: Client, table_name: str) -> None:
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, v INT NOT NULL)")
+    client.sql(f"INSERT INTO {table_name} VALUES (1, 1)")
+
+    async def main() -> tuple[list[int], list[int], int]:
+        async with AsyncClient(client.address) as own:
+            async with own.snapshot() as snap:
+                await own.sql(f"UPDATE {table_name} SET v = 2 WHERE id = 1")
+                inside = [r["v"] for r in await snap.scan(table_name)]
+                row = await snap.get(table_name, {"id": 1})
+                assert row is not None
+            now = [r["v"] for r in await own.scan(table_name)]
+            return inside, now, row["v"]
+
+    assert asyncio.run(main()) == ([1], [2], 1)
