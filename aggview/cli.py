@@ -251,6 +251,9 @@ def _run_sql(args: argparse.Namespace) -> None:
 def _print_result(rows: Any, form: str) -> None:
     from aggview.sqlscript import render
 
+    for result in getattr(rows, "results", []):  # a read-only block: each SELECT's rows
+        _print_result(result, form)
+
     text = render(list(rows.columns), [[row[c] for c in rows.columns] for row in rows], form)
     if text:
         print(text)

@@ -49,6 +49,7 @@ class Rows(list):  # type: ignore[type-arg]
     timestamp: int = 0
     message: str = ""
     columns: list[str]
+    results: list[Rows]  # SQL's BEGIN READ ONLY; SELECT …; COMMIT: one per SELECT
 
 
 def _conditions(require: Require | None) -> list[pb.Condition]:
@@ -159,6 +160,7 @@ def _sql_rows(reply: pb.SqlReply) -> Rows:
     order = list(reply.columns)
     rows = Rows(Row(_ordered(from_row(r), order)) for r in reply.rows)
     rows.timestamp, rows.message, rows.columns = reply.timestamp, reply.message, list(reply.columns)
+    rows.results = [_sql_rows(r) for r in reply.results]  # a read-only block's SELECTs
     return rows
 
 

@@ -94,7 +94,7 @@ def _units(
                 raise errors.InvalidArgument("BEGIN inside a transaction: COMMIT it first")
             if statement.args.get("modes"):
                 raise errors.InvalidArgument(
-                    f"unsupported: {statement.sql()} (a transaction here is read/write)"
+                    f"{statement.sql()}: a read-only block holds SELECTs only, then COMMIT"
                 )
             group = []
         elif isinstance(statement, exp.Commit | exp.Rollback):

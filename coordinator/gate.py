@@ -24,6 +24,7 @@ from aggview.security import (
 )
 from coordinator.convert import Limits, check_sql_size
 from coordinator.dml import CONTROL, WRITES
+from coordinator.sql import read_only_block
 from cumulus.compiler import parse_view_statement
 from cumulus.sqltext import parse_statements
 
@@ -75,6 +76,8 @@ def sql_role(sql: str) -> str:
     if parse_view_statement(sql) is not None:
         return "admin"
     statements = parse_statements(sql)
+    if read_only_block(statements):
+        return "read"
     if all(isinstance(s, WRITES + CONTROL) for s in statements):
         return "write"
     if len(statements) == 1 and isinstance(statements[0], exp.Select):

@@ -99,12 +99,7 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
     @caught_up
     async def Sql(self, request: cpb.SqlRequest, context: object) -> cpb.SqlReply:
         result = await run_sql(request.sql, self.manager, self._as_of(request.as_of))
-        return cpb.SqlReply(
-            message=result.message,
-            columns=result.columns,
-            rows=result.rows,
-            timestamp=result.timestamp,
-        )
+        return result.reply()
 
     @grpc_method
     async def Commit(self, request: cpb.CommitRequest, context: object) -> cpb.CommitReply:

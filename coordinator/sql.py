@@ -29,6 +29,16 @@ class SqlResult:
     columns: list[str] = field(default_factory=list)
     rows: list[cpb.Row] = field(default_factory=list)
     timestamp: int = 0
+    results: list[SqlResult] = field(default_factory=list)  # a read-only block's SELECTs
+
+    def reply(self) -> cpb.SqlReply:
+        return cpb.SqlReply(
+            message=self.message,
+            columns=self.columns,
+            rows=self.rows,
+            timestamp=self.timestamp,
+            results=[r.reply() for r in self.results],
+        )
 
 
 async def run_sql(sql: str, manager: TransactionManager, at: int = 0) -> SqlResult:
@@ -39,6 +49,8 @@ async def run_sql(sql: str, manager: TransactionManager, at: int = 0) -> SqlResu
         if view_statement is not None:
             return SqlResult(message=await manager.views.execute(view_statement))
     statements = parse_statements(sql)
+    if read_only_block(statements):
+        return await _read_only(statements[1:-1], manager, at)
     if at and not (len(statements) == 1 and isinstance(statements[0], exp.Select)):
         raise errors.InvalidArgument("as_of is for one SELECT: writes and DDL happen now")
     if is_write(statements):
@@ -102,6 +114,30 @@ def _equalities(where: exp.Expression | None, schema: TableSchema) -> dict[str, 
         value = column_value(term.expression, column.type)
         out[column.name] = to_storage(column, value, table=schema.name)
     return out
+
+
+def read_only_block(statements: list[exp.Expression]) -> bool:
+    """``BEGIN READ ONLY; SELECT …; …; COMMIT;``: SELECTs at one timestamp."""
+    return (
+        len(statements) >= 2
+        and isinstance(statements[0], exp.Transaction)
+        and [str(m).upper() for m in statements[0].args.get("modes") or []] == ["READ ONLY"]
+        and isinstance(statements[-1], exp.Commit | exp.Rollback)
+        and all(isinstance(s, exp.Select) for s in statements[1:-1])
+    )
+
+
+async def _read_only(
+    selects: list[exp.Expression], manager: TransactionManager, at: int
+) -> SqlResult:
+    """Every SELECT of a read-only block at one snapshot (held for the block)."""
+    async with manager.snapshot(at) as ts:
+        results = [await _select(s, manager, ts) for s in selects]  # type: ignore[arg-type]
+    return SqlResult(
+        message=f"READ ONLY: {len(results)} SELECT(s) at timestamp {ts}",
+        timestamp=ts,
+        results=results,
+    )
 
 
 def _simple(statement: exp.Select) -> bool:

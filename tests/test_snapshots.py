@@ -62,3 +62,17 @@ def test_the_asyncio_client_reads_in_a_snapshot_too(client: Client, table_name: 
             return inside, now, row["v"]
 
     assert asyncio.run(main()) == ([1], [2], 1)
+
+
+def test_a_read_only_block_in_sql_reads_at_one_timestamp(client: Client, table_name: str) -> None:
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, v INT NOT NULL)")
+    view = f"{table_name}_total"
+    client.sql(f"CREATE MATERIALIZED VIEW {view} AS SELECT SUM(v) AS total FROM {table_name}")
+    client.sql(f"INSERT INTO {table_name} VALUES (1, 3), (2, 4)")
+    block = client.sql(
+        f"BEGIN READ ONLY; SELECT * FROM {table_name}; SELECT total FROM {view}; "
+        f"SELECT COUNT(*) AS n FROM {table_name}; COMMIT;"
+    )
+    rows, total, count = block.results
+    assert rows.timestamp == total.timestamp == count.timestamp == block.timestamp
+    assert sum(r["v"] for r in rows) == total[0]["total"] == 7 and count[0]["n"] == 2

@@ -140,16 +140,18 @@ class SqlRequest(_message.Message):
     def __init__(self, sql: _Optional[str] = ..., as_of: _Optional[int] = ...) -> None: ...
 
 class SqlReply(_message.Message):
-    __slots__ = ("message", "columns", "rows", "timestamp")
+    __slots__ = ("message", "columns", "rows", "timestamp", "results")
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     message: str
     columns: _containers.RepeatedScalarFieldContainer[str]
     rows: _containers.RepeatedCompositeFieldContainer[Row]
     timestamp: int
-    def __init__(self, message: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ...) -> None: ...
+    results: _containers.RepeatedCompositeFieldContainer[SqlReply]
+    def __init__(self, message: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ..., results: _Optional[_Iterable[_Union[SqlReply, _Mapping]]] = ...) -> None: ...
 
 class GetRequest(_message.Message):
     __slots__ = ("table", "key", "as_of")
