@@ -165,11 +165,10 @@ def _key_value_read(statement: exp.Select) -> bool:
 
 
 def _is_literal(node: exp.Expression) -> bool:
-    try:
-        constant(node)
-    except errors.AggviewError:
-        return False
-    return True
+    """Shaped like a constant (its type is checked later, with a clear error)."""
+    if isinstance(node, exp.Paren | exp.Neg):
+        return _is_literal(node.this)
+    return isinstance(node, exp.Literal | exp.Boolean | exp.Cast | exp.Null)
 
 
 async def _select_adhoc(statement: exp.Select, manager: TransactionManager, at: int) -> SqlResult:
