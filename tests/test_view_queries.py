@@ -27,14 +27,17 @@ AGGREGATES = {  # view column -> its SQL over the base table
     "d": "COUNT(DISTINCT x)",
 }
 _row = st.tuples(
-    st.sampled_from(["p", "q", "r"]), st.integers(0, 4), st.none() | st.integers(-9, 9)
+    st.sampled_from(["p", "q", "r"]),
+    st.integers(0, 4),
+    st.sampled_from(["u", "w"]),
+    st.none() | st.integers(-9, 9),
 )
-_condition = st.one_of(
-    st.builds(lambda a: ("a", a), st.sampled_from(["p", "q", "r", "z"])),
-    st.builds(lambda a: ("a", a), st.lists(st.sampled_from(["p", "q", "r"]), min_size=1).map(list)),
-    st.builds(lambda lo, hi: ("b", (lo, hi)), st.integers(0, 2), st.integers(1, 4)),
-    st.builds(lambda b: ("b", b), st.integers(0, 4)),
-)
+_TEXT = st.sampled_from(["p", "q", "r", "u", "w", "z"])
+_CONDITIONS = {
+    "a": st.one_of(_TEXT, st.lists(_TEXT, min_size=1, max_size=3)),
+    "c": st.one_of(_TEXT, st.lists(_TEXT, min_size=1, max_size=3)),
+    "b": st.one_of(st.integers(0, 4), st.tuples(st.integers(0, 2), st.integers(1, 4))),
+}
 
 
 def _sql_condition(column: str, wanted: Any) -> str:
@@ -51,38 +54,50 @@ def _normal(value: Any) -> Any:
     return value
 
 
+@st.composite
+def _case(draw: st.DrawFn) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+    """A random view (its GROUP BY columns and aggregates) and queries over it."""
+    groups = draw(st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3, unique=True))
+    aggregates = draw(st.lists(st.sampled_from(list(AGGREGATES)), min_size=1, unique=True))
+    keep = st.none() | st.lists(st.sampled_from(groups), unique=True)
+    where = st.lists(st.sampled_from(groups), unique=True, max_size=2).flatmap(
+        lambda cols: st.fixed_dictionaries({c: _CONDITIONS[c] for c in cols})
+    )
+    queries = draw(st.lists(st.tuples(keep, where), min_size=1, max_size=4))
+    return groups, aggregates, queries
+
+
 @settings(
-    max_examples=10,
+    max_examples=12,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
+    case=_case(),
     rows=st.lists(_row, max_size=25),
     deletes=st.sets(st.integers(0, 24), max_size=6),
-    queries=st.lists(
-        st.tuples(
-            st.sampled_from([None, ["a"], ["b"], [], ["a", "b"], ["b", "a"]]),
-            st.dictionaries(st.sampled_from(["a", "b"]), st.none()).flatmap(
-                lambda _: st.lists(_condition, max_size=2).map(dict)
-            ),
-        ),
-        min_size=1,
-        max_size=5,
-    ),
 )
 def test_rollups_slices_and_dices_equal_duckdb(
-    client: Client, rows: list[tuple[str, int, int | None]], deletes: set[int], queries: list
+    client: Client,
+    case: tuple[list[str], list[str], list[tuple[Any, ...]]],
+    rows: list[tuple[str, int, str, int | None]],
+    deletes: set[int],
 ) -> None:
+    groups, aggregates, queries = case
     table = f"q_{uuid.uuid4().hex[:10]}"
-    client.sql(f"CREATE TABLE {table} (id INT PRIMARY KEY, a TEXT, b INT, x INT)")
-    aggregates = ", ".join(f"{sql} AS {name}" for name, sql in AGGREGATES.items())
-    view = f"CREATE MATERIALIZED VIEW {table}_v AS SELECT a, b, {aggregates} FROM {table}"
-    client.sql(f"{view} GROUP BY a, b")
+    columns = "(id INT PRIMARY KEY, a TEXT, b INT, c TEXT, x INT)"
+    client.sql(f"CREATE TABLE {table} {columns}")
+    items = ", ".join([*groups, *(f"{AGGREGATES[n]} AS {n}" for n in aggregates)])
+    client.sql(
+        f"CREATE MATERIALIZED VIEW {table}_v AS SELECT {items} FROM {table} "
+        f"GROUP BY {', '.join(groups)}"
+    )
     db = duckdb.connect()
-    db.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, a TEXT, b INT, x INT)")
+    db.execute(f"CREATE TABLE {table} {columns}")
     if rows:
         values = ", ".join(
-            f"({i}, '{a}', {b}, {'NULL' if x is None else x})" for i, (a, b, x) in enumerate(rows)
+            f"({i}, '{a}', {b}, '{c}', {'NULL' if x is None else x})"
+            for i, (a, b, c, x) in enumerate(rows)
         )
         for target in (client.sql, db.execute):
             target(f"INSERT INTO {table} VALUES {values}")
@@ -92,18 +107,19 @@ def test_rollups_slices_and_dices_equal_duckdb(
             target(f"DELETE FROM {table} WHERE id IN ({', '.join(map(str, gone))})")
     for keep, where in queries:
         answer = client.query(f"{table}_v", where, rollup=keep)
-        grouped = ["a", "b"] if keep is None else keep
+        grouped = groups if keep is None else keep
         terms = " AND ".join(_sql_condition(c, w) for c, w in where.items())
-        sql = f"SELECT {', '.join([*grouped, *AGGREGATES.values()])} FROM {table}"
+        wanted = [AGGREGATES[n] for n in aggregates]
+        sql = f"SELECT {', '.join([*grouped, *wanted, 'COUNT(*)'])} FROM {table}"
         sql += f" WHERE {terms}" if terms else ""
         sql += f" GROUP BY {', '.join(grouped)}" if grouped else ""
         expected = [
-            tuple(_normal(v) for v in r)
+            tuple(_normal(v) for v in r[:-1])
             for r in db.execute(sql).fetchall()
-            if grouped or r[len(grouped) + 1]  # no rows at all: no group, here as in SQL
+            if r[-1]  # no rows at all: no group, here as in SQL
         ]
-        got = [tuple(r[c] for c in [*grouped, *AGGREGATES]) for r in answer]
-        assert sorted(got, key=repr) == sorted(expected, key=repr), (keep, where)
+        got = [tuple(r[c] for c in [*grouped, *aggregates]) for r in answer]
+        assert sorted(got, key=repr) == sorted(expected, key=repr), (groups, keep, where)
 
 
 def test_what_a_view_cannot_answer_is_refused(client: Client, table_name: str) -> None:
