@@ -55,7 +55,7 @@ class Condition:
 
 
 def check(
-    state: ViewState, name: str, conditions: Sequence[Condition], keep: Sequence[str]
+    state: ViewState, name: str, conditions: Sequence[Condition], keep: Sequence[str] | None
 ) -> None:
     """Refuses, naming it, what the view cannot answer."""
     groups = [g.name for g in state.plan.group_by]
@@ -65,6 +65,8 @@ def check(
             raise errors.UnknownColumn(
                 f"materialized view {name} has no column {condition.column!r}"
             )
+    if keep is None:  # the view's own groups
+        return
     for column in keep:
         if column not in groups:
             raise errors.InvalidArgument(

@@ -746,7 +746,7 @@ class ViewManager:
             raise errors.FailedPrecondition(f"materialized view {name} is still initializing")
         assert view.compiled is not None
         compiled = view.compiled
-        view_query.check(compiled, name, conditions, keep or [])
+        view_query.check(compiled, name, conditions, keep)
         for condition in conditions:  # type checks, each with a clear error
             group = next((g for g in view.plan.group_by if g.name == condition.column), None)
             if group is None or condition.op == "is null":

@@ -143,6 +143,11 @@ def test_what_a_view_cannot_answer_is_refused(client: Client, table_name: str) -
         f"SELECT * FROM {table_name}_h GROUP BY ()": "HAVING",
     }
     each_refused(client, refusals)
+    client.sql(f"INSERT INTO {table_name} VALUES (1, 'p', 1), (2, 'p', 2), (3, 'q', 3)")
+    assert [dict(r) for r in client.view(f"{table_name}_h")] == [{"a": "p", "n": 2}]  # no roll-up
+    assert [dict(r) for r in client.query(f"{table_name}_h", {"a": ["p", "q"]})] == [
+        {"a": "p", "n": 2}
+    ]
     with pytest.raises(errors.InvalidArgument, match="invalid name"):
         client.query(view, {"a; DROP TABLE x": 1})
 
