@@ -41,6 +41,52 @@ def _reply(marks: Marks, grant: Grant | None = None) -> pb.ClockReply:
     return reply
 
 
+class _Stream:
+    """One follower's stream at the leader: what it was sent, what it waits for."""
+
+    def __init__(self, leader: LeaderClock) -> None:
+        self.leader = leader
+        self.member = -1
+        self.wait = 0  # tell it the watermarks unasked once decided reaches this
+        self.epoch = -1  # the newest catalog epoch it was sent
+        self.replies: asyncio.Queue[pb.ClockReply | None] = asyncio.Queue()
+
+    def send(self, reply: pb.ClockReply) -> None:
+        if reply.epoch > self.epoch:  # the follower runs nothing under an unknown epoch
+            reply.configuration = self.leader.clock.configuration
+            self.epoch = reply.epoch
+        self.replies.put_nowait(reply)
+
+    def told(self, marks: Marks) -> None:
+        if self.wait and marks.decided >= self.wait:
+            self.wait = 0
+            self.send(_reply(marks))
+
+    def handle(self, request: pb.ClockRequest | Malformed) -> None:
+        clock = self.leader.clock
+        if isinstance(request, Malformed):
+            raise errors.InvalidArgument(f"malformed clock request: {request.reason}")
+        member = request.member
+        if not 0 < member < clock.members:
+            raise errors.InvalidArgument(
+                f"member {member} is not a follower of this {clock.members}-member cluster"
+            )
+        if self.member != member:
+            if self.member != -1:
+                raise errors.InvalidArgument("one clock stream serves one member")
+            clock.connected(member)
+            self.member = member
+        if request.report:
+            clock.report(member, request.seen, request.undecided or None, request.reading or None)
+            self.leader.changed()
+        if request.wait:
+            self.wait = request.wait
+            self.leader.changed()
+        if request.count or request.read:
+            grant = clock.grant(member, request.count, request.read)
+            self.send(_reply(clock.marks(), grant))
+
+
 class ClockServicer(pb_grpc.ClockServicer):
     """At the leader: one stream per follower member."""
 
@@ -50,62 +96,26 @@ class ClockServicer(pb_grpc.ClockServicer):
     async def Tick(
         self, requests: AsyncIterator[pb.ClockRequest | Malformed], context: Any
     ) -> AsyncIterator[pb.ClockReply]:
-        clock = self.leader.clock
-        replies: asyncio.Queue[pb.ClockReply | None] = asyncio.Queue()
-        state = {"member": -1, "wait": 0, "epoch": -1}
-
-        def send(reply: pb.ClockReply) -> None:
-            if reply.epoch > state["epoch"]:  # the follower runs nothing under an unknown epoch
-                reply.configuration = clock.configuration
-                state["epoch"] = reply.epoch
-            replies.put_nowait(reply)
-
-        def told(marks: Marks) -> None:
-            if state["wait"] and marks.decided >= state["wait"]:
-                state["wait"] = 0
-                send(_reply(marks))
+        stream = _Stream(self.leader)
 
         async def read() -> None:
             try:
                 async for request in requests:
-                    if isinstance(request, Malformed):
-                        raise errors.InvalidArgument(f"malformed clock request: {request.reason}")
-                    member = request.member
-                    if not 0 < member < clock.members:
-                        raise errors.InvalidArgument(
-                            f"member {member} is not a follower of this {clock.members}-member "
-                            "cluster"
-                        )
-                    if state["member"] != member:
-                        if state["member"] != -1:
-                            raise errors.InvalidArgument("one clock stream serves one member")
-                        clock.connected(member)
-                    state["member"] = member
-                    if request.report:
-                        clock.report(
-                            member, request.seen, request.undecided or None, request.reading or None
-                        )
-                        self.leader.changed()
-                    if request.wait:
-                        state["wait"] = request.wait
-                        self.leader.changed()
-                    if request.count or request.read:
-                        grant = clock.grant(member, request.count, request.read)
-                        send(_reply(clock.marks(), grant))
+                    stream.handle(request)
             finally:
-                replies.put_nowait(None)
+                stream.replies.put_nowait(None)
 
-        self.leader.listeners.add(told)
+        self.leader.listeners.add(stream.told)
         reader = asyncio.get_running_loop().create_task(read())
         try:
-            while (reply := await replies.get()) is not None:
+            while (reply := await stream.replies.get()) is not None:
                 yield reply
             try:
                 await reader
             except errors.AggviewError as exc:  # bad input ends this stream, with its reason
                 await context.abort(exc.code, str(exc))
         finally:
-            self.leader.listeners.discard(told)
+            self.leader.listeners.discard(stream.told)
             reader.cancel()
 
 

@@ -56,7 +56,6 @@ class Write:
     sets: dict[str, Any] = field(default_factory=dict)  # UPDATE: column -> value
     adds: dict[str, Any] = field(default_factory=dict)  # UPDATE: column -> c + this
     changed: int = 0
-    grouped: bool = False  # the first statement of a BEGIN … COMMIT
 
     @property
     def reads(self) -> bool:
@@ -76,17 +75,18 @@ async def run_writes(statements: list[exp.Expression], manager: TransactionManag
         if unit is None:
             said.append("ROLLBACK: nothing applied")
             continue
-        ts = await _transaction(unit, manager)
-        grouped = len(unit) > 1 or unit[0].grouped
-        said.append(f"{'COMMIT ' if grouped else ''}{_counts(unit)} at timestamp {ts}")
+        writes, block = unit
+        ts = await _transaction(writes, manager)
+        said.append(f"{'COMMIT ' if block else ''}{_counts(writes)} at timestamp {ts}")
     return "; ".join(said)
 
 
 def _units(
     statements: list[exp.Expression], manager: TransactionManager
-) -> list[list[Write] | None]:
-    """The transactions to run, in order (None: a rolled back one)."""
-    units: list[list[Write] | None] = []
+) -> list[tuple[list[Write], bool] | None]:
+    """The transactions to run, in order: (writes, whether a BEGIN … COMMIT block), or None
+    for a rolled back one."""
+    units: list[tuple[list[Write], bool] | None] = []
     group: list[Write] | None = None
     for statement in statements:
         if isinstance(statement, exp.Transaction):
@@ -103,15 +103,14 @@ def _units(
             if isinstance(statement, exp.Rollback):
                 units.append(None)
             elif group:
-                group[0].grouped = True
-                units.append(group)
+                units.append((group, True))
             group = None
         elif isinstance(statement, WRITES):
             write = _plan(statement, manager)
             if group is not None:
                 group.append(write)
             else:
-                units.append([write])
+                units.append(([write], False))
         else:
             raise errors.InvalidArgument(
                 f"unsupported statement {statement.key.upper()} among writes: a call holds "
@@ -189,7 +188,8 @@ class Effect:
         """The rows ``write`` selects now: as stored at the transaction's timestamp, changed
         by the statements before it."""
         schema = write.schema
-        current = {_key_of(schema, row): row for row in await _stored(write, self.manager, self.ts)}
+        stored = await _stored(schema, write.key, self.manager, self.ts)
+        current = {_key_of(schema, row): row for row in stored}
         for (table, key), (_, row) in self.rows.items():
             if table == schema.name:
                 current[key] = row
@@ -371,16 +371,17 @@ def _key_prefix(node: exp.Expression | None, schema: TableSchema) -> dict[str, A
 # ----------------------------------------------------------------------------- running
 
 
-async def _stored(write: Write, manager: TransactionManager, ts: int) -> list[dict[str, Any]]:
-    """The stored rows ``write`` may select (its key prefix's), as transaction ``ts`` reads
-    them, marked as read."""
-    schema = write.schema
-    columns = [schema.column(n) for n in schema.primary_key[: len(write.key)]]
+async def _stored(
+    schema: TableSchema, key: dict[str, Any], manager: TransactionManager, ts: int
+) -> list[dict[str, Any]]:
+    """The stored rows under a key prefix (leading key columns' values; all of them: one
+    row), as transaction ``ts`` reads them, marked as read."""
+    columns = [schema.column(n) for n in schema.primary_key[: len(key)]]
     prefix = encode_key(
         [c.type for c in columns],
-        [to_storage(c, write.key[c.name], table=schema.name) for c in columns],
+        [to_storage(c, key[c.name], table=schema.name) for c in columns],
     )
-    if len(write.key) == len(schema.primary_key):
+    if len(key) == len(schema.primary_key):
         found = await manager.read_keys_at(schema.table_id, [prefix], ts, own=True)
         stored = list(found.values())
     else:
@@ -394,12 +395,12 @@ async def _read(
     manager: TransactionManager, schema: TableSchema, row: dict[str, Any], ts: int
 ) -> dict[str, Any] | None:
     """The stored row with ``row``'s key, as transaction ``ts`` reads it (None: absent)."""
-    write = Write("READ", schema, key={n: row[n] for n in schema.primary_key})
-    if any(v is None for v in write.key.values()):
+    key = {n: row[n] for n in schema.primary_key}
+    if any(v is None for v in key.values()):
         raise errors.InvalidArgument(
             f"table {schema.name}: primary-key columns {', '.join(schema.primary_key)} need values"
         )
-    found = await _stored(write, manager, ts)
+    found = await _stored(schema, key, manager, ts)
     return found[0] if found else None
 
 

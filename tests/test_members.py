@@ -31,6 +31,8 @@ from test_views_differential import (  # noqa: F401
 from aggview.cluster import LocalCluster
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
+from aggview.wire import ltm_pb2 as lpb
+from aggview.wire import ltm_pb2_grpc as lpb_grpc
 from coordinator import Client
 from coordinator.clock import Clock
 from coordinator.timestamp_oracle import TimestampOracle
@@ -181,3 +183,20 @@ def test_one_row_inserts_acknowledged_before_a_kill_survive_it(fresh_cluster: Lo
     cluster = fresh_cluster
     victim = cluster.member(random.Random(17).randrange(2))
     acknowledged_inserts_survive_a_kill(cluster, victim, lambda w: cluster.member(w % 2).address)
+
+
+def test_a_bad_clock_stream_is_refused_and_the_cluster_serves_on(cluster: LocalCluster) -> None:
+    """The member-only clock service names what is wrong with a stream and ends only it."""
+    with grpc.insecure_channel(cluster.member(0).address) as channel:
+        stub = lpb_grpc.ClockStub(channel)
+        for member, problem in ((7, "not a follower"), (0, "not a follower")):
+            replies = stub.Tick(iter([lpb.ClockRequest(member=member, read=True)]), timeout=10)
+            with pytest.raises(grpc.RpcError) as refused:
+                list(replies)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert problem in (refused.value.details() or "")
+    with Client(cluster.member(1).address) as client:  # the follower's own stream is intact
+        client.sql("CREATE TABLE after_bad_clock (id INT PRIMARY KEY)")
+        with client.transaction() as tx:
+            tx.insert("after_bad_clock", {"id": 1})
+        assert client.scan("after_bad_clock") == [{"id": 1}]
