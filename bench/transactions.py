@@ -132,9 +132,13 @@ def _machine_busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / _CLOCK_TICKS
 
 
+PROCESS = "process "  # CpuMeter's key prefix for one server process's own figure
+
+
 class CpuMeter:
     """CPU use of the coordinator, the LTMs (summed), this client and everything else on the
-    machine ("other": other people's processes skew the figures) over a window."""
+    machine ("other": other people's processes skew the figures) over a window; and of each
+    server process on its own (``PROCESS`` + its role, e.g. "process member-1")."""
 
     def __init__(self, cluster: LocalCluster) -> None:
         self.cluster = cluster
@@ -146,13 +150,16 @@ class CpuMeter:
             if server.process is not None:
                 # members coordinate (and host partitions): counted with the coordinator
                 role = "ltms" if server.role.startswith("ltm") else "coordinator"
-                roles[role] += _proc_cpu_seconds(server.process.pid)
-        roles["other"] = _machine_busy_seconds() - sum(roles.values())
+                used = _proc_cpu_seconds(server.process.pid)
+                roles[role] += used
+                roles[PROCESS + server.role] = used
+        busy = sum(v for k, v in roles.items() if not k.startswith(PROCESS))
+        roles["other"] = _machine_busy_seconds() - busy
         return time.perf_counter(), roles
 
     def stop(self) -> dict[str, float]:
         (t0, a), (t1, b) = self._start, self._sample()
-        used = {role: round(100 * (b[role] - a[role]) / (t1 - t0), 1) for role in a}
+        used = {role: round(100 * (b[role] - a.get(role, 0)) / (t1 - t0), 1) for role in b}
         # the machine's total is sampled at clock ticks, the processes' use is exact: over a
         # window of a second or two the total can come out below their sum
         used["other"] = max(0.0, used["other"])
@@ -531,6 +538,19 @@ def report_line(r: Result) -> None:
         f"{r.tps:.0f} tx/s, p50 {_ms(r.p50_ms)} ms, p99 {_ms(r.p99_ms)} ms, "
         f"{r.retries_per_s:.1f} retries/s, errors {r.errors or 0}, CPU % {_cpu(r)}"
         + (f", arrival lag p99 {_ms(r.lag_p99_ms)} ms" if r.mode == "open" else "")
+        + _per_process(r)
+    )
+
+
+def _per_process(r: Result) -> str:
+    """Each coordinating process's CPU (% of a core) and its share per committed transaction
+    of the whole cluster, when there are several: flat shares as processes are added mean no
+    process does work that grows with the cluster's total."""
+    shares = {k.removeprefix(PROCESS): v for k, v in r.cpu.items() if k.startswith(PROCESS)}
+    if len(shares) < 2 or not r.tps:
+        return ""
+    return "; per process " + ", ".join(
+        f"{name} {pct:.0f}% ({10 * pct / r.tps:.2f} ms/tx)" for name, pct in sorted(shares.items())
     )
 
 
