@@ -19,6 +19,7 @@ from aggview import errors
 from aggview.rowcodec import decode_row
 from aggview.schema import ColumnType, TableSchema, from_storage
 from coordinator.transactions import TransactionManager
+from cumulus.aggstate import ViewState
 from cumulus.sqltext import identifier
 
 
@@ -60,7 +61,7 @@ async def run(
         for name in names:
             if name in views:
                 rows, _ = await manager.views.read(name, {}, at=ts)  # type: ignore[union-attr]
-                columns = [(c, _view_type(rows, c)) for c in views[name].plan.output]
+                columns = _view_columns(views[name].compiled)
                 values = [tuple(r[c] for c, _ in columns) for r in rows]
             else:
                 schema = manager.catalog.table(name)
@@ -85,20 +86,11 @@ async def run(
     return columns, rows, ts, note
 
 
-def _view_type(rows: list[dict[str, Any]], column: str) -> str:
-    """A view column's duckdb type, from its values (views hold numbers, text, dates)."""
-    sample = next((r[column] for r in rows if r[column] is not None), None)
-    if isinstance(sample, bool):
-        return "BOOLEAN"
-    if isinstance(sample, int):
-        return "BIGINT"
-    if isinstance(sample, float):
-        return "DOUBLE"
-    if sample is not None and type(sample).__name__ == "Decimal":
-        return "DECIMAL(38, 10)"
-    if sample is not None and type(sample).__name__ == "date":
-        return "DATE"
-    return "VARCHAR"
+def _view_columns(state: ViewState) -> list[tuple[str, str]]:
+    """A view's output columns and their duckdb types, from its compiled plan."""
+    types = dict(zip([g.name for g in state.plan.group_by], state.group_types, strict=True))
+    types.update(zip([a.name for a in state.plan.aggregates], state.result_types, strict=True))
+    return [(c, _duckdb_type(types[c])) for c in state.plan.output]
 
 
 def _typed(schema: TableSchema, data: bytes) -> tuple[Any, ...]:

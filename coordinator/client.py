@@ -524,11 +524,7 @@ class Client:
     def _watch_stream(
         self, view: str, where: Mapping[str, Any] | None, interval_ms: int
     ) -> Callable[[int], Any]:
-        def open_stream(since: int) -> Any:
-            request = subscriptions.request(view, where, since, interval_ms)
-            return self._stub.WatchView(request, metadata=self._metadata)
-
-        return open_stream
+        return subscriptions.opener(self._stub, self._metadata, view, where, interval_ms)
 
     def refresh(self, name: str) -> int:
         """Refreshes an async view now; returns the timestamp it is exact at."""
@@ -752,12 +748,8 @@ class AsyncClient:
     ) -> AsyncIterator[Changes]:
         """A view's changes as they commit: ``async for changes in client.watch("v")``; the
         first is the whole view (``reset``); reconnects by itself. See :meth:`Client.watch`."""
-
-        def open_stream(since: int) -> Any:
-            request = subscriptions.request(view, where, since, interval_ms)
-            return self._stub.WatchView(request, metadata=self._metadata)
-
-        return subscriptions.watch_changes(open_stream)
+        opened = subscriptions.opener(self._stub, self._metadata, view, where, interval_ms)
+        return subscriptions.watch_changes(opened)
 
     async def refresh(self, name: str) -> int:
         stub = await self._leader()

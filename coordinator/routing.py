@@ -68,7 +68,3 @@ class Router:
         self._schemas[table] = (
             TableSchema.from_json(json.loads(reply.schema_json)) if is_table else None
         )
-
-    def forget(self, table: str) -> None:
-        """A table dropped or created again: its schema is looked up anew."""
-        self._schemas.pop(table, None)

@@ -163,9 +163,15 @@ async def watch_changes(
         await asyncio.sleep(RECONNECT_DELAY)
 
 
-def request(
-    view: str, where: Mapping[str, Any] | None, since: int, interval_ms: int
-) -> pb.WatchRequest:
-    return pb.WatchRequest(
-        view=view, where=to_row(dict(where or {})), since=since, interval_ms=interval_ms
-    )
+def opener(
+    stub: Any, metadata: Any, view: str, where: Mapping[str, Any] | None, interval_ms: int
+) -> Callable[[int], Any]:
+    """How a client (blocking or asyncio: its stub) opens the subscription from a timestamp."""
+
+    def open_stream(since: int) -> Any:
+        request = pb.WatchRequest(
+            view=view, where=to_row(dict(where or {})), since=since, interval_ms=interval_ms
+        )
+        return stub.WatchView(request, metadata=metadata)
+
+    return open_stream
