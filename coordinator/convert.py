@@ -32,6 +32,7 @@ class Limits:
     max_views: int = 100  # materialized views in the catalog
     max_client_transactions: int = 1024  # calls in flight per client (token, or connection)
     max_adhoc_rows: int = 100_000  # rows an ad-hoc SELECT (join, aggregate) may read
+    watch_stall_seconds: int = 30  # a subscriber taking no message this long is dropped
 
     @classmethod
     def parse(cls, items: Sequence[str]) -> Limits:

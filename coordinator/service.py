@@ -32,7 +32,6 @@ from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
 from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc as lpb_grpc
-from coordinator import watch as watching
 from coordinator.bulk import BulkAccess
 from coordinator.catalog import Catalog
 from coordinator.clock import Clock
@@ -184,14 +183,14 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
             )
         interval = (request.interval_ms or 50) / 1000
         where = from_row(request.where)
+        stall = self.manager.limits.watch_stall_seconds
         async for message in watch(self.manager, request.view, where, interval):
             try:
-                await asyncio.wait_for(context.write(message), watching.STALL_SECONDS)
+                await asyncio.wait_for(context.write(message), stall)
             except TimeoutError:
                 raise errors.LimitExceeded(
-                    f"the subscriber to {request.view} took no message for "
-                    f"{watching.STALL_SECONDS:g} s and was dropped (the server keeps one "
-                    "message per subscriber)"
+                    f"the subscriber to {request.view} took no message for {stall} s and was "
+                    "dropped (watch_stall_seconds; the server keeps one message per subscriber)"
                 ) from None
 
     @grpc_method

@@ -8,8 +8,9 @@ message, and the first after a reconnect, is the whole view marked ``reset`` (it
 copy): row versions between the copy's timestamp and now may be gone, and a whole state is the
 one way to lose nothing and count nothing twice.
 
-A subscriber that does not take a message within ``STALL_SECONDS`` is dropped with
-RESOURCE_EXHAUSTED saying so: the server holds one message per subscriber, never more.
+A subscriber that does not take a message within the ``watch_stall_seconds`` limit is dropped
+with RESOURCE_EXHAUSTED saying so: the server holds one message per subscriber (beyond what
+HTTP/2 flow control lets the transport hold), never more.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from aggview.values import to_row
 from aggview.wire import client_pb2 as cpb
 from coordinator.transactions import TransactionManager
 
-STALL_SECONDS = 30.0
 DEFAULT_INTERVAL = 0.05
 
 Rows = dict[tuple[Any, ...], dict[str, Any]]

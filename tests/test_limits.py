@@ -6,15 +6,20 @@ security (there a client is its connection; with tokens it is its token, see tes
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
+import grpc
 import pytest
 from inflight import burst, scan_of
+from polling import wait_for
 
 from aggview import errors
 from aggview.cluster import LocalCluster
+from aggview.wire import client_pb2 as pb
+from aggview.wire.client_pb2_grpc import AggviewStub
 from coordinator import Client
 from coordinator.client import AsyncClient
 from coordinator.convert import Limits
@@ -28,6 +33,7 @@ LIMITS = {
     "max_views": 2,
     "max_client_transactions": 3,
     "max_adhoc_rows": 30,
+    "watch_stall_seconds": 2,
 }
 
 
@@ -232,4 +238,46 @@ def test_rows_an_adhoc_select_may_read(client: Client, limited: LocalCluster) ->
         client.sql("SELECT g, COUNT(*) FROM many GROUP BY g")
     assert len(client.sql("SELECT * FROM many WHERE g = 1")) == 13  # a key-value read: no limit
     client.sql("DROP TABLE many")
+    assert_intact(client, limited)
+
+
+def test_a_subscriber_that_takes_nothing_is_dropped(client: Client, limited: LocalCluster) -> None:
+    """A subscriber that stops reading is dropped once flow control fills and it has taken no
+    message for ``watch_stall_seconds``: RESOURCE_EXHAUSTED naming the limit, and the server,
+    the data and other subscribers go on."""
+    client.sql("CREATE TABLE wide (id INT PRIMARY KEY, g INT, pad TEXT)")
+    client.sql(
+        "CREATE MATERIALIZED VIEW wide_g AS SELECT g, COUNT(*) AS n, MAX(pad) AS top "
+        "FROM wide GROUP BY g"
+    )
+    client.sql("INSERT INTO wide VALUES " + ", ".join(f"({g}, {g}, '')" for g in range(40)))
+    channel = grpc.insecure_channel(limited.address)
+    stalled = AggviewStub(channel).WatchView(
+        pb.WatchRequest(view="wide_g", interval_ms=10), timeout=60
+    )
+    next(stalled)  # the first message (the whole view), then nothing is taken for a while
+    healthy = client.watch("wide_g", interval_ms=10)
+    try:
+        stop_at = time.monotonic() + LIMITS["watch_stall_seconds"] + 4
+        round_ = 0
+        while time.monotonic() < stop_at:  # every round changes every group: big diffs
+            round_ += 1
+            with client.transaction() as tx:
+                for g in range(40):
+                    tx.update("wide", {"id": g}, {"pad": f"{round_:06d}" + "p" * 400})
+        with pytest.raises(grpc.RpcError) as dropped:
+            for _ in stalled:  # what the transport held, then the status
+                pass
+        assert dropped.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, dropped.value
+        assert "watch_stall_seconds" in (dropped.value.details() or "")
+    finally:
+        channel.close()
+    top = f"{round_:06d}" + "p" * 400
+    wait_for(
+        "the healthy copy", lambda: [r["top"] for r in healthy.copy.rows.values()] == [top] * 40
+    )
+    assert healthy.error is None
+    healthy.stop()
+    client.sql("DROP MATERIALIZED VIEW wide_g")
+    client.sql("DROP TABLE wide")
     assert_intact(client, limited)
