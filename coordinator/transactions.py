@@ -231,6 +231,9 @@ class TransactionManager:
                 self.in_flight.decided(ts)
                 self.lookups.aborted(ts)
                 return ts
+            # Its writes are known now: registered, so its commit installs their images over
+            # what the lookup cache holds (opaque alone would leave the old rows cached).
+            self.lookups.writing(ts, [(op.table, op.key) for op in ops])
             try:
                 return await self._run(tx, ops)
             except errors.TooLate:

@@ -107,6 +107,25 @@ def test_concurrent_updates_of_one_row_lose_nothing(client: Client, table_name: 
     assert client.get(table_name, {"id": 2})["n"] == 0  # type: ignore[index]
 
 
+def test_a_dimension_rewritten_by_a_where_reaches_the_join_view(
+    client: Client, table_name: str
+) -> None:
+    """An UPDATE whose WHERE is not the key writes rows the coordinator caches for view
+    lookups: the next insert must join with the new row, not the cached old one."""
+    t = table_name
+    client.sql(f"CREATE TABLE {t}_p (id INT PRIMARY KEY, cat INT, name TEXT)")
+    client.sql(f"CREATE TABLE {t} (id INT PRIMARY KEY, prod INT, cost INT)")
+    client.sql(f"INSERT INTO {t}_p VALUES (1, 10, 'a'), (2, 20, 'b')")
+    client.sql(
+        f"CREATE MATERIALIZED VIEW {t}_v AS SELECT p.cat, SUM(e.cost) AS s, COUNT(*) AS n "
+        f"FROM {t} e JOIN {t}_p p ON e.prod = p.id GROUP BY p.cat"
+    )
+    client.sql(f"INSERT INTO {t} VALUES (1, 1, 5)")
+    client.sql(f"UPDATE {t}_p SET cat = 30 WHERE name = 'a'")
+    client.sql(f"INSERT INTO {t} VALUES (2, 1, 7)")
+    assert sorted((r["cat"], r["s"], r["n"]) for r in client.view(f"{t}_v")) == [(30, 12, 2)]
+
+
 def test_bad_writes_are_refused_naming_the_problem(client: Client, table_name: str) -> None:
     client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, v INT)")
     client.sql(f"CREATE MATERIALIZED VIEW {table_name}_n AS SELECT COUNT(*) AS n FROM {table_name}")
@@ -170,46 +189,93 @@ def _statement(draw: st.DrawFn) -> str:
     return f"DELETE FROM {{t}} WHERE {where}"
 
 
+@st.composite
+def _dimension_statement(draw: st.DrawFn) -> str:
+    """A write to the dimension table ``{t}_d`` (g -> region) that the join view looks up: by
+    key, or by another column (read at the transaction's timestamp, then written)."""
+    group, region = draw(st.sampled_from(GROUPS)), draw(st.integers(1, 3))
+    return draw(
+        st.sampled_from(
+            [
+                f"INSERT INTO {{t}}_d VALUES ('{group}', {region})",
+                f"UPDATE {{t}}_d SET region = {region} WHERE g = '{group}'",
+                f"UPDATE {{t}}_d SET region = {region} WHERE region = {draw(st.integers(1, 3))}",
+                f"UPDATE {{t}}_d SET region = region + 1 WHERE region < {region}",
+                f"DELETE FROM {{t}}_d WHERE region = {region}",
+            ]
+        )
+    )
+
+
 @settings(
     max_examples=12,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(st.lists(st.lists(_statement(), min_size=1, max_size=3), min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.lists(
+            st.one_of(_statement(), _statement(), _dimension_statement()), min_size=1, max_size=3
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_random_sql_writes_equal_duckdb(client: Client, batches: list[list[str]]) -> None:
-    """Each batch runs as BEGIN …; COMMIT; when it has several statements."""
+    """Each batch runs as BEGIN …; COMMIT; when it has several statements. A second sync view
+    joins a dimension table that some statements rewrite (its rows are looked up, and cached,
+    by the coordinator)."""
     import uuid
 
     table = f"w_{uuid.uuid4().hex[:10]}"
     client.sql(f"CREATE TABLE {table} (id INT PRIMARY KEY, g TEXT, v INT)")
+    client.sql(f"CREATE TABLE {table}_d (g TEXT PRIMARY KEY, region INT)")
+    client.sql(f"INSERT INTO {table}_d VALUES ('a', 1), ('b', 1), ('c', 2)")
     client.sql(
         f"CREATE MATERIALIZED VIEW {table}_by_g AS SELECT g, SUM(v) AS total, COUNT(*) AS n "
         f"FROM {table} GROUP BY g"
     )
-    db = duckdb.connect()
-    db.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, g TEXT, v INT)")
-    for batch in batches:
-        statements = [s.format(t=table) for s in batch]
-        sql = "; ".join(statements)
-        if len(statements) > 1:
-            sql = f"BEGIN; {sql}; COMMIT;"
-        ours: Exception | None = None
-        try:
-            client.sql(sql)
-        except errors.AggviewError as exc:
-            ours = exc
-        theirs: Exception | None = None
-        db.execute("BEGIN")
-        try:
-            for statement in statements:
-                db.execute(statement)
-            db.execute("COMMIT")
-        except duckdb.Error as exc:
-            db.execute("ROLLBACK")
-            theirs = exc
-        assert (ours is None) == (theirs is None), (sql, ours, theirs)
-        assert _table(client, table) == sorted(db.execute(f"SELECT * FROM {table}").fetchall())
-        expected = db.execute(
-            f"SELECT g, SUM(v), COUNT(*) FROM {table} GROUP BY g ORDER BY g"
-        ).fetchall()
-        assert _view(client, f"{table}_by_g") == sorted(expected), sql
+    joined = (
+        f"SELECT d.region, SUM(t.v) AS total, COUNT(*) AS n FROM {table} t "
+        f"JOIN {table}_d d ON t.g = d.g GROUP BY d.region"
+    )
+    client.sql(f"CREATE MATERIALIZED VIEW {table}_by_region AS {joined}")
+    try:
+        db = duckdb.connect()
+        db.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, g TEXT, v INT)")
+        db.execute(f"CREATE TABLE {table}_d (g TEXT PRIMARY KEY, region INT)")
+        db.execute(f"INSERT INTO {table}_d VALUES ('a', 1), ('b', 1), ('c', 2)")
+        for batch in batches:
+            statements = [s.format(t=table) for s in batch]
+            sql = "; ".join(statements)
+            if len(statements) > 1:
+                sql = f"BEGIN; {sql}; COMMIT;"
+            ours: Exception | None = None
+            try:
+                client.sql(sql)
+            except errors.AggviewError as exc:
+                ours = exc
+            theirs: Exception | None = None
+            db.execute("BEGIN")
+            try:
+                for statement in statements:
+                    db.execute(statement)
+                db.execute("COMMIT")
+            except duckdb.Error as exc:
+                db.execute("ROLLBACK")
+                theirs = exc
+            assert (ours is None) == (theirs is None), (sql, ours, theirs)
+            assert _table(client, table) == sorted(db.execute(f"SELECT * FROM {table}").fetchall())
+            expected = db.execute(
+                f"SELECT g, SUM(v), COUNT(*) FROM {table} GROUP BY g ORDER BY g"
+            ).fetchall()
+            assert _view(client, f"{table}_by_g") == sorted(expected), sql
+            by_region = sorted(
+                (r["region"], r["total"], r["n"]) for r in client.view(f"{table}_by_region")
+            )
+            assert by_region == sorted(db.execute(joined).fetchall()), sql
+    finally:
+        for view in (f"{table}_by_g", f"{table}_by_region"):
+            client.sql(f"DROP MATERIALIZED VIEW {view}")
+        client.sql(f"DROP TABLE {table}")
+        client.sql(f"DROP TABLE {table}_d")
