@@ -204,7 +204,7 @@ class BulkAccess:
         counted = [0]
         try:
             chunks = _staged_chunks(store, schema, staging, LOAD_CHUNK_ROWS, counted)
-            ts = await self.manager.bulk_transaction(_in_thread(chunks))
+            ts = await self.manager.bulk_transaction(_in_thread(chunks), {schema.table_id})
             return ts, counted[0]
         finally:
             self.loads_running.discard(table)

@@ -21,6 +21,14 @@ decided: it sees exactly the transactions that committed before it began, and ne
 
 The catalog epoch (the set of tables, views and indexes) is the clock's too: every grant
 carries it, so a member learns of a change before it runs a transaction timestamped after it.
+
+Writes to cached rows: every member caches the dimension rows view maintenance looks up
+(``coordinator.lookup_cache``), and a cached answer at ``t`` is right only if the member knows
+every writer of the row below ``t``. A request says which cached rows (or whole tables) its
+transactions write; the grant records that as a ``Notice``, which the leader hands to every
+other member before any timestamp granted after it (on the same ordered stream, ahead of its
+next grant). A request whose rows were picked under an older catalog epoch than the grant's
+(the set of cached tables may have changed) becomes a notice for every table.
 """
 
 from __future__ import annotations
@@ -28,6 +36,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from coordinator.timestamp_oracle import TimestampOracle
+
+RowKey = tuple[str, bytes]  # (store table id, encoded primary key)
+
+
+@dataclass(frozen=True)
+class Writes:
+    """What transactions asking for timestamps will write in cached tables."""
+
+    rows: tuple[RowKey, ...] = ()
+    tables: tuple[str, ...] = ()  # any row of these (known only once it has read)
+    epoch: int = 0  # the catalog epoch under which they were picked
+
+    def __bool__(self) -> bool:
+        return bool(self.rows or self.tables)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Transactions ``first..last`` may write ``rows``, any row of ``tables``, or with
+    ``everything`` any row at all."""
+
+    first: int
+    last: int
+    rows: tuple[RowKey, ...] = ()
+    tables: tuple[str, ...] = ()
+    everything: bool = False
 
 
 @dataclass(frozen=True)
@@ -37,6 +71,7 @@ class Grant:
     count: int
     read_ts: int  # the youngest timestamp issued before this grant, if a read was asked
     epoch: int  # the catalog epoch every timestamp of the grant runs under
+    notice: Notice | None = None  # for every other member: what these timestamps write
 
 
 @dataclass(frozen=True)
@@ -71,19 +106,26 @@ class Clock:
     def members(self) -> int:
         return len(self._members)
 
-    def grant(self, member: int, count: int, read: bool = False) -> Grant:
+    def grant(
+        self, member: int, count: int, read: bool = False, writes: Writes | None = None
+    ) -> Grant:
         """``count`` timestamps for ``member``'s waiting transactions, and a read timestamp if
-        it has reads waiting."""
+        it has reads waiting; ``writes``: what those transactions write in cached tables."""
         held = self._members[member]
         self._seq += 1
         read_ts = self.oracle.current() if read else 0
         if read:
             held.reads[self._seq] = read_ts
-        first = 0
+        first, notice = 0, None
         if count:
             first = self.oracle.take(count)
             held.writes[self._seq] = first
-        return Grant(self._seq, first, count, read_ts, self.epoch)
+            last = first + count - 1
+            if writes is not None and writes.epoch < self.epoch:
+                notice = Notice(first, last, everything=True)
+            elif writes:
+                notice = Notice(first, last, writes.rows, writes.tables)
+        return Grant(self._seq, first, count, read_ts, self.epoch, notice)
 
     def connected(self, member: int) -> None:
         """A new stream from ``member``: the grants sent on its previous one that it has not

@@ -25,7 +25,7 @@ from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.status import Malformed
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
-from coordinator.clock import Grant, Marks
+from coordinator.clock import Grant, Marks, Notice, Writes
 from coordinator.member_clock import InFlight, LeaderClock, MemberClock
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,24 @@ class _Stream:
         self.member = -1
         self.wait = 0  # tell it the watermarks unasked once decided reaches this
         self.epoch = -1  # the newest catalog epoch it was sent
+        self.notices: list[Notice] = []  # other members' writes, for its next reply
         self.replies: asyncio.Queue[pb.ClockReply | None] = asyncio.Queue()
 
     def send(self, reply: pb.ClockReply) -> None:
         if reply.epoch > self.epoch:  # the follower runs nothing under an unknown epoch
             reply.configuration = self.leader.clock.configuration
             self.epoch = reply.epoch
+        if self.notices:  # ahead of the grant in this reply, and of any later one
+            reply.notices.extend(_wire_notice(n) for n in self.notices)
+            self.notices.clear()
         self.replies.put_nowait(reply)
+
+    def notify(self, origin: int, notice: Notice) -> None:
+        """Another member's grant writes cached rows: sent now, so an idle follower's
+        cache also stops answering for them."""
+        if origin != self.member:
+            self.notices.append(notice)
+            self.send(_reply(self.leader.clock.marks()))
 
     def told(self, marks: Marks) -> None:
         if self.wait and marks.decided >= self.wait:
@@ -83,7 +94,13 @@ class _Stream:
             self.wait = request.wait
             self.leader.changed()
         if request.count or request.read:
-            grant = clock.grant(member, request.count, request.read)
+            writes = None
+            if request.HasField("write_epoch"):
+                rows = tuple((r.table, r.key) for r in request.write_rows)
+                writes = Writes(rows, tuple(request.write_tables), request.write_epoch)
+            grant = clock.grant(member, request.count, request.read, writes)
+            if grant.notice is not None:
+                self.leader.noticed(member, grant.notice)
             self.send(_reply(clock.marks(), grant))
 
 
@@ -106,6 +123,7 @@ class ClockServicer(pb_grpc.ClockServicer):
                 stream.replies.put_nowait(None)
 
         self.leader.listeners.add(stream.told)
+        self.leader.notice_listeners.add(stream.notify)
         reader = asyncio.get_running_loop().create_task(read())
         try:
             while (reply := await stream.replies.get()) is not None:
@@ -116,7 +134,23 @@ class ClockServicer(pb_grpc.ClockServicer):
                 await context.abort(exc.code, str(exc))
         finally:
             self.leader.listeners.discard(stream.told)
+            self.leader.notice_listeners.discard(stream.notify)
             reader.cancel()
+
+
+def _wire_notice(notice: Notice) -> pb.WriteNotice:
+    return pb.WriteNotice(
+        first=notice.first,
+        last=notice.last,
+        rows=[pb.CachedRow(table=t, key=k) for t, k in notice.rows],
+        tables=notice.tables,
+        everything=notice.everything,
+    )
+
+
+def _notice(wire: pb.WriteNotice) -> Notice:
+    rows = tuple((r.table, r.key) for r in wire.rows)
+    return Notice(wire.first, wire.last, rows, tuple(wire.tables), wire.everything)
 
 
 class FollowerClock(MemberClock):
@@ -137,9 +171,11 @@ class FollowerClock(MemberClock):
         self.address = leader
         self._tls = tls
         self._install = install
-        self._writers: list[asyncio.Future[tuple[int, int]]] = []  # waiting to be asked for
+        # waiting to be asked for, with what each writes in cached tables
+        self._writers: list[tuple[asyncio.Future[tuple[int, int]], Writes | None]] = []
         self._readers: list[asyncio.Future[int]] = []
-        self._asked_writes: deque[asyncio.Future[tuple[int, int]]] = deque()
+        self._asked_writes: deque[tuple[asyncio.Future[tuple[int, int]], Writes | None]] = deque()
+        self._fresh = True  # no reply yet on this stream
         self._asked_reads: list[asyncio.Future[int]] = []
         self._asking = False
         self._scheduled = False
@@ -168,6 +204,7 @@ class FollowerClock(MemberClock):
 
         self._outbox = outbox
         self._seen = 0  # grants are numbered per stream
+        self._fresh = True
         self._asking = False
         self._wait_sent = self._waiters[0][0] if self._waiters else 0
         self._call = stub.Tick(outgoing(), metadata=member_metadata(self._tls))
@@ -184,9 +221,9 @@ class FollowerClock(MemberClock):
 
     # ------------------------------------------------------------------ asking
 
-    async def next(self) -> tuple[int, int]:
+    async def next(self, writes: Writes | None = None) -> tuple[int, int]:
         future: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
-        self._writers.append(future)
+        self._writers.append((future, writes))
         self._ask_soon()
         try:
             return await future
@@ -237,6 +274,12 @@ class FollowerClock(MemberClock):
             self._asking = True
             request.count = len(self._writers)
             request.read = bool(self._readers)
+            known = [writes for _, writes in self._writers if writes is not None]
+            if known:
+                request.write_epoch = min(writes.epoch for writes in known)
+                rows = dict.fromkeys(row for writes in known for row in writes.rows)
+                request.write_rows.extend(pb.CachedRow(table=t, key=k) for t, k in rows)
+                request.write_tables.extend(sorted({t for w in known for t in w.tables}))
             self._asked_writes.extend(self._writers)
             self._asked_reads = self._readers
             self._writers, self._readers = [], []
@@ -260,7 +303,7 @@ class FollowerClock(MemberClock):
             problem = f"the clock stream to member 0 failed: {exc!r}"
         log.warning("%s", problem)
         failure = errors.Unavailable(problem)
-        asked = [*self._asked_writes, *self._asked_reads]
+        asked = [*(future for future, _ in self._asked_writes), *self._asked_reads]
         self._asked_writes.clear()
         self._asked_reads = []
         for future in asked:
@@ -273,6 +316,11 @@ class FollowerClock(MemberClock):
     def _received(self, reply: pb.ClockReply) -> None:
         if reply.configuration:
             self._install(reply.epoch, json.loads(reply.configuration))
+        if self._fresh:  # notices sent on an earlier stream may be lost
+            self._fresh = False
+            self.cache.start_over(reply.issued)
+        for notice in reply.notices:
+            self.cache.remote(_notice(notice))
         if reply.seq:
             self._granted(reply)
         self._marked(Marks(reply.issued, reply.decided, reply.low, reply.epoch))
@@ -285,11 +333,12 @@ class FollowerClock(MemberClock):
         self._seen = reply.seq
         unused = False
         for ts in range(reply.first, reply.first + reply.count):
-            future = self._asked_writes.popleft()
+            future, writes = self._asked_writes.popleft()
             if future.done():  # its caller went away: the next report releases it
                 unused = True
                 continue
             self.in_flight.add(ts)
+            self._register(ts, reply.epoch, writes)
             future.set_result((ts, reply.epoch))
         if self._asked_reads:  # the grant answers the one request out, reads included
             for future in self._asked_reads:

@@ -154,7 +154,7 @@ async def _transaction(writes: list[Write], manager: TransactionManager) -> int:
                 write.changed += 1
         return effect.operations()
 
-    return await manager.read_write_transaction(build)
+    return await manager.read_write_transaction(build, {w.schema.table_id for w in writes})
 
 
 class Effect:

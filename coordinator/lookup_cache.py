@@ -28,8 +28,16 @@ a committed row image is the whole history below its timestamp. Hence:
 A read that uses the cache leaves no read timestamp on the LTM's row. That is safe because a
 writer older than the reader either was registered here before the reader looked (so the
 reader went to the LTM) or will never exist: timestamps are handed out in order and a user
-transaction's writes are all known when it gets its timestamp. Bulk transactions, whose rows
-arrive later, block the cache for every younger reader while they are undecided.
+transaction's writes are all known when it gets its timestamp. Bulk transactions and SQL
+writes with a WHERE, whose rows are known later, block the cache for their tables for every
+younger reader while they are undecided.
+
+With several coordinating members, each caches, and writers elsewhere reach it as the
+clock's notices (``coordinator.clock``), in the step before any timestamp granted after them:
+a notice's rows (or tables) are pending until the cluster has decided every transaction it
+covers (``decided``); then its rows are unknown here and are read again from the LTMs, and a
+notice for whole tables drops their entries. A new clock stream (the leader restarted, the
+network failed) may have lost notices: the cache starts over above everything issued before.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-RowKey = tuple[str, bytes]  # (store table id, encoded primary key)
+from coordinator.clock import Notice, RowKey, Writes
 
 
 class Image(Protocol):  # an ltm_pb2.RowImage
@@ -80,7 +88,9 @@ class LookupCache:
         self._entries: OrderedDict[RowKey, tuple[object, int]] = OrderedDict()
         self._pending: dict[RowKey, set[int]] = {}
         self._writes: dict[int, list[RowKey]] = {}  # undecided ts -> its registered writes
-        self._opaque: set[int] = set()  # undecided bulk transactions (writes not known yet)
+        # undecided writers of rows known only later: ts -> the tables (None: any table)
+        self._opaque: dict[int, frozenset[str] | None] = {}
+        self._remote: list[Notice] = []  # other members' writers, until decided
         self.floor = 0
         self.hits = 0
         self.misses = 0
@@ -102,14 +112,27 @@ class LookupCache:
 
     # ------------------------------------------------------------------ writers
 
-    def writing(self, ts: int, rows: Iterable[RowKey]) -> None:
-        """Registers writes of transaction ``ts``; call in the step that issued ``ts``."""
-        tables = self.tables()
-        if not tables:
+    def writes(self, rows: Iterable[RowKey], tables: Iterable[str], epoch: int) -> Writes:
+        """What a transaction about to ask for its timestamp writes in cached tables."""
+        cached = self.tables()
+        return Writes(
+            tuple(dict.fromkeys(r for r in rows if r[0] in cached)),
+            tuple(sorted(set(tables) & cached)),
+            epoch,
+        )
+
+    def writing(self, ts: int, rows: Iterable[RowKey], tables: Iterable[str] = ()) -> None:
+        """Registers writes of transaction ``ts``; call in the step that issued ``ts``:
+        ``rows``, and any row of ``tables`` (rows known only once it has read)."""
+        cached = self.tables()
+        if not cached:
             return
+        scope = frozenset(tables) & cached
+        if scope:
+            self._opaque[ts] = scope
         mine = self._writes.get(ts)
         for row_key in rows:
-            if row_key[0] not in tables:
+            if row_key[0] not in cached:
                 continue
             if mine is None:
                 mine = self._writes[ts] = []
@@ -117,8 +140,51 @@ class LookupCache:
             self._pending.setdefault(row_key, set()).add(ts)
 
     def opaque(self, ts: int) -> None:
-        """Transaction ``ts`` may write any row, known only later (a bulk load)."""
-        self._opaque.add(ts)
+        """Transaction ``ts`` may write any row, known only later."""
+        self._opaque[ts] = None
+
+    # ------------------------------------------------------------------ other members
+
+    def remote(self, notice: Notice) -> None:
+        """Another member's transactions ``notice.first..last`` write these; call in the
+        step the notice arrives, before any timestamp granted after it is used here."""
+        self._remote.append(notice)
+        if notice.everything or notice.tables:
+            self._opaque[notice.first] = None if notice.everything else frozenset(notice.tables)
+        for row_key in notice.rows:
+            self._pending.setdefault(row_key, set()).add(notice.first)
+
+    def decided(self, decided: int) -> None:
+        """Every transaction at or below ``decided`` is decided, cluster-wide: the notices
+        it covers are settled (their rows unknown here, their tables' entries dropped)."""
+        if not any(notice.last <= decided for notice in self._remote):
+            return
+        kept = []
+        for notice in self._remote:
+            if notice.last > decided:
+                kept.append(notice)
+                continue
+            self._opaque.pop(notice.first, None)
+            for row_key in notice.rows:
+                pending = self._pending.get(row_key)
+                if pending is not None:
+                    pending.discard(notice.first)
+                    if not pending:
+                        del self._pending[row_key]
+                self._install(row_key, UNKNOWN, notice.last + 1)
+            if notice.everything or notice.tables:
+                scope = None if notice.everything else set(notice.tables)
+                for row_key in [k for k in self._entries if scope is None or k[0] in scope]:
+                    self._drop(row_key, self._entries[row_key])
+                self.floor = max(self.floor, notice.last)
+        self._remote = kept
+
+    def start_over(self, issued: int) -> None:
+        """Notices may have been lost (a new clock stream): forget every entry; nothing
+        visible at or below ``issued`` (everything granted before) comes back."""
+        self._entries.clear()
+        self.bytes = 0
+        self.floor = max(self.floor, issued)
 
     def committed(self, ts: int, images: Iterable[Image]) -> None:
         """Installs what ``ts`` wrote; call once its commit is logged, before any LTM hears."""
@@ -137,7 +203,7 @@ class LookupCache:
             self._install(row_key, UNKNOWN, ts + 1)
 
     def _settle(self, ts: int) -> list[RowKey]:
-        self._opaque.discard(ts)
+        self._opaque.pop(ts, None)
         rows = self._writes.pop(ts, [])
         for row_key in rows:
             pending = self._pending.get(row_key)
@@ -157,7 +223,7 @@ class LookupCache:
             entry is None
             or entry[0] is UNKNOWN
             or entry[1] > ts
-            or any(t < ts for t in self._opaque)
+            or any(t < ts and (s is None or row_key[0] in s) for t, s in self._opaque.items())
             or any(t < ts for t in self._pending.get(row_key, ()))
         ):
             self.misses += 1

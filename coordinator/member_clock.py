@@ -13,12 +13,12 @@ import asyncio
 import heapq
 import itertools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from aggview import errors
-from coordinator.clock import Clock, Marks
+from coordinator.clock import Clock, Marks, Notice, RowKey, Writes
 
 
 class InFlight:
@@ -64,19 +64,64 @@ class InFlight:
             self.stop_reading(ts)
 
 
+class WriteRegistry(Protocol):
+    """Who must hear, in the step a timestamp is granted, what its transaction writes (the
+    member's lookup cache, ``coordinator.lookup_cache``)."""
+
+    def writing(self, ts: int, rows: Iterable[RowKey], tables: Iterable[str] = ()) -> None: ...
+
+    def opaque(self, ts: int) -> None: ...
+
+    def remote(self, notice: Notice) -> None: ...
+
+    def decided(self, decided: int) -> None: ...
+
+    def start_over(self, issued: int) -> None: ...
+
+
+class _Nobody:
+    def writing(self, ts: int, rows: Iterable[RowKey], tables: Iterable[str] = ()) -> None:
+        pass
+
+    def opaque(self, ts: int) -> None:
+        pass
+
+    def remote(self, notice: Notice) -> None:
+        pass
+
+    def decided(self, decided: int) -> None:
+        pass
+
+    def start_over(self, issued: int) -> None:
+        pass
+
+
 class MemberClock:
     """What a transaction manager asks of the clock, whichever member it runs on."""
 
     def __init__(self, in_flight: InFlight) -> None:
         self.in_flight = in_flight
         self.marks = Marks(0, 0, 0, 0)
+        self.cache: WriteRegistry = _Nobody()
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._sequence = itertools.count()
 
-    async def next(self) -> tuple[int, int]:
+    async def next(self, writes: Writes | None = None) -> tuple[int, int]:
         """A timestamp for a transaction, and the catalog epoch it runs under; the timestamp
-        is in the in-flight set until the caller reports it decided."""
+        is in the in-flight set until the caller reports it decided. ``writes``: what it
+        writes in cached tables (None: a system transaction, which writes none)."""
         raise NotImplementedError
+
+    def _register(self, ts: int, epoch: int, writes: Writes | None) -> None:
+        """In the step ``ts`` is granted: the cache learns what it writes. Picked under an
+        older epoch, the set of cached tables may have grown: it blocks every cached row
+        until the transaction registers again under the new one (or ends)."""
+        if writes is None:
+            return
+        if writes.epoch != epoch:
+            self.cache.opaque(ts)
+        elif writes:
+            self.cache.writing(ts, writes.rows, writes.tables)
 
     async def read_timestamp(self) -> int:
         """The youngest timestamp issued, counted as an active read until ``stop_reading``."""
@@ -104,6 +149,7 @@ class MemberClock:
 
     def _marked(self, marks: Marks) -> None:
         self.marks = marks
+        self.cache.decided(marks.decided)
         while self._waiters and self._waiters[0][0] <= marks.decided:
             _, _, waiter = heapq.heappop(self._waiters)
             if not waiter.done():
@@ -121,17 +167,30 @@ class LeaderClock(MemberClock):
         self._seq = 0
         self._scheduled = False
         self.listeners: set[Callable[[Marks], None]] = set()  # the followers' streams
+        # the followers' streams again: (origin member, notice) to pass on
+        self.notice_listeners: set[Callable[[int, Notice], None]] = set()
         in_flight.changed = self.changed
         self._recompute()
 
-    async def next(self) -> tuple[int, int]:
-        return self.take()
+    async def next(self, writes: Writes | None = None) -> tuple[int, int]:
+        return self.take(writes)
 
-    def take(self) -> tuple[int, int]:
-        grant = self.clock.grant(0, 1)
+    def take(self, writes: Writes | None = None) -> tuple[int, int]:
+        grant = self.clock.grant(0, 1, writes=writes)
         self._seq = grant.seq
         self.in_flight.add(grant.first)
+        self._register(grant.first, grant.epoch, writes)
+        if grant.notice is not None:
+            self.noticed(0, grant.notice)
         return grant.first, grant.epoch
+
+    def noticed(self, origin: int, notice: Notice) -> None:
+        """``origin``'s grant writes cached rows: every other member hears it before any
+        later grant (the followers on their streams, this member's cache now)."""
+        if origin != 0:
+            self.cache.remote(notice)
+        for listener in list(self.notice_listeners):
+            listener(origin, notice)
 
     async def read_timestamp(self) -> int:
         ts = self.clock.oracle.current()

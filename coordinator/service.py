@@ -431,9 +431,6 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
             for p in range(count)
         ]
     manager.members = list(config.members)
-    if len(config.members) > 1:
-        # Writes to cached rows no longer all pass through one process (see DECISIONS).
-        manager.lookups.max_rows = 0
     for channel in manager.channels:  # after a failover, a partition lives elsewhere
         record = ownership.read(store, channel.index)
         if not config.local_partitions:

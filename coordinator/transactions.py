@@ -90,6 +90,7 @@ class TransactionManager:
         self.lookups = LookupCache(
             lambda: self.lookup_tables(), lambda: self.epoch, self.clock.issued, warm=self._warm
         )
+        clock.cache = self.lookups  # it hears what each timestamp writes as it is granted
         self._warming: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
         self.committed = 0
@@ -144,14 +145,16 @@ class TransactionManager:
                 raise
             await self.catch_up()  # a follower's catalog may be older than the client's
             ops, epoch = self._row_ops(operations), self.epoch
-        ts, _ = await self.clock.next()
+        writes = self.lookups.writes([(op.table, op.key) for op in ops], (), epoch)
+        ts, _ = await self.clock.next(writes)
         if self.epoch != epoch:  # the catalog changed meanwhile: convert under the new one
             try:
                 ops = self._row_ops(operations)
             except BaseException:
                 self.in_flight.decided(ts)
+                self.lookups.aborted(ts)
                 raise
-        self.lookups.writing(ts, [(op.table, op.key) for op in ops])
+            self.lookups.writing(ts, [(op.table, op.key) for op in ops])
         tx = Transaction(ts, epoch=self.epoch)
         return await self._run(tx, ops)
 
@@ -166,12 +169,14 @@ class TransactionManager:
         ts = await self.clock.read_timestamp()
         self.in_flight.stop_reading(ts)
 
-    async def bulk_transaction(self, chunks: AsyncIterator[list[lpb.RowOp]]) -> int:
-        """One transaction too big for one message (a bulk load): its operations arrive in
-        chunks, each prepared as another round at the same timestamp, so every row becomes
-        visible at once when it commits, and an LTM never spends long on one message."""
-        ts, epoch = await self.clock.next()
-        self.lookups.opaque(ts)
+    async def bulk_transaction(
+        self, chunks: AsyncIterator[list[lpb.RowOp]], tables: set[str]
+    ) -> int:
+        """One transaction too big for one message (a bulk load into the store ``tables``):
+        its operations arrive in chunks, each prepared as another round at the same
+        timestamp, so every row becomes visible at once when it commits, and an LTM never
+        spends long on one message."""
+        ts, epoch = await self.clock.next(self.lookups.writes((), tables, self.epoch))
         tx = Transaction(ts, epoch=self.epoch)
 
         async def rounds() -> None:
@@ -206,17 +211,17 @@ class TransactionManager:
         raise AssertionError("unreachable")
 
     async def read_write_transaction(
-        self, build: Callable[[int], Awaitable[list[cpb.Operation]]]
+        self, build: Callable[[int], Awaitable[list[cpb.Operation]]], tables: set[str]
     ) -> int:
         """A client's transaction whose writes depend on what it reads (a SQL UPDATE or DELETE
         with a WHERE): ``build`` reads at the transaction's own timestamp, marking what it read
-        so no older writer can change it afterwards, and returns the operations, which commit
-        at that timestamp like any client's (checked, captured, views maintained). A
-        timestamp-order abort runs it again at a new timestamp. Nothing to write: nothing
-        commits, and the reads' timestamp is returned."""
+        so no older writer can change it afterwards, and returns the operations (on the store
+        ``tables``), which commit at that timestamp like any client's (checked, captured,
+        views maintained). A timestamp-order abort runs it again at a new timestamp. Nothing
+        to write: nothing commits, and the reads' timestamp is returned."""
         for attempt in itertools.count():
-            ts, _ = await self.clock.next()
-            self.lookups.opaque(ts)  # its rows are known only once it has read
+            # its rows are known only once it has read: any row of its tables until then
+            ts, _ = await self.clock.next(self.lookups.writes((), tables, self.epoch))
             tx = Transaction(ts, epoch=self.epoch)
             try:
                 operations = await build(ts)

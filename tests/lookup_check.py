@@ -9,10 +9,12 @@ MISMATCH = "lookup cache mismatch"
 
 
 def lookup_mismatches(root: Path) -> list[str]:
-    """Lines of coordinator logs under ``root`` where the lookup cache answered wrongly."""
+    """Lines of coordinator (or coordinating member) logs under ``root`` where the lookup
+    cache answered wrongly."""
+    logs = [*root.rglob("coordinator.log*"), *root.rglob("member-*.log*")]
     return [
         line
-        for log in root.rglob("coordinator.log*")
+        for log in logs
         for line in log.read_text(errors="replace").splitlines()
         if MISMATCH in line
     ]

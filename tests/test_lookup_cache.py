@@ -23,7 +23,9 @@ from aggview.cluster import LocalCluster
 from aggview.schema import TableSchema
 from coordinator import Client
 from coordinator.bulk_client import BulkClient
+from coordinator.clock import Clock, Notice, Writes
 from coordinator.lookup_cache import ENTRY_OVERHEAD, LookupCache
+from coordinator.timestamp_oracle import TimestampOracle
 from ltm.store import open_store
 
 P = ("p", b"k1")  # a cached row
@@ -159,6 +161,79 @@ def test_a_change_of_views_starts_over_above_every_issued_timestamp() -> None:
     h.cache.offer(E, b"x", 31)
     assert h.cache.lookup(E, 31) == (True, b"x")
     assert h.warmed == [{"p"}, {"p", "e"}]
+
+
+def test_a_write_scoped_to_tables_blocks_only_those_tables() -> None:
+    h = Harness()
+    h.tables = {"p", "q"}
+    h.epoch = 1
+    h.cache.tables()
+    Q = ("q", b"k1")
+    h.cache.offer(P, b"v", 11)
+    h.cache.offer(Q, b"w", 11)
+    h.cache.writing(15, [], ["q"])  # an UPDATE … WHERE on q: its rows known once it has read
+    assert h.cache.lookup(P, 16) == (True, b"v")
+    assert h.cache.lookup(Q, 16) == (False, None)
+    assert h.cache.lookup(Q, 14) == (True, b"w")
+    h.cache.writing(15, [Q])
+    h.cache.committed(15, [Image(Q, b"w2")])
+    assert h.cache.lookup(Q, 16) == (True, b"w2")
+
+
+def test_another_members_writes_are_pending_until_the_cluster_decided_them() -> None:
+    h = Harness()
+    h.cache.offer(P, b"v", 11)
+    h.cache.remote(Notice(20, 22, rows=(P,)))  # another member's transactions 20..22
+    assert h.cache.lookup(P, 20) == (True, b"v")  # at or below 20: before them
+    assert h.cache.lookup(P, 23) == (False, None)
+    h.cache.decided(21)  # 22 may still be undecided
+    assert h.cache.lookup(P, 23) == (False, None)
+    h.cache.decided(22)  # decided; this member never saw the image: read it again
+    assert h.cache.lookup(P, 23) == (False, None)
+    h.cache.offer(P, b"v2", 21)  # a read from before the writes cannot come back
+    assert h.cache.lookup(P, 23) == (False, None)
+    h.cache.offer(P, b"v2", 24)
+    assert h.cache.lookup(P, 24) == (True, b"v2")
+
+
+def test_another_members_write_to_whole_tables_drops_their_entries() -> None:
+    h = Harness()
+    h.cache.offer(P, b"v", 11)
+    h.cache.remote(Notice(20, 20, tables=("p",)))
+    assert h.cache.lookup(P, 19) == (True, b"v")
+    assert h.cache.lookup(P, 21) == (False, None)
+    h.cache.decided(20)
+    assert h.cache.lookup(P, 19) == (False, None)  # dropped
+    h.cache.offer(P, b"old", 18)  # below the floor
+    assert h.cache.lookup(P, 21) == (False, None)
+    h.cache.remote(Notice(30, 31, everything=True))
+    h.cache.offer(P, b"v3", 25)
+    assert h.cache.lookup(P, 32) == (False, None)
+    h.cache.decided(31)
+    assert h.cache.lookup(P, 32) == (False, None)
+
+
+def test_a_new_clock_stream_starts_over_above_what_was_issued() -> None:
+    h = Harness()
+    h.cache.offer(P, b"v", 11)
+    h.cache.start_over(40)
+    assert h.cache.lookup(P, 41) == (False, None)
+    h.cache.offer(P, b"v", 40)
+    assert h.cache.lookup(P, 41) == (False, None)
+    h.cache.offer(P, b"v", 41)
+    assert h.cache.lookup(P, 41) == (True, b"v")
+
+
+def test_the_clock_turns_writes_into_notices_for_the_other_members() -> None:
+    meta: dict[str, bytes] = {}
+    clock = Clock(TimestampOracle(meta.get, meta.__setitem__), 2)
+    assert clock.grant(1, 2, writes=Writes(epoch=0)).notice is None  # writes no cached row
+    assert clock.grant(1, 1).notice is None  # a system transaction
+    grant = clock.grant(1, 3, writes=Writes((P,), ("q",), 0))
+    assert grant.notice == Notice(grant.first, grant.first + 2, (P,), ("q",))
+    clock.publish(1, b"{}")  # the set of cached tables may have changed since they were picked
+    stale = clock.grant(1, 1, writes=Writes(epoch=0))
+    assert stale.notice == Notice(stale.first, stale.first, everything=True)
 
 
 def test_a_cache_of_no_rows_caches_nothing() -> None:

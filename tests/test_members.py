@@ -10,15 +10,19 @@ member under load with nothing acknowledged lost and nothing half applied."""
 from __future__ import annotations
 
 import random
+import threading
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import duckdb
 import grpc
 import pytest
 from conftest import own_cluster
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from lookup_check import lookup_mismatches
 from test_crash import ACCOUNTS, acknowledged_inserts_survive_a_kill, kill_twice_under_load
 from test_crash import test_clean_restart_keeps_everything as test_clean_restart  # noqa: F401
 from test_serializability import (  # noqa: F401
@@ -28,6 +32,7 @@ from test_views_differential import (  # noqa: F401
     test_views_equal_recomputation as test_members_views_equal_recomputation,
 )
 
+from aggview import errors
 from aggview.cluster import LocalCluster
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
@@ -200,3 +205,100 @@ def test_a_bad_clock_stream_is_refused_and_the_cluster_serves_on(cluster: LocalC
         with client.transaction() as tx:
             tx.insert("after_bad_clock", {"id": 1})
         assert client.scan("after_bad_clock") == [{"id": 1}]
+
+
+def test_every_member_caches_dimension_rows_that_others_rewrite(cluster: LocalCluster) -> None:
+    """Each member caches the product rows its sync-view maintenance looks up, while writers
+    on both members rewrite products (by key, and by a WHERE that is not the key) and insert
+    and delete sales. Every snapshot taken meanwhile finds the view equal to duckdb's
+    recomputation over the tables, and no cached answer differs from the LTMs' (check mode)."""
+    cluster_address = cluster.member(0).address
+    with Client(cluster_address) as client:
+        client.sql("CREATE TABLE dim_p (id INT PRIMARY KEY, cat INT NOT NULL)")
+        client.sql("CREATE TABLE dim_s (id INT PRIMARY KEY, prod INT NOT NULL, amount INT)")
+        client.sql("INSERT INTO dim_p VALUES " + ", ".join(f"({p}, {p % 3})" for p in range(12)))
+        client.sql(
+            "CREATE MATERIALIZED VIEW dim_v AS SELECT p.cat, SUM(s.amount) AS total, "
+            "COUNT(*) AS n FROM dim_s s JOIN dim_p p ON s.prod = p.id GROUP BY p.cat"
+        )
+    recompute = (
+        "SELECT p.cat, SUM(s.amount), COUNT(*) FROM dim_s s JOIN dim_p p ON s.prod = p.id "
+        "GROUP BY p.cat"
+    )
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def write(worker: int) -> None:
+        rng = random.Random(worker)
+        try:
+            with Client(cluster_address) as own:
+                for i in range(120):
+                    roll = rng.random()
+                    try:
+                        if roll < 0.6:
+                            with own.transaction() as tx:
+                                sale = {"id": worker * 1000 + i, "prod": rng.randrange(12)}
+                                tx.insert("dim_s", {**sale, "amount": rng.randrange(1, 9)})
+                        elif roll < 0.8:
+                            with own.transaction() as tx:
+                                product = {"id": rng.randrange(12)}
+                                tx.update("dim_p", product, {"cat": rng.randrange(4)})
+                        elif roll < 0.9:
+                            old, new = rng.randrange(4), rng.randrange(4)
+                            own.sql(f"UPDATE dim_p SET cat = {new} WHERE cat = {old}")
+                        else:
+                            own.sql(f"DELETE FROM dim_s WHERE id = {worker * 1000 + i // 2}")
+                    except errors.TooLate:
+                        pass  # a timestamp-order abort the client gave up retrying
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failures.append(exc)
+
+    def check() -> list[int]:
+        seen = []
+        with Client(cluster_address) as own:
+            while not stop.is_set():
+                with own.snapshot() as snap:
+                    view, expected = _view_and_recomputation(snap, recompute)
+                    assert view == expected, (snap.timestamp, view, expected)
+                    seen.append(snap.timestamp)
+        return seen
+
+    writers = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+    for thread in writers:
+        thread.start()
+
+    def join() -> None:
+        for thread in writers:
+            thread.join()
+        stop.set()
+
+    joiner = threading.Thread(target=join)
+    joiner.start()
+    try:
+        snapshots = check()
+    finally:
+        joiner.join()
+    assert not failures, failures
+    assert len(snapshots) >= 3
+    with Client(cluster_address) as client:
+        view, expected = _view_and_recomputation(client, recompute)
+        assert view == expected
+    assert lookup_mismatches(cluster.data) == []
+    logs = "".join(p.read_text() for p in (cluster.data / "logs").glob("member-*.log"))
+    assert "lookup cache mismatch" not in logs
+
+
+def _view_and_recomputation(
+    reader: Any, recompute: str
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """``dim_v`` as ``reader`` (a client, or a snapshot) reads it, and duckdb's answer over
+    the tables it reads with it."""
+    db = duckdb.connect()
+    db.execute("CREATE TABLE dim_p (id INT, cat INT)")
+    db.execute("CREATE TABLE dim_s (id INT, prod INT, amount INT)")
+    for r in reader.scan("dim_p"):
+        db.execute("INSERT INTO dim_p VALUES (?, ?)", [r["id"], r["cat"]])
+    for r in reader.scan("dim_s"):
+        db.execute("INSERT INTO dim_s VALUES (?, ?, ?)", [r["id"], r["prod"], r["amount"]])
+    view = sorted((r["cat"], r["total"], r["n"]) for r in reader.view("dim_v"))
+    return view, sorted(db.execute(recompute).fetchall())

@@ -304,7 +304,7 @@ class OutcomeReply(_message.Message):
     def __init__(self, outcomes: _Optional[_Iterable[_Union[OutcomeReply.Outcome, str]]] = ...) -> None: ...
 
 class ClockRequest(_message.Message):
-    __slots__ = ("member", "count", "read", "report", "seen", "undecided", "reading", "wait")
+    __slots__ = ("member", "count", "read", "report", "seen", "undecided", "reading", "wait", "write_rows", "write_tables", "write_epoch")
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     READ_FIELD_NUMBER: _ClassVar[int]
@@ -313,6 +313,9 @@ class ClockRequest(_message.Message):
     UNDECIDED_FIELD_NUMBER: _ClassVar[int]
     READING_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
+    WRITE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_TABLES_FIELD_NUMBER: _ClassVar[int]
+    WRITE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     member: int
     count: int
     read: bool
@@ -321,10 +324,35 @@ class ClockRequest(_message.Message):
     undecided: int
     reading: int
     wait: int
-    def __init__(self, member: _Optional[int] = ..., count: _Optional[int] = ..., read: _Optional[bool] = ..., report: _Optional[bool] = ..., seen: _Optional[int] = ..., undecided: _Optional[int] = ..., reading: _Optional[int] = ..., wait: _Optional[int] = ...) -> None: ...
+    write_rows: _containers.RepeatedCompositeFieldContainer[CachedRow]
+    write_tables: _containers.RepeatedScalarFieldContainer[str]
+    write_epoch: int
+    def __init__(self, member: _Optional[int] = ..., count: _Optional[int] = ..., read: _Optional[bool] = ..., report: _Optional[bool] = ..., seen: _Optional[int] = ..., undecided: _Optional[int] = ..., reading: _Optional[int] = ..., wait: _Optional[int] = ..., write_rows: _Optional[_Iterable[_Union[CachedRow, _Mapping]]] = ..., write_tables: _Optional[_Iterable[str]] = ..., write_epoch: _Optional[int] = ...) -> None: ...
+
+class CachedRow(_message.Message):
+    __slots__ = ("table", "key")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    key: bytes
+    def __init__(self, table: _Optional[str] = ..., key: _Optional[bytes] = ...) -> None: ...
+
+class WriteNotice(_message.Message):
+    __slots__ = ("first", "last", "rows", "tables", "everything")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    EVERYTHING_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    last: int
+    rows: _containers.RepeatedCompositeFieldContainer[CachedRow]
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    everything: bool
+    def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[CachedRow, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., everything: _Optional[bool] = ...) -> None: ...
 
 class ClockReply(_message.Message):
-    __slots__ = ("seq", "first", "count", "read_ts", "issued", "decided", "low", "epoch", "configuration")
+    __slots__ = ("seq", "first", "count", "read_ts", "issued", "decided", "low", "epoch", "configuration", "notices")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -334,6 +362,7 @@ class ClockReply(_message.Message):
     LOW_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     CONFIGURATION_FIELD_NUMBER: _ClassVar[int]
+    NOTICES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     first: int
     count: int
@@ -343,4 +372,5 @@ class ClockReply(_message.Message):
     low: int
     epoch: int
     configuration: bytes
-    def __init__(self, seq: _Optional[int] = ..., first: _Optional[int] = ..., count: _Optional[int] = ..., read_ts: _Optional[int] = ..., issued: _Optional[int] = ..., decided: _Optional[int] = ..., low: _Optional[int] = ..., epoch: _Optional[int] = ..., configuration: _Optional[bytes] = ...) -> None: ...
+    notices: _containers.RepeatedCompositeFieldContainer[WriteNotice]
+    def __init__(self, seq: _Optional[int] = ..., first: _Optional[int] = ..., count: _Optional[int] = ..., read_ts: _Optional[int] = ..., issued: _Optional[int] = ..., decided: _Optional[int] = ..., low: _Optional[int] = ..., epoch: _Optional[int] = ..., configuration: _Optional[bytes] = ..., notices: _Optional[_Iterable[_Union[WriteNotice, _Mapping]]] = ...) -> None: ...
