@@ -91,6 +91,9 @@ class Result:
     max_ms: float | None = None
     lag_p99_ms: float | None = None  # open loop: scheduled arrival -> commit call started
     cpu: dict[str, float] = field(default_factory=dict)  # role -> % of one core
+    # coordinating members: "coordinated <role>" -> transactions it committed in the window;
+    # "clock messages", "follower transactions" (clock requests and replies of the followers)
+    members: dict[str, int] = field(default_factory=dict)
     setup: str = "plain"  # "tls": TLS everywhere, tokens, member checks; "replicated": LTM logs;
     # "hbase": the store on a real HBase
 
@@ -211,14 +214,36 @@ class Ledger:
         return type(exc).__name__
 
 
+async def member_counts(cluster: LocalCluster) -> dict[str, int]:
+    """Each coordinating member's committed transactions, and the followers' clock messages
+    (none when no process is a member)."""
+    members = [s for s in cluster.servers if s.role.startswith("member")]
+    if len(members) < 2:
+        return {}
+    tls = TlsDir.load(cluster.tls_dir) if cluster.tls_dir is not None else None
+    counts: dict[str, int] = {"clock messages": 0, "follower transactions": 0}
+    for server in members:
+        async with member_channel(server.address, tls, GRPC_OPTIONS) as channel:
+            status = await ltm_pb2_grpc.LtmStub(channel).Status(
+                lpb.StatusRequest(), timeout=5, metadata=member_metadata(tls)
+            )
+        counts[f"coordinated {server.role}"] = status.coordinated
+        if server.role != "member-0":
+            counts["clock messages"] += status.clock_requests + status.clock_replies
+            counts["follower transactions"] += status.coordinated
+    return counts
+
+
 async def measure_window(
     cluster: LocalCluster, clients: Sequence[AsyncClient], start: float, end: float
-) -> tuple[int, dict[str, float]]:
-    """Retries and CPU use between two perf_counter instants."""
+) -> tuple[int, dict[str, float], dict[str, int]]:
+    """Retries, CPU use and the members' counts between two perf_counter instants."""
     await asyncio.sleep(max(0.0, start - time.perf_counter()))
     retries, meter = total_retries(clients), CpuMeter(cluster)
+    counts = await member_counts(cluster)
     await asyncio.sleep(max(0.0, end - time.perf_counter()))
-    return total_retries(clients) - retries, meter.stop()
+    cpu, after = meter.stop(), await member_counts(cluster)
+    return total_retries(clients) - retries, cpu, {k: v - counts[k] for k, v in after.items()}
 
 
 async def transaction(client: AsyncClient, keys: Sequence[int]) -> None:
@@ -266,7 +291,7 @@ async def run_closed(
     meter_task = asyncio.create_task(measure_window(cluster, clients, measure_from, end))
 
     await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(tasks)))
-    result.retries, result.cpu = await meter_task
+    result.retries, result.cpu, result.members = await meter_task
     result.committed = len(latencies)
     result.tps = len(latencies) / seconds
     result.errors = dict(failures)
@@ -336,7 +361,7 @@ async def run_open(
             task.add_done_callback(running.discard)
             n += 1
             arrival += random.expovariate(rate) if poisson else interval
-    result.retries, result.cpu = await meter_task
+    result.retries, result.cpu, result.members = await meter_task
     if running:
         _, pending = await asyncio.wait(set(running), timeout=drain)
         for task in pending:
@@ -543,15 +568,27 @@ def report_line(r: Result) -> None:
 
 
 def _per_process(r: Result) -> str:
-    """Each coordinating process's CPU (% of a core) and its share per committed transaction
-    of the whole cluster, when there are several: flat shares as processes are added mean no
-    process does work that grows with the cluster's total."""
+    """Each coordinating process's CPU (% of a core), its share per committed transaction of
+    the whole cluster and per transaction it coordinated, when there are several (flat as
+    processes are added: no process does work that grows with the cluster's total); and the
+    followers' clock messages per transaction they coordinated (falling as load rises: the
+    timestamp requests are batched)."""
     shares = {k.removeprefix(PROCESS): v for k, v in r.cpu.items() if k.startswith(PROCESS)}
     if len(shares) < 2 or not r.tps:
         return ""
-    return "; per process " + ", ".join(
-        f"{name} {pct:.0f}% ({10 * pct / r.tps:.2f} ms/tx)" for name, pct in sorted(shares.items())
+
+    def own(name: str, pct: float) -> str:
+        coordinated = r.members.get(f"coordinated {name}", 0) / r.seconds
+        return f" {10 * pct / coordinated:.2f} ms per own tx" if coordinated else ""
+
+    text = "; per process " + ", ".join(
+        f"{name} {pct:.0f}% ({10 * pct / r.tps:.2f} ms/tx{own(name, pct)})"
+        for name, pct in sorted(shares.items())
     )
+    if r.members.get("follower transactions"):
+        per = r.members["clock messages"] / r.members["follower transactions"]
+        text += f"; clock messages per follower tx {per:.2f}"
+    return text
 
 
 def _cpu(r: Result) -> str:

@@ -73,6 +73,7 @@ from bench.transactions import (
     _cpu,
     _interrupt,
     _ms,
+    _per_process,
     err,
     hbase_store,
     measure_window,
@@ -265,7 +266,7 @@ async def run_inserts(
 
     meter = asyncio.create_task(measure_window(cluster, [client], measure_from, end))
     await asyncio.gather(*(worker(i) for i in range(tasks)))
-    point.retries, point.cpu = await meter
+    point.retries, point.cpu, point.members = await meter
     point.committed = len(latencies)
     point.tps = len(latencies) / args.seconds
     point.errors = dict(failures)
@@ -387,7 +388,7 @@ def report_point(p: Point) -> None:
     err.print(
         f"  {p.case}, {p.workload}, {p.clients} client(s): {p.tps:.0f} tx/s, p50 "
         f"{_ms(p.p50_ms)} ms, p99 {_ms(p.p99_ms)} ms, {p.retries_per_s:.1f} retries/s, "
-        f"errors {p.errors or 0}, CPU coord/LTMs/client/other % {_cpu(p)}"
+        f"errors {p.errors or 0}, CPU coord/LTMs/client/other % {_cpu(p)}" + _per_process(p)
     )
 
 

@@ -176,9 +176,11 @@ class FollowerClock(MemberClock):
         self._readers: list[asyncio.Future[int]] = []
         self._asked_writes: deque[tuple[asyncio.Future[tuple[int, int]], Writes | None]] = deque()
         self._fresh = True  # no reply yet on this stream
+        self.requests = self.replies = 0  # messages on its streams, for the benchmarks
         self._asked_reads: list[asyncio.Future[int]] = []
         self._asking = False
         self._scheduled = False
+        self._report_due = False
         self._seen = 0
         self._wait_sent = 0
         self._outbox: asyncio.Queue[pb.ClockRequest] = asyncio.Queue()
@@ -244,11 +246,14 @@ class FollowerClock(MemberClock):
             raise
 
     def _ask_soon(self) -> None:
-        if not self._asking and not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._send)
+        if not self._asking:
+            self._schedule()
 
     def _changed(self) -> None:
+        self._report_due = True
+        self._schedule()
+
+    def _schedule(self) -> None:
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._send)
@@ -256,12 +261,13 @@ class FollowerClock(MemberClock):
     def _waiting(self, ts: int) -> None:
         if not self._wait_sent or ts < self._wait_sent:
             self._wait_sent = ts
-            self._changed()
+            self._schedule()
 
     def _send(self) -> None:
         """One message: a report of what this member holds, and what it waits for; and,
         unless a request is out, everything waiting for a timestamp."""
         self._scheduled = False
+        self._report_due = False
         request = pb.ClockRequest(
             member=self.member,
             report=True,
@@ -283,6 +289,7 @@ class FollowerClock(MemberClock):
             self._asked_writes.extend(self._writers)
             self._asked_reads = self._readers
             self._writers, self._readers = [], []
+        self.requests += 1
         self._outbox.put_nowait(request)
 
     # ------------------------------------------------------------------ answers
@@ -314,6 +321,7 @@ class FollowerClock(MemberClock):
             self._open()
 
     def _received(self, reply: pb.ClockReply) -> None:
+        self.replies += 1
         if reply.configuration:
             self._install(reply.epoch, json.loads(reply.configuration))
         if self._fresh:  # notices sent on an earlier stream may be lost
@@ -349,5 +357,5 @@ class FollowerClock(MemberClock):
                 future.set_result(reply.read_ts)
             self._asked_reads = []
         self._asking = False
-        if unused or self._writers or self._readers:
-            self._changed()
+        if unused or self._writers or self._readers or self._report_due:
+            self._schedule()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 from aggview import errors
 from aggview.status import grpc_method
@@ -147,14 +148,22 @@ class LocalLtm:
 class MemberLtmServicer(LtmServicer):
     """Other members' streams and calls to the partitions this member hosts."""
 
-    def __init__(self, local: LocalPartitions) -> None:
+    def __init__(self, local: LocalPartitions, manager: Any) -> None:
         super().__init__(local)  # type: ignore[arg-type]  # participant() is all it needs
         self.local = local
+        self.manager = manager  # the member's TransactionManager
 
     @grpc_method
     async def Status(self, request: pb.StatusRequest, context: object) -> pb.StatusReply:
         metadata = dict(context.invocation_metadata() or ())  # type: ignore[attr-defined]
         partition = int(metadata.get(ownership.PARTITION_HEADER, -1))
+        if partition == -1:  # the member itself
+            clock = self.manager.clock
+            return pb.StatusReply(
+                coordinated=self.manager.committed,
+                clock_requests=getattr(clock, "requests", 0),
+                clock_replies=getattr(clock, "replies", 0),
+            )
         hosting = self.local.hostings.get(partition)
         if hosting is None:
             raise errors.FailedPrecondition(f"partition {partition} is not hosted here")

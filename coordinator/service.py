@@ -518,7 +518,9 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     ]
     if config.members and manager.local is not None:  # other members' streams to our partitions
         add_service(
-            server, lpb.DESCRIPTOR.services_by_name["Ltm"], MemberLtmServicer(manager.local)
+            server,
+            lpb.DESCRIPTOR.services_by_name["Ltm"],
+            MemberLtmServicer(manager.local, manager),
         )
         services.append(lpb.DESCRIPTOR.services_by_name["Ltm"])
         if isinstance(manager.clock, LeaderClock):
