@@ -449,7 +449,9 @@ async def check_sum(cluster: LocalCluster, expected: int, ambiguous: int) -> str
 
 
 def setup_processes(setup: str) -> int:
-    """The --processes of a setup (0: the separate coordinator and LTMs)."""
+    """The --processes of a setup (0: the separate coordinator and LTMs); ``old-`` + a layout
+    is that layout running the servers of --old."""
+    setup = setup.removeprefix("old-")
     if setup == "one-process":
         return 1
     return int(setup.removeprefix("processes-")) if setup.startswith("processes-") else 0
@@ -616,7 +618,7 @@ def run_load(args: argparse.Namespace) -> list[Result]:
                 continue
             prefix = f"aggview-bench-{ltms}-{setup}-"
             store = hbase_store(args.hbase) if setup == "hbase" else ""
-            code = old_code(args) if setup == "old" else None
+            code = old_code(args) if setup.startswith("old") else None
             with tempfile.TemporaryDirectory(prefix=prefix, dir=args.tmp) as tmp:
                 with running_cluster(
                     Path(tmp), ltms, not args.no_fsync, setup, store, code=code
@@ -835,13 +837,16 @@ def build_parser() -> argparse.ArgumentParser:
             "processes-2",
             "processes-4",
             "old",
+            "old-one-process",
+            "old-processes-2",
+            "old-processes-4",
         ],
         default=["plain"],
         help="plaintext (--insecure); TLS with tokens and member checks; replicated LTM logs "
         "(plaintext); the store on HBase (--hbase); the whole cluster in one process "
         "(--processes 1); in 2 or 4 processes that each coordinate (--processes P); the "
-        "servers of --old (plaintext). Several: each is also compared with old, if measured, "
-        "else with plain",
+        "servers of --old (plaintext; old-<layout>: in that layout). Several: each is also "
+        "compared with old, if measured, else with plain",
     )
     parser.add_argument(
         "--old", help="with --setup old: a checkout of older code (git worktree add DIR REV)"
