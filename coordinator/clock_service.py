@@ -3,7 +3,8 @@ member's ``FollowerClock``, one ordered stream per follower.
 
 A follower asks for as many timestamps as it has transactions waiting, one request at a time
 (what arrives while one is out goes in the next: a batch per round trip under load), and
-reports what it holds once per event-loop step in which that changed. A reply carries the
+reports what it holds once per event-loop step in which that changed, or, while a request is
+out, with the message that follows its grant (under load, the next request). A reply carries the
 watermarks; the leader also sends them unasked once they reach what the follower waits for,
 and the catalog of a newer epoch before the first grant under it.
 """
@@ -250,8 +251,12 @@ class FollowerClock(MemberClock):
             self._schedule()
 
     def _changed(self) -> None:
+        """The in-flight set changed: a report is due. While a request is out it waits for
+        the grant and goes with the message that follows it (under load, the next request:
+        one message instead of two); the watermarks lag by at most that round trip."""
         self._report_due = True
-        self._schedule()
+        if not self._asking:
+            self._schedule()
 
     def _schedule(self) -> None:
         if not self._scheduled:
