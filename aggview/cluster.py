@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import signal
@@ -21,10 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aggview import errors
 from aggview.security import token_for
 
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 _ROOT = Path(__file__).resolve().parents[1]
+LAYOUT_FILE = "layout.json"  # the layout of the last run, and whether it stopped cleanly
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -219,6 +222,7 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         self.data.mkdir(parents=True, exist_ok=True)
+        self._claim_layout()
         coordinator_port = self.port or free_port()
         coordinator_address = f"127.0.0.1:{coordinator_port}"
         common = [] if self.fsync else ["--no-fsync"]
@@ -357,6 +361,45 @@ class LocalCluster:
             server.signal_stop()
         for server in ltms:
             server.wait_stopped(timeout)
+        if self.servers and all(
+            s.process is not None and s.process.returncode == 0 for s in self.servers
+        ):
+            self._write_layout(clean=True)  # every partition checkpointed its log
+
+    # Each layout keeps its partitions' logs in its own directories (ltm-I; coordinator/
+    # partitions; member-M/partitions), so a start in another layout would not replay what
+    # the last run logged and did not checkpoint: acknowledged writes would seem lost, and
+    # come back over newer ones when the old layout ran again. A layout changes only after
+    # a clean stop, when every log is checkpointed.
+
+    def _claim_layout(self) -> None:
+        previous, clean = self._last_layout()
+        if previous is not None and previous != self.processes and not clean:
+            raise errors.FailedPrecondition(
+                f"{self.data} was last run with --processes {previous} and did not stop "
+                f"cleanly: its logs hold writes that layout replays. Start it with --processes "
+                f"{previous} and stop it (Ctrl-C) before changing to --processes "
+                f"{self.processes}"
+            )
+        self._write_layout(clean=False)
+
+    def _last_layout(self) -> tuple[int | None, bool]:
+        """The layout of the last run and whether it stopped cleanly; for a directory from
+        before the record, the layout its directories show (not known to be clean)."""
+        record = self.data / LAYOUT_FILE
+        if record.exists():
+            last = json.loads(record.read_text())
+            return int(last["processes"]), bool(last["clean"])
+        if (self.data / "ltm-0").is_dir():
+            return 0, False
+        if (self.data / "coordinator" / "partitions").is_dir():
+            return 1, False
+        members = len(list(self.data.glob("member-*/partitions")))
+        return (members, False) if members >= 2 else (None, False)
+
+    def _write_layout(self, clean: bool) -> None:
+        record = self.data / LAYOUT_FILE
+        record.write_text(json.dumps({"processes": self.processes, "clean": clean}) + "\n")
 
     def kill(self) -> None:
         for server in self.servers:

@@ -10,6 +10,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from polling import wait_for
@@ -145,3 +146,33 @@ def test_clean_restart_keeps_everything(fresh_cluster: LocalCluster) -> None:
     with Client(cluster.address) as client:
         transfers.check(client, "accounts", "ledger", ACCOUNTS, [f"t{i}" for i in range(20)])
         transfers.transfer(client, "accounts", "ledger", 3, 4, 1, "after")
+
+
+def test_a_layout_changes_only_after_a_clean_stop(tmp_path: Path) -> None:
+    """Each layout logs its partitions in its own directories: after a kill -9, a start in
+    another layout is refused (it would not replay what the last run acknowledged), the same
+    layout recovers everything, and after a clean stop the layout may change."""
+    data = tmp_path / "data"
+    cluster = LocalCluster(data, ltms=2, checkpoint_interval=1000.0)
+    try:
+        cluster.start()
+        with Client(cluster.address) as client:
+            client.sql("CREATE TABLE kept (id INT PRIMARY KEY, v INT)")
+            for i in range(20):
+                with client.transaction() as tx:
+                    tx.insert("kept", {"id": i, "v": i})
+    finally:
+        cluster.kill()  # no checkpoint: the rows are in the LTMs' logs only
+    with pytest.raises(errors.FailedPrecondition, match=r"--processes 0 and did not stop clean"):
+        LocalCluster(data, ltms=2, processes=1).start()
+    with LocalCluster(data, ltms=2) as same:  # the same layout replays its logs
+        with Client(same.address) as client:
+            assert len(client.scan("kept")) == 20
+    with LocalCluster(data, ltms=2, processes=1) as one:  # after a clean stop: any layout
+        with Client(one.address) as client:
+            assert len(client.scan("kept")) == 20
+            with client.transaction() as tx:
+                tx.insert("kept", {"id": 20, "v": 20})
+    with LocalCluster(data, ltms=2) as back:
+        with Client(back.address) as client:
+            assert len(client.scan("kept")) == 21
