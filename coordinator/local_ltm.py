@@ -163,6 +163,7 @@ class MemberLtmServicer(LtmServicer):
                 coordinated=self.manager.committed,
                 clock_requests=getattr(clock, "requests", 0),
                 clock_replies=getattr(clock, "replies", 0),
+                refreshes=self.manager.refreshes,
             )
         hosting = self.local.hostings.get(partition)
         if hosting is None:

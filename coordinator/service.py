@@ -199,6 +199,7 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
 
     @grpc_method
     async def Refresh(self, request: cpb.RefreshRequest, context: object) -> cpb.RefreshReply:
+        self.manager.at_leader("a refresh asked for")
         return cpb.RefreshReply(timestamp=await self.manager.views.refresh(request.view))
 
     # --------------------------------------------------------------- bulk access (Spark)
@@ -431,6 +432,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
             for p in range(count)
         ]
     manager.members = list(config.members)
+    manager.member = config.member
     for channel in manager.channels:  # after a failover, a partition lives elsewhere
         record = ownership.read(store, channel.index)
         if not config.local_partitions:

@@ -97,6 +97,8 @@ class TransactionManager:
         self.aborted = 0
         self.leader: str | None = None  # member 0's address, when this member is not it
         self.members: list[str] = []  # every coordinating member's address (none: just this)
+        self.member = 0  # this one's index among them
+        self.refreshes = 0  # async-view refreshes committed here
 
     def at_leader(self, what: str) -> None:
         """Refuses, at a follower member, what only member 0 runs (it keeps the catalog)."""

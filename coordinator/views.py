@@ -145,8 +145,14 @@ class ViewManager:
         for view in list(self.views.values()):
             if view.state != "live":  # the coordinator stopped while initializing it
                 asyncio.get_running_loop().create_task(self._initialize(view, fresh=False))
-            elif view.plan.mode == "async":
+            elif view.plan.mode == "async" and self._refreshes_here(view):
                 self._start_refresher(view)
+
+    def _refreshes_here(self, view: View) -> bool:
+        """Async views' refreshers are spread over the coordinating members: view number n
+        refreshes at member n % P (member 0 alone when there are none)."""
+        members = len(self.manager.members) or 1
+        return view.number % members == self.manager.member
 
     async def stop(self) -> None:
         for view in self.views.values():
@@ -181,6 +187,7 @@ class ViewManager:
                     "number": v.number,
                     "state": v.state,
                     "partials": v.partials,
+                    "snapshot": v.snapshot,
                 }
                 for v in self.views.values()
             ],
@@ -200,12 +207,31 @@ class ViewManager:
                 entry["number"],
                 entry["state"],
                 partials=entry["partials"],
+                snapshot=entry.get("snapshot", 0),
             )
             view.compiled = ViewState(view.plan, catalog.table)
+            before = self.views.get(view.name)
+            if before is not None and before.number == view.number:
+                view.lock, view.refresher = before.lock, before.refresher  # the same view
             views[view.name] = view
+        for name, before in self.views.items():  # dropped, or now refreshed elsewhere
+            if before.refresher is not None and (
+                name not in views or views[name].refresher is not before.refresher
+            ):
+                before.refresher.cancel()
         self.views = views
         catalog.view_names = set(views)
         self.manager.epoch = epoch
+        for view in views.values():  # this member's share of the async views' refreshes
+            wanted = view.state == "live" and view.plan.mode == "async"
+            wanted = wanted and self._refreshes_here(view)
+            running = view.refresher is not None and not view.refresher.done()
+            if wanted and not running:
+                self._start_refresher(view)
+            elif running and not wanted:
+                assert view.refresher is not None
+                view.refresher.cancel()
+                view.refresher = None
 
     def _persist(self, view: View) -> None:
         self.catalog.put_entry("view", view.name, view.to_json())
@@ -478,7 +504,11 @@ class ViewManager:
         view.state = "live"
         self.publish()
         self._persist(view)
-        if view.plan.mode == "async" and (view.refresher is None or view.refresher.done()):
+        if (
+            view.plan.mode == "async"
+            and self._refreshes_here(view)
+            and (view.refresher is None or view.refresher.done())
+        ):
             self._start_refresher(view)
 
     async def _clear(self, view: View) -> None:
@@ -678,8 +708,9 @@ class ViewManager:
         view.refresher = asyncio.get_running_loop().create_task(loop())
 
     async def refresh(self, name: str, *, initializing: bool = False) -> int:
-        """Drains the view's change rows below a new timestamp into the view (Algorithm 5.2)."""
-        self.manager.at_leader("a refresh")
+        """Drains the view's change rows below a new timestamp into the view (Algorithm 5.2).
+        Any member may run it: two at once are ordered by their timestamps like any writers
+        of the change rows they drain (the younger one's read makes the older one retry)."""
         view = self.views.get(name)
         if view is None:
             raise errors.UnknownTable(f"unknown materialized view {name!r}")
@@ -717,7 +748,9 @@ class ViewManager:
             return ops
 
         async with view.lock, failpoints.scope("refresh"):
-            return await self.manager.system_transaction(drain)
+            ts = await self.manager.system_transaction(drain)
+        self.manager.refreshes += 1
+        return ts
 
     # ------------------------------------------------------------------ reads
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from conftest import own_cluster
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from lookup_check import lookup_mismatches
+from polling import wait_for
 from test_crash import ACCOUNTS, acknowledged_inserts_survive_a_kill, kill_twice_under_load
 from test_crash import test_clean_restart_keeps_everything as test_clean_restart  # noqa: F401
 from test_serializability import (  # noqa: F401
@@ -302,3 +304,65 @@ def _view_and_recomputation(
         db.execute("INSERT INTO dim_s VALUES (?, ?, ?)", [r["id"], r["prod"], r["amount"]])
     view = sorted((r["cat"], r["total"], r["n"]) for r in reader.view("dim_v"))
     return view, sorted(db.execute(recompute).fetchall())
+
+
+def _refreshes(cluster: LocalCluster, member: int) -> int:
+    with grpc.insecure_channel(cluster.member(member).address) as channel:
+        return lpb_grpc.LtmStub(channel).Status(lpb.StatusRequest(), timeout=10).refreshes
+
+
+def test_async_views_refresh_on_every_member(cluster: LocalCluster) -> None:
+    """Async views' refreshers are spread over the members (view n at member n % 2): both
+    members refresh, each view catches up with its base table (rows from before it, rows
+    written while it initialized, rows after), and refreshes asked of member 0 beside a
+    follower's scheduled ones count nothing twice."""
+    address = cluster.member(0).address
+    with Client(address) as client:
+        client.sql("CREATE TABLE spread_a (id INT PRIMARY KEY, g INT NOT NULL, v INT NOT NULL)")
+        client.sql(
+            "INSERT INTO spread_a VALUES " + ", ".join(f"({i}, {i % 5}, {i})" for i in range(40))
+        )
+        stop = threading.Event()
+
+        def write(worker: int) -> None:
+            with Client(cluster.member(worker % 2).address) as own:
+                i = 1000 * (worker + 1)
+                while not stop.is_set():
+                    with own.transaction() as tx:
+                        tx.insert("spread_a", {"id": i, "g": i % 5, "v": 1})
+                    i += 1
+
+        writers = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+        for writer in writers:
+            writer.start()
+        try:
+            for name in ("spread_a1", "spread_a2", "spread_a3"):
+                client.sql(
+                    f"CREATE MATERIALIZED VIEW {name} WITH (refresh = 'async', interval_ms = 30)"
+                    " AS SELECT g, SUM(v) AS s, COUNT(*) AS n FROM spread_a GROUP BY g"
+                )
+            before = [_refreshes(cluster, m) for m in range(2)]
+            time.sleep(0.3)
+            for _ in range(4):
+                client.refresh("spread_a2")  # at member 0, beside the scheduled ones
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            for writer in writers:
+                writer.join()
+        expected: dict[int, list[int]] = {}
+        for row in client.scan("spread_a"):
+            expected.setdefault(row["g"], [0, 0])
+            expected[row["g"]][0] += row["v"]
+            expected[row["g"]][1] += 1
+        want = sorted((g, s, n) for g, (s, n) in expected.items())
+
+        def caught_up() -> bool:
+            return all(
+                sorted((r["g"], r["s"], r["n"]) for r in client.view(name)) == want
+                for name in ("spread_a1", "spread_a2", "spread_a3")
+            )
+
+        wait_for("every async view to catch up", caught_up, timeout=30)
+        after = [_refreshes(cluster, m) for m in range(2)]
+        assert after[0] > before[0] and after[1] > before[1], (before, after)

@@ -3,10 +3,12 @@ snapshot, bulk loads, views initialized and verified by Spark SQL, and failures 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import random
 import threading
 import time
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import pytest
 
 pytest.importorskip("pyspark")  # before the project's Spark modules are imported
 
+from polling import wait_for  # noqa: E402
 from test_views import as_tuples, recompute  # noqa: E402
 
 from aggview import errors
@@ -364,31 +367,39 @@ def churn(address: str, seed: int, stop: threading.Event, count: list[int]) -> N
             count[0] += 1
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_bulk_init_while_four_clients_write_then_view_equals_recomputation(
-    spark: Any, dashboard_cluster: LocalCluster, mode: str
-) -> None:
-    address = dashboard_cluster.address
+@contextlib.contextmanager
+def churning(addresses: list[str]) -> Iterator[list[list[int]]]:
+    """One ``churn`` writer per address (seeds 1, 2, …) until the block ends, started once
+    they have committed 20 transactions; yields their counts."""
     stop = threading.Event()
-    counts = [[0] for _ in range(4)]
+    counts = [[0] for _ in addresses]
     writers = [
         threading.Thread(target=churn, args=(address, seed + 1, stop, counts[seed]))
-        for seed in range(4)
+        for seed, address in enumerate(addresses)
     ]
     for writer in writers:
         writer.start()
     try:
         while sum(c[0] for c in counts) < 20:
             time.sleep(0.05)
+        yield counts
+    finally:
+        stop.set()
+        for writer in writers:
+            writer.join()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_bulk_init_while_four_clients_write_then_view_equals_recomputation(
+    spark: Any, dashboard_cluster: LocalCluster, mode: str
+) -> None:
+    address = dashboard_cluster.address
+    with churning([address] * 4) as counts:
         before = sum(c[0] for c in counts)
         result = jobs.init_view(
             spark, address, sql=dashboard.view_ddl("shop_totals", SHOP_TOTALS, mode, 200)
         )
         time.sleep(0.5)
-    finally:
-        stop.set()
-        for writer in writers:
-            writer.join()
     assert sum(c[0] for c in counts) > before  # writers never stopped
     assert result.groups == SMALL.shops
     with Client(address) as client:
@@ -536,3 +547,37 @@ def test_load_on_the_command_line_from_elsewhere_with_another_python_on_path(
     for noise in ("[Stage", "WARN", "log4j", "Using incubator modules", "the wrong python"):
         assert noise not in done.stdout + done.stderr, noise
     assert (tmp_path / "spark.log").stat().st_size > 0  # Spark's own output went here
+
+
+def test_async_views_initialized_by_spark_refresh_on_both_members(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Two async views initialized by Spark on a two-member cluster while clients write: one
+    is refreshed by each member (view n at member n % 2), and the follower skips the changes
+    its view's snapshot already holds, as member 0 does."""
+    cluster = LocalCluster(tmp_path / "data", ltms=2, processes=2, checkpoint_interval=0.5)
+    cluster.start()
+    try:
+        address = cluster.address
+        with Client(address) as client:
+            dashboard.create_schema(client)
+            dashboard.populate(client, SMALL)
+        with churning([cluster.member(0).address, cluster.member(1).address]):
+            for name in ("shop_totals", "shop_totals_2"):
+                jobs.init_view(
+                    spark, address, sql=dashboard.view_ddl(name, SHOP_TOTALS, "async", 50)
+                )
+            time.sleep(0.5)
+        with Client(address) as client:
+            expected = recompute(client, SHOP_TOTALS)
+
+            def fresh() -> bool:
+                return all(
+                    same(as_tuples(client.view(name)), expected)
+                    for name in ("shop_totals", "shop_totals_2")
+                )
+
+            wait_for("both views to catch up", fresh, timeout=30)
+    finally:
+        cluster.stop()
+        cluster.kill()

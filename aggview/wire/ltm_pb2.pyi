@@ -178,7 +178,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("index", "partitions", "cached_rows", "dirty_rows", "prepared", "checkpoints", "log_bytes", "epoch", "replicas", "replicated", "serving", "coordinated", "clock_requests", "clock_replies")
+    __slots__ = ("index", "partitions", "cached_rows", "dirty_rows", "prepared", "checkpoints", "log_bytes", "epoch", "replicas", "replicated", "serving", "coordinated", "clock_requests", "clock_replies", "refreshes")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     CACHED_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,7 @@ class StatusReply(_message.Message):
     COORDINATED_FIELD_NUMBER: _ClassVar[int]
     CLOCK_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CLOCK_REPLIES_FIELD_NUMBER: _ClassVar[int]
+    REFRESHES_FIELD_NUMBER: _ClassVar[int]
     index: int
     partitions: int
     cached_rows: int
@@ -207,7 +208,8 @@ class StatusReply(_message.Message):
     coordinated: int
     clock_requests: int
     clock_replies: int
-    def __init__(self, index: _Optional[int] = ..., partitions: _Optional[int] = ..., cached_rows: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., prepared: _Optional[int] = ..., checkpoints: _Optional[int] = ..., log_bytes: _Optional[int] = ..., epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., replicated: _Optional[bool] = ..., serving: _Optional[_Iterable[int]] = ..., coordinated: _Optional[int] = ..., clock_requests: _Optional[int] = ..., clock_replies: _Optional[int] = ...) -> None: ...
+    refreshes: int
+    def __init__(self, index: _Optional[int] = ..., partitions: _Optional[int] = ..., cached_rows: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., prepared: _Optional[int] = ..., checkpoints: _Optional[int] = ..., log_bytes: _Optional[int] = ..., epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., replicated: _Optional[bool] = ..., serving: _Optional[_Iterable[int]] = ..., coordinated: _Optional[int] = ..., clock_requests: _Optional[int] = ..., clock_replies: _Optional[int] = ..., refreshes: _Optional[int] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
     __slots__ = ("partition", "epoch", "reset", "chunks", "drop_before")
