@@ -251,16 +251,19 @@ def test_a_subscriber_that_takes_nothing_is_dropped(client: Client, limited: Loc
         "FROM wide GROUP BY g"
     )
     client.sql("INSERT INTO wide VALUES " + ", ".join(f"({g}, {g}, '')" for g in range(40)))
-    channel = grpc.insecure_channel(limited.address)
+    channel = grpc.insecure_channel(limited.address, options=[("grpc.http2.bdp_probe", 0)])
     stalled = AggviewStub(channel).WatchView(
-        pb.WatchRequest(view="wide_g", interval_ms=10), timeout=60
+        pb.WatchRequest(view="wide_g", interval_ms=10), timeout=90
     )
     next(stalled)  # the first message (the whole view), then nothing is taken for a while
     healthy = client.watch("wide_g", interval_ms=10)
     try:
-        stop_at = time.monotonic() + LIMITS["watch_stall_seconds"] + 4
+        # Every round changes every group (diffs of 16 KiB); the stalled channel's flow
+        # control window stays at its first 64 KiB, so a few rounds fill it, and the rounds
+        # go on past the stall limit.
+        stop_at = time.monotonic() + LIMITS["watch_stall_seconds"] + 5
         round_ = 0
-        while time.monotonic() < stop_at:  # every round changes every group: big diffs
+        while time.monotonic() < stop_at or round_ < 40:
             round_ += 1
             with client.transaction() as tx:
                 for g in range(40):
