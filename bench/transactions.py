@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,13 +220,10 @@ async def member_counts(cluster: LocalCluster) -> dict[str, int]:
     members = [s for s in cluster.servers if s.role.startswith("member")]
     if len(members) < 2:
         return {}
-    tls = TlsDir.load(cluster.tls_dir) if cluster.tls_dir is not None else None
     counts: dict[str, int] = {"clock messages": 0, "follower transactions": 0}
-    for server in members:
-        async with member_channel(server.address, tls, GRPC_OPTIONS) as channel:
-            status = await ltm_pb2_grpc.LtmStub(channel).Status(
-                lpb.StatusRequest(), timeout=5, metadata=member_metadata(tls)
-            )
+    async with statuses(cluster, [m.address for m in members]) as ask:
+        replies = await ask()
+    for server, status in zip(members, replies, strict=True):
         counts[f"coordinated {server.role}"] = status.coordinated
         if server.role != "member-0":
             counts["clock messages"] += status.clock_requests + status.clock_replies
@@ -413,21 +410,35 @@ async def ltms_until(
 ) -> bool:
     """Polls every LTM's status until ``done`` holds for all of them (False: timed out)."""
     deadline = time.monotonic() + timeout
-    tls = TlsDir.load(cluster.tls_dir) if cluster.tls_dir is not None else None
-    channels = [
-        member_channel(cluster.ltm(i).address, tls, GRPC_OPTIONS) for i in range(cluster.ltms)
-    ]
-    try:
-        stubs = [ltm_pb2_grpc.LtmStub(channel) for channel in channels]
-        metadata = member_metadata(tls)
+    addresses = [cluster.ltm(i).address for i in range(cluster.ltms)]
+    async with statuses(cluster, addresses) as ask:
         while time.monotonic() < deadline:
-            replies = await asyncio.gather(
-                *(stub.Status(lpb.StatusRequest(), timeout=5, metadata=metadata) for stub in stubs)
-            )
-            if all(done(r) for r in replies):
+            if all(done(r) for r in await ask()):
                 return True
             await asyncio.sleep(0.1)
         return False
+
+
+@contextlib.asynccontextmanager
+async def statuses(
+    cluster: LocalCluster, addresses: Sequence[str]
+) -> AsyncIterator[Callable[[], Awaitable[list[lpb.StatusReply]]]]:
+    """Asks the servers at ``addresses`` for their ``Status`` (as a cluster member: the
+    LTM API is members-only), over channels kept open for the block."""
+    tls = TlsDir.load(cluster.tls_dir) if cluster.tls_dir is not None else None
+    channels = [member_channel(address, tls, GRPC_OPTIONS) for address in addresses]
+    stubs = [ltm_pb2_grpc.LtmStub(channel) for channel in channels]
+    metadata = member_metadata(tls)
+
+    async def ask() -> list[lpb.StatusReply]:
+        return list(
+            await asyncio.gather(
+                *(stub.Status(lpb.StatusRequest(), timeout=5, metadata=metadata) for stub in stubs)
+            )
+        )
+
+    try:
+        yield ask
     finally:
         for channel in channels:
             await channel.close()

@@ -147,7 +147,7 @@ class TransactionManager:
                 raise
             await self.catch_up()  # a follower's catalog may be older than the client's
             ops, epoch = self._row_ops(operations), self.epoch
-        writes = self.lookups.writes([(op.table, op.key) for op in ops], (), epoch)
+        writes = self.lookups.writes(_row_keys(ops), (), epoch)
         ts, _ = await self.clock.next(writes)
         if self.epoch != epoch:  # the catalog changed meanwhile: convert under the new one
             try:
@@ -156,7 +156,7 @@ class TransactionManager:
                 self.in_flight.decided(ts)
                 self.lookups.aborted(ts)
                 raise
-            self.lookups.writing(ts, [(op.table, op.key) for op in ops])
+            self.lookups.writing(ts, _row_keys(ops))
         tx = Transaction(ts, epoch=self.epoch)
         return await self._run(tx, ops)
 
@@ -185,7 +185,7 @@ class TransactionManager:
             async for ops in chunks:
                 for decorate in self.decorators:
                     decorate(ops)
-                self.lookups.writing(ts, [(op.table, op.key) for op in ops])
+                self.lookups.writing(ts, _row_keys(ops))
                 await self._prepare_rounds(tx, ops, extend=True)
 
         return await self._decide(tx, rounds())
@@ -240,7 +240,7 @@ class TransactionManager:
                 return ts
             # Its writes are known now: registered, so its commit installs their images over
             # what the lookup cache holds (opaque alone would leave the old rows cached).
-            self.lookups.writing(ts, [(op.table, op.key) for op in ops])
+            self.lookups.writing(ts, _row_keys(ops))
             try:
                 return await self._run(tx, ops)
             except errors.TooLate:
@@ -637,3 +637,8 @@ class TransactionManager:
 
     async def drop_table(self, table_id: str) -> None:
         await asyncio.gather(*(ch.drop_table(table_id) for ch in self.channels))
+
+
+def _row_keys(ops: list[lpb.RowOp]) -> list[tuple[str, bytes]]:
+    """The rows ``ops`` write, as the lookup cache names them."""
+    return [(op.table, op.key) for op in ops]

@@ -145,14 +145,23 @@ class ViewManager:
         for view in list(self.views.values()):
             if view.state != "live":  # the coordinator stopped while initializing it
                 asyncio.get_running_loop().create_task(self._initialize(view, fresh=False))
-            elif view.plan.mode == "async" and self._refreshes_here(view):
-                self._start_refresher(view)
+            else:
+                self._reconcile_refresher(view)
 
-    def _refreshes_here(self, view: View) -> bool:
-        """Async views' refreshers are spread over the coordinating members: view number n
-        refreshes at member n % P (member 0 alone when there are none)."""
+    def _reconcile_refresher(self, view: View) -> None:
+        """Runs ``view``'s refresher here exactly when it is a live async view whose turn is
+        here: refreshers are spread over the coordinating members, view number n at member
+        n % P (member 0 alone when there are none)."""
         members = len(self.manager.members) or 1
-        return view.number % members == self.manager.member
+        wanted = view.state == "live" and view.plan.mode == "async"
+        wanted = wanted and view.number % members == self.manager.member
+        running = view.refresher is not None and not view.refresher.done()
+        if wanted and not running:
+            self._start_refresher(view)
+        elif running and not wanted:
+            assert view.refresher is not None
+            view.refresher.cancel()
+            view.refresher = None
 
     async def stop(self) -> None:
         for view in self.views.values():
@@ -223,15 +232,7 @@ class ViewManager:
         catalog.view_names = set(views)
         self.manager.epoch = epoch
         for view in views.values():  # this member's share of the async views' refreshes
-            wanted = view.state == "live" and view.plan.mode == "async"
-            wanted = wanted and self._refreshes_here(view)
-            running = view.refresher is not None and not view.refresher.done()
-            if wanted and not running:
-                self._start_refresher(view)
-            elif running and not wanted:
-                assert view.refresher is not None
-                view.refresher.cancel()
-                view.refresher = None
+            self._reconcile_refresher(view)
 
     def _persist(self, view: View) -> None:
         self.catalog.put_entry("view", view.name, view.to_json())
@@ -504,12 +505,7 @@ class ViewManager:
         view.state = "live"
         self.publish()
         self._persist(view)
-        if (
-            view.plan.mode == "async"
-            and self._refreshes_here(view)
-            and (view.refresher is None or view.refresher.done())
-        ):
-            self._start_refresher(view)
+        self._reconcile_refresher(view)
 
     async def _clear(self, view: View) -> None:
         async def erase(ts: int) -> list[lpb.RowOp]:
