@@ -181,10 +181,10 @@ def _run_start(args: argparse.Namespace) -> None:
         raise errors.InvalidArgument("--ltms must be at least 1")
     if args.processes < 0:
         raise errors.InvalidArgument("--processes must be 0 (an LTM per process) or more")
-    if args.processes >= 1 and args.replicate:
+    if args.replicate and (args.processes == 1 or min(args.processes, args.ltms) == 1):
         raise errors.InvalidArgument(
-            "--replicate needs the separate-process layout (--processes 0) for now: members "
-            "do not replicate their partitions yet"
+            "--replicate copies each process's logs to another process: it needs two or more "
+            "(--processes 0 or 2 and more, and --ltms 2 or more)"
         )
     from aggview.security import TlsDir, load_tokens
     from coordinator.convert import Limits
@@ -220,8 +220,8 @@ def _run_start(args: argparse.Namespace) -> None:
             if signalled:
                 break
             dead = [s for s in cluster.servers if not s.running()]
-            if args.replicate and dead and all(s.role.startswith("ltm") for s in dead):
-                for server in dead:  # its partition moved to its backup; it rejoins as one
+            if args.replicate and dead and all(_replaceable(s.role) for s in dead):
+                for server in dead:  # its partitions moved to their backups; it rejoins
                     print(f"aggview: {server.role} exited; restarting it", file=sys.stderr)
                     server.start()
             elif dead:
@@ -229,6 +229,12 @@ def _run_start(args: argparse.Namespace) -> None:
                 print(f"aggview: {roles} exited; stopping", file=sys.stderr)
                 break
     print("aggview stopped", flush=True)
+
+
+def _replaceable(role: str) -> bool:
+    """Whose death a replicated cluster survives: an LTM, a member other than member 0 (which
+    keeps the clock and the catalog)."""
+    return role.startswith("ltm") or (role.startswith("member-") and role != "member-0")
 
 
 def _run_sql(args: argparse.Namespace) -> None:
@@ -437,7 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="seconds an LTM may stay silent before its partitions move to their backups "
-        "(0: never; needs LTMs started with --backup)",
+        "(0: never; needs LTMs started with --backup). With --member-address: every member "
+        "copies its logs to the next one, and member 0 moves a silent member's partitions and "
+        "decisions",
     )
     _add_common(coordinator)
     _add_server_security(coordinator, clients=True)

@@ -229,8 +229,8 @@ class LocalCluster:
         ltm_security, coordinator_security = self._security_flags()
         # with replication, each LTM must know the next one's address before it starts
         ports = [free_port() if self.replicate else 0 for _ in range(self.ltms)]
-        if self.processes >= 1 and self.replicate:
-            raise ValueError("replication needs the separate-process layout (processes=0)")
+        if self.replicate and (self.processes == 1 or min(self.processes, self.ltms) == 1):
+            raise ValueError("replication needs two or more processes to copy logs between")
         if self.processes >= 2:
             self._start_members(common, coordinator_security, coordinator_port)
             return self
@@ -334,6 +334,7 @@ class LocalCluster:
                         str(self.checkpoint_interval),
                         "--cache-rows",
                         str(self.cache_rows),
+                        *(["--failover-after", str(self.failover_after)] if self.replicate else []),
                         *common,
                         *security,
                     ],

@@ -28,6 +28,10 @@ GRPC_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+# For control channels (probes, log copies, outcome questions): gRPC shares one connection per
+# address between channels, so one of them dialling a member that is not up yet (members start
+# one by one) would put the transaction channels to that address into backoff as well.
+CONTROL_OPTIONS = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
 
 def add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:

@@ -60,3 +60,20 @@ def partition_of(table_id: str, key: bytes, partitions: int) -> int:
             end = key.find(TEXT_END) + len(TEXT_END) if width == "t" else int(width)
             table_id, key = table_id[match.end() :], key[end:]
     return zlib.crc32(key, zlib.crc32(table_id.encode())) % partitions
+
+
+def standby_of(partition: int, partitions: int, members: int) -> int:
+    """Where ``partition``'s log is copied (chain placement): the next partition hosted by
+    another process. Partition p lives at member p % members; with one LTM per process
+    (members == partitions) that is simply the next LTM."""
+    for step in range(1, partitions):
+        candidate = (partition + step) % partitions
+        if candidate % members != partition % members:
+            return candidate
+    raise ValueError(f"{partitions} partitions on {members} processes have no other process")
+
+
+def decision_log_id(member: int, partitions: int) -> int:
+    """The ownership record of member ``member``'s decision log, replicated as a partition's
+    log is: numbered after the partitions."""
+    return partitions + member

@@ -391,17 +391,18 @@ class Client:
             self._members[member] = (channel, pb_grpc.AggviewStub(channel))
         return self._members[member][1]
 
-    def _stub_for(self, operations: Sequence[pb.Operation]) -> Any:
+    def _routed(self, operations: Sequence[pb.Operation]) -> int | None:
+        """The member to send these operations to (None: the address this client was given)."""
         router = self._routing()
         if not router.routes:
-            return self._stub
+            return None
         for table in router.unknown(operations):
             try:
                 reply = self._call(self._stub.Describe, pb.DescribeRequest(name=table))
             except errors.AggviewError:
                 reply = None
             router.learn(table, reply)
-        return self._member(router.member_for(operations))
+        return router.member_for(operations, time.monotonic())
 
     def _leader(self) -> Any:
         """Member 0, which keeps the catalog (DDL, refreshes go there)."""
@@ -419,7 +420,8 @@ class Client:
     def commit(self, operations: list[pb.Operation]) -> int:
         """Sends one transaction, retrying timestamp-order aborts; returns its timestamp."""
         request = pb.CommitRequest(operations=operations)
-        stub = self._stub_for(operations)
+        member = self._routed(operations)
+        stub = self._member(member)
         for attempt in range(self.retry.attempts):
             try:
                 return self._call(stub.Commit, request).timestamp
@@ -428,6 +430,9 @@ class Client:
                     raise
                 self.retries += 1
                 time.sleep(self.retry.delay(attempt))
+            except errors.Unavailable:
+                self._routing().unreachable(member, time.monotonic())
+                raise
         raise AssertionError("unreachable")
 
     def get(self, table: str, key: Mapping[str, Any], *, as_of: int = 0) -> Row | None:
@@ -630,17 +635,18 @@ class AsyncClient:
         _, stub, stream = self._members[member]
         return stub, stream
 
-    async def _route(self, operations: Sequence[pb.Operation]) -> tuple[Any, Any]:
+    async def _routed(self, operations: Sequence[pb.Operation]) -> int | None:
+        """The member to send these operations to (None: the address this client was given)."""
         router = await self._routing()
         if not router.routes:
-            return self._stub, self._transactions
+            return None
         for table in router.unknown(operations):
             try:
                 reply = await self._call(self._stub.Describe, pb.DescribeRequest(name=table))
             except errors.AggviewError:
                 reply = None
             router.learn(table, reply)
-        return await self._member(router.member_for(operations))
+        return router.member_for(operations, time.monotonic())
 
     async def _leader(self) -> Any:
         """Member 0, which keeps the catalog (DDL, refreshes go there)."""
@@ -665,7 +671,8 @@ class AsyncClient:
         by its own Commit call."""
         request = pb.CommitRequest(operations=operations)
         alone = request.ByteSize() + 8 > STREAM_MESSAGE_BYTES
-        stub, stream = await self._route(operations)
+        member = await self._routed(operations)
+        stub, stream = await self._member(member)
         for attempt in range(self.retry.attempts):
             try:
                 if alone:
@@ -676,6 +683,9 @@ class AsyncClient:
                     raise
                 self.retries += 1
                 await asyncio.sleep(self.retry.delay(attempt))
+            except errors.Unavailable:
+                (await self._routing()).unreachable(member, time.monotonic())
+                raise
         raise AssertionError("unreachable")
 
     async def _transact(

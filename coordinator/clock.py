@@ -135,6 +135,12 @@ class Clock:
         held.writes.clear()
         held.reads.clear()
 
+    def forget(self, member: int) -> None:
+        """``member`` died and another took over its decision log: each of its timestamps is
+        committed (the log has it) or aborted, and no request of its own will come, so it
+        holds nothing back until a new stream of its says otherwise."""
+        self._members[member] = _Member(reported=True)
+
     def report(self, member: int, seq: int, undecided: int | None, reading: int | None) -> None:
         """What ``member`` holds after every grant up to ``seq``."""
         held = self._members[member]

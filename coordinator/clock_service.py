@@ -87,6 +87,7 @@ class _Stream:
             if self.member != -1:
                 raise errors.InvalidArgument("one clock stream serves one member")
             clock.connected(member)
+            self.leader.back(member)
             self.member = member
         if request.report:
             clock.report(member, request.seen, request.undecided or None, request.reading or None)

@@ -5,17 +5,25 @@ taken for dead: for each partition it served, a new epoch is recorded in the sto
 in-sync standby as owner, the standby is told to take the partition over (it recovers it from
 the store plus its copy of the log), and the partition's channel points there. Transactions
 caught mid-way abort (their votes never came) or are re-delivered their commit (the decision
-log keeps it). A partition whose standby is not in sync is not moved: it waits for its LTM."""
+log keeps it). A partition whose standby is not in sync is not moved: it waits for its LTM.
+
+With coordinating members (``--processes P --replicate``) member 0 watches the others: a dead
+member's decision log moves first (its copy's holder adopts it and answers for the dead
+member's transactions, ``coordinator.member_decisions``), then its partitions, and the clock
+stops waiting for it. The other members follow the records (``PartitionFollower``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
-from aggview.net import GRPC_OPTIONS
+from aggview.net import CONTROL_OPTIONS
+from aggview.partition_map import decision_log_id
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
@@ -37,17 +45,26 @@ class Failover:
         addresses: list[str],
         tls: TlsDir | None,
         after: float,
+        *,
+        members: int = 0,
+        lose_member: Callable[[int], None] = lambda member: None,
     ) -> None:
+        """``addresses``: where each LTM (partition index) is served; ``members``: how many
+        coordinating members host them (0: one LTM per process), ``lose_member`` hears of a
+        member whose decision log was adopted."""
         self.channels = channels
+        self.members = members
+        self.lose_member = lose_member
         self.store = store
         self.addresses = addresses
         self.after = after
         self._metadata = member_metadata(tls)
-        self._channels = [member_channel(a, tls, GRPC_OPTIONS) for a in addresses]
+        self._channels = [member_channel(a, tls, CONTROL_OPTIONS) for a in addresses]
         self._stubs = [pb_grpc.LtmStub(channel) for channel in self._channels]
         self._down_since: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._stuck: set[int] = set()  # partitions already reported as waiting for their LTM
+        self._log_epochs: dict[int, int] = {}  # member -> epoch its decision log was moved at
         self.failovers = 0
 
     def start(self) -> None:
@@ -72,7 +89,9 @@ class Failover:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(PROBE_EVERY)
-            owners = sorted({channel.owner for channel in self.channels})
+            # with members, each member too (hosting m is member m's): one that serves no
+            # partition any more still coordinates, and its decision log may need a new home
+            owners = sorted({channel.owner for channel in self.channels} | set(range(self.members)))
             alive = await asyncio.gather(*(self._alive(ltm) for ltm in owners))
             now = time.monotonic()
             for ltm, up in zip(owners, alive, strict=True):
@@ -82,6 +101,9 @@ class Failover:
                 since = self._down_since.setdefault(ltm, now)
                 if now - since < self.after:
                     continue
+                if self.members and not await self._member_gone(ltm % self.members):
+                    self._down_since[ltm] = now  # it is starting again: give it time
+                    continue
                 for channel in self.channels:
                     if channel.owner == ltm:
                         try:
@@ -89,8 +111,42 @@ class Failover:
                         except Exception:
                             log.exception("failover of partition %d failed", channel.index)
 
+    async def _member_gone(self, member: int) -> bool:
+        """Before its partitions: the dead member's decision log goes to its copy's holder,
+        which then answers for its transactions; only then may the clock forget it. False: it
+        took its log back since we last moved it, so it is starting again (it does that
+        before it listens)."""
+        record_id = decision_log_id(member, len(self.addresses))
+        try:
+            record = await asyncio.to_thread(ownership.read, self.store, record_id)
+            if record.owner % self.members == member:
+                if record.epoch > self._log_epochs.get(member, record.epoch):
+                    self._log_epochs[member] = record.epoch
+                    return False
+                moved = await self._move(record_id)
+                if moved is None:
+                    return True  # no copy in sync: its transactions wait for it
+                self._log_epochs[member] = moved.epoch
+                await self._take_over(moved)
+            self.lose_member(member)
+        except Exception:
+            log.exception("moving member %d's decision log failed", member)
+        return True
+
     async def fail_over(self, channel: LtmChannel) -> bool:
-        partition = channel.index
+        moved = await self._move(channel.index)
+        if moved is None:
+            return False
+        # The channel moves even if the call fails: the standby serves the partition on its
+        # next start anyway, since the record names it.
+        await channel.retarget(self.addresses[moved.owner], moved.owner, moved.epoch)
+        self._down_since.pop(moved.owner, None)
+        await self._take_over(moved)
+        self.failovers += 1
+        return True
+
+    async def _move(self, partition: int) -> ownership.Ownership | None:
+        """Records the in-sync standby as the owner at the next epoch (None: there is none)."""
         record = await asyncio.to_thread(ownership.read, self.store, partition)
         target = record.failover_target
         if target is None or target == record.owner:
@@ -101,7 +157,7 @@ class Failover:
                     record.owner,
                     partition,
                 )
-            return False
+            return None
         self._stuck.discard(partition)
         moved = ownership.Ownership(
             partition,
@@ -118,19 +174,59 @@ class Failover:
             target,
             moved.epoch,
         )
-        # The channel moves even if the call fails: the standby serves the partition on its
-        # next start anyway, since the record names it.
-        await channel.retarget(self.addresses[target], target, moved.epoch)
-        self._down_since.pop(target, None)
-        await self._stubs[target].TakeOver(
+        return moved
+
+    async def _take_over(self, moved: ownership.Ownership) -> None:
+        assert moved.standby is not None
+        await self._stubs[moved.owner].TakeOver(
             pb.TakeOverRequest(
-                partition=partition,
+                partition=moved.partition,
                 epoch=moved.epoch,
-                backup=record.owner,
-                backup_address=self.addresses[record.owner],
+                backup=moved.standby,
+                backup_address=moved.standby_address,
             ),
             timeout=120,
             metadata=self._metadata,
         )
-        self.failovers += 1
-        return True
+
+
+class PartitionFollower:
+    """At a member other than 0: points its channels wherever the store's records say each
+    partition is served now (member 0 moved it), checking every ``every`` seconds."""
+
+    def __init__(
+        self, channels: list[Any], store: Store, addresses: list[str], every: float = 0.5
+    ) -> None:
+        self.channels = channels
+        self.store = store
+        self.addresses = addresses
+        self.every = every
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._follow())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(self.every)
+            for channel in self.channels:
+                if not isinstance(channel, LtmChannel):
+                    continue  # served here: only member 0 moves it, and never while we live
+                try:
+                    record = await asyncio.to_thread(ownership.read, self.store, channel.index)
+                except Exception:
+                    log.exception("reading partition %d's record failed", channel.index)
+                    continue
+                if record.epoch != channel.epoch:
+                    log.warning(
+                        "partition %d: now at LTM %d, epoch %d",
+                        channel.index,
+                        record.owner,
+                        record.epoch,
+                    )
+                    await channel.retarget(self.addresses[record.owner], record.owner, record.epoch)

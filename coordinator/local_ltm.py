@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
+from aggview.partition_map import standby_of
+from aggview.security import TlsDir
 from aggview.status import grpc_method
 from aggview.wire import ltm_pb2 as pb
 from coordinator.ltm_channel import Batcher
+from coordinator.member_decisions import MemberDecisions
 from ltm.participant import OutcomeQuery, Participant, VoteNo
 from ltm.server import (
     Hosting,
@@ -36,7 +39,9 @@ from ltm.store import Store, ownership
 
 class LocalPartitions:
     """The partitions hosted in this process: every one of the cluster (``--processes 1``),
-    or a member's share (no backups in either layout yet)."""
+    or a member's share. Each is a ``Hosting`` named by its home partition; with ``members``
+    (the members' addresses, ``--replicate``) each copies its log to the member of
+    ``standby_of`` its partition, and may take others over when their member dies."""
 
     def __init__(
         self,
@@ -49,31 +54,58 @@ class LocalPartitions:
         cache_rows: int = 1_000_000,
         checkpoint_interval: float = 2.0,
         hosted: list[int] | None = None,
+        members: list[str] | None = None,
+        tls: TlsDir | None = None,
     ) -> None:
-        self.hostings = {
-            p: Hosting(
-                LtmConfig(
-                    store_url="",
-                    log_dir=log_dir / f"partition-{p}",  # each partition's log on its own
-                    partition=p,
-                    partitions=partitions,
-                    fsync=fsync,
-                    cache_rows=cache_rows,
-                    checkpoint_interval=checkpoint_interval,
-                ),
-                store,
-                outcome_query,
+        self.store = store
+        self.partitions = partitions
+        self.members = members or []
+
+        def config(p: int) -> LtmConfig:
+            standby = standby_of(p, partitions, len(self.members)) if self.members else None
+            return LtmConfig(
+                store_url="",
+                log_dir=log_dir / f"partition-{p}",  # each partition's log on its own
+                partition=p,
+                partitions=partitions,
+                fsync=fsync,
+                cache_rows=cache_rows,
+                checkpoint_interval=checkpoint_interval,
+                tls=tls,
+                backup="" if standby is None else self.members[standby % len(self.members)],
+                standby=standby,
             )
+
+        self.hostings = {
+            p: Hosting(config(p), store, outcome_query)
             for p in (range(partitions) if hosted is None else hosted)
         }
+
+    def serving(self, partition: int) -> Hosting | None:
+        """The hosting that serves ``partition`` now (its own, or one that took it over)."""
+        for hosting in self.hostings.values():
+            if partition in hosting.participants:
+                return hosting
+        return None
 
     def participant(self, metadata: dict[str, str]) -> Participant:
         """The participant a member's stream or call names (``ltm.server.LtmServicer``)."""
         partition = int(metadata.get(ownership.PARTITION_HEADER, -1))
-        hosting = self.hostings.get(partition)
+        hosting = self.serving(partition)
         if hosting is None:
-            raise errors.FailedPrecondition(f"partition {partition} is not hosted here")
+            raise errors.FailedPrecondition(f"partition {partition} is not served here")
         return hosting.participant(metadata)
+
+    def copying(self, partition: int) -> Hosting:
+        """Where another member's log flush for ``partition`` goes: the hosting of that
+        partition itself if it is here (an old owner, back as its backup), else the one the
+        chain names."""
+        hosting = self.hostings.get(partition)
+        if hosting is None and self.members:
+            hosting = self.hostings.get(standby_of(partition, self.partitions, len(self.members)))
+        if hosting is None:
+            raise errors.FailedPrecondition(f"partition {partition}'s log is not copied here")
+        return hosting
 
     async def start(self) -> None:
         for hosting in self.hostings.values():
@@ -92,15 +124,17 @@ class LocalLtm:
     def __init__(
         self, index: int, hosting: Hosting, watermarks: Callable[[], tuple[int, int]]
     ) -> None:
-        self.index = self.owner = index
+        self.index = index
+        self.owner = hosting.me  # the hosting serving it (another's, after a failover)
         self.epoch = 0
         self.hosting = hosting
         self._watermarks = watermarks
+        self._names = {ownership.PARTITION_HEADER: str(index)}
         self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
 
     @property
     def participant(self) -> Participant:
-        return self.hosting.participant({})
+        return self.hosting.participant(self._names)
 
     def point(self, address: str, owner: int, epoch: int) -> None:
         """Nothing moves in one process: kept for the channel's interface."""
@@ -148,10 +182,13 @@ class LocalLtm:
 class MemberLtmServicer(LtmServicer):
     """Other members' streams and calls to the partitions this member hosts."""
 
-    def __init__(self, local: LocalPartitions, manager: Any) -> None:
+    def __init__(
+        self, local: LocalPartitions, manager: Any, decisions: MemberDecisions | None = None
+    ) -> None:
         super().__init__(local)  # type: ignore[arg-type]  # participant() is all it needs
         self.local = local
         self.manager = manager  # the member's TransactionManager
+        self.decisions = decisions  # its decision log's replication (``--replicate``)
 
     @grpc_method
     async def Status(self, request: pb.StatusRequest, context: object) -> pb.StatusReply:
@@ -159,21 +196,48 @@ class MemberLtmServicer(LtmServicer):
         partition = int(metadata.get(ownership.PARTITION_HEADER, -1))
         if partition == -1:  # the member itself
             clock = self.manager.clock
+            hostings = self.local.hostings.values()
             return pb.StatusReply(
+                serving=sorted(
+                    p for h in hostings for p, x in h.participants.items() if not x.fenced
+                ),
+                replicas=sorted(p for h in hostings for p in h.mirrors),
                 coordinated=self.manager.committed,
                 clock_requests=getattr(clock, "requests", 0),
                 clock_replies=getattr(clock, "replies", 0),
                 refreshes=self.manager.refreshes,
             )
-        hosting = self.local.hostings.get(partition)
+        hosting = self.local.serving(partition) or self.local.hostings.get(partition)
         if hosting is None:
             raise errors.FailedPrecondition(f"partition {partition} is not hosted here")
         return status_reply(hosting, partition)
 
+    def _replicated(self) -> MemberDecisions:
+        if self.decisions is None:
+            raise errors.FailedPrecondition("this member does not replicate (no --replicate)")
+        return self.decisions
+
     @grpc_method
     async def Replicate(self, request: pb.ReplicateRequest, context: object) -> pb.ReplicateReply:
-        raise errors.FailedPrecondition("members do not replicate their partitions yet")
+        decisions = self._replicated()
+        if decisions.is_log(request.partition):
+            await decisions.replicate(request)
+        else:
+            await self.local.copying(request.partition).replicate(request)
+        return pb.ReplicateReply()
 
     @grpc_method
     async def TakeOver(self, request: pb.TakeOverRequest, context: object) -> pb.TakeOverReply:
-        raise errors.FailedPrecondition("members do not take partitions over yet")
+        decisions = self._replicated()
+        if decisions.is_log(request.partition):
+            await decisions.take_over(request.partition, request.epoch)
+            return pb.TakeOverReply()
+        record = await asyncio.to_thread(ownership.read, self.local.store, request.partition)
+        hosting = self.local.hostings.get(record.owner)
+        if hosting is None:
+            raise ownership.Superseded(
+                f"partition {request.partition} is owned by LTM {record.owner} at epoch "
+                f"{record.epoch}, which is not hosted here"
+            )
+        await hosting.take_over(request)
+        return pb.TakeOverReply()

@@ -169,6 +169,8 @@ class LeaderClock(MemberClock):
         self.listeners: set[Callable[[Marks], None]] = set()  # the followers' streams
         # the followers' streams again: (origin member, notice) to pass on
         self.notice_listeners: set[Callable[[int, Notice], None]] = set()
+        self.lost: set[int] = set()  # followers found dead whose decision log is adopted
+        self.lost_changed: Callable[[], None] = lambda: None  # (their async views move here)
         in_flight.changed = self.changed
         self._recompute()
 
@@ -202,6 +204,21 @@ class LeaderClock(MemberClock):
 
     def publish(self, epoch: int, configuration: dict[str, Any]) -> None:
         self.clock.publish(epoch, json.dumps(configuration).encode())
+
+    def lose(self, member: int) -> None:
+        """A follower is dead and its decision log adopted (``coordinator.failover``)."""
+        if member in self.lost:
+            return
+        self.clock.forget(member)
+        self.lost.add(member)
+        self.lost_changed()
+        self.changed()
+
+    def back(self, member: int) -> None:
+        """A new stream from ``member``: whatever it was, it is alive."""
+        if member in self.lost:
+            self.lost.discard(member)
+            self.lost_changed()
 
     def changed(self) -> None:
         if not self._scheduled:

@@ -18,6 +18,7 @@ from aggview.wire import client_pb2 as pb
 from coordinator.convert import Limits, key_bytes
 
 KEY_LIMITS = Limits()
+UNREACHABLE_FOR = 5.0  # seconds a member that did not answer gets no routed transaction
 
 
 class Router:
@@ -27,13 +28,28 @@ class Router:
         self.members = list(members)
         self.partitions = partitions
         self._schemas: dict[str, TableSchema | None] = {}
+        self._unreachable: dict[int, float] = {}  # member -> until when it is avoided
 
     @property
     def routes(self) -> bool:
         return len(self.members) > 1
 
-    def member_for(self, operations: Sequence[pb.Operation]) -> int | None:
-        """The member hosting most of the rows (the first row's on a tie); None: no idea."""
+    def unreachable(self, member: int | None, now: float) -> None:
+        """``member`` did not answer (it may be dead, its partitions moving to others): its
+        transactions go to member 0 for a while. Any member coordinates any transaction;
+        routing only saves messages."""
+        if member:
+            self._unreachable[member] = now + UNREACHABLE_FOR
+
+    def member_for(self, operations: Sequence[pb.Operation], now: float = 0.0) -> int | None:
+        """The member hosting most of the rows (the first row's on a tie), unless it did not
+        answer lately (then member 0); None: no idea."""
+        member = self._hosting_most(operations)
+        if member is not None and now < self._unreachable.get(member, 0.0):
+            return 0
+        return member
+
+    def _hosting_most(self, operations: Sequence[pb.Operation]) -> int | None:
         counts: Counter[int] = Counter()
         for op in operations:
             member = self._member_of(op)

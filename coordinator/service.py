@@ -16,6 +16,7 @@ import grpc
 from aggview import errors
 from aggview.keycodec import encode_key, prefix_end
 from aggview.net import (
+    CONTROL_OPTIONS,
     GRPC_OPTIONS,
     SERVER_OPTIONS,
     add_health,
@@ -38,11 +39,12 @@ from coordinator.clock import Clock
 from coordinator.clock_service import ClockServicer, FollowerClock
 from coordinator.convert import Limits, key_bytes, wire_row
 from coordinator.decision_log import DecisionLog
-from coordinator.failover import Failover
+from coordinator.failover import Failover, PartitionFollower
 from coordinator.gate import ADMIT, ClientGate
 from coordinator.local_ltm import LocalLtm, LocalPartitions, MemberLtmServicer
 from coordinator.ltm_channel import LtmChannel
 from coordinator.member_clock import InFlight, LeaderClock, MemberClock
+from coordinator.member_decisions import MemberDecisions
 from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
@@ -347,7 +349,10 @@ class OutcomeServicer(lpb_grpc.TransactionOutcomeServicer):
 
     @grpc_method
     async def Query(self, request: lpb.OutcomeRequest, context: object) -> lpb.OutcomeReply:
-        return lpb.OutcomeReply(outcomes=[self.manager.outcome(ts) for ts in request.ts])
+        return lpb.OutcomeReply(
+            outcomes=[self.manager.outcome(ts) for ts in request.ts],
+            answers_for=sorted({member for member, _ in self.manager.adopted}),
+        )
 
 
 @dataclass
@@ -369,6 +374,17 @@ class CoordinatorConfig:
     # member 0 keeps the clock and the catalog. Partition p is hosted by member p % P.
     members: list[str] = field(default_factory=list)
     member: int = 0
+
+    @property
+    def replicates(self) -> bool:
+        """Members copy their logs to one another when they fail over (``--replicate``)."""
+        return len(self.members) >= 2 and self.failover_after > 0
+
+    def addresses(self, partitions: int) -> list[str]:
+        """Where the LTM (or the hosting) of each partition index is served."""
+        if not self.members:
+            return list(self.ltms) or [f"{self.host}:{self.port}"] * partitions
+        return [self.members[p % len(self.members)] for p in range(partitions)]
 
     def hosted(self, partitions: int) -> list[int] | None:
         """The partitions this process hosts (None: every one)."""
@@ -408,7 +424,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
     )
     if config.local_partitions:
         others = [
-            _outcome_stub(address, config.tls)
+            (m, _outcome_stub(address, config.tls))
             for m, address in enumerate(config.members)
             if m != config.member
         ]
@@ -421,28 +437,44 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
             cache_rows=config.cache_rows,
             checkpoint_interval=config.checkpoint_interval,
             hosted=config.hosted(count),
+            members=config.members if config.replicates else None,
+            tls=config.tls,
         )
         manager.local = local
-        manager.channels = [
-            LocalLtm(p, local.hostings[p], manager._watermarks)
-            if p in local.hostings
-            else LtmChannel(
-                p, config.members[p % len(config.members)], manager._watermarks, config.tls
+        manager.channels = [None] * count  # below: local, or where the record says
+        if config.replicates:
+            manager.replication = MemberDecisions(
+                store,
+                decisions,
+                config.member,
+                config.members,
+                count,
+                config.log_dir / "decision-copies",
+                manager.adopt,
+                tls=config.tls,
+                fsync=config.fsync,
             )
-            for p in range(count)
-        ]
     manager.members = list(config.members)
     manager.member = config.member
-    for channel in manager.channels:  # after a failover, a partition lives elsewhere
-        record = ownership.read(store, channel.index)
-        if not config.local_partitions:
-            channel.point(config.ltms[record.owner], record.owner, record.epoch)
+    addresses = config.addresses(count)
+    for p in range(count):  # after a failover, a partition lives elsewhere
+        record = ownership.read(store, p)
+        if manager.local is None:
+            manager.channels[p].point(addresses[record.owner], record.owner, record.epoch)
+        elif record.owner in manager.local.hostings:
+            manager.channels[p] = LocalLtm(
+                p, manager.local.hostings[record.owner], manager._watermarks
+            )
+        else:
+            channel = LtmChannel(p, addresses[record.owner], manager._watermarks, config.tls)
+            channel.point(addresses[record.owner], record.owner, record.epoch)
+            manager.channels[p] = channel
     ViewManager(manager)
     return manager
 
 
 def _outcome_stub(address: str, tls: TlsDir | None) -> Callable[[list[int]], Awaitable[Any]]:
-    stub = lpb_grpc.TransactionOutcomeStub(member_channel(address, tls, GRPC_OPTIONS))
+    stub = lpb_grpc.TransactionOutcomeStub(member_channel(address, tls, CONTROL_OPTIONS))
     metadata = member_metadata(tls)
     return lambda timestamps: stub.Query(
         lpb.OutcomeRequest(ts=timestamps), timeout=5, metadata=metadata
@@ -451,21 +483,28 @@ def _outcome_stub(address: str, tls: TlsDir | None) -> Callable[[list[int]], Awa
 
 async def _outcomes(
     manager: TransactionManager,
-    others: list[Callable[[list[int]], Awaitable[Any]]],
+    others: list[tuple[int, Callable[[list[int]], Awaitable[Any]]]],
     timestamps: list[int],
 ) -> list[bool | None]:
     """An in-process participant's question about undecided transactions. With several
     members, whichever coordinated a transaction knows it (its decision log, or in flight);
     the others say aborted. Presumed abort needs every member's answer: while one cannot be
-    asked, nothing is known (None: ask again later)."""
+    asked, nothing is known (None: ask again later), unless a member that adopted its
+    decision log after it died answers for it."""
     answers = [[manager.outcome(ts) for ts in timestamps]]
-    unknown = False
-    for query in others:
+    answered = {manager.member, *(member for member, _ in manager.adopted)}
+    silent: list[str] = []
+    for member, query in others:
         try:
-            answers.append(list((await query(timestamps)).outcomes))
+            reply = await query(timestamps)
         except grpc.aio.AioRpcError as exc:
-            log.info("outcome of %d transactions not known yet: %s", len(timestamps), exc.details())
-            unknown = True
+            silent.append(f"member {member}: {exc.details()}")
+            continue
+        answers.append(list(reply.outcomes))
+        answered |= {member, *reply.answers_for}
+    unknown = not set(range(len(manager.members) or 1)) <= answered
+    if unknown:
+        log.info("outcome of %d transactions not known yet: %s", len(timestamps), silent)
     outcomes: list[bool | None] = []
     for said in zip(*answers, strict=True):
         if lpb.OutcomeReply.COMMITTED in said:
@@ -482,6 +521,8 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     manager = build_manager(config)
     if manager.local is not None:
         await manager.local.start()
+    if manager.replication is not None:  # before re-delivery: it may adopt a log to deliver
+        await manager.replication.start()
     if isinstance(manager.clock, FollowerClock):
         manager.leader = config.members[0]
         await manager.clock.start()  # its first answer brings the catalog
@@ -491,10 +532,21 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
             channel.participant.observe(*manager._watermarks())
     if manager.leader is None:
         await manager.views.start()
-    failover = None
-    if config.failover_after > 0:
-        store = manager.catalog.store
-        failover = Failover(manager.channels, store, config.ltms, config.tls, config.failover_after)
+    failover: Failover | PartitionFollower | None = None
+    store = manager.catalog.store
+    if config.failover_after > 0 and isinstance(manager.clock, LeaderClock):
+        failover = Failover(
+            manager.channels,
+            store,
+            config.addresses(manager.partitions),
+            config.tls,
+            config.failover_after,
+            members=len(config.members),
+            lose_member=manager.clock.lose,
+        )
+        failover.start()
+    elif config.replicates:  # a follower: member 0 moves partitions, this one follows
+        failover = PartitionFollower(manager.channels, store, config.addresses(manager.partitions))
         failover.start()
     gate = ClientGate(
         tokens=config.tokens,
@@ -522,7 +574,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         add_service(
             server,
             lpb.DESCRIPTOR.services_by_name["Ltm"],
-            MemberLtmServicer(manager.local, manager),
+            MemberLtmServicer(manager.local, manager, manager.replication),
         )
         services.append(lpb.DESCRIPTOR.services_by_name["Ltm"])
         if isinstance(manager.clock, LeaderClock):
@@ -550,6 +602,8 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     await manager.close()
     if isinstance(manager.clock, FollowerClock):
         await manager.clock.close()
+    if manager.replication is not None:
+        await manager.replication.stop()
     if manager.local is not None:
         await manager.local.stop()
     await manager.decisions.close()

@@ -78,6 +78,7 @@ class TransactionManager:
             LtmChannel(i, address, self._watermarks, tls) for i, address in enumerate(ltm_addresses)
         ]
         self.local: Any = None  # the partitions hosted in this process (``--processes 1``)
+        self.replication: Any = None  # members' decision logs copied (``--replicate``)
         self.extensions: list[Extension] = []
         # Called on a transaction's operations before the first prepare (change capture).
         self.decorators: list[Callable[[list[lpb.RowOp]], None]] = []
@@ -99,6 +100,8 @@ class TransactionManager:
         self.members: list[str] = []  # every coordinating member's address (none: just this)
         self.member = 0  # this one's index among them
         self.refreshes = 0  # async-view refreshes committed here
+        # dead members' decision logs taken over here: (member, its log)
+        self.adopted: list[tuple[int, DecisionLog]] = []
 
     def at_leader(self, what: str) -> None:
         """Refuses, at a follower member, what only member 0 runs (it keeps the catalog)."""
@@ -425,27 +428,32 @@ class TransactionManager:
         future = self.channels[partition].decisions.submit(lpb.Decision(ts=ts, commit=False))
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
-    def _deliver_later(self, ts: int, participants: list[int]) -> None:
+    def _deliver_later(
+        self, ts: int, participants: list[int], decisions: DecisionLog | None = None
+    ) -> None:
         """Phase two, without a task per transaction: each participant's decision rides the
         next decide batch; a failed delivery is retried until every participant has the commit
-        durably, then the decision log may forget it."""
+        durably, then the decision log (ours, or a dead member's we adopted) may forget it."""
         pending = set(participants)
+        decisions = decisions or self.decisions
 
         def delivered(partition: int, future: asyncio.Future[None]) -> None:
             if future.cancelled() or future.exception() is not None:
-                self._retry_delivery(ts, partition, pending)
+                self._retry_delivery(ts, partition, pending, decisions)
                 return
             pending.discard(partition)
             if failpoints.ARMED:
                 failpoints.hit(failpoints.COORDINATOR_MID_COMMIT_FANOUT)
             if not pending:
-                self.decisions.done(ts)
+                decisions.done(ts)
 
         for partition in participants:
             future = self.channels[partition].decisions.submit(lpb.Decision(ts=ts, commit=True))
             future.add_done_callback(lambda f, p=partition: delivered(p, f))
 
-    def _retry_delivery(self, ts: int, partition: int, pending: set[int]) -> None:
+    def _retry_delivery(
+        self, ts: int, partition: int, pending: set[int], decisions: DecisionLog
+    ) -> None:
         async def retry() -> None:
             delay = 0.05
             while True:
@@ -458,14 +466,23 @@ class TransactionManager:
                     delay = min(delay * 2, 1.0)
             pending.discard(partition)
             if not pending:
-                self.decisions.done(ts)
+                decisions.done(ts)
 
         task = asyncio.get_running_loop().create_task(retry())
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
+    def adopt(self, member: int, decisions: DecisionLog) -> None:
+        """A dead member's decision log, taken over here: its commits are answered for and
+        delivered as ours are."""
+        self.adopted.append((member, decisions))
+        for ts, participants in list(decisions.committed.items()):
+            self._deliver_later(ts, participants, decisions)
+
     def outcome(self, ts: int) -> int:
         if ts in self.decisions.committed:
+            return lpb.OutcomeReply.COMMITTED
+        if any(ts in adopted.committed for _, adopted in self.adopted):
             return lpb.OutcomeReply.COMMITTED
         if ts in self.in_flight:
             return lpb.OutcomeReply.PENDING

@@ -126,6 +126,8 @@ class ViewManager:
         manager.lookup_tables = self._lookup_tables
         manager.views = self
         self._watched: tuple[int, set[str]] = (-1, set())
+        if hasattr(manager.clock, "lost_changed"):  # member 0 runs a dead member's share
+            manager.clock.lost_changed = self._reconcile_refreshers
 
     # ------------------------------------------------------------------ start, stop
 
@@ -148,13 +150,23 @@ class ViewManager:
             else:
                 self._reconcile_refresher(view)
 
+    def _reconcile_refreshers(self) -> None:
+        for view in list(self.views.values()):
+            if view.state == "live":
+                self._reconcile_refresher(view)
+
     def _reconcile_refresher(self, view: View) -> None:
         """Runs ``view``'s refresher here exactly when it is a live async view whose turn is
         here: refreshers are spread over the coordinating members, view number n at member
-        n % P (member 0 alone when there are none)."""
+        n % P (member 0 alone when there are none), and member 0 runs a dead member's share
+        until it is back (two refreshes of one view at once are ordered by timestamp)."""
         members = len(self.manager.members) or 1
-        wanted = view.state == "live" and view.plan.mode == "async"
-        wanted = wanted and view.number % members == self.manager.member
+        home = view.number % members
+        here = home == self.manager.member
+        here = here or (
+            self.manager.member == 0 and home in getattr(self.manager.clock, "lost", ())
+        )
+        wanted = view.state == "live" and view.plan.mode == "async" and here
         running = view.refresher is not None and not view.refresher.done()
         if wanted and not running:
             self._start_refresher(view)

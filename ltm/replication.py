@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 
 from aggview import errors
-from aggview.net import GRPC_OPTIONS
+from aggview.net import CONTROL_OPTIONS
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.wal import WriteAheadLog, sync_directory, write_all
 from aggview.wire import ltm_pb2 as pb
@@ -107,7 +107,7 @@ class LogShipper:
         self.record = record
         self.backup = backup
         self.backup_address = backup_address
-        self._channel = member_channel(backup_address, tls, GRPC_OPTIONS)
+        self._channel = member_channel(backup_address, tls, CONTROL_OPTIONS)
         self._stub = pb_grpc.LtmStub(self._channel)
         self._metadata = member_metadata(tls)
         self.in_sync = False

@@ -68,8 +68,13 @@ class Hosting:
                 continue
             standby = (record.standby, record.standby_address)
             if record.standby is None and partition == self.me and self.config.backup:
-                standby = ((self.me + 1) % self.config.partitions, self.config.backup)
+                standby = (self._standby(), self.config.backup)
             await self._serve(record, *standby)
+
+    def _standby(self) -> int:
+        if self.config.standby is not None:
+            return self.config.standby
+        return (self.me + 1) % self.config.partitions
 
     async def _serve(self, record: ownership.Ownership, standby: int | None, address: str) -> None:
         partition = record.partition
@@ -301,6 +306,7 @@ class LtmConfig:
     checkpoint_interval: float = 2.0
     tls: TlsDir | None = None  # None: plaintext and no member check (``--insecure``)
     backup: str = ""  # the next LTM's address: this partition's log is replicated there
+    standby: int | None = None  # the LTM (partition) at ``backup``; default: the next one
 
 
 def _outcome_query(address: str, tls: TlsDir | None):  # type: ignore[no-untyped-def]

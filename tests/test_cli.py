@@ -107,7 +107,7 @@ def test_start_in_one_process_serves_and_refuses_replication(tmp_path: Path) -> 
         timeout=60,
     )
     assert done.returncode != 0
-    assert "--replicate needs the separate-process layout" in done.stdout + done.stderr
+    assert "--replicate copies each process's logs to another process" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     process, address = start(tmp_path / "one", "--processes", "1")
     try:

@@ -17,6 +17,7 @@ from polling import wait_for
 
 from aggview import errors
 from aggview.cluster import LocalCluster
+from aggview.partition_map import decision_log_id
 from aggview.rowcodec import decode_row
 from aggview.status import add_service
 from aggview.wal import WriteAheadLog
@@ -39,11 +40,13 @@ VIEW = (
 )
 
 
-@pytest.fixture
-def replicated(tmp_path: Path) -> Iterator[LocalCluster]:
+@contextlib.contextmanager
+def replicated_cluster(data: Path, processes: int = 0) -> Iterator[LocalCluster]:
+    """Three partitions with their logs copied, in three LTMs (or ``processes`` members)."""
     cluster = LocalCluster(
-        tmp_path / "data",
+        data,
         ltms=3,
+        processes=processes,
         checkpoint_interval=0.5,
         replicate=True,
         failover_after=1.5,
@@ -54,6 +57,12 @@ def replicated(tmp_path: Path) -> Iterator[LocalCluster]:
     finally:
         cluster.stop()
         cluster.kill()
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[LocalCluster]:
+    with replicated_cluster(tmp_path / "data") as cluster:
+        yield cluster
 
 
 def status(cluster: LocalCluster, ltm: int, partition: int | None = None) -> pb.StatusReply:
@@ -334,3 +343,89 @@ def test_a_fenced_copy_gives_its_directory_to_the_mirror_and_can_take_over_again
             assert stored(store, b"k")[1] == {"v": 5}
 
     asyncio.run(scenario())
+
+
+# ------------------------------------------------------------------ coordinating members
+
+
+@pytest.fixture
+def replicated_members(tmp_path: Path) -> Iterator[LocalCluster]:
+    with replicated_cluster(tmp_path / "data", processes=3) as cluster:
+        yield cluster
+
+
+def decision_log(cluster: LocalCluster, member: int) -> ownership.Ownership:
+    store = open_store(cluster.store_url)
+    try:
+        return ownership.read(store, decision_log_id(member, cluster.ltms))
+    finally:
+        store.close()
+
+
+def member_logs_copied(cluster: LocalCluster, members: list[int]) -> bool:
+    """Every partition's log and every member's decision log in sync with its copy."""
+    partitions = all(status(cluster, m, partition=m).replicated for m in members)
+    return partitions and all(decision_log(cluster, m).in_sync for m in members)
+
+
+def nothing_prepared(cluster: LocalCluster, serving: dict[int, int]) -> bool:
+    return all(status(cluster, m, partition=p).prepared == 0 for p, m in serving.items())
+
+
+def test_a_dead_member_hands_over_its_partitions_and_decisions(
+    replicated_members: LocalCluster,
+) -> None:
+    """Three members, each hosting a partition and coordinating transfers (two partitions
+    each, so most commits go through a decision log). Member 1 dies by kill -9: member 2 (its
+    copy's holder) takes its partition and its decision log, member 0 stops waiting for it,
+    and every member follows the move. Then member 1 comes back (coordinating only) armed to
+    crash right after logging a commit decision: that commit reaches every participant from
+    member 2's adopted copy. Nothing acknowledged is lost, nothing is half applied, nothing
+    stays prepared, and the view matches the ledger."""
+    cluster = replicated_members
+    with Client(cluster.address) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+        client.sql(VIEW)
+    wait_for("every log to reach its copy", lambda: member_logs_copied(cluster, [0, 1, 2]))
+    stop = threading.Event()
+    outcomes = transfers.Outcomes()
+    workers = transfers.run_clients(
+        cluster.address, "accounts", "ledger", ACCOUNTS, clients=6, stop=stop, outcomes=outcomes
+    )
+    try:
+        wait_for("transfers", lambda: len(outcomes.committed) > 50)
+        cluster.member(1).kill()
+        wait_for("member 2 to serve partition 1", lambda: 1 in status(cluster, 2).serving, 30)
+        assert decision_log(cluster, 1).owner == 2  # partition 2's hosting: member 2
+        before = len(outcomes.committed)
+        wait_for("commits after the failover", lambda: len(outcomes.committed) > before + 50)
+
+        # Back, serving nothing (its partition stays with member 2), coordinating; it dies
+        # again right after logging its 150th commit decision.
+        cluster.member(1).start(
+            env={"AGGVIEW_FAILPOINTS": "coordinator.after_decision_logged=crash@150"}
+        )
+        wait_for("member 1's decision log copied again", lambda: decision_log(cluster, 1).in_sync)
+        wait_for("member 1 to crash", lambda: not cluster.member(1).running(), 60)
+        assert cluster.member(1).process is not None
+        assert cluster.member(1).process.returncode == 86
+        wait_for(
+            "member 2 to adopt member 1's log again",
+            lambda: decision_log(cluster, 1).epoch >= 4 and decision_log(cluster, 1).owner == 2,
+            30,
+        )
+        before = len(outcomes.committed)
+        wait_for("commits after the second failover", lambda: len(outcomes.committed) > before + 50)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=60)
+    wait_for("every transaction decided", lambda: nothing_prepared(cluster, {0: 0, 1: 2, 2: 2}), 30)
+    with Client(cluster.address) as client:
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
+        expected: dict[int, tuple[int, int]] = {}
+        for row in client.scan("ledger"):
+            n, total = expected.get(row["dst"], (0, 0))
+            expected[row["dst"]] = (n + 1, total + row["amount"])
+        view = {r["dst"]: (r["n"], r["total"]) for r in client.view("moved")}
+        assert view == expected

@@ -9,6 +9,7 @@ member under load with nothing acknowledged lost and nothing half applied."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -36,12 +37,16 @@ from test_views_differential import (  # noqa: F401
 
 from aggview import errors
 from aggview.cluster import LocalCluster
+from aggview.partition_map import standby_of
+from aggview.schema import Column, ColumnType, TableSchema
+from aggview.values import to_row
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
 from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc as lpb_grpc
 from coordinator import Client
 from coordinator.clock import Clock
+from coordinator.routing import UNREACHABLE_FOR, Router
 from coordinator.timestamp_oracle import TimestampOracle
 from loadgen import transfers
 
@@ -131,6 +136,61 @@ def test_clock_holds_reads_until_every_follower_reported() -> None:
     assert clock.marks().decided == clock.marks().issued
 
 
+def test_a_forgotten_member_holds_nothing_until_its_next_stream() -> None:
+    """A dead member whose decision log another adopted: its grants, undecided or not yet
+    acknowledged, stop holding the watermarks; its next stream counts again."""
+    meta: dict[str, str] = {}
+    clock = Clock(TimestampOracle(meta.get, meta.__setitem__), 3)
+    for member in (1, 2):
+        clock.report(member, 0, None, None)
+    held = clock.grant(1, 2)  # never acknowledged: the member died with them
+    read = clock.grant(1, 0, read=True)
+    assert clock.marks().decided == held.first - 1
+    assert clock.marks().low <= read.read_ts
+    clock.forget(1)
+    assert clock.marks().decided == clock.marks().issued
+    clock.connected(1)  # it is back: what it reports holds again
+    again = clock.grant(1, 1)
+    assert clock.marks().decided == again.first - 1
+    clock.report(1, again.seq, None, None)
+    assert clock.marks().decided == clock.marks().issued
+
+
+@given(st.integers(2, 9), st.integers(2, 9))
+def test_each_log_is_copied_to_another_process(partitions: int, members: int) -> None:
+    members = min(members, partitions)
+    for p in range(partitions):
+        standby = standby_of(p, partitions, members)
+        assert standby != p and standby % members != p % members
+    if members == partitions:  # one LTM per process: the next one, as it always was
+        assert [standby_of(p, partitions, members) for p in range(partitions)] == [
+            (p + 1) % partitions for p in range(partitions)
+        ]
+
+
+def test_a_member_that_does_not_answer_gets_no_routed_transaction_for_a_while() -> None:
+    """Any member coordinates any transaction: one that did not answer (dead, its partitions
+    moving) is skipped for UNREACHABLE_FOR seconds, then tried again."""
+    schema = TableSchema("t", "t_1", (Column("k", ColumnType("INT"), nullable=False),), ("k",))
+    router = Router(["a", "b", "c"], 3)
+    router.learn(
+        "t",
+        cpb.DescribeReply(kind=cpb.DescribeReply.TABLE, schema_json=json.dumps(schema.to_json())),
+    )
+
+    def insert(k: int) -> list[cpb.Operation]:
+        return [cpb.Operation(kind=cpb.Operation.INSERT, table="t", values=to_row({"k": k}))]
+
+    at_two = next(k for k in range(100) if router.member_for(insert(k)) == 2)
+    at_zero = next(k for k in range(100) if router.member_for(insert(k)) == 0)
+    router.unreachable(2, now=100.0)
+    assert router.member_for(insert(at_two), now=100.0 + UNREACHABLE_FOR - 0.1) == 0
+    assert router.member_for(insert(at_zero), now=101.0) == 0
+    assert router.member_for(insert(at_two), now=100.0 + UNREACHABLE_FOR) == 2
+    router.unreachable(0, now=200.0)  # member 0 is where the others go: never avoided
+    assert router.member_for(insert(at_zero), now=200.0) == 0
+
+
 # ---------------------------------------------------------------------------- members
 
 
@@ -207,6 +267,29 @@ def test_a_bad_clock_stream_is_refused_and_the_cluster_serves_on(cluster: LocalC
         with client.transaction() as tx:
             tx.insert("after_bad_clock", {"id": 1})
         assert client.scan("after_bad_clock") == [{"id": 1}]
+
+
+def test_log_copies_and_takeovers_are_refused_without_replication(cluster: LocalCluster) -> None:
+    """A member started without --replicate keeps no copy and takes nothing over: it says so,
+    and serves on with its partitions intact."""
+    with grpc.insecure_channel(cluster.member(1).address) as channel:
+        stub = lpb_grpc.LtmStub(channel)
+        calls = (
+            (stub.Replicate, lpb.ReplicateRequest(partition=0, epoch=1, reset=True)),
+            (stub.TakeOver, lpb.TakeOverRequest(partition=0, epoch=1)),
+        )
+        for call, request in calls:
+            with pytest.raises(grpc.RpcError) as refused:
+                call(request, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "does not replicate (no --replicate)" in (refused.value.details() or "")
+        assert sorted(stub.Status(lpb.StatusRequest(), timeout=10).serving) == [1, 3]
+    with Client(cluster.address) as client:
+        client.sql("CREATE TABLE after_refused_copy (id INT PRIMARY KEY)")
+        with client.transaction() as tx:
+            for i in range(8):
+                tx.insert("after_refused_copy", {"id": i})
+        assert len(client.scan("after_refused_copy")) == 8
 
 
 def test_every_member_caches_dimension_rows_that_others_rewrite(cluster: LocalCluster) -> None:

@@ -48,7 +48,7 @@ def test_kill_of_the_one_process_under_load_loses_nothing(
 
 
 def test_start_refuses_replication_in_one_process(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="replication needs the separate-process layout"):
+    with pytest.raises(ValueError, match="replication needs two or more processes"):
         LocalCluster(tmp_path, ltms=2, processes=1, replicate=True).start()
 
 

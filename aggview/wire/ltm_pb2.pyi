@@ -298,7 +298,7 @@ class OutcomeRequest(_message.Message):
     def __init__(self, ts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class OutcomeReply(_message.Message):
-    __slots__ = ("outcomes",)
+    __slots__ = ("outcomes", "answers_for")
     class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         PENDING: _ClassVar[OutcomeReply.Outcome]
@@ -308,8 +308,10 @@ class OutcomeReply(_message.Message):
     COMMITTED: OutcomeReply.Outcome
     ABORTED: OutcomeReply.Outcome
     OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FOR_FIELD_NUMBER: _ClassVar[int]
     outcomes: _containers.RepeatedScalarFieldContainer[OutcomeReply.Outcome]
-    def __init__(self, outcomes: _Optional[_Iterable[_Union[OutcomeReply.Outcome, str]]] = ...) -> None: ...
+    answers_for: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[OutcomeReply.Outcome, str]]] = ..., answers_for: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClockRequest(_message.Message):
     __slots__ = ("member", "count", "read", "report", "seen", "undecided", "reading", "wait", "write_rows", "write_tables", "write_epoch")

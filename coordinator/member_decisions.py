@@ -1,0 +1,148 @@
+"""A member's decision log, replicated as a partition's log is (``ltm.replication``), so that
+when the member dies another one answers for its transactions and delivers its commits.
+
+Member m's log is copied to the member hosting partition ``standby_of(m)``, under the ownership
+record ``decision_log_id(m)``: the same fence, in-sync flag and failover rule as a partition's
+(a commit counts as logged once the copy has it too, or once the record says the copy is out
+of sync, and then nobody takes the log over). On failover member 0 records the copy's holder
+as owner and tells it ``TakeOver``: it replays its copy into a ``DecisionLog`` that the
+transaction manager adopts (``TransactionManager.adopt``). A holder that restarts adopts again
+what the record gives it. A restarted member takes its log back under a new epoch: its own
+copy holds everything the holder's does, so answers never disagree."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from aggview.partition_map import decision_log_id, standby_of
+from aggview.security import TlsDir
+from aggview.wire import ltm_pb2 as pb
+from coordinator.decision_log import DecisionLog
+from ltm.replication import LogShipper, Mirror
+from ltm.store import ownership
+from ltm.store.base import Store
+
+log = logging.getLogger(__name__)
+
+
+class MemberDecisions:
+    def __init__(
+        self,
+        store: Store,
+        decisions: DecisionLog,
+        member: int,
+        members: list[str],
+        partitions: int,
+        directory: Path,
+        adopt: Callable[[int, DecisionLog], None],
+        *,
+        tls: TlsDir | None = None,
+        fsync: bool = True,
+    ) -> None:
+        self.store = store
+        self.decisions = decisions
+        self.member = member
+        self.members = members
+        self.partitions = partitions
+        self.directory = directory  # copies of other members' logs, and those adopted
+        self._adopt = adopt
+        self._tls = tls
+        self._fsync = fsync
+        self.mirrors: dict[int, Mirror] = {}  # record id -> another member's log, copied here
+        self.adopted: dict[int, tuple[int, DecisionLog]] = {}  # record id -> (epoch, its log)
+        self._retired: list[DecisionLog] = []
+        self.shipper: LogShipper | None = None
+        self._lock = asyncio.Lock()
+
+    def is_log(self, record_id: int) -> bool:
+        """Whether an ownership record id names a member's decision log (not a partition)."""
+        return record_id >= self.partitions
+
+    def _member_of(self, record_id: int) -> int:
+        return record_id - self.partitions
+
+    def _hosts(self, owner: int) -> bool:
+        return owner < self.partitions and owner % len(self.members) == self.member
+
+    async def start(self) -> None:
+        """Takes this member's log back if another adopted it, ships it to its standby, and
+        adopts what the records give this member (a takeover it missed, or one before its
+        restart)."""
+        own = decision_log_id(self.member, self.partitions)
+        for m in range(len(self.members)):
+            record_id = decision_log_id(m, self.partitions)
+            record = await asyncio.to_thread(ownership.read, self.store, record_id)
+            if m != self.member and self._hosts(record.owner) and record.epoch > 0:
+                await self.take_over(record_id, record.epoch)
+        record = await asyncio.to_thread(ownership.read, self.store, own)
+        if record.owner != self.member:  # never written yet, or adopted while we were away
+            record = ownership.Ownership(own, record.epoch + 1, self.member)
+            await asyncio.to_thread(ownership.write, self.store, record)
+        standby = standby_of(self.member, self.partitions, len(self.members))
+        self.shipper = LogShipper(
+            self.store,
+            self.decisions.wal,
+            record,
+            standby,
+            self.members[standby % len(self.members)],
+            self._tls,
+        )
+        await self.shipper.start()
+
+    async def replicate(self, request: pb.ReplicateRequest) -> None:
+        """Another member's log flush (or resync), into our copy of it."""
+        mirror = self.mirrors.get(request.partition)
+        if mirror is None:
+            mirror = Mirror(
+                self._mirror_dir(request.partition), request.partition, fsync=self._fsync
+            )
+            self.mirrors[request.partition] = mirror
+        await asyncio.to_thread(mirror.apply, request)
+
+    async def take_over(self, record_id: int, epoch: int) -> None:
+        """The record names this member the log's owner at ``epoch``: replay our copy and
+        adopt it. Idempotent for a retried request."""
+        async with self._lock:
+            held = self.adopted.get(record_id)
+            if held is not None and held[0] == epoch:
+                return
+            record = await asyncio.to_thread(ownership.read, self.store, record_id)
+            if record.epoch != epoch or not self._hosts(record.owner):
+                raise ownership.Superseded(
+                    f"decision log of member {self._member_of(record_id)} is owned by LTM "
+                    f"{record.owner} at epoch {record.epoch}, not here at epoch {epoch}"
+                )
+            adopted_dir = self.directory / f"adopted-{record_id}-e{epoch}"
+            if not adopted_dir.exists():
+                mirror = self.mirrors.pop(record_id, None)
+                source = self._mirror_dir(record_id)
+                if mirror is None and not source.exists():
+                    log.warning("adopting member %d's decisions without a copy", record_id)
+                    source.mkdir(parents=True, exist_ok=True)
+                await asyncio.to_thread(source.rename, adopted_dir)
+            decisions = await asyncio.to_thread(DecisionLog, adopted_dir, fsync=self._fsync)
+            if held is not None:
+                self._retired.append(held[1])
+            self.adopted[record_id] = (epoch, decisions)
+            self._adopt(self._member_of(record_id), decisions)
+            log.warning(
+                "adopted member %d's decision log at epoch %d: %d commits to deliver",
+                self._member_of(record_id),
+                epoch,
+                len(decisions.committed),
+            )
+
+    def _mirror_dir(self, record_id: int) -> Path:
+        return self.directory / f"copy-{record_id}"
+
+    async def stop(self) -> None:
+        if self.shipper is not None:
+            await self.shipper.close()
+        for decisions in [*self._retired, *(d for _, d in self.adopted.values())]:
+            await decisions.close()
+            if not decisions.committed:  # everything delivered: nothing to answer any more
+                await asyncio.to_thread(shutil.rmtree, decisions.wal.directory, True)
