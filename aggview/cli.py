@@ -179,6 +179,8 @@ def _run_start(args: argparse.Namespace) -> None:
 
     if args.ltms < 1:
         raise errors.InvalidArgument("--ltms must be at least 1")
+    if args.processes is None:
+        args.processes = default_processes(args.ltms, args.replicate)
     if args.processes < 0:
         raise errors.InvalidArgument("--processes must be 0 (an LTM per process) or more")
     if args.replicate and (args.processes == 1 or min(args.processes, args.ltms) == 1):
@@ -229,6 +231,15 @@ def _run_start(args: argparse.Namespace) -> None:
                 print(f"aggview: {roles} exited; stopping", file=sys.stderr)
                 break
     print("aggview stopped", flush=True)
+
+
+def default_processes(ltms: int, replicate: bool) -> int:
+    """One coordinating process per core, at most one per partition; copies of logs need two
+    processes, so on one core (or one partition) --replicate keeps an LTM per process."""
+    processes = min(os.cpu_count() or 1, ltms)
+    if replicate and processes < 2:
+        return 0
+    return processes
 
 
 def _replaceable(role: str) -> bool:
@@ -387,16 +398,18 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument(
         "--replicate",
         action="store_true",
-        help="each LTM's log is copied to the next LTM, which takes its partition over if it "
-        "stays silent for 2 s; a dead LTM is restarted (a backup if its partition moved)",
+        help="each process's logs are copied to another process, which takes its partitions "
+        "(and its commit decisions) over if it stays silent for 2 s; a dead process is "
+        "restarted (a backup if its partitions moved); process 0 of --processes P is not "
+        "replaced",
     )
     start.add_argument(
         "--processes",
         type=int,
-        default=0,
+        default=None,
         help="P >= 1: the --ltms partitions in P processes that each coordinate "
         "transactions (1: the whole cluster in one process, no message between processes); "
-        "0: a coordinator and one process per LTM",
+        "0: a coordinator and one process per LTM. Default: one per core (at most --ltms)",
     )
     _add_server_security(start, clients=True)
     start.set_defaults(run=_run_start)

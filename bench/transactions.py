@@ -50,6 +50,7 @@ from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc
 from coordinator.client import AsyncClient
+from ltm.store import ownership
 
 TABLE = "bench"
 CREATE = f"CREATE TABLE {TABLE} (id INT PRIMARY KEY, v INT NOT NULL)"
@@ -401,8 +402,42 @@ async def settle(cluster: LocalCluster, timeout: float = 30.0) -> None:
 
 async def replicas_in_sync(cluster: LocalCluster, timeout: float = 30.0) -> None:
     """Measures start once every LTM's log reaches its backup (a resync follows the start)."""
-    if not await ltms_until(cluster, lambda r: r.replicated, timeout):
+    if cluster.processes >= 2:
+        synced = await partitions_until(cluster, lambda r: r.replicated, timeout)
+    else:
+        synced = await ltms_until(cluster, lambda r: r.replicated, timeout)
+    if not synced:
         raise RuntimeError("the LTMs' logs did not reach their backups in time")
+
+
+async def partitions_until(
+    cluster: LocalCluster, done: Callable[[lpb.StatusReply], bool], timeout: float
+) -> bool:
+    """Polls each partition's status at the member hosting it until ``done`` holds for all."""
+    members = min(cluster.processes, cluster.ltms)
+    tls = TlsDir.load(cluster.tls_dir) if cluster.tls_dir is not None else None
+    channels = [member_channel(s.address, tls, GRPC_OPTIONS) for s in cluster.servers]
+    stubs = [ltm_pb2_grpc.LtmStub(channel) for channel in channels]
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            replies = await asyncio.gather(
+                *(
+                    stubs[p % members].Status(
+                        lpb.StatusRequest(),
+                        timeout=5,
+                        metadata=(*member_metadata(tls), (ownership.PARTITION_HEADER, str(p))),
+                    )
+                    for p in range(cluster.ltms)
+                )
+            )
+            if all(done(r) for r in replies):
+                return True
+            await asyncio.sleep(0.1)
+        return False
+    finally:
+        for channel in channels:
+            await channel.close()
 
 
 async def ltms_until(
@@ -462,7 +497,7 @@ async def check_sum(cluster: LocalCluster, expected: int, ambiguous: int) -> str
 def setup_processes(setup: str) -> int:
     """The --processes of a setup (0: the separate coordinator and LTMs); ``old-`` + a layout
     is that layout running the servers of --old."""
-    setup = setup.removeprefix("old-")
+    setup = setup.removeprefix("old-").removeprefix("replicated-")
     if setup == "one-process":
         return 1
     return int(setup.removeprefix("processes-")) if setup.startswith("processes-") else 0
@@ -487,7 +522,7 @@ def running_cluster(
         ltms=ltms,
         fsync=fsync,
         secure=setup == "tls",
-        replicate=setup == "replicated",
+        replicate=setup.startswith("replicated"),
         store=store,
         processes=setup_processes(setup) or processes,
         **({"code": code} if code is not None else {}),
@@ -624,7 +659,7 @@ def run_load(args: argparse.Namespace) -> list[Result]:
     results: list[Result] = []
     for ltms in args.ltms:
         for setup in args.setup:  # alternated per LTM count, so drift hits all alike
-            if setup == "replicated" and ltms < 2:
+            if setup.startswith("replicated") and ltms < 2:
                 err.print("replication needs at least 2 LTMs: skipped for 1")
                 continue
             prefix = f"aggview-bench-{ltms}-{setup}-"
@@ -847,6 +882,7 @@ def build_parser() -> argparse.ArgumentParser:
             "one-process",
             "processes-2",
             "processes-4",
+            "replicated-processes-2",
             "old",
             "old-one-process",
             "old-processes-2",
@@ -855,7 +891,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=["plain"],
         help="plaintext (--insecure); TLS with tokens and member checks; replicated LTM logs "
         "(plaintext); the store on HBase (--hbase); the whole cluster in one process "
-        "(--processes 1); in 2 or 4 processes that each coordinate (--processes P); the "
+        "(--processes 1); in 2 or 4 processes that each coordinate (--processes P), also "
+        "with their logs copied to each other (replicated-processes-2); the "
         "servers of --old (plaintext; old-<layout>: in that layout). Several: each is also "
         "compared with old, if measured, else with plain",
     )
