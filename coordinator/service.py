@@ -228,7 +228,7 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
         if view is None:
             raise errors.UnknownTable(f"unknown table or materialized view {request.name!r}")
         refreshed_at = 0
-        if view.plan.mode == "async" and view.state == "live":
+        if view.plan.mode != "sync" and view.state == "live":
             refreshed_at = await self.manager.views.refreshed_at(view)
         return cpb.DescribeReply(
             kind=cpb.DescribeReply.VIEW,

@@ -33,6 +33,7 @@ from aggview.schema import Column, TableSchema, to_storage
 from aggview.wire import ltm_pb2 as lpb
 from coordinator import view_query
 from coordinator.catalog import Catalog
+from coordinator.cumulus_view import CumulusView
 from coordinator.transactions import Transaction, TransactionManager
 from coordinator.view_query import Condition
 from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState
@@ -93,7 +94,7 @@ class View:
 
     @property
     def captures(self) -> bool:
-        return self.plan.mode == "async" or self.state == "initializing"
+        return self.plan.mode != "sync" or self.state == "initializing"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -126,6 +127,9 @@ class ViewManager:
         manager.lookup_tables = self._lookup_tables
         manager.views = self
         self._watched: tuple[int, set[str]] = (-1, set())
+        # cumulus views' runtimes, at member 0 (or the one coordinator) only: in memory, so
+        # loaded again from a snapshot after a restart (``_load_runtime``)
+        self.runtimes: dict[str, CumulusView] = {}
         if hasattr(manager.clock, "lost_changed"):  # member 0 runs a dead member's share
             manager.clock.lost_changed = self._reconcile_refreshers
 
@@ -147,6 +151,8 @@ class ViewManager:
         for view in list(self.views.values()):
             if view.state != "live":  # the coordinator stopped while initializing it
                 asyncio.get_running_loop().create_task(self._initialize(view, fresh=False))
+            elif view.plan.mode == "cumulus" and self.manager.leader is None:
+                asyncio.get_running_loop().create_task(self._reload_runtime(view))
             else:
                 self._reconcile_refresher(view)
 
@@ -166,7 +172,9 @@ class ViewManager:
         here = here or (
             self.manager.member == 0 and home in getattr(self.manager.clock, "lost", ())
         )
-        wanted = view.state == "live" and view.plan.mode == "async" and here
+        if view.plan.mode == "cumulus":  # its runtime is at member 0
+            here = view.name in self.runtimes
+        wanted = view.state == "live" and view.plan.mode != "sync" and here
         running = view.refresher is not None and not view.refresher.done()
         if wanted and not running:
             self._start_refresher(view)
@@ -313,6 +321,11 @@ class ViewManager:
                     raise errors.InvalidArgument(
                         "expected CREATE MATERIALIZED VIEW ... to initialize a new view"
                     )
+                if statement.mode == "cumulus":
+                    raise errors.FailedPrecondition(
+                        "a cumulus view loads its runtime from a snapshot itself: create it "
+                        "with CREATE MATERIALIZED VIEW"
+                    )
                 view, new_indexes = self._declare(statement)
                 created = True
                 try:
@@ -325,6 +338,11 @@ class ViewManager:
                 view = self.views.get(name)
                 if view is None:
                     raise errors.UnknownTable(f"unknown materialized view {name!r}")
+                if view.plan.mode == "cumulus":
+                    raise errors.FailedPrecondition(
+                        f"materialized view {name} is maintained by Cumulus: its runtime loads "
+                        "from a snapshot itself"
+                    )
                 if view.state != "live" or view.external is not None:
                     raise errors.FailedPrecondition(
                         f"materialized view {name} is already being initialized"
@@ -413,6 +431,7 @@ class ViewManager:
             with contextlib.suppress(BaseException):
                 await view.refresher
         self.views.pop(view.name, None)
+        self.runtimes.pop(view.name, None)
         self.catalog.view_names.discard(view.name)
         self.catalog.put_entry("view", view.name, None)
         self.publish()
@@ -448,7 +467,7 @@ class ViewManager:
             raise errors.UnknownTable(f"unknown materialized view {alter.name!r}")
         if view.plan.mode != "async":
             raise errors.InvalidArgument(
-                f"materialized view {alter.name} is sync: it has no refresh interval"
+                f"materialized view {alter.name} is {view.plan.mode}: it has no refresh interval"
             )
         view.plan = replace(view.plan, interval_ms=alter.interval_ms)
         self._persist(view)
@@ -469,6 +488,10 @@ class ViewManager:
     ) -> int:
         """Computes the view from a snapshot while writers go on (or installs groups computed
         elsewhere at ``computed``'s snapshot), then makes it live."""
+        if view.plan.mode == "cumulus":
+            written = await self._load_runtime(view)
+            await self._go_live(view)
+            return written
         if computed is None:
             if not fresh:  # a restart mid-way: start over from an empty view
                 await self._clear(view)
@@ -722,10 +745,12 @@ class ViewManager:
         view = self.views.get(name)
         if view is None:
             raise errors.UnknownTable(f"unknown materialized view {name!r}")
-        if view.plan.mode != "async" and not initializing:
+        if view.plan.mode == "sync" and not initializing:
             raise errors.InvalidArgument(f"materialized view {name} is sync: always fresh")
         if view.state == "initializing":
             raise errors.FailedPrecondition(f"materialized view {name} is still initializing")
+        if view.plan.mode == "cumulus":
+            return await self._epoch(view)
         assert view.compiled is not None
         compiled = view.compiled
 
@@ -760,6 +785,111 @@ class ViewManager:
         self.manager.refreshes += 1
         return ts
 
+    # ------------------------------------------------------------------ cumulus views
+
+    async def _load_runtime(self, view: View) -> int:
+        """A cumulus view's runtime from a snapshot of its tables: every row one insert of a
+        first epoch (the maps' definitions over the snapshot). Captured changes after it are
+        what each later epoch feeds; those at or below it are in already."""
+        loaded: list[CumulusView] = []
+
+        async def load(ts: int) -> list[lpb.RowOp]:
+            tables: dict[str, list[Row]] = {}
+            for table in view.plan.base_tables():
+                schema = self.catalog.table(table)
+                pages = self.manager.read_pages(schema.table_id, b"", b"", ts)
+                tables[table] = [decode_row(d) or {} async for page in pages for _, d in page]
+            schemas = {t: self.catalog.table(t) for t in view.plan.base_tables()}
+            runtime = await asyncio.to_thread(CumulusView, view.plan, schemas)
+            await asyncio.to_thread(runtime.load, tables, ts)
+            loaded[:] = [runtime]
+            view.snapshot = ts
+            return [_meta(view, refreshed_at=ts)]
+
+        written = await self.manager.system_transaction(load)
+        self.runtimes[view.name] = loaded[0]
+        self._persist(view)
+        return written
+
+    async def _reload_runtime(self, view: View) -> None:
+        """After a restart: the runtime is in memory only, so it starts over from a new
+        snapshot (nothing lost: the change rows after it are still there; nothing twice:
+        those at or below it are skipped)."""
+        while view.name in self.views and view.name not in self.runtimes:
+            try:
+                async with view.lock:
+                    await self._load_runtime(view)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # e.g. an LTM not back yet: try again
+                log.warning("loading cumulus view %s failed: %s; retrying", view.name, exc)
+                await asyncio.sleep(1.0)
+        if view.name in self.views:
+            self._reconcile_refresher(view)
+
+    async def _epoch(self, view: View) -> int:
+        """One epoch of a cumulus view: drains its change rows below a new timestamp (in
+        timestamp order), feeds them to the runtime, and commits; reads then see exactly the
+        committed transactions up to that timestamp."""
+        runtime = self.runtimes.get(view.name)
+        if runtime is None:
+            where = self.manager.leader or "this process"
+            raise errors.FailedPrecondition(
+                f"materialized view {view.name} is maintained by Cumulus at {where}; its "
+                "runtime is not loaded here"
+            )
+        drained: list[tuple[int, bytes, str, Row | None, Row | None]] = []
+
+        async def drain(ts: int) -> list[lpb.RowOp]:
+            drained.clear()
+            ops: list[lpb.RowOp] = []
+            for table in view.plan.base_tables():
+                changes_id = view.changes_id(self.catalog.table(table))
+                rows = await self.manager.read_range_at(changes_id, b"", b"", ts, own=True)
+                for key, data in rows:
+                    ops.append(lpb.RowOp(kind=lpb.RowOp.PUT, table=changes_id, key=key))
+                    at = int.from_bytes(key[-8:], "big")
+                    if at <= view.snapshot:
+                        continue  # already in the snapshot the runtime was loaded from
+                    change = decode_row(data) or {}
+                    drained.append((at, key, table, change.get("b"), change.get("a")))
+            return [*ops, _meta(view, refreshed_at=ts)]
+
+        async with view.lock:
+            ts = await self.manager.system_transaction(drain)
+            changes = [(table, before, after) for _, _, table, before, after in sorted(drained)]
+            try:
+                await asyncio.to_thread(runtime.apply, changes, ts)
+            except Exception:
+                # its state is unknown now: load it again from a snapshot
+                self.runtimes.pop(view.name, None)
+                asyncio.get_running_loop().create_task(self._reload_runtime(view))
+                raise
+        self.manager.refreshes += 1
+        return ts
+
+    def _read_runtime(
+        self, view: View, conditions: Sequence[Condition], keep: Sequence[str] | None, at: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        runtime = self.runtimes.get(view.name)
+        if runtime is None:
+            where = self.manager.leader or "this process, once its runtime is loaded again"
+            raise errors.FailedPrecondition(
+                f"materialized view {view.name} is maintained by Cumulus and read at {where}"
+            )
+        if at:
+            raise errors.FailedPrecondition(
+                f"materialized view {view.name} is maintained by Cumulus: it is read at its "
+                "last committed epoch, not at a held snapshot"
+            )
+        rows, ts = runtime.query(conditions, keep)
+        assert ts is not None and view.compiled is not None
+        if keep is None:  # in key order, as the stored views' rows are
+            names = [g.name for g in view.plan.group_by]
+            encode = view.compiled.encode_group
+            rows.sort(key=lambda row: encode([row[n] for n in names]))
+        return rows, ts
+
     # ------------------------------------------------------------------ reads
 
     async def read(
@@ -788,6 +918,8 @@ class ViewManager:
         assert view.compiled is not None
         compiled = view.compiled
         view_query.check(compiled, name, conditions, keep)
+        if view.plan.mode == "cumulus":
+            return self._read_runtime(view, conditions, keep, at)
         for condition in conditions:  # type checks, each with a clear error
             group = next((g for g in view.plan.group_by if g.name == condition.column), None)
             if group is None or condition.op == "is null":

@@ -37,6 +37,8 @@ from sqlglot.tokens import Token, Tokenizer, TokenType
 from aggview import errors
 from aggview.schema import ColumnType, TableSchema
 from cumulus.plan import (
+    MODES,
+    SPECULATION,
     Aggregate,
     ColumnRef,
     Expr,
@@ -63,6 +65,9 @@ from cumulus.sqltext import (
 )
 
 DEFAULT_ASYNC_INTERVAL_MS = 1000
+DEFAULT_EPOCH_MS = 100  # a Cumulus view's epoch: how often its committed snapshot moves
+DEFAULT_NODES = 2
+MAX_NODES = 64
 MIN_INTERVAL_MS = 10
 MAX_INTERVAL_MS = 86_400_000
 MAX_SCALE = 38
@@ -76,8 +81,10 @@ class CreateView:
     name: str
     if_not_exists: bool
     mode: str
-    interval_ms: int
+    interval_ms: int  # async: the refresh interval; cumulus: the epoch
     select_sql: str
+    nodes: int = 0  # cumulus: DW nodes
+    speculation: str = ""  # cumulus: speculative or conservative
 
 
 @dataclass(frozen=True)
@@ -191,18 +198,26 @@ class _Header:
         raise errors.InvalidArgument(f"option {key} has an invalid value {sign}{token.text!r}")
 
 
-def _interval(kind: str, text: str) -> int:
+def _interval(kind: str, text: str, key: str = "interval_ms") -> int:
     if kind != "number" or not _INTEGER.fullmatch(text) or int(text) <= 0:
         shown = repr(text) if kind == "string" else text
         raise errors.InvalidArgument(
-            f"interval_ms must be a positive integer (milliseconds); got {shown}"
+            f"{key} must be a positive integer (milliseconds); got {shown}"
         )
     value = int(text)
     if not MIN_INTERVAL_MS <= value <= MAX_INTERVAL_MS:
         raise errors.InvalidArgument(
-            f"interval_ms must be between {MIN_INTERVAL_MS} and {MAX_INTERVAL_MS}; got {value}"
+            f"{key} must be between {MIN_INTERVAL_MS} and {MAX_INTERVAL_MS}; got {value}"
         )
     return value
+
+
+def _choice(key: str, kind: str, text: str, allowed: tuple[str, ...]) -> str:
+    choice = text.lower()
+    if kind == "number" or choice not in allowed:
+        shown = ", ".join(f"'{a}'" for a in allowed[:-1]) + f" or '{allowed[-1]}'"
+        raise errors.InvalidArgument(f"{key} must be {shown}; got {text!r}")
+    return choice
 
 
 def view_options(options: list[tuple[str, str, str]], allowed: tuple[str, ...]) -> dict[str, Any]:
@@ -216,37 +231,51 @@ def view_options(options: list[tuple[str, str, str]], allowed: tuple[str, ...]) 
     for key, kind, text in options:
         if key in values:
             raise errors.InvalidArgument(f"view option {key} is given twice")
-        if key == "refresh":
-            mode = text.lower()
-            if kind == "number" or mode not in ("sync", "async"):
-                raise errors.InvalidArgument(f"refresh must be 'sync' or 'async'; got {text!r}")
-            values[key] = mode
+        if key in ("refresh", "mode"):
+            values[key] = _choice(key, kind, text, MODES if key == "refresh" else SPECULATION)
+        elif key == "nodes":
+            if kind != "number" or not _INTEGER.fullmatch(text) or not 1 <= int(text) <= MAX_NODES:
+                raise errors.InvalidArgument(
+                    f"nodes must be a whole number from 1 to {MAX_NODES}; got {text}"
+                )
+            values[key] = int(text)
         else:
-            values[key] = _interval(kind, text)
+            values[key] = _interval(kind, text, key)
     return values
 
 
 def _create(header: _Header) -> CreateView:
     usage = (
         "CREATE MATERIALIZED VIEW name [WITH (refresh = 'sync'|'async', interval_ms = N)] "
-        "AS SELECT ..."
+        "| [WITH (refresh = 'cumulus', nodes = N, epoch_ms = M, mode = 'speculative'|"
+        "'conservative')] AS SELECT ..."
     )
     if_not_exists = header.accept("IF", "NOT", "EXISTS")
     name = header.name(usage)
     options = header.options(usage) if header.accept("WITH") else []
-    values = view_options(options, ("refresh", "interval_ms"))
+    values = view_options(options, ("refresh", "interval_ms", "nodes", "epoch_ms", "mode"))
     as_token = header.expect("AS", usage)
     mode = values.get("refresh", "sync")
-    if mode == "sync" and "interval_ms" in values:
+    if mode != "async" and "interval_ms" in values:
         raise errors.InvalidArgument(
             "interval_ms applies only to refresh = 'async' (a sync view is maintained by every "
-            "writing transaction)"
+            "writing transaction; a cumulus view's runtime commits every epoch_ms)"
         )
-    interval = values.get("interval_ms", DEFAULT_ASYNC_INTERVAL_MS) if mode == "async" else 0
+    misplaced = [k for k in ("nodes", "epoch_ms", "mode") if k in values and mode != "cumulus"]
+    if misplaced:
+        raise errors.InvalidArgument(f"{', '.join(misplaced)} applies only to refresh = 'cumulus'")
+    interval = {
+        "sync": 0,
+        "async": values.get("interval_ms", DEFAULT_ASYNC_INTERVAL_MS),
+        "cumulus": values.get("epoch_ms", DEFAULT_EPOCH_MS),
+    }[mode]
     select_sql = header.sql[as_token.end + 1 :].strip().rstrip(";").strip()
     if not select_sql:
         raise errors.InvalidArgument(f"CREATE MATERIALIZED VIEW {name} has no SELECT")
-    return CreateView(name, if_not_exists, mode, interval, select_sql)
+    if mode != "cumulus":
+        return CreateView(name, if_not_exists, mode, interval, select_sql)
+    nodes, speculation = values.get("nodes", DEFAULT_NODES), values.get("mode", "speculative")
+    return CreateView(name, if_not_exists, mode, interval, select_sql, nodes, speculation)
 
 
 def _drop(header: _Header) -> DropView:
@@ -968,6 +997,8 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
         sql=create.select_sql,
         mode=create.mode,
         interval_ms=create.interval_ms,
+        nodes=create.nodes,
+        speculation=create.speculation,
         tables=tables,
         edges=edges,
         filters=filters,

@@ -25,7 +25,8 @@ from aggview.schema import ColumnType
 
 Expr = dict[str, Any]
 
-MODES = ("sync", "async")
+MODES = ("sync", "async", "cumulus")
+SPECULATION = ("speculative", "conservative")  # how a Cumulus view's runtime runs
 AGGREGATE_KINDS = ("count_star", "count", "sum", "avg", "min", "max", "count_distinct")
 PLAN_FORMAT = 1
 
@@ -213,14 +214,25 @@ class ViewPlan:
     aggregates: tuple[Aggregate, ...]
     having: Expr | None
     output: tuple[str, ...]
+    # refresh = 'cumulus': the DW nodes of its runtime and how it runs (interval_ms: the epoch)
+    nodes: int = 0
+    speculation: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise InvalidArgument(f"view {self.name}: refresh must be sync or async")
+            raise InvalidArgument(f"view {self.name}: refresh must be sync, async or cumulus")
         if self.mode == "sync" and self.interval_ms != 0:
             raise InvalidArgument(f"view {self.name}: a sync view has no interval_ms")
-        if self.mode == "async" and self.interval_ms <= 0:
-            raise InvalidArgument(f"view {self.name}: an async view needs interval_ms > 0")
+        if self.mode != "sync" and self.interval_ms <= 0:
+            raise InvalidArgument(f"view {self.name}: an {self.mode} view needs interval_ms > 0")
+        if self.mode == "cumulus":
+            if self.nodes < 1 or self.speculation not in SPECULATION:
+                raise InvalidArgument(
+                    f"view {self.name}: a cumulus view needs nodes >= 1 and a mode of "
+                    f"{' or '.join(SPECULATION)}"
+                )
+        elif self.nodes or self.speculation:
+            raise InvalidArgument(f"view {self.name}: nodes and mode are for cumulus views")
         aliases = [t.alias for t in self.tables]
         if not aliases or len(set(aliases)) != len(aliases):
             raise InvalidArgument(f"view {self.name}: table aliases must be present and distinct")
@@ -300,6 +312,7 @@ class ViewPlan:
             "aggregates": [a.to_json() for a in self.aggregates],
             "having": copy.deepcopy(self.having),
             "output": list(self.output),
+            **({"nodes": self.nodes, "speculation": self.speculation} if self.nodes else {}),
         }
 
     @classmethod
@@ -327,4 +340,6 @@ class ViewPlan:
             ),
             having=copy.deepcopy(_field(data, "having", (dict, type(None)), what)),
             output=tuple(output),
+            nodes=_field(data, "nodes", int, what) if "nodes" in data else 0,  # type: ignore[operator]
+            speculation=_field(data, "speculation", str, what) if "nodes" in data else "",  # type: ignore[operator]
         )

@@ -156,8 +156,11 @@ _CREATE = "CREATE MATERIALIZED VIEW v WITH ({}) AS SELECT count(*) FROM events"
 @pytest.mark.parametrize(
     ("sql", "fragment"),
     [
-        (_CREATE.format("refresh = 'eager'"), "refresh must be 'sync' or 'async'; got 'eager'"),
-        (_CREATE.format("refresh = 1"), "refresh must be 'sync' or 'async'"),
+        (
+            _CREATE.format("refresh = 'eager'"),
+            "refresh must be 'sync', 'async' or 'cumulus'; got 'eager'",
+        ),
+        (_CREATE.format("refresh = 1"), "refresh must be 'sync', 'async' or 'cumulus'"),
         (
             _CREATE.format("refresh = 'async', interval_ms = '500'"),
             "interval_ms must be a positive integer (milliseconds); got '500'",
@@ -623,7 +626,7 @@ def test_plan_json_round_trip_and_shape() -> None:
     ("change", "fragment"),
     [
         ({"format": 2}, "unsupported format"),
-        ({"mode": "eager"}, "refresh must be sync or async"),
+        ({"mode": "eager"}, "refresh must be sync, async or cumulus"),
         ({"interval_ms": 0}, "needs interval_ms"),
         ({"interval_ms": True}, "wrong type"),
         ({"tables": []}, "aliases must be present"),

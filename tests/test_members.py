@@ -28,6 +28,9 @@ from lookup_check import lookup_mismatches
 from polling import wait_for
 from test_crash import ACCOUNTS, acknowledged_inserts_survive_a_kill, kill_twice_under_load
 from test_crash import test_clean_restart_keeps_everything as test_clean_restart  # noqa: F401
+from test_cumulus_views import (  # noqa: F401
+    test_cumulus_views_equal_recomputation as test_members_cumulus_views_equal_recomputation,
+)
 from test_serializability import (  # noqa: F401
     test_concurrent_transfers_keep_every_invariant as test_transfers_keep_every_invariant,
 )
@@ -290,6 +293,24 @@ def test_log_copies_and_takeovers_are_refused_without_replication(cluster: Local
             for i in range(8):
                 tx.insert("after_refused_copy", {"id": i})
         assert len(client.scan("after_refused_copy")) == 8
+
+
+def test_a_cumulus_view_is_read_at_member_0(cluster: LocalCluster) -> None:
+    """Its runtime runs at member 0; another member names where to read it."""
+    with Client(cluster.address) as client:
+        client.sql("CREATE TABLE cu_events (id INT PRIMARY KEY, g INT, v INT)")
+        client.sql(
+            "CREATE MATERIALIZED VIEW cu_totals WITH (refresh = 'cumulus') AS "
+            "SELECT g, SUM(v) AS s FROM cu_events GROUP BY g"
+        )
+        for i in range(8):  # routed to both members
+            with client.transaction() as tx:
+                tx.insert("cu_events", {"id": i, "g": i % 2, "v": i})
+        client.refresh("cu_totals")
+        assert list(client.view("cu_totals")) == [{"g": 0, "s": 12}, {"g": 1, "s": 16}]
+    with Client(cluster.member(1).address) as follower:
+        with pytest.raises(errors.FailedPrecondition, match=cluster.member(0).address):
+            follower.view("cu_totals")
 
 
 def test_every_member_caches_dimension_rows_that_others_rewrite(cluster: LocalCluster) -> None:

@@ -105,6 +105,13 @@ def _in(row: Mapping[str, Any], where: Mapping[str, Any]) -> bool:
     return True
 
 
+def roll_up(view: View, rows: list[dict[str, Any]], group_by: list[str]) -> list[dict[str, Any]]:
+    """The view's rows added up to ``group_by`` (some of its group columns); a column that
+    does not add up from rows (AVG, COUNT(DISTINCT)) is named in the error."""
+    _check_columns(view, [k for k, _ in view.keys], {}, group_by)
+    return _roll_up(view, rows, group_by)
+
+
 def _roll_up(view: View, rows: list[dict[str, Any]], group_by: list[str]) -> list[dict[str, Any]]:
     kinds = {c.name: c.kind for c in view.columns if c.kind is not None and not c.hidden}
     out: dict[tuple[Any, ...], dict[str, Any]] = {}

@@ -1,0 +1,179 @@
+"""Views in the third mode, ``refresh = 'cumulus'``: compiled to M3 and maintained by the
+Cumulus runtime, fed the committed changes of our transactions, and read at the last committed
+epoch. Every epoch's read must equal an independent engine's (duckdb) recomputation over the
+base tables at the epoch's timestamp: random schemas and views, random concurrent multi-table
+transactions (deletes, updates of join and group keys), random runtimes (1-3 DW nodes,
+speculative or conservative)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from pathlib import Path
+
+import pytest
+from conftest import own_cluster
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_views_differential import (
+    Model,
+    assert_same,
+    random_row,
+    recompute,
+    run_round,
+    table_ddl,
+    view_select,
+    view_specs,
+)
+
+from aggview import errors
+from aggview.cluster import LocalCluster
+from coordinator import Client
+
+_runs = itertools.count()
+
+
+def create_tables(client: Client, names: list[str], model: Model, rng: random.Random) -> None:
+    for name in names:
+        client.sql(table_ddl(name))
+    with client.transaction() as tx:  # rows before the view: the runtime loads a snapshot
+        for name in names:
+            for _ in range(rng.randint(0, 6)):
+                row_id = next(model.next_id)
+                tx.insert(name, random_row(rng, row_id))
+                model.ids[name].add(row_id)
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    spec=view_specs(),
+    nodes=st.integers(1, 3),
+    mode=st.sampled_from(["speculative", "conservative"]),
+)
+def test_cumulus_views_equal_recomputation(
+    cluster: LocalCluster, spec: dict, nodes: int, mode: str
+) -> None:
+    run = next(_runs)
+    names = [f"c{run}_t{i}" for i in range(spec["tables"])]
+    rng = random.Random(spec["seed"])
+    model = Model(names)
+    with Client(cluster.address) as client:
+        create_tables(client, names, model, rng)
+        select = view_select(spec, names)
+        view = f"c{run}_cumulus"
+        client.sql(
+            f"CREATE MATERIALIZED VIEW {view} WITH (refresh = 'cumulus', nodes = {nodes}, "
+            f"epoch_ms = 60000, mode = '{mode}') AS {select}"
+        )
+        assert_same(client.view(view), recompute(client, names, select), spec)
+        for round_number in range(3):
+            run_round(cluster.address, model, spec["seed"] + round_number, clients=3, per_client=3)
+            epoch = client.refresh(view)  # an epoch now (the scheduled one is a minute away)
+            rows = client.view(view)
+            assert rows.timestamp == epoch
+            with client.snapshot() as snapshot:  # no write since the epoch: same state
+                expected = recompute(snapshot, names, select)
+            assert_same(rows, expected, spec)
+        client.sql(f"DROP MATERIALIZED VIEW {view}")
+
+
+def test_cumulus_view_epochs_run_on_their_own_and_survive_a_restart(tmp_path: Path) -> None:
+    """Epochs come every epoch_ms without anyone asking. After a restart each runtime loads a
+    new snapshot: the changes captured before it (never drained: the slow view's epoch is a
+    minute) are in that snapshot and must not count again, those after it count once."""
+    rng = random.Random(3)
+    select = "SELECT g, SUM(v) AS s, COUNT(*) AS n, MIN(x) AS low FROM ev GROUP BY g"
+    with own_cluster(tmp_path, ltms=2, processes=1) as cluster:
+        with Client(cluster.address) as client:
+            client.sql("CREATE TABLE ev (id INT PRIMARY KEY, g TEXT, v DECIMAL(8,2), x INT)")
+            for name, epoch_ms in (("fast", 50), ("slow", 60000)):
+                client.sql(
+                    f"CREATE MATERIALIZED VIEW {name} WITH (refresh = 'cumulus', "
+                    f"epoch_ms = {epoch_ms}) AS {select}"
+                )
+            ids = _write(client, rng, range(0, 60))
+            _wait_for_epoch_after(client, "fast", client.view("fast").timestamp)
+        cluster.stop()
+        cluster.start()
+        with Client(cluster.address) as client:
+            _write(client, rng, range(60, 120), ids)
+            for name in ("fast", "slow"):
+                epoch = client.refresh(name)
+                rows = client.view(name)
+                assert rows.timestamp == epoch
+                with client.snapshot() as snapshot:
+                    expected = snapshot.sql(select)
+                key = lambda r: repr(r["g"])  # noqa: E731
+                assert sorted(rows, key=key) == sorted(expected, key=key), name
+
+
+def _write(
+    client: Client, rng: random.Random, numbers: range, ids: list[int] | None = None
+) -> list[int]:
+    ids = [] if ids is None else ids
+    for n in numbers:
+        with client.transaction() as tx:
+            if ids and rng.random() < 0.3:
+                tx.delete("ev", {"id": ids.pop(rng.randrange(len(ids)))})
+            elif ids and rng.random() < 0.3:
+                tx.update("ev", {"id": rng.choice(ids)}, {"g": rng.choice("abc")})
+            else:
+                row = {
+                    "id": n,
+                    "g": rng.choice("abc"),
+                    "v": rng.randrange(100),
+                    "x": rng.randrange(9),
+                }
+                tx.insert("ev", row)
+                ids.append(n)
+    return ids
+
+
+def _wait_for_epoch_after(client: Client, view: str, ts: int) -> None:
+    deadline = time.monotonic() + 10
+    while client.view(view).timestamp <= ts:
+        assert time.monotonic() < deadline, "no epoch committed on its own within 10 s"
+        time.sleep(0.05)
+
+
+def test_cumulus_view_options_and_reads_are_checked(client: Client, table_name: str) -> None:
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, g INT, v INT)")
+    bad = {
+        "nodes = 0": "nodes must be a whole number from 1 to 64",
+        "mode = 'eager'": "mode must be 'speculative' or 'conservative'",
+        "interval_ms = 100": "interval_ms applies only to refresh = 'async'",
+        "epoch_ms = 2": "epoch_ms must be between 10 and",
+    }
+    for option, message in bad.items():
+        with pytest.raises(errors.InvalidArgument, match=message):
+            client.sql(
+                f"CREATE MATERIALIZED VIEW {table_name}_bad WITH (refresh = 'cumulus', {option}) "
+                f"AS SELECT g, SUM(v) AS s FROM {table_name} GROUP BY g"
+            )
+    with pytest.raises(errors.InvalidArgument, match="nodes applies only to refresh = 'cumulus'"):
+        client.sql(
+            f"CREATE MATERIALIZED VIEW {table_name}_bad WITH (refresh = 'async', nodes = 2) "
+            f"AS SELECT g, SUM(v) AS s FROM {table_name} GROUP BY g"
+        )
+    client.sql(
+        f"CREATE MATERIALIZED VIEW {table_name}_v WITH (refresh = 'cumulus') "
+        f"AS SELECT g, SUM(v) AS s, AVG(v) AS a FROM {table_name} GROUP BY g"
+    )
+    with client.transaction() as tx:
+        tx.insert(table_name, {"id": 1, "g": 1, "v": 3})
+    client.refresh(f"{table_name}_v")
+    with pytest.raises(errors.InvalidArgument, match="AVG"):
+        client.query(f"{table_name}_v", rollup=[])
+    with (
+        client.snapshot() as snapshot,
+        pytest.raises(errors.FailedPrecondition, match="last committed epoch"),
+    ):
+        snapshot.view(f"{table_name}_v")
+    with pytest.raises(errors.InvalidArgument, match="no refresh interval"):
+        client.sql(f"ALTER MATERIALIZED VIEW {table_name}_v SET (interval_ms = 500)")
+    assert list(client.view(f"{table_name}_v")) == [{"g": 1, "s": 3, "a": 3}]
