@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -38,10 +39,27 @@ def log_tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
+# Ports handed out before their server binds them are drawn below Linux's ephemeral range
+# (32768-60999 by default), where no outgoing connection takes one meanwhile: a port the kernel
+# chose with bind(0) was once taken by a client connection before the server started.
+_PORTS = (20000, 32000)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port free now, below the ephemeral range, for a server started soon after (another
+    process picking the same one meanwhile is possible, and rare)."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(*_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # the whole range busy: the kernel's choice
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def _die_with_parent() -> None:

@@ -1,5 +1,5 @@
-"""``aggview bench dashboard|tpcw``: full benchmark runs from the command line, against a running
-cluster (``--address``) or a local one started for the run."""
+"""``aggview bench dashboard|tpcw|modes``: full benchmark runs from the command line, against a
+running cluster (``--address``) or a local one started for the run."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def add_bench_commands(sub: Any, add_security: AddSecurity, client_options: Clie
     for name, module_name, help_text in (
         ("dashboard", "loadgen.dashboard_bench", "the thesis's dashboard micro-benchmark (§6.3)"),
         ("tpcw", "loadgen.tpcw_bench", "TPC-W-style web interactions (§6.4)"),
+        ("modes", "loadgen.modes_bench", "no view, sync, async and Cumulus on one workload"),
     ):
         try:
             module = importlib.import_module(module_name)

@@ -38,8 +38,22 @@ CATEGORY_COST = (
 )
 
 
-def view_ddl(name: str, select: str, mode: str = "sync", interval_ms: int = 500) -> str:
-    options = "" if mode == "sync" else f" WITH (refresh = 'async', interval_ms = {interval_ms})"
+def view_ddl(
+    name: str,
+    select: str,
+    mode: str = "sync",
+    interval_ms: int = 500,
+    nodes: int = 2,
+    speculation: str = "speculative",
+) -> str:
+    """``mode``: sync, async (refreshed every ``interval_ms``) or cumulus (an epoch every
+    ``interval_ms`` on ``nodes`` DW nodes, ``speculation`` speculative or conservative)."""
+    options = {
+        "sync": "",
+        "async": f" WITH (refresh = 'async', interval_ms = {interval_ms})",
+        "cumulus": f" WITH (refresh = 'cumulus', epoch_ms = {interval_ms}, nodes = {nodes}, "
+        f"mode = '{speculation}')",
+    }[mode]
     return f"CREATE MATERIALIZED VIEW {name}{options} AS {select}"
 
 

@@ -1,6 +1,10 @@
 """The thesis's dashboard micro-benchmark (seed 004, §6.3, Figures 6.2 and 6.3): transactions of
 k events into the dashboard schema with no view, with SQL-1 (cost per shop and category) as a
-sync view, and as an async view refreshed every 50, 500 or 5,000 ms.
+sync view, as an async view refreshed every 50, 500 or 5,000 ms, and as a Cumulus view.
+
+Freshness is measured with probe transactions beside the load: one client commits an event,
+then reads the view until the timestamp a read is consistent at reaches the probe's commit
+(sync: at once; async: the next refresh; cumulus: the next committed epoch), every 20 ms.
 
 Each mode runs on a cluster of its own with the same static data (shops, products,
 categories), so every mode starts from the same state; against a running cluster
@@ -38,38 +42,60 @@ from loadgen import dashboard
 from loadgen.report import RunReport, line_plot, percentiles
 
 VIEW = "sql1"
-MODES = ("none", "sync", "async")
+MODES = ("none", "sync", "async", "cumulus")
+MODE_USAGE = (
+    "none, sync, async:<interval ms> (e.g. async:500) or "
+    "cumulus:<epoch ms>[:<nodes>][:conservative] (e.g. cumulus:100:2)"
+)
 
 
 @dataclass(frozen=True)
 class Mode:
-    kind: str  # none, sync or async
-    interval_ms: int = 0
+    kind: str  # none, sync, async or cumulus
+    interval_ms: int = 0  # async: the refresh interval; cumulus: the epoch
+    nodes: int = 0  # cumulus: DW nodes
+    speculation: str = ""  # cumulus: speculative or conservative
 
     @property
     def label(self) -> str:
-        return f"async {self.interval_ms} ms" if self.kind == "async" else self.kind
+        if self.kind == "async":
+            return f"async {self.interval_ms} ms"
+        if self.kind == "cumulus":
+            how = "spec" if self.speculation == "speculative" else "cons"
+            return f"cumulus {how} {self.interval_ms} ms x{self.nodes}"
+        return self.kind
 
     @classmethod
     def parse(cls, text: str) -> Mode:
-        kind, _, interval = text.partition(":")
+        kind, *rest = text.split(":")
         if kind not in MODES:
-            raise errors.InvalidArgument(
-                f"unknown mode {text!r}: use none, sync or async:<interval ms> (e.g. async:500)"
-            )
-        if kind != "async":
-            if interval:
+            raise errors.InvalidArgument(f"unknown mode {text!r}: use {MODE_USAGE}")
+        if kind in ("none", "sync"):
+            if rest:
                 raise errors.InvalidArgument(f"mode {kind} takes no interval; got {text!r}")
             return cls(kind)
-        try:
-            value = int(interval or "500")
-        except ValueError:
+        if len(rest) > (1 if kind == "async" else 3):
+            raise errors.InvalidArgument(f"mode {text!r}: use {MODE_USAGE}")
+        value = _number(text, rest[0] if rest else "500", "the interval", 1, 3_600_000)
+        if kind == "async":
+            return cls("async", value)
+        nodes = _number(text, rest[1], "the nodes", 1, 64) if len(rest) > 1 else 2
+        speculation = rest[2] if len(rest) > 2 else "speculative"
+        if speculation not in ("speculative", "conservative"):
             raise errors.InvalidArgument(
-                f"mode {text!r}: the interval must be an integer"
-            ) from None
-        if not 1 <= value <= 3_600_000:
-            raise errors.InvalidArgument(f"mode {text!r}: interval must be 1..3600000 ms")
-        return cls("async", value)
+                f"mode {text!r}: the last part is speculative or conservative"
+            )
+        return cls("cumulus", value, nodes, speculation)
+
+
+def _number(text: str, part: str, what: str, low: int, high: int) -> int:
+    try:
+        value = int(part)
+    except ValueError:
+        raise errors.InvalidArgument(f"mode {text!r}: {what} must be an integer") from None
+    if not low <= value <= high:
+        raise errors.InvalidArgument(f"mode {text!r}: {what} must be {low}..{high}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--modes",
         nargs="+",
         default=["none", "sync", "async:50", "async:500", "async:5000"],
-        help="none, sync, async:<ms>",
+        help=MODE_USAGE,
     )
     parser.add_argument(
         "--sizes", nargs="+", type=int, default=[1, 10, 50, 150], help="events per transaction"
@@ -152,15 +178,43 @@ class Point:
     aborted: int
     latencies: list[float]
     seconds: float
+    freshness: list[float]  # seconds from a probe's commit to a read that holds it
+    probes: int  # probe transactions committed (one event each, beside the load's)
 
 
 async def measure(
-    client: AsyncClient, k: int, seconds: float, clients: int, scale: dashboard.Scale, ids: Any
+    client: AsyncClient,
+    k: int,
+    seconds: float,
+    clients: int,
+    scale: dashboard.Scale,
+    ids: Any,
+    probe: bool = False,
 ) -> Point:
-    """``clients`` closed loops committing transactions of k new events for ``seconds``."""
+    """``clients`` closed loops committing transactions of k new events for ``seconds``, and
+    with ``probe`` one more loop measuring how soon the view holds a commit."""
     latencies: list[float] = []
-    aborted = 0
+    freshness: list[float] = []
+    aborted = probed = 0
     deadline = time.perf_counter() + seconds
+
+    async def probes() -> None:
+        nonlocal probed
+        rng = random.Random(-1)
+        shop = f"shop {rng.randrange(scale.shops)}"
+        while time.perf_counter() < deadline:
+            try:
+                async with client.transaction() as tx:
+                    event = dashboard.event(rng, next(ids), scale)
+                    tx.insert("events", event)
+                committed = time.perf_counter()
+                probed += 1
+                while (await client.view(VIEW, {"shop": shop})).timestamp < tx.timestamp:
+                    await asyncio.sleep(0.005)
+                freshness.append(time.perf_counter() - committed)
+            except errors.AggviewError:
+                pass  # an aborted probe measures nothing
+            await asyncio.sleep(0.02)
 
     async def loop(seed: int) -> None:
         nonlocal aborted
@@ -177,9 +231,9 @@ async def measure(
             latencies.append(time.perf_counter() - started)
 
     started = time.perf_counter()
-    await asyncio.gather(*(loop(next(ids)) for _ in range(clients)))
+    await asyncio.gather(*(loop(next(ids)) for _ in range(clients)), *([probes()] if probe else []))
     elapsed = time.perf_counter() - started
-    return Point(len(latencies), len(latencies) * k, aborted, latencies, elapsed)
+    return Point(len(latencies), len(latencies) * k, aborted, latencies, elapsed, freshness, probed)
 
 
 def _setup(address: str, mode: Mode, scale: dashboard.Scale, options: dict[str, Any]) -> None:
@@ -191,7 +245,14 @@ def _setup(address: str, mode: Mode, scale: dashboard.Scale, options: dict[str, 
         client.sql(f"DROP MATERIALIZED VIEW IF EXISTS {VIEW}")
         if mode.kind != "none":
             client.sql(
-                dashboard.view_ddl(VIEW, dashboard.SHOP_CATEGORY_COST, mode.kind, mode.interval_ms)
+                dashboard.view_ddl(
+                    VIEW,
+                    dashboard.SHOP_CATEGORY_COST,
+                    mode.kind,
+                    mode.interval_ms,
+                    mode.nodes,
+                    mode.speculation,
+                )
             )
 
 
@@ -205,7 +266,7 @@ def verify(address: str, mode: Mode, options: dict[str, Any]) -> bool:
     if mode.kind == "none":
         return True
     with Client(address, **options) as client:
-        if mode.kind == "async":
+        if mode.kind in ("async", "cumulus"):
             client.refresh(VIEW)
         return dashboard.view_totals(client.view(VIEW)) == dashboard.recompute_shop_category_cost(
             client
@@ -257,14 +318,21 @@ def run_benchmark(
                     for k in config.sizes:
                         status.plain = f"{mode.label}: {k} events per transaction"
 
-                        async def point(k: int = k) -> Point:
+                        async def point(k: int = k, mode: Mode = mode) -> Point:
                             async with AsyncClient(address, **options) as client:
                                 return await measure(
-                                    client, k, config.seconds, config.clients, config.scale, ids
+                                    client,
+                                    k,
+                                    config.seconds,
+                                    config.clients,
+                                    config.scale,
+                                    ids,
+                                    probe=mode.kind != "none",
                                 )
 
                         p = asyncio.run(point())
                         lat = percentiles([s * 1000 for s in p.latencies])
+                        fresh = percentiles([s * 1000 for s in p.freshness])
                         report.add(
                             mode=mode.label,
                             k=k,
@@ -274,6 +342,9 @@ def run_benchmark(
                             aborted=p.aborted,
                             p50_ms=lat["p50"],
                             p99_ms=lat["p99"],
+                            fresh_p50_ms=fresh["p50"],
+                            fresh_p99_ms=fresh["p99"],
+                            probes=p.probes,
                             verified=None,
                         )
                     status.plain = f"{mode.label}: verifying"
@@ -356,7 +427,18 @@ def run(args: argparse.Namespace, options: dict[str, Any]) -> None:
     report = run_benchmark(config, options, console)
     written = write_outputs(report, config.out)
     report.print(
-        ["mode", "k", "tx_per_s", "events_per_s", "aborted", "p50_ms", "p99_ms", "verified"],
+        [
+            "mode",
+            "k",
+            "tx_per_s",
+            "events_per_s",
+            "aborted",
+            "p50_ms",
+            "p99_ms",
+            "fresh_p50_ms",
+            "fresh_p99_ms",
+            "verified",
+        ],
         console,
     )
     for r in ratios(report):

@@ -22,6 +22,7 @@ from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.parser import parse_program
 from cumulus.m3.program import Program, Source
 from cumulus.runtime.messages import Dispatch
+from cumulus.runtime.node import ProtocolError
 from cumulus.runtime.simulator import Network, Simulator, Update
 
 FIXTURES = Path(__file__).parent / "m3_fixtures"
@@ -178,6 +179,35 @@ def test_every_committed_epoch_equals_the_interpreter_over_its_prefix(
     assert simulator.log_sizes() == {"write_log_entries": 0, "read_log_entries": 0, "operations": 0}
     if mode == "conservative":
         assert report.corrective == 0  # reads wait for every earlier write instead
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(sorted(PROGRAMS)),
+    nodes=st.integers(1, 4),
+    switches=st.integers(1, 3),
+    mode=st.sampled_from(["speculative", "conservative"]),
+    seed=st.integers(0, 10**6),
+    length=st.integers(2, 120),
+    split=st.floats(0, 1),
+)
+def test_maps_preloaded_from_a_snapshot_then_fed_equal_the_interpreter(
+    name: str, nodes: int, switches: int, mode: str, seed: int, length: int, split: float
+) -> None:
+    """A view over tables that hold rows: the maps over the snapshot are computed outside
+    the runtime and preloaded; the updates after it run the protocol on top. Every commit
+    equals the interpreter over snapshot + prefix, and a preload after updates is refused."""
+    program = _program(name)
+    stream = random_stream(program, random.Random(seed), length)
+    cut = int(split * length)
+    simulator = Simulator(program, nodes=nodes, switches=switches, mode=mode)
+    simulator.preload(interpreted(program, stream[:cut]))
+    assert simulator.snapshot() == (0, interpreted(program, stream[:cut]))
+    simulator.run(stream[cut:])
+    assert simulator.snapshot()[1] == interpreted(program, stream) == simulator.maps()
+    if cut < length:
+        with pytest.raises(ProtocolError, match="preload after updates"):
+            simulator.preload(interpreted(program, stream[:1]))
 
 
 def test_conservative_mode_waits_where_speculation_corrects() -> None:

@@ -35,7 +35,7 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
         config = dashboard_bench.settings(
             args(
                 address=cluster.address,
-                modes=["none", "sync", "async:50"],
+                modes=["none", "sync", "async:50", "cumulus:50:2"],
                 sizes=[1, 4],
                 seconds=0.7,
                 clients=2,
@@ -45,20 +45,20 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
         report = dashboard_bench.run_benchmark(config, {})
         with Client(cluster.address) as client:
             events = len(client.scan("events"))
-    assert [(r["mode"], r["k"]) for r in report.rows] == [
-        (m, k) for m in ("none", "sync", "async 50 ms") for k in (1, 4)
-    ]
+    modes = ("none", "sync", "async 50 ms", "cumulus spec 50 ms x2")
+    assert [(r["mode"], r["k"]) for r in report.rows] == [(m, k) for m in modes for k in (1, 4)]
+    # every view mode was probed for freshness; no view, nothing to probe
+    assert all((r["probes"] > 0) == (r["mode"] != "none") for r in report.rows)
+    assert all((r["fresh_p50_ms"] is None) == (r["mode"] == "none") for r in report.rows)
     assert all(r["verified"] for r in report.rows)
-    assert events == sum(r["committed"] * r["k"] for r in report.rows)
+    assert events == sum(r["committed"] * r["k"] + r["probes"] for r in report.rows)
     assert all(r["aborted"] == 0 and r["tx_per_s"] > 0 for r in report.rows)
     written = dashboard_bench.write_outputs(report, tmp_path / "out")
     names = {p.name for p in written}
     assert {"dashboard.json", "dashboard.csv", "dashboard_throughput_vs_update_size.png"} <= names
     assert all(p.stat().st_size > 0 for p in written)
     ratios = dashboard_bench.ratios(report)
-    assert {(r["mode"], r["k"]) for r in ratios} == {
-        (m, k) for m in ("sync", "async 50 ms") for k in (1, 4)
-    }
+    assert {(r["mode"], r["k"]) for r in ratios} == {(m, k) for m in modes[1:] for k in (1, 4)}
 
 
 @pytest.mark.parametrize(
@@ -66,6 +66,9 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
     [
         ({"modes": ["fast"]}, "unknown mode 'fast'"),
         ({"modes": ["async:often"]}, "interval must be an integer"),
+        ({"modes": ["cumulus:100:0"]}, "the nodes must be 1..64"),
+        ({"modes": ["cumulus:100:2:eager"]}, "speculative or conservative"),
+        ({"modes": ["sync:100"]}, "takes no interval"),
         ({"sizes": [0]}, "update size 0"),
         ({"clients": 0}, "--clients"),
         ({"seconds": -1.0}, "--seconds"),

@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,9 @@ from cumulus.runtime.messages import (
 from cumulus.runtime.placement import Placement, matches
 
 Outbox = list[tuple[int, Message]]
+
+
+_BEFORE_ALL: Timestamp = (0, -1)  # below every update's (counter >= 1, switch >= 0)
 
 
 class MapLog:
@@ -518,6 +521,18 @@ class Node:
     def _env(self, trigger: int, args: Key) -> dict[str, Any]:
         names = self.placement.program.triggers[trigger].args
         return dict(zip(names, args, strict=True))
+
+    def preload(self, map_name: str, entries: Mapping[Key, Any]) -> None:
+        """This node's part of a map computed outside the runtime before any update (the map's
+        definition over a snapshot, DBToaster's SYSTEM READY): its base, as if written before
+        every timestamp."""
+        if self.operations or self.committed:
+            raise ProtocolError(f"node {self.number}: preload after updates")
+        log = self.maps[map_name]
+        for key, value in entries.items():
+            if value != 0:
+                log.base[key] = log.current[key] = value
+                log.latest[key] = _BEFORE_ALL
 
     # --------------------------------------------------------------------------- reads
 

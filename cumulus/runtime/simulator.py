@@ -25,7 +25,7 @@ from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
 from cumulus.runtime.epochs import EpochCoordinator, Sends
 from cumulus.runtime.messages import COORDINATOR, EpochCommit, Key, Message
-from cumulus.runtime.node import Node
+from cumulus.runtime.node import Node, ProtocolError
 from cumulus.runtime.placement import Placement
 from cumulus.runtime.switch import Clock, Switch
 
@@ -206,6 +206,18 @@ class Simulator:
             "read_log_entries": sum(len(log) for n in self.nodes for log in n.reads.values()),
             "operations": sum(len(n.operations) for n in self.nodes),
         }
+
+    def preload(self, maps: Mapping[str, Mapping[Key, Any]]) -> None:
+        """Maps computed before any update (over a snapshot), each entry to the node that
+        holds its key."""
+        if self._fed:
+            raise ProtocolError("preload after updates: the maps would miss them")
+        for name, entries in maps.items():
+            by_node: dict[int, dict[Key, Any]] = {}
+            for key, value in entries.items():
+                by_node.setdefault(self.placement.node_of(name, key), {})[key] = value
+            for number, part in by_node.items():
+                self.nodes[number].preload(name, part)
 
     def maps(self) -> dict[str, dict[Key, Any]]:
         """Every program map, gathered from the nodes (newest values: tentative)."""
