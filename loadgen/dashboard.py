@@ -95,8 +95,10 @@ def populate(client: Client, scale: Scale, *, batch: int = 500) -> None:
                 tx.insert(table, row)
 
 
-def event(rng: random.Random, event_id: int, scale: Scale) -> dict[str, Any]:
-    product = rng.randrange(scale.products)
+def event(rng: random.Random, event_id: int, scale: Scale, hot: bool = False) -> dict[str, Any]:
+    """A click or view of a random product; ``hot``: always product 0, so every event of the
+    load lands in one group of every view (the hot-group case)."""
+    product = 0 if hot else rng.randrange(scale.products)
     return {
         "id": event_id,
         "day": "2011-06-01",

@@ -116,6 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--products", type=int, default=5000)
     parser.add_argument("--categories", type=int, default=20)
     parser.add_argument("--out", default="aggview-report", help="where reports and plots go")
+    parser.add_argument(
+        "--hot", action="store_true", help="every event to one product: one group takes it all"
+    )
 
 
 @dataclass
@@ -128,6 +131,7 @@ class Settings:
     ltms: int
     address: str | None
     out: Path
+    hot: bool = False  # every event into one group
 
 
 def settings(args: argparse.Namespace) -> Settings:
@@ -157,6 +161,7 @@ def settings(args: argparse.Namespace) -> Settings:
         args.ltms,
         args.address,
         Path(args.out),
+        args.hot,
     )
 
 
@@ -190,6 +195,7 @@ async def measure(
     scale: dashboard.Scale,
     ids: Any,
     probe: bool = False,
+    hot: bool = False,
 ) -> Point:
     """``clients`` closed loops committing transactions of k new events for ``seconds``, and
     with ``probe`` one more loop measuring how soon the view holds a commit."""
@@ -201,12 +207,12 @@ async def measure(
     async def probes() -> None:
         nonlocal probed
         rng = random.Random(-1)
-        shop = f"shop {rng.randrange(scale.shops)}"
         while time.perf_counter() < deadline:
             try:
                 async with client.transaction() as tx:
-                    event = dashboard.event(rng, next(ids), scale)
+                    event = dashboard.event(rng, next(ids), scale, hot)
                     tx.insert("events", event)
+                shop = f"shop {event['shop_id']}"
                 committed = time.perf_counter()
                 probed += 1
                 while (await client.view(VIEW, {"shop": shop})).timestamp < tx.timestamp:
@@ -224,7 +230,7 @@ async def measure(
             try:
                 async with client.transaction() as tx:
                     for _ in range(k):
-                        tx.insert("events", dashboard.event(rng, next(ids), scale))
+                        tx.insert("events", dashboard.event(rng, next(ids), scale, hot))
             except errors.AggviewError:
                 aborted += 1
                 continue
@@ -302,6 +308,7 @@ def run_benchmark(
             "scale": vars(config.scale),
             "ltms": config.ltms,
             "address": config.address,
+            "hot": config.hot,
         },
     )
     ids = itertools.count(1_000_000 * int(time.time()) % (10**15))
@@ -328,6 +335,7 @@ def run_benchmark(
                                     config.scale,
                                     ids,
                                     probe=mode.kind != "none",
+                                    hot=config.hot,
                                 )
 
                         p = asyncio.run(point())

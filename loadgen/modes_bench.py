@@ -8,6 +8,7 @@ It is the dashboard benchmark (``loadgen.dashboard_bench``) with these modes and
 defaults; every option of ``aggview bench dashboard`` applies.
 
     aggview bench modes                         # about 3 minutes on 2 cores
+    aggview bench modes --hot                   # every event into one group
     aggview bench modes --sizes 1 --seconds 3 --modes none sync cumulus:100:2
 """
 

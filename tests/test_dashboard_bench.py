@@ -61,6 +61,27 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
     assert {(r["mode"], r["k"]) for r in ratios} == {(m, k) for m in modes[1:] for k in (1, 4)}
 
 
+def test_the_hot_group_case_puts_every_event_into_one_group(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "data", ltms=2) as cluster:
+        config = dashboard_bench.settings(
+            args(
+                address=cluster.address,
+                modes=["sync", "cumulus:50:2"],
+                sizes=[3],
+                seconds=0.5,
+                clients=2,
+                hot=True,
+                out=str(tmp_path / "out"),
+            )
+        )
+        report = dashboard_bench.run_benchmark(config, {})
+        with Client(cluster.address) as client:
+            groups = list(client.view(dashboard_bench.VIEW))
+    assert all(r["verified"] and r["probes"] > 0 for r in report.rows)
+    assert [(g["shop"], g["category"]) for g in groups] == [("shop 0", "category 0")]
+    assert groups[0]["events"] == sum(r["committed"] * r["k"] + r["probes"] for r in report.rows)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
