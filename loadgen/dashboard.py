@@ -109,6 +109,12 @@ def event(rng: random.Random, event_id: int, scale: Scale, hot: bool = False) ->
     }
 
 
+def group_of(event: dict[str, Any], scale: Scale) -> tuple[str, str]:
+    """The (shop, category) group of SQL-1 an event of ``event()`` lands in, by the names and
+    the product -> category placement of ``populate``."""
+    return f"shop {event['shop_id']}", f"category {event['prod_id'] % scale.categories}"
+
+
 def correction(rng: random.Random, scale: Scale) -> dict[str, Any]:
     """An update of an event: another product (so another group of every view) and cost."""
     product = rng.randrange(scale.products)

@@ -5,6 +5,10 @@ sync view, as an async view refreshed every 50, 500 or 5,000 ms, and as a Cumulu
 Freshness is measured with probe transactions beside the load: one client commits an event,
 then reads the view until the timestamp a read is consistent at reaches the probe's commit
 (sync: at once; async: the next refresh; cumulus: the next committed epoch), every 20 ms.
+Consistency: one more client reads the whole view every 50 ms, and after the load each read is
+judged against the exact answer at its timestamp, from what the benchmark committed
+(``loadgen.consistency``): ``consistent`` is the share of exact reads, ``max_error`` the
+largest cost difference of a group in the others.
 
 Each mode runs on a cluster of its own with the same static data (shops, products,
 categories), so every mode starts from the same state; against a running cluster
@@ -39,6 +43,7 @@ from aggview.cluster import LocalCluster
 from coordinator import Client
 from coordinator.client import AsyncClient
 from loadgen import dashboard
+from loadgen.consistency import Ledger, Totals, judge
 from loadgen.report import RunReport, line_plot, percentiles
 
 VIEW = "sql1"
@@ -185,6 +190,7 @@ class Point:
     seconds: float
     freshness: list[float]  # seconds from a probe's commit to a read that holds it
     probes: int  # probe transactions committed (one event each, beside the load's)
+    reads: list[tuple[int, Totals]]  # whole-view reads: (consistent at, groups)
 
 
 async def measure(
@@ -194,15 +200,33 @@ async def measure(
     clients: int,
     scale: dashboard.Scale,
     ids: Any,
-    probe: bool = False,
+    ledger: Ledger | None = None,
     hot: bool = False,
 ) -> Point:
-    """``clients`` closed loops committing transactions of k new events for ``seconds``, and
-    with ``probe`` one more loop measuring how soon the view holds a commit."""
+    """``clients`` closed loops committing transactions of k new events for ``seconds``; with
+    a view (``ledger``: every commit is recorded there), one loop measuring how soon the view
+    holds a commit and one reading it whole, for the consistency verdict."""
     latencies: list[float] = []
     freshness: list[float] = []
+    reads: list[tuple[int, Totals]] = []
     aborted = probed = 0
     deadline = time.perf_counter() + seconds
+
+    def committed(ts: int, events: list[dict[str, Any]]) -> None:
+        if ledger is not None:
+            for event in events:
+                ledger.add(ts, dashboard.group_of(event, scale), event["cost"])
+
+    def failed(exc: errors.AggviewError) -> None:
+        if ledger is not None and isinstance(exc, errors.Unavailable):
+            ledger.unknown += 1  # it may have committed: the verdict says so
+
+    async def reader() -> None:
+        while time.perf_counter() < deadline:
+            with contextlib.suppress(errors.AggviewError):
+                rows = await client.view(VIEW)
+                reads.append((rows.timestamp, dashboard.view_totals(rows)))
+            await asyncio.sleep(0.05)
 
     async def probes() -> None:
         nonlocal probed
@@ -212,14 +236,17 @@ async def measure(
                 async with client.transaction() as tx:
                     event = dashboard.event(rng, next(ids), scale, hot)
                     tx.insert("events", event)
-                shop = f"shop {event['shop_id']}"
-                committed = time.perf_counter()
-                probed += 1
+            except errors.AggviewError as exc:
+                failed(exc)  # an aborted probe measures nothing
+                continue
+            acknowledged = time.perf_counter()
+            probed += 1
+            committed(tx.timestamp, [event])
+            shop = f"shop {event['shop_id']}"
+            with contextlib.suppress(errors.AggviewError):
                 while (await client.view(VIEW, {"shop": shop})).timestamp < tx.timestamp:
                     await asyncio.sleep(0.005)
-                freshness.append(time.perf_counter() - committed)
-            except errors.AggviewError:
-                pass  # an aborted probe measures nothing
+                freshness.append(time.perf_counter() - acknowledged)
             await asyncio.sleep(0.02)
 
     async def loop(seed: int) -> None:
@@ -227,19 +254,25 @@ async def measure(
         rng = random.Random(seed)
         while time.perf_counter() < deadline:
             started = time.perf_counter()
+            events = [dashboard.event(rng, next(ids), scale, hot) for _ in range(k)]
             try:
                 async with client.transaction() as tx:
-                    for _ in range(k):
-                        tx.insert("events", dashboard.event(rng, next(ids), scale, hot))
-            except errors.AggviewError:
+                    for event in events:
+                        tx.insert("events", event)
+            except errors.AggviewError as exc:
                 aborted += 1
+                failed(exc)
                 continue
             latencies.append(time.perf_counter() - started)
+            committed(tx.timestamp, events)
 
     started = time.perf_counter()
-    await asyncio.gather(*(loop(next(ids)) for _ in range(clients)), *([probes()] if probe else []))
+    watchers = [probes(), reader()] if ledger is not None else []
+    await asyncio.gather(*(loop(next(ids)) for _ in range(clients)), *watchers)
     elapsed = time.perf_counter() - started
-    return Point(len(latencies), len(latencies) * k, aborted, latencies, elapsed, freshness, probed)
+    return Point(
+        len(latencies), len(latencies) * k, aborted, latencies, elapsed, freshness, probed, reads
+    )
 
 
 def _setup(address: str, mode: Mode, scale: dashboard.Scale, options: dict[str, Any]) -> None:
@@ -260,6 +293,12 @@ def _setup(address: str, mode: Mode, scale: dashboard.Scale, options: dict[str, 
                     mode.speculation,
                 )
             )
+
+
+def _ledger(address: str, options: dict[str, Any]) -> Ledger:
+    """SQL-1 recomputed at a snapshot before the load: what the benchmark's events add to."""
+    with Client(address, **options) as client, client.snapshot() as snapshot:
+        return Ledger(dashboard.recompute_shop_category_cost(snapshot), snapshot.timestamp)
 
 
 def _tables(client: Client) -> list[dict[str, Any]]:
@@ -322,10 +361,11 @@ def run_benchmark(
                 status.plain = f"{mode.label}: setting up"
                 with _cluster(config, mode, Path(tmp)) as address:
                     _setup(address, mode, config.scale, options)
+                    ledger = _ledger(address, options) if mode.kind != "none" else None
                     for k in config.sizes:
                         status.plain = f"{mode.label}: {k} events per transaction"
 
-                        async def point(k: int = k, mode: Mode = mode) -> Point:
+                        async def point(k: int = k, ledger: Ledger | None = ledger) -> Point:
                             async with AsyncClient(address, **options) as client:
                                 return await measure(
                                     client,
@@ -334,13 +374,14 @@ def run_benchmark(
                                     config.clients,
                                     config.scale,
                                     ids,
-                                    probe=mode.kind != "none",
+                                    ledger,
                                     hot=config.hot,
                                 )
 
                         p = asyncio.run(point())
                         lat = percentiles([s * 1000 for s in p.latencies])
                         fresh = percentiles([s * 1000 for s in p.freshness])
+                        verdict = judge(ledger, p.reads) if ledger is not None else None
                         report.add(
                             mode=mode.label,
                             k=k,
@@ -353,6 +394,10 @@ def run_benchmark(
                             fresh_p50_ms=fresh["p50"],
                             fresh_p99_ms=fresh["p99"],
                             probes=p.probes,
+                            reads=verdict.reads if verdict else 0,
+                            consistent=verdict.share if verdict else None,
+                            max_error=float(verdict.max_cost_error) if verdict else None,
+                            unknown=ledger.unknown if ledger else 0,
                             verified=None,
                         )
                     status.plain = f"{mode.label}: verifying"
@@ -445,6 +490,7 @@ def run(args: argparse.Namespace, options: dict[str, Any]) -> None:
             "p99_ms",
             "fresh_p50_ms",
             "fresh_p99_ms",
+            "consistent",
             "verified",
         ],
         console,

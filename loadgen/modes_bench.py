@@ -2,7 +2,8 @@
 stream: no view, the CloudTPS modes (sync; async at 100 ms and 1 s) and Cumulus (speculative on
 1, 2 and 4 DW nodes; conservative on 2), each on a cluster of its own with the same data. For
 each it reports write throughput (and its ratio to no view), p50/p99 commit latency, freshness
-(from a probe's commit to a read that holds it) and whether the view was exact at the end.
+(from a probe's commit to a read that holds it), the share of reads under load that were the
+exact answer at their timestamp, and whether the view was exact at the end.
 
 It is the dashboard benchmark (``loadgen.dashboard_bench``) with these modes and smaller
 defaults; every option of ``aggview bench dashboard`` applies.

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from aggview import errors
 from aggview.cluster import LocalCluster, free_port
 from coordinator import Client
 from loadgen import dashboard, dashboard_bench
+from loadgen.consistency import Ledger, Verdict, judge
 
 TINY = dashboard.Scale(shops=3, products=30, categories=3)
 
@@ -49,6 +51,9 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
     assert [(r["mode"], r["k"]) for r in report.rows] == [(m, k) for m in modes for k in (1, 4)]
     # every view mode was probed for freshness; no view, nothing to probe
     assert all((r["probes"] > 0) == (r["mode"] != "none") for r in report.rows)
+    # every read of every view was the exact answer at the timestamp it said
+    views = [r for r in report.rows if r["mode"] != "none"]
+    assert all(r["reads"] > 0 and r["consistent"] == 1.0 and r["unknown"] == 0 for r in views)
     assert all((r["fresh_p50_ms"] is None) == (r["mode"] == "none") for r in report.rows)
     assert all(r["verified"] for r in report.rows)
     assert events == sum(r["committed"] * r["k"] + r["probes"] for r in report.rows)
@@ -80,6 +85,27 @@ def test_the_hot_group_case_puts_every_event_into_one_group(tmp_path: Path) -> N
     assert all(r["verified"] and r["probes"] > 0 for r in report.rows)
     assert [(g["shop"], g["category"]) for g in groups] == [("shop 0", "category 0")]
     assert groups[0]["events"] == sum(r["committed"] * r["k"] + r["probes"] for r in report.rows)
+
+
+def test_the_consistency_verdict_counts_a_wrong_read_and_its_error() -> None:
+    """Reads judged against the exact answer at their timestamps; an injected wrong value is
+    counted, with its size."""
+    a, b = ("shop 0", "category 0"), ("shop 1", "category 1")
+    ledger = Ledger({a: (Decimal("1.00"), 1)}, baseline_ts=10)
+    ledger.add(12, a, Decimal("0.50"))
+    ledger.add(15, b, Decimal("2.00"))
+    ledger.add(15, a, Decimal("0.25"))
+    exact_reads = [
+        (9, {a: (Decimal("1.00"), 1)}),  # before the baseline: the baseline
+        (11, {a: (Decimal("1.00"), 1)}),
+        (14, {a: (Decimal("1.50"), 2)}),
+        (20, {a: (Decimal("1.75"), 3), b: (Decimal("2.00"), 1)}),
+    ]
+    assert judge(ledger, exact_reads) == Verdict(4, 4, Decimal(0), 0)
+    wrong = (14, {a: (Decimal("1.75"), 2), b: (Decimal("2.00"), 1)})  # b is not there yet
+    verdict = judge(ledger, [*exact_reads, wrong])
+    assert (verdict.reads, verdict.exact, verdict.share) == (5, 4, 0.8)
+    assert (verdict.max_cost_error, verdict.max_count_error) == (Decimal("2.00"), 1)
 
 
 @pytest.mark.parametrize(
