@@ -62,6 +62,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads), from /proc; 0 once gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
 def _die_with_parent() -> None:
     """Children get SIGTERM when the process that started them dies, even by kill -9."""
     with contextlib.suppress(Exception):
@@ -118,6 +131,10 @@ class Server:
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def cpu_seconds(self) -> float:
+        """CPU the server's process has used so far (0 if it is not running)."""
+        return process_cpu_seconds(self.process.pid) if self.process is not None else 0.0
 
     def kill(self) -> None:
         """kill -9: no checkpoint, no goodbye."""

@@ -58,8 +58,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from aggview.cluster import process_cpu_seconds
 from bench import m3
-from bench.transactions import _proc_cpu_seconds
 from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.printer import print_program
@@ -225,12 +225,12 @@ def _drive(
     of this process and of the node processes ``pids``."""
     runtime = GrpcRuntime(program, addresses, switches=switches, mode=mode, epoch_ms=int(EPOCH_MS))
     try:
-        cpu = time.process_time() + sum(_proc_cpu_seconds(p) for p in pids)
+        cpu = time.process_time() + sum(process_cpu_seconds(p) for p in pids)
         wall = time.perf_counter()
         runtime.feed(stream.updates)
         report = runtime.finish()
         wall = time.perf_counter() - wall
-        cpu = time.process_time() + sum(_proc_cpu_seconds(p) for p in pids) - cpu
+        cpu = time.process_time() + sum(process_cpu_seconds(p) for p in pids) - cpu
         latencies = runtime.latencies()
         maps = runtime.maps()
     finally:

@@ -44,7 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aggview import errors
-from aggview.cluster import LocalCluster
+from aggview.cluster import LocalCluster, process_cpu_seconds
 from aggview.net import GRPC_OPTIONS
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.wire import ltm_pb2 as lpb
@@ -115,16 +115,6 @@ class Result:
             self.lag_p99_ms = percentile(sorted(x * 1000 for x in lags), 0.99)
 
 
-def _proc_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads), from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
 def _machine_busy_seconds() -> float:
     """CPU seconds every process on the machine has used (all cores), from /proc/stat."""
     try:
@@ -154,7 +144,7 @@ class CpuMeter:
             if server.process is not None:
                 # members coordinate (and host partitions): counted with the coordinator
                 role = "ltms" if server.role.startswith("ltm") else "coordinator"
-                used = _proc_cpu_seconds(server.process.pid)
+                used = process_cpu_seconds(server.process.pid)
                 roles[role] += used
                 roles[PROCESS + server.role] = used
         busy = sum(v for k, v in roles.items() if not k.startswith(PROCESS))

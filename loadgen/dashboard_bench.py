@@ -8,7 +8,9 @@ then reads the view until the timestamp a read is consistent at reaches the prob
 Consistency: one more client reads the whole view every 50 ms, and after the load each read is
 judged against the exact answer at its timestamp, from what the benchmark committed
 (``loadgen.consistency``): ``consistent`` is the share of exact reads, ``max_error`` the
-largest cost difference of a group in the others.
+largest cost difference of a group in the others. ``cpu_ms_per_event``: the CPU every server
+process of a local cluster used during the point (its view maintenance included: a cumulus
+view's runtime runs in process 0), per event committed.
 
 Each mode runs on a cluster of its own with the same static data (shops, products,
 categories), so every mode starts from the same state; against a running cluster
@@ -319,17 +321,26 @@ def verify(address: str, mode: Mode, options: dict[str, Any]) -> bool:
 
 
 @contextlib.contextmanager
-def _cluster(config: Settings, mode: Mode, base: Path) -> Iterator[str]:
+def _cluster(config: Settings, mode: Mode, base: Path) -> Iterator[LocalCluster | None]:
+    """A local cluster for the mode, or None for the running one at ``config.address``."""
     if config.address:
-        yield config.address
+        yield None
         return
     cluster = LocalCluster(base / mode.label.replace(" ", "_"), ltms=config.ltms)
     try:
         cluster.start()
-        yield cluster.address
+        yield cluster
     finally:
         cluster.stop()
         cluster.kill()
+
+
+def _server_cpu(cluster: LocalCluster | None) -> float | None:
+    """CPU seconds every server of a local cluster has used (None: a running cluster's
+    servers are not ours to look at)."""
+    if cluster is None:
+        return None
+    return sum(server.cpu_seconds() for server in cluster.servers)
 
 
 def run_benchmark(
@@ -359,13 +370,17 @@ def run_benchmark(
         ):
             for mode in config.modes:
                 status.plain = f"{mode.label}: setting up"
-                with _cluster(config, mode, Path(tmp)) as address:
+                with _cluster(config, mode, Path(tmp)) as cluster:
+                    address = cluster.address if cluster is not None else config.address
+                    assert address is not None
                     _setup(address, mode, config.scale, options)
                     ledger = _ledger(address, options) if mode.kind != "none" else None
                     for k in config.sizes:
                         status.plain = f"{mode.label}: {k} events per transaction"
 
-                        async def point(k: int = k, ledger: Ledger | None = ledger) -> Point:
+                        async def point(
+                            k: int = k, ledger: Ledger | None = ledger, address: str = address
+                        ) -> Point:
                             async with AsyncClient(address, **options) as client:
                                 return await measure(
                                     client,
@@ -378,7 +393,13 @@ def run_benchmark(
                                     hot=config.hot,
                                 )
 
+                        cpu_before = _server_cpu(cluster)
                         p = asyncio.run(point())
+                        cpu_after = _server_cpu(cluster)
+                        cpu_ms = None
+                        if cpu_before is not None and cpu_after is not None:
+                            events = max(p.events + p.probes, 1)
+                            cpu_ms = (cpu_after - cpu_before) * 1000 / events
                         lat = percentiles([s * 1000 for s in p.latencies])
                         fresh = percentiles([s * 1000 for s in p.freshness])
                         verdict = judge(ledger, p.reads) if ledger is not None else None
@@ -398,6 +419,7 @@ def run_benchmark(
                             consistent=verdict.share if verdict else None,
                             max_error=float(verdict.max_cost_error) if verdict else None,
                             unknown=ledger.unknown if ledger else 0,
+                            cpu_ms_per_event=cpu_ms,
                             verified=None,
                         )
                     status.plain = f"{mode.label}: verifying"
@@ -491,6 +513,7 @@ def run(args: argparse.Namespace, options: dict[str, Any]) -> None:
             "fresh_p50_ms",
             "fresh_p99_ms",
             "consistent",
+            "cpu_ms_per_event",
             "verified",
         ],
         console,

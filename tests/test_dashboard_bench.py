@@ -54,6 +54,7 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
     # every read of every view was the exact answer at the timestamp it said
     views = [r for r in report.rows if r["mode"] != "none"]
     assert all(r["reads"] > 0 and r["consistent"] == 1.0 and r["unknown"] == 0 for r in views)
+    assert all(r["cpu_ms_per_event"] is None for r in report.rows)  # a running cluster
     assert all((r["fresh_p50_ms"] is None) == (r["mode"] == "none") for r in report.rows)
     assert all(r["verified"] for r in report.rows)
     assert events == sum(r["committed"] * r["k"] + r["probes"] for r in report.rows)
@@ -85,6 +86,17 @@ def test_the_hot_group_case_puts_every_event_into_one_group(tmp_path: Path) -> N
     assert all(r["verified"] and r["probes"] > 0 for r in report.rows)
     assert [(g["shop"], g["category"]) for g in groups] == [("shop 0", "category 0")]
     assert groups[0]["events"] == sum(r["committed"] * r["k"] + r["probes"] for r in report.rows)
+
+
+def test_local_clusters_report_server_cpu_per_event(tmp_path: Path) -> None:
+    """Each mode on a cluster of its own: the servers' CPU per event is measured (a running
+    cluster's servers are not the benchmark's to look at: None)."""
+    config = dashboard_bench.settings(
+        args(modes=["none", "cumulus:50:1"], sizes=[2], seconds=0.5, clients=2, ltms=2)
+    )
+    report = dashboard_bench.run_benchmark(config, {})
+    assert [r["mode"] for r in report.rows] == ["none", "cumulus spec 50 ms x1"]
+    assert all(r["verified"] and r["cpu_ms_per_event"] > 0 for r in report.rows)
 
 
 def test_the_consistency_verdict_counts_a_wrong_read_and_its_error() -> None:
