@@ -183,7 +183,7 @@ def _run_start(args: argparse.Namespace) -> None:
         args.processes = default_processes(args.ltms, args.replicate)
     if args.processes < 0:
         raise errors.InvalidArgument("--processes must be 0 (an LTM per process) or more")
-    if args.replicate and (args.processes == 1 or min(args.processes, args.ltms) == 1):
+    if args.replicate and min(args.processes, args.ltms) == 1:
         raise errors.InvalidArgument(
             "--replicate copies each process's logs to another process: it needs two or more "
             "(--processes 0 or 2 and more, and --ltms 2 or more)"

@@ -264,7 +264,7 @@ class LocalCluster:
         ltm_security, coordinator_security = self._security_flags()
         # with replication, each LTM must know the next one's address before it starts
         ports = [free_port() if self.replicate else 0 for _ in range(self.ltms)]
-        if self.replicate and (self.processes == 1 or min(self.processes, self.ltms) == 1):
+        if self.replicate and min(self.processes, self.ltms) == 1:
             raise ValueError("replication needs two or more processes to copy logs between")
         if self.processes >= 2:
             self._start_members(common, coordinator_security, coordinator_port)

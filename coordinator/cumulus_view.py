@@ -1,34 +1,32 @@
 """A view maintained by the Cumulus runtime (``refresh = 'cumulus'``): its SELECT compiled to an
 M3 program by recursive delta compilation, run by DW nodes (``cumulus.runtime``), fed the
 committed changes of our transactions in timestamp order. Reads come from the last committed
-epoch (exact, at the timestamp of the last change it holds) or from the newest values
-(tentative: they may mix timestamps, so they carry none).
+epoch, exact at the timestamp of the last change it holds. (Tentative reads, the newest
+values, which may mix timestamps, come with the hosts below.)
 
 Pure: the view manager (``coordinator.views``) reads the snapshot and the change rows, and
 hands them here; this module never touches the cluster.
 
 The runtime is in-process (the simulator host running the same node state machines the gRPC
 and Spark hosts run), and each epoch is fed, then run to quiescence and committed: between two
-calls the runtime is at rest, so a tentative read equals the committed one. The hosts where
-messages travel in real time, and tentative values that run ahead, are the next step."""
+calls the runtime is at rest, so a tentative read would equal the committed one. The hosts
+where messages travel in real time, and tentative values that run ahead, are the next step."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from aggview import errors
 from aggview.schema import TableSchema, from_storage
 from cumulus.m3.compiler import compile_program
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
 from cumulus.m3.readout import read_view
 from cumulus.plan import ViewPlan
-from cumulus.runtime.reads import CONSISTENCIES, roll_up
+from cumulus.runtime.reads import roll_up
 from cumulus.runtime.simulator import Simulator, Update, holding
 
 Row = dict[str, Any]
-Change = tuple[Row | None, Row | None]  # (before, after) in stored form; None: no row
 
 
 class CumulusView:
@@ -39,7 +37,6 @@ class CumulusView:
         self.program: Program = compile_program([plan], self.schemas.__getitem__)
         self.shape = self.program.views[0]
         self.runtime = Simulator(self.program, nodes=plan.nodes, mode=plan.speculation)
-        self.updates = 0
         # the view's rows at the last committed epoch and our timestamp of it: one object,
         # replaced whole, so a read (on the event loop) never pairs rows with another epoch's
         # timestamp while ``apply`` runs in a worker thread
@@ -69,7 +66,6 @@ class CumulusView:
         self.runtime.finish()
         _, maps = self.runtime.snapshot()
         self._last = (read_view(holding(self.program, maps), self.shape), ts)
-        self.updates += len(updates)
 
     @property
     def committed_at(self) -> int:
@@ -80,28 +76,13 @@ class CumulusView:
         schema = self.schemas[table]
         return {c.name: from_storage(c.type, stored.get(c.name)) for c in schema.columns}
 
-    def rows(self, consistency: str = "committed") -> tuple[list[Row], int | None]:
-        """The view's rows, and the timestamp they are exact at (None: tentative)."""
-        if consistency not in CONSISTENCIES:
-            raise errors.InvalidArgument(
-                f"consistency is one of {', '.join(CONSISTENCIES)}, not {consistency!r}"
-            )
-        if consistency == "committed":
-            rows, ts = self._last
-            return [dict(row) for row in rows], ts
-        return read_view(holding(self.program, self.runtime.maps()), self.shape), None
-
-    def query(
-        self,
-        conditions: Sequence[Any],
-        keep: Sequence[str] | None,
-        consistency: str = "committed",
-    ) -> tuple[list[Row], int | None]:
-        """The rows whose group columns meet ``conditions`` (``view_query.Condition``), rolled
-        up to ``keep`` (None: the view's own groups), and their timestamp."""
-        rows, ts = self.rows(consistency)
+    def query(self, conditions: Sequence[Any], keep: Sequence[str] | None) -> tuple[list[Row], int]:
+        """The last committed epoch's rows whose group columns meet ``conditions``
+        (``view_query.Condition``), rolled up to ``keep`` (None: the view's own groups), and
+        the epoch's timestamp."""
+        rows, ts = self._last
         groups = [g.name for g in self.plan.group_by]
-        rows = [r for r in rows if all(c.holds(r.get(c.column)) for c in conditions)]
+        rows = [dict(r) for r in rows if all(c.holds(r.get(c.column)) for c in conditions)]
         if keep is not None and list(keep) != groups:
             rows = roll_up(self.shape, rows, list(keep))
         return rows, ts

@@ -211,17 +211,20 @@ class PartitionFollower:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
+    def _records(self, partitions: list[int]) -> list[ownership.Ownership]:
+        return [ownership.read(self.store, p) for p in partitions]
+
     async def _follow(self) -> None:
         while True:
             await asyncio.sleep(self.every)
-            for channel in self.channels:
-                if not isinstance(channel, LtmChannel):
-                    continue  # served here: only member 0 moves it, and never while we live
-                try:
-                    record = await asyncio.to_thread(ownership.read, self.store, channel.index)
-                except Exception:
-                    log.exception("reading partition %d's record failed", channel.index)
-                    continue
+            # a partition served here moves only when this member is dead: remote ones only
+            remote = [c for c in self.channels if isinstance(c, LtmChannel)]
+            try:
+                records = await asyncio.to_thread(self._records, [c.index for c in remote])
+            except Exception:
+                log.exception("reading the partitions' records failed")
+                continue
+            for channel, record in zip(remote, records, strict=True):
                 if record.epoch != channel.epoch:
                     log.warning(
                         "partition %d: now at LTM %d, epoch %d",

@@ -198,9 +198,7 @@ class MemberLtmServicer(LtmServicer):
             clock = self.manager.clock
             hostings = self.local.hostings.values()
             return pb.StatusReply(
-                serving=sorted(
-                    p for h in hostings for p, x in h.participants.items() if not x.fenced
-                ),
+                serving=sorted(p for h in hostings for p in h.served()),
                 replicas=sorted(p for h in hostings for p in h.mirrors),
                 coordinated=self.manager.committed,
                 clock_requests=getattr(clock, "requests", 0),

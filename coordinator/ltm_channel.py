@@ -110,11 +110,16 @@ class LtmChannel:
         address: str,
         watermarks: Callable[[], tuple[int, int]],
         tls: TlsDir | None = None,
+        *,
+        owner: int | None = None,
+        epoch: int = 0,
     ) -> None:
+        """``owner``, ``epoch``: who serves the partition, as its ownership record says
+        (default: its own LTM, at epoch 0)."""
         self.index = index  # the partition
         self._watermarks = watermarks
         self._tls = tls
-        self.point(address, owner=index, epoch=0)
+        self.point(address, owner=index if owner is None else owner, epoch=epoch)
         self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
         # the long-lived Exchange call, opened on first use (on the current owner's stub)
         self.stream: AskEach[pb.LtmRequest, pb.LtmReply] = AskEach(

@@ -6,9 +6,9 @@ record ``decision_log_id(m)``: the same fence, in-sync flag and failover rule as
 (a commit counts as logged once the copy has it too, or once the record says the copy is out
 of sync, and then nobody takes the log over). On failover member 0 records the copy's holder
 as owner and tells it ``TakeOver``: it replays its copy into a ``DecisionLog`` that the
-transaction manager adopts (``TransactionManager.adopt``). A holder that restarts adopts again
-what the record gives it. A restarted member takes its log back under a new epoch: its own
-copy holds everything the holder's does, so answers never disagree."""
+transaction manager answers from and delivers (``TransactionManager.adopt``). A holder that
+restarts adopts again what the record gives it. A restarted member takes its log back under
+a new epoch: its own copy holds everything the holder's does, so answers never disagree."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class MemberDecisions:
         members: list[str],
         partitions: int,
         directory: Path,
-        adopt: Callable[[int, DecisionLog], None],
+        adopt: Callable[[DecisionLog], None],
         *,
         tls: TlsDir | None = None,
         fsync: bool = True,
@@ -53,8 +53,10 @@ class MemberDecisions:
         self._tls = tls
         self._fsync = fsync
         self.mirrors: dict[int, Mirror] = {}  # record id -> another member's log, copied here
-        self.adopted: dict[int, tuple[int, DecisionLog]] = {}  # record id -> (epoch, its log)
-        self._retired: list[DecisionLog] = []
+        # dead members' logs adopted here, as (member, log), older adoptions of one member
+        # included (their deliveries may still run); and the epoch of each member's newest
+        self.adopted: list[tuple[int, DecisionLog]] = []
+        self._epochs: dict[int, int] = {}  # record id -> epoch adopted at
         self.shipper: LogShipper | None = None
         self._lock = asyncio.Lock()
 
@@ -107,8 +109,7 @@ class MemberDecisions:
         """The record names this member the log's owner at ``epoch``: replay our copy and
         adopt it. Idempotent for a retried request."""
         async with self._lock:
-            held = self.adopted.get(record_id)
-            if held is not None and held[0] == epoch:
+            if self._epochs.get(record_id) == epoch:
                 return
             record = await asyncio.to_thread(ownership.read, self.store, record_id)
             if record.epoch != epoch or not self._hosts(record.owner):
@@ -121,14 +122,16 @@ class MemberDecisions:
                 mirror = self.mirrors.pop(record_id, None)
                 source = self._mirror_dir(record_id)
                 if mirror is None and not source.exists():
-                    log.warning("adopting member %d's decisions without a copy", record_id)
+                    log.warning(
+                        "adopting member %d's decisions without a copy",
+                        self._member_of(record_id),
+                    )
                     source.mkdir(parents=True, exist_ok=True)
                 await asyncio.to_thread(source.rename, adopted_dir)
             decisions = await asyncio.to_thread(DecisionLog, adopted_dir, fsync=self._fsync)
-            if held is not None:
-                self._retired.append(held[1])
-            self.adopted[record_id] = (epoch, decisions)
-            self._adopt(self._member_of(record_id), decisions)
+            self._epochs[record_id] = epoch
+            self.adopted.append((self._member_of(record_id), decisions))
+            self._adopt(decisions)
             log.warning(
                 "adopted member %d's decision log at epoch %d: %d commits to deliver",
                 self._member_of(record_id),
@@ -142,7 +145,7 @@ class MemberDecisions:
     async def stop(self) -> None:
         if self.shipper is not None:
             await self.shipper.close()
-        for decisions in [*self._retired, *(d for _, d in self.adopted.values())]:
+        for _, decisions in self.adopted:
             await decisions.close()
             if not decisions.committed:  # everything delivered: nothing to answer any more
                 await asyncio.to_thread(shutil.rmtree, decisions.wal.directory, True)

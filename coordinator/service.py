@@ -383,7 +383,7 @@ class CoordinatorConfig:
     def addresses(self, partitions: int) -> list[str]:
         """Where the LTM (or the hosting) of each partition index is served."""
         if not self.members:
-            return list(self.ltms) or [f"{self.host}:{self.port}"] * partitions
+            return list(self.ltms)  # none in one process: nothing is reached by address
         return [self.members[p % len(self.members)] for p in range(partitions)]
 
     def hosted(self, partitions: int) -> list[int] | None:
@@ -466,9 +466,14 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
                 p, manager.local.hostings[record.owner], manager._watermarks
             )
         else:
-            channel = LtmChannel(p, addresses[record.owner], manager._watermarks, config.tls)
-            channel.point(addresses[record.owner], record.owner, record.epoch)
-            manager.channels[p] = channel
+            manager.channels[p] = LtmChannel(
+                p,
+                addresses[record.owner],
+                manager._watermarks,
+                config.tls,
+                owner=record.owner,
+                epoch=record.epoch,
+            )
     ViewManager(manager)
     return manager
 

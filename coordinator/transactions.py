@@ -100,8 +100,6 @@ class TransactionManager:
         self.members: list[str] = []  # every coordinating member's address (none: just this)
         self.member = 0  # this one's index among them
         self.refreshes = 0  # async-view refreshes committed here
-        # dead members' decision logs taken over here: (member, its log)
-        self.adopted: list[tuple[int, DecisionLog]] = []
 
     def at_leader(self, what: str) -> None:
         """Refuses, at a follower member, what only member 0 runs (it keeps the catalog)."""
@@ -472,10 +470,14 @@ class TransactionManager:
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
-    def adopt(self, member: int, decisions: DecisionLog) -> None:
-        """A dead member's decision log, taken over here: its commits are answered for and
+    @property
+    def adopted(self) -> list[tuple[int, DecisionLog]]:
+        """Dead members' decision logs taken over here, as (member, log)."""
+        return self.replication.adopted if self.replication is not None else []
+
+    def adopt(self, decisions: DecisionLog) -> None:
+        """A dead member's decision log, taken over here (``adopted``): its commits are
         delivered as ours are."""
-        self.adopted.append((member, decisions))
         for ts, participants in list(decisions.committed.items()):
             self._deliver_later(ts, participants, decisions)
 

@@ -166,14 +166,12 @@ class ViewManager:
         here: refreshers are spread over the coordinating members, view number n at member
         n % P (member 0 alone when there are none), and member 0 runs a dead member's share
         until it is back (two refreshes of one view at once are ordered by timestamp)."""
-        members = len(self.manager.members) or 1
-        home = view.number % members
-        here = home == self.manager.member
-        here = here or (
-            self.manager.member == 0 and home in getattr(self.manager.clock, "lost", ())
-        )
         if view.plan.mode == "cumulus":  # its runtime is at member 0
             here = view.name in self.runtimes
+        else:
+            home = view.number % (len(self.manager.members) or 1)
+            lost = getattr(self.manager.clock, "lost", ())
+            here = home == self.manager.member or (self.manager.member == 0 and home in lost)
         wanted = view.state == "live" and view.plan.mode != "sync" and here
         running = view.refresher is not None and not view.refresher.done()
         if wanted and not running:
@@ -510,14 +508,7 @@ class ViewManager:
                     deltas[key] = combine(deltas.get(key, {}), negate(state))
                 refreshed_at = view.snapshot
             else:
-                tables = {}
-                for table in view.plan.base_tables():
-                    schema = self.catalog.table(table)
-                    # paged: every older transaction is decided, so the pages stay as read
-                    pages = self.manager.read_pages(schema.table_id, b"", b"", ts)
-                    rows = [row async for page in pages for row in page]
-                    tables[table] = {key: decode_row(data) or {} for key, data in rows}
-                deltas = await from_scratch(view_state, tables)
+                deltas = await from_scratch(view_state, await self._read_tables(view, ts))
                 view.snapshot = refreshed_at = ts
             return [view.merge(key, d, self._home(key)) for key, d in deltas.items()] + [
                 _meta(view, refreshed_at=refreshed_at)
@@ -755,25 +746,13 @@ class ViewManager:
         compiled = view.compiled
 
         async def drain(ts: int) -> list[lpb.RowOp]:
+            ops, taken = await self._take_changes(view, ts)
             changes: Changes = {}
-            ops: list[lpb.RowOp] = []
-            tables = view.plan.base_tables()
-            changes_ids = [view.changes_id(self.catalog.table(table)) for table in tables]
-            drained = await asyncio.gather(
-                *(self.manager.read_range_at(i, b"", b"", ts, own=True) for i in changes_ids)
-            )
-            for table, changes_id, rows in zip(tables, changes_ids, drained, strict=True):
-                net: dict[bytes, tuple[Row | None, Row | None]] = {}
-                for key, data in rows:  # key order: base key, then timestamp
-                    ops.append(lpb.RowOp(kind=lpb.RowOp.PUT, table=changes_id, key=key))
-                    if int.from_bytes(key[-8:], "big") <= view.snapshot:
-                        continue  # already in the initial computation
-                    change = decode_row(data) or {}
-                    base_key = key[:-8]
-                    first = net[base_key][0] if base_key in net else change.get("b")
-                    net[base_key] = (first, change.get("a"))
-                if net:
-                    changes[table] = net
+            for table, key, before, after in taken:  # key order: base key, then timestamp
+                net = changes.setdefault(table, {})
+                base_key = key[:-8]
+                first = net[base_key][0] if base_key in net else before
+                net[base_key] = (first, after)
             delta = await view_delta(compiled, touching(view.plan, changes), self._rows_where(ts))
             ops.extend(view.merge(key, d, self._home(key)) for key, d in delta.items())
             if view.plan.mode == "async":
@@ -794,14 +773,11 @@ class ViewManager:
         loaded: list[CumulusView] = []
 
         async def load(ts: int) -> list[lpb.RowOp]:
-            tables: dict[str, list[Row]] = {}
-            for table in view.plan.base_tables():
-                schema = self.catalog.table(table)
-                pages = self.manager.read_pages(schema.table_id, b"", b"", ts)
-                tables[table] = [decode_row(d) or {} async for page in pages for _, d in page]
-            schemas = {t: self.catalog.table(t) for t in view.plan.base_tables()}
+            tables = await self._read_tables(view, ts)
+            schemas = {t: self.catalog.table(t) for t in tables}
             runtime = await asyncio.to_thread(CumulusView, view.plan, schemas)
-            await asyncio.to_thread(runtime.load, tables, ts)
+            rows = {table: found.values() for table, found in tables.items()}
+            await asyncio.to_thread(runtime.load, rows, ts)
             loaded[:] = [runtime]
             view.snapshot = ts
             return [_meta(view, refreshed_at=ts)]
@@ -838,26 +814,16 @@ class ViewManager:
                 f"materialized view {view.name} is maintained by Cumulus at {where}; its "
                 "runtime is not loaded here"
             )
-        drained: list[tuple[int, bytes, str, Row | None, Row | None]] = []
+        drained: list[tuple[str, bytes, Row | None, Row | None]] = []
 
         async def drain(ts: int) -> list[lpb.RowOp]:
-            drained.clear()
-            ops: list[lpb.RowOp] = []
-            for table in view.plan.base_tables():
-                changes_id = view.changes_id(self.catalog.table(table))
-                rows = await self.manager.read_range_at(changes_id, b"", b"", ts, own=True)
-                for key, data in rows:
-                    ops.append(lpb.RowOp(kind=lpb.RowOp.PUT, table=changes_id, key=key))
-                    at = int.from_bytes(key[-8:], "big")
-                    if at <= view.snapshot:
-                        continue  # already in the snapshot the runtime was loaded from
-                    change = decode_row(data) or {}
-                    drained.append((at, key, table, change.get("b"), change.get("a")))
+            ops, drained[:] = await self._take_changes(view, ts)
             return [*ops, _meta(view, refreshed_at=ts)]
 
         async with view.lock:
             ts = await self.manager.system_transaction(drain)
-            changes = [(table, before, after) for _, _, table, before, after in sorted(drained)]
+            in_order = sorted(drained, key=lambda change: (change[1][-8:], change[1]))
+            changes = [(table, before, after) for table, _, before, after in in_order]
             try:
                 await asyncio.to_thread(runtime.apply, changes, ts)
             except Exception:
@@ -883,12 +849,46 @@ class ViewManager:
                 "last committed epoch, not at a held snapshot"
             )
         rows, ts = runtime.query(conditions, keep)
-        assert ts is not None and view.compiled is not None
+        assert view.compiled is not None
         if keep is None:  # in key order, as the stored views' rows are
             names = [g.name for g in view.plan.group_by]
             encode = view.compiled.encode_group
             rows.sort(key=lambda row: encode([row[n] for n in names]))
         return rows, ts
+
+    # ------------------------------------------------------------------ reading base data
+
+    async def _read_tables(self, view: View, ts: int) -> dict[str, dict[bytes, Row]]:
+        """The view's tables at ``ts``, paged: every older transaction is decided, so the
+        pages stay as read."""
+        tables: dict[str, dict[bytes, Row]] = {}
+        for table in view.plan.base_tables():
+            pages = self.manager.read_pages(self.catalog.table(table).table_id, b"", b"", ts)
+            rows = [row async for page in pages for row in page]
+            tables[table] = {key: decode_row(data) or {} for key, data in rows}
+        return tables
+
+    async def _take_changes(
+        self, view: View, ts: int
+    ) -> tuple[list[lpb.RowOp], list[tuple[str, bytes, Row | None, Row | None]]]:
+        """Inside a drain at ``ts``: the deletes of every change row of the view below it, and
+        the changes after its snapshot as (table, change key, before, after), in key order
+        per table (base key, then commit timestamp). Those at or below the snapshot are in
+        it already (the initial computation, or the runtime's load)."""
+        tables = view.plan.base_tables()
+        ids = [view.changes_id(self.catalog.table(table)) for table in tables]
+        found = await asyncio.gather(
+            *(self.manager.read_range_at(i, b"", b"", ts, own=True) for i in ids)
+        )
+        ops: list[lpb.RowOp] = []
+        taken: list[tuple[str, bytes, Row | None, Row | None]] = []
+        for table, changes_id, rows in zip(tables, ids, found, strict=True):
+            for key, data in rows:
+                ops.append(lpb.RowOp(kind=lpb.RowOp.PUT, table=changes_id, key=key))
+                if int.from_bytes(key[-8:], "big") > view.snapshot:
+                    change = decode_row(data) or {}
+                    taken.append((table, key, change.get("b"), change.get("a")))
+        return ops, taken
 
     # ------------------------------------------------------------------ reads
 

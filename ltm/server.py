@@ -122,6 +122,10 @@ class Hosting:
             await self._serve(record, standby, request.backup_address)
             log.warning("took over partition %d at epoch %d", partition, request.epoch)
 
+    def served(self) -> list[int]:
+        """The partitions this hosting serves now (not fenced off)."""
+        return sorted(p for p, x in self.participants.items() if not x.fenced)
+
     def participant(self, metadata: dict[str, str]) -> Participant:
         partition = int(metadata.get(ownership.PARTITION_HEADER, self.me))
         participant = self.participants.get(partition)
@@ -250,7 +254,7 @@ def status_reply(hosting: Hosting, partition: int) -> pb.StatusReply:
         index=hosting.me,
         partitions=hosting.config.partitions,
         replicas=sorted(hosting.mirrors),
-        serving=sorted(p for p, x in hosting.participants.items() if not x.fenced),
+        serving=hosting.served(),
     )
     p = hosting.participants.get(partition)
     if p is not None:
