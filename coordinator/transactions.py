@@ -50,7 +50,12 @@ SYSTEM_RETRIES = 50  # timestamp-order aborts a system transaction absorbs befor
 class Transaction:
     ts: int
     participants: set[int] = field(default_factory=set)  # partitions prepared so far
-    epoch: int = 0  # the view configuration the transaction started under
+    epoch: int = 0  # the catalog epoch its timestamp was granted under
+    # A client's writes: converted, captured for views and maintained under the catalog of
+    # ``epoch``, so it commits only while that catalog is still the current one. Then every
+    # timestamp granted before a catalog change ran under the old catalog, every later one
+    # under the new: a view changing mode can cut its history at a timestamp.
+    catalog_bound: bool = False
     maintained: bool = False  # extensions already ran on images predicted from its inserts
     images: list[lpb.RowImage] = field(default_factory=list)  # every row image seen so far
 
@@ -149,7 +154,7 @@ class TransactionManager:
             await self.catch_up()  # a follower's catalog may be older than the client's
             ops, epoch = self._row_ops(operations), self.epoch
         writes = self.lookups.writes(_row_keys(ops), (), epoch)
-        ts, _ = await self.clock.next(writes)
+        ts, granted = await self.clock.next(writes)
         if self.epoch != epoch:  # the catalog changed meanwhile: convert under the new one
             try:
                 ops = self._row_ops(operations)
@@ -158,7 +163,7 @@ class TransactionManager:
                 self.lookups.aborted(ts)
                 raise
             self.lookups.writing(ts, _row_keys(ops))
-        tx = Transaction(ts, epoch=self.epoch)
+        tx = Transaction(ts, epoch=granted, catalog_bound=True)
         return await self._run(tx, ops)
 
     def _row_ops(self, operations: list[cpb.Operation]) -> list[lpb.RowOp]:
@@ -180,7 +185,7 @@ class TransactionManager:
         timestamp, so every row becomes visible at once when it commits, and an LTM never
         spends long on one message."""
         ts, epoch = await self.clock.next(self.lookups.writes((), tables, self.epoch))
-        tx = Transaction(ts, epoch=self.epoch)
+        tx = Transaction(ts, epoch=epoch, catalog_bound=True)
 
         async def rounds() -> None:
             async for ops in chunks:
@@ -224,8 +229,8 @@ class TransactionManager:
         to write: nothing commits, and the reads' timestamp is returned."""
         for attempt in itertools.count():
             # its rows are known only once it has read: any row of its tables until then
-            ts, _ = await self.clock.next(self.lookups.writes((), tables, self.epoch))
-            tx = Transaction(ts, epoch=self.epoch)
+            ts, epoch = await self.clock.next(self.lookups.writes((), tables, self.epoch))
+            tx = Transaction(ts, epoch=epoch, catalog_bound=True)
             try:
                 operations = await build(ts)
                 if operations:
@@ -303,6 +308,10 @@ class TransactionManager:
         ts = tx.ts
         try:
             await prepared
+            if tx.catalog_bound and tx.epoch != self.epoch:
+                raise errors.TooLate(
+                    "tables, views or indexes changed during the transaction; retry it"
+                )
             if failpoints.ARMED:
                 failpoints.hit(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED)
         except BaseException:

@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import zlib
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from aggview import errors, failpoints
@@ -37,12 +38,20 @@ from coordinator.cumulus_view import CumulusView
 from coordinator.transactions import Transaction, TransactionManager
 from coordinator.view_query import Condition
 from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState
-from cumulus.compiler import AlterView, CreateView, DropView, compile_view, parse_view_statement
+from cumulus.compiler import (
+    AlterView,
+    CreateView,
+    DropView,
+    altered_plan,
+    compile_view,
+    parse_view_statement,
+)
 from cumulus.delta import Changes, from_scratch, view_delta
 from cumulus.plan import ViewPlan
 
 log = logging.getLogger(__name__)
 META_KEY = b"\x01"  # the one row of a view's meta table
+SWITCH_WAIT_S = 30.0  # how long a read waits for a view to finish switching to sync
 
 
 @dataclass
@@ -62,6 +71,12 @@ class View:
     # Kept as partial rows, one per partition that changed a group (see DECISIONS, Views);
     # views created before partial rows keep one row per group.
     partials: bool = False
+    # ALTER ... SET (refresh = ...) is under way: no member refreshes it (in every member's
+    # configuration: a refresh elsewhere could drain changes a new runtime needs)
+    switching: bool = False
+    # a sync view switching to cumulus captures its changes too (in every member's
+    # configuration): the runtime loads a snapshot taken after capture started
+    also_captures: bool = False
 
     @property
     def name(self) -> str:
@@ -94,7 +109,7 @@ class View:
 
     @property
     def captures(self) -> bool:
-        return self.plan.mode != "sync" or self.state == "initializing"
+        return self.plan.mode != "sync" or self.state == "initializing" or self.also_captures
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,6 +119,10 @@ class View:
             "snapshot": self.snapshot,
             "partials": self.partials,
         }
+
+    def configured(self) -> dict[str, Any]:
+        """What a member runs under: what is persisted, and the switch's flags."""
+        return {**self.to_json(), "switching": self.switching, "also_captures": self.also_captures}
 
 
 @dataclass
@@ -172,7 +191,7 @@ class ViewManager:
             home = view.number % (len(self.manager.members) or 1)
             lost = getattr(self.manager.clock, "lost", ())
             here = home == self.manager.member or (self.manager.member == 0 and home in lost)
-        wanted = view.state == "live" and view.plan.mode != "sync" and here
+        wanted = view.state == "live" and view.plan.mode != "sync" and here and not view.switching
         running = view.refresher is not None and not view.refresher.done()
         if wanted and not running:
             self._start_refresher(view)
@@ -208,16 +227,7 @@ class ViewManager:
             "indexes": [
                 {"table": t, "column": c, "index_id": i} for (t, c), i in self.indexes.items()
             ],
-            "views": [
-                {
-                    "plan": v.plan.to_json(),
-                    "number": v.number,
-                    "state": v.state,
-                    "partials": v.partials,
-                    "snapshot": v.snapshot,
-                }
-                for v in self.views.values()
-            ],
+            "views": [v.configured() for v in self.views.values()],
         }
 
     def install(self, epoch: int, configuration: dict[str, Any]) -> None:
@@ -235,6 +245,8 @@ class ViewManager:
                 entry["state"],
                 partials=entry["partials"],
                 snapshot=entry.get("snapshot", 0),
+                switching=entry.get("switching", False),
+                also_captures=entry.get("also_captures", False),
             )
             view.compiled = ViewState(view.plan, catalog.table)
             before = self.views.get(view.name)
@@ -268,7 +280,7 @@ class ViewManager:
             if isinstance(statement, DropView):
                 return await self._drop(statement)
             if isinstance(statement, AlterView):
-                return self._alter(statement)
+                return await self._alter(statement)
         raise errors.InvalidArgument("unsupported view statement")
 
     async def _create(self, create: CreateView) -> str:
@@ -424,10 +436,7 @@ class ViewManager:
         return f"dropped materialized view {drop.name}"
 
     async def _forget(self, view: View) -> None:
-        if view.refresher is not None:
-            view.refresher.cancel()
-            with contextlib.suppress(BaseException):
-                await view.refresher
+        await self._stop_refresher(view)
         self.views.pop(view.name, None)
         self.runtimes.pop(view.name, None)
         self.catalog.view_names.discard(view.name)
@@ -459,17 +468,123 @@ class ViewManager:
         }
         return {key: index for key, index in self.indexes.items() if key not in needed}
 
-    def _alter(self, alter: AlterView) -> str:
+    async def _alter(self, alter: AlterView) -> str:
+        """New options for a live view; a new mode takes over without losing or counting
+        twice a change (see DECISIONS, "Switching a view's mode")."""
         view = self.views.get(alter.name)
         if view is None:
             raise errors.UnknownTable(f"unknown materialized view {alter.name!r}")
-        if view.plan.mode != "async":
-            raise errors.InvalidArgument(
-                f"materialized view {alter.name} is {view.plan.mode}: it has no refresh interval"
-            )
-        view.plan = replace(view.plan, interval_ms=alter.interval_ms)
+        if view.state != "live":
+            raise errors.FailedPrecondition(f"materialized view {view.name} is still initializing")
+        plan = altered_plan(view.plan, alter)
+        if plan == view.plan:
+            return f"materialized view {view.name} is already {_describe(plan)}"
+        old, old_snapshot = view.plan, view.snapshot
+        view.switching = True
+        try:
+            self.publish()  # every member stops refreshing it (one granted already is older)
+            await self._stop_refresher(view)
+            async with view.lock:  # a refresh or epoch asked for before the ALTER ends first
+                pass
+            same_runtime = (old.nodes, old.speculation) == (plan.nodes, plan.speculation)
+            if old.mode == plan.mode and (plan.mode == "async" or same_runtime):
+                self._replan(view, plan)  # a new interval, or epoch: the refresher restarts
+            elif plan.mode == "cumulus":
+                await self._switch_to_cumulus(view, plan)
+            elif old.mode == "cumulus":
+                await self._switch_from_cumulus(view, plan)
+            elif plan.mode == "sync":
+                await self._switch_to_sync(view, plan)
+            else:
+                self._switch_to_async(view, plan)
+        except BaseException:
+            if view.state == "draining":  # maintained already: the drain must finish
+                asyncio.get_running_loop().create_task(self._finish_draining(view))
+            elif old.mode == "cumulus" and view.plan.mode != "cumulus":
+                self._replan(view, old)  # the runtime goes on from where it was
+                view.state, view.snapshot = "live", old_snapshot
+            raise
+        finally:
+            view.switching = view.also_captures = False
+            if self.views.get(view.name) is view:
+                self.publish()
+                self._persist(view)
+                self._reconcile_refresher(view)
+        return f"materialized view {view.name} is now {_describe(view.plan)}"
+
+    async def _stop_refresher(self, view: View) -> None:
+        if view.refresher is not None:
+            view.refresher.cancel()
+            with contextlib.suppress(BaseException):
+                await view.refresher
+            view.refresher = None
+
+    def _switch_to_async(self, view: View, plan: ViewPlan) -> None:
+        """sync -> async: every timestamp granted so far runs under the sync catalog (a
+        client's transaction commits only under its timestamp's catalog), every later one
+        captures instead; so once the earlier ones are decided the rows are the view at the
+        last of them, and refreshes drain the captured changes from there."""
+        cut = self.manager.clock.issued()
+        self._replan(view, plan)
+        view.snapshot = cut
+        self.publish()
+
+    async def _switch_to_sync(self, view: View, plan: ViewPlan) -> None:
+        """async -> sync: the indexes sync maintenance joins through (maintained from the
+        next transaction on, backfilled), then the path a new sync view takes: maintained
+        from the next transaction on, and the changes captured until then drained once
+        (reads wait for that refresh)."""
+        for table, column in self._declare_indexes(plan):
+            await self._backfill_index(table, column)
+        self._replan(view, plan)
+        view.state = "initializing"  # persisted so: a crash before the drain starts over
+        await self._go_live(view)
+
+    async def _finish_draining(self, view: View) -> None:
+        """A switch to sync failed in its drain: drains again until it is done."""
+        while self.views.get(view.name) is view and view.state == "draining":
+            await asyncio.sleep(1.0)
+            try:
+                async with view.lock:
+                    await self._refresh(view)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("draining %s failed: %s; retrying", view.name, exc)
+                continue
+            view.state = "live"
+            self.publish()
+            self._persist(view)
+
+    async def _switch_to_cumulus(self, view: View, plan: ViewPlan) -> None:
+        """To cumulus (or to a runtime on other nodes or in the other mode): the runtime
+        loads a snapshot taken once every later change is captured; the old mode serves
+        reads until it takes over, and the changes captured after the snapshot are its
+        first epoch's."""
+        if view.plan.mode == "sync":
+            view.also_captures = True
+            self.publish()
+        async with self.manager.snapshot() as ts:
+            runtime = await self._runtime_at(view, plan, ts)
+        self._replan(view, plan)
+        view.snapshot, view.also_captures = ts, False
+        self.runtimes[view.name] = runtime
+
+    async def _switch_from_cumulus(self, view: View, plan: ViewPlan) -> None:
+        """cumulus -> sync or async: the view's rows are computed again from a snapshot, as
+        a new view's (the runtime's maps are not rows of that form); the runtime serves reads
+        until they are live."""
+        new_indexes = self._declare_indexes(plan) if plan.mode == "sync" else []
+        self._replan(view, plan)
+        view.state = "initializing"
         self._persist(view)
-        return f"materialized view {alter.name} refreshes every {alter.interval_ms} ms"
+        self.publish()
+        await self._initialize(view, fresh=False, new_indexes=new_indexes)
+        self.runtimes.pop(view.name, None)
+
+    def _replan(self, view: View, plan: ViewPlan) -> None:
+        view.plan = plan
+        view.compiled = ViewState(plan, self.catalog.table)
 
     def views_on(self, table: str) -> list[str]:
         return [v.name for v in self.views.values() if table in v.plan.base_tables()]
@@ -527,7 +642,8 @@ class ViewManager:
             # captured since the snapshot are drained once and capture stops.
             view.state = "draining"
             self.publish()
-            await self.refresh(view.name, initializing=True)
+            async with view.lock:
+                await self._refresh(view)
         view.state = "live"
         self.publish()
         self._persist(view)
@@ -729,17 +845,27 @@ class ViewManager:
 
         view.refresher = asyncio.get_running_loop().create_task(loop())
 
-    async def refresh(self, name: str, *, initializing: bool = False) -> int:
-        """Drains the view's change rows below a new timestamp into the view (Algorithm 5.2).
-        Any member may run it: two at once are ordered by their timestamps like any writers
-        of the change rows they drain (the younger one's read makes the older one retry)."""
+    async def refresh(self, name: str) -> int:
+        """Drains the view's change rows below a new timestamp into the view (Algorithm 5.2),
+        or runs a cumulus view's epoch, now."""
         view = self.views.get(name)
         if view is None:
             raise errors.UnknownTable(f"unknown materialized view {name!r}")
-        if view.plan.mode == "sync" and not initializing:
+        if view.plan.mode == "sync":
             raise errors.InvalidArgument(f"materialized view {name} is sync: always fresh")
         if view.state == "initializing":
             raise errors.FailedPrecondition(f"materialized view {name} is still initializing")
+        if view.switching:
+            raise errors.FailedPrecondition(
+                f"materialized view {name} is switching modes (ALTER ... SET); refresh it after"
+            )
+        async with view.lock:
+            return await self._refresh(view)
+
+    async def _refresh(self, view: View) -> int:
+        """One refresh (the caller holds ``view.lock``). Any member may run it: two at once
+        are ordered by their timestamps like any writers of the change rows they drain (the
+        younger one's read makes the older one retry)."""
         if view.plan.mode == "cumulus":
             return await self._epoch(view)
         assert view.compiled is not None
@@ -759,7 +885,7 @@ class ViewManager:
                 ops.append(_meta(view, refreshed_at=ts))
             return ops
 
-        async with view.lock, failpoints.scope("refresh"):
+        async with failpoints.scope("refresh"):
             ts = await self.manager.system_transaction(drain)
         self.manager.refreshes += 1
         return ts
@@ -767,18 +893,12 @@ class ViewManager:
     # ------------------------------------------------------------------ cumulus views
 
     async def _load_runtime(self, view: View) -> int:
-        """A cumulus view's runtime from a snapshot of its tables: every row one insert of a
-        first epoch (the maps' definitions over the snapshot). Captured changes after it are
-        what each later epoch feeds; those at or below it are in already."""
+        """A cumulus view's runtime from a snapshot of its tables (a first epoch). Captured
+        changes after it are what each later epoch feeds; those at or below it are in."""
         loaded: list[CumulusView] = []
 
         async def load(ts: int) -> list[lpb.RowOp]:
-            tables = await self._read_tables(view, ts)
-            schemas = {t: self.catalog.table(t) for t in tables}
-            runtime = await asyncio.to_thread(CumulusView, view.plan, schemas)
-            rows = {table: found.values() for table, found in tables.items()}
-            await asyncio.to_thread(runtime.load, rows, ts)
-            loaded[:] = [runtime]
+            loaded[:] = [await self._runtime_at(view, view.plan, ts)]
             view.snapshot = ts
             return [_meta(view, refreshed_at=ts)]
 
@@ -787,11 +907,21 @@ class ViewManager:
         self._persist(view)
         return written
 
+    async def _runtime_at(self, view: View, plan: ViewPlan, ts: int) -> CumulusView:
+        """A runtime for ``plan`` holding the view's tables at ``ts``: every row one insert
+        (the maps' definitions over the snapshot)."""
+        tables = await self._read_tables(view, ts)
+        schemas = {t: self.catalog.table(t) for t in tables}
+        runtime = await asyncio.to_thread(CumulusView, plan, schemas)
+        rows = {table: found.values() for table, found in tables.items()}
+        await asyncio.to_thread(runtime.load, rows, ts)
+        return runtime
+
     async def _reload_runtime(self, view: View) -> None:
         """After a restart: the runtime is in memory only, so it starts over from a new
         snapshot (nothing lost: the change rows after it are still there; nothing twice:
         those at or below it are skipped)."""
-        while view.name in self.views and view.name not in self.runtimes:
+        while self._runtime_missing(view):
             try:
                 async with view.lock:
                     await self._load_runtime(view)
@@ -802,6 +932,15 @@ class ViewManager:
                 await asyncio.sleep(1.0)
         if view.name in self.views:
             self._reconcile_refresher(view)
+
+    def _runtime_missing(self, view: View) -> bool:
+        """A cumulus view (still, and not being switched) whose runtime is not loaded."""
+        return (
+            self.views.get(view.name) is view
+            and view.plan.mode == "cumulus"
+            and not view.switching
+            and view.name not in self.runtimes
+        )
 
     async def _epoch(self, view: View) -> int:
         """One epoch of a cumulus view: drains its change rows below a new timestamp (in
@@ -820,17 +959,16 @@ class ViewManager:
             ops, drained[:] = await self._take_changes(view, ts)
             return [*ops, _meta(view, refreshed_at=ts)]
 
-        async with view.lock:
-            ts = await self.manager.system_transaction(drain)
-            in_order = sorted(drained, key=lambda change: (change[1][-8:], change[1]))
-            changes = [(table, before, after) for table, _, before, after in in_order]
-            try:
-                await asyncio.to_thread(runtime.apply, changes, ts)
-            except Exception:
-                # its state is unknown now: load it again from a snapshot
-                self.runtimes.pop(view.name, None)
-                asyncio.get_running_loop().create_task(self._reload_runtime(view))
-                raise
+        ts = await self.manager.system_transaction(drain)
+        in_order = sorted(drained, key=lambda change: (change[1][-8:], change[1]))
+        changes = [(table, before, after) for table, _, before, after in in_order]
+        try:
+            await asyncio.to_thread(runtime.apply, changes, ts)
+        except Exception:
+            # its state is unknown now: load it again from a snapshot
+            self.runtimes.pop(view.name, None)
+            asyncio.get_running_loop().create_task(self._reload_runtime(view))
+            raise
         self.manager.refreshes += 1
         return ts
 
@@ -910,15 +1048,11 @@ class ViewManager:
     ) -> tuple[list[dict[str, Any]], int]:
         """The view's groups that meet ``conditions``, rolled up to the group columns ``keep``
         (None: the view's own), from one snapshot (see ``coordinator.view_query``)."""
-        view = self.views.get(name)
-        if view is None:
-            raise errors.UnknownTable(f"unknown materialized view {name!r}")
-        if view.state != "live":
-            raise errors.FailedPrecondition(f"materialized view {name} is still initializing")
+        view = await self._readable(name)
         assert view.compiled is not None
         compiled = view.compiled
         view_query.check(compiled, name, conditions, keep)
-        if view.plan.mode == "cumulus":
+        if view.plan.mode == "cumulus" or view.state != "live":  # a runtime serves it
             return self._read_runtime(view, conditions, keep, at)
         for condition in conditions:  # type checks, each with a clear error
             group = next((g for g in view.plan.group_by if g.name == condition.column), None)
@@ -939,6 +1073,23 @@ class ViewManager:
         if not view.plan.group_by and not groups:
             groups = {NO_GROUP_KEY: {}}  # SQL: an aggregate without GROUP BY has one row
         return view_query.answer(compiled, groups, conditions, keep), consistent_at
+
+    async def _readable(self, name: str) -> View:
+        """The view, once it can be read: live, or switching from cumulus (its runtime serves
+        reads until the rows are computed); a sync view draining what it captured before (a
+        new one, or one switching from async) is waited for, one refresh's time."""
+        deadline = time.monotonic() + SWITCH_WAIT_S
+        while True:
+            view = self.views.get(name)
+            if view is None:
+                raise errors.UnknownTable(f"unknown materialized view {name!r}")
+            if view.state == "live" or view.name in self.runtimes:
+                return view
+            if view.state != "draining" or time.monotonic() > deadline:
+                raise errors.FailedPrecondition(f"materialized view {name} is still initializing")
+            await asyncio.sleep(0.01)
+            if self.manager.leader is not None:
+                await self.manager.catch_up()  # a follower learns the state with a timestamp
 
     async def _stored_groups(
         self, view: View, prefixes: list[list[Any]] | None, ts: int
@@ -961,13 +1112,20 @@ class ViewManager:
         return rows
 
     async def refreshed_at(self, view: View) -> int:
-        """The timestamp an async view's rows are consistent at now (its last refresh)."""
+        """The timestamp an async view's rows are consistent at now (its last refresh), or a
+        cumulus view's last committed epoch (0 where its runtime is not)."""
+        if view.plan.mode == "cumulus":
+            runtime = self.runtimes.get(view.name)
+            return runtime.committed_at if runtime is not None else 0
         async with self.manager.snapshot() as ts:
             return await self._refreshed_at(view, ts)
 
     async def _refreshed_at(self, view: View, ts: int) -> int:
+        """Its last refresh, or, before the first one after a switch from sync, the
+        timestamp the switch cut its history at."""
         meta = await self.manager.read_keys_at(view.meta_id, [META_KEY], ts)
-        return (decode_row(meta.get(META_KEY, b"")) or {}).get("refreshed_at", 0)
+        refreshed = (decode_row(meta.get(META_KEY, b"")) or {}).get("refreshed_at", 0)
+        return max(refreshed, view.snapshot)
 
 
 def touching(plan: ViewPlan, changes: Changes) -> Changes:
@@ -998,3 +1156,14 @@ def _meta(view: View, *, refreshed_at: int) -> lpb.RowOp:
         key=META_KEY,
         values=encode_row({"refreshed_at": refreshed_at}),
     )
+
+
+def _describe(plan: ViewPlan) -> str:
+    if plan.mode == "async":
+        return f"async, refreshed every {plan.interval_ms} ms"
+    if plan.mode == "cumulus":
+        return (
+            f"cumulus ({plan.speculation}, {plan.nodes} nodes, an epoch every "
+            f"{plan.interval_ms} ms)"
+        )
+    return "sync"

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sqlglot
@@ -95,10 +95,15 @@ class DropView:
 
 @dataclass(frozen=True)
 class AlterView:
-    """Only the refresh interval can change; the caller checks that the view is async."""
+    """New options for a live view: its mode (``refresh``) or its mode's own options, as
+    checked values (``altered_plan`` applies them to the view's plan)."""
 
     name: str
-    interval_ms: int
+    refresh: str = ""  # the new mode; empty: the view keeps its own
+    interval_ms: int = 0
+    nodes: int = 0
+    epoch_ms: int = 0
+    speculation: str = ""
 
 
 ViewStatement = CreateView | DropView | AlterView
@@ -288,20 +293,66 @@ def _drop(header: _Header) -> DropView:
     return DropView(name, if_exists)
 
 
+ALTER_USAGE = (
+    "ALTER MATERIALIZED VIEW name SET (refresh = 'sync'|'async'|'cumulus', interval_ms = N, "
+    "nodes = N, epoch_ms = M, mode = 'speculative'|'conservative')"
+)
+
+
 def _alter(header: _Header) -> AlterView:
-    usage = "ALTER MATERIALIZED VIEW name SET (interval_ms = N)"
-    name = header.name(usage)
-    header.expect("SET", usage)
-    options = header.options(usage)
-    if "refresh" in [key for key, _, _ in options]:
+    name = header.name(ALTER_USAGE)
+    header.expect("SET", ALTER_USAGE)
+    options = header.options(ALTER_USAGE)
+    values = view_options(options, ("refresh", "interval_ms", "nodes", "epoch_ms", "mode"))
+    header.end(ALTER_USAGE)
+    if not values:
+        raise errors.InvalidArgument(f"nothing to alter; usage: {ALTER_USAGE}")
+    return AlterView(
+        name,
+        refresh=values.get("refresh", ""),
+        interval_ms=values.get("interval_ms", 0),
+        nodes=values.get("nodes", 0),
+        epoch_ms=values.get("epoch_ms", 0),
+        speculation=values.get("mode", ""),
+    )
+
+
+def altered_plan(plan: ViewPlan, alter: AlterView) -> ViewPlan:
+    """``plan`` under ``alter``'s options: a new mode takes its defaults for what is not given;
+    an option of another mode than the one the view ends in is an error naming it."""
+    mode = alter.refresh or plan.mode
+    if alter.interval_ms and mode != "async":
         raise errors.InvalidArgument(
-            "refresh cannot be changed by ALTER; drop and create the view again"
+            f"interval_ms applies only to refresh = 'async'; materialized view {plan.name} "
+            f"would be {mode}"
         )
-    values = view_options(options, ("interval_ms",))
-    header.end(usage)
-    if "interval_ms" not in values:
-        raise errors.InvalidArgument(f"nothing to alter; usage: {usage}")
-    return AlterView(name, values["interval_ms"])
+    misplaced = [
+        option
+        for option, value in (
+            ("nodes", alter.nodes),
+            ("epoch_ms", alter.epoch_ms),
+            ("mode", alter.speculation),
+        )
+        if value and mode != "cumulus"
+    ]
+    if misplaced:
+        raise errors.InvalidArgument(
+            f"{', '.join(misplaced)} applies only to refresh = 'cumulus'; materialized view "
+            f"{plan.name} would be {mode}"
+        )
+    same = mode == plan.mode
+    if mode == "sync":
+        return replace(plan, mode=mode, interval_ms=0, nodes=0, speculation="")
+    if mode == "async":
+        interval = alter.interval_ms or (plan.interval_ms if same else DEFAULT_ASYNC_INTERVAL_MS)
+        return replace(plan, mode=mode, interval_ms=interval, nodes=0, speculation="")
+    return replace(
+        plan,
+        mode=mode,
+        interval_ms=alter.epoch_ms or (plan.interval_ms if same else DEFAULT_EPOCH_MS),
+        nodes=alter.nodes or (plan.nodes if same else DEFAULT_NODES),
+        speculation=alter.speculation or (plan.speculation if same else "speculative"),
+    )
 
 
 def parse_view_statement(sql: str) -> ViewStatement | None:

@@ -19,9 +19,12 @@ from aggview import errors
 from aggview.schema import Column, ColumnType, TableSchema
 from cumulus import compiler
 from cumulus.compiler import (
+    DEFAULT_ASYNC_INTERVAL_MS,
+    DEFAULT_EPOCH_MS,
     AlterView,
     CreateView,
     DropView,
+    altered_plan,
     compile_sql,
     compile_view,
     parse_view_statement,
@@ -127,8 +130,12 @@ def test_create_defaults_to_sync_and_keeps_the_select_text() -> None:
         ),
         ("DROP MATERIALIZED VIEW v", DropView("v", False)),
         ("drop materialized view if exists V;", DropView("v", True)),
-        ("ALTER MATERIALIZED VIEW v SET (interval_ms = 250)", AlterView("v", 250)),
-        ('alter materialized view "V" set ( INTERVAL_MS=99 ) ;', AlterView("V", 99)),
+        ("ALTER MATERIALIZED VIEW v SET (interval_ms = 250)", AlterView("v", interval_ms=250)),
+        ('alter materialized view "V" set ( INTERVAL_MS=99 ) ;', AlterView("V", interval_ms=99)),
+        (
+            "ALTER MATERIALIZED VIEW v SET (refresh = 'cumulus', nodes = 3, mode = conservative)",
+            AlterView("v", refresh="cumulus", nodes=3, speculation="conservative"),
+        ),
     ],
 )
 def test_view_statements(sql: str, expected: object) -> None:
@@ -193,7 +200,8 @@ _CREATE = "CREATE MATERIALIZED VIEW v WITH ({}) AS SELECT count(*) FROM events"
         ("DROP MATERIALIZED VIEW a, b", "one view at a time"),
         ("DROP MATERIALIZED VIEW v CASCADE", "unexpected 'CASCADE'"),
         ("DROP MATERIALIZED VIEW", "expected a view name"),
-        ("ALTER MATERIALIZED VIEW v SET (refresh = 'sync')", "refresh cannot be changed"),
+        ("ALTER MATERIALIZED VIEW v SET (refresh = 'lazy')", "refresh must be 'sync', 'async'"),
+        ("ALTER MATERIALIZED VIEW v SET (nodes = 0)", "nodes must be a whole number from 1"),
         ("ALTER MATERIALIZED VIEW v SET (interval_ms = 5)", "between 10 and 86400000; got 5"),
         ("ALTER MATERIALIZED VIEW v SET (foo = 5)", "unknown view option foo"),
         ("ALTER MATERIALIZED VIEW v SET ()", "nothing to alter"),
@@ -209,6 +217,35 @@ def test_bad_view_statements(sql: str, fragment: str | None) -> None:
     with pytest.raises(errors.InvalidArgument) as caught:
         parse_view_statement(sql)
     assert fragment in str(caught.value)
+
+
+def test_an_altered_plan_takes_the_new_mode_s_defaults_and_refuses_other_modes_options() -> None:
+    create = parse_view_statement(
+        "CREATE MATERIALIZED VIEW v WITH (refresh = 'async', interval_ms = 250) "
+        "AS SELECT cat_id, COUNT(*) AS n FROM products GROUP BY cat_id"
+    )
+    assert isinstance(create, CreateView)
+    plan = compile_view(create, CATALOG.__getitem__)
+    cumulus = altered_plan(plan, AlterView("v", refresh="cumulus", nodes=3))
+    assert (cumulus.mode, cumulus.nodes, cumulus.interval_ms, cumulus.speculation) == (
+        "cumulus",
+        3,
+        DEFAULT_EPOCH_MS,
+        "speculative",
+    )
+    assert altered_plan(cumulus, AlterView("v", epoch_ms=40)).nodes == 3  # its own kept
+    back = altered_plan(cumulus, AlterView("v", refresh="async"))
+    assert (back.mode, back.interval_ms, back.nodes) == ("async", DEFAULT_ASYNC_INTERVAL_MS, 0)
+    assert altered_plan(plan, AlterView("v", interval_ms=40)).interval_ms == 40
+    assert altered_plan(plan, AlterView("v", refresh="sync")).interval_ms == 0
+    assert altered_plan(plan, AlterView("v", refresh="async")) == plan  # nothing changes
+    for alter, fragment in (
+        (AlterView("v", refresh="sync", interval_ms=40), "interval_ms applies only"),
+        (AlterView("v", nodes=2), "nodes applies only to refresh = 'cumulus'"),
+        (AlterView("v", refresh="async", speculation="conservative"), "mode applies only"),
+    ):
+        with pytest.raises(errors.InvalidArgument, match=fragment):
+            altered_plan(plan, alter)
 
 
 # === supported constructs ======================================================================

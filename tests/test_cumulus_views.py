@@ -174,6 +174,6 @@ def test_cumulus_view_options_and_reads_are_checked(client: Client, table_name: 
         pytest.raises(errors.FailedPrecondition, match="last committed epoch"),
     ):
         snapshot.view(f"{table_name}_v")
-    with pytest.raises(errors.InvalidArgument, match="no refresh interval"):
+    with pytest.raises(errors.InvalidArgument, match="interval_ms applies only to refresh = .async."):
         client.sql(f"ALTER MATERIALIZED VIEW {table_name}_v SET (interval_ms = 500)")
     assert list(client.view(f"{table_name}_v")) == [{"g": 1, "s": 3, "a": 3}]

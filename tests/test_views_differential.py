@@ -138,7 +138,7 @@ def assert_same(view_rows: list[dict[str, Any]], expected: list[tuple[Any, ...]]
 
     got = sorted((tuple(row.values()) for row in view_rows), key=key)
     want = sorted(expected, key=key)
-    assert [key(r) for r in got] == [key(r) for r in want]
+    assert [key(r) for r in got] == [key(r) for r in want], (got, want)
     for got_row, want_row in zip(got, want, strict=True):
         for g, w, a in zip(got_row, want_row, approx, strict=True):
             if a and g is not None and w is not None:

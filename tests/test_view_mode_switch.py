@@ -1,0 +1,163 @@
+"""``ALTER MATERIALIZED VIEW v SET (refresh = ...)`` switches a live view between sync, async and
+cumulus while writers go on. A change committed during a switch must count once: the view must
+equal an independent engine's (duckdb) recomputation afterwards, for random views, random
+concurrent multi-table transactions (deletes, join-key and group-key moves) and random sequences
+of switches, with readers reading through every switch, in the shared cluster and on members
+(where other processes coordinate writes and run async refreshers)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_cumulus_views import create_tables
+from test_views_differential import (
+    Model,
+    assert_same,
+    recompute,
+    run_round,
+    view_select,
+    view_specs,
+)
+
+from aggview import errors
+from aggview.cluster import LocalCluster
+from coordinator import Client
+
+_runs = itertools.count()
+
+
+@st.composite
+def targets(draw: st.DrawFn) -> str:
+    """The options of one mode, as ALTER ... SET and CREATE ... WITH take them."""
+    mode = draw(st.sampled_from(["sync", "async", "cumulus"]))
+    if mode == "sync":
+        return "refresh = 'sync'"
+    if mode == "async":
+        return f"refresh = 'async', interval_ms = {draw(st.sampled_from([30, 60000]))}"
+    nodes = draw(st.integers(1, 2))
+    speculation = draw(st.sampled_from(["speculative", "conservative"]))
+    epoch = draw(st.sampled_from([30, 60000]))
+    return f"refresh = 'cumulus', nodes = {nodes}, epoch_ms = {epoch}, mode = '{speculation}'"
+
+
+@pytest.fixture(scope="module")
+def members(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("switch"), ltms=4, processes=2) as running:
+        yield running
+
+
+def _switches_lose_and_double_nothing(
+    cluster: LocalCluster, spec: dict, modes: list[str], delays: list[float]
+) -> None:
+    run = next(_runs)
+    names = [f"m{run}_t{i}" for i in range(spec["tables"])]
+    rng = random.Random(spec["seed"])
+    model = Model(names)
+    view = f"m{run}_v"
+    with Client(cluster.address, timeout=60) as client:
+        create_tables(client, names, model, rng)
+        select = view_select(spec, names)
+        client.sql(f"CREATE MATERIALIZED VIEW {view} WITH ({modes[0]}) AS {select}")
+        for round_number, (target, delay) in enumerate(zip(modes[1:], delays, strict=False)):
+            stop = threading.Event()
+            with ThreadPoolExecutor(2) as pool:
+                writers = pool.submit(
+                    run_round, cluster.address, model, spec["seed"] + round_number, 3, 4
+                )
+                reader = pool.submit(_read_until, cluster.address, view, stop)
+                time.sleep(delay)
+                client.sql(f"ALTER MATERIALIZED VIEW {view} SET ({target})")
+                writers.result()
+                stop.set()
+                assert reader.result() > 0
+            if target != "refresh = 'sync'":
+                client.refresh(view)  # what every change so far made of it
+            rows = client.view(view)
+            with client.snapshot() as snapshot:  # no write since: the same state
+                expected = recompute(snapshot, names, select)
+            try:
+                assert_same(rows, expected, spec)
+            except AssertionError as failure:
+                raise AssertionError(f"after round {round_number}: SET ({target})") from failure
+        client.sql(f"DROP MATERIALIZED VIEW {view}")
+
+
+def _read_until(address: str, view: str, stop: threading.Event) -> int:
+    """Reads the view while writers and a switch go on: each read must succeed."""
+    reads = 0
+    with Client(address, timeout=60) as client:
+        while not stop.is_set() or not reads:
+            client.view(view)
+            reads += 1
+            time.sleep(0.005)
+    return reads
+
+
+SWITCHES = st.lists(targets(), min_size=3, max_size=4)
+DELAYS = st.lists(st.sampled_from([0.0, 0.02, 0.1]), min_size=3, max_size=3)
+SETTINGS = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+}
+
+
+EXAMPLES = int(os.environ.get("AGGVIEW_SWITCH_EXAMPLES", "6"))  # raise it for a soak
+
+
+@settings(max_examples=EXAMPLES, **SETTINGS)  # type: ignore[arg-type]
+@given(spec=view_specs(), modes=SWITCHES, delays=DELAYS)
+def test_mode_switches_under_load_lose_and_double_nothing(
+    cluster: LocalCluster, spec: dict, modes: list[str], delays: list[float]
+) -> None:
+    _switches_lose_and_double_nothing(cluster, spec, modes, delays)
+
+
+@settings(max_examples=max(1, EXAMPLES * 2 // 3), **SETTINGS)  # type: ignore[arg-type]
+@given(spec=view_specs(), modes=SWITCHES, delays=DELAYS)
+def test_mode_switches_on_members_lose_and_double_nothing(
+    members: LocalCluster, spec: dict, modes: list[str], delays: list[float]
+) -> None:
+    _switches_lose_and_double_nothing(members, spec, modes, delays)
+
+
+def test_bad_switches_are_refused_and_the_view_stays(client: Client, table_name: str) -> None:
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, g INT, v INT)")
+    view = f"{table_name}_v"
+    client.sql(
+        f"CREATE MATERIALIZED VIEW {view} AS SELECT g, SUM(v) AS s FROM {table_name} GROUP BY g"
+    )
+    with client.transaction() as tx:
+        tx.insert(table_name, {"id": 1, "g": 1, "v": 3})
+    bad = {
+        "interval_ms = 500": "interval_ms applies only to refresh = 'async'; materialized view",
+        "refresh = 'async', nodes = 2": "nodes applies only to refresh = 'cumulus'",
+        "refresh = 'eager'": "refresh must be 'sync', 'async' or 'cumulus'",
+        "refresh = 'cumulus', epoch_ms = 1": "epoch_ms must be between 10 and",
+    }
+    for options, message in bad.items():
+        with pytest.raises(errors.InvalidArgument, match=message):
+            client.sql(f"ALTER MATERIALIZED VIEW {view} SET ({options})")
+    with pytest.raises(errors.UnknownTable, match="nope"):
+        client.sql("ALTER MATERIALIZED VIEW nope SET (refresh = 'async')")
+    assert (
+        "already sync"
+        in client.sql(f"ALTER MATERIALIZED VIEW {view} SET (refresh = 'sync')").message
+    )
+    assert list(client.view(view)) == [{"g": 1, "s": 3}]
+    client.sql(f"ALTER MATERIALIZED VIEW {view} SET (refresh = 'cumulus', nodes = 1)")
+    with pytest.raises(errors.InvalidArgument, match="interval_ms applies only"):
+        client.sql(f"ALTER MATERIALIZED VIEW {view} SET (interval_ms = 50)")
+    with client.transaction() as tx:
+        tx.insert(table_name, {"id": 2, "g": 1, "v": 4})
+    client.refresh(view)
+    assert list(client.view(view)) == [{"g": 1, "s": 7}]
+    client.sql(f"DROP MATERIALIZED VIEW {view}")
