@@ -1,20 +1,20 @@
 """A view maintained by the Cumulus runtime (``refresh = 'cumulus'``): its SELECT compiled to an
 M3 program by recursive delta compilation, run by DW nodes (``cumulus.runtime``), fed the
 committed changes of our transactions in timestamp order. Reads come from the last committed
-epoch, exact at the timestamp of the last change it holds. (Tentative reads, the newest
-values, which may mix timestamps, come with the hosts below.)
+epoch, exact at the timestamp of the last change it holds.
 
 Pure: the view manager (``coordinator.views``) reads the snapshot and the change rows, and
 hands them here; this module never touches the cluster.
 
-The runtime is in-process (the simulator host running the same node state machines the gRPC
-and Spark hosts run), and each epoch is fed, then run to quiescence and committed: between two
-calls the runtime is at rest, so a tentative read would equal the committed one. The hosts
-where messages travel in real time, and tentative values that run ahead, are the next step."""
+The runtime is the simulator host in this process (the same node state machines the gRPC and
+Spark hosts run) or, given ``start``, another host (``coordinator.cumulus_hosts``). Each epoch
+is fed, then run until committed: between two calls the runtime is at rest, so a tentative read
+would equal the committed one; tentative values that run ahead need a feed that does not wait
+for the epoch (not built)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aggview.schema import TableSchema, from_storage
@@ -30,13 +30,22 @@ Row = dict[str, Any]
 
 
 class CumulusView:
-    def __init__(self, plan: ViewPlan, schemas: Mapping[str, TableSchema]) -> None:
-        """``schemas``: every table the view reads, by name."""
+    def __init__(
+        self,
+        plan: ViewPlan,
+        schemas: Mapping[str, TableSchema],
+        start: Callable[[Program], Any] | None = None,
+    ) -> None:
+        """``schemas``: every table the view reads, by name; ``start``: the runtime for the
+        compiled program (default: the simulator host, in this process)."""
         self.plan = plan
         self.schemas = dict(schemas)
         self.program: Program = compile_program([plan], self.schemas.__getitem__)
         self.shape = self.program.views[0]
-        self.runtime = Simulator(self.program, nodes=plan.nodes, mode=plan.speculation)
+        if start is None:
+            self.runtime: Any = Simulator(self.program, nodes=plan.nodes, mode=plan.speculation)
+        else:
+            self.runtime = start(self.program)
         # the view's rows at the last committed epoch and our timestamp of it: one object,
         # replaced whole, so a read (on the event loop) never pairs rows with another epoch's
         # timestamp while ``apply`` runs in a worker thread
@@ -66,6 +75,12 @@ class CumulusView:
         self.runtime.finish()
         _, maps = self.runtime.snapshot()
         self._last = (read_view(holding(self.program, maps), self.shape), ts)
+
+    def close(self) -> None:
+        """Stops the runtime's nodes where they are processes."""
+        close = getattr(self.runtime, "close", None)
+        if close is not None:
+            close()
 
     @property
     def committed_at(self) -> int:

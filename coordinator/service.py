@@ -474,7 +474,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
                 owner=record.owner,
                 epoch=record.epoch,
             )
-    ViewManager(manager)
+    ViewManager(manager, runtime_dir=config.log_dir / "cumulus", tls=config.tls)
     return manager
 
 

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import itertools
 import logging
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aggview import errors, failpoints
@@ -31,9 +34,11 @@ from aggview.merge import combine, gather, negate
 from aggview.partition_map import changes_table, index_table, partial_key, partition_of
 from aggview.rowcodec import decode_row, encode_row
 from aggview.schema import Column, TableSchema, to_storage
+from aggview.security import TlsDir
 from aggview.wire import ltm_pb2 as lpb
 from coordinator import view_query
 from coordinator.catalog import Catalog
+from coordinator.cumulus_hosts import start_runtime
 from coordinator.cumulus_view import CumulusView
 from coordinator.transactions import Transaction, TransactionManager
 from coordinator.view_query import Condition
@@ -134,8 +139,18 @@ class ExternalInit:
 
 
 class ViewManager:
-    def __init__(self, manager: TransactionManager) -> None:
+    def __init__(
+        self,
+        manager: TransactionManager,
+        runtime_dir: Path | None = None,
+        tls: TlsDir | None = None,
+    ) -> None:
+        """``runtime_dir``: where cumulus views hosted in processes keep their nodes' files;
+        ``tls``: how those nodes are reached."""
         self.manager = manager
+        self.runtime_dir = runtime_dir
+        self.tls = tls
+        self._runtimes_started = itertools.count()
         self.catalog: Catalog = manager.catalog
         self.views: dict[str, View] = {}
         self.indexes: dict[tuple[str, str], str] = {}  # (table, column) -> index table id
@@ -207,6 +222,8 @@ class ViewManager:
         await asyncio.gather(
             *(v.refresher for v in self.views.values() if v.refresher), return_exceptions=True
         )
+        runtimes, self.runtimes = list(self.runtimes.values()), {}
+        await asyncio.gather(*(asyncio.to_thread(r.close) for r in runtimes))
 
     def _register(self, view: View) -> None:
         view.compiled = ViewState(view.plan, self.catalog.table)
@@ -438,7 +455,7 @@ class ViewManager:
     async def _forget(self, view: View) -> None:
         await self._stop_refresher(view)
         self.views.pop(view.name, None)
-        self.runtimes.pop(view.name, None)
+        self._retire(view.name)
         self.catalog.view_names.discard(view.name)
         self.catalog.put_entry("view", view.name, None)
         self.publish()
@@ -486,7 +503,11 @@ class ViewManager:
             await self._stop_refresher(view)
             async with view.lock:  # a refresh or epoch asked for before the ALTER ends first
                 pass
-            same_runtime = (old.nodes, old.speculation) == (plan.nodes, plan.speculation)
+            same_runtime = (old.nodes, old.speculation, old.host) == (
+                plan.nodes,
+                plan.speculation,
+                plan.host,
+            )
             if old.mode == plan.mode and (plan.mode == "async" or same_runtime):
                 self._replan(view, plan)  # a new interval, or epoch: the refresher restarts
             elif plan.mode == "cumulus":
@@ -568,6 +589,7 @@ class ViewManager:
             runtime = await self._runtime_at(view, plan, ts)
         self._replan(view, plan)
         view.snapshot, view.also_captures = ts, False
+        self._retire(view.name)  # the runtime it had (other nodes or mode)
         self.runtimes[view.name] = runtime
 
     async def _switch_from_cumulus(self, view: View, plan: ViewPlan) -> None:
@@ -580,7 +602,7 @@ class ViewManager:
         self._persist(view)
         self.publish()
         await self._initialize(view, fresh=False, new_indexes=new_indexes)
-        self.runtimes.pop(view.name, None)
+        self._retire(view.name)
 
     def _replan(self, view: View, plan: ViewPlan) -> None:
         view.plan = plan
@@ -912,10 +934,24 @@ class ViewManager:
         (the maps' definitions over the snapshot)."""
         tables = await self._read_tables(view, ts)
         schemas = {t: self.catalog.table(t) for t in tables}
-        runtime = await asyncio.to_thread(CumulusView, plan, schemas)
-        rows = {table: found.values() for table, found in tables.items()}
-        await asyncio.to_thread(runtime.load, rows, ts)
+        directory = None
+        if self.runtime_dir is not None:
+            directory = self.runtime_dir / f"{view.view_id}-{next(self._runtimes_started)}"
+        start = functools.partial(start_runtime, plan=plan, directory=directory, tls=self.tls)
+        runtime = await asyncio.to_thread(CumulusView, plan, schemas, start)
+        try:
+            rows = {table: found.values() for table, found in tables.items()}
+            await asyncio.to_thread(runtime.load, rows, ts)
+        except BaseException:
+            await asyncio.to_thread(runtime.close)
+            raise
         return runtime
+
+    def _retire(self, name: str) -> None:
+        """Drops the view's runtime, stopping its nodes in the background."""
+        runtime = self.runtimes.pop(name, None)
+        if runtime is not None:
+            asyncio.get_running_loop().run_in_executor(None, runtime.close)
 
     async def _reload_runtime(self, view: View) -> None:
         """After a restart: the runtime is in memory only, so it starts over from a new
@@ -965,8 +1001,9 @@ class ViewManager:
         try:
             await asyncio.to_thread(runtime.apply, changes, ts)
         except Exception:
-            # its state is unknown now: load it again from a snapshot
-            self.runtimes.pop(view.name, None)
+            # its state is unknown now (a DW node died?): load it again from a snapshot
+            log.warning("epoch of cumulus view %s failed; loading it again", view.name)
+            self._retire(view.name)
             asyncio.get_running_loop().create_task(self._reload_runtime(view))
             raise
         self.manager.refreshes += 1

@@ -37,6 +37,7 @@ from sqlglot.tokens import Token, Tokenizer, TokenType
 from aggview import errors
 from aggview.schema import ColumnType, TableSchema
 from cumulus.plan import (
+    HOSTS,
     MODES,
     SPECULATION,
     Aggregate,
@@ -68,6 +69,8 @@ DEFAULT_ASYNC_INTERVAL_MS = 1000
 DEFAULT_EPOCH_MS = 100  # a Cumulus view's epoch: how often its committed snapshot moves
 DEFAULT_NODES = 2
 MAX_NODES = 64
+VIEW_OPTIONS = ("refresh", "interval_ms", "nodes", "epoch_ms", "mode", "host")
+CUMULUS_OPTIONS = ("nodes", "epoch_ms", "mode", "host")
 MIN_INTERVAL_MS = 10
 MAX_INTERVAL_MS = 86_400_000
 MAX_SCALE = 38
@@ -85,6 +88,7 @@ class CreateView:
     select_sql: str
     nodes: int = 0  # cumulus: DW nodes
     speculation: str = ""  # cumulus: speculative or conservative
+    host: str = ""  # cumulus: where its DW nodes run (local or grpc)
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class AlterView:
     nodes: int = 0
     epoch_ms: int = 0
     speculation: str = ""
+    host: str = ""
 
 
 ViewStatement = CreateView | DropView | AlterView
@@ -236,8 +241,9 @@ def view_options(options: list[tuple[str, str, str]], allowed: tuple[str, ...]) 
     for key, kind, text in options:
         if key in values:
             raise errors.InvalidArgument(f"view option {key} is given twice")
-        if key in ("refresh", "mode"):
-            values[key] = _choice(key, kind, text, MODES if key == "refresh" else SPECULATION)
+        if key in ("refresh", "mode", "host"):
+            choices = {"refresh": MODES, "mode": SPECULATION, "host": HOSTS}[key]
+            values[key] = _choice(key, kind, text, choices)
         elif key == "nodes":
             if kind != "number" or not _INTEGER.fullmatch(text) or not 1 <= int(text) <= MAX_NODES:
                 raise errors.InvalidArgument(
@@ -253,12 +259,12 @@ def _create(header: _Header) -> CreateView:
     usage = (
         "CREATE MATERIALIZED VIEW name [WITH (refresh = 'sync'|'async', interval_ms = N)] "
         "| [WITH (refresh = 'cumulus', nodes = N, epoch_ms = M, mode = 'speculative'|"
-        "'conservative')] AS SELECT ..."
+        "'conservative', host = 'local'|'grpc')] AS SELECT ..."
     )
     if_not_exists = header.accept("IF", "NOT", "EXISTS")
     name = header.name(usage)
     options = header.options(usage) if header.accept("WITH") else []
-    values = view_options(options, ("refresh", "interval_ms", "nodes", "epoch_ms", "mode"))
+    values = view_options(options, VIEW_OPTIONS)
     as_token = header.expect("AS", usage)
     mode = values.get("refresh", "sync")
     if mode != "async" and "interval_ms" in values:
@@ -266,7 +272,7 @@ def _create(header: _Header) -> CreateView:
             "interval_ms applies only to refresh = 'async' (a sync view is maintained by every "
             "writing transaction; a cumulus view's runtime commits every epoch_ms)"
         )
-    misplaced = [k for k in ("nodes", "epoch_ms", "mode") if k in values and mode != "cumulus"]
+    misplaced = [k for k in CUMULUS_OPTIONS if k in values and mode != "cumulus"]
     if misplaced:
         raise errors.InvalidArgument(f"{', '.join(misplaced)} applies only to refresh = 'cumulus'")
     interval = {
@@ -280,7 +286,8 @@ def _create(header: _Header) -> CreateView:
     if mode != "cumulus":
         return CreateView(name, if_not_exists, mode, interval, select_sql)
     nodes, speculation = values.get("nodes", DEFAULT_NODES), values.get("mode", "speculative")
-    return CreateView(name, if_not_exists, mode, interval, select_sql, nodes, speculation)
+    host = values.get("host", "local")
+    return CreateView(name, if_not_exists, mode, interval, select_sql, nodes, speculation, host)
 
 
 def _drop(header: _Header) -> DropView:
@@ -295,7 +302,7 @@ def _drop(header: _Header) -> DropView:
 
 ALTER_USAGE = (
     "ALTER MATERIALIZED VIEW name SET (refresh = 'sync'|'async'|'cumulus', interval_ms = N, "
-    "nodes = N, epoch_ms = M, mode = 'speculative'|'conservative')"
+    "nodes = N, epoch_ms = M, mode = 'speculative'|'conservative', host = 'local'|'grpc')"
 )
 
 
@@ -303,7 +310,7 @@ def _alter(header: _Header) -> AlterView:
     name = header.name(ALTER_USAGE)
     header.expect("SET", ALTER_USAGE)
     options = header.options(ALTER_USAGE)
-    values = view_options(options, ("refresh", "interval_ms", "nodes", "epoch_ms", "mode"))
+    values = view_options(options, VIEW_OPTIONS)
     header.end(ALTER_USAGE)
     if not values:
         raise errors.InvalidArgument(f"nothing to alter; usage: {ALTER_USAGE}")
@@ -314,6 +321,7 @@ def _alter(header: _Header) -> AlterView:
         nodes=values.get("nodes", 0),
         epoch_ms=values.get("epoch_ms", 0),
         speculation=values.get("mode", ""),
+        host=values.get("host", ""),
     )
 
 
@@ -332,6 +340,7 @@ def altered_plan(plan: ViewPlan, alter: AlterView) -> ViewPlan:
             ("nodes", alter.nodes),
             ("epoch_ms", alter.epoch_ms),
             ("mode", alter.speculation),
+            ("host", alter.host),
         )
         if value and mode != "cumulus"
     ]
@@ -342,16 +351,17 @@ def altered_plan(plan: ViewPlan, alter: AlterView) -> ViewPlan:
         )
     same = mode == plan.mode
     if mode == "sync":
-        return replace(plan, mode=mode, interval_ms=0, nodes=0, speculation="")
+        return replace(plan, mode=mode, interval_ms=0, nodes=0, speculation="", host="")
     if mode == "async":
         interval = alter.interval_ms or (plan.interval_ms if same else DEFAULT_ASYNC_INTERVAL_MS)
-        return replace(plan, mode=mode, interval_ms=interval, nodes=0, speculation="")
+        return replace(plan, mode=mode, interval_ms=interval, nodes=0, speculation="", host="")
     return replace(
         plan,
         mode=mode,
         interval_ms=alter.epoch_ms or (plan.interval_ms if same else DEFAULT_EPOCH_MS),
         nodes=alter.nodes or (plan.nodes if same else DEFAULT_NODES),
         speculation=alter.speculation or (plan.speculation if same else "speculative"),
+        host=alter.host or (plan.host if same else "local"),
     )
 
 
@@ -1050,6 +1060,7 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
         interval_ms=create.interval_ms,
         nodes=create.nodes,
         speculation=create.speculation,
+        host=create.host,
         tables=tables,
         edges=edges,
         filters=filters,

@@ -27,6 +27,7 @@ Expr = dict[str, Any]
 
 MODES = ("sync", "async", "cumulus")
 SPECULATION = ("speculative", "conservative")  # how a Cumulus view's runtime runs
+HOSTS = ("local", "grpc")  # where its DW nodes run: in the coordinating process, or processes
 AGGREGATE_KINDS = ("count_star", "count", "sum", "avg", "min", "max", "count_distinct")
 PLAN_FORMAT = 1
 
@@ -217,6 +218,7 @@ class ViewPlan:
     # refresh = 'cumulus': the DW nodes of its runtime and how it runs (interval_ms: the epoch)
     nodes: int = 0
     speculation: str = ""
+    host: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -226,13 +228,13 @@ class ViewPlan:
         if self.mode != "sync" and self.interval_ms <= 0:
             raise InvalidArgument(f"view {self.name}: an {self.mode} view needs interval_ms > 0")
         if self.mode == "cumulus":
-            if self.nodes < 1 or self.speculation not in SPECULATION:
+            if self.nodes < 1 or self.speculation not in SPECULATION or self.host not in HOSTS:
                 raise InvalidArgument(
-                    f"view {self.name}: a cumulus view needs nodes >= 1 and a mode of "
-                    f"{' or '.join(SPECULATION)}"
+                    f"view {self.name}: a cumulus view needs nodes >= 1, a mode of "
+                    f"{' or '.join(SPECULATION)} and a host of {' or '.join(HOSTS)}"
                 )
-        elif self.nodes or self.speculation:
-            raise InvalidArgument(f"view {self.name}: nodes and mode are for cumulus views")
+        elif self.nodes or self.speculation or self.host:
+            raise InvalidArgument(f"view {self.name}: nodes, mode and host are for cumulus views")
         aliases = [t.alias for t in self.tables]
         if not aliases or len(set(aliases)) != len(aliases):
             raise InvalidArgument(f"view {self.name}: table aliases must be present and distinct")
@@ -312,7 +314,11 @@ class ViewPlan:
             "aggregates": [a.to_json() for a in self.aggregates],
             "having": copy.deepcopy(self.having),
             "output": list(self.output),
-            **({"nodes": self.nodes, "speculation": self.speculation} if self.nodes else {}),
+            **(
+                {"nodes": self.nodes, "speculation": self.speculation, "host": self.host}
+                if self.nodes
+                else {}
+            ),
         }
 
     @classmethod
@@ -342,4 +348,7 @@ class ViewPlan:
             output=tuple(output),
             nodes=_field(data, "nodes", int, what) if "nodes" in data else 0,  # type: ignore[operator]
             speculation=_field(data, "speculation", str, what) if "nodes" in data else "",  # type: ignore[operator]
+            host=(_field(data, "host", str, what) if "host" in data else "local")  # type: ignore[operator]
+            if "nodes" in data  # type: ignore[operator]
+            else "",
         )

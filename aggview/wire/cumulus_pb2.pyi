@@ -223,6 +223,18 @@ class MapReply(_message.Message):
     entries: _containers.RepeatedCompositeFieldContainer[Entry]
     def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
 
+class PreloadRequest(_message.Message):
+    __slots__ = ("map", "entries")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    def __init__(self, map: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
+
+class PreloadReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class NodeStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

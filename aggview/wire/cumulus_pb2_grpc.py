@@ -52,6 +52,11 @@ class DwNodeStub:
                 request_serializer=aggview_dot_wire_dot_cumulus__pb2.MapRequest.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_cumulus__pb2.MapReply.FromString,
                 _registered_method=True)
+        self.Preload = channel.unary_unary(
+                '/aggview.v1.DwNode/Preload',
+                request_serializer=aggview_dot_wire_dot_cumulus__pb2.PreloadRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_cumulus__pb2.PreloadReply.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/aggview.v1.DwNode/Stats',
                 request_serializer=aggview_dot_wire_dot_cumulus__pb2.NodeStatsRequest.SerializeToString,
@@ -83,6 +88,12 @@ class DwNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Preload(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -106,6 +117,11 @@ def add_DwNodeServicer_to_server(servicer, server):
                     servicer.ReadMap,
                     request_deserializer=aggview_dot_wire_dot_cumulus__pb2.MapRequest.FromString,
                     response_serializer=aggview_dot_wire_dot_cumulus__pb2.MapReply.SerializeToString,
+            ),
+            'Preload': grpc.unary_unary_rpc_method_handler(
+                    servicer.Preload,
+                    request_deserializer=aggview_dot_wire_dot_cumulus__pb2.PreloadRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_cumulus__pb2.PreloadReply.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -197,6 +213,33 @@ class DwNode:
             '/aggview.v1.DwNode/ReadMap',
             aggview_dot_wire_dot_cumulus__pb2.MapRequest.SerializeToString,
             aggview_dot_wire_dot_cumulus__pb2.MapReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Preload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.DwNode/Preload',
+            aggview_dot_wire_dot_cumulus__pb2.PreloadRequest.SerializeToString,
+            aggview_dot_wire_dot_cumulus__pb2.PreloadReply.FromString,
             options,
             channel_credentials,
             insecure,

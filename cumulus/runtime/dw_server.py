@@ -28,9 +28,9 @@ from aggview.wire import cumulus_pb2 as pb
 from aggview.wire import cumulus_pb2_grpc as pb_grpc
 from cumulus.m3.parser import parse_program
 from cumulus.runtime.messages import COORDINATOR, Message
-from cumulus.runtime.node import Node
+from cumulus.runtime.node import Node, ProtocolError
 from cumulus.runtime.placement import Placement
-from cumulus.runtime.wire import decode, encode, encode_entries
+from cumulus.runtime.wire import decode, decode_entries, encode, encode_entries
 
 log = logging.getLogger("aggview.cumulus")
 
@@ -255,6 +255,26 @@ class _Servicer:
         except ValueError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.MapReply(entries=encode_entries(entries))
+
+    async def Preload(  # noqa: N802
+        self, request: pb.PreloadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreloadReply:
+        node = self.host.node
+        if request.map not in node.placement.key_counts:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no map {request.map!r}")
+        entries = decode_entries(request.entries)
+        strangers = [k for k in entries if node.placement.node_of(request.map, k) != node.number]
+        if strangers:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"map {request.map}: key {strangers[0]!r} belongs to node "
+                f"{node.placement.node_of(request.map, strangers[0])}, not {node.number}",
+            )
+        try:
+            node.preload(request.map, entries)
+        except ProtocolError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return pb.PreloadReply()
 
     async def Stats(  # noqa: N802
         self, request: pb.NodeStatsRequest, context: grpc.aio.ServicerContext

@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,11 @@ from cumulus.runtime.messages import COORDINATOR, Dispatch, EpochCommit, Key
 from cumulus.runtime.placement import Placement
 from cumulus.runtime.simulator import Report, Update
 from cumulus.runtime.switch import Clock, Switch
-from cumulus.runtime.wire import decode, decode_entries, encode
+from cumulus.runtime.wire import decode, decode_entries, encode, encode_entries
 
 BATCH = 256
 LINGER = 0.005
+PRELOAD_CHUNK = 20_000  # map entries per Preload message
 WINDOW = 20_000
 STALL = 120.0  # seconds without any answer from the nodes before a run is declared stuck
 
@@ -244,6 +245,22 @@ class GrpcRuntime:
     def latencies(self) -> list[float]:
         """Seconds from each update's dispatch to its last write (updates that wrote)."""
         return [self._done[ts] - at for ts, at in self._entered.items() if ts in self._done]
+
+    def preload(self, maps: Mapping[str, Mapping[Key, Any]]) -> None:
+        """Maps computed before any update (over a snapshot), each entry to the node holding
+        its key, in messages of at most ``PRELOAD_CHUNK`` entries."""
+        if self._fed:
+            raise errors.FailedPrecondition("preload after updates: the maps would miss them")
+        for name, entries in maps.items():
+            by_node: dict[int, dict[Key, Any]] = {}
+            for key, value in entries.items():
+                by_node.setdefault(self.placement.node_of(name, key), {})[key] = value
+            for number, part in by_node.items():
+                items = list(part.items())
+                for start in range(0, len(items), PRELOAD_CHUNK):
+                    chunk = dict(items[start : start + PRELOAD_CHUNK])
+                    request = pb.PreloadRequest(map=name, entries=encode_entries(chunk))
+                    self._stubs[number].Preload(request, metadata=self._metadata, timeout=60)
 
     def maps(self) -> dict[str, dict[Key, Any]]:
         return self._gather(pb.MapRequest(committed=False))
