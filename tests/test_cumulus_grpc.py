@@ -23,6 +23,7 @@ from coordinator.catalog import table_from_create
 from cumulus.runtime.grpc_host import GrpcRuntime, start_node_processes
 from cumulus.runtime.replay import replay
 from cumulus.runtime.simulator import Simulator
+from cumulus.runtime.wire import encode_entries
 
 
 @pytest.fixture
@@ -81,6 +82,44 @@ def test_processes_give_the_simulators_maps_and_exact_snapshots(nodes: list[Serv
     simulated = Simulator(program, nodes=len(nodes), switches=switches, mode=mode)
     simulated.run(stream)
     assert simulated.maps() == want
+
+
+@pytest.mark.parametrize(
+    "nodes", [{"program": "seed003_q3", "nodes": 2, "switches": 1}], indirect=True
+)
+def test_maps_preloaded_over_grpc_then_fed_equal_the_interpreter(nodes: list[Server]) -> None:
+    """What a cumulus view on node processes does at each load: the maps over a snapshot
+    go to the nodes in Preload calls, each entry to the node holding its key; the updates
+    after the snapshot run the protocol on top. A Preload of the wrong node's key, of a map
+    that does not exist, or after updates is refused and the nodes serve on."""
+    program = _program("seed003_q3")
+    stream = random_stream(program, random.Random(8), 600)
+    runtime = GrpcRuntime(program, [s.address for s in nodes], epoch_ms=10**9)
+    try:
+        loaded = interpreted(program, stream[:400])
+        runtime.preload(loaded)
+        stub = runtime._stubs[0]
+        name, entries = next((n, e) for n, e in loaded.items() if len(e) > 1)
+        stranger = next(k for k in entries if runtime.placement.node_of(name, k) != 0)
+        wrong = pb.PreloadRequest(map=name, entries=encode_entries({stranger: entries[stranger]}))
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Preload(wrong)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "belongs to node 1, not 0" in (caught.value.details() or "")
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Preload(pb.PreloadRequest(map="nope"))
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        runtime.feed(stream[400:])
+        runtime.finish()
+        assert runtime.snapshot()[1] == interpreted(program, stream)
+        with pytest.raises(errors.FailedPrecondition, match="preload after updates"):
+            runtime.preload(loaded)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Preload(pb.PreloadRequest(map=name))
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        runtime.close()
+    assert all(node.running() for node in nodes)
 
 
 def test_replay_over_grpc_checks_and_names_a_dead_node(tmp_path: Path) -> None:
