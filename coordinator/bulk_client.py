@@ -33,6 +33,7 @@ class Described:
     refreshed_at: int
     state: str
     store_url: str
+    runtime: dict[str, Any] | None = None  # a cumulus view's runtime counts (at member 0)
 
 
 class BulkClient:
@@ -74,6 +75,7 @@ class BulkClient:
             refreshed_at=reply.refreshed_at,
             state=reply.state,
             store_url=reply.store_url,
+            runtime=json.loads(reply.runtime_json) if reply.runtime_json else None,
         )
 
     def hold_snapshot(self, ttl_ms: int = 0) -> tuple[int, int]:

@@ -50,6 +50,8 @@ class CumulusView:
         # replaced whole, so a read (on the event loop) never pairs rows with another epoch's
         # timestamp while ``apply`` runs in a worker thread
         self._last: tuple[list[Row], int] = ([], 0)
+        self.epochs = 0
+        self._counts: dict[str, Any] = {}
 
     def load(self, tables: Mapping[str, Iterable[Row]], ts: int) -> None:
         """The view's tables at snapshot ``ts`` (stored rows): every map's value over them,
@@ -61,6 +63,7 @@ class CumulusView:
                 reference.apply("+", table, self._values(table, row))
         self.runtime.preload({name: store.data for name, store in reference.maps.items()})
         self._last = (read_view(reference, self.shape), ts)
+        self._count()
 
     def apply(self, changes: Iterable[tuple[str, Row | None, Row | None]], ts: int) -> None:
         """Every committed change of the view's tables up to ``ts`` not yet applied, in
@@ -73,8 +76,26 @@ class CumulusView:
                 updates.append(("+", table, self._values(table, after)))
         self.runtime.feed(updates)
         self.runtime.finish()
+        self.epochs += 1
+        self._count()
         _, maps = self.runtime.snapshot()
         self._last = (read_view(holding(self.program, maps), self.shape), ts)
+
+    def counts(self) -> dict[str, Any]:
+        """What the runtime did since it was loaded, as of the last epoch (read on the event
+        loop while an epoch may run in a worker thread): updates fed (a change is a delete and
+        an insert), messages by kind, corrective updates, epochs, log entries."""
+        return self._counts
+
+    def _count(self) -> None:
+        report = self.runtime.report
+        self._counts = {
+            "updates": report.updates,
+            "messages": dict(report.messages),
+            "corrective": report.corrective,
+            "epochs": self.epochs,
+            "logs": self.runtime.log_sizes(),
+        }
 
     def close(self) -> None:
         """Stops the runtime's nodes where they are processes."""

@@ -230,6 +230,7 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
         refreshed_at = 0
         if view.plan.mode != "sync" and view.state == "live":
             refreshed_at = await self.manager.views.refreshed_at(view)
+        runtime = self.manager.views.runtimes.get(view.name)
         return cpb.DescribeReply(
             kind=cpb.DescribeReply.VIEW,
             store_table=view.view_id,
@@ -238,6 +239,7 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
             columns=list(view.plan.output),
             refreshed_at=refreshed_at,
             state=view.state,
+            runtime_json=json.dumps(runtime.counts()) if runtime is not None else "",
         )
 
     @grpc_method

@@ -309,6 +309,37 @@ def _tables(client: Client) -> list[dict[str, Any]]:
     return [{"name": name} for name in BulkClient(client).list()[0]]
 
 
+def _runtime_counts(address: str, mode: Mode, options: dict[str, Any]) -> dict[str, Any] | None:
+    """A cumulus view's runtime counts (``CumulusView.counts``), from process 0."""
+    if mode.kind != "cumulus":
+        return None
+    from coordinator.bulk_client import BulkClient
+
+    with Client(address, **options) as client:
+        return BulkClient(client).describe(VIEW).runtime
+
+
+def runtime_costs(
+    before: dict[str, Any] | None, after: dict[str, Any] | None
+) -> dict[str, float | int | None]:
+    """Messages and corrective updates per 1,000 updates the runtime was fed between two
+    counts, and its log entries at the second (None where there is no runtime)."""
+    out: dict[str, float | int | None] = {
+        "messages_per_1k": None,
+        "corrective_per_1k": None,
+        "log_entries": None,
+    }
+    if not before or not after:
+        return out
+    updates = after["updates"] - before["updates"]
+    if updates > 0:
+        sent = sum(after["messages"].values()) - sum(before["messages"].values())
+        out["messages_per_1k"] = 1000 * sent / updates
+        out["corrective_per_1k"] = 1000 * (after["corrective"] - before["corrective"]) / updates
+    out["log_entries"] = sum(after["logs"].values())
+    return out
+
+
 def verify(address: str, mode: Mode, options: dict[str, Any]) -> bool:
     if mode.kind == "none":
         return True
@@ -394,8 +425,12 @@ def run_benchmark(
                                 )
 
                         cpu_before = _server_cpu(cluster)
+                        counts_before = _runtime_counts(address, mode, options)
                         p = asyncio.run(point())
                         cpu_after = _server_cpu(cluster)
+                        runtime = runtime_costs(
+                            counts_before, _runtime_counts(address, mode, options)
+                        )
                         cpu_ms = None
                         if cpu_before is not None and cpu_after is not None:
                             events = max(p.events + p.probes, 1)
@@ -420,6 +455,7 @@ def run_benchmark(
                             max_error=float(verdict.max_cost_error) if verdict else None,
                             unknown=ledger.unknown if ledger else 0,
                             cpu_ms_per_event=cpu_ms,
+                            **runtime,
                             verified=None,
                         )
                     status.plain = f"{mode.label}: verifying"
@@ -444,6 +480,15 @@ def ratios(report: RunReport) -> list[dict[str, Any]]:
                 {"mode": row["mode"], "k": row["k"], "ratio": row["tx_per_s"] / base[row["k"]]}
             )
     return out
+
+
+# a plot per column, a line per mode (modes without the column left out)
+PER_MODE_PLOTS = (
+    ("fresh_p50_ms", "Freshness: a commit to the first read holding it (p50)", "ms"),
+    ("cpu_ms_per_event", "Server CPU per event", "ms"),
+    ("messages_per_1k", "Cumulus runtime messages per 1,000 updates", "messages"),
+    ("corrective_per_1k", "Cumulus corrective updates per 1,000 updates", "corrective updates"),
+)
 
 
 def write_outputs(report: RunReport, out: Path) -> list[Path]:
@@ -477,6 +522,29 @@ def write_outputs(report: RunReport, out: Path) -> list[Path]:
                 logx=True,
             )
         )
+    for column, title, unit in PER_MODE_PLOTS:
+        series = {
+            mode: points
+            for mode in dict.fromkeys(row["mode"] for row in report.rows)
+            if (
+                points := [
+                    (row["k"], row[column])
+                    for row in report.rows
+                    if row["mode"] == mode and row.get(column) is not None
+                ]
+            )
+        }
+        if series:
+            written.append(
+                line_plot(
+                    out / f"dashboard_{column}.png",
+                    title,
+                    "events per transaction",
+                    unit,
+                    series,
+                    logx=True,
+                )
+            )
     latency = {row["mode"] + " p99": [] for row in report.rows}
     for row in report.rows:
         if row["p99_ms"] is not None:
@@ -514,6 +582,8 @@ def run(args: argparse.Namespace, options: dict[str, Any]) -> None:
             "fresh_p99_ms",
             "consistent",
             "cpu_ms_per_event",
+            "messages_per_1k",
+            "corrective_per_1k",
             "verified",
         ],
         console,

@@ -56,12 +56,24 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
     assert all(r["reads"] > 0 and r["consistent"] == 1.0 and r["unknown"] == 0 for r in views)
     assert all(r["cpu_ms_per_event"] is None for r in report.rows)  # a running cluster
     assert all((r["fresh_p50_ms"] is None) == (r["mode"] == "none") for r in report.rows)
+    # the runtime's costs, for the cumulus view only: every update goes out as messages
+    for r in report.rows:
+        cumulus = r["mode"].startswith("cumulus")
+        assert (r["messages_per_1k"] is not None and r["messages_per_1k"] >= 1000) == cumulus
+        assert (r["corrective_per_1k"] is not None) == cumulus
+        assert (r["log_entries"] is not None) == cumulus
     assert all(r["verified"] for r in report.rows)
     assert events == sum(r["committed"] * r["k"] + r["probes"] for r in report.rows)
     assert all(r["aborted"] == 0 and r["tx_per_s"] > 0 for r in report.rows)
     written = dashboard_bench.write_outputs(report, tmp_path / "out")
     names = {p.name for p in written}
-    assert {"dashboard.json", "dashboard.csv", "dashboard_throughput_vs_update_size.png"} <= names
+    assert {
+        "dashboard.json",
+        "dashboard.csv",
+        "dashboard_throughput_vs_update_size.png",
+        "dashboard_fresh_p50_ms.png",
+        "dashboard_messages_per_1k.png",
+    } <= names
     assert all(p.stat().st_size > 0 for p in written)
     ratios = dashboard_bench.ratios(report)
     assert {(r["mode"], r["k"]) for r in ratios} == {(m, k) for m in modes[1:] for k in (1, 4)}
@@ -97,6 +109,22 @@ def test_local_clusters_report_server_cpu_per_event(tmp_path: Path) -> None:
     report = dashboard_bench.run_benchmark(config, {})
     assert [r["mode"] for r in report.rows] == ["none", "cumulus spec 50 ms x1"]
     assert all(r["verified"] and r["cpu_ms_per_event"] > 0 for r in report.rows)
+
+
+def test_runtime_costs_are_per_thousand_updates_between_two_counts() -> None:
+    before = {"updates": 100, "messages": {"Dispatch": 150}, "corrective": 2, "logs": {}}
+    after = {
+        "updates": 300,
+        "messages": {"Dispatch": 450, "Push": 100},
+        "corrective": 12,
+        "logs": {"write_log_entries": 7, "read_log_entries": 3},
+    }
+    assert dashboard_bench.runtime_costs(before, after) == {
+        "messages_per_1k": 2000.0,
+        "corrective_per_1k": 50.0,
+        "log_entries": 10,
+    }
+    assert set(dashboard_bench.runtime_costs(None, None).values()) == {None}
 
 
 def test_the_consistency_verdict_counts_a_wrong_read_and_its_error() -> None:

@@ -234,7 +234,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class DescribeReply(_message.Message):
-    __slots__ = ("kind", "store_table", "schema_json", "plan_json", "base_schemas_json", "columns", "refreshed_at", "state", "store_url")
+    __slots__ = ("kind", "store_table", "schema_json", "plan_json", "base_schemas_json", "columns", "refreshed_at", "state", "store_url", "runtime_json")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         TABLE: _ClassVar[DescribeReply.Kind]
@@ -250,6 +250,7 @@ class DescribeReply(_message.Message):
     REFRESHED_AT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STORE_URL_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_JSON_FIELD_NUMBER: _ClassVar[int]
     kind: DescribeReply.Kind
     store_table: str
     schema_json: str
@@ -259,7 +260,8 @@ class DescribeReply(_message.Message):
     refreshed_at: int
     state: str
     store_url: str
-    def __init__(self, kind: _Optional[_Union[DescribeReply.Kind, str]] = ..., store_table: _Optional[str] = ..., schema_json: _Optional[str] = ..., plan_json: _Optional[str] = ..., base_schemas_json: _Optional[_Iterable[str]] = ..., columns: _Optional[_Iterable[str]] = ..., refreshed_at: _Optional[int] = ..., state: _Optional[str] = ..., store_url: _Optional[str] = ...) -> None: ...
+    runtime_json: str
+    def __init__(self, kind: _Optional[_Union[DescribeReply.Kind, str]] = ..., store_table: _Optional[str] = ..., schema_json: _Optional[str] = ..., plan_json: _Optional[str] = ..., base_schemas_json: _Optional[_Iterable[str]] = ..., columns: _Optional[_Iterable[str]] = ..., refreshed_at: _Optional[int] = ..., state: _Optional[str] = ..., store_url: _Optional[str] = ..., runtime_json: _Optional[str] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ()
