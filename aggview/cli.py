@@ -139,10 +139,25 @@ def _run_ltm(args: argparse.Namespace) -> None:
     asyncio.run(serve(config))
 
 
+def _register_view_hosts() -> None:
+    """Cumulus views may run their DW nodes on Spark (``host = 'spark'``): the Spark layer is
+    imported only when one does."""
+    from coordinator import cumulus_hosts
+
+    def spark(*args: Any) -> Any:
+        from cumulus.spark.view_host import SparkStageNodes
+
+        return SparkStageNodes(*args)
+
+    cumulus_hosts.EXTRA_HOSTS["spark"] = spark
+
+
 def _run_coordinator(args: argparse.Namespace) -> None:
     from aggview.security import TlsDir, load_tokens
     from coordinator.convert import Limits
     from coordinator.service import CoordinatorConfig, serve
+
+    _register_view_hosts()
 
     tls_dir = _server_tls_dir(args)
     tokens = _tokens_path(args, tls_dir)

@@ -5,15 +5,21 @@
 - ``grpc``: one process per DW node (``aggview cumulus node``), started by member 0 beside the
   view, driven over gRPC streams by the runtime's switch and epoch coordinator in member 0.
   The nodes die with the process that started them; a dead node fails the next epoch, which
-  reports it, and the view loads a new runtime (new nodes) from a snapshot.
+  reports it, and the view loads a new runtime (new nodes) from a snapshot;
+- ``spark``: the DW nodes as the tasks of a barrier stage of member 0's Spark session
+  (``cumulus.spark.view_host``, registered in ``EXTRA_HOSTS`` by the server entry point: this
+  layer does not import Spark). A failed stage fails the next epoch, and is recovered the same
+  way.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aggview import errors
 from aggview.cluster import Server
 from aggview.security import TlsDir
 from cumulus.m3.program import Program
@@ -22,6 +28,9 @@ from cumulus.runtime.grpc_host import GrpcRuntime, start_node_processes
 from cumulus.runtime.simulator import Simulator
 
 NO_TIMED_EPOCHS_MS = 10**9  # the view commits an epoch when it has fed one (never on a timer)
+
+# Hosts of other layers, by name: (program, plan, directory, tls) -> runtime
+EXTRA_HOSTS: dict[str, Callable[[Program, ViewPlan, Path | None, TlsDir | None], Any]] = {}
 
 
 class NodeProcesses(GrpcRuntime):
@@ -66,4 +75,12 @@ def start_runtime(
         if directory is None:
             raise ValueError("a gRPC-hosted runtime needs a directory for its nodes' logs")
         return NodeProcesses(program, plan, directory, tls)
-    return Simulator(program, nodes=plan.nodes, mode=plan.speculation)
+    if plan.host == "local":
+        return Simulator(program, nodes=plan.nodes, mode=plan.speculation)
+    start = EXTRA_HOSTS.get(plan.host)
+    if start is None:
+        raise errors.FailedPrecondition(
+            f"materialized view {plan.name}: host '{plan.host}' is not available in this "
+            "server (host 'spark' needs the Spark layer: pip install 'aggview[spark]')"
+        )
+    return start(program, plan, directory, tls)

@@ -259,7 +259,7 @@ def _create(header: _Header) -> CreateView:
     usage = (
         "CREATE MATERIALIZED VIEW name [WITH (refresh = 'sync'|'async', interval_ms = N)] "
         "| [WITH (refresh = 'cumulus', nodes = N, epoch_ms = M, mode = 'speculative'|"
-        "'conservative', host = 'local'|'grpc')] AS SELECT ..."
+        "'conservative', host = 'local'|'grpc'|'spark')] AS SELECT ..."
     )
     if_not_exists = header.accept("IF", "NOT", "EXISTS")
     name = header.name(usage)
@@ -302,7 +302,7 @@ def _drop(header: _Header) -> DropView:
 
 ALTER_USAGE = (
     "ALTER MATERIALIZED VIEW name SET (refresh = 'sync'|'async'|'cumulus', interval_ms = N, "
-    "nodes = N, epoch_ms = M, mode = 'speculative'|'conservative', host = 'local'|'grpc')"
+    "nodes = N, epoch_ms = M, mode = 'speculative'|'conservative', host = 'local'|'grpc'|'spark')"
 )
 
 

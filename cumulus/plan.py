@@ -27,7 +27,8 @@ Expr = dict[str, Any]
 
 MODES = ("sync", "async", "cumulus")
 SPECULATION = ("speculative", "conservative")  # how a Cumulus view's runtime runs
-HOSTS = ("local", "grpc")  # where its DW nodes run: in the coordinating process, or processes
+# where its DW nodes run: in the coordinating process, processes of their own, Spark tasks
+HOSTS = ("local", "grpc", "spark")
 AGGREGATE_KINDS = ("count_star", "count", "sum", "avg", "min", "max", "count_distinct")
 PLAN_FORMAT = 1
 

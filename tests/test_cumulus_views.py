@@ -160,6 +160,34 @@ def _wait_for_nodes(under: Path, wanted: Callable[[list[int]], bool]) -> None:
         time.sleep(0.1)
 
 
+def test_a_view_on_spark_tasks_is_exact_at_every_epoch(tmp_path: Path) -> None:
+    """``host = 'spark'``: the DW nodes are the tasks of a barrier stage of process 0's Spark
+    session; preloaded from a snapshot, then fed changes (deletes and group moves), each epoch
+    equals the base tables at its timestamp."""
+    pytest.importorskip("pyspark")
+    from coordinator.bulk_client import BulkClient
+
+    rng = random.Random(9)
+    select = "SELECT g, SUM(v) AS s, COUNT(*) AS n, MIN(x) AS low FROM ev GROUP BY g"
+    with (
+        own_cluster(tmp_path, ltms=2, processes=1) as cluster,
+        Client(cluster.address, timeout=240) as client,
+    ):
+        client.sql("CREATE TABLE ev (id INT PRIMARY KEY, g TEXT, v DECIMAL(8,2), x INT)")
+        ids = _write(client, rng, range(0, 30))
+        client.sql(
+            "CREATE MATERIALIZED VIEW on_spark WITH (refresh = 'cumulus', nodes = 2, "
+            f"host = 'spark', epoch_ms = 60000) AS {select}"
+        )
+        for batch in (range(30, 60), range(60, 90)):
+            _write(client, rng, batch, ids)
+            _assert_epoch_exact(client, "on_spark", select)
+        counts = BulkClient(client).describe("on_spark").runtime
+        assert counts is not None and counts["updates"] > 0 and counts["epochs"] == 2
+        assert counts["messages"]["Dispatch"] > 0
+        client.sql("DROP MATERIALIZED VIEW on_spark")
+
+
 def _assert_epoch_exact(client: Client, view: str, select: str) -> None:
     epoch = client.refresh(view)
     rows = client.view(view)
