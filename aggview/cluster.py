@@ -65,14 +65,37 @@ def free_port() -> int:
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads), from /proc; 0 once gone."""
+def process_cpu_seconds(pid: int, *, reaped: bool = False) -> float:
+    """User + system CPU seconds of a process (all its threads), from /proc; 0 once gone.
+    ``reaped``: with the CPU of the children it has waited for."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / _CLOCK_TICKS
+
+
+def process_tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and everything it started: its live descendants (a cumulus
+    view's DW node processes, a Spark JVM and its Python workers) and the children it reaped."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += process_cpu_seconds(current, reaped=True)
+        todo.extend(children.get(current, []))
+    return total
 
 
 def _die_with_parent() -> None:
@@ -133,8 +156,9 @@ class Server:
         return self.process is not None and self.process.poll() is None
 
     def cpu_seconds(self) -> float:
-        """CPU the server's process has used so far (0 if it is not running)."""
-        return process_cpu_seconds(self.process.pid) if self.process is not None else 0.0
+        """CPU the server's process, and every process it started, used so far (0 if it is
+        not running)."""
+        return process_tree_cpu_seconds(self.process.pid) if self.process is not None else 0.0
 
     def kill(self) -> None:
         """kill -9: no checkpoint, no goodbye."""

@@ -45,14 +45,16 @@ def view_ddl(
     interval_ms: int = 500,
     nodes: int = 2,
     speculation: str = "speculative",
+    host: str = "local",
 ) -> str:
     """``mode``: sync, async (refreshed every ``interval_ms``) or cumulus (an epoch every
-    ``interval_ms`` on ``nodes`` DW nodes, ``speculation`` speculative or conservative)."""
+    ``interval_ms`` on ``nodes`` DW nodes hosted by ``host``, ``speculation`` speculative or
+    conservative)."""
     options = {
         "sync": "",
         "async": f" WITH (refresh = 'async', interval_ms = {interval_ms})",
         "cumulus": f" WITH (refresh = 'cumulus', epoch_ms = {interval_ms}, nodes = {nodes}, "
-        f"mode = '{speculation}')",
+        f"mode = '{speculation}', host = '{host}')",
     }[mode]
     return f"CREATE MATERIALIZED VIEW {name}{options} AS {select}"
 

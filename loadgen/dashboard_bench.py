@@ -52,8 +52,10 @@ VIEW = "sql1"
 MODES = ("none", "sync", "async", "cumulus")
 MODE_USAGE = (
     "none, sync, async:<interval ms> (e.g. async:500) or "
-    "cumulus:<epoch ms>[:<nodes>][:conservative] (e.g. cumulus:100:2)"
+    "cumulus:<epoch ms>[:<nodes>][:conservative][:grpc|:spark] (e.g. cumulus:100:2, "
+    "cumulus:100:2:spark)"
 )
+HOSTS = ("local", "grpc", "spark")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Mode:
     interval_ms: int = 0  # async: the refresh interval; cumulus: the epoch
     nodes: int = 0  # cumulus: DW nodes
     speculation: str = ""  # cumulus: speculative or conservative
+    host: str = ""  # cumulus: where the DW nodes run (local, grpc or spark)
 
     @property
     def label(self) -> str:
@@ -69,7 +72,8 @@ class Mode:
             return f"async {self.interval_ms} ms"
         if self.kind == "cumulus":
             how = "spec" if self.speculation == "speculative" else "cons"
-            return f"cumulus {how} {self.interval_ms} ms x{self.nodes}"
+            where = "" if self.host == "local" else f" {self.host}"
+            return f"cumulus {how} {self.interval_ms} ms x{self.nodes}{where}"
         return self.kind
 
     @classmethod
@@ -81,18 +85,24 @@ class Mode:
             if rest:
                 raise errors.InvalidArgument(f"mode {kind} takes no interval; got {text!r}")
             return cls(kind)
-        if len(rest) > (1 if kind == "async" else 3):
+        if len(rest) > (1 if kind == "async" else 4):
             raise errors.InvalidArgument(f"mode {text!r}: use {MODE_USAGE}")
         value = _number(text, rest[0] if rest else "500", "the interval", 1, 3_600_000)
         if kind == "async":
             return cls("async", value)
         nodes = _number(text, rest[1], "the nodes", 1, 64) if len(rest) > 1 else 2
-        speculation = rest[2] if len(rest) > 2 else "speculative"
-        if speculation not in ("speculative", "conservative"):
-            raise errors.InvalidArgument(
-                f"mode {text!r}: the last part is speculative or conservative"
-            )
-        return cls("cumulus", value, nodes, speculation)
+        speculation, host = "speculative", "local"
+        for part in rest[2:]:
+            if part in ("speculative", "conservative"):
+                speculation = part
+            elif part in HOSTS:
+                host = part
+            else:
+                raise errors.InvalidArgument(
+                    f"mode {text!r}: after the nodes come speculative or conservative, and "
+                    f"{', '.join(HOSTS)}; got {part!r}"
+                )
+        return cls("cumulus", value, nodes, speculation, host)
 
 
 def _number(text: str, part: str, what: str, low: int, high: int) -> int:
@@ -293,6 +303,7 @@ def _setup(address: str, mode: Mode, scale: dashboard.Scale, options: dict[str, 
                     mode.interval_ms,
                     mode.nodes,
                     mode.speculation,
+                    mode.host,
                 )
             )
 

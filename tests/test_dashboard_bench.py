@@ -104,11 +104,25 @@ def test_local_clusters_report_server_cpu_per_event(tmp_path: Path) -> None:
     """Each mode on a cluster of its own: the servers' CPU per event is measured (a running
     cluster's servers are not the benchmark's to look at: None)."""
     config = dashboard_bench.settings(
-        args(modes=["none", "cumulus:50:1"], sizes=[2], seconds=0.5, clients=2, ltms=2)
+        args(
+            modes=["none", "cumulus:50:1", "cumulus:50:1:grpc"],
+            sizes=[2],
+            seconds=0.5,
+            clients=2,
+            ltms=2,
+        )
     )
     report = dashboard_bench.run_benchmark(config, {})
-    assert [r["mode"] for r in report.rows] == ["none", "cumulus spec 50 ms x1"]
+    modes = ["none", "cumulus spec 50 ms x1", "cumulus spec 50 ms x1 grpc"]
+    assert [r["mode"] for r in report.rows] == modes
     assert all(r["verified"] and r["cpu_ms_per_event"] > 0 for r in report.rows)
+
+
+def test_a_cumulus_mode_names_its_nodes_speculation_and_host_in_any_order() -> None:
+    mode = dashboard_bench.Mode.parse("cumulus:100:3:spark:conservative")
+    assert (mode.nodes, mode.speculation, mode.host) == (3, "conservative", "spark")
+    assert mode.label == "cumulus cons 100 ms x3 spark"
+    assert dashboard_bench.Mode.parse("cumulus:100").label == "cumulus spec 100 ms x2"
 
 
 def test_runtime_costs_are_per_thousand_updates_between_two_counts() -> None:
@@ -154,7 +168,8 @@ def test_the_consistency_verdict_counts_a_wrong_read_and_its_error() -> None:
         ({"modes": ["fast"]}, "unknown mode 'fast'"),
         ({"modes": ["async:often"]}, "interval must be an integer"),
         ({"modes": ["cumulus:100:0"]}, "the nodes must be 1..64"),
-        ({"modes": ["cumulus:100:2:eager"]}, "speculative or conservative"),
+        ({"modes": ["cumulus:100:2:eager"]}, "speculative or conservative, and local, grpc"),
+        ({"modes": ["cumulus:100:2:spark:grpc:x"]}, "use none, sync"),
         ({"modes": ["sync:100"]}, "takes no interval"),
         ({"sizes": [0]}, "update size 0"),
         ({"clients": 0}, "--clients"),
