@@ -512,7 +512,7 @@ def running_cluster(
         ltms=ltms,
         fsync=fsync,
         secure=setup == "tls",
-        replicate=setup.startswith("replicated"),
+        replicate="replicated" in setup,
         store=store,
         processes=setup_processes(setup) or processes,
         **({"code": code} if code is not None else {}),
@@ -649,7 +649,7 @@ def run_load(args: argparse.Namespace) -> list[Result]:
     results: list[Result] = []
     for ltms in args.ltms:
         for setup in args.setup:  # alternated per LTM count, so drift hits all alike
-            if setup.startswith("replicated") and ltms < 2:
+            if "replicated" in setup and ltms < 2:
                 err.print("replication needs at least 2 LTMs: skipped for 1")
                 continue
             prefix = f"aggview-bench-{ltms}-{setup}-"
@@ -671,13 +671,18 @@ def old_code(args: argparse.Namespace) -> Path:
 
 
 def setup_ratios(results: Sequence[Result]) -> list[str]:
-    """Every setup against the baseline, for every case measured both ways: the old code
-    when it was measured (--setup old), else plaintext."""
-    baseline = "old" if any(r.setup == "old" for r in results) else "plain"
-    base_of = {_case(r): r for r in results if r.setup == baseline}
+    """Every setup against its baseline, for every case measured both ways: the old code in
+    the same layout (old-<setup>) when it was measured, else the old code (--setup old), else
+    plaintext."""
+    setups = {r.setup for r in results}
+    default = "old" if "old" in setups else "plain"
+    by_case = {(r.setup, _case(r)): r for r in results}
     lines = []
     for r in results:
-        base = base_of.get(_case(r))
+        if r.setup.startswith("old"):
+            continue
+        baseline = f"old-{r.setup}" if f"old-{r.setup}" in setups else default
+        base = by_case.get((baseline, _case(r)))
         if r.setup != baseline and base is not None and base.tps:
             lines.append(
                 f"{r.setup} against {baseline}: {r.ltms} LTM(s), {r.rows} row(s)/tx, {r.mode}, "
@@ -877,6 +882,8 @@ def build_parser() -> argparse.ArgumentParser:
             "old-one-process",
             "old-processes-2",
             "old-processes-4",
+            "old-replicated",
+            "old-replicated-processes-2",
         ],
         default=["plain"],
         help="plaintext (--insecure); TLS with tokens and member checks; replicated LTM logs "

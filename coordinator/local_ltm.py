@@ -215,14 +215,12 @@ class MemberLtmServicer(LtmServicer):
             raise errors.FailedPrecondition("this member does not replicate (no --replicate)")
         return self.decisions
 
-    @grpc_method
-    async def Replicate(self, request: pb.ReplicateRequest, context: object) -> pb.ReplicateReply:
+    async def _replicate(self, request: pb.ReplicateRequest) -> None:
         decisions = self._replicated()
         if decisions.is_log(request.partition):
             await decisions.replicate(request)
         else:
             await self.local.copying(request.partition).replicate(request)
-        return pb.ReplicateReply()
 
     @grpc_method
     async def TakeOver(self, request: pb.TakeOverRequest, context: object) -> pb.TakeOverReply:

@@ -11,8 +11,10 @@ then every flush again."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -90,6 +92,56 @@ class Mirror:
             sync_directory(self.directory)
 
 
+class FlushStream:
+    """One ordered ``ReplicateStream`` to the backup: each flush is sent on it and answered in
+    order once on the backup's disk. The first failure (an error from the backup, a broken
+    connection) fails every flush still waiting, and the stream is done for: the shipper counts
+    the backup out of sync and opens a new stream after the resync."""
+
+    def __init__(self, stub: pb_grpc.LtmStub, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._outgoing: asyncio.Queue[pb.ReplicateRequest | None] = asyncio.Queue()
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.failure: BaseException | None = None
+        self._call = stub.ReplicateStream(self._requests(), metadata=metadata)
+        self._reader = asyncio.get_running_loop().create_task(self._answers())
+
+    async def _requests(self) -> AsyncIterator[pb.ReplicateRequest]:
+        while (request := await self._outgoing.get()) is not None:
+            yield request
+
+    async def _answers(self) -> None:
+        try:
+            async for _ in self._call:
+                self._waiting.popleft().set_result(None)
+            failure: BaseException = errors.Unavailable("the backup ended the flush stream")
+        except grpc.aio.AioRpcError as exc:
+            failure = errors.Unavailable(f"{exc.code().name}: {exc.details()}")
+        except asyncio.CancelledError:
+            failure = errors.Unavailable("the flush stream was closed")
+        self.failure = failure
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_exception(failure)
+
+    async def send(self, request: pb.ReplicateRequest, timeout: float) -> None:
+        if self.failure is not None:
+            raise self.failure
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(answered)
+        self._outgoing.put_nowait(request)
+        try:
+            await asyncio.wait_for(asyncio.shield(answered), timeout)
+        except TimeoutError:  # its answer (or failure) may still come: nobody waits for it
+            answered.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise
+
+    async def close(self) -> None:
+        self._outgoing.put_nowait(None)
+        self._call.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+
 class LogShipper:
     """The primary's side: sends each flush of ``wal`` to the backup (see module docstring)."""
 
@@ -112,6 +164,7 @@ class LogShipper:
         self._metadata = member_metadata(tls)
         self.in_sync = False
         self._resyncer: asyncio.Task[None] | None = None
+        self._flushes: FlushStream | None = None  # open while in sync
 
     async def start(self) -> None:
         """Before the first flush: the standby is not known to be in sync until a resync (it
@@ -125,21 +178,32 @@ class LogShipper:
         if self._resyncer is not None:
             self._resyncer.cancel()
             await asyncio.gather(self._resyncer, return_exceptions=True)
+        await self._close_flushes()
         await self._channel.close()
 
+    async def _close_flushes(self) -> None:
+        if self._flushes is not None:
+            flushes, self._flushes = self._flushes, None
+            await flushes.close()
+
     async def ship(self, segment: int, data: bytes, drop_before: int) -> None:
+        """One flush to the backup, on the flush stream (a resync sends by calls)."""
         if not self.in_sync:
             return
+        if self._flushes is None:
+            self._flushes = FlushStream(self._stub, self._metadata)
         try:
-            await self._send(segment, data, drop_before=drop_before, timeout=SHIP_TIMEOUT)
-        except grpc.aio.AioRpcError as exc:
+            for request in self._requests(segment, data, drop_before=drop_before):
+                await self._flushes.send(request, SHIP_TIMEOUT)
+        except (errors.AggviewError, TimeoutError) as exc:
             log.warning(
                 "partition %d: backup LTM %d at %s fell out of sync (%s); serving without it",
                 self.record.partition,
                 self.backup,
                 self.backup_address,
-                exc.details(),
+                exc or "no answer in time",
             )
+            await self._close_flushes()
             await self._set_in_sync(False)
 
     async def _send(
@@ -151,17 +215,23 @@ class LogShipper:
         drop_before: int = 0,
         timeout: float = RESYNC_TIMEOUT,
     ) -> None:
-        """Appends ``data`` to the backup's copy of ``segment``, in requests of at most
-        CHUNK_BYTES (a bulk load's log can outgrow a gRPC message)."""
+        """Appends ``data`` to the backup's copy of ``segment`` by calls."""
+        for request in self._requests(segment, data, reset=reset, drop_before=drop_before):
+            await self._stub.Replicate(request, timeout=timeout, metadata=self._metadata)
+
+    def _requests(
+        self, segment: int, data: bytes, *, reset: bool = False, drop_before: int = 0
+    ) -> Iterator[pb.ReplicateRequest]:
+        """``data`` for ``segment`` in requests of at most CHUNK_BYTES (a bulk load's log can
+        outgrow a gRPC message)."""
         for offset in range(0, max(len(data), 1), CHUNK_BYTES):
-            request = pb.ReplicateRequest(
+            yield pb.ReplicateRequest(
                 partition=self.record.partition,
                 epoch=self.record.epoch,
                 reset=reset and offset == 0,
                 chunks=[pb.LogChunk(segment=segment, data=data[offset : offset + CHUNK_BYTES])],
                 drop_before=drop_before,
             )
-            await self._stub.Replicate(request, timeout=timeout, metadata=self._metadata)
 
     async def _set_in_sync(self, in_sync: bool) -> None:
         """Recorded in the store before the next flush counts as durable: the coordinator

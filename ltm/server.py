@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -239,8 +240,27 @@ class LtmServicer(pb_grpc.LtmServicer):
 
     @grpc_method
     async def Replicate(self, request: pb.ReplicateRequest, context: object) -> pb.ReplicateReply:
-        await self.hosting.replicate(request)
+        await self._replicate(request)
         return pb.ReplicateReply()
+
+    async def ReplicateStream(
+        self, requests: AsyncIterator[pb.ReplicateRequest | Malformed], context: Any
+    ) -> AsyncIterator[pb.ReplicateReply]:
+        """Each flush applied in order and answered once on disk; the first one refused ends
+        the stream with its status (the primary then counts the copy out of sync)."""
+        async for request in requests:
+            if isinstance(request, Malformed):
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}"
+                )
+            try:
+                await self._replicate(request)
+            except errors.AggviewError as exc:
+                await context.abort(exc.code, str(exc))
+            yield pb.ReplicateReply()
+
+    async def _replicate(self, request: pb.ReplicateRequest) -> None:
+        await self.hosting.replicate(request)
 
     @grpc_method
     async def TakeOver(self, request: pb.TakeOverRequest, context: object) -> pb.TakeOverReply:

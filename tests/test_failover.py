@@ -273,7 +273,8 @@ def test_resync_copies_a_log_bigger_than_a_message_in_chunks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real LTM server (in this process) as the backup; the primary's log has sealed
-    segments and a current one, and is sent in chunks far smaller than it."""
+    segments and a current one, and is sent in chunks far smaller than it. The flushes after
+    go on the flush stream; once the backup is gone, a flush counts it out of sync."""
     monkeypatch.setattr(replication, "CHUNK_BYTES", 700)
 
     async def scenario() -> None:
@@ -296,15 +297,17 @@ def test_resync_copies_a_log_bigger_than_a_message_in_chunks(
             await shipper.resync()
             assert shipper.in_sync and ownership.read(store, 0).in_sync
             wal.shipper = shipper
-            for i in range(40, 50):
+            for i in range(40, 50):  # flushes on the flush stream, in chunks
                 await wal.append({"kind": "prepared", "ts": i, "after": {"pad": "y" * 2000}})
+            await server.stop(None)  # the backup goes: the next flush counts it out of sync
+            await wal.append({"kind": "prepared", "ts": 50, "after": {}})
+            assert not shipper.in_sync and not ownership.read(store, 0).in_sync
             await shipper.close()
             await wal.close()
-            await server.stop(None)
         primary = list(WriteAheadLog(tmp_path / "primary", fsync=False).replay())
         backup = list(WriteAheadLog(tmp_path / "backup" / "replica-0", fsync=False).replay())
         assert [r["ts"] for r in backup if r["kind"] == "prepared"] == list(range(50))
-        assert backup == primary
+        assert backup == primary[:-1]  # all but the flush after the backup went
 
     asyncio.run(scenario())
 

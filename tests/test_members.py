@@ -277,9 +277,11 @@ def test_log_copies_and_takeovers_are_refused_without_replication(cluster: Local
     and serves on with its partitions intact."""
     with grpc.insecure_channel(cluster.member(1).address) as channel:
         stub = lpb_grpc.LtmStub(channel)
+        copy = lpb.ReplicateRequest(partition=0, epoch=1, reset=True)
         calls = (
-            (stub.Replicate, lpb.ReplicateRequest(partition=0, epoch=1, reset=True)),
+            (stub.Replicate, copy),
             (stub.TakeOver, lpb.TakeOverRequest(partition=0, epoch=1)),
+            (lambda request, timeout: list(stub.ReplicateStream(iter([request]))), copy),
         )
         for call, request in calls:
             with pytest.raises(grpc.RpcError) as refused:

@@ -54,6 +54,11 @@ class LtmStub:
                 request_serializer=aggview_dot_wire_dot_ltm__pb2.ReplicateRequest.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_ltm__pb2.ReplicateReply.FromString,
                 _registered_method=True)
+        self.ReplicateStream = channel.stream_stream(
+                '/aggview.v1.Ltm/ReplicateStream',
+                request_serializer=aggview_dot_wire_dot_ltm__pb2.ReplicateRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_ltm__pb2.ReplicateReply.FromString,
+                _registered_method=True)
         self.TakeOver = channel.unary_unary(
                 '/aggview.v1.Ltm/TakeOver',
                 request_serializer=aggview_dot_wire_dot_ltm__pb2.TakeOverRequest.SerializeToString,
@@ -88,6 +93,14 @@ class LtmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicateStream(self, request_iterator, context):
+        """A primary's flushes in order, each answered in order once it is on the copy's disk (a
+        message costs far less than a call, and a flush is one on the hot path).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def TakeOver(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -114,6 +127,11 @@ def add_LtmServicer_to_server(servicer, server):
             ),
             'Replicate': grpc.unary_unary_rpc_method_handler(
                     servicer.Replicate,
+                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.ReplicateRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_ltm__pb2.ReplicateReply.SerializeToString,
+            ),
+            'ReplicateStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReplicateStream,
                     request_deserializer=aggview_dot_wire_dot_ltm__pb2.ReplicateRequest.FromString,
                     response_serializer=aggview_dot_wire_dot_ltm__pb2.ReplicateReply.SerializeToString,
             ),
@@ -229,6 +247,33 @@ class Ltm:
             request,
             target,
             '/aggview.v1.Ltm/Replicate',
+            aggview_dot_wire_dot_ltm__pb2.ReplicateRequest.SerializeToString,
+            aggview_dot_wire_dot_ltm__pb2.ReplicateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicateStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/aggview.v1.Ltm/ReplicateStream',
             aggview_dot_wire_dot_ltm__pb2.ReplicateRequest.SerializeToString,
             aggview_dot_wire_dot_ltm__pb2.ReplicateReply.FromString,
             options,
