@@ -51,6 +51,7 @@ class Mirror:
         self.partition = partition
         self.fsync = fsync
         self.epoch = -1  # no resync received yet: appends are refused until one arrives
+        self._dropped_before = 0  # segments below this one are gone already
 
     def apply(self, request: pb.ReplicateRequest) -> None:
         """Runs in a worker thread; everything is on disk when it returns."""
@@ -67,6 +68,7 @@ class Mirror:
             for path in sorted(self.directory.glob("*.wal")):
                 path.unlink()
             self._sync_directory()
+            self._dropped_before = 0
         self.epoch = request.epoch
         created = False
         for chunk in request.chunks:
@@ -81,11 +83,12 @@ class Mirror:
                 os.close(fd)
         if created:
             self._sync_directory()
-        if request.drop_before:
+        if request.drop_before > self._dropped_before:  # (every flush says it: look once)
             for path in sorted(self.directory.glob("*.wal")):  # oldest first, as the primary
                 if int(path.stem) < request.drop_before:
                     path.unlink()
                     self._sync_directory()
+            self._dropped_before = request.drop_before
 
     def _sync_directory(self) -> None:
         if self.fsync:
