@@ -60,7 +60,7 @@ async def run(
     async with manager.snapshot(at) as ts:
         for name in names:
             if name in views:
-                rows, _ = await manager.views.read(name, {}, at=ts)  # type: ignore[union-attr]
+                rows, _, _ = await manager.views.read(name, {}, at=ts)  # type: ignore[union-attr]
                 columns = _view_columns(views[name].compiled)
                 values = [tuple(r[c] for c, _ in columns) for r in rows]
             else:

@@ -44,10 +44,13 @@ class Row(dict):  # type: ignore[type-arg]
 
 
 class Rows(list):  # type: ignore[type-arg]
-    """Rows from one consistent snapshot, with its timestamp (and a message for SQL)."""
+    """Rows from one consistent snapshot, with its timestamp (and a message for SQL); or,
+    ``tentative``, a cumulus view's newest values, which may mix timestamps (``timestamp``:
+    the last change fed to its runtime)."""
 
     timestamp: int = 0
     message: str = ""
+    tentative: bool = False
     columns: list[str]
     results: list[Rows]  # SQL's BEGIN READ ONLY; SELECT …; COMMIT: one per SELECT
 
@@ -156,10 +159,24 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_delay, self.first_delay * 2**attempt))
 
 
+CONSISTENCY = ("committed", "tentative")
+
+
+def _tentative(consistency: str) -> bool:
+    """``consistency``: 'committed' (one timestamp's exact answer) or 'tentative' (a cumulus
+    view's newest values; every other view answers as committed)."""
+    if consistency not in CONSISTENCY:
+        raise errors.InvalidArgument(
+            f"consistency must be 'committed' or 'tentative'; got {consistency!r}"
+        )
+    return consistency == "tentative"
+
+
 def _sql_rows(reply: pb.SqlReply) -> Rows:
     order = list(reply.columns)
     rows = Rows(Row(_ordered(from_row(r), order)) for r in reply.rows)
     rows.timestamp, rows.message, rows.columns = reply.timestamp, reply.message, list(reply.columns)
+    rows.tentative = reply.tentative
     rows.results = [_sql_rows(r) for r in reply.results]  # a read-only block's SELECTs
     return rows
 
@@ -170,6 +187,7 @@ def _scan_rows(reply: pb.ScanReply | pb.ViewReply) -> Rows:
     for row in rows:
         row.timestamp = reply.timestamp
     rows.timestamp, rows.columns = reply.timestamp, list(reply.columns)
+    rows.tentative = getattr(reply, "tentative", False)
     return rows
 
 
@@ -408,8 +426,9 @@ class Client:
         """Member 0, which keeps the catalog (DDL, refreshes go there)."""
         return self._member(0) if self._routing().routes else self._stub
 
-    def sql(self, statement: str, *, as_of: int = 0) -> Rows:
-        request = pb.SqlRequest(sql=statement, as_of=as_of)
+    def sql(self, statement: str, *, as_of: int = 0, consistency: str = "committed") -> Rows:
+        """``consistency = 'tentative'``: a SELECT of a cumulus view reads its newest values."""
+        request = pb.SqlRequest(sql=statement, as_of=as_of, tentative=_tentative(consistency))
         rows = _sql_rows(self._call(self._leader().Sql, request))
         self.last_read_timestamp = rows.timestamp or self.last_read_timestamp
         return rows
@@ -455,10 +474,21 @@ class Client:
         self.last_read_timestamp = rows.timestamp
         return rows
 
-    def view(self, name: str, where: Mapping[str, Any] | None = None, *, as_of: int = 0) -> Rows:
+    def view(
+        self,
+        name: str,
+        where: Mapping[str, Any] | None = None,
+        *,
+        as_of: int = 0,
+        consistency: str = "committed",
+    ) -> Rows:
         """A view's rows (SELECT order) from one snapshot; ``.timestamp`` is when they were
-        exact: now for a sync view, the last refresh for an async one."""
-        request = pb.ViewRequest(view=name, where=to_row(where or {}), as_of=as_of)
+        exact: now for a sync view, the last refresh for an async one, the last committed
+        epoch for a cumulus one. ``consistency = 'tentative'``: a cumulus view's newest values
+        (``.tentative``; they may mix timestamps)."""
+        request = pb.ViewRequest(
+            view=name, where=to_row(where or {}), as_of=as_of, tentative=_tentative(consistency)
+        )
         rows = _scan_rows(self._call(self._reader(as_of).View, request))
         self.last_read_timestamp = rows.timestamp
         return rows
@@ -488,8 +518,10 @@ class Client:
         order_by: Sequence[str] = (),
         limit: int = 0,
         as_of: int = 0,
+        consistency: str = "committed",
     ) -> Rows:
-        """Slice, dice, roll up and drill down a view, exactly, from one snapshot.
+        """Slice, dice, roll up and drill down a view, exactly, from one snapshot
+        (``consistency = 'tentative'``: a cumulus view's newest values).
 
         ``where``: column -> a value (equality), a list (IN), a (low, high) tuple (BETWEEN) or
         None (IS NULL). ``rollup``: the group columns to keep (fewer than the view's: each
@@ -497,7 +529,9 @@ class Client:
         stay exact; [] gives one total row; None, the view's own groups). ``order_by``:
         columns, "-col" descending. A column or aggregate the view cannot answer is an
         error naming it."""
-        return self.sql(query_sql(view, where, rollup, order_by, limit), as_of=as_of)
+        return self.sql(
+            query_sql(view, where, rollup, order_by, limit), as_of=as_of, consistency=consistency
+        )
 
     def watch(
         self,
@@ -659,9 +693,10 @@ class AsyncClient:
         except grpc.RpcError as exc:
             raise _explain(exc, self._plaintext) from None
 
-    async def sql(self, statement: str, *, as_of: int = 0) -> Rows:
+    async def sql(self, statement: str, *, as_of: int = 0, consistency: str = "committed") -> Rows:
         stub = await self._leader()
-        return _sql_rows(await self._call(stub.Sql, pb.SqlRequest(sql=statement, as_of=as_of)))
+        request = pb.SqlRequest(sql=statement, as_of=as_of, tentative=_tentative(consistency))
+        return _sql_rows(await self._call(stub.Sql, request))
 
     def transaction(self) -> _AsyncClientTransaction:
         return _AsyncClientTransaction(self)
@@ -730,9 +765,16 @@ class AsyncClient:
         return _scan_rows(await self._call((await self._reader(as_of)).Scan, request))
 
     async def view(
-        self, name: str, where: Mapping[str, Any] | None = None, *, as_of: int = 0
+        self,
+        name: str,
+        where: Mapping[str, Any] | None = None,
+        *,
+        as_of: int = 0,
+        consistency: str = "committed",
     ) -> Rows:
-        request = pb.ViewRequest(view=name, where=to_row(where or {}), as_of=as_of)
+        request = pb.ViewRequest(
+            view=name, where=to_row(where or {}), as_of=as_of, tentative=_tentative(consistency)
+        )
         return _scan_rows(await self._call((await self._reader(as_of)).View, request))
 
     async def _reader(self, as_of: int) -> Any:
@@ -749,9 +791,9 @@ class AsyncClient:
             await self._call(stub.ReleaseSnapshot, pb.ReleaseRequest(lease=reply.lease))
 
     async def query(self, view: str, where: Mapping[str, Any] | None = None, **how: Any) -> Rows:
-        """See :meth:`Client.query` (``how``: rollup, order_by, limit, as_of)."""
-        as_of = how.pop("as_of", 0)
-        return await self.sql(query_sql(view, where, **how), as_of=as_of)
+        """See :meth:`Client.query` (``how``: rollup, order_by, limit, as_of, consistency)."""
+        as_of, consistency = how.pop("as_of", 0), how.pop("consistency", "committed")
+        return await self.sql(query_sql(view, where, **how), as_of=as_of, consistency=consistency)
 
     def watch(
         self, view: str, where: Mapping[str, Any] | None = None, *, interval_ms: int = 0

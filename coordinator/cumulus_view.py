@@ -14,6 +14,8 @@ for the epoch (not built)."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -50,8 +52,12 @@ class CumulusView:
         # replaced whole, so a read (on the event loop) never pairs rows with another epoch's
         # timestamp while ``apply`` runs in a worker thread
         self._last: tuple[list[Row], int] = ([], 0)
+        self.fed_at = 0  # our timestamp of the last change fed (committed or not)
         self.epochs = 0
         self._counts: dict[str, Any] = {}
+        # the simulator host is driven from one thread at a time (a feed or an epoch runs in
+        # a worker thread, a tentative read in another); the other hosts' nodes are processes
+        self._driving = threading.Lock() if start is None else contextlib.nullcontext()
 
     def load(self, tables: Mapping[str, Iterable[Row]], ts: int) -> None:
         """The view's tables at snapshot ``ts`` (stored rows): every map's value over them,
@@ -63,23 +69,47 @@ class CumulusView:
                 reference.apply("+", table, self._values(table, row))
         self.runtime.preload({name: store.data for name, store in reference.maps.items()})
         self._last = (read_view(reference, self.shape), ts)
+        self.fed_at = ts
         self._count()
 
-    def apply(self, changes: Iterable[tuple[str, Row | None, Row | None]], ts: int) -> None:
-        """Every committed change of the view's tables up to ``ts`` not yet applied, in
-        timestamp order, as (table, before, after): fed, run, and committed as one epoch."""
+    def feed(self, changes: Iterable[tuple[str, Row | None, Row | None]], ts: int) -> None:
+        """Every committed change of the view's tables up to ``ts`` not yet fed, in timestamp
+        order, as (table, before, after): the nodes apply them speculatively; the next
+        ``apply`` commits them with its own."""
         updates: list[Update] = []
         for table, before, after in changes:
             if before is not None:
                 updates.append(("-", table, self._values(table, before)))
             if after is not None:
                 updates.append(("+", table, self._values(table, after)))
-        self.runtime.feed(updates)
-        self.runtime.finish()
+        with self._driving:
+            self.runtime.feed(updates)
+            if hasattr(self.runtime, "deliver"):  # the simulator: its network is virtual
+                self.runtime.deliver()
+        self.fed_at = ts
+
+    def apply(self, changes: Iterable[tuple[str, Row | None, Row | None]], ts: int) -> None:
+        """Like ``feed``, then runs until everything fed is committed as one epoch at ``ts``."""
+        self.feed(changes, ts)
+        with self._driving:
+            self.runtime.finish()
+            _, maps = self.runtime.snapshot()
         self.epochs += 1
         self._count()
-        _, maps = self.runtime.snapshot()
         self._last = (read_view(holding(self.program, maps), self.shape), ts)
+
+    def tentative(
+        self, conditions: Sequence[Any], keep: Sequence[str] | None
+    ) -> tuple[list[Row], int]:
+        """The newest values (``query``'s shape): every change fed, as far as the nodes have
+        applied it, corrections still on their way included; the rows may mix timestamps.
+        Also the timestamp of the last change fed (at rest, the rows are exact there)."""
+        with self._driving:
+            fed_at = self.fed_at
+            maps = self.runtime.maps()
+        return self._shaped(
+            read_view(holding(self.program, maps), self.shape), conditions, keep
+        ), fed_at
 
     def counts(self) -> dict[str, Any]:
         """What the runtime did since it was loaded, as of the last epoch (read on the event
@@ -117,8 +147,13 @@ class CumulusView:
         (``view_query.Condition``), rolled up to ``keep`` (None: the view's own groups), and
         the epoch's timestamp."""
         rows, ts = self._last
+        return self._shaped(rows, conditions, keep), ts
+
+    def _shaped(
+        self, rows: list[Row], conditions: Sequence[Any], keep: Sequence[str] | None
+    ) -> list[Row]:
         groups = [g.name for g in self.plan.group_by]
         rows = [dict(r) for r in rows if all(c.holds(r.get(c.column)) for c in conditions)]
         if keep is not None and list(keep) != groups:
             rows = roll_up(self.shape, rows, list(keep))
-        return rows, ts
+        return rows

@@ -99,7 +99,9 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
     @grpc_method
     @caught_up
     async def Sql(self, request: cpb.SqlRequest, context: object) -> cpb.SqlReply:
-        result = await run_sql(request.sql, self.manager, self._as_of(request.as_of))
+        result = await run_sql(
+            request.sql, self.manager, self._as_of(request.as_of), tentative=request.tentative
+        )
         return result.reply()
 
     @grpc_method
@@ -168,12 +170,18 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
     @grpc_method
     @caught_up
     async def View(self, request: cpb.ViewRequest, context: object) -> cpb.ViewReply:
-        rows, ts = await self.manager.views.read(
-            request.view, from_row(request.where), self._as_of(request.as_of)
+        rows, ts, tentative = await self.manager.views.read(
+            request.view,
+            from_row(request.where),
+            self._as_of(request.as_of),
+            tentative=request.tentative,
         )
         view = self.manager.views.views[request.view]
         return cpb.ViewReply(
-            rows=[to_row(row) for row in rows], timestamp=ts, columns=list(view.plan.output)
+            rows=[to_row(row) for row in rows],
+            timestamp=ts,
+            columns=list(view.plan.output),
+            tentative=tentative,
         )
 
     @grpc_method

@@ -30,6 +30,7 @@ class SqlResult:
     rows: list[cpb.Row] = field(default_factory=list)
     timestamp: int = 0
     results: list[SqlResult] = field(default_factory=list)  # a read-only block's SELECTs
+    tentative: bool = False  # a cumulus view's newest values, which may mix timestamps
 
     def reply(self) -> cpb.SqlReply:
         return cpb.SqlReply(
@@ -38,11 +39,15 @@ class SqlResult:
             rows=self.rows,
             timestamp=self.timestamp,
             results=[r.reply() for r in self.results],
+            tentative=self.tentative,
         )
 
 
-async def run_sql(sql: str, manager: TransactionManager, at: int = 0) -> SqlResult:
-    """Runs one call's SQL; ``at``: a SELECT reads that held snapshot."""
+async def run_sql(
+    sql: str, manager: TransactionManager, at: int = 0, *, tentative: bool = False
+) -> SqlResult:
+    """Runs one call's SQL; ``at``: a SELECT reads that held snapshot; ``tentative``: a
+    SELECT of a cumulus view reads its newest values (every other read is exact anyway)."""
     check_sql_size(sql, manager.limits)
     if manager.views is not None:
         view_statement = manager.views.handles(sql)
@@ -70,7 +75,7 @@ async def run_sql(sql: str, manager: TransactionManager, at: int = 0) -> SqlResu
     if isinstance(statement, exp.Drop) and str(statement.args.get("kind")).upper() == "TABLE":
         return await _drop_tables(statement, manager)
     if isinstance(statement, exp.Select):
-        return await _select(statement, manager, at)
+        return await _select(statement, manager, at, tentative)
     raise errors.InvalidArgument(
         f"unsupported SQL statement {statement.key.upper()}: expected CREATE TABLE, DROP TABLE, "
         "SELECT, INSERT, UPDATE, DELETE or BEGIN; ...; COMMIT;"
@@ -190,7 +195,9 @@ def _limit(node: exp.Expression) -> int:
     return value
 
 
-async def _select(statement: exp.Select, manager: TransactionManager, at: int) -> SqlResult:
+async def _select(
+    statement: exp.Select, manager: TransactionManager, at: int, tentative: bool = False
+) -> SqlResult:
     from_ = statement.args.get("from_")
     if from_ is None:
         raise errors.InvalidArgument("SELECT needs FROM a table")
@@ -198,7 +205,7 @@ async def _select(statement: exp.Select, manager: TransactionManager, at: int) -
         return await _select_adhoc(statement, manager, at)
     name = identifier(from_.this, "table")
     if manager.views is not None and name in manager.views.views:
-        return await _select_view(statement, name, manager, at)
+        return await _select_view(statement, name, manager, at, tentative)
     if not _key_value_read(statement):
         return await _select_adhoc(statement, manager, at)
     schema = manager.catalog.table(name)
@@ -261,7 +268,7 @@ _RANGES = {exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">=", exp.NEQ: "!="
 
 
 async def _select_view(
-    statement: exp.Select, name: str, manager: TransactionManager, at: int
+    statement: exp.Select, name: str, manager: TransactionManager, at: int, tentative: bool
 ) -> SqlResult:
     """A query over a view's stored state (``coordinator.view_query``): WHERE slices and dices
     (=, IN, BETWEEN, comparisons, IS NULL, AND), GROUP BY fewer of its group columns rolls up
@@ -298,7 +305,7 @@ async def _select_view(
             )
         columns.append((alias or (column if isinstance(node, exp.Column) else node.sql()), column))
     conditions = [_condition(t, name) for t in _terms(_where(statement))]
-    rows, ts = await manager.views.query(name, conditions, keep, at)
+    rows, ts, tentative = await manager.views.query(name, conditions, keep, at, tentative)
     order = statement.args.get("order")
     if order is not None:
         for ordered in reversed(order.expressions):
@@ -313,13 +320,15 @@ async def _select_view(
             )
     limit_node = statement.args.get("limit")
     limit = _limit(limit_node.expression) if limit_node is not None else 0
-    result = SqlResult(columns=[out for out, _ in columns], timestamp=ts)
+    result = SqlResult(columns=[out for out, _ in columns], timestamp=ts, tentative=tentative)
     for found in rows[:limit] if limit else rows:
         row = cpb.Row()
         for out, column in columns:
             row.columns[out].CopyFrom(to_value(found[column]))
         result.rows.append(row)
-    result.message = f"{len(result.rows)} row(s) of {name} at timestamp {ts}"
+    result.message = f"{len(result.rows)} row(s) of {name} at timestamp {ts}" + (
+        " (tentative: the newest values, which may mix timestamps)" if tentative else ""
+    )
     return result
 
 

@@ -855,11 +855,22 @@ class ViewManager:
     # ------------------------------------------------------------------ async refresh
 
     def _start_refresher(self, view: View) -> None:
+        """Refreshes ``view`` every interval (a cumulus view: an epoch every epoch_ms, and,
+        with feed_ms, the changes fed to its runtime every feed_ms between epochs)."""
+        plan = view.plan
+        epoch = plan.interval_ms / 1000
+        tick = (plan.feed_ms or plan.interval_ms) / 1000
+
         async def loop() -> None:
+            last_epoch = time.monotonic()
             while True:
-                await asyncio.sleep(view.plan.interval_ms / 1000)
+                await asyncio.sleep(tick)
                 try:
-                    await self.refresh(view.name)
+                    if time.monotonic() - last_epoch < epoch - tick / 2:
+                        await self.feed(view.name)
+                    else:
+                        last_epoch = time.monotonic()
+                        await self.refresh(view.name)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # e.g. an LTM down: try again next interval
@@ -883,6 +894,15 @@ class ViewManager:
             )
         async with view.lock:
             return await self._refresh(view)
+
+    async def feed(self, name: str) -> int:
+        """Feeds a cumulus view's runtime the changes committed since the last feed, without
+        committing an epoch: its tentative values run ahead."""
+        view = self.views.get(name)
+        if view is None or view.plan.mode != "cumulus" or view.switching:
+            raise errors.FailedPrecondition(f"materialized view {name} takes no feed now")
+        async with view.lock:
+            return await self._epoch(view, commit=False)
 
     async def _refresh(self, view: View) -> int:
         """One refresh (the caller holds ``view.lock``). Any member may run it: two at once
@@ -978,10 +998,11 @@ class ViewManager:
             and view.name not in self.runtimes
         )
 
-    async def _epoch(self, view: View) -> int:
+    async def _epoch(self, view: View, *, commit: bool = True) -> int:
         """One epoch of a cumulus view: drains its change rows below a new timestamp (in
         timestamp order), feeds them to the runtime, and commits; reads then see exactly the
-        committed transactions up to that timestamp."""
+        committed transactions up to that timestamp. ``commit=False``: fed only (tentative
+        reads see them; the next epoch commits them)."""
         runtime = self.runtimes.get(view.name)
         if runtime is None:
             where = self.manager.leader or "this process"
@@ -999,7 +1020,7 @@ class ViewManager:
         in_order = sorted(drained, key=lambda change: (change[1][-8:], change[1]))
         changes = [(table, before, after) for table, _, before, after in in_order]
         try:
-            await asyncio.to_thread(runtime.apply, changes, ts)
+            await asyncio.to_thread(runtime.apply if commit else runtime.feed, changes, ts)
         except Exception:
             # its state is unknown now (a DW node died?): load it again from a snapshot
             log.warning("epoch of cumulus view %s failed; loading it again", view.name)
@@ -1009,9 +1030,14 @@ class ViewManager:
         self.manager.refreshes += 1
         return ts
 
-    def _read_runtime(
-        self, view: View, conditions: Sequence[Condition], keep: Sequence[str] | None, at: int
-    ) -> tuple[list[dict[str, Any]], int]:
+    async def _read_runtime(
+        self,
+        view: View,
+        conditions: Sequence[Condition],
+        keep: Sequence[str] | None,
+        at: int,
+        tentative: bool,
+    ) -> tuple[list[dict[str, Any]], int, bool]:
         runtime = self.runtimes.get(view.name)
         if runtime is None:
             where = self.manager.leader or "this process, once its runtime is loaded again"
@@ -1023,13 +1049,16 @@ class ViewManager:
                 f"materialized view {view.name} is maintained by Cumulus: it is read at its "
                 "last committed epoch, not at a held snapshot"
             )
-        rows, ts = runtime.query(conditions, keep)
+        if tentative:
+            rows, ts = await asyncio.to_thread(runtime.tentative, conditions, keep)
+        else:
+            rows, ts = runtime.query(conditions, keep)
         assert view.compiled is not None
         if keep is None:  # in key order, as the stored views' rows are
             names = [g.name for g in view.plan.group_by]
             encode = view.compiled.encode_group
             rows.sort(key=lambda row: encode([row[n] for n in names]))
-        return rows, ts
+        return rows, ts, tentative
 
     # ------------------------------------------------------------------ reading base data
 
@@ -1068,13 +1097,14 @@ class ViewManager:
     # ------------------------------------------------------------------ reads
 
     async def read(
-        self, name: str, where: dict[str, Any], at: int = 0
-    ) -> tuple[list[dict[str, Any]], int]:
-        """Rows of a view from one snapshot (now, or ``at``, a held one), and the timestamp
-        they are consistent at (for an async view: its last refresh). A where on leading GROUP
-        BY columns is a lookup."""
+        self, name: str, where: dict[str, Any], at: int = 0, *, tentative: bool = False
+    ) -> tuple[list[dict[str, Any]], int, bool]:
+        """Rows of a view from one snapshot (now, or ``at``, a held one), the timestamp they
+        are consistent at (for an async view: its last refresh), and whether they are a
+        cumulus view's tentative values instead. A where on leading GROUP BY columns is a
+        lookup."""
         conditions = [Condition(column, "=", value) for column, value in where.items()]
-        return await self.query(name, conditions, at=at)
+        return await self.query(name, conditions, at=at, tentative=tentative)
 
     async def query(
         self,
@@ -1082,15 +1112,18 @@ class ViewManager:
         conditions: Sequence[Condition],
         keep: Sequence[str] | None = None,
         at: int = 0,
-    ) -> tuple[list[dict[str, Any]], int]:
+        tentative: bool = False,
+    ) -> tuple[list[dict[str, Any]], int, bool]:
         """The view's groups that meet ``conditions``, rolled up to the group columns ``keep``
-        (None: the view's own), from one snapshot (see ``coordinator.view_query``)."""
+        (None: the view's own), from one snapshot (see ``coordinator.view_query``), and the
+        timestamp they are exact at; ``tentative``: a cumulus view's newest values instead
+        (the last flag says which came; every other view's answer is exact anyway)."""
         view = await self._readable(name)
         assert view.compiled is not None
         compiled = view.compiled
         view_query.check(compiled, name, conditions, keep)
         if view.plan.mode == "cumulus" or view.state != "live":  # a runtime serves it
-            return self._read_runtime(view, conditions, keep, at)
+            return await self._read_runtime(view, conditions, keep, at, tentative)
         for condition in conditions:  # type checks, each with a clear error
             group = next((g for g in view.plan.group_by if g.name == condition.column), None)
             if group is None or condition.op == "is null":
@@ -1109,7 +1142,7 @@ class ViewManager:
         groups = view.groups(rows)
         if not view.plan.group_by and not groups:
             groups = {NO_GROUP_KEY: {}}  # SQL: an aggregate without GROUP BY has one row
-        return view_query.answer(compiled, groups, conditions, keep), consistent_at
+        return view_query.answer(compiled, groups, conditions, keep), consistent_at, False
 
     async def _readable(self, name: str) -> View:
         """The view, once it can be read: live, or switching from cumulus (its runtime serves

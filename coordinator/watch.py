@@ -56,7 +56,7 @@ async def watch(
     previous: Rows | None = None
     last_ts = 0
     while True:
-        rows, ts = await views.read(name, dict(where))
+        rows, ts, _ = await views.read(name, dict(where))
         current = {tuple(row[g] for g in groups): row for row in rows}
         if previous is None:
             yield cpb.ViewChanges(timestamp=ts, changes=changes({}, current, groups), reset=True)

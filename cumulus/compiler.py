@@ -69,8 +69,8 @@ DEFAULT_ASYNC_INTERVAL_MS = 1000
 DEFAULT_EPOCH_MS = 100  # a Cumulus view's epoch: how often its committed snapshot moves
 DEFAULT_NODES = 2
 MAX_NODES = 64
-VIEW_OPTIONS = ("refresh", "interval_ms", "nodes", "epoch_ms", "mode", "host")
-CUMULUS_OPTIONS = ("nodes", "epoch_ms", "mode", "host")
+VIEW_OPTIONS = ("refresh", "interval_ms", "nodes", "epoch_ms", "mode", "host", "feed_ms")
+CUMULUS_OPTIONS = ("nodes", "epoch_ms", "mode", "host", "feed_ms")
 MIN_INTERVAL_MS = 10
 MAX_INTERVAL_MS = 86_400_000
 MAX_SCALE = 38
@@ -88,7 +88,8 @@ class CreateView:
     select_sql: str
     nodes: int = 0  # cumulus: DW nodes
     speculation: str = ""  # cumulus: speculative or conservative
-    host: str = ""  # cumulus: where its DW nodes run (local or grpc)
+    host: str = ""  # cumulus: where its DW nodes run (local, grpc or spark)
+    feed_ms: int = 0  # cumulus: how often changes are fed between epochs (0: at epochs)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class AlterView:
     epoch_ms: int = 0
     speculation: str = ""
     host: str = ""
+    feed_ms: int = 0
 
 
 ViewStatement = CreateView | DropView | AlterView
@@ -259,7 +261,7 @@ def _create(header: _Header) -> CreateView:
     usage = (
         "CREATE MATERIALIZED VIEW name [WITH (refresh = 'sync'|'async', interval_ms = N)] "
         "| [WITH (refresh = 'cumulus', nodes = N, epoch_ms = M, mode = 'speculative'|"
-        "'conservative', host = 'local'|'grpc'|'spark')] AS SELECT ..."
+        "'conservative', host = 'local'|'grpc'|'spark', feed_ms = F)] AS SELECT ..."
     )
     if_not_exists = header.accept("IF", "NOT", "EXISTS")
     name = header.name(usage)
@@ -286,8 +288,10 @@ def _create(header: _Header) -> CreateView:
     if mode != "cumulus":
         return CreateView(name, if_not_exists, mode, interval, select_sql)
     nodes, speculation = values.get("nodes", DEFAULT_NODES), values.get("mode", "speculative")
-    host = values.get("host", "local")
-    return CreateView(name, if_not_exists, mode, interval, select_sql, nodes, speculation, host)
+    host, feed = values.get("host", "local"), values.get("feed_ms", 0)
+    return CreateView(
+        name, if_not_exists, mode, interval, select_sql, nodes, speculation, host, feed
+    )
 
 
 def _drop(header: _Header) -> DropView:
@@ -302,7 +306,8 @@ def _drop(header: _Header) -> DropView:
 
 ALTER_USAGE = (
     "ALTER MATERIALIZED VIEW name SET (refresh = 'sync'|'async'|'cumulus', interval_ms = N, "
-    "nodes = N, epoch_ms = M, mode = 'speculative'|'conservative', host = 'local'|'grpc'|'spark')"
+    "nodes = N, epoch_ms = M, mode = 'speculative'|'conservative', host = 'local'|'grpc'|'spark', "
+    "feed_ms = F)"
 )
 
 
@@ -322,6 +327,7 @@ def _alter(header: _Header) -> AlterView:
         epoch_ms=values.get("epoch_ms", 0),
         speculation=values.get("mode", ""),
         host=values.get("host", ""),
+        feed_ms=values.get("feed_ms", 0),
     )
 
 
@@ -341,6 +347,7 @@ def altered_plan(plan: ViewPlan, alter: AlterView) -> ViewPlan:
             ("epoch_ms", alter.epoch_ms),
             ("mode", alter.speculation),
             ("host", alter.host),
+            ("feed_ms", alter.feed_ms),
         )
         if value and mode != "cumulus"
     ]
@@ -351,10 +358,12 @@ def altered_plan(plan: ViewPlan, alter: AlterView) -> ViewPlan:
         )
     same = mode == plan.mode
     if mode == "sync":
-        return replace(plan, mode=mode, interval_ms=0, nodes=0, speculation="", host="")
+        return replace(plan, mode=mode, interval_ms=0, nodes=0, speculation="", host="", feed_ms=0)
     if mode == "async":
         interval = alter.interval_ms or (plan.interval_ms if same else DEFAULT_ASYNC_INTERVAL_MS)
-        return replace(plan, mode=mode, interval_ms=interval, nodes=0, speculation="", host="")
+        return replace(
+            plan, mode=mode, interval_ms=interval, nodes=0, speculation="", host="", feed_ms=0
+        )
     return replace(
         plan,
         mode=mode,
@@ -362,6 +371,7 @@ def altered_plan(plan: ViewPlan, alter: AlterView) -> ViewPlan:
         nodes=alter.nodes or (plan.nodes if same else DEFAULT_NODES),
         speculation=alter.speculation or (plan.speculation if same else "speculative"),
         host=alter.host or (plan.host if same else "local"),
+        feed_ms=alter.feed_ms or (plan.feed_ms if same else 0),
     )
 
 
@@ -1061,6 +1071,7 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
         nodes=create.nodes,
         speculation=create.speculation,
         host=create.host,
+        feed_ms=create.feed_ms,
         tables=tables,
         edges=edges,
         filters=filters,

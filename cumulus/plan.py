@@ -220,6 +220,9 @@ class ViewPlan:
     nodes: int = 0
     speculation: str = ""
     host: str = ""
+    # cumulus: how often committed changes are fed to the runtime between epochs (its
+    # tentative values run ahead of the last epoch); 0: only at each epoch
+    feed_ms: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -234,8 +237,15 @@ class ViewPlan:
                     f"view {self.name}: a cumulus view needs nodes >= 1, a mode of "
                     f"{' or '.join(SPECULATION)} and a host of {' or '.join(HOSTS)}"
                 )
-        elif self.nodes or self.speculation or self.host:
-            raise InvalidArgument(f"view {self.name}: nodes, mode and host are for cumulus views")
+            if not 0 <= self.feed_ms <= self.interval_ms:
+                raise InvalidArgument(
+                    f"view {self.name}: feed_ms must be between 0 and epoch_ms "
+                    f"({self.interval_ms}); got {self.feed_ms}"
+                )
+        elif self.nodes or self.speculation or self.host or self.feed_ms:
+            raise InvalidArgument(
+                f"view {self.name}: nodes, mode, host and feed_ms are for cumulus views"
+            )
         aliases = [t.alias for t in self.tables]
         if not aliases or len(set(aliases)) != len(aliases):
             raise InvalidArgument(f"view {self.name}: table aliases must be present and distinct")
@@ -316,7 +326,12 @@ class ViewPlan:
             "having": copy.deepcopy(self.having),
             "output": list(self.output),
             **(
-                {"nodes": self.nodes, "speculation": self.speculation, "host": self.host}
+                {
+                    "nodes": self.nodes,
+                    "speculation": self.speculation,
+                    "host": self.host,
+                    "feed_ms": self.feed_ms,
+                }
                 if self.nodes
                 else {}
             ),
@@ -352,4 +367,5 @@ class ViewPlan:
             host=(_field(data, "host", str, what) if "host" in data else "local")  # type: ignore[operator]
             if "nodes" in data  # type: ignore[operator]
             else "",
+            feed_ms=_field(data, "feed_ms", int, what) if "feed_ms" in data else 0,  # type: ignore[operator]
         )

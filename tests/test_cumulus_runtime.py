@@ -203,7 +203,12 @@ def test_maps_preloaded_from_a_snapshot_then_fed_equal_the_interpreter(
     simulator = Simulator(program, nodes=nodes, switches=switches, mode=mode)
     simulator.preload(interpreted(program, stream[:cut]))
     assert simulator.snapshot() == (0, interpreted(program, stream[:cut]))
-    simulator.run(stream[cut:])
+    middle = (cut + length) // 2  # fed, not committed: at rest, the newest values hold it
+    simulator.feed(stream[cut:middle])
+    simulator.deliver()
+    assert simulator.maps() == interpreted(program, stream[:middle])
+    assert simulator.snapshot() == (0, interpreted(program, stream[:cut]))  # no epoch yet
+    simulator.run(stream[middle:])
     assert simulator.snapshot()[1] == interpreted(program, stream) == simulator.maps()
     if cut < length:
         with pytest.raises(ProtocolError, match="preload after updates"):

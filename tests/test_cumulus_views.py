@@ -58,9 +58,10 @@ def create_tables(client: Client, names: list[str], model: Model, rng: random.Ra
     nodes=st.integers(1, 3),
     mode=st.sampled_from(["speculative", "conservative"]),
     host=st.sampled_from(["local", "local", "grpc"]),
+    feed=st.sampled_from(["", ", feed_ms = 20"]),
 )
 def test_cumulus_views_equal_recomputation(
-    cluster: LocalCluster, spec: dict, nodes: int, mode: str, host: str
+    cluster: LocalCluster, spec: dict, nodes: int, mode: str, host: str, feed: str
 ) -> None:
     run = next(_runs)
     names = [f"c{run}_t{i}" for i in range(spec["tables"])]
@@ -72,7 +73,7 @@ def test_cumulus_views_equal_recomputation(
         view = f"c{run}_cumulus"
         client.sql(
             f"CREATE MATERIALIZED VIEW {view} WITH (refresh = 'cumulus', nodes = {nodes}, "
-            f"epoch_ms = 60000, mode = '{mode}', host = '{host}') AS {select}"
+            f"epoch_ms = 60000, mode = '{mode}', host = '{host}'{feed}) AS {select}"
         )
         assert_same(client.view(view), recompute(client, names, select), spec)
         for round_number in range(3):
@@ -83,7 +84,54 @@ def test_cumulus_views_equal_recomputation(
             with client.snapshot() as snapshot:  # no write since the epoch: same state
                 expected = recompute(snapshot, names, select)
             assert_same(rows, expected, spec)
+            tentative = client.view(view, consistency="tentative")  # at rest: the same
+            assert tentative.tentative
+            assert_same(tentative, expected, spec)
         client.sql(f"DROP MATERIALIZED VIEW {view}")
+
+
+def test_tentative_reads_run_ahead_of_the_epochs_and_say_so(
+    client: Client, table_name: str
+) -> None:
+    """With feed_ms, committed changes reach the runtime between epochs: a tentative read
+    (``view``, SQL, the query layer) holds them before the next epoch does, and says it is
+    tentative; committed reads stay at the last epoch. Every other view answers a tentative
+    read with its exact one."""
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, g INT, v INT)")
+    view, exact = f"{table_name}_v", f"{table_name}_sync"
+    select = f"SELECT g, SUM(v) AS s, COUNT(*) AS n FROM {table_name} GROUP BY g"
+    client.sql(
+        f"CREATE MATERIALIZED VIEW {view} WITH (refresh = 'cumulus', epoch_ms = 60000, "
+        f"feed_ms = 20) AS {select}"
+    )
+    client.sql(f"CREATE MATERIALIZED VIEW {exact} AS {select}")
+    epoch = client.view(view).timestamp
+    with client.transaction() as tx:
+        for i in range(12):
+            tx.insert(table_name, {"id": i, "g": i % 3, "v": i})
+    want = sorted(client.sql(select), key=lambda r: r["g"])
+    deadline = time.monotonic() + 10
+    while sorted(ahead := client.view(view, consistency="tentative"), key=lambda r: r["g"]) != want:
+        assert time.monotonic() < deadline, f"no feed within 10 s: {list(ahead)}"
+        time.sleep(0.02)
+    assert ahead.tentative and ahead.timestamp > epoch
+    committed = client.view(view)
+    assert list(committed) == [] and committed.timestamp == epoch and not committed.tentative
+    total = client.query(view, rollup=[], consistency="tentative")
+    assert total.tentative and list(total) == [{"s": 66, "n": 12}]
+    assert client.sql(f"SELECT SUM(s) AS s FROM {view}", consistency="tentative").tentative
+    synced = client.view(exact, consistency="tentative")
+    assert not synced.tentative and sorted(synced, key=lambda r: r["g"]) == want
+    client.refresh(view)
+    assert sorted(client.view(view), key=lambda r: r["g"]) == want
+    with pytest.raises(errors.InvalidArgument, match="consistency must be 'committed' or"):
+        client.view(view, consistency="newest")
+    with pytest.raises(errors.InvalidArgument, match="feed_ms must be between 0 and epoch_ms"):
+        client.sql(f"ALTER MATERIALIZED VIEW {view} SET (epoch_ms = 10)")
+    with pytest.raises(errors.InvalidArgument, match="feed_ms applies only"):
+        client.sql(f"ALTER MATERIALIZED VIEW {exact} SET (feed_ms = 10)")
+    for name in (view, exact):
+        client.sql(f"DROP MATERIALIZED VIEW {name}")
 
 
 def test_cumulus_view_epochs_run_on_their_own_and_survive_a_restart(tmp_path: Path) -> None:

@@ -132,26 +132,30 @@ class TransactReplies(_message.Message):
     def __init__(self, replies: _Optional[_Iterable[_Union[TransactReply, _Mapping]]] = ...) -> None: ...
 
 class SqlRequest(_message.Message):
-    __slots__ = ("sql", "as_of")
+    __slots__ = ("sql", "as_of", "tentative")
     SQL_FIELD_NUMBER: _ClassVar[int]
     AS_OF_FIELD_NUMBER: _ClassVar[int]
+    TENTATIVE_FIELD_NUMBER: _ClassVar[int]
     sql: str
     as_of: int
-    def __init__(self, sql: _Optional[str] = ..., as_of: _Optional[int] = ...) -> None: ...
+    tentative: bool
+    def __init__(self, sql: _Optional[str] = ..., as_of: _Optional[int] = ..., tentative: _Optional[bool] = ...) -> None: ...
 
 class SqlReply(_message.Message):
-    __slots__ = ("message", "columns", "rows", "timestamp", "results")
+    __slots__ = ("message", "columns", "rows", "timestamp", "results", "tentative")
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TENTATIVE_FIELD_NUMBER: _ClassVar[int]
     message: str
     columns: _containers.RepeatedScalarFieldContainer[str]
     rows: _containers.RepeatedCompositeFieldContainer[Row]
     timestamp: int
     results: _containers.RepeatedCompositeFieldContainer[SqlReply]
-    def __init__(self, message: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ..., results: _Optional[_Iterable[_Union[SqlReply, _Mapping]]] = ...) -> None: ...
+    tentative: bool
+    def __init__(self, message: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ..., results: _Optional[_Iterable[_Union[SqlReply, _Mapping]]] = ..., tentative: _Optional[bool] = ...) -> None: ...
 
 class GetRequest(_message.Message):
     __slots__ = ("table", "key", "as_of")
@@ -196,24 +200,28 @@ class ScanReply(_message.Message):
     def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ViewRequest(_message.Message):
-    __slots__ = ("view", "where", "as_of")
+    __slots__ = ("view", "where", "as_of", "tentative")
     VIEW_FIELD_NUMBER: _ClassVar[int]
     WHERE_FIELD_NUMBER: _ClassVar[int]
     AS_OF_FIELD_NUMBER: _ClassVar[int]
+    TENTATIVE_FIELD_NUMBER: _ClassVar[int]
     view: str
     where: Row
     as_of: int
-    def __init__(self, view: _Optional[str] = ..., where: _Optional[_Union[Row, _Mapping]] = ..., as_of: _Optional[int] = ...) -> None: ...
+    tentative: bool
+    def __init__(self, view: _Optional[str] = ..., where: _Optional[_Union[Row, _Mapping]] = ..., as_of: _Optional[int] = ..., tentative: _Optional[bool] = ...) -> None: ...
 
 class ViewReply(_message.Message):
-    __slots__ = ("rows", "timestamp", "columns")
+    __slots__ = ("rows", "timestamp", "columns", "tentative")
     ROWS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    TENTATIVE_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[Row]
     timestamp: int
     columns: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
+    tentative: bool
+    def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., timestamp: _Optional[int] = ..., columns: _Optional[_Iterable[str]] = ..., tentative: _Optional[bool] = ...) -> None: ...
 
 class RefreshRequest(_message.Message):
     __slots__ = ("view",)

@@ -175,6 +175,12 @@ class Simulator:
             src = ("coordinator", 0) if sender == COORDINATOR else ("switch", sender)
             self._send(src, ("node", node), message)
 
+    def deliver(self) -> None:
+        """Delivers every message in flight (no epoch begins here): the nodes come to rest
+        with every update fed so far, and their newest values hold them all."""
+        self._until(float("inf"))
+        self._entry = max(self._entry, self.now)
+
     def _until(self, time: float) -> None:
         while self._queue and self._queue[0][0] <= time:
             at, _, _, dst, message = heapq.heappop(self._queue)
