@@ -57,7 +57,8 @@ class CumulusView:
         self._counts: dict[str, Any] = {}
         # the simulator host is driven from one thread at a time (a feed or an epoch runs in
         # a worker thread, a tentative read in another); the other hosts' nodes are processes
-        self._driving = threading.Lock() if start is None else contextlib.nullcontext()
+        local = isinstance(self.runtime, Simulator)
+        self._driving = threading.Lock() if local else contextlib.nullcontext()
 
     def load(self, tables: Mapping[str, Iterable[Row]], ts: int) -> None:
         """The view's tables at snapshot ``ts`` (stored rows): every map's value over them,
@@ -82,11 +83,11 @@ class CumulusView:
                 updates.append(("-", table, self._values(table, before)))
             if after is not None:
                 updates.append(("+", table, self._values(table, after)))
-        with self._driving:
+        with self._driving:  # a tentative read pairs these maps with this timestamp
             self.runtime.feed(updates)
-            if hasattr(self.runtime, "deliver"):  # the simulator: its network is virtual
+            if isinstance(self.runtime, Simulator):  # its network is virtual: run it
                 self.runtime.deliver()
-        self.fed_at = ts
+            self.fed_at = ts
 
     def apply(self, changes: Iterable[tuple[str, Row | None, Row | None]], ts: int) -> None:
         """Like ``feed``, then runs until everything fed is committed as one epoch at ``ts``."""

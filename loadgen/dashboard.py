@@ -46,6 +46,7 @@ def view_ddl(
     nodes: int = 2,
     speculation: str = "speculative",
     host: str = "local",
+    feed_ms: int = 0,
 ) -> str:
     """``mode``: sync, async (refreshed every ``interval_ms``) or cumulus (an epoch every
     ``interval_ms`` on ``nodes`` DW nodes hosted by ``host``, ``speculation`` speculative or
@@ -54,7 +55,8 @@ def view_ddl(
         "sync": "",
         "async": f" WITH (refresh = 'async', interval_ms = {interval_ms})",
         "cumulus": f" WITH (refresh = 'cumulus', epoch_ms = {interval_ms}, nodes = {nodes}, "
-        f"mode = '{speculation}', host = '{host}')",
+        f"mode = '{speculation}', host = '{host}'"
+        + (f", feed_ms = {feed_ms})" if feed_ms else ")"),
     }[mode]
     return f"CREATE MATERIALIZED VIEW {name}{options} AS {select}"
 

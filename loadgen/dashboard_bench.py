@@ -32,7 +32,7 @@ import random
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +52,9 @@ VIEW = "sql1"
 MODES = ("none", "sync", "async", "cumulus")
 MODE_USAGE = (
     "none, sync, async:<interval ms> (e.g. async:500) or "
-    "cumulus:<epoch ms>[:<nodes>][:conservative][:grpc|:spark] (e.g. cumulus:100:2, "
-    "cumulus:100:2:spark)"
+    "cumulus:<epoch ms>[:<nodes>][:conservative][:grpc|:spark][:feed<ms>] (e.g. "
+    "cumulus:100:2, cumulus:100:2:spark, cumulus:1000:2:feed50: changes fed every 50 ms, "
+    "tentative reads measured too)"
 )
 HOSTS = ("local", "grpc", "spark")
 
@@ -65,6 +66,7 @@ class Mode:
     nodes: int = 0  # cumulus: DW nodes
     speculation: str = ""  # cumulus: speculative or conservative
     host: str = ""  # cumulus: where the DW nodes run (local, grpc or spark)
+    feed_ms: int = 0  # cumulus: changes fed between epochs every feed_ms (tentative reads)
 
     @property
     def label(self) -> str:
@@ -73,7 +75,8 @@ class Mode:
         if self.kind == "cumulus":
             how = "spec" if self.speculation == "speculative" else "cons"
             where = "" if self.host == "local" else f" {self.host}"
-            return f"cumulus {how} {self.interval_ms} ms x{self.nodes}{where}"
+            feed = f" feed {self.feed_ms} ms" if self.feed_ms else ""
+            return f"cumulus {how} {self.interval_ms} ms x{self.nodes}{where}{feed}"
         return self.kind
 
     @classmethod
@@ -85,24 +88,26 @@ class Mode:
             if rest:
                 raise errors.InvalidArgument(f"mode {kind} takes no interval; got {text!r}")
             return cls(kind)
-        if len(rest) > (1 if kind == "async" else 4):
+        if len(rest) > (1 if kind == "async" else 5):
             raise errors.InvalidArgument(f"mode {text!r}: use {MODE_USAGE}")
         value = _number(text, rest[0] if rest else "500", "the interval", 1, 3_600_000)
         if kind == "async":
             return cls("async", value)
         nodes = _number(text, rest[1], "the nodes", 1, 64) if len(rest) > 1 else 2
-        speculation, host = "speculative", "local"
+        speculation, host, feed = "speculative", "local", 0
         for part in rest[2:]:
             if part in ("speculative", "conservative"):
                 speculation = part
             elif part in HOSTS:
                 host = part
+            elif part.startswith("feed"):
+                feed = _number(text, part.removeprefix("feed"), "the feed interval", 10, value)
             else:
                 raise errors.InvalidArgument(
-                    f"mode {text!r}: after the nodes come speculative or conservative, and "
-                    f"{', '.join(HOSTS)}; got {part!r}"
+                    f"mode {text!r}: after the nodes come speculative or conservative, "
+                    f"{', '.join(HOSTS)}, and feed<ms>; got {part!r}"
                 )
-        return cls("cumulus", value, nodes, speculation, host)
+        return cls("cumulus", value, nodes, speculation, host, feed)
 
 
 def _number(text: str, part: str, what: str, low: int, high: int) -> int:
@@ -203,6 +208,10 @@ class Point:
     freshness: list[float]  # seconds from a probe's commit to a read that holds it
     probes: int  # probe transactions committed (one event each, beside the load's)
     reads: list[tuple[int, Totals]]  # whole-view reads: (consistent at, groups)
+    # a cumulus view fed between epochs: the same for its tentative reads (their timestamp:
+    # the last change fed, at which they should be exact)
+    tentative_freshness: list[float] = field(default_factory=list)
+    tentative_reads: list[tuple[int, Totals]] = field(default_factory=list)
 
 
 async def measure(
@@ -214,13 +223,17 @@ async def measure(
     ids: Any,
     ledger: Ledger | None = None,
     hot: bool = False,
+    tentative: bool = False,
 ) -> Point:
     """``clients`` closed loops committing transactions of k new events for ``seconds``; with
     a view (``ledger``: every commit is recorded there), one loop measuring how soon the view
-    holds a commit and one reading it whole, for the consistency verdict."""
+    holds a commit and one reading it whole, for the consistency verdict; ``tentative``: both
+    for a cumulus view's tentative reads too."""
     latencies: list[float] = []
     freshness: list[float] = []
     reads: list[tuple[int, Totals]] = []
+    tentative_freshness: list[float] = []
+    tentative_reads: list[tuple[int, Totals]] = []
     aborted = probed = 0
     deadline = time.perf_counter() + seconds
 
@@ -238,6 +251,9 @@ async def measure(
             with contextlib.suppress(errors.AggviewError):
                 rows = await client.view(VIEW)
                 reads.append((rows.timestamp, dashboard.view_totals(rows)))
+                if tentative:
+                    rows = await client.view(VIEW, consistency="tentative")
+                    tentative_reads.append((rows.timestamp, dashboard.view_totals(rows)))
             await asyncio.sleep(0.05)
 
     async def probes() -> None:
@@ -256,6 +272,12 @@ async def measure(
             committed(tx.timestamp, [event])
             shop = f"shop {event['shop_id']}"
             with contextlib.suppress(errors.AggviewError):
+                if tentative:  # fed (its tentative read comes first), then committed
+                    while (
+                        await client.view(VIEW, {"shop": shop}, consistency="tentative")
+                    ).timestamp < tx.timestamp:
+                        await asyncio.sleep(0.005)
+                    tentative_freshness.append(time.perf_counter() - acknowledged)
                 while (await client.view(VIEW, {"shop": shop})).timestamp < tx.timestamp:
                     await asyncio.sleep(0.005)
                 freshness.append(time.perf_counter() - acknowledged)
@@ -283,7 +305,16 @@ async def measure(
     await asyncio.gather(*(loop(next(ids)) for _ in range(clients)), *watchers)
     elapsed = time.perf_counter() - started
     return Point(
-        len(latencies), len(latencies) * k, aborted, latencies, elapsed, freshness, probed, reads
+        len(latencies),
+        len(latencies) * k,
+        aborted,
+        latencies,
+        elapsed,
+        freshness,
+        probed,
+        reads,
+        tentative_freshness,
+        tentative_reads,
     )
 
 
@@ -304,6 +335,7 @@ def _setup(address: str, mode: Mode, scale: dashboard.Scale, options: dict[str, 
                     mode.nodes,
                     mode.speculation,
                     mode.host,
+                    mode.feed_ms,
                 )
             )
 
@@ -421,7 +453,10 @@ def run_benchmark(
                         status.plain = f"{mode.label}: {k} events per transaction"
 
                         async def point(
-                            k: int = k, ledger: Ledger | None = ledger, address: str = address
+                            k: int = k,
+                            ledger: Ledger | None = ledger,
+                            address: str = address,
+                            tentative: bool = mode.feed_ms > 0,
                         ) -> Point:
                             async with AsyncClient(address, **options) as client:
                                 return await measure(
@@ -433,6 +468,7 @@ def run_benchmark(
                                     ids,
                                     ledger,
                                     hot=config.hot,
+                                    tentative=tentative,
                                 )
 
                         cpu_before = _server_cpu(cluster)
@@ -448,7 +484,13 @@ def run_benchmark(
                             cpu_ms = (cpu_after - cpu_before) * 1000 / events
                         lat = percentiles([s * 1000 for s in p.latencies])
                         fresh = percentiles([s * 1000 for s in p.freshness])
+                        ahead = percentiles([s * 1000 for s in p.tentative_freshness])
                         verdict = judge(ledger, p.reads) if ledger is not None else None
+                        tentative = (
+                            judge(ledger, p.tentative_reads)
+                            if ledger is not None and p.tentative_reads
+                            else None
+                        )
                         report.add(
                             mode=mode.label,
                             k=k,
@@ -460,6 +502,11 @@ def run_benchmark(
                             p99_ms=lat["p99"],
                             fresh_p50_ms=fresh["p50"],
                             fresh_p99_ms=fresh["p99"],
+                            tentative_fresh_p50_ms=ahead["p50"],
+                            tentative_consistent=tentative.share if tentative else None,
+                            tentative_max_error=float(tentative.max_cost_error)
+                            if tentative
+                            else None,
                             probes=p.probes,
                             reads=verdict.reads if verdict else 0,
                             consistent=verdict.share if verdict else None,
@@ -496,6 +543,7 @@ def ratios(report: RunReport) -> list[dict[str, Any]]:
 # a plot per column, a line per mode (modes without the column left out)
 PER_MODE_PLOTS = (
     ("fresh_p50_ms", "Freshness: a commit to the first read holding it (p50)", "ms"),
+    ("tentative_fresh_p50_ms", "Freshness of Cumulus tentative reads (p50)", "ms"),
     ("cpu_ms_per_event", "Server CPU per event", "ms"),
     ("messages_per_1k", "Cumulus runtime messages per 1,000 updates", "messages"),
     ("corrective_per_1k", "Cumulus corrective updates per 1,000 updates", "corrective updates"),
@@ -591,7 +639,9 @@ def run(args: argparse.Namespace, options: dict[str, Any]) -> None:
             "p99_ms",
             "fresh_p50_ms",
             "fresh_p99_ms",
+            "tentative_fresh_p50_ms",
             "consistent",
+            "tentative_consistent",
             "cpu_ms_per_event",
             "messages_per_1k",
             "corrective_per_1k",

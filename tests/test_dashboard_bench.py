@@ -37,7 +37,7 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
         config = dashboard_bench.settings(
             args(
                 address=cluster.address,
-                modes=["none", "sync", "async:50", "cumulus:50:2"],
+                modes=["none", "sync", "async:50", "cumulus:50:2", "cumulus:200:2:feed20"],
                 sizes=[1, 4],
                 seconds=0.7,
                 clients=2,
@@ -47,7 +47,13 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
         report = dashboard_bench.run_benchmark(config, {})
         with Client(cluster.address) as client:
             events = len(client.scan("events"))
-    modes = ("none", "sync", "async 50 ms", "cumulus spec 50 ms x2")
+    modes = (
+        "none",
+        "sync",
+        "async 50 ms",
+        "cumulus spec 50 ms x2",
+        "cumulus spec 200 ms x2 feed 20 ms",
+    )
     assert [(r["mode"], r["k"]) for r in report.rows] == [(m, k) for m in modes for k in (1, 4)]
     # every view mode was probed for freshness; no view, nothing to probe
     assert all((r["probes"] > 0) == (r["mode"] != "none") for r in report.rows)
@@ -56,6 +62,12 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
     assert all(r["reads"] > 0 and r["consistent"] == 1.0 and r["unknown"] == 0 for r in views)
     assert all(r["cpu_ms_per_event"] is None for r in report.rows)  # a running cluster
     assert all((r["fresh_p50_ms"] is None) == (r["mode"] == "none") for r in report.rows)
+    # tentative reads, for the view fed between epochs only: probed, and (the simulator host
+    # reads them at rest) exact at the last change fed
+    for r in report.rows:
+        fed = r["mode"].endswith("feed 20 ms")
+        assert (r["tentative_fresh_p50_ms"] is not None) == fed
+        assert r["tentative_consistent"] == (1.0 if fed else None)
     # the runtime's costs, for the cumulus view only: every update goes out as messages
     for r in report.rows:
         cumulus = r["mode"].startswith("cumulus")
@@ -143,7 +155,8 @@ def test_runtime_costs_are_per_thousand_updates_between_two_counts() -> None:
 
 def test_the_consistency_verdict_counts_a_wrong_read_and_its_error() -> None:
     """Reads judged against the exact answer at their timestamps; an injected wrong value is
-    counted, with its size."""
+    counted, with its size: here a tentative read that mixes timestamps (b's change of 15
+    with a as of 14), as a cumulus view's newest values may."""
     a, b = ("shop 0", "category 0"), ("shop 1", "category 1")
     ledger = Ledger({a: (Decimal("1.00"), 1)}, baseline_ts=10)
     ledger.add(12, a, Decimal("0.50"))
@@ -168,8 +181,9 @@ def test_the_consistency_verdict_counts_a_wrong_read_and_its_error() -> None:
         ({"modes": ["fast"]}, "unknown mode 'fast'"),
         ({"modes": ["async:often"]}, "interval must be an integer"),
         ({"modes": ["cumulus:100:0"]}, "the nodes must be 1..64"),
-        ({"modes": ["cumulus:100:2:eager"]}, "speculative or conservative, and local, grpc"),
-        ({"modes": ["cumulus:100:2:spark:grpc:x"]}, "use none, sync"),
+        ({"modes": ["cumulus:100:2:eager"]}, "conservative, local, grpc, spark, and feed<ms>"),
+        ({"modes": ["cumulus:100:2:spark:grpc:feed10:x"]}, "use none, sync"),
+        ({"modes": ["cumulus:100:2:feed500"]}, "the feed interval must be 10..100"),
         ({"modes": ["sync:100"]}, "takes no interval"),
         ({"sizes": [0]}, "update size 0"),
         ({"clients": 0}, "--clients"),
