@@ -65,7 +65,7 @@ class Mode:
     interval_ms: int = 0  # async: the refresh interval; cumulus: the epoch
     nodes: int = 0  # cumulus: DW nodes
     speculation: str = ""  # cumulus: speculative or conservative
-    host: str = ""  # cumulus: where the DW nodes run (local, grpc or spark)
+    host: str = "local"  # cumulus: where the DW nodes run (local, grpc or spark)
     feed_ms: int = 0  # cumulus: changes fed between epochs every feed_ms (tentative reads)
 
     @property
