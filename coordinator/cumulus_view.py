@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -23,12 +24,13 @@ from aggview.schema import TableSchema, from_storage
 from cumulus.m3.compiler import compile_program
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
-from cumulus.m3.readout import read_view
+from cumulus.m3.readout import maps_read, read_view
 from cumulus.plan import ViewPlan
 from cumulus.runtime.reads import roll_up
 from cumulus.runtime.simulator import Simulator, Update, holding
 
 Row = dict[str, Any]
+LIVE_READ_EVERY = 0.02  # seconds a tentative read of nodes in processes is reused
 
 
 class CumulusView:
@@ -44,6 +46,7 @@ class CumulusView:
         self.schemas = dict(schemas)
         self.program: Program = compile_program([plan], self.schemas.__getitem__)
         self.shape = self.program.views[0]
+        self._read = maps_read(self.shape)  # what rows are read from (not every map)
         if start is None:
             self.runtime: Any = Simulator(self.program, nodes=plan.nodes, mode=plan.speculation)
         else:
@@ -57,8 +60,12 @@ class CumulusView:
         self._counts: dict[str, Any] = {}
         # the simulator host is driven from one thread at a time (a feed or an epoch runs in
         # a worker thread, a tentative read in another); the other hosts' nodes are processes
-        local = isinstance(self.runtime, Simulator)
-        self._driving = threading.Lock() if local else contextlib.nullcontext()
+        # the simulator host comes to rest after each feed: its newest values change only
+        # then; the others' nodes apply what they were fed on their own, read at most every
+        # LIVE_READ_EVERY seconds (gathering the maps from every node costs)
+        self._at_rest = isinstance(self.runtime, Simulator)
+        self._driving = threading.Lock() if self._at_rest else contextlib.nullcontext()
+        self._newest: tuple[list[Row], int, float] | None = None  # rows, fed_at, good until
 
     def load(self, tables: Mapping[str, Iterable[Row]], ts: int) -> None:
         """The view's tables at snapshot ``ts`` (stored rows): every map's value over them,
@@ -97,7 +104,7 @@ class CumulusView:
             _, maps = self.runtime.snapshot()
         self.epochs += 1
         self._count()
-        self._last = (read_view(holding(self.program, maps), self.shape), ts)
+        self._last = (self._rows(maps), ts)
 
     def tentative(
         self, conditions: Sequence[Any], keep: Sequence[str] | None
@@ -106,11 +113,20 @@ class CumulusView:
         applied it, corrections still on their way included; the rows may mix timestamps.
         Also the timestamp of the last change fed (at rest, the rows are exact there)."""
         with self._driving:
-            fed_at = self.fed_at
-            maps = self.runtime.maps()
-        return self._shaped(
-            read_view(holding(self.program, maps), self.shape), conditions, keep
-        ), fed_at
+            newest = self._newest
+            stale = newest is None or (
+                newest[1] != self.fed_at if self._at_rest else time.monotonic() > newest[2]
+            )
+            if stale:
+                rows = self._rows(self.runtime.maps())
+                newest = self._newest = (rows, self.fed_at, time.monotonic() + LIVE_READ_EVERY)
+        assert newest is not None
+        return self._shaped(newest[0], conditions, keep), newest[1]
+
+    def _rows(self, maps: Mapping[str, Mapping[Any, Any]]) -> list[Row]:
+        """The view's rows from the maps it reads."""
+        read = {name: entries for name, entries in maps.items() if name in self._read}
+        return read_view(holding(self.program, read), self.shape)
 
     def counts(self) -> dict[str, Any]:
         """What the runtime did since it was loaded, as of the last epoch (read on the event

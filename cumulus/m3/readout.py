@@ -12,13 +12,14 @@ per aggregate kind, as ``cumulus.aggstate`` reads a view row):
 
 from __future__ import annotations
 
+import dataclasses
 import decimal
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from cumulus.expressions import add
 from cumulus.m3.exprs import compile_guard, quantize
-from cumulus.m3.program import Part, View, ViewColumn
+from cumulus.m3.program import MapRef, Part, View, ViewColumn
 
 if TYPE_CHECKING:
     from cumulus.m3.interpreter import Interpreter, Key
@@ -46,6 +47,25 @@ def _multisets(values: dict[Key, Any]) -> dict[Key, list[Any]]:
         if count > 0:
             out.setdefault(key[:-1], []).append(key[-1])
     return out
+
+
+def maps_read(view: View) -> set[str]:
+    """The maps reading ``view`` looks at (the others hold the triggers' intermediate state)."""
+    found: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, MapRef):
+            found.add(node.name)
+        elif dataclasses.is_dataclass(node):
+            for item in dataclasses.fields(node):
+                walk(getattr(node, item.name))
+        elif isinstance(node, (tuple, list)):
+            for item in node:
+                walk(item)
+
+    walk(view.rows)
+    walk(view.columns)
+    return found
 
 
 def read_view(interp: Interpreter, view: View) -> list[dict[str, Any]]:
