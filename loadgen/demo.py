@@ -265,7 +265,6 @@ def run_bench(address: str, console: Console, size: DemoSize, out: Path) -> None
             "k",
             "tx_per_s",
             "p50_ms",
-            "p99_ms",
             "fresh_p50_ms",
             "tentative_fresh_p50_ms",
             "consistent",
