@@ -314,7 +314,13 @@ def _run_watch(args: argparse.Namespace) -> None:
         column, _, text = item.partition("=")
         where[column] = int(text) if text.lstrip("-").isdigit() else text
     with _client(args) as client:
-        watch = client.watch(args.view, show, where, interval_ms=args.interval_ms)
+        watch = client.watch(
+            args.view,
+            show,
+            where,
+            interval_ms=args.interval_ms,
+            consistency="tentative" if args.tentative else "committed",
+        )
         try:
             while watch.error is None:
                 time.sleep(0.2)
@@ -497,6 +503,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--where", action="append", default=[], help="COLUMN=VALUE: only this slice (text)"
     )
     watch.add_argument("--interval-ms", type=int, default=0, help="how often (default 50)")
+    watch.add_argument(
+        "--tentative",
+        action="store_true",
+        help="a cumulus view: its tentative changes too, as each feed of its runtime reaches them",
+    )
     _add_client_security(watch)
     watch.set_defaults(run=_run_watch)
 

@@ -540,12 +540,18 @@ class Client:
         where: Mapping[str, Any] | None = None,
         *,
         interval_ms: int = 0,
+        consistency: str = "committed",
     ) -> Watch:
         """Subscribes to a view (or a slice: ``where`` equalities): ``watch.copy.rows`` is the
         view as of ``watch.copy.timestamp``, kept up to date on a thread that calls
         ``callback(changes, watch)`` after each message and reconnects by itself. The first
-        message is the whole view (``changes.reset``). ``watch.stop()`` ends it."""
-        return Watch(self._watch_stream(view, where, interval_ms), callback)
+        message is the whole view (``changes.reset``). ``watch.stop()`` ends it.
+        ``consistency = 'tentative'``: a cumulus view's tentative changes too, as each feed of
+        its runtime reaches them."""
+        opened = subscriptions.opener(
+            self._stub, self._metadata, view, where, interval_ms, _tentative(consistency)
+        )
+        return Watch(opened, callback)
 
     def when(
         self,
@@ -796,11 +802,18 @@ class AsyncClient:
         return await self.sql(query_sql(view, where, **how), as_of=as_of, consistency=consistency)
 
     def watch(
-        self, view: str, where: Mapping[str, Any] | None = None, *, interval_ms: int = 0
+        self,
+        view: str,
+        where: Mapping[str, Any] | None = None,
+        *,
+        interval_ms: int = 0,
+        consistency: str = "committed",
     ) -> AsyncIterator[Changes]:
         """A view's changes as they commit: ``async for changes in client.watch("v")``; the
         first is the whole view (``reset``); reconnects by itself. See :meth:`Client.watch`."""
-        opened = subscriptions.opener(self._stub, self._metadata, view, where, interval_ms)
+        opened = subscriptions.opener(
+            self._stub, self._metadata, view, where, interval_ms, _tentative(consistency)
+        )
         return subscriptions.watch_changes(opened)
 
     async def refresh(self, name: str) -> int:

@@ -194,7 +194,9 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
         interval = (request.interval_ms or 50) / 1000
         where = from_row(request.where)
         stall = self.manager.limits.watch_stall_seconds
-        async for message in watch(self.manager, request.view, where, interval):
+        async for message in watch(
+            self.manager, request.view, where, interval, tentative=request.tentative
+        ):
             try:
                 await asyncio.wait_for(context.write(message), stall)
             except TimeoutError:

@@ -35,11 +35,14 @@ class Change:
 @dataclass(frozen=True)
 class Changes:
     """One message: the copy with these applied is the view at ``timestamp``; ``reset``: they
-    are the whole view and replace the copy."""
+    are the whole view and replace the copy; ``tentative``: the copy is then a cumulus view's
+    newest values (``timestamp``: the last change fed to its runtime), which may mix
+    timestamps."""
 
     timestamp: int
     changes: list[Change]
     reset: bool
+    tentative: bool = False
 
 
 def decode(message: pb.ViewChanges) -> Changes:
@@ -54,6 +57,7 @@ def decode(message: pb.ViewChanges) -> Changes:
             for c in message.changes
         ],
         message.reset,
+        message.tentative,
     )
 
 
@@ -63,8 +67,10 @@ class ViewCopy:
 
     rows: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
     timestamp: int = 0
+    tentative: bool = False  # a cumulus view's newest values (see ``Changes``)
 
     def apply(self, changes: Changes) -> None:
+        self.tentative = changes.tentative
         if changes.reset:
             self.rows = {}
         for change in changes.changes:
@@ -164,13 +170,22 @@ async def watch_changes(
 
 
 def opener(
-    stub: Any, metadata: Any, view: str, where: Mapping[str, Any] | None, interval_ms: int
+    stub: Any,
+    metadata: Any,
+    view: str,
+    where: Mapping[str, Any] | None,
+    interval_ms: int,
+    tentative: bool = False,
 ) -> Callable[[int], Any]:
     """How a client (blocking or asyncio: its stub) opens the subscription from a timestamp."""
 
     def open_stream(since: int) -> Any:
         request = pb.WatchRequest(
-            view=view, where=to_row(dict(where or {})), since=since, interval_ms=interval_ms
+            view=view,
+            where=to_row(dict(where or {})),
+            since=since,
+            interval_ms=interval_ms,
+            tentative=tentative,
         )
         return stub.WatchView(request, metadata=metadata)
 

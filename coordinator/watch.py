@@ -46,9 +46,15 @@ def changes(old: Rows, new: Rows, groups: list[str]) -> list[cpb.GroupChange]:
 
 
 async def watch(
-    manager: TransactionManager, name: str, where: Mapping[str, Any], interval: float
+    manager: TransactionManager,
+    name: str,
+    where: Mapping[str, Any],
+    interval: float,
+    tentative: bool = False,
 ) -> AsyncIterator[cpb.ViewChanges]:
-    """The messages of one subscription (see the module's docstring)."""
+    """The messages of one subscription (see the module's docstring); ``tentative``: a
+    cumulus view's newest values, a message as each feed reaches them (the others' reads are
+    exact anyway)."""
     views = manager.views
     if views is None or name not in views.views:
         raise errors.UnknownTable(f"unknown materialized view {name!r}")
@@ -56,13 +62,14 @@ async def watch(
     previous: Rows | None = None
     last_ts = 0
     while True:
-        rows, ts, _ = await views.read(name, dict(where))
+        rows, ts, ahead = await views.read(name, dict(where), tentative=tentative)
         current = {tuple(row[g] for g in groups): row for row in rows}
         if previous is None:
-            yield cpb.ViewChanges(timestamp=ts, changes=changes({}, current, groups), reset=True)
+            found = changes({}, current, groups)
+            yield cpb.ViewChanges(timestamp=ts, changes=found, reset=True, tentative=ahead)
         elif ts != last_ts:
             found = changes(previous, current, groups)
             if found:
-                yield cpb.ViewChanges(timestamp=ts, changes=found)
+                yield cpb.ViewChanges(timestamp=ts, changes=found, tentative=ahead)
         previous, last_ts = current, ts
         await asyncio.sleep(interval)

@@ -122,8 +122,31 @@ def test_tentative_reads_run_ahead_of_the_epochs_and_say_so(
     assert client.sql(f"SELECT SUM(s) AS s FROM {view}", consistency="tentative").tentative
     synced = client.view(exact, consistency="tentative")
     assert not synced.tentative and sorted(synced, key=lambda r: r["g"]) == want
-    client.refresh(view)
-    assert sorted(client.view(view), key=lambda r: r["g"]) == want
+    # a subscription to tentative changes reaches the same rows before any epoch; one to
+    # committed ones still holds the last epoch's
+    tentative_watch = client.watch(view, consistency="tentative")
+    committed_watch = client.watch(view)
+    try:
+        by_group = {(r["g"],): r for r in want}
+        deadline = time.monotonic() + 10
+        while tentative_watch.copy.rows != by_group:
+            assert time.monotonic() < deadline, f"tentative copy: {tentative_watch.copy.rows}"
+            time.sleep(0.02)
+        assert tentative_watch.copy.tentative
+        while not committed_watch.copy.timestamp:  # its first message
+            assert time.monotonic() < deadline, "no first message of the committed watch"
+            time.sleep(0.02)
+        assert committed_watch.copy.rows == {} and committed_watch.copy.timestamp == epoch
+        assert not committed_watch.copy.tentative
+        client.refresh(view)
+        assert sorted(client.view(view), key=lambda r: r["g"]) == want
+        deadline = time.monotonic() + 10
+        while committed_watch.copy.rows != by_group:
+            assert time.monotonic() < deadline, f"committed copy: {committed_watch.copy.rows}"
+            time.sleep(0.02)
+    finally:
+        tentative_watch.stop()
+        committed_watch.stop()
     with pytest.raises(errors.InvalidArgument, match="consistency must be 'committed' or"):
         client.view(view, consistency="newest")
     with pytest.raises(errors.InvalidArgument, match="feed_ms must be between 0 and epoch_ms"):

@@ -432,16 +432,18 @@ class MembersReply(_message.Message):
     def __init__(self, addresses: _Optional[_Iterable[str]] = ..., partitions: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("view", "where", "since", "interval_ms")
+    __slots__ = ("view", "where", "since", "interval_ms", "tentative")
     VIEW_FIELD_NUMBER: _ClassVar[int]
     WHERE_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    TENTATIVE_FIELD_NUMBER: _ClassVar[int]
     view: str
     where: Row
     since: int
     interval_ms: int
-    def __init__(self, view: _Optional[str] = ..., where: _Optional[_Union[Row, _Mapping]] = ..., since: _Optional[int] = ..., interval_ms: _Optional[int] = ...) -> None: ...
+    tentative: bool
+    def __init__(self, view: _Optional[str] = ..., where: _Optional[_Union[Row, _Mapping]] = ..., since: _Optional[int] = ..., interval_ms: _Optional[int] = ..., tentative: _Optional[bool] = ...) -> None: ...
 
 class GroupChange(_message.Message):
     __slots__ = ("group", "old", "new")
@@ -454,11 +456,13 @@ class GroupChange(_message.Message):
     def __init__(self, group: _Optional[_Union[Row, _Mapping]] = ..., old: _Optional[_Union[Row, _Mapping]] = ..., new: _Optional[_Union[Row, _Mapping]] = ...) -> None: ...
 
 class ViewChanges(_message.Message):
-    __slots__ = ("timestamp", "changes", "reset")
+    __slots__ = ("timestamp", "changes", "reset", "tentative")
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     RESET_FIELD_NUMBER: _ClassVar[int]
+    TENTATIVE_FIELD_NUMBER: _ClassVar[int]
     timestamp: int
     changes: _containers.RepeatedCompositeFieldContainer[GroupChange]
     reset: bool
-    def __init__(self, timestamp: _Optional[int] = ..., changes: _Optional[_Iterable[_Union[GroupChange, _Mapping]]] = ..., reset: _Optional[bool] = ...) -> None: ...
+    tentative: bool
+    def __init__(self, timestamp: _Optional[int] = ..., changes: _Optional[_Iterable[_Union[GroupChange, _Mapping]]] = ..., reset: _Optional[bool] = ..., tentative: _Optional[bool] = ...) -> None: ...
