@@ -26,6 +26,7 @@ from aggview.rowcodec import decode_stored, encode_stored
 from coordinator import Client
 from coordinator.bulk_client import BulkClient
 from cumulus.spark import jobs
+from cumulus.spark.compute import compute_states
 from loadgen import dashboard
 from ltm.store import open_store
 
@@ -431,6 +432,37 @@ def test_verify_catches_a_view_row_corrupted_in_the_store(
     dashboard_cluster.start()
     [result] = jobs.verify_views(spark, dashboard_cluster.address, ["shop_totals"])
     assert [d.actual["n"] - d.expected["n"] for d in result.differences] == [1]  # type: ignore[index]
+
+
+def test_verify_checks_a_cumulus_view_at_an_epoch_while_writers_go_on(
+    spark: Any, dashboard_cluster: LocalCluster
+) -> None:
+    """A cumulus view keeps no states: verify forces an epoch inside its held snapshot, reads
+    the view's rows at it and compares them with Spark's recomputation at that timestamp,
+    while four writers insert, move and delete events. A row changed on the way (as a wrong
+    runtime would give it) is a difference naming its group and both values."""
+    address = dashboard_cluster.address
+    with Client(address) as client:
+        client.sql(dashboard.view_ddl("shop_totals", SHOP_TOTALS, "cumulus", 100, 2, "speculative"))
+    with churning([address] * 4):
+        [result] = jobs.verify_views(spark, address, ["shop_totals"])
+    assert result.ok and result.groups == SMALL.shops and result.timestamp > 0
+    with Client(address) as client:
+        bulk = BulkClient(client)
+        described = bulk.describe("shop_totals")
+        lease, _ = bulk.hold_snapshot()
+        try:
+            ts, rows = jobs._cumulus_epoch(client, "shop_totals")
+            state = jobs._view_state(described.plan, described.base_schemas)  # type: ignore[arg-type]
+            with jobs.snapshot_tables(spark, address, state, ts, {}) as tables:
+                expected = compute_states(spark, state, tables)
+        finally:
+            bulk.release_snapshot(lease)
+    assert jobs.compare_rows("shop_totals", ts, state, expected, rows).ok
+    rows[0] = {**rows[0], "n": rows[0]["n"] + 1}
+    [difference] = jobs.compare_rows("shop_totals", ts, state, expected, rows).differences
+    assert difference.actual["n"] - difference.expected["n"] == 1  # type: ignore[index]
+    assert difference.group == {"shop_id": rows[0]["shop_id"]}
 
 
 def test_a_failed_job_leaves_no_view_and_a_recomputed_view_as_it_was(

@@ -23,7 +23,7 @@ from coordinator.bulk_client import BulkClient
 from coordinator.client import Client
 from cumulus.aggstate import Row, ViewState
 from cumulus.plan import ViewPlan
-from cumulus.spark.compute import compute_states, needed_columns, normalized
+from cumulus.spark.compute import State, compute_states, needed_columns, normalized
 from cumulus.spark.source import encode_staged, staging_name, view_states
 
 Progress = Callable[[str], None]
@@ -155,8 +155,9 @@ def verify_views(
     client_options: dict[str, Any] | None = None,
 ) -> list[VerifyResult]:
     """Recomputes each view at a timestamp its rows are exact at (a held snapshot for a sync
-    view; a refresh forced inside the held snapshot for an async one) and compares every
-    group's state with the maintained one."""
+    view; a refresh forced inside the held snapshot for an async one; an epoch forced inside
+    it for a cumulus one) and compares every group's state with the maintained one (a cumulus
+    view keeps no states: every group's row)."""
     options = client_options or {}
     results = []
     with Client(address, **options) as client:
@@ -171,12 +172,17 @@ def verify_views(
             lease, ts = bulk.hold_snapshot()
             try:
                 assert described.plan is not None
-                if described.plan["mode"] == "async":
+                state = _view_state(described.plan, described.base_schemas)
+                if described.plan["mode"] == "cumulus":
+                    ts, rows = _cumulus_epoch(client, name)
+                elif described.plan["mode"] == "async":
                     ts = client.refresh(name)  # exact at ts, which the lease (older) protects
                 progress(f"verifying {name} at {ts}")
-                state = _view_state(described.plan, described.base_schemas)
                 with snapshot_tables(spark, address, state, ts, options) as tables:
                     expected = compute_states(spark, state, tables)
+                if described.plan["mode"] == "cumulus":
+                    results.append(compare_rows(name, ts, state, expected, rows))
+                    continue
                 actual = dict(view_states(described, bulk.read_range(name, b"", b"", ts)))
             finally:
                 bulk.release_snapshot(lease)
@@ -196,6 +202,70 @@ def verify_views(
                     )
             results.append(result)
     return results
+
+
+EPOCH_ATTEMPTS = 20
+
+
+def _cumulus_epoch(client: Client, name: str) -> tuple[int, list[dict[str, Any]]]:
+    """A cumulus view's rows at an epoch committed now (inside the held snapshot, which
+    protects the base tables' rows at it): the epoch's timestamp is what its read says,
+    unless a scheduled epoch came between (then once more)."""
+    for _ in range(EPOCH_ATTEMPTS):
+        ts = client.refresh(name)
+        rows = client.view(name)
+        if rows.timestamp == ts:
+            return ts, list(rows)
+    raise errors.Unavailable(
+        f"materialized view {name}: every one of {EPOCH_ATTEMPTS} epochs asked for was "
+        "followed by another before it could be read"
+    )
+
+
+def compare_rows(
+    name: str, ts: int, state: ViewState, expected: State, rows: list[dict[str, Any]]
+) -> VerifyResult:
+    """A view's rows (a cumulus view keeps no states) against the groups' rows recomputed:
+    exact, except AVG and FLOAT aggregates, which may differ in their last digits."""
+    groups = [g.name for g in state.plan.group_by]
+    want = {}
+    for key, values in expected.items():
+        row = state.finalize(key, normalized(values))
+        if row is not None:
+            want[tuple(row[g] for g in groups)] = row
+    have = {tuple(row[g] for g in groups): dict(row) for row in rows}
+    approx = {
+        a.name
+        for a, arg_type in zip(state.plan.aggregates, state.arg_types, strict=True)
+        if a.kind == "avg" or (arg_type is not None and arg_type.kind == "FLOAT")
+    }
+    result = VerifyResult(name, ts, len(want))
+    for group in sorted(want.keys() | have.keys(), key=repr):
+        expected_row, actual_row = want.get(group), have.get(group)
+        if not _same_row(expected_row, actual_row, approx):
+            result.differences.append(
+                Difference(
+                    group=dict(zip(groups, group, strict=True)),
+                    expected=expected_row,
+                    actual=actual_row,
+                    expected_state=None,
+                    actual_state=None,
+                )
+            )
+    return result
+
+
+def _same_row(want: dict[str, Any] | None, have: dict[str, Any] | None, approx: set[str]) -> bool:
+    if want is None or have is None or want.keys() != have.keys():
+        return want == have
+    for column, value in want.items():
+        other = have[column]
+        if column in approx and value is not None and other is not None:
+            if not math.isclose(float(value), float(other), rel_tol=1e-9, abs_tol=1e-6):
+                return False
+        elif value != other:
+            return False
+    return True
 
 
 def _same_state(want: Row, have: Row) -> bool:
