@@ -123,7 +123,7 @@ MIXED_MODES = {
     "sales_by_subject": "async",
     "best_sellers": "async",
 }
-VIEW_MODES = ("mixed", "sync", "async", "none")
+VIEW_MODES = ("mixed", "sync", "async", "cumulus", "none")
 
 INTERACTIONS = (
     "Home",
@@ -154,7 +154,8 @@ MIXES: dict[str, tuple[float, ...]] = {
 
 
 def view_modes(view_mode: str) -> dict[str, str]:
-    """View name -> 'sync' or 'async' for a ``--view-mode``; 'none' registers no view."""
+    """View name -> 'sync', 'async' or 'cumulus' for a ``--view-mode``; 'none' registers no
+    view."""
     if view_mode not in VIEW_MODES:
         raise errors.InvalidArgument(
             f"unknown view mode {view_mode!r}: use one of {', '.join(VIEW_MODES)}"
@@ -166,9 +167,20 @@ def view_modes(view_mode: str) -> dict[str, str]:
     return {name: view_mode for name in VIEWS}
 
 
+def view_options(mode: str, interval_ms: int) -> str:
+    """The options of a view in ``mode`` (``interval_ms``: an async view's refresh interval, a
+    cumulus view's epoch), as CREATE ... WITH and ALTER ... SET take them."""
+    if mode == "async":
+        return f"refresh = 'async', interval_ms = {interval_ms}"
+    if mode == "cumulus":
+        return f"refresh = 'cumulus', epoch_ms = {interval_ms}"
+    return "refresh = 'sync'"
+
+
 def view_ddl(name: str, mode: str, interval_ms: int) -> str:
-    options = f" WITH (refresh = 'async', interval_ms = {interval_ms})" if mode == "async" else ""
-    return f"CREATE MATERIALIZED VIEW {name}{options} AS {VIEWS[name]}"
+    return (
+        f"CREATE MATERIALIZED VIEW {name} WITH ({view_options(mode, interval_ms)}) AS {VIEWS[name]}"
+    )
 
 
 def create_schema(client: Client) -> None:

@@ -77,9 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--view-mode",
         default="mixed",
-        help="mixed (cart and order totals sync, sales async), sync, async or none",
+        help="mixed (cart and order totals sync, sales async), sync, async, cumulus or none",
     )
-    parser.add_argument("--interval-ms", type=int, default=1000, help="async refresh interval")
+    parser.add_argument(
+        "--interval-ms", type=int, default=1000, help="async refresh interval, cumulus epoch"
+    )
     parser.add_argument(
         "--clients", type=int, default=0, help="gRPC clients the browsers share (0: up to 4)"
     )
@@ -238,22 +240,27 @@ def prepare_views(
 ) -> None:
     """Makes the cluster's TPC-W views what the run asks for. On empty tables a view is just
     declared (the bulk load then maintains it); over a population it is initialized by Spark
-    from a snapshot."""
+    from a snapshot (a cumulus view's runtime loads its snapshot itself); an existing view in
+    another mode or interval is switched live (ALTER ... SET)."""
     views = set(BulkClient(client).list()[1])
     for name in tpcw.VIEWS:
         mode = wanted.get(name)
         if name in views:
             plan = BulkClient(client).describe(name).plan or {}
-            if plan.get("mode") == mode:
-                if mode == "async" and plan.get("interval_ms") != interval_ms:
-                    client.sql(f"ALTER MATERIALIZED VIEW {name} SET (interval_ms = {interval_ms})")
-                continue
-            say(f"dropping view {name} ({plan.get('mode')})")
-            client.sql(f"DROP MATERIALIZED VIEW {name}")
+            if mode is None:
+                say(f"dropping view {name} ({plan.get('mode')})")
+                client.sql(f"DROP MATERIALIZED VIEW {name}")
+            elif plan.get("mode") != mode or (
+                mode != "sync" and plan.get("interval_ms") != interval_ms
+            ):
+                say(f"switching view {name} from {plan.get('mode')} to {mode}")
+                options = tpcw.view_options(mode, interval_ms)
+                client.sql(f"ALTER MATERIALIZED VIEW {name} SET ({options})")
+            continue
         if mode is None:
             continue
         ddl = tpcw.view_ddl(name, mode, interval_ms)
-        if populated:
+        if populated and mode != "cumulus":
             from cumulus.spark import jobs
 
             say(f"initializing view {name} ({mode}) with Spark")

@@ -22,6 +22,7 @@ import pytest
 from aggview import errors
 from aggview.cluster import LocalCluster, free_port
 from coordinator import Client
+from coordinator.bulk_client import BulkClient
 from loadgen import tpcw, tpcw_bench
 
 pytest.importorskip("pyspark")
@@ -243,3 +244,32 @@ def test_ctrl_c_stops_the_run_and_still_writes_the_report(
     assert data["results"]["measured_seconds"] < 30
     assert data["results"]["consistency"]["ok"], data["results"]["consistency"]
     assert data["rows"][-1]["interaction"] == "all" and data["rows"][-1]["count"] > 0
+
+
+def test_the_ordering_mix_over_cumulus_views_switched_live(
+    shop: dict[str, Any], tmp_path: Path
+) -> None:
+    """A run with every view in cumulus mode on the same population: the views switch live
+    from the mixed modes (ALTER ... SET), the interactions run against them, and every view
+    verifies against Spark's recomputation at an epoch."""
+    address = shop["cluster"].address
+    out = tmp_path / "cumulus"
+    args = arguments(
+        address=address,
+        mix="ordering",
+        seconds=2.0,
+        view_mode="cumulus",
+        interval_ms=200,
+        out=str(out),
+        **SMALL,
+    )
+    tpcw_bench.run(args, {})
+    data = json.loads((out / "tpcw.json").read_text())
+    verification = data["results"]["verification"]
+    assert [v["view"] for v in verification] == list(tpcw.VIEWS)
+    assert all(v["ok"] and v["differences"] == 0 for v in verification), verification
+    assert data["results"]["consistency"]["ok"], data["results"]["consistency"]
+    with Client(address) as client:
+        for name in tpcw.VIEWS:
+            plan = BulkClient(client).describe(name).plan or {}
+            assert (plan["mode"], plan["interval_ms"]) == ("cumulus", 200), name
