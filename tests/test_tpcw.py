@@ -18,12 +18,13 @@ from typing import Any
 
 import duckdb
 import pytest
+from rich.console import Console
 
 from aggview import errors
 from aggview.cluster import LocalCluster, free_port
 from coordinator import Client
 from coordinator.bulk_client import BulkClient
-from loadgen import tpcw, tpcw_bench
+from loadgen import modes_bench, tpcw, tpcw_bench
 
 pytest.importorskip("pyspark")
 
@@ -273,3 +274,19 @@ def test_the_ordering_mix_over_cumulus_views_switched_live(
         for name in tpcw.VIEWS:
             plan = BulkClient(client).describe(name).plan or {}
             assert (plan["mode"], plan["interval_ms"]) == ("cumulus", 200), name
+
+
+def test_the_comparison_runs_the_ordering_mix_in_each_mode(
+    shop: dict[str, Any], tmp_path: Path
+) -> None:
+    """``aggview bench modes``' TPC-W part: one run per view mode on one population, each
+    verified, and its table."""
+    scale = {k: v for k, v in SMALL.items() if k != "seed"}
+    address = shop["cluster"].address
+    rows = modes_bench.run_tpcw(1.0, address, tmp_path, ("async", "cumulus"), scale)
+    assert [r["views"] for r in rows] == ["async", "cumulus"]
+    assert all(r["wips"] > 0 and r["verified"] for r in rows), rows
+    assert json.loads((tmp_path / "tpcw_modes.json").read_text()) == rows
+    console = Console(record=True, width=120)
+    modes_bench.print_tpcw(rows, console)
+    assert "cumulus" in console.export_text()
