@@ -241,12 +241,17 @@ class _Servicer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return pb.LinkReply()
 
+    async def _holding(self, map_name: str, context: grpc.aio.ServicerContext) -> Node:
+        """This node, once ``map_name`` is known to be one of the program's maps."""
+        node = self.host.node
+        if map_name not in node.placement.key_counts:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no map {map_name!r}")
+        return node
+
     async def ReadMap(  # noqa: N802
         self, request: pb.MapRequest, context: grpc.aio.ServicerContext
     ) -> pb.MapReply:
-        node = self.host.node
-        if request.map not in node.placement.key_counts:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no map {request.map!r}")
+        node = await self._holding(request.map, context)
         try:
             if request.committed:
                 entries = node.snapshot(request.map, request.cut)
@@ -259,9 +264,7 @@ class _Servicer:
     async def Preload(  # noqa: N802
         self, request: pb.PreloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.PreloadReply:
-        node = self.host.node
-        if request.map not in node.placement.key_counts:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no map {request.map!r}")
+        node = await self._holding(request.map, context)
         entries = decode_entries(request.entries)
         strangers = [k for k in entries if node.placement.node_of(request.map, k) != node.number]
         if strangers:
