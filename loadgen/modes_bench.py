@@ -14,7 +14,7 @@
   cumulus; switched live between runs), web interactions per second and their latency, and
   every view verified against Spark's recomputation after each run.
 
-    aggview bench modes                         # about 6 minutes on 2 cores
+    aggview bench modes                         # about 4 minutes on 2 cores
     aggview bench modes --hot                   # every event into one group
     aggview bench modes --sizes 1 --seconds 3 --modes none sync cumulus:100:2 --tpcw-seconds 0
 """
