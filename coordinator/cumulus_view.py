@@ -56,6 +56,7 @@ class CumulusView:
         # timestamp while ``apply`` runs in a worker thread
         self._last: tuple[list[Row], int] = ([], 0)
         self.fed_at = 0  # our timestamp of the last change fed (committed or not)
+        self.cpu_seconds = 0.0  # what driving the runtime took in this process (its threads)
         self.epochs = 0
         self._counts: dict[str, Any] = {}
         # the simulator host is driven from one thread at a time (a feed or an epoch runs in
@@ -91,17 +92,21 @@ class CumulusView:
             if after is not None:
                 updates.append(("+", table, self._values(table, after)))
         with self._driving:  # a tentative read pairs these maps with this timestamp
+            started = time.thread_time()
             self.runtime.feed(updates)
             if isinstance(self.runtime, Simulator):  # its network is virtual: run it
                 self.runtime.deliver()
             self.fed_at = ts
+            self.cpu_seconds += time.thread_time() - started
 
     def apply(self, changes: Iterable[tuple[str, Row | None, Row | None]], ts: int) -> None:
         """Like ``feed``, then runs until everything fed is committed as one epoch at ``ts``."""
         self.feed(changes, ts)
         with self._driving:
+            started = time.thread_time()
             self.runtime.finish()
             _, maps = self.runtime.snapshot()
+            self.cpu_seconds += time.thread_time() - started
         self.epochs += 1
         self._count()
         self._last = (self._rows(maps), ts)
@@ -131,7 +136,8 @@ class CumulusView:
     def counts(self) -> dict[str, Any]:
         """What the runtime did since it was loaded, as of the last epoch (read on the event
         loop while an epoch may run in a worker thread): updates fed (a change is a delete and
-        an insert), messages by kind, corrective updates, epochs, log entries."""
+        an insert), messages by kind, corrective updates, epochs, log entries, and the CPU
+        seconds this process spent driving the runtime (on the simulator host: all of it)."""
         return self._counts
 
     def _count(self) -> None:
@@ -142,6 +148,7 @@ class CumulusView:
             "corrective": report.corrective,
             "epochs": self.epochs,
             "logs": self.runtime.log_sizes(),
+            "cpu_seconds": self.cpu_seconds,
         }
 
     def close(self) -> None:

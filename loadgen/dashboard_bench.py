@@ -366,11 +366,14 @@ def runtime_costs(
     before: dict[str, Any] | None, after: dict[str, Any] | None
 ) -> dict[str, float | int | None]:
     """Messages and corrective updates per 1,000 updates the runtime was fed between two
-    counts, and its log entries at the second (None where there is no runtime)."""
+    counts, the CPU process 0 spent driving the runtime per update (on the local host, the
+    runtime's whole cost: the rest of ``cpu_ms_per_event`` is the cluster's), and its log
+    entries at the second (None where there is no runtime)."""
     out: dict[str, float | int | None] = {
         "messages_per_1k": None,
         "corrective_per_1k": None,
         "log_entries": None,
+        "runtime_cpu_ms_per_update": None,
     }
     if not before or not after:
         return out
@@ -379,6 +382,8 @@ def runtime_costs(
         sent = sum(after["messages"].values()) - sum(before["messages"].values())
         out["messages_per_1k"] = 1000 * sent / updates
         out["corrective_per_1k"] = 1000 * (after["corrective"] - before["corrective"]) / updates
+        cpu = after.get("cpu_seconds", 0.0) - before.get("cpu_seconds", 0.0)
+        out["runtime_cpu_ms_per_update"] = 1000 * cpu / updates
     out["log_entries"] = sum(after["logs"].values())
     return out
 
@@ -643,6 +648,7 @@ def run(args: argparse.Namespace, options: dict[str, Any]) -> None:
             "consistent",
             "tentative_consistent",
             "cpu_ms_per_event",
+            "runtime_cpu_ms_per_update",
             "messages_per_1k",
             "corrective_per_1k",
             "verified",

@@ -74,6 +74,9 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
         assert (r["messages_per_1k"] is not None and r["messages_per_1k"] >= 1000) == cumulus
         assert (r["corrective_per_1k"] is not None) == cumulus
         assert (r["log_entries"] is not None) == cumulus
+        assert (r["runtime_cpu_ms_per_update"] is not None) == cumulus
+        if cumulus:  # the simulator host runs in process 0: its CPU is counted there
+            assert 0 < r["runtime_cpu_ms_per_update"]
     assert all(r["verified"] for r in report.rows)
     assert events == sum(r["committed"] * r["k"] + r["probes"] for r in report.rows)
     assert all(r["aborted"] == 0 and r["tx_per_s"] > 0 for r in report.rows)
@@ -138,17 +141,25 @@ def test_a_cumulus_mode_names_its_nodes_speculation_and_host_in_any_order() -> N
 
 
 def test_runtime_costs_are_per_thousand_updates_between_two_counts() -> None:
-    before = {"updates": 100, "messages": {"Dispatch": 150}, "corrective": 2, "logs": {}}
+    before = {
+        "updates": 100,
+        "messages": {"Dispatch": 150},
+        "corrective": 2,
+        "logs": {},
+        "cpu_seconds": 0.25,
+    }
     after = {
         "updates": 300,
         "messages": {"Dispatch": 450, "Push": 100},
         "corrective": 12,
         "logs": {"write_log_entries": 7, "read_log_entries": 3},
+        "cpu_seconds": 0.5,
     }
     assert dashboard_bench.runtime_costs(before, after) == {
         "messages_per_1k": 2000.0,
         "corrective_per_1k": 50.0,
         "log_entries": 10,
+        "runtime_cpu_ms_per_update": 1.25,
     }
     assert set(dashboard_bench.runtime_costs(None, None).values()) == {None}
 
