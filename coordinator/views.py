@@ -573,9 +573,7 @@ class ViewManager:
             except Exception as exc:
                 log.warning("draining %s failed: %s; retrying", view.name, exc)
                 continue
-            view.state = "live"
-            self.publish()
-            self._persist(view)
+            self._live(view)
 
     async def _switch_to_cumulus(self, view: View, plan: ViewPlan) -> None:
         """To cumulus (or to a runtime on other nodes or in the other mode): the runtime
@@ -666,6 +664,9 @@ class ViewManager:
             self.publish()
             async with view.lock:
                 await self._refresh(view)
+        self._live(view)
+
+    def _live(self, view: View) -> None:
         view.state = "live"
         self.publish()
         self._persist(view)
