@@ -177,6 +177,7 @@ def _run_coordinator(args: argparse.Namespace) -> None:
         cache_rows=args.cache_rows,
         members=args.member_address,
         member=args.member,
+        take_lead=args.take_lead,
     )
     if bool(args.ltm) == bool(args.local_partitions):
         raise errors.InvalidArgument("give the LTMs (--ltm, repeated) or --local-partitions N")
@@ -258,9 +259,9 @@ def default_processes(ltms: int, replicate: bool) -> int:
 
 
 def _replaceable(role: str) -> bool:
-    """Whose death a replicated cluster survives: an LTM, a member other than member 0 (which
-    keeps the clock and the catalog)."""
-    return role.startswith("ltm") or (role.startswith("member-") and role != "member-0")
+    """Whose death a replicated cluster survives: an LTM, any member (the next one takes the
+    lead from a dead leader); not the separate coordinator."""
+    return role.startswith(("ltm", "member-"))
 
 
 def _run_sql(args: argparse.Namespace) -> None:
@@ -470,6 +471,13 @@ def build_parser() -> argparse.ArgumentParser:
         "clock and the catalog); partition p is hosted by member p %% members",
     )
     coordinator.add_argument("--member", type=int, default=0, help="which member this is")
+    coordinator.add_argument(
+        "--take-lead",
+        action="store_true",
+        help="with --failover-after: this member leads the cluster (keeps the clock and the "
+        "catalog) whoever led before; only for a start of every member at once (aggview start "
+        "gives it to member 0). Without it a member follows the leader the store records",
+    )
     coordinator.add_argument("--checkpoint-interval", type=float, default=2.0)
     coordinator.add_argument("--cache-rows", type=int, default=1_000_000)
     coordinator.add_argument(
@@ -478,8 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="seconds an LTM may stay silent before its partitions move to their backups "
         "(0: never; needs LTMs started with --backup). With --member-address: every member "
-        "copies its logs to the next one, and member 0 moves a silent member's partitions and "
-        "decisions",
+        "copies its logs to the next one, the leader moves a silent member's partitions and "
+        "decisions, and the next member takes the lead from a silent leader",
     )
     _add_common(coordinator)
     _add_server_security(coordinator, clients=True)

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,9 +118,12 @@ class Server:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0, env: dict[str, str] | None = None) -> None:
-        """``env`` is added to this start's environment only (e.g. ``AGGVIEW_FAILPOINTS``)."""
-        args = [*self.args, "--port", str(self.port)]
+    def start(
+        self, timeout: float = 30.0, env: dict[str, str] | None = None, once: Sequence[str] = ()
+    ) -> None:
+        """``env`` is added to this start's environment only (e.g. ``AGGVIEW_FAILPOINTS``),
+        and ``once`` to its arguments (a restart goes without them)."""
+        args = [*self.args, *once, "--port", str(self.port)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         extra_env, env = env, dict(os.environ)
@@ -403,9 +406,13 @@ class LocalCluster:
                     code=self.code,
                 )
             )
+        # Every member starts: member 0 leads, whoever led before (an older checkout, which
+        # a benchmark may run, has no leadership record).
+        knows_leads = (self.code / "coordinator" / "leadership.py").exists()
+        lead = ["--take-lead"] if self.replicate and knows_leads else []
         try:
-            for server in self.servers:
-                server.start()
+            for m, server in enumerate(self.servers):
+                server.start(once=lead if m == 0 else ())
         except BaseException:
             self.stop()
             raise

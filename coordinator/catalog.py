@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from sqlglot import exp
@@ -16,7 +17,7 @@ from sqlglot import exp
 from aggview import errors
 from aggview.schema import Column, ColumnType, TableSchema
 from cumulus.sqltext import identifier
-from ltm.store.base import Store
+from ltm.store.base import Guard, Store
 
 CATALOG_TABLE = "_catalog"
 META_TABLE = "_meta"
@@ -71,10 +72,19 @@ class Catalog:
         self.tables: dict[str, TableSchema] = {}
         self.by_id: dict[str, TableSchema] = {}  # store table id -> schema (images, votes)
         self.view_names: set[str] = set()  # kept by the view manager: one namespace for both
-        for _, value in store.scan_prefix(CATALOG_TABLE, b"table:"):
-            schema = TableSchema.from_json(json.loads(value))
-            self.tables[schema.name] = schema
-            self.by_id[schema.table_id] = schema
+        # At the leader of a replicated cluster: its writes land only while it leads
+        # (``coordinator.leadership``); None: unguarded.
+        self.guard: Callable[[], Guard] | None = None
+        self.reload()
+
+    def reload(self) -> None:
+        """The tables as the store has them (a member that takes the lead)."""
+        schemas = [
+            TableSchema.from_json(json.loads(value))
+            for _, value in self.store.scan_prefix(CATALOG_TABLE, b"table:")
+        ]
+        self.tables = {schema.name: schema for schema in schemas}
+        self.by_id = {schema.table_id: schema for schema in schemas}
 
     def entries(self, kind: str) -> list[dict[str, Any]]:
         """Persisted catalog entries of one kind ("view", "index")."""
@@ -84,7 +94,13 @@ class Catalog:
 
     def put_entry(self, kind: str, name: str, entry: dict[str, Any] | None) -> None:
         value = None if entry is None else json.dumps(entry).encode()
-        self.store.write([(CATALOG_TABLE, f"{kind}:{name}".encode(), value)])
+        self._write(CATALOG_TABLE, f"{kind}:{name}".encode(), value)
+
+    def _write(self, table: str, key: bytes, value: bytes | None) -> None:
+        if self.guard is None:
+            self.store.write([(table, key, value)])
+        else:
+            self.store.write_guarded(self.guard(), [(table, key, value)])
 
     def next_number(self) -> int:
         """A number never handed out before, for the store ids of tables, views and indexes."""
@@ -103,7 +119,7 @@ class Catalog:
         return None if value is None else value.decode()
 
     def set_meta(self, key: str, value: str) -> None:
-        self.store.write([(META_TABLE, key.encode(), value.encode())])
+        self._write(META_TABLE, key.encode(), value.encode())
 
     def _next_table_id(self, name: str) -> str:
         return f"t{self.next_number()}_{name}"

@@ -373,6 +373,7 @@ class Client:
         self._open = lambda member: _open_channel(grpc, member, ca, tls, token, options)[0]
         self._router: Router | None = None
         self._members: dict[int, tuple[Any, Any]] = {}  # member -> (channel, stub)
+        self._relearn_after = 0.0
 
     def __enter__(self) -> Client:
         return self
@@ -389,7 +390,10 @@ class Client:
         try:
             return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise _explain(exc, self._plaintext) from None
+            error = _explain(exc, self._plaintext)
+        if isinstance(error, errors.Unavailable):
+            self._relearn()
+        raise error
 
     def _routing(self) -> Router:
         if self._router is None:
@@ -397,8 +401,27 @@ class Client:
                 reply = self._call(self._stub.Members, pb.MembersRequest())
             except errors.AggviewError:  # a server from before members: it serves everything
                 reply = pb.MembersReply()
-            self._router = Router(reply.addresses, reply.partitions)
+            self._router = Router(reply.addresses, reply.partitions, reply.leader)
         return self._router
+
+    def _relearn(self) -> None:
+        """A server did not answer: who leads now (another member took the lead from a dead
+        one), asked of the address given and then of each member; if the address given is
+        the one gone, the leader serves what went there. At most once a second."""
+        router, now = self._router, time.monotonic()
+        if router is None or not router.routes or now < self._relearn_after:
+            return
+        self._relearn_after = now + 1.0
+        for member in [None, *range(len(router.members))]:
+            stub = self._member(member)
+            try:
+                reply = stub.Members(pb.MembersRequest(), timeout=2, metadata=self._metadata)
+            except grpc.RpcError:
+                continue
+            router.leader = reply.leader
+            if member is not None:  # the address given did not answer
+                self._stub = self._member(reply.leader)
+            return
 
     def _member(self, member: int | None) -> Any:
         """The stub of a member (None: the address this client was given)."""
@@ -423,8 +446,9 @@ class Client:
         return router.member_for(operations, time.monotonic())
 
     def _leader(self) -> Any:
-        """Member 0, which keeps the catalog (DDL, refreshes go there)."""
-        return self._member(0) if self._routing().routes else self._stub
+        """The leader, which keeps the catalog (DDL, refreshes go there)."""
+        router = self._routing()
+        return self._member(router.leader) if router.routes else self._stub
 
     def sql(self, statement: str, *, as_of: int = 0, consistency: str = "committed") -> Rows:
         """``consistency = 'tentative'``: a SELECT of a cumulus view reads its newest values."""
@@ -451,6 +475,7 @@ class Client:
                 time.sleep(self.retry.delay(attempt))
             except errors.Unavailable:
                 self._routing().unreachable(member, time.monotonic())
+                self._relearn()
                 raise
         raise AssertionError("unreachable")
 
@@ -630,6 +655,7 @@ class AsyncClient:
         # member -> (channel, stub, its Transact stream)
         self._members: dict[int, tuple[Any, Any, AskEach[pb.TransactRequest, pb.TransactReply]]]
         self._members = {}
+        self._relearn_after = 0.0
 
     def _stream(self, stub: Any) -> AskEach[pb.TransactRequest, pb.TransactReply]:
         return AskEach(
@@ -660,8 +686,26 @@ class AsyncClient:
                     reply = await self._call(self._stub.Members, pb.MembersRequest())
                 except errors.AggviewError:  # a server from before members
                     reply = pb.MembersReply()
-                self._router = Router(reply.addresses, reply.partitions)
+                self._router = Router(reply.addresses, reply.partitions, reply.leader)
         return self._router
+
+    async def _relearn(self) -> None:
+        """As ``Client._relearn``: who leads now, and the leader in place of a dead address
+        given (its calls and its transaction stream)."""
+        router, now = self._router, time.monotonic()
+        if router is None or not router.routes or now < self._relearn_after:
+            return
+        self._relearn_after = now + 1.0
+        for member in [None, *range(len(router.members))]:
+            stub, _ = await self._member(member)
+            try:
+                reply = await stub.Members(pb.MembersRequest(), timeout=2, metadata=self._metadata)
+            except grpc.RpcError:
+                continue
+            router.leader = reply.leader
+            if member is not None:  # the address given did not answer
+                self._stub, self._transactions = await self._member(reply.leader)
+            return
 
     async def _member(self, member: int | None) -> tuple[Any, Any]:
         """(stub, Transact stream) of a member (None: the address this client was given)."""
@@ -689,15 +733,18 @@ class AsyncClient:
         return router.member_for(operations, time.monotonic())
 
     async def _leader(self) -> Any:
-        """Member 0, which keeps the catalog (DDL, refreshes go there)."""
+        """The leader, which keeps the catalog (DDL, refreshes go there)."""
         router = await self._routing()
-        return (await self._member(0))[0] if router.routes else self._stub
+        return (await self._member(router.leader))[0] if router.routes else self._stub
 
     async def _call(self, method: Any, request: Any) -> Any:
         try:
             return await method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise _explain(exc, self._plaintext) from None
+            error = _explain(exc, self._plaintext)
+        if isinstance(error, errors.Unavailable):
+            await self._relearn()
+        raise error
 
     async def sql(self, statement: str, *, as_of: int = 0, consistency: str = "committed") -> Rows:
         stub = await self._leader()
@@ -726,6 +773,7 @@ class AsyncClient:
                 await asyncio.sleep(self.retry.delay(attempt))
             except errors.Unavailable:
                 (await self._routing()).unreachable(member, time.monotonic())
+                await self._relearn()
                 raise
         raise AssertionError("unreachable")
 

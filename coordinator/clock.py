@@ -1,7 +1,8 @@
 """The cluster's clock: timestamps for every coordinating member, and the two watermarks that
 reads and pruning need once no single process sees every transaction.
 
-``Clock`` runs at the leader (member 0) and is a pure state machine. A member asks for exactly
+``Clock`` runs at the leader (member 0, or the member that took over from it:
+``coordinator.leadership``) and is a pure state machine. A member asks for exactly
 as many timestamps as it has transactions waiting (one request per batch; never a reserve, as
 an unused timestamp would hold the watermarks back) and for a read timestamp when it has reads
 waiting. After its in-flight set changes it reports the oldest timestamp it has not decided,
@@ -92,12 +93,14 @@ class _Member:
 
 
 class Clock:
-    def __init__(self, oracle: TimestampOracle, members: int) -> None:
+    def __init__(self, oracle: TimestampOracle, members: int, leader: int = 0) -> None:
         self.oracle = oracle
-        # Member 0 is the leader's own, reported in every step; a follower holds the
-        # watermarks at 0 until its first report (after a restart of the leader, it may hold
-        # transactions timestamped by the leader's previous run).
-        self._members = [_Member(reported=m == 0) for m in range(members)]
+        self.leader = leader
+        # The leader's own member is reported in every step; a follower holds the watermarks
+        # at 0 until its first report (after a restart of the leader, or a takeover, it may
+        # hold transactions timestamped by the previous one), and a dead former leader until
+        # another adopted its decision log (``forget``).
+        self._members = [_Member(reported=m == leader) for m in range(members)]
         self._seq = 0
         self.epoch = 0
         self.configuration = b"{}"

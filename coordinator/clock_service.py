@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -79,9 +79,10 @@ class _Stream:
         if isinstance(request, Malformed):
             raise errors.InvalidArgument(f"malformed clock request: {request.reason}")
         member = request.member
-        if not 0 < member < clock.members:
+        if not 0 <= member < clock.members or member == clock.leader:
             raise errors.InvalidArgument(
-                f"member {member} is not a follower of this {clock.members}-member cluster"
+                f"member {member} is not a follower of this {clock.members}-member cluster "
+                f"(led by member {clock.leader})"
             )
         if self.member != member:
             if self.member != -1:
@@ -96,6 +97,7 @@ class _Stream:
             self.wait = request.wait
             self.leader.changed()
         if request.count or request.read:
+            self.leader.check_lease()
             writes = None
             if request.HasField("write_epoch"):
                 rows = tuple((r.table, r.key) for r in request.write_rows)
@@ -107,15 +109,22 @@ class _Stream:
 
 
 class ClockServicer(pb_grpc.ClockServicer):
-    """At the leader: one stream per follower member."""
+    """At the leader: one stream per follower member. ``clock()`` is this member's clock,
+    which leads only at the leader (a follower may take the lead later)."""
 
-    def __init__(self, leader: LeaderClock) -> None:
-        self.leader = leader
+    def __init__(self, clock: Callable[[], MemberClock]) -> None:
+        self.clock = clock
 
     async def Tick(
         self, requests: AsyncIterator[pb.ClockRequest | Malformed], context: Any
     ) -> AsyncIterator[pb.ClockReply]:
-        stream = _Stream(self.leader)
+        leader = self.clock()
+        if not isinstance(leader, LeaderClock):
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "this member does not lead the cluster (yet)"
+            )
+            return
+        stream = _Stream(leader)
 
         async def read() -> None:
             try:
@@ -124,8 +133,8 @@ class ClockServicer(pb_grpc.ClockServicer):
             finally:
                 stream.replies.put_nowait(None)
 
-        self.leader.listeners.add(stream.told)
-        self.leader.notice_listeners.add(stream.notify)
+        leader.listeners.add(stream.told)
+        leader.notice_listeners.add(stream.notify)
         reader = asyncio.get_running_loop().create_task(read())
         try:
             while (reply := await stream.replies.get()) is not None:
@@ -135,8 +144,8 @@ class ClockServicer(pb_grpc.ClockServicer):
             except errors.AggviewError as exc:  # bad input ends this stream, with its reason
                 await context.abort(exc.code, str(exc))
         finally:
-            self.leader.listeners.discard(stream.told)
-            self.leader.notice_listeners.discard(stream.notify)
+            leader.listeners.discard(stream.told)
+            leader.notice_listeners.discard(stream.notify)
             reader.cancel()
 
 
@@ -167,10 +176,16 @@ class FollowerClock(MemberClock):
         leader: str,
         tls: TlsDir | None,
         install: Callable[[int, dict[str, Any]], None],
+        locate: Callable[[], Awaitable[tuple[int, str] | None]] | None = None,
+        leader_member: int = 0,
     ) -> None:
+        """``locate``: after the stream fails, where the leader is now (index, address), or
+        None when it is this member (it takes the lead; ``coordinator.leadership``)."""
         super().__init__(in_flight)
         self.member = member
         self.address = leader
+        self.leader_member = leader_member
+        self._locate = locate
         self._tls = tls
         self._install = install
         # waiting to be asked for, with what each writes in cached tables
@@ -216,16 +231,29 @@ class FollowerClock(MemberClock):
         self._changed()
 
     async def close(self) -> None:
+        """Stops asking; whatever still waits for a timestamp fails as unavailable."""
         self._closed = True
         if self._reader is not None:
             self._reader.cancel()
         if self._call is not None:
             self._call.cancel()
+        failure = errors.Unavailable("this member's clock stream closed; try again")
+        waiting: list[Any] = [*self._writers, *self._asked_writes]
+        for future in [*(f for f, _ in waiting), *self._readers, *self._asked_reads]:
+            if not future.done():
+                future.set_exception(failure)
+        self._writers, self._readers, self._asked_reads = [], [], []
+        self._asked_writes.clear()
         await self._channel.close()
 
     # ------------------------------------------------------------------ asking
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.Unavailable("this member's clock stream closed; try again")
+
     async def next(self, writes: Writes | None = None) -> tuple[int, int]:
+        self._check_open()
         future: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
         self._writers.append((future, writes))
         self._ask_soon()
@@ -237,6 +265,7 @@ class FollowerClock(MemberClock):
             raise
 
     async def read_timestamp(self) -> int:
+        self._check_open()
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._readers.append(future)
         self._ask_soon()
@@ -306,14 +335,14 @@ class FollowerClock(MemberClock):
         try:
             async for reply in call:
                 self._received(reply)
-            problem = "member 0 ended the clock stream"
+            problem = "the leader ended the clock stream"
         except grpc.aio.AioRpcError as exc:
-            problem = f"the clock stream to member 0 failed: {exc.details() or exc.code()}"
+            problem = f"the clock stream to the leader failed: {exc.details() or exc.code()}"
         except asyncio.CancelledError:
             return
         except Exception as exc:  # a bug here must not leave everything waiting in silence
             log.exception("clock stream reader failed")
-            problem = f"the clock stream to member 0 failed: {exc!r}"
+            problem = f"the clock stream to the leader failed: {exc!r}"
         log.warning("%s", problem)
         failure = errors.Unavailable(problem)
         asked = [*(future for future, _ in self._asked_writes), *self._asked_reads]
@@ -323,8 +352,22 @@ class FollowerClock(MemberClock):
             if not future.done():
                 future.set_exception(failure)
         await asyncio.sleep(0.2)
-        if not self._closed:
-            self._open()
+        if self._closed:
+            return
+        if self._locate is not None:
+            try:
+                leader = await self._locate()
+            except Exception:
+                log.exception("finding the cluster's leader failed")
+                leader = (self.leader_member, self.address)
+            if leader is None:
+                return  # this member takes the lead: its own clock replaces this one
+            if leader[1] != self.address:
+                log.warning("the clock is now at member %d (%s)", *leader)
+                await self._channel.close()
+                self.leader_member, self.address = leader
+                self._channel = member_channel(self.address, self._tls, GRPC_OPTIONS)
+        self._open()
 
     def _received(self, reply: pb.ClockReply) -> None:
         self.replies += 1

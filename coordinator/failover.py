@@ -70,6 +70,13 @@ class Failover:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._watch())
 
+    def silent_since(self, member: int, since: float) -> None:
+        """``member`` has not answered since ``since`` (seen by another: a leader that took
+        over from it), so it is not given ``after`` seconds more."""
+        for ltm in range(len(self.addresses)):
+            if self.members and ltm % self.members == member:
+                self._down_since[ltm] = since
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

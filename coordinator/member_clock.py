@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from aggview import errors
 from coordinator.clock import Clock, Marks, Notice, RowKey, Writes
+from coordinator.leadership import Lease
 
 
 class InFlight:
@@ -157,13 +158,16 @@ class MemberClock:
 
 
 class LeaderClock(MemberClock):
-    """Member 0: the clock is here. Watermarks are recomputed once per event-loop step in
-    which anything changed, here or in a follower's report, and followers waiting for them
-    are told (``listeners``)."""
+    """The leader (member 0, or who took over): the clock is here. Watermarks are recomputed
+    once per event-loop step in which anything changed, here or in a follower's report, and
+    followers waiting for them are told (``listeners``). With a ``lease`` (a replicated
+    cluster, ``coordinator.leadership``) it grants only while the lease holds."""
 
-    def __init__(self, clock: Clock, in_flight: InFlight) -> None:
+    def __init__(self, clock: Clock, in_flight: InFlight, lease: Lease | None = None) -> None:
         super().__init__(in_flight)
         self.clock = clock
+        self.member = clock.leader
+        self.lease = lease
         self._seq = 0
         self._scheduled = False
         self.listeners: set[Callable[[Marks], None]] = set()  # the followers' streams
@@ -177,24 +181,40 @@ class LeaderClock(MemberClock):
     async def next(self, writes: Writes | None = None) -> tuple[int, int]:
         return self.take(writes)
 
+    def succeed(self, follower: MemberClock) -> None:
+        """This member took the lead: what its follower clock had (the lookup cache, those
+        waiting until a timestamp is decided) is this clock's now."""
+        self.cache = follower.cache
+        for waiter in follower._waiters:
+            heapq.heappush(self._waiters, waiter)
+        follower._waiters = []
+        self.changed()
+
+    def check_lease(self) -> None:
+        """Raises (unavailable) unless this member surely still leads."""
+        if self.lease is not None:
+            self.lease.check(self.member)
+
     def take(self, writes: Writes | None = None) -> tuple[int, int]:
-        grant = self.clock.grant(0, 1, writes=writes)
+        self.check_lease()
+        grant = self.clock.grant(self.member, 1, writes=writes)
         self._seq = grant.seq
         self.in_flight.add(grant.first)
         self._register(grant.first, grant.epoch, writes)
         if grant.notice is not None:
-            self.noticed(0, grant.notice)
+            self.noticed(self.member, grant.notice)
         return grant.first, grant.epoch
 
     def noticed(self, origin: int, notice: Notice) -> None:
         """``origin``'s grant writes cached rows: every other member hears it before any
         later grant (the followers on their streams, this member's cache now)."""
-        if origin != 0:
+        if origin != self.member:
             self.cache.remote(notice)
         for listener in list(self.notice_listeners):
             listener(origin, notice)
 
     async def read_timestamp(self) -> int:
+        self.check_lease()
         ts = self.clock.oracle.current()
         self.in_flight.start_reading(ts)
         return ts
@@ -231,7 +251,7 @@ class LeaderClock(MemberClock):
     def _recompute(self) -> None:
         self._scheduled = False
         in_flight = self.in_flight
-        self.clock.report(0, self._seq, in_flight.oldest(), in_flight.oldest_read())
+        self.clock.report(self.member, self._seq, in_flight.oldest(), in_flight.oldest_read())
         marks = self.clock.marks()
         self._marked(marks)
         for listener in list(self.listeners):

@@ -24,9 +24,10 @@ UNREACHABLE_FOR = 5.0  # seconds a member that did not answer gets no routed tra
 class Router:
     """Pure: the clients fetch what it lacks (``unknown``) and hand it over (``learn``)."""
 
-    def __init__(self, members: Sequence[str], partitions: int) -> None:
+    def __init__(self, members: Sequence[str], partitions: int, leader: int = 0) -> None:
         self.members = list(members)
         self.partitions = partitions
+        self.leader = leader  # keeps the catalog; another member after a takeover
         self._schemas: dict[str, TableSchema | None] = {}
         self._unreachable: dict[int, float] = {}  # member -> until when it is avoided
 
@@ -36,18 +37,22 @@ class Router:
 
     def unreachable(self, member: int | None, now: float) -> None:
         """``member`` did not answer (it may be dead, its partitions moving to others): its
-        transactions go to member 0 for a while. Any member coordinates any transaction;
+        transactions go to the leader for a while. Any member coordinates any transaction;
         routing only saves messages."""
-        if member:
+        if member is not None:
             self._unreachable[member] = now + UNREACHABLE_FOR
 
     def member_for(self, operations: Sequence[pb.Operation], now: float = 0.0) -> int | None:
         """The member hosting most of the rows (the first row's on a tie), unless it did not
-        answer lately (then member 0); None: no idea."""
+        answer lately (then the leader, or if that did not either, any that did); None: no
+        idea."""
         member = self._hosting_most(operations)
-        if member is not None and now < self._unreachable.get(member, 0.0):
-            return 0
-        return member
+        if member is None or now >= self._unreachable.get(member, 0.0):
+            return member
+        answering = [m for m in range(len(self.members)) if now >= self._unreachable.get(m, 0.0)]
+        if self.leader in answering or not answering:
+            return self.leader
+        return answering[0]
 
     def _hosting_most(self, operations: Sequence[pb.Operation]) -> int | None:
         counts: Counter[int] = Counter()

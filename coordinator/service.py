@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,24 +34,27 @@ from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
 from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc as lpb_grpc
+from coordinator import leadership
 from coordinator.bulk import BulkAccess
 from coordinator.catalog import Catalog
 from coordinator.clock import Clock
 from coordinator.clock_service import ClockServicer, FollowerClock
 from coordinator.convert import Limits, key_bytes, wire_row
 from coordinator.decision_log import DecisionLog
-from coordinator.failover import Failover, PartitionFollower
 from coordinator.gate import ADMIT, ClientGate
+from coordinator.leadership import Leadership, Lease
 from coordinator.local_ltm import LocalLtm, LocalPartitions, MemberLtmServicer
 from coordinator.ltm_channel import LtmChannel
 from coordinator.member_clock import InFlight, LeaderClock, MemberClock
 from coordinator.member_decisions import MemberDecisions
+from coordinator.member_roles import MemberRoles
 from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
 from coordinator.views import ViewManager
 from coordinator.watch import watch
 from ltm.store import open_store, ownership
+from ltm.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +211,11 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
 
     @grpc_method
     async def Members(self, request: cpb.MembersRequest, context: object) -> cpb.MembersReply:
-        return cpb.MembersReply(addresses=self.manager.members, partitions=self.manager.partitions)
+        return cpb.MembersReply(
+            addresses=self.manager.members,
+            partitions=self.manager.partitions,
+            leader=self.manager.leader_member,
+        )
 
     @grpc_method
     async def Refresh(self, request: cpb.RefreshRequest, context: object) -> cpb.RefreshReply:
@@ -386,6 +394,7 @@ class CoordinatorConfig:
     # member 0 keeps the clock and the catalog. Partition p is hosted by member p % P.
     members: list[str] = field(default_factory=list)
     member: int = 0
+    take_lead: bool = False  # replicated: this member leads (every member is starting)
 
     @property
     def replicates(self) -> bool:
@@ -420,20 +429,45 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
     decisions = DecisionLog(config.log_dir, fsync=config.fsync)
     in_flight = InFlight()
     clock: MemberClock
-    if config.member == 0:
+    leader, lead = _leadership(config, store)
+    if lead is not None:  # this member leads a replicated cluster: guarded, with a lease
+        catalog.guard = lambda: leadership.guard(store, lead)
+    if leader == config.member:
         oracle = TimestampOracle(catalog.meta, catalog.set_meta)
-        clock = LeaderClock(Clock(oracle, max(1, len(config.members))), in_flight)
+        lease = None
+        if lead is not None:
+            lease = Lease()
+            lease.confirmed(time.monotonic() - leadership.LEASE / 2)  # renewed once serving
+        clock = LeaderClock(
+            Clock(oracle, max(1, len(config.members)), leader=leader), in_flight, lease
+        )
     else:
+
+        async def locate() -> tuple[int, str] | None:
+            """Where the clock is now (after the leader's stream failed)."""
+            record = await asyncio.to_thread(leadership.read, store)
+            if record.member == config.member:
+                return None  # this member is taking the lead
+            manager.leader = config.members[record.member]
+            manager.leader_member = record.member
+            return record.member, config.members[record.member]
+
         clock = FollowerClock(
             config.member,
             in_flight,
-            config.members[0],
+            config.members[leader],
             config.tls,
             lambda epoch, configuration: manager.views.install(epoch, configuration),
+            locate if config.replicates else None,
+            leader_member=leader,
         )
     manager = TransactionManager(
         catalog, clock, decisions, config.ltms, limits=config.limits, tls=config.tls
     )
+    manager.leader_member = leader
+    if leader != config.member:
+        manager.leader = config.members[leader]
+    manager.lead = lead
     if config.local_partitions:
         others = [
             (m, _outcome_stub(address, config.tls))
@@ -490,6 +524,20 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
     return manager
 
 
+def _leadership(config: CoordinatorConfig, store: Store) -> tuple[int, Leadership | None]:
+    """Which member leads, and the record this one leads under when it is that member of a
+    replicated cluster. Unreplicated, member 0 always leads; replicated, the store's record
+    says (``--take-lead``: this member takes it, every member is starting)."""
+    if not config.replicates:
+        return 0, None
+    if config.take_lead:
+        return config.member, leadership.take(store, config.member, None)
+    record = leadership.read(store)
+    if record.member != config.member:
+        return record.member, None
+    return config.member, leadership.take(store, config.member, record)  # back: a new term
+
+
 def _outcome_stub(address: str, tls: TlsDir | None) -> Callable[[list[int]], Awaitable[Any]]:
     stub = lpb_grpc.TransactionOutcomeStub(member_channel(address, tls, CONTROL_OPTIONS))
     metadata = member_metadata(tls)
@@ -541,30 +589,20 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     if manager.replication is not None:  # before re-delivery: it may adopt a log to deliver
         await manager.replication.start()
     if isinstance(manager.clock, FollowerClock):
-        manager.leader = config.members[0]
         await manager.clock.start()  # its first answer brings the catalog
     await manager.start()
     for channel in manager.channels:  # before anyone else's message: see Participant.observe
         if isinstance(channel, LocalLtm):
             channel.participant.observe(*manager._watermarks())
-    if manager.leader is None:
-        await manager.views.start()
-    failover: Failover | PartitionFollower | None = None
-    store = manager.catalog.store
-    if config.failover_after > 0 and isinstance(manager.clock, LeaderClock):
-        failover = Failover(
-            manager.channels,
-            store,
-            config.addresses(manager.partitions),
-            config.tls,
-            config.failover_after,
-            members=len(config.members),
-            lose_member=manager.clock.lose,
-        )
-        failover.start()
-    elif config.replicates:  # a follower: member 0 moves partitions, this one follows
-        failover = PartitionFollower(manager.channels, store, config.addresses(manager.partitions))
-        failover.start()
+    roles = MemberRoles(
+        manager,
+        config.addresses(manager.partitions),
+        failover_after=config.failover_after,
+        tls=config.tls,
+        replicates=config.replicates,
+        lead=manager.lead,
+    )
+    await roles.start()
     gate = ClientGate(
         tokens=config.tokens,
         secret=config.tls.secret if config.tls is not None else None,
@@ -594,10 +632,9 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
             MemberLtmServicer(manager.local, manager, manager.replication),
         )
         services.append(lpb.DESCRIPTOR.services_by_name["Ltm"])
-        if isinstance(manager.clock, LeaderClock):
-            add_service(
-                server, lpb.DESCRIPTOR.services_by_name["Clock"], ClockServicer(manager.clock)
-            )
+        if manager.leader is None or config.replicates:  # a follower may take the lead
+            clock = ClockServicer(lambda: manager.clock)
+            add_service(server, lpb.DESCRIPTOR.services_by_name["Clock"], clock)
             services.append(lpb.DESCRIPTOR.services_by_name["Clock"])
     add_health(server)
     add_reflection(server, [service.full_name for service in services])
@@ -612,8 +649,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
             channel.decisions.items,
             channel.decisions.calls,
         )
-    if failover is not None:
-        await failover.stop()
+    await roles.stop()
     await servicer.bulk.leases.close()
     await manager.views.stop()
     await manager.close()

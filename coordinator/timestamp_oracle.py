@@ -24,8 +24,9 @@ class TimestampOracle:
     def take(self, count: int) -> int:
         """``count`` consecutive timestamps; returns the first."""
         if self._last + count > self._reserved:
-            self._reserved = self._last + count + BLOCK
-            self._set_meta(_KEY, str(self._reserved))
+            reserved = self._last + count + BLOCK
+            self._set_meta(_KEY, str(reserved))  # may fail (a deposed leader): nothing granted
+            self._reserved = reserved
         first = self._last + 1
         self._last += count
         return first

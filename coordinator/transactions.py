@@ -94,24 +94,29 @@ class TransactionManager:
         # Which store tables view maintenance looks up by primary key (cached here).
         self.lookup_tables: Callable[[], set[str]] = set
         self.lookups = LookupCache(
-            lambda: self.lookup_tables(), lambda: self.epoch, self.clock.issued, warm=self._warm
+            lambda: self.lookup_tables(),
+            lambda: self.epoch,
+            lambda: self.clock.issued(),  # the clock object changes on a takeover
+            warm=self._warm,
         )
         clock.cache = self.lookups  # it hears what each timestamp writes as it is granted
         self._warming: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
         self.committed = 0
         self.aborted = 0
-        self.leader: str | None = None  # member 0's address, when this member is not it
+        self.leader: str | None = None  # the leader's address, when this member is not it
+        self.leader_member = 0  # which member leads (keeps the clock and the catalog)
+        self.lead: Any = None  # the leadership record this member leads under (replicated)
         self.members: list[str] = []  # every coordinating member's address (none: just this)
         self.member = 0  # this one's index among them
         self.refreshes = 0  # async-view refreshes committed here
 
     def at_leader(self, what: str) -> None:
-        """Refuses, at a follower member, what only member 0 runs (it keeps the catalog)."""
+        """Refuses, at a follower member, what only the leader runs (it keeps the catalog)."""
         if self.leader is not None:
             raise errors.FailedPrecondition(
-                f"{what} runs at member 0 of the cluster ({self.leader}); send it there "
-                "(the Python client does)"
+                f"{what} runs at the cluster's leader, member {self.leader_member} "
+                f"({self.leader}); send it there (the Python client does)"
             )
 
     def bump_epoch(self, configuration: dict[str, Any]) -> None:

@@ -164,8 +164,12 @@ class ViewManager:
         # cumulus views' runtimes, at member 0 (or the one coordinator) only: in memory, so
         # loaded again from a snapshot after a restart (``_load_runtime``)
         self.runtimes: dict[str, CumulusView] = {}
-        if hasattr(manager.clock, "lost_changed"):  # member 0 runs a dead member's share
-            manager.clock.lost_changed = self._reconcile_refreshers
+        self.follow_clock()
+
+    def follow_clock(self) -> None:
+        """The leader runs a dead member's share of refreshers (its clock says who)."""
+        if hasattr(self.manager.clock, "lost_changed"):
+            self.manager.clock.lost_changed = self._reconcile_refreshers
 
     # ------------------------------------------------------------------ start, stop
 
@@ -190,6 +194,20 @@ class ViewManager:
             else:
                 self._reconcile_refresher(view)
 
+    async def lead(self) -> None:
+        """This member took the lead from a dead one (``coordinator.leadership``). The
+        catalog is the store's (the dead leader wrote every change there before publishing
+        it); then as at a leader's start: cumulus runtimes load again from a snapshot, an
+        initialization cut short starts over, and refreshers are shared out again."""
+        here = [v.refresher for v in self.views.values() if v.refresher is not None]
+        for refresher in here:
+            refresher.cancel()
+        await asyncio.gather(*here, return_exceptions=True)
+        self.views, self.indexes = {}, {}
+        self.catalog.reload()
+        self.catalog.view_names.clear()
+        await self.start()
+
     def _reconcile_refreshers(self) -> None:
         for view in list(self.views.values()):
             if view.state == "live":
@@ -198,14 +216,14 @@ class ViewManager:
     def _reconcile_refresher(self, view: View) -> None:
         """Runs ``view``'s refresher here exactly when it is a live async view whose turn is
         here: refreshers are spread over the coordinating members, view number n at member
-        n % P (member 0 alone when there are none), and member 0 runs a dead member's share
+        n % P (member 0 alone when there are none), and the leader runs a dead member's share
         until it is back (two refreshes of one view at once are ordered by timestamp)."""
-        if view.plan.mode == "cumulus":  # its runtime is at member 0
+        if view.plan.mode == "cumulus":  # its runtime is at the leader
             here = view.name in self.runtimes
         else:
             home = view.number % (len(self.manager.members) or 1)
             lost = getattr(self.manager.clock, "lost", ())
-            here = home == self.manager.member or (self.manager.member == 0 and home in lost)
+            here = home == self.manager.member or (self.manager.leader is None and home in lost)
         wanted = view.state == "live" and view.plan.mode != "sync" and here and not view.switching
         running = view.refresher is not None and not view.refresher.done()
         if wanted and not running:

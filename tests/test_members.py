@@ -173,7 +173,9 @@ def test_each_log_is_copied_to_another_process(partitions: int, members: int) ->
 
 def test_a_member_that_does_not_answer_gets_no_routed_transaction_for_a_while() -> None:
     """Any member coordinates any transaction: one that did not answer (dead, its partitions
-    moving) is skipped for UNREACHABLE_FOR seconds, then tried again."""
+    moving) is skipped for UNREACHABLE_FOR seconds, then tried again. Its transactions go to
+    the leader, or, when the leader did not answer either (it died; another takes the lead),
+    to a member that did; with none answering, to the leader."""
     schema = TableSchema("t", "t_1", (Column("k", ColumnType("INT"), nullable=False),), ("k",))
     router = Router(["a", "b", "c"], 3)
     router.learn(
@@ -190,8 +192,13 @@ def test_a_member_that_does_not_answer_gets_no_routed_transaction_for_a_while() 
     assert router.member_for(insert(at_two), now=100.0 + UNREACHABLE_FOR - 0.1) == 0
     assert router.member_for(insert(at_zero), now=101.0) == 0
     assert router.member_for(insert(at_two), now=100.0 + UNREACHABLE_FOR) == 2
-    router.unreachable(0, now=200.0)  # member 0 is where the others go: never avoided
-    assert router.member_for(insert(at_zero), now=200.0) == 0
+    router.unreachable(0, now=200.0)
+    assert router.member_for(insert(at_zero), now=200.0) == 1
+    router.leader = 2  # member 2 took the lead
+    assert router.member_for(insert(at_zero), now=200.0) == 2
+    router.unreachable(1, now=200.0)
+    router.unreachable(2, now=200.0)
+    assert router.member_for(insert(at_zero), now=200.0) == 2
 
 
 # ---------------------------------------------------------------------------- members

@@ -424,12 +424,14 @@ class MembersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MembersReply(_message.Message):
-    __slots__ = ("addresses", "partitions")
+    __slots__ = ("addresses", "partitions", "leader")
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
     addresses: _containers.RepeatedScalarFieldContainer[str]
     partitions: int
-    def __init__(self, addresses: _Optional[_Iterable[str]] = ..., partitions: _Optional[int] = ...) -> None: ...
+    leader: int
+    def __init__(self, addresses: _Optional[_Iterable[str]] = ..., partitions: _Optional[int] = ..., leader: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("view", "where", "since", "interval_ms", "tentative")

@@ -1,0 +1,218 @@
+"""What a coordinating member runs as the cluster's leader or as a follower, and the move from
+follower to leader when the leader dies (``coordinator.leadership`` has the rules).
+
+- The leader keeps the clock and the catalog, runs the view manager's leader duties (cumulus
+  runtimes, initializations, a dead member's refreshers) and, replicated, watches the other
+  members (``Failover``) and renews its lease.
+- A follower follows the partitions' records (``PartitionFollower``); the leader's successor
+  also probes the leader, and after ``failover_after`` seconds of silence takes over: it
+  writes the new term, waits out the old leader's lease, builds a leader clock above every
+  timestamp the old one could have granted (the store's reservation), publishes the catalog
+  at the new term's first epoch, and starts the leader's duties. Its ``Failover`` then finds
+  the old leader dead like any member: the old leader's decision log and partitions move,
+  and only then does the clock stop waiting for its transactions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+import grpc
+
+from aggview.net import CONTROL_OPTIONS
+from aggview.security import TlsDir, member_channel, member_metadata
+from aggview.wire import ltm_pb2 as pb
+from aggview.wire import ltm_pb2_grpc as pb_grpc
+from coordinator import leadership
+from coordinator.clock import Clock
+from coordinator.clock_service import FollowerClock
+from coordinator.failover import PROBE_EVERY, PROBE_TIMEOUT, Failover, PartitionFollower
+from coordinator.leadership import Leadership, Lease
+from coordinator.member_clock import LeaderClock
+from coordinator.timestamp_oracle import TimestampOracle
+from coordinator.transactions import TransactionManager
+
+log = logging.getLogger(__name__)
+
+DEPOSED_EXIT = 87  # a leader that finds another member's term in the record stops at once
+
+
+class MemberRoles:
+    def __init__(
+        self,
+        manager: TransactionManager,
+        addresses: list[str],
+        *,
+        failover_after: float,
+        tls: TlsDir | None,
+        replicates: bool,
+        lead: Leadership | None,
+    ) -> None:
+        """``addresses``: where each partition index is hosted; ``lead``: the record this
+        member leads under (a replicated cluster's leader), else None."""
+        self.manager = manager
+        self.addresses = addresses
+        self.after = failover_after
+        self.tls = tls
+        self.replicates = replicates
+        self.lead = lead
+        self.store = manager.catalog.store
+        self.failover: Failover | None = None
+        self.follower: PartitionFollower | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.takeovers = 0
+
+    @property
+    def members(self) -> int:
+        return len(self.manager.members)
+
+    async def start(self) -> None:
+        if self.manager.leader is None:
+            await self._leader_duties(dead_since=None)
+        elif self.replicates:
+            self.follower = PartitionFollower(self.manager.channels, self.store, self.addresses)
+            self.follower.start()
+            self._spawn(self._watch_leader())
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for duty in (self.failover, self.follower):
+            if duty is not None:
+                await duty.stop()
+
+    def _spawn(self, work: Any) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(work))
+
+    async def _leader_duties(self, dead_since: tuple[int, float] | None) -> None:
+        manager = self.manager
+        await manager.views.start() if dead_since is None else await manager.views.lead()
+        if self.after > 0:
+            assert isinstance(manager.clock, LeaderClock)
+            self.failover = Failover(
+                manager.channels,
+                self.store,
+                self.addresses,
+                self.tls,
+                self.after,
+                members=self.members,
+                lose_member=manager.clock.lose,
+            )
+            if dead_since is not None:  # already silent that long: no second wait
+                self.failover.silent_since(*dead_since)
+            self.failover.start()
+        if self.lead is not None:
+            self._spawn(self._keep_lease(self.lead))
+
+    # ------------------------------------------------------------------ the leader
+
+    async def _keep_lease(self, lead: Leadership) -> None:
+        """Renews the lease from the record; finding another term there, stops the process
+        at once (its grants already stopped when the lease ran out)."""
+        clock = self.manager.clock
+        assert isinstance(clock, LeaderClock) and clock.lease is not None
+        while True:
+            started = time.monotonic()
+            try:
+                now = await asyncio.to_thread(leadership.read, self.store)
+            except Exception as exc:
+                log.warning("reading the leadership record failed: %s", exc)
+                now = lead
+            else:
+                if now != lead:
+                    log.error(
+                        "member %d took the lead (term %d): member %d stops",
+                        now.member,
+                        now.term,
+                        lead.member,
+                    )
+                    logging.shutdown()
+                    os._exit(DEPOSED_EXIT)
+                clock.lease.confirmed(started)
+            await asyncio.sleep(leadership.RENEW_EVERY)
+
+    # ------------------------------------------------------------------ a follower
+
+    async def _watch_leader(self) -> None:
+        """At the leader's successor: takes the lead once the leader is silent for
+        ``after`` seconds."""
+        metadata = member_metadata(self.tls)
+        silent_since: float | None = None
+        watched = -1
+        stub: Any = None
+        channel: Any = None
+        try:
+            while True:
+                await asyncio.sleep(PROBE_EVERY)
+                clock = self.manager.clock
+                assert isinstance(clock, FollowerClock)
+                leader = clock.leader_member
+                if leadership.successor(leader, self.members) != self.manager.member:
+                    silent_since = None
+                    continue
+                if leader != watched:
+                    if channel is not None:
+                        await channel.close()
+                    channel = member_channel(
+                        self.manager.members[leader], self.tls, CONTROL_OPTIONS
+                    )
+                    stub, watched, silent_since = pb_grpc.LtmStub(channel), leader, None
+                try:
+                    await stub.Status(pb.StatusRequest(), timeout=PROBE_TIMEOUT, metadata=metadata)
+                    silent_since = None
+                    continue
+                except grpc.aio.AioRpcError:
+                    now = time.monotonic()
+                    silent_since = silent_since or now
+                    if now - silent_since < self.after:
+                        continue
+                try:
+                    await self._take_lead(leader, silent_since)
+                    return
+                except Exception:
+                    log.exception("taking the lead from member %d failed", leader)
+                    silent_since = None
+        finally:
+            if channel is not None:
+                await channel.close()
+
+    async def _take_lead(self, dead: int, silent_since: float) -> None:
+        manager = self.manager
+        was = await asyncio.to_thread(leadership.read, self.store)
+        if was.member != dead:
+            raise leadership.Deposed(f"member {was.member} leads already (term {was.term})")
+        lead = await asyncio.to_thread(leadership.take, self.store, manager.member, was)
+        log.warning(
+            "member %d is silent: member %d takes the lead (term %d)",
+            dead,
+            manager.member,
+            lead.term,
+        )
+        lease = Lease()
+        lease.confirmed(time.monotonic())  # renewed below, from the record
+        old = manager.clock
+        assert isinstance(old, FollowerClock)
+        await old.close()  # what waited for a timestamp fails: its clients try again
+        await asyncio.sleep(leadership.LEASE)  # the old leader's lease has run out
+        manager.catalog.guard = lambda: leadership.guard(self.store, lead)
+        oracle = TimestampOracle(manager.catalog.meta, manager.catalog.set_meta)
+        clock = LeaderClock(
+            Clock(oracle, self.members, leader=manager.member), manager.in_flight, lease
+        )
+        clock.succeed(old)
+        manager.clock = clock
+        manager.views.follow_clock()
+        manager.leader, manager.leader_member = None, manager.member
+        manager.epoch = max(manager.epoch, lead.first_epoch)
+        self.lead = manager.lead = lead
+        if self.follower is not None:
+            await self.follower.stop()
+            self.follower = None
+        await self._leader_duties(dead_since=(dead, silent_since))
+        self.takeovers += 1
+        log.warning("member %d leads (term %d)", manager.member, lead.term)

@@ -1,0 +1,236 @@
+"""The leader's death (``coordinator.leadership``, ``coordinator.member_roles``): the next member
+takes the clock and the catalog, under a new term, and a leader that was only paused never
+grants or writes the catalog again. Nothing a client saw committed is lost, nothing is half
+applied, and every view stays exact."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from polling import wait_for
+
+from aggview import errors
+from aggview.cluster import LocalCluster
+from coordinator import Client, leadership
+from coordinator.clock import Clock
+from coordinator.leadership import Leadership, Lease
+from coordinator.timestamp_oracle import TimestampOracle
+from loadgen import transfers
+from ltm.store import open_store, ownership
+from ltm.store.base import GuardFailed
+from tests.test_failover import ACCOUNTS, VIEW, replicated_cluster, status
+
+# ------------------------------------------------------------------------------ pure rules
+
+
+def test_a_lease_holds_from_the_start_of_the_read_that_confirmed_it() -> None:
+    now = [10.0]
+    lease = Lease(1.0, clock=lambda: now[0])
+    assert not lease.valid()
+    lease.confirmed(9.5)  # a read that started at 9.5 found this member leading
+    assert lease.valid()
+    now[0] = 10.49
+    assert lease.valid()
+    now[0] = 10.5
+    assert not lease.valid()
+    with pytest.raises(errors.Unavailable, match="member 3 cannot confirm it still leads"):
+        lease.check(3)
+    lease.confirmed(10.2)
+    lease.confirmed(9.0)  # an older read never shortens it
+    assert lease.valid()
+
+
+def test_taking_the_lead_is_a_compare_and_set_on_the_record(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        store.create_table(leadership.META_TABLE)
+        first = leadership.read(store)
+        assert first == Leadership(0, 0)
+        one = leadership.take(store, 1, first)
+        assert one == Leadership(1, 1) and leadership.read(store) == one
+        with pytest.raises(leadership.Deposed, match="moved to member 1"):
+            leadership.take(store, 2, first)  # decided on a record that is gone
+        guard = leadership.guard(store, one)
+        store.write_guarded(guard, [(leadership.META_TABLE, b"x", b"1")])
+        again = leadership.take(store, 0, None)  # every member starting: whatever it said
+        assert again == Leadership(0, 2) and again.first_epoch > one.first_epoch
+        with pytest.raises(leadership.Deposed):
+            leadership.guard(store, one)
+        with pytest.raises(GuardFailed):  # a guard taken before the takeover fails too
+            store.write_guarded(guard, [(leadership.META_TABLE, b"x", b"2")])
+        assert store.get(leadership.META_TABLE, b"x") == b"1"
+        assert [leadership.successor(m, 3) for m in range(3)] == [1, 2, 0]
+    finally:
+        store.close()
+
+
+def test_a_new_leaders_clock_waits_for_the_dead_leaders_transactions() -> None:
+    """Member 1 leads after member 0 died: nothing counts as decided until member 0 is
+    forgotten (its decision log adopted) and member 2 has reported."""
+    reserved = {"timestamps_reserved": "500"}  # the old leader reserved up to 500
+    oracle = TimestampOracle(reserved.get, reserved.__setitem__)
+    clock = Clock(oracle, 3, leader=1)
+    grant = clock.grant(1, 1)
+    assert grant.first == 501  # above every timestamp the old leader could have granted
+    clock.report(1, grant.seq, None, None)
+    assert clock.marks().decided == 0
+    clock.report(2, 0, None, None)
+    assert clock.marks().decided == 0  # member 0 may still hold undecided transactions
+    clock.forget(0)
+    assert clock.marks().decided == 501
+
+
+# ------------------------------------------------------------------------------ a cluster
+
+
+def leader_record(cluster: LocalCluster) -> Leadership:
+    store = open_store(cluster.store_url)
+    try:
+        return leadership.read(store)
+    finally:
+        store.close()
+
+
+def serving_members(cluster: LocalCluster) -> dict[int, int]:
+    """Partition -> the member serving it, as the records say."""
+    store = open_store(cluster.store_url)
+    try:
+        return {p: ownership.read(store, p).owner % 3 for p in range(cluster.ltms)}
+    finally:
+        store.close()
+
+
+def nothing_prepared(cluster: LocalCluster) -> bool:
+    serving = serving_members(cluster)
+    return all(status(cluster, m, partition=p).prepared == 0 for p, m in serving.items())
+
+
+def check_views(client: Client, views: list[str]) -> None:
+    expected: dict[int, tuple[int, int]] = {}
+    for row in client.scan("ledger"):
+        n, total = expected.get(row["dst"], (0, 0))
+        expected[row["dst"]] = (n + 1, total + row["amount"])
+    for view in views:
+        rows = {r["dst"]: (r["n"], r["total"]) for r in client.view(view)}
+        assert rows == expected, view
+
+
+def answers(call: Callable[[], object]) -> bool:
+    """Whether ``call`` is answered (a channel in reconnect backoff fails at once for a while:
+    gRPC shares one connection per address within a process)."""
+    try:
+        call()
+    except errors.Unavailable:
+        return False
+    return True
+
+
+@pytest.fixture
+def three_members(tmp_path: Path) -> Iterator[LocalCluster]:
+    with replicated_cluster(tmp_path / "data", processes=3) as cluster:
+        yield cluster
+
+
+def start_transfers(
+    cluster: LocalCluster, stop: threading.Event, outcomes: transfers.Outcomes
+) -> list[threading.Thread]:
+    """Accounts, a ledger, a sync, an async and a cumulus view over it, every log copied;
+    then six clients, all given member 0's address, transferring."""
+    with Client(cluster.address) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+        client.sql(VIEW)
+        client.sql(
+            VIEW.replace("moved AS", "moved_later WITH (refresh = 'async', interval_ms = 100) AS")
+        )
+        client.sql(
+            VIEW.replace("moved AS", "moved_m3 WITH (refresh = 'cumulus', epoch_ms = 100) AS")
+        )
+    wait_for(
+        "every log to reach its copy",
+        lambda: all(status(cluster, m, partition=m).replicated for m in range(3)),
+    )
+    return transfers.run_clients(
+        cluster.address, "accounts", "ledger", ACCOUNTS, clients=6, stop=stop, outcomes=outcomes
+    )
+
+
+def test_the_next_member_takes_the_lead_from_a_dead_leader(three_members: LocalCluster) -> None:
+    """Member 0, the leader, dies by kill -9 under six transferring clients. Member 1 takes
+    the lead (a new term), member 0's decision log and partition move, and the clients, given
+    member 0's address, go on through the others. DDL runs at the new leader; member 0 comes
+    back as a follower and coordinates again. Nothing acknowledged is lost, nothing stays
+    prepared, and every view (sync, async, cumulus, whose runtime loads again at the new
+    leader, and one created after the takeover) equals the ledger."""
+    cluster = three_members
+    stop, outcomes = threading.Event(), transfers.Outcomes()
+    workers = start_transfers(cluster, stop, outcomes)
+    try:
+        wait_for("transfers", lambda: len(outcomes.committed) > 50)
+        term = leader_record(cluster).term
+        cluster.member(0).kill()
+        wait_for("member 1 to lead", lambda: leader_record(cluster).member == 1, 30)
+        assert leader_record(cluster).term == term + 1
+        wait_for("member 0's partition to move", lambda: serving_members(cluster)[0] != 0, 30)
+        before = len(outcomes.committed)
+        wait_for("commits after the takeover", lambda: len(outcomes.committed) > before + 50, 60)
+        with Client(cluster.member(2).address) as client:  # DDL: sent to the new leader
+            client.sql(VIEW.replace("moved AS", "moved_after AS"))
+
+        cluster.member(0).start()  # back: the record names member 1, so it follows
+        with Client(cluster.member(0).address) as client:
+            wait_for("member 0 to serve", lambda: answers(lambda: client.view("moved_after")), 30)
+        before = status(cluster, 0).coordinated
+        wait_for("member 0 to coordinate", lambda: status(cluster, 0).coordinated > before + 20, 60)
+        assert leader_record(cluster).member == 1
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=60)
+    wait_for("every transaction decided", lambda: nothing_prepared(cluster), 30)
+    with Client(cluster.member(1).address) as client:  # the leader: cumulus views read there
+        client.refresh("moved_later")
+        client.refresh("moved_m3")  # its runtime loaded again at the new leader
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
+        check_views(client, ["moved", "moved_later", "moved_m3", "moved_after"])
+
+
+def test_a_paused_leader_is_deposed_and_stops(three_members: LocalCluster) -> None:
+    """Member 0 is paused (SIGSTOP) longer than the failover delay: member 1 takes the lead.
+    Resumed, member 0 grants nothing (its lease ran out while it was paused), finds the new
+    term in the record and stops. The clients go on through the others; nothing is lost."""
+    cluster = three_members
+    stop, outcomes = threading.Event(), transfers.Outcomes()
+    workers = start_transfers(cluster, stop, outcomes)
+    paused = cluster.member(0).process
+    assert paused is not None
+    try:
+        wait_for("transfers", lambda: len(outcomes.committed) > 50)
+        os.kill(paused.pid, signal.SIGSTOP)
+        try:
+            wait_for("member 1 to lead", lambda: leader_record(cluster).member == 1, 30)
+            wait_for("member 0's partition to move", lambda: serving_members(cluster)[0] != 0, 30)
+        finally:
+            os.kill(paused.pid, signal.SIGCONT)
+        wait_for("member 0 to stop", lambda: paused.poll() is not None, 10)
+        assert paused.returncode == 87, cluster.member(0).tail()
+        assert "member 1 took the lead" in cluster.member(0).tail(200)
+        before = len(outcomes.committed)
+        wait_for("commits after the takeover", lambda: len(outcomes.committed) > before + 50, 60)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=60)
+    assert outcomes.committed
+    time.sleep(0.5)
+    wait_for("every transaction decided", lambda: nothing_prepared(cluster), 30)
+    with Client(cluster.member(1).address) as client:
+        client.refresh("moved_later")
+        client.refresh("moved_m3")
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
+        check_views(client, ["moved", "moved_later", "moved_m3"])
