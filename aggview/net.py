@@ -86,11 +86,23 @@ async def run_until_signalled(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, _print_tasks, loop, role)
     if ready is not None:
         ready.set()
     await stop.wait()
     arm_shutdown_deadline(loop, role)
     await server.stop(grace=1.0)
+
+
+def _print_tasks(loop: asyncio.AbstractEventLoop, role: str) -> None:
+    """``kill -USR1``: where every task of the server waits, to the log (a hang's report)."""
+    tasks = list(asyncio.all_tasks(loop))
+    lines = [f"{role}: {len(tasks)} tasks"]
+    for task in tasks:
+        lines.append(f"task {task.get_name()}: {task.get_coro()!r}")
+        for frame in task.get_stack():  # a compiled frame may have no line number
+            lines.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def arm_shutdown_deadline(

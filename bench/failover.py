@@ -1,12 +1,15 @@
-"""Failover time: kill -9 the LTM serving a partition, again and again, under load.
+"""Failover time: kill -9 the process serving a partition, again and again, under load.
 
-A replicated cluster of 3 LTMs (each log copied to the next LTM) runs closed-loop 3-row
-transactions from 16 tasks. Each round waits until every partition's standby is in sync, kills
-the owner of partition ``round % 3`` for good, and times how long it takes until a transaction
-that writes to every partition commits again (the pause clients see); then the killed LTM is
-restarted and rejoins as a backup. At the end, sum(v) is checked against the commits reported.
+A replicated cluster of 3 LTMs (each log copied to the next LTM), or with ``--processes P`` of
+P coordinating members, runs closed-loop 3-row transactions from 16 tasks. Each round waits
+until every partition's standby is in sync, kills the process serving partition ``round % 3``
+for good, and times how long it takes until a transaction that writes to every partition
+commits again (the pause clients see); then the killed process is restarted and rejoins as a
+backup (a leader that was killed comes back as a follower). At the end, sum(v)
+is checked against the commits reported.
 
     python -m bench.failover --kills 20
+    python -m bench.failover --kills 6 --processes 3
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from bench.transactions import (
     preload,
     transaction,
 )
+from coordinator import leadership
 from coordinator.client import AsyncClient
 from ltm.store import Store, open_store, ownership
 
@@ -57,6 +61,7 @@ async def run(args: argparse.Namespace, data: Path) -> int:
         replicate=True,
         failover_after=args.failover_after,
         checkpoint_interval=1.0,
+        processes=args.processes,
     )
     with cluster, open_store(cluster.store_url) as store:
         ledger = Ledger()
@@ -81,11 +86,15 @@ async def run(args: argparse.Namespace, data: Path) -> int:
 
             workers = [asyncio.create_task(load()) for _ in range(16)]
             pauses: list[float] = []
+            leader_pauses: list[float] = []
             started = time.perf_counter()
             for round_ in range(args.kills):
                 await wait_in_sync(cluster, store)
                 partition = round_ % cluster.ltms
                 victim = (await asyncio.to_thread(ownership.read, store, partition)).owner
+                if args.processes >= 2:
+                    victim %= args.processes  # the member hosting it
+                leader = (await asyncio.to_thread(leadership.read, store)).member
                 killed = time.perf_counter()
                 cluster.ltm(victim).kill()
                 probes = 0
@@ -101,16 +110,26 @@ async def run(args: argparse.Namespace, data: Path) -> int:
                         await asyncio.sleep(0.02)
                 pause = time.perf_counter() - killed
                 pauses.append(pause)
-                err.print(f"kill {round_ + 1}: LTM {victim}, writes resumed after {pause:.2f}s")
+                what = "LTM" if args.processes < 2 else "member"
+                if args.processes >= 2 and victim == leader:
+                    what = "member (the leader)"
+                    leader_pauses.append(pause)
+                err.print(f"kill {round_ + 1}: {what} {victim}, writes resumed after {pause:.2f}s")
                 await asyncio.to_thread(cluster.ltm(victim).start)
             elapsed = time.perf_counter() - started
             stop.set()
             await asyncio.gather(*workers)
+        layout = f"{args.processes} members" if args.processes >= 2 else "3 LTMs"
         out.print(
-            f"failover (--failover-after {args.failover_after:g}s, {args.kills} kills): "
-            f"median {statistics.median(pauses):.2f}s, max {max(pauses):.2f}s, "
+            f"failover ({layout}, --failover-after {args.failover_after:g}s, {args.kills} "
+            f"kills): median {statistics.median(pauses):.2f}s, max {max(pauses):.2f}s, "
             f"min {min(pauses):.2f}s; load went on at {commits / elapsed:.0f} tx/s overall"
         )
+        if leader_pauses:
+            out.print(
+                f"  of which the leader ({len(leader_pauses)} kills): median "
+                f"{statistics.median(leader_pauses):.2f}s, max {max(leader_pauses):.2f}s"
+            )
         out.print(await check_sum(cluster, ledger.row_updates, ledger.ambiguous))
     return 0
 
@@ -120,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--failover-after", type=float, default=1.0)
     parser.add_argument("--rows", type=int, default=3000)
+    parser.add_argument(
+        "--processes", type=int, default=0, help="P >= 2: P coordinating members (0: LTMs)"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="aggview-failover-") as tmp:
         return asyncio.run(run(args, Path(tmp)))

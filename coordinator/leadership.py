@@ -33,7 +33,7 @@ from ltm.store.base import Guard, Store
 
 META_TABLE = "_meta"
 _KEY = b"leader"
-LEASE = 1.0  # seconds a confirmation of the record lets the leader grant
+LEASE = 2.0  # seconds a confirmation of the record lets the leader grant
 RENEW_EVERY = 0.25
 
 
