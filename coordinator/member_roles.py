@@ -199,6 +199,13 @@ class MemberRoles:
         assert isinstance(old, FollowerClock)
         await old.close()  # what waited for a timestamp fails: its clients try again
         await asyncio.sleep(leadership.LEASE)  # the old leader's lease has run out
+        started = time.monotonic()  # and this one's from the write: confirm it again
+        now = await asyncio.to_thread(leadership.read, self.store)
+        if now != lead:  # its follower clock is closed: start again, as a follower
+            log.error("member %d took the lead (term %d) meanwhile: stopping", now.member, now.term)
+            logging.shutdown()
+            os._exit(DEPOSED_EXIT)
+        lease.confirmed(started)
         manager.catalog.guard = lambda: leadership.guard(self.store, lead)
         oracle = TimestampOracle(manager.catalog.meta, manager.catalog.set_meta)
         clock = LeaderClock(
