@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -125,14 +125,7 @@ class MemberRoles:
                 now = lead
             else:
                 if now != lead:
-                    log.error(
-                        "member %d took the lead (term %d): member %d stops",
-                        now.member,
-                        now.term,
-                        lead.member,
-                    )
-                    logging.shutdown()
-                    os._exit(DEPOSED_EXIT)
+                    _deposed(now, self.manager.member)
                 clock.lease.confirmed(started)
             await asyncio.sleep(leadership.RENEW_EVERY)
 
@@ -202,9 +195,7 @@ class MemberRoles:
         started = time.monotonic()  # and this one's from the write: confirm it again
         now = await asyncio.to_thread(leadership.read, self.store)
         if now != lead:  # its follower clock is closed: start again, as a follower
-            log.error("member %d took the lead (term %d) meanwhile: stopping", now.member, now.term)
-            logging.shutdown()
-            os._exit(DEPOSED_EXIT)
+            _deposed(now, manager.member)
         lease.confirmed(started)
         manager.catalog.guard = lambda: leadership.guard(self.store, lead)
         oracle = TimestampOracle(manager.catalog.meta, manager.catalog.set_meta)
@@ -223,3 +214,10 @@ class MemberRoles:
         await self._leader_duties(dead_since=(dead, silent_since))
         self.takeovers += 1
         log.warning("member %d leads (term %d)", manager.member, lead.term)
+
+
+def _deposed(now: Leadership, member: int) -> NoReturn:
+    """Another member leads: this process stops at once (started again, it follows)."""
+    log.error("member %d took the lead (term %d): member %d stops", now.member, now.term, member)
+    logging.shutdown()
+    os._exit(DEPOSED_EXIT)
