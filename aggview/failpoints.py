@@ -42,6 +42,9 @@ COORDINATOR_BEFORE_DECISION_LOGGED = "coordinator.before_decision_logged"  # all
 COORDINATOR_AFTER_DECISION_LOGGED = "coordinator.after_decision_logged"  # before phase two
 # a participant acknowledged the commit (each one counts), others may not have it yet
 COORDINATOR_MID_COMMIT_FANOUT = "coordinator.mid_commit_fanout"
+# Participants in this process voted yes (not yet durable); their prepares are being flushed.
+# Hit only where partitions are hosted in process: tests/test_one_process.py arms it.
+COORDINATOR_LOCAL_FLUSH = "coordinator.local_flush"
 # An async view's drain transaction prepared everywhere, its decision not yet logged.
 MID_REFRESH = f"refresh:{COORDINATOR_BEFORE_DECISION_LOGGED}"
 
@@ -52,6 +55,7 @@ POINTS = (
     COORDINATOR_BEFORE_DECISION_LOGGED,
     COORDINATOR_AFTER_DECISION_LOGGED,
     COORDINATOR_MID_COMMIT_FANOUT,
+    COORDINATOR_LOCAL_FLUSH,
     MID_REFRESH,
 )
 

@@ -310,7 +310,6 @@ class TransactionManager:
 
     async def _decide(self, tx: Transaction, prepared: Awaitable[None]) -> int:
         """Commits once every round in ``prepared`` voted yes; aborts everywhere otherwise."""
-        ts = tx.ts
         try:
             await prepared
             if tx.catalog_bound and tx.epoch != self.epoch:
@@ -320,17 +319,22 @@ class TransactionManager:
             if failpoints.ARMED:
                 failpoints.hit(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED)
         except BaseException:
-            self.in_flight.decided(ts)
-            self.lookups.aborted(ts)
-            self.aborted += 1
-            for partition in tx.participants:
-                self._send_abort(partition, ts)
+            self._aborted(tx)
             raise
         # The decision point: once the commit record is queued the transaction commits, even
         # if the caller goes away (a cancelled RPC must not turn into aborts at the LTMs).
         commit = self._commit if self.local is None else self._commit_local
         decided = asyncio.ensure_future(commit(tx))
         return await asyncio.shield(decided)
+
+    def _aborted(self, tx: Transaction) -> None:
+        """Before its decision: the transaction aborts everywhere (presumed abort), and reads
+        at its timestamp go on."""
+        self.in_flight.decided(tx.ts)
+        self.lookups.aborted(tx.ts)
+        self.aborted += 1
+        for partition in tx.participants:
+            self._send_abort(partition, tx.ts)
 
     async def _commit_local(self, tx: Transaction) -> int:
         """Some participants are in this process and their votes are not on disk yet. One
@@ -341,7 +345,13 @@ class TransactionManager:
         participants = sorted(tx.participants)
         local = [p for p in participants if hasattr(self.channels[p], "flush")]
         if len(participants) != 1 or not local:  # across processes: two-phase commit
-            await asyncio.gather(*(self.channels[p].flush() for p in local))
+            try:
+                if failpoints.ARMED:
+                    failpoints.hit(failpoints.COORDINATOR_LOCAL_FLUSH)
+                await asyncio.gather(*(self.channels[p].flush() for p in local))
+            except BaseException:  # a vote not durable: nothing decided yet, so abort
+                self._aborted(tx)
+                raise
             return await self._commit(tx)
         await self._decided(tx, self.channels[participants[0]].decide(tx.ts, True))
         self.committed += 1

@@ -19,6 +19,7 @@ from test_views_differential import (  # noqa: F401
     test_views_equal_recomputation as test_one_process_views_equal_recomputation,
 )
 
+from aggview import errors, failpoints
 from aggview.cluster import LocalCluster
 from coordinator import Client
 from loadgen import transfers
@@ -57,3 +58,23 @@ def test_one_row_inserts_acknowledged_before_a_kill_survive_it(fresh_cluster: Lo
     insert a client saw commit is there after kill -9 and a restart."""
     cluster = fresh_cluster
     acknowledged_inserts_survive_a_kill(cluster, cluster.coordinator, lambda w: cluster.address)
+
+
+def test_a_vote_that_cannot_be_made_durable_aborts_the_transaction(
+    fresh_cluster: LocalCluster,
+) -> None:
+    """The prepares of a multi-partition transaction in this process are flushed before its
+    decision; when that flush fails, the transaction aborts everywhere at once. (It used to
+    stay in flight for good: its rows stayed locked and every read waited for it.)"""
+    cluster = fresh_cluster
+    with Client(cluster.address, timeout=30) as client:
+        client.sql("CREATE TABLE spread (k INT PRIMARY KEY, v INT)")
+    coordinator = cluster.coordinator
+    coordinator.stop()
+    coordinator.start(env={failpoints.ENV: f"{failpoints.COORDINATOR_LOCAL_FLUSH}=raise@1"})
+    rows = ", ".join(f"({k}, {k})" for k in range(12))  # every partition, surely
+    with Client(cluster.address, timeout=10) as client:
+        with pytest.raises(errors.AggviewError):
+            client.sql(f"INSERT INTO spread VALUES {rows}")
+        client.sql(f"INSERT INTO spread VALUES {rows}")  # the same rows: none held
+        assert sorted(r["k"] for r in client.scan("spread")) == list(range(12))
