@@ -64,7 +64,6 @@ class MemberRoles:
         self.failover: Failover | None = None
         self.follower: PartitionFollower | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.takeovers = 0
 
     @property
     def members(self) -> int:
@@ -187,12 +186,11 @@ class MemberRoles:
             lead.term,
         )
         lease = Lease()
-        lease.confirmed(time.monotonic())  # renewed below, from the record
         old = manager.clock
         assert isinstance(old, FollowerClock)
         await old.close()  # what waited for a timestamp fails: its clients try again
         await asyncio.sleep(leadership.LEASE)  # the old leader's lease has run out
-        started = time.monotonic()  # and this one's from the write: confirm it again
+        started = time.monotonic()  # this lease starts with a read after the wait
         now = await asyncio.to_thread(leadership.read, self.store)
         if now != lead:  # its follower clock is closed: start again, as a follower
             _deposed(now, manager.member)
@@ -212,7 +210,6 @@ class MemberRoles:
             await self.follower.stop()
             self.follower = None
         await self._leader_duties(dead_since=(dead, silent_since))
-        self.takeovers += 1
         log.warning("member %d leads (term %d)", manager.member, lead.term)
 
 

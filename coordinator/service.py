@@ -429,6 +429,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
     decisions = DecisionLog(config.log_dir, fsync=config.fsync)
     in_flight = InFlight()
     clock: MemberClock
+    read_at = time.monotonic()  # a lease runs from the start of the read that gave it
     leader, lead = _leadership(config, store)
     if lead is not None:  # this member leads a replicated cluster: guarded, with a lease
         catalog.guard = lambda: leadership.guard(store, lead)
@@ -437,7 +438,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
         lease = None
         if lead is not None:
             lease = Lease()
-            lease.confirmed(time.monotonic() - leadership.LEASE / 2)  # renewed once serving
+            lease.confirmed(read_at)  # renewed from the record once serving
         clock = LeaderClock(
             Clock(oracle, max(1, len(config.members)), leader=leader), in_flight, lease
         )
