@@ -510,7 +510,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
             manager.channels[p].point(addresses[record.owner], record.owner, record.epoch)
         elif record.owner in manager.local.hostings:
             manager.channels[p] = LocalLtm(
-                p, manager.local.hostings[record.owner], manager._watermarks, record.epoch
+                p, manager.local.hostings[record.owner], manager._watermarks
             )
         else:
             manager.channels[p] = LtmChannel(
