@@ -117,10 +117,53 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_member_options(parser: argparse.ArgumentParser) -> None:
+    """What a coordinating process takes: its place among the members, its partitions'
+    checkpoints and cache, and failover."""
+    parser.add_argument(
+        "--member-address",
+        action="append",
+        default=[],
+        help="every coordinating member's address, in order (repeated; member 0 keeps the "
+        "clock and the catalog); partition p is hosted by member p %% members",
+    )
+    parser.add_argument("--member", type=int, default=0, help="which member this is")
+    parser.add_argument(
+        "--take-lead",
+        action="store_true",
+        help="with --failover-after: this member leads the cluster (keeps the clock and the "
+        "catalog) whoever led before; only for a start of every member at once (aggview start "
+        "gives it to member 0). Without it a member follows the leader the store records",
+    )
+    parser.add_argument("--checkpoint-interval", type=float, default=2.0)
+    parser.add_argument("--cache-rows", type=int, default=1_000_000)
+    parser.add_argument(
+        "--failover-after",
+        type=float,
+        default=0.0,
+        help="seconds an LTM may stay silent before its partitions move to their backups "
+        "(0: never; needs LTMs started with --backup). With --member-address: every member "
+        "copies its logs to the next one, the leader moves a silent member's partitions and "
+        "decisions, and the next member takes the lead from a silent leader",
+    )
+
+
 def _run_ltm(args: argparse.Namespace) -> None:
     from aggview.security import TlsDir
     from ltm.server import LtmConfig, serve
 
+    if args.partition is None:  # a coordinating LTM: hosts its share and coordinates
+        if len(args.member_address) < 2:  # alone: the whole cluster in this process
+            args.member_address = []
+        args.ltm, args.local_partitions = [], args.partitions
+        _run_coordinator(args)
+        return
+    if args.member_address or args.take_lead or args.failover_after:
+        raise errors.InvalidArgument(
+            "--partition I runs an LTM of the separate layout (with --coordinator); "
+            "--member-address, --take-lead and --failover-after are for coordinating LTMs "
+            "(no --partition)"
+        )
     tls_dir = _server_tls_dir(args)
     config = LtmConfig(
         store_url=args.store,
@@ -191,7 +234,7 @@ def _run_coordinator(args: argparse.Namespace) -> None:
 
 
 def _run_start(args: argparse.Namespace) -> None:
-    from aggview.cluster import LocalCluster
+    from aggview.cluster import LocalCluster, default_processes
 
     if args.ltms < 1:
         raise errors.InvalidArgument("--ltms must be at least 1")
@@ -247,15 +290,6 @@ def _run_start(args: argparse.Namespace) -> None:
                 print(f"aggview: {roles} exited; stopping", file=sys.stderr)
                 break
     print("aggview stopped", flush=True)
-
-
-def default_processes(ltms: int, replicate: bool) -> int:
-    """One coordinating process per core, at most one per partition; copies of logs need two
-    processes, so on one core (or one partition) --replicate keeps an LTM per process."""
-    processes = min(os.cpu_count() or 1, ltms)
-    if replicate and processes < 2:
-        return 0
-    return processes
 
 
 def _replaceable(role: str) -> bool:
@@ -436,24 +470,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_security(start, clients=True)
     start.set_defaults(run=_run_start)
 
-    ltm = sub.add_parser("ltm", help="run one local transaction manager")
+    ltm = sub.add_parser(
+        "ltm",
+        help="run a local transaction manager: one of the coordinating members that each "
+        "serve a share of the partitions (--member-address, repeated; alone: all of them), "
+        "or with --partition I one partition of the separate layout (with --coordinator)",
+    )
     ltm.add_argument("--store", required=True, help="sqlite:///path or hbase://host:port")
     ltm.add_argument("--log-dir", required=True)
-    ltm.add_argument("--partition", type=int, required=True)
-    ltm.add_argument("--partitions", type=int, required=True)
-    ltm.add_argument("--coordinator", help="address asked about undecided transactions")
-    ltm.add_argument("--cache-rows", type=int, default=1_000_000)
-    ltm.add_argument("--checkpoint-interval", type=float, default=2.0)
+    ltm.add_argument("--partitions", type=int, required=True, help="the cluster's partitions")
+    ltm.add_argument(
+        "--partition",
+        type=int,
+        help="the separate layout: serve only this partition, coordinated by --coordinator",
+    )
+    ltm.add_argument("--coordinator", help="(--partition) address asked about undecided ones")
     ltm.add_argument(
         "--backup",
         default="",
-        help="address of the next LTM (partition + 1), which keeps a copy of this one's log",
+        help="(--partition) address of the next LTM, which keeps a copy of this one's log",
     )
+    _add_member_options(ltm)
     _add_common(ltm)
-    _add_server_security(ltm, clients=False)
-    ltm.set_defaults(run=_run_ltm)
+    _add_server_security(ltm, clients=True)
+    ltm.set_defaults(run=_run_ltm, ltm=[])
 
-    coordinator = sub.add_parser("coordinator", help="run the coordinator")
+    coordinator = sub.add_parser(
+        "coordinator",
+        help="the separate layout's coordinator, over LTMs started with --partition "
+        "(--local-partitions N: the whole cluster in one process, as `aggview ltm` alone)",
+    )
     coordinator.add_argument("--store", required=True)
     coordinator.add_argument("--log-dir", required=True)
     coordinator.add_argument("--ltm", action="append", default=[], help="LTM address, in order")
@@ -463,32 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="serve this many partitions in this process instead of LTMs (no --ltm)",
     )
-    coordinator.add_argument(
-        "--member-address",
-        action="append",
-        default=[],
-        help="every coordinating member's address, in order (repeated; member 0 keeps the "
-        "clock and the catalog); partition p is hosted by member p %% members",
-    )
-    coordinator.add_argument("--member", type=int, default=0, help="which member this is")
-    coordinator.add_argument(
-        "--take-lead",
-        action="store_true",
-        help="with --failover-after: this member leads the cluster (keeps the clock and the "
-        "catalog) whoever led before; only for a start of every member at once (aggview start "
-        "gives it to member 0). Without it a member follows the leader the store records",
-    )
-    coordinator.add_argument("--checkpoint-interval", type=float, default=2.0)
-    coordinator.add_argument("--cache-rows", type=int, default=1_000_000)
-    coordinator.add_argument(
-        "--failover-after",
-        type=float,
-        default=0.0,
-        help="seconds an LTM may stay silent before its partitions move to their backups "
-        "(0: never; needs LTMs started with --backup). With --member-address: every member "
-        "copies its logs to the next one, the leader moves a silent member's partitions and "
-        "decisions, and the next member takes the lead from a silent leader",
-    )
+    _add_member_options(coordinator)
     _add_common(coordinator)
     _add_server_security(coordinator, clients=True)
     coordinator.set_defaults(run=_run_coordinator)

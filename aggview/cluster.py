@@ -197,6 +197,15 @@ class Server:
             )
 
 
+def default_processes(ltms: int, replicate: bool) -> int:
+    """One coordinating process per core, at most one per partition; copies of logs need two
+    processes, so on one core (or one partition) --replicate keeps an LTM per process."""
+    processes = min(os.cpu_count() or 1, ltms)
+    if replicate and processes < 2:
+        return 0
+    return processes
+
+
 @dataclass
 class LocalCluster:
     data: Path
@@ -221,12 +230,16 @@ class LocalCluster:
     servers: list[Server] = field(default_factory=list)
     # The shared store: "" is the embedded one in data/store.db; or hbase://HOST:PORT[?...].
     store: str = ""
-    # 1: the whole cluster in the coordinator's process (its ``ltms`` partitions served there,
-    # no LTM processes); P >= 2: P members that each host a share and coordinate; 0: one
-    # process per LTM, as before.
-    processes: int = 0
+    # P >= 2: P members that each host a share of the partitions and coordinate; 1: the
+    # whole cluster in one process; 0: the separate layout (a coordinator and one process per
+    # LTM), kept for the tests of faults between those processes. None: one per core.
+    processes: int | None = None
     # The checkout the servers run (default: this one); benchmarks compare an older one.
     code: Path = _ROOT
+
+    def __post_init__(self) -> None:
+        if self.processes is None:
+            self.processes = default_processes(self.ltms, self.replicate)
 
     @property
     def store_url(self) -> str:
@@ -335,12 +348,12 @@ class LocalCluster:
             for server in self.servers:
                 server.start()
             route = self.ltm_route or (lambda i, address: address)
-            ltm_args = [
-                arg for i, s in enumerate(self.servers) for arg in ("--ltm", route(i, s.address))
-            ]
-            if self.processes == 1:
-                ltm_args = [
-                    "--local-partitions",
+            addresses = [route(i, server.address) for i, server in enumerate(self.servers)]
+            role = ["coordinator", *(arg for a in addresses for arg in ("--ltm", a))]
+            if self.processes == 1:  # one coordinating LTM alone: every partition in it
+                role = [
+                    "ltm",
+                    "--partitions",
                     str(self.ltms),
                     "--checkpoint-interval",
                     str(self.checkpoint_interval),
@@ -350,12 +363,11 @@ class LocalCluster:
             coordinator = Server(
                 "coordinator",
                 [
-                    "coordinator",
+                    *role,
                     "--store",
                     self.store_url,
                     "--log-dir",
                     str(self.data / "coordinator"),
-                    *ltm_args,
                     *(["--failover-after", str(self.failover_after)] if self.replicate else []),
                     *common,
                     *coordinator_security,
@@ -382,12 +394,12 @@ class LocalCluster:
                 Server(
                     f"member-{m}",
                     [
-                        "coordinator",
+                        "ltm",
                         "--store",
                         self.store_url,
                         "--log-dir",
                         str(self.data / f"member-{m}"),
-                        "--local-partitions",
+                        "--partitions",
                         str(self.ltms),
                         "--member",
                         str(m),

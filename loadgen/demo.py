@@ -51,8 +51,11 @@ def run_demo(
     out = out or Path("aggview-report")
     console = Console()
     started = time.monotonic()
-    console.print(f"[bold]aggview demo[/]: {ltms} LTMs + a coordinator on the embedded store")
     with LocalCluster(data, ltms=ltms, checkpoint_interval=1.0) as cluster:
+        console.print(
+            f"[bold]aggview demo[/]: {ltms} partitions in {len(cluster.servers)} processes "
+            "that each serve a share and coordinate transactions, on the embedded store"
+        )
         console.print(f"cluster listening on {cluster.address} (data in {data})")
         run_transfers(cluster, console, size.transfer_seconds)
         run_dashboard(cluster, console, size)
@@ -63,10 +66,11 @@ def run_demo(
 def run_transfers(cluster: LocalCluster, console: Console, seconds: float) -> None:
     with Client(cluster.address) as client:
         transfers.create(client, "accounts", "ledger", ACCOUNTS)
+    victim = cluster.servers[-1]  # a process that hosts partitions and coordinates
     console.print(
         f"\n[bold]1. transactions[/]: {CLIENTS} clients run conditional transfers between "
-        f"{ACCOUNTS} accounts for {seconds:.0f}s; LTM 0 is killed with SIGKILL half-way and "
-        "restarted"
+        f"{ACCOUNTS} accounts for {seconds:.0f}s; {victim.role} is killed with SIGKILL "
+        "half-way and restarted"
     )
     stop = threading.Event()
     outcomes = transfers.Outcomes()
@@ -81,9 +85,9 @@ def run_transfers(cluster: LocalCluster, console: Console, seconds: float) -> No
     )
     began = time.monotonic()
     time.sleep(seconds / 2)
-    cluster.ltm(0).kill()
+    victim.kill()
     killed_at = len(outcomes.committed)
-    cluster.ltm(0).start()
+    victim.start()
     time.sleep(seconds / 2)
     stop.set()
     for worker in workers:
@@ -98,7 +102,7 @@ def run_transfers(cluster: LocalCluster, console: Console, seconds: float) -> No
     table.add_row("committed", str(len(outcomes.committed)))
     table.add_row("committed before the crash", str(killed_at))
     table.add_row("refused by their condition", str(outcomes.condition_failed))
-    table.add_row("failed while LTM 0 was down", str(outcomes.unknown))
+    table.add_row(f"failed while {victim.role} was down", str(outcomes.unknown))
     table.add_row("timestamp-order retries", str(outcomes.retries))
     table.add_row("committed per second", f"{len(outcomes.committed) / elapsed:.0f}")
     table.add_row("total balance (snapshot)", str(sum(r["balance"] for r in balances)))

@@ -169,7 +169,7 @@ def test_a_hung_stop_is_cut_short_and_its_stacks_logged(tmp_path: Path) -> None:
     """An LTM whose final checkpoint hangs (a failpoint stalls it for a minute) exits once its
     stop deadline passes, with the stacks of where it hung in its log and status 3; restarted,
     it has lost nothing."""
-    with LocalCluster(tmp_path / "data", ltms=1, checkpoint_interval=3600) as cluster:
+    with LocalCluster(tmp_path / "data", ltms=1, processes=0, checkpoint_interval=3600) as cluster:
         ltm = cluster.ltm(0)
         ltm.stop()
         hang = {"AGGVIEW_FAILPOINTS": "ltm.mid_checkpoint=sleep:60"}

@@ -153,7 +153,7 @@ def test_a_layout_changes_only_after_a_clean_stop(tmp_path: Path) -> None:
     another layout is refused (it would not replay what the last run acknowledged), the same
     layout recovers everything, and after a clean stop the layout may change."""
     data = tmp_path / "data"
-    cluster = LocalCluster(data, ltms=2, checkpoint_interval=1000.0)
+    cluster = LocalCluster(data, ltms=2, processes=2, checkpoint_interval=1000.0)
     try:
         cluster.start()
         with Client(cluster.address) as client:
@@ -163,9 +163,9 @@ def test_a_layout_changes_only_after_a_clean_stop(tmp_path: Path) -> None:
                     tx.insert("kept", {"id": i, "v": i})
     finally:
         cluster.kill()  # no checkpoint: the rows are in the LTMs' logs only
-    with pytest.raises(errors.FailedPrecondition, match=r"--processes 0 and did not stop clean"):
+    with pytest.raises(errors.FailedPrecondition, match=r"--processes 2 and did not stop clean"):
         LocalCluster(data, ltms=2, processes=1).start()
-    with LocalCluster(data, ltms=2) as same:  # the same layout replays its logs
+    with LocalCluster(data, ltms=2, processes=2) as same:  # the same layout replays its logs
         with Client(same.address) as client:
             assert len(client.scan("kept")) == 20
     with LocalCluster(data, ltms=2, processes=1) as one:  # after a clean stop: any layout
@@ -173,6 +173,6 @@ def test_a_layout_changes_only_after_a_clean_stop(tmp_path: Path) -> None:
             assert len(client.scan("kept")) == 20
             with client.transaction() as tx:
                 tx.insert("kept", {"id": 20, "v": 20})
-    with LocalCluster(data, ltms=2) as back:
+    with LocalCluster(data, ltms=2, processes=2) as back:
         with Client(back.address) as client:
             assert len(client.scan("kept")) == 21

@@ -225,7 +225,9 @@ def wait_for_exit(server: Server, timeout: float) -> int | None:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    running = LocalCluster(tmp_path / "data", ltms=3, checkpoint_interval=0.5, verbose=True)
+    running = LocalCluster(
+        tmp_path / "data", ltms=3, processes=0, checkpoint_interval=0.5, verbose=True
+    )
     try:
         yield running.start()
     finally:

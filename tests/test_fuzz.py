@@ -268,7 +268,7 @@ def test_view_compiler_raises_only_domain_errors(sql: str) -> None:
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     cluster = LocalCluster(
-        tmp_path_factory.mktemp("fuzz"), ltms=2, fsync=False, checkpoint_interval=0.5
+        tmp_path_factory.mktemp("fuzz"), ltms=2, processes=0, fsync=False, checkpoint_interval=0.5
     )
     try:
         cluster.start()

@@ -149,7 +149,8 @@ def test_compose_file_runs_real_aggview_commands() -> None:
     services: dict[str, Any] = spec["services"]
     ltm_names = sorted(name for name in services if name.startswith("ltm-"))
     assert ltm_names == ["ltm-0", "ltm-1", "ltm-2"]
-    assert {"hbase", "hbase-ready", "coordinator"} <= set(services)
+    assert {"hbase", "hbase-ready"} <= set(services)
+    assert "coordinator" not in services  # every LTM coordinates
 
     hbase = services["hbase"]
     assert hbase["image"].split(":")[0] == HBASE_IMAGE
@@ -160,7 +161,7 @@ def test_compose_file_runs_real_aggview_commands() -> None:
 
     declared_volumes = set(spec["volumes"])
     roles: dict[str, argparse.Namespace] = {}
-    for name in [*ltm_names, "coordinator"]:
+    for name in ltm_names:
         service = services[name]
         args = _aggview_args(name, service["command"])
         roles[name] = args
@@ -180,19 +181,19 @@ def test_compose_file_runs_real_aggview_commands() -> None:
         ), f"{name}: --log-dir {args.log_dir} is not on a named volume"
         assert service["build"]["dockerfile"] == "docker/Dockerfile"
 
+    members = [f"{name}:{roles[name].port}" for name in ltm_names]
     for index, name in enumerate(ltm_names):
         args = roles[name]
-        assert args.command == "ltm"
-        assert (args.partition, args.partitions) == (index, len(ltm_names))
-        assert args.coordinator == f"coordinator:{roles['coordinator'].port}"
+        assert args.command == "ltm" and args.partition is None  # a coordinating LTM
+        assert (args.member, args.partitions, args.member_address) == (
+            index,
+            len(ltm_names),
+            members,
+        )
         depends = services[name]["depends_on"]
-        assert depends["hbase-ready"]["condition"] == "service_completed_successfully"
-
-    coordinator = roles["coordinator"]
-    assert coordinator.command == "coordinator"
-    assert coordinator.ltm == [f"{name}:{roles[name].port}" for name in ltm_names]
-    depends = services["coordinator"]["depends_on"]
-    assert {name: d["condition"] for name, d in depends.items()} == {
-        name: "service_healthy" for name in ltm_names
-    }
+        if index == 0:  # the leader at start: once HBase answers
+            assert depends["hbase-ready"]["condition"] == "service_completed_successfully"
+        else:  # the followers: once the leader serves
+            assert depends == {"ltm-0": {"condition": "service_healthy"}}
+    assert services["ltm-0"]["ports"] == ["127.0.0.1:7070:7070"]
     assert (Path(COMPOSE).parent / "Dockerfile").is_file()

@@ -38,7 +38,12 @@ def proxied(tmp_path: Path) -> Iterator[tuple[LocalCluster, list[ChaosProxy]]]:
         return proxies[-1].address
 
     cluster = LocalCluster(
-        tmp_path / "data", ltms=3, checkpoint_interval=0.5, verbose=True, ltm_route=route
+        tmp_path / "data",
+        ltms=3,
+        processes=0,  # the proxies sit between the coordinator and the LTM processes
+        checkpoint_interval=0.5,
+        verbose=True,
+        ltm_route=route,
     )
     try:
         yield cluster.start(), proxies

@@ -37,6 +37,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     cluster = LocalCluster(
         tmp_path_factory.mktemp("secure"),
         ltms=2,
+        processes=0,  # inflight.burst pauses an LTM process that is not the coordinator
         secure=True,
         limits={"max_client_transactions": 4},
     )
