@@ -23,7 +23,7 @@ import grpc
 from aggview import errors
 from aggview.net import GRPC_OPTIONS
 from aggview.security import TlsDir, member_channel, member_metadata
-from aggview.status import Malformed
+from aggview.status import Malformed, grpc_method
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from coordinator.clock import Grant, Marks, Notice, Writes
@@ -108,12 +108,25 @@ class _Stream:
             self.send(_reply(clock.marks(), grant))
 
 
+ViewReader = Callable[[pb.LeaderViewRequest], Awaitable[pb.LeaderViewReply]]
+
+
 class ClockServicer(pb_grpc.ClockServicer):
     """At the leader: one stream per follower member. ``clock()`` is this member's clock,
-    which leads only at the leader (a follower may take the lead later)."""
+    which leads only at the leader (a follower may take the lead later); ``read_view``
+    answers the cumulus view reads followers forward (``coordinator.leader_views``)."""
 
-    def __init__(self, clock: Callable[[], MemberClock]) -> None:
+    def __init__(
+        self, clock: Callable[[], MemberClock], read_view: ViewReader | None = None
+    ) -> None:
         self.clock = clock
+        self.read_view = read_view
+
+    @grpc_method
+    async def ReadView(self, request: pb.LeaderViewRequest, context: Any) -> pb.LeaderViewReply:
+        if self.read_view is None or not isinstance(self.clock(), LeaderClock):
+            raise errors.Unavailable("this member does not lead the cluster (yet)")
+        return await self.read_view(request)
 
     async def Tick(
         self, requests: AsyncIterator[pb.ClockRequest | Malformed], context: Any

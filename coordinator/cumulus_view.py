@@ -20,7 +20,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from aggview import errors
 from aggview.schema import TableSchema, from_storage
+from aggview.values import from_row, to_value
+from aggview.wire import client_pb2 as cpb
 from cumulus.m3.compiler import compile_program
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
@@ -30,6 +33,7 @@ from cumulus.runtime.reads import roll_up
 from cumulus.runtime.simulator import Simulator, Update, holding
 
 Row = dict[str, Any]
+Key = tuple[Any, ...]
 LIVE_READ_EVERY = 0.02  # seconds a tentative read of nodes in processes is reused
 
 
@@ -76,6 +80,26 @@ class CumulusView:
         for table, rows in tables.items():
             for row in rows:
                 reference.apply("+", table, self._values(table, row))
+        self._install(reference, ts)
+
+    def load_maps(self, maps: Mapping[str, Mapping[Key, Any]], ts: int) -> None:
+        """Every map's value at snapshot ``ts`` computed elsewhere (Spark, from the maps'
+        definitions), installed on the nodes before any update. Entries of maps the program
+        does not have, or keys of another width, are refused, naming them."""
+        reference = Interpreter(self.program)
+        for name, entries in maps.items():
+            decl = next((m for m in self.program.maps if m.name == name), None)
+            if decl is None:
+                raise errors.InvalidArgument(f"the view's program has no map {name!r}")
+            for key in entries:
+                if len(key) != len(decl.keys):
+                    raise errors.InvalidArgument(
+                        f"map {name} has {len(decl.keys)} key columns, not {len(key)}"
+                    )
+            reference.maps[name].data.update(entries)
+        self._install(reference, ts)
+
+    def _install(self, reference: Interpreter, ts: int) -> None:
         self.runtime.preload({name: store.data for name, store in reference.maps.items()})
         self._last = (read_view(reference, self.shape), ts)
         self.fed_at = ts
@@ -181,3 +205,36 @@ class CumulusView:
         if keep is not None and list(keep) != groups:
             rows = roll_up(self.shape, rows, list(keep))
         return rows
+
+
+# ---------------------------------------------------------------- map entries on the wire
+
+
+def encode_entry(name: str, key: Key, value: Any) -> tuple[bytes, bytes]:
+    """A map entry as ``FinishView`` carries it for a cumulus view: the map's name, and a
+    wire ``Row`` of its key columns (``k0``, ``k1``, …) and ``value``."""
+    row = cpb.Row()
+    for i, part in enumerate(key):
+        row.columns[f"k{i}"].CopyFrom(to_value(part))
+    row.columns["value"].CopyFrom(to_value(value))
+    return name.encode(), row.SerializeToString()
+
+
+def decode_entries(raws: Iterable[tuple[bytes, bytes]]) -> dict[str, dict[Key, Any]]:
+    """The maps ``encode_entry`` sent; a malformed entry is refused, saying so."""
+    maps: dict[str, dict[Key, Any]] = {}
+    for name, data in raws:
+        row = cpb.Row()
+        try:
+            row.ParseFromString(data)
+            values = from_row(row)
+            width = len(values) - 1
+            key = tuple(values[f"k{i}"] for i in range(width))
+            value = values["value"]
+        except Exception:  # not a Row, or not k0..kn and value
+            raise errors.InvalidArgument(
+                f"a map entry of {name.decode(errors='replace')!r} is not a Row of k0, k1, … "
+                "and value"
+            ) from None
+        maps.setdefault(name.decode(errors="replace"), {})[key] = value
+    return maps

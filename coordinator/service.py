@@ -34,12 +34,13 @@ from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
 from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc as lpb_grpc
-from coordinator import leadership
+from coordinator import leader_views, leadership
 from coordinator.bulk import BulkAccess
 from coordinator.catalog import Catalog
 from coordinator.clock import Clock
 from coordinator.clock_service import ClockServicer, FollowerClock
 from coordinator.convert import Limits, key_bytes, wire_row
+from coordinator.cumulus_view import decode_entries
 from coordinator.decision_log import DecisionLog
 from coordinator.gate import ADMIT, ClientGate
 from coordinator.leadership import Leadership, Lease
@@ -325,18 +326,23 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
 
     @grpc_method
     async def FinishView(self, request: Any, context: object) -> cpb.FinishViewReply:
-        name, snapshot, groups = "", 0, {}
+        name, snapshot, raws = "", 0, []
         async for chunk in request:
             if isinstance(chunk, Malformed):
                 raise errors.InvalidArgument(f"malformed request: {chunk.reason}")
             if name and (chunk.view, chunk.snapshot) != (name, snapshot):
                 raise errors.InvalidArgument("every chunk must name the same view and snapshot")
             name, snapshot = chunk.view, chunk.snapshot
-            for raw in chunk.rows:
-                groups[raw.key] = _state_row(raw.row, name)
+            raws.extend((raw.key, raw.row) for raw in chunk.rows)
         if not name:
             raise errors.InvalidArgument("no view rows sent (not even the view's name)")
-        ts = await self.manager.views.finish_external(name, snapshot, groups)
+        views = self.manager.views
+        view = views.views.get(name)
+        if view is not None and view.plan.mode == "cumulus":  # its program's map entries
+            ts = await views.finish_external(name, snapshot, {}, maps=decode_entries(raws))
+        else:
+            groups = {key: _state_row(row, name) for key, row in raws}
+            ts = await views.finish_external(name, snapshot, groups)
         self.bulk.leases.release(self._init_leases.pop(name, 0))
         return cpb.FinishViewReply(
             message=f"initialized materialized view {name} at snapshot {snapshot}", timestamp=ts
@@ -582,6 +588,17 @@ async def _outcomes(
     return outcomes
 
 
+async def read_view(
+    manager: TransactionManager, request: lpb.LeaderViewRequest
+) -> lpb.LeaderViewReply:
+    """At the leader: a cumulus view read a follower forwarded (never forwarded again)."""
+    view, conditions, keep, tentative = leader_views.read_of(request)
+    rows, ts, tentative = await manager.views.query(
+        view, conditions, keep, tentative=tentative, forward=False
+    )
+    return leader_views.reply(rows, ts, tentative)
+
+
 async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -> None:
     """Runs the coordinator until SIGINT/SIGTERM."""
     manager = build_manager(config)
@@ -634,7 +651,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         )
         services.append(lpb.DESCRIPTOR.services_by_name["Ltm"])
         if manager.leader is None or config.replicates:  # a follower may take the lead
-            clock = ClockServicer(lambda: manager.clock)
+            clock = ClockServicer(lambda: manager.clock, functools.partial(read_view, manager))
             add_service(server, lpb.DESCRIPTOR.services_by_name["Clock"], clock)
             services.append(lpb.DESCRIPTOR.services_by_name["Clock"])
     add_health(server)

@@ -23,7 +23,7 @@ import itertools
 import logging
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from coordinator import view_query
 from coordinator.catalog import Catalog
 from coordinator.cumulus_hosts import start_runtime
 from coordinator.cumulus_view import CumulusView
+from coordinator.leader_views import LeaderReads
 from coordinator.transactions import Transaction, TransactionManager
 from coordinator.view_query import Condition
 from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState
@@ -150,6 +151,7 @@ class ViewManager:
         self.manager = manager
         self.runtime_dir = runtime_dir
         self.tls = tls
+        self.leader_reads = LeaderReads(tls)  # a follower's cumulus view reads
         self._runtimes_started = itertools.count()
         self.catalog: Catalog = manager.catalog
         self.views: dict[str, View] = {}
@@ -242,6 +244,7 @@ class ViewManager:
         )
         runtimes, self.runtimes = list(self.runtimes.values()), {}
         await asyncio.gather(*(asyncio.to_thread(r.close) for r in runtimes))
+        await self.leader_reads.close()
 
     def _register(self, view: View) -> None:
         view.compiled = ViewState(view.plan, self.catalog.table)
@@ -366,11 +369,6 @@ class ViewManager:
                     raise errors.InvalidArgument(
                         "expected CREATE MATERIALIZED VIEW ... to initialize a new view"
                     )
-                if statement.mode == "cumulus":
-                    raise errors.FailedPrecondition(
-                        "a cumulus view loads its runtime from a snapshot itself: create it "
-                        "with CREATE MATERIALIZED VIEW"
-                    )
                 view, new_indexes = self._declare(statement)
                 created = True
                 try:
@@ -386,7 +384,7 @@ class ViewManager:
                 if view.plan.mode == "cumulus":
                     raise errors.FailedPrecondition(
                         f"materialized view {name} is maintained by Cumulus: its runtime loads "
-                        "from a snapshot itself"
+                        "again from a snapshot itself (a Spark job initializes a new one only)"
                     )
                 if view.state != "live" or view.external is not None:
                     raise errors.FailedPrecondition(
@@ -400,9 +398,16 @@ class ViewManager:
             view.external = ExternalInit(snapshot=0, created=created)
             return view
 
-    async def finish_external(self, name: str, snapshot: int, groups: dict[bytes, Row]) -> int:
-        """Installs the groups computed at ``snapshot``, then drains what was captured after
-        it and makes the view live; returns the timestamp the rows were written at."""
+    async def finish_external(
+        self,
+        name: str,
+        snapshot: int,
+        groups: dict[bytes, Row],
+        maps: dict[str, dict[Any, Any]] | None = None,
+    ) -> int:
+        """Installs the groups computed at ``snapshot`` (a cumulus view: its program's
+        ``maps``), then drains what was captured after it and makes the view live; returns
+        the timestamp the rows were written at."""
         self.manager.at_leader("a view's initialization")
         view = self._external(name)
         if snapshot != view.external.snapshot:  # type: ignore[union-attr]
@@ -411,11 +416,17 @@ class ViewManager:
                 f"{view.external.snapshot}, not {snapshot}"  # type: ignore[union-attr]
             )
         async with self._ddl:
-            view.external = None
+            external, view.external = view.external, None
+            assert external is not None
             try:
-                return await self._initialize(view, fresh=True, computed=(snapshot, groups))
+                return await self._initialize(
+                    view, fresh=True, computed=(snapshot, groups), maps=maps
+                )
             except BaseException:
-                view.external = ExternalInit(snapshot, created=False)
+                # a cumulus view installs nothing before its runtime holds every map: a new
+                # one stays new (an abort forgets it)
+                created = external.created and view.plan.mode == "cumulus"
+                view.external = ExternalInit(snapshot, created=created)
                 raise
 
     async def abort_external(self, name: str) -> None:
@@ -636,11 +647,18 @@ class ViewManager:
         fresh: bool,
         new_indexes: list[tuple[str, str]] | None = None,
         computed: tuple[int, dict[bytes, Row]] | None = None,
+        maps: dict[str, dict[Any, Any]] | None = None,
     ) -> int:
         """Computes the view from a snapshot while writers go on (or installs groups computed
-        elsewhere at ``computed``'s snapshot), then makes it live."""
+        elsewhere at ``computed``'s snapshot; a cumulus view's ``maps``), then makes it live."""
         if view.plan.mode == "cumulus":
-            written = await self._load_runtime(view)
+            if computed is not None and maps is None:
+                raise errors.InvalidArgument(
+                    f"materialized view {view.name} is maintained by Cumulus: send its "
+                    "program's maps (cumulus.spark.jobs.init_view), not view groups"
+                )
+            at = (computed[0], maps or {}) if computed is not None else None
+            written = await self._load_runtime(view, at)
             await self._go_live(view)
             return written
         if computed is None:
@@ -953,13 +971,20 @@ class ViewManager:
 
     # ------------------------------------------------------------------ cumulus views
 
-    async def _load_runtime(self, view: View) -> int:
-        """A cumulus view's runtime from a snapshot of its tables (a first epoch). Captured
-        changes after it are what each later epoch feeds; those at or below it are in."""
+    async def _load_runtime(
+        self, view: View, computed: tuple[int, dict[str, dict[Any, Any]]] | None = None
+    ) -> int:
+        """A cumulus view's runtime from a snapshot of its tables (a first epoch), or from
+        its maps computed elsewhere at an older snapshot (``computed``). Captured changes
+        after the snapshot are what each later epoch feeds; those at or below it are in."""
         loaded: list[CumulusView] = []
 
         async def load(ts: int) -> list[lpb.RowOp]:
-            loaded[:] = [await self._runtime_at(view, view.plan, ts)]
+            if computed is None:
+                loaded[:] = [await self._runtime_at(view, view.plan, ts)]
+            else:
+                ts, maps = computed
+                loaded[:] = [await self._runtime_from_maps(view, maps, ts)]
             view.snapshot = ts
             return [_meta(view, refreshed_at=ts)]
 
@@ -972,15 +997,26 @@ class ViewManager:
         """A runtime for ``plan`` holding the view's tables at ``ts``: every row one insert
         (the maps' definitions over the snapshot)."""
         tables = await self._read_tables(view, ts)
-        schemas = {t: self.catalog.table(t) for t in tables}
+        rows = {table: found.values() for table, found in tables.items()}
+        return await self._new_runtime(view, plan, lambda runtime: runtime.load(rows, ts))
+
+    async def _runtime_from_maps(
+        self, view: View, maps: dict[str, dict[Any, Any]], ts: int
+    ) -> CumulusView:
+        """A runtime holding ``maps``, computed at snapshot ``ts`` (by a Spark job)."""
+        return await self._new_runtime(view, view.plan, lambda runtime: runtime.load_maps(maps, ts))
+
+    async def _new_runtime(
+        self, view: View, plan: ViewPlan, fill: Callable[[CumulusView], None]
+    ) -> CumulusView:
+        schemas = {t: self.catalog.table(t) for t in plan.base_tables()}
         directory = None
         if self.runtime_dir is not None:
             directory = self.runtime_dir / f"{view.view_id}-{next(self._runtimes_started)}"
         start = functools.partial(start_runtime, plan=plan, directory=directory, tls=self.tls)
         runtime = await asyncio.to_thread(CumulusView, plan, schemas, start)
         try:
-            rows = {table: found.values() for table, found in tables.items()}
-            await asyncio.to_thread(runtime.load, rows, ts)
+            await asyncio.to_thread(fill, runtime)
         except BaseException:
             await asyncio.to_thread(runtime.close)
             raise
@@ -1056,10 +1092,14 @@ class ViewManager:
         keep: Sequence[str] | None,
         at: int,
         tentative: bool,
+        forward: bool,
     ) -> tuple[list[dict[str, Any]], int, bool]:
         runtime = self.runtimes.get(view.name)
+        leader = self.manager.leader
+        if runtime is None and leader is not None and forward and not at:
+            return await self.leader_reads.read(leader, view.name, conditions, keep, tentative)
         if runtime is None:
-            where = self.manager.leader or "this process, once its runtime is loaded again"
+            where = leader or "this process, once its runtime is loaded again"
             raise errors.FailedPrecondition(
                 f"materialized view {view.name} is maintained by Cumulus and read at {where}"
             )
@@ -1132,17 +1172,20 @@ class ViewManager:
         keep: Sequence[str] | None = None,
         at: int = 0,
         tentative: bool = False,
+        forward: bool = True,
     ) -> tuple[list[dict[str, Any]], int, bool]:
         """The view's groups that meet ``conditions``, rolled up to the group columns ``keep``
         (None: the view's own), from one snapshot (see ``coordinator.view_query``), and the
         timestamp they are exact at; ``tentative``: a cumulus view's newest values instead
-        (the last flag says which came; every other view's answer is exact anyway)."""
+        (the last flag says which came; every other view's answer is exact anyway). A
+        follower asks the leader for a cumulus view's rows (``forward``: unless the read
+        was forwarded to it already)."""
         view = await self._readable(name)
         assert view.compiled is not None
         compiled = view.compiled
         view_query.check(compiled, name, conditions, keep)
         if view.plan.mode == "cumulus" or view.state != "live":  # a runtime serves it
-            return await self._read_runtime(view, conditions, keep, at, tentative)
+            return await self._read_runtime(view, conditions, keep, at, tentative, forward)
         for condition in conditions:  # type checks, each with a clear error
             group = next((g for g in view.plan.group_by if g.name == condition.column), None)
             if group is None or condition.op == "is null":

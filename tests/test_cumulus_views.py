@@ -32,7 +32,12 @@ from test_views_differential import (
 
 from aggview import errors
 from aggview.cluster import LocalCluster
+from aggview.schema import TableSchema
 from coordinator import Client
+from coordinator.bulk_client import BulkClient
+from coordinator.cumulus_view import encode_entry
+from cumulus.m3.compiler import compile_program
+from cumulus.plan import ViewPlan
 
 _runs = itertools.count()
 
@@ -350,3 +355,49 @@ def test_cumulus_view_options_and_reads_are_checked(client: Client, table_name: 
     with pytest.raises(errors.InvalidArgument, match="interval_ms applies only"):
         client.sql(f"ALTER MATERIALIZED VIEW {table_name}_v SET (interval_ms = 500)")
     assert list(client.view(f"{table_name}_v")) == [{"g": 1, "s": 3, "a": 3}]
+
+
+def test_map_entries_sent_for_a_cumulus_view_are_checked_and_lose_nothing(
+    client: Client, table_name: str
+) -> None:
+    """A job initializing a cumulus view sends its program's map entries: a map the program
+    does not have, a key of the wrong width or bytes that are not an entry are refused,
+    naming the problem. The job given up, the new view is forgotten and the table's rows
+    stay; the view created again loads itself and equals the table."""
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, g INT, v INT)")
+    with client.transaction() as tx:
+        for i in range(6):
+            tx.insert(table_name, {"id": i, "g": i % 2, "v": i})
+    view = f"{table_name}_v"
+    ddl = (
+        f"CREATE MATERIALIZED VIEW {view} WITH (refresh = 'cumulus') "
+        f"AS SELECT g, SUM(v) AS s FROM {table_name} GROUP BY g"
+    )
+    bulk = BulkClient(client)
+    begun = bulk.begin_view(sql=ddl)
+    name = _program_maps(client, view)[0]
+    bulk.abort_view(begun.view)
+    cases = [
+        ([encode_entry("no_such_map", (1,), 5)], "no map 'no_such_map'"),
+        ([(b"whatever", b"\xff\x00 not a row")], "not a Row"),
+        ([encode_entry(name, (1, 2, 3), 5)], "key columns, not 3"),
+    ]
+    for entries, message in cases:
+        begun = bulk.begin_view(sql=ddl)
+        with pytest.raises(errors.InvalidArgument, match=message):
+            bulk.finish_view(begun.view, begun.snapshot, entries)
+        bulk.abort_view(begun.view)
+        with pytest.raises(errors.UnknownTable):
+            client.view(view)
+    assert len(client.scan(table_name)) == 6
+    client.sql(ddl)
+    client.refresh(view)
+    assert list(client.view(view)) == [{"g": 0, "s": 6}, {"g": 1, "s": 9}]
+
+
+def _program_maps(client: Client, view: str) -> list[str]:
+    """The names of the maps the view's M3 program keeps (compiled as the cluster does)."""
+    described = BulkClient(client).describe(view)
+    schemas = {s["name"]: TableSchema.from_json(s) for s in described.base_schemas}
+    plan = ViewPlan.from_json(described.plan)  # type: ignore[arg-type]
+    return [m.name for m in compile_program([plan], schemas.__getitem__).maps]

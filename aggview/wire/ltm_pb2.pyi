@@ -1,3 +1,4 @@
+from aggview.wire import client_pb2 as _client_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -384,3 +385,37 @@ class ClockReply(_message.Message):
     configuration: bytes
     notices: _containers.RepeatedCompositeFieldContainer[WriteNotice]
     def __init__(self, seq: _Optional[int] = ..., first: _Optional[int] = ..., count: _Optional[int] = ..., read_ts: _Optional[int] = ..., issued: _Optional[int] = ..., decided: _Optional[int] = ..., low: _Optional[int] = ..., epoch: _Optional[int] = ..., configuration: _Optional[bytes] = ..., notices: _Optional[_Iterable[_Union[WriteNotice, _Mapping]]] = ...) -> None: ...
+
+class ViewCondition(_message.Message):
+    __slots__ = ("column", "op", "values")
+    COLUMN_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    column: str
+    op: str
+    values: _containers.RepeatedCompositeFieldContainer[_client_pb2.Value]
+    def __init__(self, column: _Optional[str] = ..., op: _Optional[str] = ..., values: _Optional[_Iterable[_Union[_client_pb2.Value, _Mapping]]] = ...) -> None: ...
+
+class LeaderViewRequest(_message.Message):
+    __slots__ = ("view", "conditions", "keep", "roll_up", "tentative")
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    ROLL_UP_FIELD_NUMBER: _ClassVar[int]
+    TENTATIVE_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    conditions: _containers.RepeatedCompositeFieldContainer[ViewCondition]
+    keep: _containers.RepeatedScalarFieldContainer[str]
+    roll_up: bool
+    tentative: bool
+    def __init__(self, view: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[ViewCondition, _Mapping]]] = ..., keep: _Optional[_Iterable[str]] = ..., roll_up: _Optional[bool] = ..., tentative: _Optional[bool] = ...) -> None: ...
+
+class LeaderViewReply(_message.Message):
+    __slots__ = ("rows", "timestamp", "tentative")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    TENTATIVE_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[_client_pb2.Row]
+    timestamp: int
+    tentative: bool
+    def __init__(self, rows: _Optional[_Iterable[_Union[_client_pb2.Row, _Mapping]]] = ..., timestamp: _Optional[int] = ..., tentative: _Optional[bool] = ...) -> None: ...

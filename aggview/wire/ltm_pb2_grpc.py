@@ -403,12 +403,23 @@ class ClockStub:
                 request_serializer=aggview_dot_wire_dot_ltm__pb2.ClockRequest.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_ltm__pb2.ClockReply.FromString,
                 _registered_method=True)
+        self.ReadView = channel.unary_unary(
+                '/aggview.v1.Clock/ReadView',
+                request_serializer=aggview_dot_wire_dot_ltm__pb2.LeaderViewRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_ltm__pb2.LeaderViewReply.FromString,
+                _registered_method=True)
 
 
 class ClockServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Tick(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadView(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -421,6 +432,11 @@ def add_ClockServicer_to_server(servicer, server):
                     servicer.Tick,
                     request_deserializer=aggview_dot_wire_dot_ltm__pb2.ClockRequest.FromString,
                     response_serializer=aggview_dot_wire_dot_ltm__pb2.ClockReply.SerializeToString,
+            ),
+            'ReadView': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadView,
+                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.LeaderViewRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_ltm__pb2.LeaderViewReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -450,6 +466,33 @@ class Clock:
             '/aggview.v1.Clock/Tick',
             aggview_dot_wire_dot_ltm__pb2.ClockRequest.SerializeToString,
             aggview_dot_wire_dot_ltm__pb2.ClockReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadView(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Clock/ReadView',
+            aggview_dot_wire_dot_ltm__pb2.LeaderViewRequest.SerializeToString,
+            aggview_dot_wire_dot_ltm__pb2.LeaderViewReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -99,8 +99,9 @@ def _run_init(args: argparse.Namespace, options: dict[str, Any]) -> None:
             progress=progress,
             client_options=options,
         )
+    computed = f"{result.entries} map entries" if result.entries else f"{result.groups} groups"
     print(
-        f"{result.message}: {result.groups} groups, written at {result.timestamp}, "
+        f"{result.message}: {computed}, written at {result.timestamp}, "
         f"in {time.monotonic() - started:.1f} s"
     )
 

@@ -21,9 +21,12 @@ from aggview.rowcodec import encode_row
 from aggview.schema import TableSchema
 from coordinator.bulk_client import BulkClient
 from coordinator.client import Client
+from coordinator.cumulus_view import encode_entry
 from cumulus.aggstate import Row, ViewState
+from cumulus.m3.compiler import compile_program
 from cumulus.plan import ViewPlan
 from cumulus.spark.compute import State, compute_states, needed_columns, normalized
+from cumulus.spark.m3_init import initial_maps
 from cumulus.spark.source import encode_staged, staging_name, view_states
 
 Progress = Callable[[str], None]
@@ -36,13 +39,18 @@ def _quiet(message: str) -> None:
 
 @contextlib.contextmanager
 def snapshot_tables(
-    spark: Any, address: str, state: ViewState, snapshot: int, client_options: dict[str, Any]
+    spark: Any,
+    address: str,
+    state: ViewState,
+    snapshot: int,
+    client_options: dict[str, Any],
+    columns_of: dict[str, list[str]] | None = None,
 ) -> Iterator[dict[str, str]]:
     """Registers each base table of a view, read at ``snapshot`` with only the columns the
-    view uses, as a cached temporary view (the view's queries read it once); yields table ->
-    temporary view name, and drops them afterwards."""
+    view uses (or ``columns_of`` each), as a cached temporary view (the view's queries read
+    it once); yields table -> temporary view name, and drops them afterwards."""
     names, frames = {}, []
-    for table, columns in needed_columns(state).items():
+    for table, columns in (columns_of or needed_columns(state)).items():
         reader = (
             spark.read.format("aggview")
             .option("address", address)
@@ -85,8 +93,9 @@ class InitResult:
     view: str
     snapshot: int
     timestamp: int
-    groups: int
+    groups: int  # the view's groups computed (a cumulus view: none, it keeps maps)
     message: str
+    entries: int = 0  # a cumulus view's map entries computed
 
 
 def init_view(
@@ -107,6 +116,18 @@ def init_view(
         try:
             progress(f"computing {begun.view} at snapshot {begun.snapshot}")
             state = _view_state(begun.plan_json, begun.base_schemas_json)
+            if state.plan.mode == "cumulus":  # its M3 program's maps, from their definitions
+                entries = _cumulus_maps(spark, address, state, begun.snapshot, options)
+                progress(f"installing {len(entries)} map entries of {begun.view}")
+                finished = bulk.finish_view(begun.view, begun.snapshot, entries)
+                return InitResult(
+                    begun.view,
+                    begun.snapshot,
+                    finished.timestamp,
+                    0,
+                    finished.message,
+                    entries=len(entries),
+                )
             with snapshot_tables(spark, address, state, begun.snapshot, options) as tables:
                 groups = compute_states(spark, state, tables)
             progress(f"installing {len(groups)} groups of {begun.view}")
@@ -120,6 +141,21 @@ def init_view(
         return InitResult(
             begun.view, begun.snapshot, finished.timestamp, len(groups), finished.message
         )
+
+
+def _cumulus_maps(
+    spark: Any, address: str, state: ViewState, snapshot: int, options: dict[str, Any]
+) -> list[tuple[bytes, bytes]]:
+    """A cumulus view's program, compiled here as the coordinator compiles it, and every
+    map's entries over the snapshot (``cumulus.spark.m3_init``), as FinishView sends them.
+    The program's relations carry every column of their tables, so all are read."""
+    plan = state.plan
+    schemas = {t: state.schemas[plan.aliases_of(t)[0]] for t in plan.base_tables()}
+    program = compile_program([plan], schemas.__getitem__)
+    columns = {t: list(s.column_names) for t, s in schemas.items()}
+    with snapshot_tables(spark, address, state, snapshot, options, columns) as tables:
+        maps = initial_maps(spark, program, tables)
+    return [encode_entry(name, k, v) for name, found in maps.items() for k, v in found.items()]
 
 
 # ----------------------------------------------------------------------------- verify
