@@ -347,7 +347,11 @@ class Participant:
 
     async def decide(self, ts: int, commit: bool) -> None:
         """Applies the coordinator's decision. Unknown timestamps are already decided here
-        (decisions are retried), so they are acknowledged without effect."""
+        (decisions are retried), so they are acknowledged without effect, but only while
+        this copy serves the partition: a fenced one may have forgotten a transaction its
+        successor holds prepared, and an acknowledgment from it would let the coordinator
+        forget a commit the successor still has to apply."""
+        self._check_serving()
         tx = self.prepared.pop(ts, None)
         if tx is None:
             return

@@ -263,6 +263,9 @@ def test_a_superseded_primary_never_writes_the_store_again(tmp_path: Path) -> No
             assert p.fenced
             with pytest.raises(errors.FailedPrecondition):
                 await commit(p, 30, update(b"k", {"v": 3}))
+            # a decision it never saw may be one its successor holds prepared: no ack
+            with pytest.raises(errors.FailedPrecondition, match="epoch 1"):
+                await p.decide(40, True)
             await p.stop()  # no final checkpoint either
             assert stored(store, b"k")[1] == {"v": 1}
 
