@@ -18,10 +18,9 @@ from coordinator import Client
 # Every cluster a test starts checks each answer of the coordinator's lookup cache against the
 # LTMs; a difference anywhere fails the session (see pytest_sessionfinish).
 os.environ.setdefault("AGGVIEW_LOOKUP_CACHE_CHECK", "1")
-# The session cluster's layout (LocalCluster.processes): unset, one member per core; 0, a
-# coordinator and one process per LTM; 1, the whole cluster in one process.
-_LAYOUT = os.environ.get("AGGVIEW_TEST_PROCESSES")
-PROCESSES = int(_LAYOUT) if _LAYOUT else None
+# The session cluster's layout (LocalCluster.processes): 0, a coordinator and one process
+# per LTM; 1, the whole cluster in one process; P >= 2, P coordinating members.
+PROCESSES = int(os.environ.get("AGGVIEW_TEST_PROCESSES", "0"))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
