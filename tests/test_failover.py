@@ -41,7 +41,9 @@ VIEW = (
 
 
 @contextlib.contextmanager
-def replicated_cluster(data: Path, processes: int = 0) -> Iterator[LocalCluster]:
+def replicated_cluster(
+    data: Path, processes: int = 0, failover_after: float = 1.5
+) -> Iterator[LocalCluster]:
     """Three partitions with their logs copied, in three LTMs (or ``processes`` members)."""
     cluster = LocalCluster(
         data,
@@ -49,7 +51,7 @@ def replicated_cluster(data: Path, processes: int = 0) -> Iterator[LocalCluster]
         processes=processes,
         checkpoint_interval=0.5,
         replicate=True,
-        failover_after=1.5,
+        failover_after=failover_after,
         verbose=True,
     )
     try:

@@ -121,6 +121,13 @@ def check_views(client: Client, views: list[str]) -> None:
         assert rows == expected, view
 
 
+def run_ddl(cluster: LocalCluster, ddl: str) -> None:
+    """``ddl`` through member 2, which sends it to the new leader; UNAVAILABLE (a channel in
+    backoff during a failover) is retried, as clients should."""
+    with Client(cluster.member(2).address) as client:
+        wait_for("the DDL at the new leader", lambda: answers(lambda: created(client, ddl)), 60)
+
+
 def created(client: Client, ddl: str) -> None:
     """Runs ``ddl``; an earlier try that was applied but not answered counts as done."""
     try:
@@ -141,7 +148,9 @@ def answers(call: Callable[[], object]) -> bool:
 
 @pytest.fixture
 def three_members(tmp_path: Path) -> Iterator[LocalCluster]:
-    with replicated_cluster(tmp_path / "data", processes=3) as cluster:
+    # 3 s: a member that answers no probe for 1.5 s under a loaded machine's load was
+    # declared dead while alive (a false failover), which this test is not about
+    with replicated_cluster(tmp_path / "data", processes=3, failover_after=3.0) as cluster:
         yield cluster
 
 
@@ -184,19 +193,18 @@ def test_the_next_member_takes_the_lead_from_a_dead_leader(three_members: LocalC
         cluster.member(0).kill()
         wait_for("member 1 to lead", lambda: leader_record(cluster).member == 1, 30)
         assert leader_record(cluster).term == term + 1
-        # every partition member 0 served (its own, and any a false failover under load
-        # gave it before the kill) moves
-        wait_for(
-            "member 0's partitions to move", lambda: 0 not in serving_members(cluster).values(), 30
-        )
+        wait_for("member 0's partition to move", lambda: serving_members(cluster)[0] != 0, 30)
         before = len(outcomes.committed)
         wait_for("commits after the takeover", lambda: len(outcomes.committed) > before + 50, 60)
-        with Client(cluster.member(2).address) as client:  # DDL: sent to the new leader
-            ddl = VIEW.replace("moved AS", "moved_after AS")
-            # UNAVAILABLE is the status to retry during a failover (a channel in backoff)
-            wait_for("the DDL at the new leader", lambda: answers(lambda: created(client, ddl)), 30)
-
+        # A partition member 0 got from a false failover under load has no in-sync copy:
+        # it waits for member 0, and so does creating a view (it reads every partition).
+        stuck = [p for p, m in serving_members(cluster).items() if m == 0]
+        ddl = VIEW.replace("moved AS", "moved_after AS")
+        if not stuck:
+            run_ddl(cluster, ddl)
         cluster.member(0).start()  # back: the record names member 1, so it follows
+        if stuck:
+            run_ddl(cluster, ddl)
         with Client(cluster.member(0).address) as client:
             wait_for("member 0 to serve", lambda: answers(lambda: client.view("moved_after")), 30)
         before = status(cluster, 0).coordinated
