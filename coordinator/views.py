@@ -652,12 +652,7 @@ class ViewManager:
         """Computes the view from a snapshot while writers go on (or installs groups computed
         elsewhere at ``computed``'s snapshot; a cumulus view's ``maps``), then makes it live."""
         if view.plan.mode == "cumulus":
-            if computed is not None and maps is None:
-                raise errors.InvalidArgument(
-                    f"materialized view {view.name} is maintained by Cumulus: send its "
-                    "program's maps (cumulus.spark.jobs.init_view), not view groups"
-                )
-            at = (computed[0], maps or {}) if computed is not None else None
+            at = None if computed is None else (computed[0], maps or {})
             written = await self._load_runtime(view, at)
             await self._go_live(view)
             return written
@@ -981,12 +976,15 @@ class ViewManager:
 
         async def load(ts: int) -> list[lpb.RowOp]:
             if computed is None:
-                loaded[:] = [await self._runtime_at(view, view.plan, ts)]
+                snapshot, runtime = ts, await self._runtime_at(view, view.plan, ts)
             else:
-                ts, maps = computed
-                loaded[:] = [await self._runtime_from_maps(view, maps, ts)]
-            view.snapshot = ts
-            return [_meta(view, refreshed_at=ts)]
+                snapshot, maps = computed
+                runtime = await self._new_runtime(
+                    view, view.plan, lambda fresh: fresh.load_maps(maps, snapshot)
+                )
+            loaded[:] = [runtime]
+            view.snapshot = snapshot
+            return [_meta(view, refreshed_at=snapshot)]
 
         written = await self.manager.system_transaction(load)
         self.runtimes[view.name] = loaded[0]
@@ -1000,15 +998,11 @@ class ViewManager:
         rows = {table: found.values() for table, found in tables.items()}
         return await self._new_runtime(view, plan, lambda runtime: runtime.load(rows, ts))
 
-    async def _runtime_from_maps(
-        self, view: View, maps: dict[str, dict[Any, Any]], ts: int
-    ) -> CumulusView:
-        """A runtime holding ``maps``, computed at snapshot ``ts`` (by a Spark job)."""
-        return await self._new_runtime(view, view.plan, lambda runtime: runtime.load_maps(maps, ts))
-
     async def _new_runtime(
         self, view: View, plan: ViewPlan, fill: Callable[[CumulusView], None]
     ) -> CumulusView:
+        """A runtime for ``plan`` on its host, ``fill``ed (in a worker thread) before any
+        update; closed again if that fails."""
         schemas = {t: self.catalog.table(t) for t in plan.base_tables()}
         directory = None
         if self.runtime_dir is not None:
