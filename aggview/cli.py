@@ -234,19 +234,9 @@ def _run_coordinator(args: argparse.Namespace) -> None:
 
 
 def _run_start(args: argparse.Namespace) -> None:
-    from aggview.cluster import LocalCluster, default_processes
+    from aggview.cluster import LocalCluster, checked_processes
 
-    if args.ltms < 1:
-        raise errors.InvalidArgument("--ltms must be at least 1")
-    if args.processes is None:
-        args.processes = default_processes(args.ltms, args.replicate)
-    if args.processes < 0:
-        raise errors.InvalidArgument("--processes must be 0 (an LTM per process) or more")
-    if args.replicate and min(args.processes, args.ltms) == 1:
-        raise errors.InvalidArgument(
-            "--replicate copies each process's logs to another process: it needs two or more "
-            "(--processes 0 or 2 and more, and --ltms 2 or more)"
-        )
+    args.processes = checked_processes(args.ltms, args.processes, args.replicate)
     from aggview.security import TlsDir, load_tokens
     from coordinator.convert import Limits
 
@@ -434,6 +424,8 @@ def _run_cumulus_node(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from aggview.cluster import PROCESSES_HELP
+
     parser = argparse.ArgumentParser(prog="aggview", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -463,9 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--processes",
         type=int,
         default=None,
-        help="P >= 1: the --ltms partitions in P processes that each coordinate "
-        "transactions (1: the whole cluster in one process, no message between processes); "
-        "0: a coordinator and one process per LTM. Default: one per core (at most --ltms)",
+        help=PROCESSES_HELP,
     )
     _add_server_security(start, clients=True)
     start.set_defaults(run=_run_start)

@@ -206,6 +206,30 @@ def default_processes(ltms: int, replicate: bool) -> int:
     return processes
 
 
+def checked_processes(ltms: int, processes: int | None, replicate: bool = False) -> int:
+    """The ``--processes`` a local cluster runs (None: :func:`default_processes`), or
+    InvalidArgument naming why it cannot."""
+    if ltms < 1:
+        raise errors.InvalidArgument("--ltms must be at least 1")
+    if processes is None:
+        return default_processes(ltms, replicate)
+    if processes < 0:
+        raise errors.InvalidArgument("--processes must be 0 (an LTM per process) or more")
+    if replicate and min(processes, ltms) == 1:
+        raise errors.InvalidArgument(
+            "--replicate copies each process's logs to another process: it needs two or more "
+            "(--processes 0 or 2 and more, and --ltms 2 or more)"
+        )
+    return processes
+
+
+PROCESSES_HELP = (
+    "P >= 1: the --ltms partitions in P processes that each coordinate transactions (1: the "
+    "whole cluster in one process, no message between processes); 0: a coordinator and one "
+    "process per LTM. Default: one per core (at most --ltms)"
+)
+
+
 @dataclass
 class LocalCluster:
     data: Path

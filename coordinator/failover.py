@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 PROBE_EVERY = 0.2
 PROBE_TIMEOUT = 1.0  # a busy LTM may answer slowly; a dead one refuses at once
+# A process never heard from yet is still starting (a cluster starts its processes one by
+# one, each a second or more under load): it is declared dead only after this long.
+START_GRACE = 15.0
 
 
 class Failover:
@@ -62,6 +65,7 @@ class Failover:
         self._channels = [member_channel(a, tls, CONTROL_OPTIONS) for a in addresses]
         self._stubs = [pb_grpc.LtmStub(channel) for channel in self._channels]
         self._down_since: dict[int, float] = {}
+        self._heard: set[int] = set()  # LTMs that answered a probe at least once
         self._task: asyncio.Task[None] | None = None
         self._stuck: set[int] = set()  # partitions already reported as waiting for their LTM
         self._log_epochs: dict[int, int] = {}  # member -> epoch its decision log was moved at
@@ -76,6 +80,7 @@ class Failover:
         for ltm in range(len(self.addresses)):
             if self.members and ltm % self.members == member:
                 self._down_since[ltm] = since
+                self._heard.add(ltm)  # the member that saw it heard it
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -104,9 +109,10 @@ class Failover:
             for ltm, up in zip(owners, alive, strict=True):
                 if up:
                     self._down_since.pop(ltm, None)
+                    self._heard.add(ltm)
                     continue
                 since = self._down_since.setdefault(ltm, now)
-                if now - since < self.after:
+                if now - since < (self.after if ltm in self._heard else START_GRACE):
                     continue
                 if self.members and not await self._member_gone(ltm % self.members):
                     self._down_since[ltm] = now  # it is starting again: give it time

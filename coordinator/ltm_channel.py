@@ -5,6 +5,7 @@ not one RPC per transaction per participant."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Generic, TypeVar
 
@@ -25,6 +26,10 @@ from ltm.store import ownership
 # over six alternating runs); lightly loaded, it goes at once.
 BUSY = 3
 LINGER = 0.002
+# A peer that is starting or restarting is waited for this long before a request to it fails
+# as unavailable: gRPC puts a channel that dialled it too early into reconnect backoff (up to
+# a second), and members start one by one.
+CONNECT_GRACE = 2.0
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -163,6 +168,8 @@ class LtmChannel:
 
     async def _exchange(self, request: pb.LtmRequest, timeout: float = 30.0) -> pb.LtmReply:
         """Sends one request on the stream and waits for its own answer."""
+        if self._channel.get_state() is not grpc.ChannelConnectivity.READY:
+            await self._connected(min(timeout, CONNECT_GRACE))
         reply = await self.stream.ask(
             request,
             timeout,
@@ -173,6 +180,12 @@ class LtmChannel:
         if reply.HasField("error"):
             raise errors.Unavailable(f"LTM {self.index}: {reply.error}")
         return reply
+
+    async def _connected(self, grace: float) -> None:
+        """Waits up to ``grace`` seconds for the channel to connect; the request then goes
+        (to the owner of the moment), and fails as unavailable if the peer is still down."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._channel.channel_ready(), grace)
 
     def _unavailable(self, exc: BaseException | None) -> errors.Unavailable:
         """What waiters hear when the stream ends (the LTM restarted, the network failed)."""

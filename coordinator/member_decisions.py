@@ -28,6 +28,8 @@ from ltm.store.base import Store
 
 log = logging.getLogger(__name__)
 
+WATCH_EVERY = 1.0  # how often a member reads its own log's record
+
 
 class MemberDecisions:
     def __init__(
@@ -42,7 +44,10 @@ class MemberDecisions:
         *,
         tls: TlsDir | None = None,
         fsync: bool = True,
+        on_superseded: Callable[[ownership.Superseded], None] | None = None,
     ) -> None:
+        """``on_superseded``: told when another member took this member's log over (it was
+        declared dead while alive, and can commit nothing any more)."""
         self.store = store
         self.decisions = decisions
         self.member = member
@@ -52,12 +57,14 @@ class MemberDecisions:
         self._adopt = adopt
         self._tls = tls
         self._fsync = fsync
+        self._on_superseded = on_superseded
         self.mirrors: dict[int, Mirror] = {}  # record id -> another member's log, copied here
         # dead members' logs adopted here, as (member, log), older adoptions of one member
         # included (their deliveries may still run); and the epoch of each member's newest
         self.adopted: list[tuple[int, DecisionLog]] = []
         self._epochs: dict[int, int] = {}  # record id -> epoch adopted at
         self.shipper: LogShipper | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
     def is_log(self, record_id: int) -> bool:
@@ -92,8 +99,32 @@ class MemberDecisions:
             standby,
             self.members[standby % len(self.members)],
             self._tls,
+            self._on_superseded,
         )
         await self.shipper.start()
+        if self._on_superseded is not None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_own_log(record))
+
+    async def _watch_own_log(self, mine: ownership.Ownership) -> None:
+        """Every second, whether another member took this member's log over: it may have
+        declared this one dead while it was only slow, and an idle member would not find
+        out from a flush."""
+        assert self._on_superseded is not None
+        while True:
+            await asyncio.sleep(WATCH_EVERY)
+            try:
+                now = await asyncio.to_thread(ownership.read, self.store, mine.partition)
+            except Exception as exc:  # noqa: BLE001 - the store is back soon; ask again
+                log.warning("reading member %d's log record failed: %s", self.member, exc)
+                continue
+            if (now.owner, now.epoch) != (mine.owner, mine.epoch):
+                self._on_superseded(
+                    ownership.Superseded(
+                        f"member {self.member}'s decision log is owned by LTM {now.owner} at "
+                        f"epoch {now.epoch} now, not by this member at epoch {mine.epoch}"
+                    )
+                )
+                return
 
     async def replicate(self, request: pb.ReplicateRequest) -> None:
         """Another member's log flush (or resync), into our copy of it."""
@@ -143,6 +174,9 @@ class MemberDecisions:
         return self.directory / f"copy-{record_id}"
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
         if self.shipper is not None:
             await self.shipper.close()
         for _, decisions in self.adopted:

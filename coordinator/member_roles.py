@@ -39,6 +39,8 @@ from coordinator.transactions import TransactionManager
 log = logging.getLogger(__name__)
 
 DEPOSED_EXIT = 87  # a leader that finds another member's term in the record stops at once
+# a member whose decision log another member took over (declared dead while alive) stops
+DECLARED_DEAD_EXIT = 88
 
 
 class MemberRoles:
@@ -211,6 +213,15 @@ class MemberRoles:
             self.follower = None
         await self._leader_duties(dead_since=(dead, silent_since))
         log.warning("member %d leads (term %d)", manager.member, lead.term)
+
+
+def declared_dead(exc: Exception) -> NoReturn:
+    """Another member took this member's decision log over: this process can commit nothing
+    any more, so it stops; started again (``aggview start --replicate`` does), it takes its log
+    back and serves what the ownership records give it."""
+    log.error("this member was declared dead while alive (%s): it stops", exc)
+    logging.shutdown()
+    os._exit(DECLARED_DEAD_EXIT)
 
 
 def _deposed(now: Leadership, member: int) -> NoReturn:

@@ -48,7 +48,7 @@ from coordinator.local_ltm import LocalLtm, LocalPartitions, MemberLtmServicer
 from coordinator.ltm_channel import LtmChannel
 from coordinator.member_clock import InFlight, LeaderClock, MemberClock
 from coordinator.member_decisions import MemberDecisions
-from coordinator.member_roles import MemberRoles
+from coordinator.member_roles import MemberRoles, declared_dead
 from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
@@ -506,6 +506,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
                 manager.adopt,
                 tls=config.tls,
                 fsync=config.fsync,
+                on_superseded=declared_dead,
             )
     manager.members = list(config.members)
     manager.member = config.member

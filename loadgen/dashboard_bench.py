@@ -41,7 +41,7 @@ from rich.live import Live
 from rich.text import Text
 
 from aggview import errors
-from aggview.cluster import LocalCluster
+from aggview.cluster import PROCESSES_HELP, LocalCluster, checked_processes
 from coordinator import Client
 from coordinator.client import AsyncClient
 from loadgen import dashboard
@@ -123,6 +123,7 @@ def _number(text: str, part: str, what: str, low: int, high: int) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", help="a running cluster (default: a local one per mode)")
     parser.add_argument("--ltms", type=int, default=3, help="LTMs of the local clusters")
+    parser.add_argument("--processes", type=int, default=None, help=PROCESSES_HELP)
     parser.add_argument(
         "--modes",
         nargs="+",
@@ -154,6 +155,7 @@ class Settings:
     address: str | None
     out: Path
     hot: bool = False  # every event into one group
+    processes: int = 0  # the local clusters' layout, as ``aggview start --processes``
 
 
 def settings(args: argparse.Namespace) -> Settings:
@@ -184,6 +186,7 @@ def settings(args: argparse.Namespace) -> Settings:
         args.address,
         Path(args.out),
         args.hot,
+        checked_processes(args.ltms, getattr(args, "processes", None)),
     )
 
 
@@ -405,7 +408,9 @@ def _cluster(config: Settings, mode: Mode, base: Path) -> Iterator[LocalCluster 
     if config.address:
         yield None
         return
-    cluster = LocalCluster(base / mode.label.replace(" ", "_"), ltms=config.ltms)
+    cluster = LocalCluster(
+        base / mode.label.replace(" ", "_"), ltms=config.ltms, processes=config.processes
+    )
     try:
         cluster.start()
         yield cluster
@@ -436,6 +441,7 @@ def run_benchmark(
             "clients": config.clients,
             "scale": vars(config.scale),
             "ltms": config.ltms,
+            "processes": config.processes,
             "address": config.address,
             "hot": config.hot,
         },

@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from aggview.cluster import LocalCluster
+from aggview.cluster import LocalCluster, checked_processes
 from loadgen import dashboard_bench, tpcw_bench
 
 DEFAULT_MODES = [
@@ -65,7 +65,11 @@ def run(args: argparse.Namespace, options: dict[str, Any]) -> None:
     if args.tpcw_seconds > 0 and not args.address:
         with (
             tempfile.TemporaryDirectory(prefix="aggview-tpcw-") as tmp,
-            LocalCluster(Path(tmp) / "data", ltms=args.ltms) as cluster,
+            LocalCluster(
+                Path(tmp) / "data",
+                ltms=args.ltms,
+                processes=checked_processes(args.ltms, args.processes),
+            ) as cluster,
         ):
             rows = run_tpcw(args.tpcw_seconds, cluster.address, Path(args.out))
         print_tpcw(rows, Console())

@@ -34,7 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 from aggview import errors
-from aggview.cluster import LocalCluster
+from aggview.cluster import PROCESSES_HELP, LocalCluster, checked_processes
 from coordinator import AsyncClient, Client
 from coordinator.bulk_client import BulkClient
 from loadgen import tpcw
@@ -59,6 +59,7 @@ REPORT_COLUMNS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", help="a running cluster (default: start a local one)")
     parser.add_argument("--ltms", type=int, default=3, help="LTMs of the local cluster")
+    parser.add_argument("--processes", type=int, default=None, help=PROCESSES_HELP)
     parser.add_argument("--data", help="data directory of the local cluster (default: temp)")
     parser.add_argument("--no-fsync", action="store_true", help="local cluster skips fsync")
     parser.add_argument("--browsers", type=int, default=4, help="emulated browsers")
@@ -93,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class Settings:
     address: str | None
     ltms: int
+    processes: int
     data: str | None
     fsync: bool
     browsers: int
@@ -117,6 +119,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
     settings = Settings(
         address=getattr(args, "address", None) or None,
         ltms=int(getattr(args, "ltms", 3)),
+        processes=checked_processes(
+            int(getattr(args, "ltms", 3)), getattr(args, "processes", None)
+        ),
         data=getattr(args, "data", None),
         fsync=not getattr(args, "no_fsync", False),
         browsers=int(args.browsers),
@@ -552,7 +557,9 @@ def run(args: argparse.Namespace, client_options: dict[str, Any]) -> RunReport:
         try:
             if settings.address is None:
                 data = Path(settings.data) if settings.data else workdir / "cluster"
-                cluster = LocalCluster(data, ltms=settings.ltms, fsync=settings.fsync)
+                cluster = LocalCluster(
+                    data, ltms=settings.ltms, processes=settings.processes, fsync=settings.fsync
+                )
                 say(f"starting a local cluster with {settings.ltms} LTMs in {data}")
                 stack.callback(cluster.stop)
                 cluster.start()

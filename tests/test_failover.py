@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -376,6 +378,15 @@ def member_logs_copied(cluster: LocalCluster, members: list[int]) -> bool:
     return partitions and all(decision_log(cluster, m).in_sync for m in members)
 
 
+def answered(call: Callable[[], object]) -> bool:
+    """Whether ``call`` is answered rather than refused as unavailable."""
+    try:
+        call()
+    except errors.Unavailable:
+        return False
+    return True
+
+
 def nothing_prepared(cluster: LocalCluster, serving: dict[int, int]) -> bool:
     return all(status(cluster, m, partition=p).prepared == 0 for p, m in serving.items())
 
@@ -437,3 +448,57 @@ def test_a_dead_member_hands_over_its_partitions_and_decisions(
             expected[row["dst"]] = (n + 1, total + row["amount"])
         view = {r["dst"]: (r["n"], r["total"]) for r in client.view("moved")}
         assert view == expected
+
+
+def test_a_member_declared_dead_while_alive_stops_and_rejoins(
+    replicated_members: LocalCluster,
+) -> None:
+    """Member 1 is paused (SIGSTOP) until member 2 holds its partition and its decision log:
+    it was declared dead while alive. Resumed, it can commit nothing any more, so it stops
+    with status 88 instead of serving on as a zombie; started again (as ``aggview start
+    --replicate`` does), it takes its decision log back and serves clients. Nothing
+    acknowledged is lost, nothing is half applied, and the view matches the ledger."""
+    cluster = replicated_members
+    with Client(cluster.address) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+        client.sql(VIEW)
+    wait_for("every log to reach its copy", lambda: member_logs_copied(cluster, [0, 1, 2]))
+    stop = threading.Event()
+    outcomes = transfers.Outcomes()
+    workers = transfers.run_clients(
+        cluster.address, "accounts", "ledger", ACCOUNTS, clients=6, stop=stop, outcomes=outcomes
+    )
+    paused = cluster.member(1).process
+    assert paused is not None
+    try:
+        wait_for("transfers", lambda: len(outcomes.committed) > 50)
+        os.kill(paused.pid, signal.SIGSTOP)
+        try:
+            wait_for("member 2 to serve partition 1", lambda: 1 in status(cluster, 2).serving, 30)
+            wait_for("member 2 to hold member 1's log", lambda: decision_log(cluster, 1).owner == 2)
+        finally:
+            os.kill(paused.pid, signal.SIGCONT)
+        wait_for("member 1 to stop", lambda: paused.poll() is not None, 10)
+        assert paused.returncode == 88, cluster.member(1).tail()
+        assert "declared dead while alive" in cluster.member(1).tail(200)
+        cluster.member(1).start()
+        wait_for("member 1's decision log copied again", lambda: decision_log(cluster, 1).in_sync)
+        assert decision_log(cluster, 1).owner == 1
+        with Client(cluster.member(1).address) as client:  # it serves clients again
+            # (retried: this process's channels to its address are in reconnect backoff)
+            wait_for("a scan at member 1", lambda: answered(lambda: client.scan("accounts")))
+            assert len(list(client.scan("accounts"))) == ACCOUNTS
+        before = len(outcomes.committed)
+        wait_for("commits after the rejoin", lambda: len(outcomes.committed) > before + 50)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=60)
+    wait_for("every transaction decided", lambda: nothing_prepared(cluster, {0: 0, 1: 2, 2: 2}), 30)
+    with Client(cluster.address) as client:
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
+        expected: dict[int, tuple[int, int]] = {}
+        for row in client.scan("ledger"):
+            n, total = expected.get(row["dst"], (0, 0))
+            expected[row["dst"]] = (n + 1, total + row["amount"])
+        assert {r["dst"]: (r["n"], r["total"]) for r in client.view("moved")} == expected
