@@ -236,6 +236,8 @@ def _run_coordinator(args: argparse.Namespace) -> None:
 def _run_start(args: argparse.Namespace) -> None:
     from aggview.cluster import LocalCluster, checked_processes
 
+    if args.ltms < 1:
+        raise errors.InvalidArgument("--ltms must be at least 1")
     args.processes = checked_processes(args.ltms, args.processes, args.replicate)
     from aggview.security import TlsDir, load_tokens
     from coordinator.convert import Limits

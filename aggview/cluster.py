@@ -1,8 +1,11 @@
-"""A local cluster of real processes: one coordinator and N LTMs over one data directory.
+"""A local cluster of real processes over one data directory: by default one coordinating
+member per core, each hosting a share of the N partitions (``processes``: 1 runs the whole
+cluster in one process, 0 a coordinator and one process per LTM).
 
 ``aggview start`` runs one of these; the tests use it to kill -9 and restart single servers.
-Layout of the data directory: ``store.db`` (the embedded store, shared), ``ltm-<i>/`` (each
-LTM's log), ``coordinator/`` (the decision log), ``logs/`` (each server's output).
+Layout of the data directory: ``store.db`` (the embedded store, shared), ``member-<m>/``
+(a member's partition logs and decision log; in the separate layout ``ltm-<i>/`` and
+``coordinator/``), ``logs/`` (each server's output).
 """
 
 from __future__ import annotations
@@ -206,11 +209,12 @@ def default_processes(ltms: int, replicate: bool) -> int:
     return processes
 
 
+AS_START = -1  # LocalCluster(processes=AS_START): the layout ``aggview start`` runs
+
+
 def checked_processes(ltms: int, processes: int | None, replicate: bool = False) -> int:
     """The ``--processes`` a local cluster runs (None: :func:`default_processes`), or
     InvalidArgument naming why it cannot."""
-    if ltms < 1:
-        raise errors.InvalidArgument("--ltms must be at least 1")
     if processes is None:
         return default_processes(ltms, replicate)
     if processes < 0:
@@ -256,11 +260,14 @@ class LocalCluster:
     store: str = ""
     # P >= 2: P members that each host a share of the partitions and coordinate; 1: the
     # whole cluster in one process; 0: the separate layout (a coordinator and one process per
-    # LTM). ``aggview start`` and the demo pass ``default_processes`` (members); the tests
-    # and benchmarks that do not choose still run the separate layout (see DECISIONS).
-    processes: int = 0
+    # LTM). Default (AS_START): ``default_processes``, as ``aggview start`` runs it.
+    processes: int = AS_START
     # The checkout the servers run (default: this one); benchmarks compare an older one.
     code: Path = _ROOT
+
+    def __post_init__(self) -> None:
+        if self.processes == AS_START:
+            self.processes = default_processes(self.ltms, self.replicate)
 
     @property
     def store_url(self) -> str:

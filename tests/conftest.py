@@ -12,15 +12,16 @@ from typing import Any
 import pytest
 from lookup_check import lookup_mismatches
 
-from aggview.cluster import LocalCluster
+from aggview.cluster import AS_START, LocalCluster
 from coordinator import Client
 
 # Every cluster a test starts checks each answer of the coordinator's lookup cache against the
 # LTMs; a difference anywhere fails the session (see pytest_sessionfinish).
 os.environ.setdefault("AGGVIEW_LOOKUP_CACHE_CHECK", "1")
 # The session cluster's layout (LocalCluster.processes): 0, a coordinator and one process
-# per LTM; 1, the whole cluster in one process; P >= 2, P coordinating members.
-PROCESSES = int(os.environ.get("AGGVIEW_TEST_PROCESSES", "0"))
+# per LTM; 1, the whole cluster in one process; P >= 2, P coordinating members; default, as
+# ``aggview start`` runs it.
+PROCESSES = int(os.environ.get("AGGVIEW_TEST_PROCESSES", str(AS_START)))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
