@@ -70,8 +70,13 @@ class _Stream:
             self.send(_reply(self.leader.clock.marks()))
 
     def told(self, marks: Marks) -> None:
+        """New watermarks: sent if the follower waits for them; and a new catalog epoch at
+        once, so that an idle follower runs its share of the async refreshers (and answers
+        view reads) under the views as they are, not as they were at its last grant."""
         if self.wait and marks.decided >= self.wait:
             self.wait = 0
+            self.send(_reply(marks))
+        elif marks.epoch > self.epoch:
             self.send(_reply(marks))
 
     def handle(self, request: pb.ClockRequest | Malformed) -> None:

@@ -224,6 +224,7 @@ class LeaderClock(MemberClock):
 
     def publish(self, epoch: int, configuration: dict[str, Any]) -> None:
         self.clock.publish(epoch, json.dumps(configuration).encode())
+        self.changed()  # the followers hear of it in the next step, asked or not
 
     def lose(self, member: int) -> None:
         """A follower is dead and its decision log adopted (``coordinator.failover``)."""

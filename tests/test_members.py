@@ -501,3 +501,21 @@ def test_async_views_refresh_on_every_member(cluster: LocalCluster) -> None:
         wait_for("every async view to catch up", caught_up, timeout=30)
         after = [_refreshes(cluster, m) for m in range(2)]
         assert after[0] > before[0] and after[1] > before[1], (before, after)
+
+
+def test_an_idle_member_hears_of_new_views_at_once(fresh_cluster: LocalCluster) -> None:
+    """Member 1 runs no transaction of its own, so it asks the leader's clock for nothing;
+    async views created at member 0 still reach it at once (a new catalog epoch is pushed
+    on every follower's clock stream), and it refreshes its share of them (view n at member
+    n % 2). It used to learn of them only with its next grant: an idle member never did, and
+    its views never refreshed (found as a flaky ``test_view_ddl_rules``)."""
+    cluster = fresh_cluster
+    with Client(cluster.member(0).address) as client:
+        client.sql("CREATE TABLE idle_t (id INT PRIMARY KEY, g INT NOT NULL)")
+        before = _refreshes(cluster, 1)
+        for name in ("idle_v1", "idle_v2"):
+            client.sql(
+                f"CREATE MATERIALIZED VIEW {name} WITH (refresh = 'async', interval_ms = 30)"
+                " AS SELECT g, COUNT(*) AS n FROM idle_t GROUP BY g"
+            )
+        wait_for("member 1 to refresh its view", lambda: _refreshes(cluster, 1) > before, 10)
