@@ -378,6 +378,31 @@ def member_logs_copied(cluster: LocalCluster, members: list[int]) -> bool:
     return partitions and all(decision_log(cluster, m).in_sync for m in members)
 
 
+def transfer_under_load(
+    cluster: LocalCluster, stop: threading.Event, outcomes: transfers.Outcomes
+) -> list[threading.Thread]:
+    """Accounts, a ledger and a view over it, every log copied; then six clients, given
+    member 0's address, transferring until ``stop``."""
+    with Client(cluster.address) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+        client.sql(VIEW)
+    wait_for("every log to reach its copy", lambda: member_logs_copied(cluster, [0, 1, 2]))
+    return transfers.run_clients(
+        cluster.address, "accounts", "ledger", ACCOUNTS, clients=6, stop=stop, outcomes=outcomes
+    )
+
+
+def check_transfers_and_view(cluster: LocalCluster, outcomes: transfers.Outcomes) -> None:
+    """Nothing acknowledged lost, nothing half applied, and the view equals the ledger."""
+    with Client(cluster.address) as client:
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
+        expected: dict[int, tuple[int, int]] = {}
+        for row in client.scan("ledger"):
+            n, total = expected.get(row["dst"], (0, 0))
+            expected[row["dst"]] = (n + 1, total + row["amount"])
+        assert {r["dst"]: (r["n"], r["total"]) for r in client.view("moved")} == expected
+
+
 def answered(call: Callable[[], object]) -> bool:
     """Whether ``call`` is answered rather than refused as unavailable."""
     try:
@@ -402,15 +427,8 @@ def test_a_dead_member_hands_over_its_partitions_and_decisions(
     member 2's adopted copy. Nothing acknowledged is lost, nothing is half applied, nothing
     stays prepared, and the view matches the ledger."""
     cluster = replicated_members
-    with Client(cluster.address) as client:
-        transfers.create(client, "accounts", "ledger", ACCOUNTS)
-        client.sql(VIEW)
-    wait_for("every log to reach its copy", lambda: member_logs_copied(cluster, [0, 1, 2]))
-    stop = threading.Event()
-    outcomes = transfers.Outcomes()
-    workers = transfers.run_clients(
-        cluster.address, "accounts", "ledger", ACCOUNTS, clients=6, stop=stop, outcomes=outcomes
-    )
+    stop, outcomes = threading.Event(), transfers.Outcomes()
+    workers = transfer_under_load(cluster, stop, outcomes)
     try:
         wait_for("transfers", lambda: len(outcomes.committed) > 50)
         cluster.member(1).kill()
@@ -440,14 +458,7 @@ def test_a_dead_member_hands_over_its_partitions_and_decisions(
         for worker in workers:
             worker.join(timeout=60)
     wait_for("every transaction decided", lambda: nothing_prepared(cluster, {0: 0, 1: 2, 2: 2}), 30)
-    with Client(cluster.address) as client:
-        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
-        expected: dict[int, tuple[int, int]] = {}
-        for row in client.scan("ledger"):
-            n, total = expected.get(row["dst"], (0, 0))
-            expected[row["dst"]] = (n + 1, total + row["amount"])
-        view = {r["dst"]: (r["n"], r["total"]) for r in client.view("moved")}
-        assert view == expected
+    check_transfers_and_view(cluster, outcomes)
 
 
 def test_a_member_declared_dead_while_alive_stops_and_rejoins(
@@ -459,15 +470,8 @@ def test_a_member_declared_dead_while_alive_stops_and_rejoins(
     --replicate`` does), it takes its decision log back and serves clients. Nothing
     acknowledged is lost, nothing is half applied, and the view matches the ledger."""
     cluster = replicated_members
-    with Client(cluster.address) as client:
-        transfers.create(client, "accounts", "ledger", ACCOUNTS)
-        client.sql(VIEW)
-    wait_for("every log to reach its copy", lambda: member_logs_copied(cluster, [0, 1, 2]))
-    stop = threading.Event()
-    outcomes = transfers.Outcomes()
-    workers = transfers.run_clients(
-        cluster.address, "accounts", "ledger", ACCOUNTS, clients=6, stop=stop, outcomes=outcomes
-    )
+    stop, outcomes = threading.Event(), transfers.Outcomes()
+    workers = transfer_under_load(cluster, stop, outcomes)
     paused = cluster.member(1).process
     assert paused is not None
     try:
@@ -495,10 +499,4 @@ def test_a_member_declared_dead_while_alive_stops_and_rejoins(
         for worker in workers:
             worker.join(timeout=60)
     wait_for("every transaction decided", lambda: nothing_prepared(cluster, {0: 0, 1: 2, 2: 2}), 30)
-    with Client(cluster.address) as client:
-        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
-        expected: dict[int, tuple[int, int]] = {}
-        for row in client.scan("ledger"):
-            n, total = expected.get(row["dst"], (0, 0))
-            expected[row["dst"]] = (n + 1, total + row["amount"])
-        assert {r["dst"]: (r["n"], r["total"]) for r in client.view("moved")} == expected
+    check_transfers_and_view(cluster, outcomes)
