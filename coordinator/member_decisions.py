@@ -99,7 +99,6 @@ class MemberDecisions:
             standby,
             self.members[standby % len(self.members)],
             self._tls,
-            self._on_superseded,
         )
         await self.shipper.start()
         if self._on_superseded is not None:

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aggview import errors
-from aggview.cluster import LocalCluster, default_processes
+from aggview.cluster import LocalCluster
 from coordinator import Client
 from loadgen import dashboard, dashboard_bench, transfers
 
@@ -51,8 +51,7 @@ def run_demo(
     out = out or Path("aggview-report")
     console = Console()
     started = time.monotonic()
-    processes = default_processes(ltms, replicate=False)  # as `aggview start` runs it
-    with LocalCluster(data, ltms=ltms, processes=processes, checkpoint_interval=1.0) as cluster:
+    with LocalCluster(data, ltms=ltms, checkpoint_interval=1.0) as cluster:  # as aggview start
         console.print(
             f"[bold]aggview demo[/]: {ltms} partitions in {len(cluster.servers)} processes "
             "that each serve a share and coordinate transactions, on the embedded store"

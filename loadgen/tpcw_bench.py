@@ -116,12 +116,11 @@ class Settings:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     """The run's settings, or InvalidArgument naming the first one that makes no sense."""
+    ltms = int(getattr(args, "ltms", 3))
     settings = Settings(
         address=getattr(args, "address", None) or None,
-        ltms=int(getattr(args, "ltms", 3)),
-        processes=checked_processes(
-            int(getattr(args, "ltms", 3)), getattr(args, "processes", None)
-        ),
+        ltms=ltms,
+        processes=checked_processes(ltms, getattr(args, "processes", None)),
         data=getattr(args, "data", None),
         fsync=not getattr(args, "no_fsync", False),
         browsers=int(args.browsers),

@@ -14,7 +14,7 @@ import asyncio
 import collections
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -156,10 +156,7 @@ class LogShipper:
         backup: int,
         backup_address: str,
         tls: TlsDir | None,
-        on_superseded: Callable[[Superseded], None] | None = None,
     ) -> None:
-        """``on_superseded``: told when the record shows that another process owns the log
-        now (this one was declared dead while alive); the error is raised as well."""
         self.store = store
         self.wal = wal
         self.record = record
@@ -169,7 +166,6 @@ class LogShipper:
         self._stub = pb_grpc.LtmStub(self._channel)
         self._metadata = member_metadata(tls)
         self.in_sync = False
-        self._on_superseded = on_superseded
         self._resyncer: asyncio.Task[None] | None = None
         self._flushes: FlushStream | None = None  # open while in sync
 
@@ -243,12 +239,7 @@ class LogShipper:
     async def _set_in_sync(self, in_sync: bool) -> None:
         """Recorded in the store before the next flush counts as durable: the coordinator
         fails over only to a backup the record names."""
-        try:
-            self.record = await asyncio.to_thread(self._record_backup, in_sync)
-        except Superseded as exc:
-            if self._on_superseded is not None:
-                self._on_superseded(exc)
-            raise
+        self.record = await asyncio.to_thread(self._record_backup, in_sync)
         self.in_sync = in_sync
 
     def _record_backup(self, in_sync: bool) -> ownership.Ownership:

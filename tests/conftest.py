@@ -21,7 +21,7 @@ os.environ.setdefault("AGGVIEW_LOOKUP_CACHE_CHECK", "1")
 # The session cluster's layout (LocalCluster.processes): 0, a coordinator and one process
 # per LTM; 1, the whole cluster in one process; P >= 2, P coordinating members; default, as
 # ``aggview start`` runs it.
-PROCESSES = int(os.environ.get("AGGVIEW_TEST_PROCESSES", str(AS_START)))
+PROCESSES = int(os.environ.get("AGGVIEW_TEST_PROCESSES", AS_START))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -403,6 +404,16 @@ def check_transfers_and_view(cluster: LocalCluster, outcomes: transfers.Outcomes
         assert {r["dst"]: (r["n"], r["total"]) for r in client.view("moved")} == expected
 
 
+@contextlib.contextmanager
+def paused(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    """``process`` stopped (SIGSTOP) for the block, then resumed, whatever the block does."""
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+
+
 def answered(call: Callable[[], object]) -> bool:
     """Whether ``call`` is answered rather than refused as unavailable."""
     try:
@@ -472,18 +483,15 @@ def test_a_member_declared_dead_while_alive_stops_and_rejoins(
     cluster = replicated_members
     stop, outcomes = threading.Event(), transfers.Outcomes()
     workers = transfer_under_load(cluster, stop, outcomes)
-    paused = cluster.member(1).process
-    assert paused is not None
+    victim = cluster.member(1).process
+    assert victim is not None
     try:
         wait_for("transfers", lambda: len(outcomes.committed) > 50)
-        os.kill(paused.pid, signal.SIGSTOP)
-        try:
+        with paused(victim):
             wait_for("member 2 to serve partition 1", lambda: 1 in status(cluster, 2).serving, 30)
             wait_for("member 2 to hold member 1's log", lambda: decision_log(cluster, 1).owner == 2)
-        finally:
-            os.kill(paused.pid, signal.SIGCONT)
-        wait_for("member 1 to stop", lambda: paused.poll() is not None, 10)
-        assert paused.returncode == 88, cluster.member(1).tail()
+        wait_for("member 1 to stop", lambda: victim.poll() is not None, 10)
+        assert victim.returncode == 88, cluster.member(1).tail()
         assert "declared dead while alive" in cluster.member(1).tail(200)
         cluster.member(1).start()
         wait_for("member 1's decision log copied again", lambda: decision_log(cluster, 1).in_sync)

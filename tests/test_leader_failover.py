@@ -5,8 +5,6 @@ applied, and every view stays exact."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +22,14 @@ from coordinator.timestamp_oracle import TimestampOracle
 from loadgen import transfers
 from ltm.store import open_store, ownership
 from ltm.store.base import GuardFailed
-from tests.test_failover import ACCOUNTS, VIEW, answered, replicated_cluster, status
+from tests.test_failover import (
+    ACCOUNTS,
+    VIEW,
+    answered,
+    paused,
+    replicated_cluster,
+    status,
+)
 
 # ------------------------------------------------------------------------------ pure rules
 
@@ -220,20 +225,17 @@ def test_a_paused_leader_is_deposed_and_stops(three_members: LocalCluster) -> No
     cluster = three_members
     stop, outcomes = threading.Event(), transfers.Outcomes()
     workers = start_transfers(cluster, stop, outcomes)
-    paused = cluster.member(0).process
-    assert paused is not None
+    leader = cluster.member(0).process
+    assert leader is not None
     try:
         wait_for("transfers", lambda: len(outcomes.committed) > 50)
-        os.kill(paused.pid, signal.SIGSTOP)
-        try:
+        with paused(leader):
             wait_for("member 1 to lead", lambda: leader_record(cluster).member == 1, 30)
             wait_for("member 0's partition to move", lambda: serving_members(cluster)[0] != 0, 30)
-        finally:
-            os.kill(paused.pid, signal.SIGCONT)
-        wait_for("member 0 to stop", lambda: paused.poll() is not None, 10)
+        wait_for("member 0 to stop", lambda: leader.poll() is not None, 10)
         # whichever it finds first: the new term (deposed, 87) or its decision log taken
         # over (declared dead while alive, 88)
-        assert paused.returncode in (87, 88), cluster.member(0).tail()
+        assert leader.returncode in (87, 88), cluster.member(0).tail()
         told = cluster.member(0).tail(200)
         assert "member 1 took the lead" in told or "declared dead while alive" in told
         before = len(outcomes.committed)
