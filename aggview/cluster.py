@@ -253,8 +253,9 @@ class LocalCluster:
     # when LTM i is silent for failover_after seconds (see ltm.replication, coordinator.failover).
     replicate: bool = False
     failover_after: float = 2.0
-    # Where the coordinator reaches LTM i (default: its own address); tests put proxies there.
-    ltm_route: Callable[[int, str], str] | None = None
+    # Where the other members reach member m (default: its own address); tests put proxies
+    # there. (processes=0: where the coordinator reaches LTM i.)
+    member_route: Callable[[int, str], str] | None = None
     servers: list[Server] = field(default_factory=list)
     # The shared store: "" is the embedded one in data/store.db; or hbase://HOST:PORT[?...].
     store: str = ""
@@ -375,7 +376,7 @@ class LocalCluster:
         try:
             for server in self.servers:
                 server.start()
-            route = self.ltm_route or (lambda i, address: address)
+            route = self.member_route or (lambda i, address: address)
             addresses = [route(i, server.address) for i, server in enumerate(self.servers)]
             role = ["coordinator", *(arg for a in addresses for arg in ("--ltm", a))]
             if self.processes == 1:  # one coordinating LTM alone: every partition in it
@@ -416,7 +417,12 @@ class LocalCluster:
         """P members over the partitions; member 0 (the clock, the catalog) starts first."""
         members = min(self.processes, self.ltms)
         ports = [port, *(free_port() for _ in range(members - 1))]
-        addresses = [arg for p in ports for arg in ("--member-address", f"127.0.0.1:{p}")]
+        route = self.member_route or (lambda m, address: address)
+        addresses = [
+            arg
+            for m, p in enumerate(ports)
+            for arg in ("--member-address", route(m, f"127.0.0.1:{p}"))
+        ]
         for m in range(members):
             self.servers.append(
                 Server(

@@ -1,8 +1,11 @@
 """Failure injection at every failpoint (``aggview.failpoints``): a real crash there, under load.
 
-For each point a fresh cluster runs concurrent conditional transfers (``loadgen.transfers``) and
-view-maintaining writes (events in pairs, under a sync and an async view); the process that has
-the point is restarted with it armed, crashes there (``os._exit``), and is restarted clean.
+For each point a fresh cluster of three members (each hosts a partition and coordinates) runs
+concurrent conditional transfers (``loadgen.transfers``) and view-maintaining writes (events in
+pairs, under a sync and an async view); a member is restarted with the point armed, crashes
+there (``os._exit``), and is restarted clean. Every member coordinates the transactions routed
+to it and takes part in the others', so a crash at any point leaves some transactions in doubt
+at the other members, some at its own partition.
 Then, with no invariant violation allowed:
 
 - every transaction a client saw committed is there, and none is partial: balances agree with
@@ -11,8 +14,9 @@ Then, with no invariant violation allowed:
 - the sync view equals its query recomputed from a scan; the async view does after a refresh;
 - no row stays locked: every LTM ends with nothing prepared, and a transaction over every
   account commits within a bound;
-- outcomes follow the decision log: a transaction left undecided at an LTM by the crash is
-  committed if and only if the coordinator logged its commit (presumed abort otherwise).
+- outcomes follow the decision logs: a transaction left undecided at a partition by the crash
+  is committed if and only if its coordinating member logged its commit (presumed abort
+  otherwise).
 
 Seeded (``AGGVIEW_FAILPOINT_SEEDS=1,2,3`` runs more seeds; a failure names its seed). Each case
 records what happened (``record_property``; ``AGGVIEW_FAILPOINT_REPORT=file`` appends JSON).
@@ -45,7 +49,9 @@ from aggview.cluster import LocalCluster, Server
 from aggview.wal import WriteAheadLog
 from aggview.wire import ltm_pb2, ltm_pb2_grpc
 from coordinator import Client, ConditionFailed
+from coordinator.catalog import CATALOG_TABLE
 from loadgen import transfers
+from ltm.store import open_store, ownership
 
 ACCOUNTS, GROUPS = 24, 4
 PAIR = 500_000  # an event pair is (id, id + PAIR), written by one transaction
@@ -54,13 +60,14 @@ VIEW_SELECT = (
 )
 CRASH_WITHIN = 15.0  # seconds of load before a point that never fires fails the case
 BOUND = 10.0  # seconds within which locks must be gone and a new transaction must commit
+MEMBERS = 3  # one partition each
 SEEDS = [int(s) for s in os.environ.get("AGGVIEW_FAILPOINT_SEEDS", "1").split(",")]
 
 
 @dataclass(frozen=True)
 class Case:
     point: str
-    role: str  # "ltm" or "coordinator": where the point is armed
+    role: str  # "ltm" or "coordinator": the part of a member where the point is
     hits: tuple[int, int]  # the seeded hit number is drawn from this range
 
 
@@ -174,14 +181,43 @@ def wait_serving(address: str) -> None:
         retrying(lambda: client.scan("accounts"))
 
 
-def prepared_counts(cluster: LocalCluster) -> list[int]:
-    """Transactions each LTM holds prepared (its rows locked), from its Status RPC."""
+def prepared_counts(cluster: LocalCluster, down: Server | None = None) -> list[int]:
+    """Transactions each partition holds prepared (its rows locked), from the Status RPC of
+    the member hosting it (partition p at member p % members); -1 for those of ``down``."""
+    members = min(cluster.processes, cluster.ltms)
     counts = []
-    for i in range(cluster.ltms):
-        with grpc.insecure_channel(cluster.ltm(i).address) as channel:
-            reply = ltm_pb2_grpc.LtmStub(channel).Status(ltm_pb2.StatusRequest(), timeout=5)
+    for p in range(cluster.ltms):
+        member = cluster.member(p % members)
+        if member is down:
+            counts.append(-1)
+            continue
+        with grpc.insecure_channel(member.address) as channel:
+            reply = ltm_pb2_grpc.LtmStub(channel).Status(
+                ltm_pb2.StatusRequest(),
+                timeout=5,
+                metadata=((ownership.PARTITION_HEADER, str(p)),),
+            )
             counts.append(reply.prepared)
     return counts
+
+
+def refresher_member(cluster: LocalCluster, view: str) -> Server:
+    """The member that runs ``view``'s refresher (view number n at member n % members), from
+    the catalog in the store."""
+    store = open_store(cluster.store_url)
+    try:
+        [(_, entry)] = store.scan_prefix(CATALOG_TABLE, f"view:{view}".encode())
+    finally:
+        store.close()
+    return cluster.member(json.loads(entry)["number"] % min(cluster.processes, cluster.ltms))
+
+
+def partition_logs(cluster: LocalCluster) -> list[Path]:
+    return sorted(cluster.data.glob("member-*/partitions/partition-*"))
+
+
+def decision_logs(cluster: LocalCluster) -> list[Path]:
+    return sorted(cluster.data.glob("member-*/"))
 
 
 def wal_records(directory: Path) -> list[dict[str, Any]]:
@@ -226,7 +262,7 @@ def wait_for_exit(server: Server, timeout: float) -> int | None:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     running = LocalCluster(
-        tmp_path / "data", ltms=3, processes=0, checkpoint_interval=0.5, verbose=True
+        tmp_path / "data", ltms=MEMBERS, processes=MEMBERS, checkpoint_interval=0.5, verbose=True
     )
     try:
         yield running.start()
@@ -241,7 +277,9 @@ def test_crash_at_failpoint(
 ) -> None:
     rng = random.Random(f"{case.point}/{seed}")
     create_schema(cluster.address)
-    victim = cluster.ltm(rng.randrange(cluster.ltms)) if case.role == "ltm" else cluster.coordinator
+    victim = cluster.member(rng.randrange(MEMBERS))
+    if case.point == failpoints.MID_REFRESH:
+        victim = refresher_member(cluster, "ev_async")
     at = rng.randint(*case.hits)
     report: dict[str, Any] = {"point": case.point, "seed": seed, "process": victim.role, "at": at}
     violations: list[str] = []
@@ -313,12 +351,9 @@ def crash_under_load(
         report["hit"] = exit_code == failpoints.CRASH_EXIT and (
             f"failpoint {case.point}: crash" in victim.tail(200)
         )
-        if case.role == "coordinator":
-            report["prepared_at_crash"] = sum(prepared_counts(cluster))
-            logs = [cluster.data / f"ltm-{i}" for i in range(cluster.ltms)]
-        else:
-            logs = [cluster.data / victim.role]
-        for directory in logs:
+        counts = prepared_counts(cluster, down=victim)
+        report["prepared_at_crash"] = sum(c for c in counts if c > 0)
+        for directory in partition_logs(cluster):
             for ts, refs in undecided_ledger_rows(wal_records(directory)).items():
                 undecided.setdefault(ts, []).extend(refs)
         report["undecided_at_crash"] = len(undecided)
@@ -390,7 +425,12 @@ def check_outcomes(
 ) -> None:
     """A transaction the crash left undecided at an LTM committed if and only if the
     coordinator logged its commit (presumed abort), judged by its ledger row."""
-    logged = {r["ts"] for r in wal_records(cluster.data / "coordinator") if r["kind"] == "commit"}
+    logged = {
+        r["ts"]
+        for directory in decision_logs(cluster)
+        for r in wal_records(directory)
+        if r["kind"] == "commit"
+    }
     ledger = {row["id"] for row in client.scan("ledger")}
     acked = set(seen.acked_refs)
     checked = 0
@@ -443,20 +483,29 @@ def check_data(client: Client, seen: Seen, check: Callable[[str, bool, str], Non
 def test_restarted_coordinator_resolves_what_its_crash_left_prepared(
     cluster: LocalCluster, point: str, commits: bool
 ) -> None:
-    """Coordinator failure, one transaction at a time: it dies with a transfer prepared at the
-    LTMs; the rows stay held while it is down; once it is back, the transfer is aborted
-    (presumed abort) or committed (its commit was logged), and the same rows take a new
-    transaction within a bound."""
+    """Coordinator failure, one transaction at a time: the member coordinating a transfer
+    dies with it prepared at another member; the rows stay held while it is down; once it is
+    back, the transfer is aborted (presumed abort) or committed (its commit was logged), and
+    the same rows take a new transaction within a bound."""
     with Client(cluster.address, timeout=30) as client:
         transfers.create(client, "accounts", "ledger", ACCOUNTS)
-    coordinator = cluster.coordinator
-    coordinator.stop()
-    coordinator.start(env={failpoints.ENV: f"{point}=crash@1"})
+    for member in cluster.servers:  # armed everywhere: whichever coordinates it crashes
+        member.stop()
+    for member in cluster.servers:
+        member.start(env={failpoints.ENV: f"{point}=crash@1"})
+    wait_serving(cluster.address)
     with Client(cluster.address, timeout=10) as client, pytest.raises(errors.Unavailable):
         transfers.transfer(client, "accounts", "ledger", 0, 1, 10, "in-doubt")
-    assert wait_for_exit(coordinator, 10) == failpoints.CRASH_EXIT
-    time.sleep(1.5)  # the LTMs ask for the outcome meanwhile, and get no answer
-    assert sum(prepared_counts(cluster)) >= 1, "the crash left nothing prepared"
+    [coordinator] = [m for m in cluster.servers if wait_for_exit(m, 5) is not None]
+    assert coordinator.process is not None
+    assert coordinator.process.returncode == failpoints.CRASH_EXIT
+    time.sleep(1.5)  # the other members ask for the outcome meanwhile, and get no answer
+    held = prepared_counts(cluster, down=coordinator)
+    assert sum(c for c in held if c > 0) >= 1, f"the crash left nothing prepared: {held}"
+    for member in cluster.servers:  # disarmed
+        if member is not coordinator:
+            member.stop()
+            member.start()
     started = time.monotonic()
     coordinator.start()
     with Client(cluster.address, timeout=BOUND) as client:

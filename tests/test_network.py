@@ -1,5 +1,5 @@
-"""Network trouble between the coordinator and the LTMs: every link goes through a loopback
-proxy that, on a seeded schedule, delays traffic, holds it back (dropped packets) and cuts
+"""Network trouble between the members: every way to a member goes through a loopback proxy
+(the other members' and the clients' routed requests) that, on a seeded schedule, delays traffic, holds it back (dropped packets) and cuts
 connections, while transfers and view-maintaining writes run. Afterwards no row stays locked,
 nothing acknowledged is lost or partial, and both views equal recomputation."""
 
@@ -33,17 +33,17 @@ TROUBLE_SECONDS = 8.0
 def proxied(tmp_path: Path) -> Iterator[tuple[LocalCluster, list[ChaosProxy]]]:
     proxies: list[ChaosProxy] = []
 
-    def route(index: int, address: str) -> str:
+    def route(member: int, address: str) -> str:
         proxies.append(ChaosProxy(address).start())
         return proxies[-1].address
 
     cluster = LocalCluster(
         tmp_path / "data",
         ltms=3,
-        processes=0,  # the proxies sit between the coordinator and the LTM processes
+        processes=3,
         checkpoint_interval=0.5,
         verbose=True,
-        ltm_route=route,
+        member_route=route,
     )
     try:
         yield cluster.start(), proxies
