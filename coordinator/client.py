@@ -348,7 +348,12 @@ class Client:
 
     A secure cluster needs ``ca=`` (the CA certificate: PEM bytes, a file, or a directory
     holding ``ca.pem``; ``tls=True`` alone trusts the system's CAs) and ``token=`` (sent as
-    ``authorization: Bearer``, only ever over TLS). ``options`` adds gRPC channel options."""
+    ``authorization: Bearer``, only ever over TLS). ``options`` adds gRPC channel options.
+
+    Each transaction goes to the member hosting most of its rows, reads and DDL to the
+    address given or the leader; ``route=False`` sends everything to the address given (a
+    client that can reach only that server: behind a proxy, or a test pausing another
+    member), which coordinates it at the cost of messages between members."""
 
     def __init__(
         self,
@@ -360,6 +365,7 @@ class Client:
         tls: bool | None = None,
         token: str | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        route: bool = True,
     ):
         self.address = address
         self.timeout = timeout
@@ -371,7 +377,7 @@ class Client:
         )
         self._stub = pb_grpc.AggviewStub(self._channel)
         self._open = lambda member: _open_channel(grpc, member, ca, tls, token, options)[0]
-        self._router: Router | None = None
+        self._router: Router | None = None if route else Router([], 0)
         self._members: dict[int, tuple[Any, Any]] = {}  # member -> (channel, stub)
         self._relearn_after = 0.0
 
@@ -625,7 +631,7 @@ async def _grpc_status_tasks_done(limit: float = 1.0) -> None:
 
 class AsyncClient:
     """The same API for asyncio: ``async with client.transaction() as tx``, ``await get(...)``.
-    Takes the same security arguments as :class:`Client`."""
+    Takes the same security and routing arguments as :class:`Client`."""
 
     def __init__(
         self,
@@ -637,6 +643,7 @@ class AsyncClient:
         tls: bool | None = None,
         token: str | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        route: bool = True,
     ):
         self.address = address
         self.timeout = timeout
@@ -650,7 +657,7 @@ class AsyncClient:
         # Why a stream: per transaction, a Python gRPC server spends far less CPU on a share
         # of a stream message than on a call.
         self._transactions = self._stream(self._stub)
-        self._router: Router | None = None
+        self._router: Router | None = None if route else Router([], 0)
         self._routing_lock = asyncio.Lock()
         # member -> (channel, stub, its Transact stream)
         self._members: dict[int, tuple[Any, Any, AskEach[pb.TransactRequest, pb.TransactReply]]]

@@ -21,11 +21,12 @@ def scan_of(table: str) -> Act:
 async def burst(
     cluster: LocalCluster, act: Act, calls: int, other_role: str | None = None, role: str = "read"
 ) -> list[object]:
-    """Pauses LTM 0 (SIGSTOP), runs ``act`` ``calls`` times at once over one client (and once
-    with ``other_role``'s token), waits until the refusals are in, resumes the LTM. ``act``
-    must need LTM 0 (a scan does; so does a write to a row it owns)."""
-    options = cluster.client_options(role)
-    pid = cluster.ltm(0).process.pid  # type: ignore[union-attr]
+    """Pauses member 1 (SIGSTOP), runs ``act`` ``calls`` times at once over one client of
+    member 0 (and once with ``other_role``'s token), waits until the refusals are in, resumes
+    member 1. ``act`` must need member 1 (a scan does; so does a write to a row it hosts);
+    the clients do not route, so member 0 coordinates and counts every call."""
+    options = {**cluster.client_options(role), "route": False}
+    pid = cluster.member(1).process.pid  # type: ignore[union-attr]
     async with contextlib.AsyncExitStack() as stack:
         reader = await stack.enter_async_context(AsyncClient(cluster.address, **options))  # type: ignore[arg-type]
         tasks = []
@@ -34,10 +35,12 @@ async def burst(
             tasks = [asyncio.ensure_future(act(reader)) for _ in range(calls)]
             if other_role is not None:
                 other = await stack.enter_async_context(
-                    AsyncClient(cluster.address, **cluster.client_options(other_role))  # type: ignore[arg-type]
+                    AsyncClient(
+                        cluster.address, **cluster.client_options(other_role), route=False
+                    )  # type: ignore[arg-type]
                 )
                 tasks.append(asyncio.ensure_future(act(other)))
-            await asyncio.sleep(1.0)  # refusals are immediate; the rest wait for LTM 0
+            await asyncio.sleep(1.0)  # refusals are immediate; the rest wait for member 1
             pending = [not task.done() for task in tasks]
         finally:
             os.kill(pid, signal.SIGCONT)

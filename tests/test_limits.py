@@ -39,8 +39,8 @@ LIMITS = {
 
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # inflight.burst pauses an LTM process that is not the coordinator
-    cluster = LocalCluster(tmp_path_factory.mktemp("limited"), ltms=2, processes=0, limits=LIMITS)
+    # inflight.burst pauses member 1 under member 0's clients
+    cluster = LocalCluster(tmp_path_factory.mktemp("limited"), ltms=2, processes=2, limits=LIMITS)
     try:
         yield cluster.start()
     finally:
@@ -128,7 +128,7 @@ def test_view_count(client: Client, limited: LocalCluster) -> None:
 
 
 def test_concurrent_calls_per_connection(client: Client, limited: LocalCluster) -> None:
-    """3 calls in flight per client (here: per connection, no tokens): with LTM 0 paused, 3
+    """3 calls in flight per client (here: per connection, no tokens): with member 1 paused, 3
     scans wait and 2 more are refused at once; the slots come back afterwards."""
     outcomes = asyncio.run(burst(limited, scan_of("items"), 5))
     refused = [o for o in outcomes if isinstance(o, errors.AggviewError)]
@@ -143,12 +143,12 @@ def test_concurrent_calls_per_connection(client: Client, limited: LocalCluster) 
 
 def test_transactions_on_one_stream_take_a_slot_each(client: Client, limited: LocalCluster) -> None:
     """An AsyncClient's transactions share one Transact stream, and each takes one of the
-    client's 3 slots: with LTM 0 paused, 3 wait and 2 more are refused at once; the waiting
+    client's 3 slots: with member 1 paused, 3 wait and 2 more are refused at once; the waiting
     ones commit afterwards."""
     client.sql("CREATE TABLE tally (id INT PRIMARY KEY, n INT NOT NULL)")
     try:
         with client.transaction() as tx:
-            for i in range(20):  # some row is LTM 0's: every transaction below waits for it
+            for i in range(20):  # some row is member 1's: each transaction below waits for it
                 tx.insert("tally", {"id": i, "n": 0})
 
         async def add_to_all(c: AsyncClient) -> None:

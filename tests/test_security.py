@@ -37,7 +37,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     cluster = LocalCluster(
         tmp_path_factory.mktemp("secure"),
         ltms=2,
-        processes=0,  # inflight.burst pauses an LTM process that is not the coordinator
+        processes=2,  # inflight.burst pauses member 1 under member 0's clients
         secure=True,
         limits={"max_client_transactions": 4},
     )
@@ -222,9 +222,9 @@ def test_admin_can_run_ddl(secure: LocalCluster, accounts: str) -> None:
 
 
 def test_limit_on_calls_in_flight_is_per_token(secure: LocalCluster, accounts: str) -> None:
-    """This cluster allows 4 calls in flight per token. With LTM 0 paused, 4 scans of the read
+    """This cluster allows 4 calls in flight per token. With member 1 paused, 4 scans of the read
     token hang in flight, 2 more are refused at once naming the limit, and a call with another
-    token is not refused; all finish once the LTM resumes, so the slots were given back."""
+    token is not refused; all finish once member 1 resumes, so the slots were given back."""
     outcomes = asyncio.run(burst(secure, scan_of(accounts), 6, other_role="write"))
     refused = [o for o in outcomes[:6] if isinstance(o, errors.AggviewError)]
     assert len(refused) == 2, outcomes
@@ -283,10 +283,11 @@ def test_non_members_cannot_call_the_ltm_api(secure: LocalCluster, accounts: str
 
     server_only = grpc.ssl_channel_credentials(tls.ca)  # what an application has
     member = tls.member_credentials()
-    # no client certificate: the TLS handshake itself fails (mutual TLS)
-    assert status(server_only) == grpc.StatusCode.UNAVAILABLE
+    # a member's port serves applications too: without the cluster secret the LTM API is
+    # refused, with an application's token or none
+    assert status(server_only) == grpc.StatusCode.UNAUTHENTICATED
     assert status(server_only, (("authorization", f"Bearer {app_token}"),)) == (
-        grpc.StatusCode.UNAVAILABLE
+        grpc.StatusCode.UNAUTHENTICATED
     )
     # the members' certificate without the cluster secret, or with a wrong one
     assert status(member) == grpc.StatusCode.UNAUTHENTICATED
@@ -300,7 +301,7 @@ def test_non_members_cannot_call_the_ltm_api(secure: LocalCluster, accounts: str
             list(stream)
         assert failure.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
-    # the coordinator's outcome service (LTMs call it back) is for members too
+    # the outcome service (members ask each other about transactions in doubt): members only
     with grpc.secure_channel(secure.address, server_only) as channel:
         query = lpb_grpc.TransactionOutcomeStub(channel).Query
         with pytest.raises(grpc.RpcError) as failure:
