@@ -1,7 +1,8 @@
-"""Network trouble between the members: every way to a member goes through a loopback proxy
-(the other members' and the clients' routed requests) that, on a seeded schedule, delays traffic, holds it back (dropped packets) and cuts
-connections, while transfers and view-maintaining writes run. Afterwards no row stays locked,
-nothing acknowledged is lost or partial, and both views equal recomputation."""
+"""Network trouble between the members: every way to a member (the other members' and the
+clients' routed requests) goes through a loopback proxy that, on a seeded schedule, delays
+traffic, holds it back (dropped packets) and cuts connections, while transfers and
+view-maintaining writes run. Afterwards no row stays locked, nothing acknowledged is lost or
+partial, and both views equal recomputation."""
 
 from __future__ import annotations
 
