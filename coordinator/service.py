@@ -659,7 +659,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     add_reflection(server, [service.full_name for service in services])
     credentials = config.tls.server_credentials(members_only=False) if config.tls else None
     await run_until_signalled(
-        server, config.host, config.port, "coordinator", ready, credentials=credentials
+        server, config.host, config.port, f"member {config.member}", ready, credentials=credentials
     )
     for channel in manager.channels:
         log.info(

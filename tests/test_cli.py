@@ -166,10 +166,10 @@ def test_start_with_two_coordinating_processes(tmp_path: Path) -> None:
 
 
 def test_a_hung_stop_is_cut_short_and_its_stacks_logged(tmp_path: Path) -> None:
-    """An LTM whose final checkpoint hangs (a failpoint stalls it for a minute) exits once its
+    """A server whose final checkpoint hangs (a failpoint stalls it for a minute) exits once its
     stop deadline passes, with the stacks of where it hung in its log and status 3; restarted,
     it has lost nothing."""
-    with LocalCluster(tmp_path / "data", ltms=1, processes=0, checkpoint_interval=3600) as cluster:
+    with LocalCluster(tmp_path / "data", ltms=1, processes=1, checkpoint_interval=3600) as cluster:
         ltm = cluster.ltm(0)
         ltm.stop()
         hang = {"AGGVIEW_FAILPOINTS": "ltm.mid_checkpoint=sleep:60"}
@@ -183,7 +183,7 @@ def test_a_hung_stop_is_cut_short_and_its_stacks_logged(tmp_path: Path) -> None:
         assert time.monotonic() - started < 40  # the failpoint alone would take 60 s
         assert ltm.process is not None and ltm.process.returncode == 3
         log = ltm.tail(400)
-        assert "ltm 0: stopping took over 2s; exiting" in log
+        assert "member 0: stopping took over 2s; exiting" in log
         assert "failpoints.py" in log and "checkpoint" in log  # the hung thread's stack
         ltm.start()
         with Client(cluster.address) as client:

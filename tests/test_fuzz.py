@@ -36,7 +36,7 @@ from coordinator import Client
 from cumulus.aggstate import ViewState
 from cumulus.compiler import CreateView, compile_view, parse_view_statement
 from cumulus.plan import ViewPlan
-from ltm.store import open_store
+from ltm.store import open_store, ownership
 
 # AGGVIEW_FUZZ_SCALE=10 runs ten times the examples and AGGVIEW_FUZZ_RANDOM=1 other ones than
 # CI's fixed set (deeper runs by hand; a failure prints the example to reproduce it).
@@ -70,6 +70,7 @@ CLEAN = {
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.UNIMPLEMENTED,
 }
+Metadata = tuple[tuple[str, str], ...]
 CALL_TIMEOUT = 20.0
 
 # ----------------------------------------------------------------------------- SQL strategies
@@ -268,7 +269,7 @@ def test_view_compiler_raises_only_domain_errors(sql: str) -> None:
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     cluster = LocalCluster(
-        tmp_path_factory.mktemp("fuzz"), ltms=2, processes=0, fsync=False, checkpoint_interval=0.5
+        tmp_path_factory.mktemp("fuzz"), ltms=2, processes=2, fsync=False, checkpoint_interval=0.5
     )
     try:
         cluster.start()
@@ -362,19 +363,22 @@ def _status(call: Callable[[], Any]) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
-def _raw(channel: grpc.Channel, method: MethodDescriptor) -> Callable[[bytes], Any]:
+def _raw(
+    channel: grpc.Channel, method: MethodDescriptor, metadata: Metadata = ()
+) -> Callable[[bytes], Any]:
     path = f"/{method.containing_service.full_name}/{method.name}"
+    how = {"timeout": CALL_TIMEOUT, "metadata": metadata}
     if method.client_streaming and method.server_streaming:
         stream = channel.stream_stream(path)
-        return lambda data: stream(iter([data]), timeout=CALL_TIMEOUT)
+        return lambda data: stream(iter([data]), **how)
     if method.client_streaming:
         unary = channel.stream_unary(path)
-        return lambda data: unary(iter([data]), timeout=CALL_TIMEOUT)
+        return lambda data: unary(iter([data]), **how)
     if method.server_streaming:
         streaming = channel.unary_stream(path)
-        return lambda data: streaming(data, timeout=CALL_TIMEOUT)
+        return lambda data: streaming(data, **how)
     call = channel.unary_unary(path)
-    return lambda data: call(data, timeout=CALL_TIMEOUT)
+    return lambda data: call(data, **how)
 
 
 def test_what_the_fuzzers_found(fuzzed: LocalCluster) -> None:
@@ -685,12 +689,15 @@ class ExchangeHarness:
     answer to each request, and aborts whatever the fuzzer prepared (as a coordinator would
     decide it), so no example leaves rows held for the next one."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, metadata: Metadata) -> None:
         self.address = address
+        self.metadata = metadata  # which partition of the member, at which epoch
 
     async def run(self, data: bytes) -> None:
         async with grpc.aio.insecure_channel(self.address) as channel:
-            call = channel.stream_stream("/aggview.v1.Ltm/Exchange")(timeout=CALL_TIMEOUT)
+            call = channel.stream_stream("/aggview.v1.Ltm/Exchange")(
+                timeout=CALL_TIMEOUT, metadata=self.metadata
+            )
             answers: asyncio.Queue[int | None] = asyncio.Queue()
             reader = asyncio.ensure_future(self._pump(call, answers))
             try:
@@ -747,7 +754,9 @@ class ExchangeHarness:
         seed = lpb.SubTransaction(ts=2**62 - 1, ops=ops)
         commit = lpb.DecideRequest(decisions=[lpb.Decision(ts=seed.ts, commit=True)])
         async with grpc.aio.insecure_channel(self.address) as channel:
-            call = channel.stream_stream("/aggview.v1.Ltm/Exchange")(timeout=CALL_TIMEOUT)
+            call = channel.stream_stream("/aggview.v1.Ltm/Exchange")(
+                timeout=CALL_TIMEOUT, metadata=self.metadata
+            )
             for request in (
                 lpb.LtmRequest(id=1, prepare=lpb.PrepareRequest(subs=[seed])),
                 lpb.LtmRequest(id=2, decide=commit),
@@ -779,17 +788,19 @@ class ExchangeHarness:
 
 
 def test_ltm_rpcs_random_bytes_and_typed_messages(fuzzed: LocalCluster) -> None:
-    """Every RPC of an LTM, as a cluster member that sends nonsense would call it."""
+    """Every RPC of an LTM (partition 0, at member 0), as a cluster member that sends
+    nonsense would call it."""
     store = open_store(fuzzed.store_url)
     for name in FUZZ_TABLES:
         store.create_table(name)
+    metadata = ownership.partition_metadata(0, ownership.read(store, 0).epoch)
     store.close()
-    harness = ExchangeHarness(fuzzed.ltm(0).address)
+    harness = ExchangeHarness(fuzzed.member(0).address, metadata)
     loop = asyncio.new_event_loop()
     loop.run_until_complete(harness.seed())
-    channel = grpc.insecure_channel(fuzzed.ltm(0).address)
+    channel = grpc.insecure_channel(fuzzed.member(0).address)
     methods = lpb.DESCRIPTOR.services_by_name["Ltm"].methods_by_name
-    unary = {name: _raw(channel, methods[name]) for name in ("DropTable", "Status")}
+    unary = {name: _raw(channel, methods[name], metadata) for name in ("DropTable", "Status")}
     drop = messages(
         methods["DropTable"].input_type,
         {
