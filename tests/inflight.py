@@ -35,9 +35,7 @@ async def burst(
             tasks = [asyncio.ensure_future(act(reader)) for _ in range(calls)]
             if other_role is not None:
                 other = await stack.enter_async_context(
-                    AsyncClient(
-                        cluster.address, **cluster.client_options(other_role), route=False
-                    )  # type: ignore[arg-type]
+                    AsyncClient(cluster.address, **cluster.client_options(other_role), route=False)  # type: ignore[arg-type]
                 )
                 tasks.append(asyncio.ensure_future(act(other)))
             await asyncio.sleep(1.0)  # refusals are immediate; the rest wait for member 1

@@ -1,6 +1,7 @@
-"""Replicated LTM logs: permanent loss of an LTM under load, failover to its backup, a killed
-old primary rejoining as a backup (fenced by the epoch, never a second primary), and a second
-failover onto the LTM that was the first victim. Nothing a client saw committed may be lost."""
+"""Replicated logs: permanent loss of a member under load, failover to the member holding its
+copies, a killed old primary rejoining as a copy (fenced by the epoch, never a second primary),
+a second failover onto the member that was the first victim, a partition without an in-sync copy
+waiting for its member. Nothing a client saw committed may be lost."""
 
 from __future__ import annotations
 
@@ -44,14 +45,12 @@ VIEW = (
 
 
 @contextlib.contextmanager
-def replicated_cluster(
-    data: Path, processes: int = 0, failover_after: float = 1.5
-) -> Iterator[LocalCluster]:
-    """Three partitions with their logs copied, in three LTMs (or ``processes`` members)."""
+def replicated_cluster(data: Path, failover_after: float = 1.5) -> Iterator[LocalCluster]:
+    """Three members, a partition each, every log copied to the next member."""
     cluster = LocalCluster(
         data,
         ltms=3,
-        processes=processes,
+        processes=3,
         checkpoint_interval=0.5,
         replicate=True,
         failover_after=failover_after,
@@ -62,12 +61,6 @@ def replicated_cluster(
     finally:
         cluster.stop()
         cluster.kill()
-
-
-@pytest.fixture
-def replicated(tmp_path: Path) -> Iterator[LocalCluster]:
-    with replicated_cluster(tmp_path / "data") as cluster:
-        yield cluster
 
 
 def status(cluster: LocalCluster, ltm: int, partition: int | None = None) -> pb.StatusReply:
@@ -100,10 +93,7 @@ def transfers_running(
         transfers.create(client, "accounts", "ledger", ACCOUNTS)
         if view:
             client.sql(view)
-    wait_for(
-        "every log to reach its backup",
-        lambda: all(status(cluster, i).replicated for i in range(cluster.ltms)),
-    )
+    wait_for("every log to reach its copy", lambda: member_logs_copied(cluster, [0, 1, 2]))
     stop = threading.Event()
     outcomes = transfers.Outcomes()
     workers = transfers.run_clients(
@@ -123,13 +113,16 @@ def transfers_running(
             worker.join(timeout=60)
 
 
-def test_permanent_loss_of_ltms_fails_over_and_loses_nothing(replicated: LocalCluster) -> None:
-    cluster = replicated
+def test_permanent_loss_of_members_fails_over_twice_and_loses_nothing(
+    replicated_members: LocalCluster,
+) -> None:
+    cluster = replicated_members
     with transfers_running(cluster, clients=6, view=VIEW) as outcomes:
         time.sleep(1.0)
-        # 1. LTM 1 dies for good: its backup, LTM 2, takes partition 1 over
-        cluster.ltm(1).kill()
+        # 1. member 1 dies for good: member 2, which holds its copies, takes partition 1 over
+        cluster.member(1).kill()
         killed = time.monotonic()
+        wait_for("member 2 to serve partition 1", lambda: 1 in status(cluster, 2).serving, 30)
         wait_until_serving(cluster.address, "accounts")
         pause = time.monotonic() - killed
         assert pause < 15, f"service resumed only after {pause:.1f}s"
@@ -137,20 +130,23 @@ def test_permanent_loss_of_ltms_fails_over_and_loses_nothing(replicated: LocalCl
         before = len(outcomes.committed)
         wait_for("commits after the failover", lambda: len(outcomes.committed) > before + 20)
 
-        # 2. the old primary comes back: a backup of its old partition, never its primary
-        cluster.ltm(1).start()
+        # 2. the old primary comes back: a copy of its old partition, never its primary
+        cluster.member(1).start()
         assert list(status(cluster, 1).serving) == []
-        assert "does not serve partition 1" in exchange_refused(cluster, 1, 1, 0)
         assert "epoch 1, not 0" in exchange_refused(cluster, 2, 1, 0)
         wait_for(
-            "LTM 1 to hold partition 1's log again",
+            "member 1 to hold partition 1's log again",
             lambda: status(cluster, 2, partition=1).replicated and 1 in status(cluster, 1).replicas,
         )
-        wait_for("LTM 0's log to reach LTM 1 again", lambda: status(cluster, 0).replicated)
+        wait_for(
+            "member 0's log to reach member 1 again",
+            lambda: status(cluster, 0, partition=0).replicated,
+        )
 
-        # 3. LTM 2 dies too: partition 2 goes to LTM 0, partition 1 back to LTM 1
+        # 3. member 2 dies too: partition 2 goes to member 0, partition 1 back to member 1
         time.sleep(0.5)
-        cluster.ltm(2).kill()
+        cluster.member(2).kill()
+        wait_for("member 1 to serve partition 1", lambda: 1 in status(cluster, 1).serving, 30)
         wait_until_serving(cluster.address, "accounts")
         assert sorted(status(cluster, 0).serving) == [0, 2]
         assert sorted(status(cluster, 1).serving) == [1]
@@ -168,25 +164,32 @@ def test_permanent_loss_of_ltms_fails_over_and_loses_nothing(replicated: LocalCl
         assert view == expected
 
 
-def test_partition_without_in_sync_backup_waits_for_its_ltm(replicated: LocalCluster) -> None:
-    """The backup of partition 1 (LTM 2) dies first, so LTM 1 goes on alone; when LTM 1 dies
-    too, moving partition 1 would lose what only LTM 1 logged: it waits for LTM 1 instead."""
-    cluster = replicated
+def test_partition_without_in_sync_copy_waits_for_its_member(
+    replicated_members: LocalCluster,
+) -> None:
+    """The holder of partition 1's copy (member 2) dies first, so member 1 goes on alone;
+    when member 1 dies too, moving partition 1 would lose what only member 1 logged: it waits
+    for member 1 instead."""
+    cluster = replicated_members
     with transfers_running(cluster, clients=4) as outcomes:
         time.sleep(0.5)
-        cluster.ltm(2).kill()
-        wait_until_serving(cluster.address, "accounts")  # partition 2 moved to LTM 0
-        wait_for("LTM 1 to go on without its backup", lambda: not status(cluster, 1).replicated)
+        cluster.member(2).kill()
+        wait_for("member 0 to serve partition 2", lambda: 2 in status(cluster, 0).serving, 30)
+        wait_until_serving(cluster.address, "accounts")
+        wait_for(
+            "member 1 to go on without its copy",
+            lambda: not status(cluster, 1, partition=1).replicated,
+        )
         before = len(outcomes.committed)
-        wait_for("commits logged by LTM 1 alone", lambda: len(outcomes.committed) > before + 20)
-        cluster.ltm(1).kill()
+        wait_for("commits logged by member 1 alone", lambda: len(outcomes.committed) > before + 20)
+        cluster.member(1).kill()
         time.sleep(3 * cluster.failover_after)
         with open_store(cluster.store_url) as store:
             record = ownership.read(store, 1)
         assert (record.owner, record.epoch, record.in_sync) == (1, 0, False), record
-        cluster.ltm(1).start()  # serves its partition again, from its own log
+        cluster.member(1).start()  # serves its partition again, from its own log
         wait_until_serving(cluster.address, "accounts")
-        cluster.ltm(2).start()  # a backup now: partition 2 stays with LTM 0
+        cluster.member(2).start()  # holds copies now: partition 2 stays with member 0
         assert list(status(cluster, 2).serving) == []
         before = len(outcomes.committed)
         wait_for("commits after the restarts", lambda: len(outcomes.committed) > before + 20)
@@ -361,7 +364,7 @@ def test_a_fenced_copy_gives_its_directory_to_the_mirror_and_can_take_over_again
 
 @pytest.fixture
 def replicated_members(tmp_path: Path) -> Iterator[LocalCluster]:
-    with replicated_cluster(tmp_path / "data", processes=3) as cluster:
+    with replicated_cluster(tmp_path / "data") as cluster:
         yield cluster
 
 

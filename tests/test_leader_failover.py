@@ -145,7 +145,7 @@ def created(client: Client, ddl: str) -> None:
 def three_members(tmp_path: Path) -> Iterator[LocalCluster]:
     # 3 s: a member that answers no probe for 1.5 s under a loaded machine's load was
     # declared dead while alive (a false failover), which this test is not about
-    with replicated_cluster(tmp_path / "data", processes=3, failover_after=3.0) as cluster:
+    with replicated_cluster(tmp_path / "data", failover_after=3.0) as cluster:
         yield cluster
 
 
