@@ -141,45 +141,11 @@ def _add_member_options(parser: argparse.ArgumentParser) -> None:
         "--failover-after",
         type=float,
         default=0.0,
-        help="seconds an LTM may stay silent before its partitions move to their backups "
-        "(0: never; needs LTMs started with --backup). With --member-address: every member "
-        "copies its logs to the next one, the leader moves a silent member's partitions and "
-        "decisions, and the next member takes the lead from a silent leader",
+        help="seconds a member may stay silent before its partitions and decisions move to "
+        "the next member, which holds their copies (0: never; needs --member-address): every "
+        "member copies its logs to the next one, the leader moves a silent member's partitions "
+        "and decisions, and the next member takes the lead from a silent leader",
     )
-
-
-def _run_ltm(args: argparse.Namespace) -> None:
-    from aggview.security import TlsDir
-    from ltm.server import LtmConfig, serve
-
-    if args.partition is None:  # a coordinating LTM: hosts its share and coordinates
-        if len(args.member_address) < 2:  # alone: the whole cluster in this process
-            args.member_address = []
-        args.ltm, args.local_partitions = [], args.partitions
-        _run_coordinator(args)
-        return
-    if args.member_address or args.take_lead or args.failover_after:
-        raise errors.InvalidArgument(
-            "--partition I runs an LTM of the separate layout (with --coordinator); "
-            "--member-address, --take-lead and --failover-after are for coordinating LTMs "
-            "(no --partition)"
-        )
-    tls_dir = _server_tls_dir(args)
-    config = LtmConfig(
-        store_url=args.store,
-        log_dir=Path(args.log_dir),
-        partition=args.partition,
-        partitions=args.partitions,
-        coordinator=args.coordinator,
-        host=args.host,
-        port=args.port,
-        fsync=not args.no_fsync,
-        cache_rows=args.cache_rows,
-        checkpoint_interval=args.checkpoint_interval,
-        tls=TlsDir.load(tls_dir) if tls_dir is not None else None,
-        backup=args.backup,
-    )
-    asyncio.run(serve(config))
 
 
 def _register_view_hosts() -> None:
@@ -195,19 +161,30 @@ def _register_view_hosts() -> None:
     cumulus_hosts.EXTRA_HOSTS["spark"] = spark
 
 
-def _run_coordinator(args: argparse.Namespace) -> None:
+def _run_ltm(args: argparse.Namespace) -> None:
+    """A coordinating LTM: hosts its share of the partitions (all of them alone) and
+    coordinates the transactions sent to it."""
     from aggview.security import TlsDir, load_tokens
     from coordinator.convert import Limits
     from coordinator.service import CoordinatorConfig, serve
 
     _register_view_hosts()
-
+    if len(args.member_address) == 1:
+        raise errors.InvalidArgument(
+            "--member-address names every member (two or more); alone, give none"
+        )
+    if args.member_address and not 0 <= args.member < len(args.member_address):
+        raise errors.InvalidArgument(
+            f"--member {args.member} is not one of the {len(args.member_address)} members"
+        )
+    if args.partitions < 1:
+        raise errors.InvalidArgument("--partitions must be at least 1")
     tls_dir = _server_tls_dir(args)
     tokens = _tokens_path(args, tls_dir)
     config = CoordinatorConfig(
         store_url=args.store,
         log_dir=Path(args.log_dir),
-        ltms=args.ltm,
+        ltms=[],
         host=args.host,
         port=args.port,
         fsync=not args.no_fsync,
@@ -215,21 +192,13 @@ def _run_coordinator(args: argparse.Namespace) -> None:
         tls=TlsDir.load(tls_dir) if tls_dir is not None else None,
         tokens=load_tokens(tokens) if tokens is not None else None,
         failover_after=args.failover_after,
-        local_partitions=args.local_partitions,
+        local_partitions=args.partitions,
         checkpoint_interval=args.checkpoint_interval,
         cache_rows=args.cache_rows,
         members=args.member_address,
         member=args.member,
         take_lead=args.take_lead,
     )
-    if bool(args.ltm) == bool(args.local_partitions):
-        raise errors.InvalidArgument("give the LTMs (--ltm, repeated) or --local-partitions N")
-    if args.member_address and not args.local_partitions:
-        raise errors.InvalidArgument("members serve their partitions: give --local-partitions N")
-    if args.member_address and not 0 <= args.member < len(args.member_address):
-        raise errors.InvalidArgument(
-            f"--member {args.member} is not one of the {len(args.member_address)} members"
-        )
     asyncio.run(serve(config))
 
 
@@ -273,8 +242,8 @@ def _run_start(args: argparse.Namespace) -> None:
             if signalled:
                 break
             dead = [s for s in cluster.servers if not s.running()]
-            if args.replicate and dead and all(_replaceable(s.role) for s in dead):
-                for server in dead:  # its partitions moved to their backups; it rejoins
+            if args.replicate and dead:
+                for server in dead:  # its partitions moved to the next member; it rejoins
                     print(f"aggview: {server.role} exited; restarting it", file=sys.stderr)
                     server.start()
             elif dead:
@@ -282,12 +251,6 @@ def _run_start(args: argparse.Namespace) -> None:
                 print(f"aggview: {roles} exited; stopping", file=sys.stderr)
                 break
     print("aggview stopped", flush=True)
-
-
-def _replaceable(role: str) -> bool:
-    """Whose death a replicated cluster survives: an LTM, any member (the next one takes the
-    lead from a dead leader); not the separate coordinator."""
-    return role.startswith(("ltm", "member-"))
 
 
 def _run_sql(args: argparse.Namespace) -> None:
@@ -433,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     start = sub.add_parser(
-        "start", help="run a coordinator and N LTMs (on the embedded store, or --store)"
+        "start",
+        help="run N partitions in coordinating processes (on the embedded store, or --store)",
     )
     start.add_argument("--data", required=True, help="data directory (created if missing)")
     start.add_argument("--ltms", type=int, default=3)
@@ -443,15 +407,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="hbase://HOST:PORT (e.g. from `aggview hbase start`); default: the embedded store "
         "in DATA/store.db",
     )
-    start.add_argument("--port", type=int, default=0, help="the coordinator's port")
+    start.add_argument("--port", type=int, default=0, help="member 0's port (clients' address)")
     start.add_argument("--no-fsync", action="store_true")
     start.add_argument(
         "--replicate",
         action="store_true",
-        help="each process's logs are copied to another process, which takes its partitions "
-        "(and its commit decisions) over if it stays silent for 2 s; a dead process is "
-        "restarted (a backup if its partitions moved); process 0 of --processes P is not "
-        "replaced",
+        help="each process's logs are copied to the next process, which takes its partitions "
+        "(and its commit decisions, and the lead from member 0) over if it stays silent for "
+        "2 s; a dead process is restarted (holding copies, if its partitions moved)",
     )
     start.add_argument(
         "--processes",
@@ -465,46 +428,15 @@ def build_parser() -> argparse.ArgumentParser:
     ltm = sub.add_parser(
         "ltm",
         help="run a local transaction manager: one of the coordinating members that each "
-        "serve a share of the partitions (--member-address, repeated; alone: all of them), "
-        "or with --partition I one partition of the separate layout (with --coordinator)",
+        "serve a share of the partitions (--member-address, repeated; alone: all of them)",
     )
     ltm.add_argument("--store", required=True, help="sqlite:///path or hbase://host:port")
     ltm.add_argument("--log-dir", required=True)
     ltm.add_argument("--partitions", type=int, required=True, help="the cluster's partitions")
-    ltm.add_argument(
-        "--partition",
-        type=int,
-        help="the separate layout: serve only this partition, coordinated by --coordinator",
-    )
-    ltm.add_argument("--coordinator", help="(--partition) address asked about undecided ones")
-    ltm.add_argument(
-        "--backup",
-        default="",
-        help="(--partition) address of the next LTM, which keeps a copy of this one's log",
-    )
     _add_member_options(ltm)
     _add_common(ltm)
     _add_server_security(ltm, clients=True)
-    ltm.set_defaults(run=_run_ltm, ltm=[])
-
-    coordinator = sub.add_parser(
-        "coordinator",
-        help="the separate layout's coordinator, over LTMs started with --partition "
-        "(--local-partitions N: the whole cluster in one process, as `aggview ltm` alone)",
-    )
-    coordinator.add_argument("--store", required=True)
-    coordinator.add_argument("--log-dir", required=True)
-    coordinator.add_argument("--ltm", action="append", default=[], help="LTM address, in order")
-    coordinator.add_argument(
-        "--local-partitions",
-        type=int,
-        default=0,
-        help="serve this many partitions in this process instead of LTMs (no --ltm)",
-    )
-    _add_member_options(coordinator)
-    _add_common(coordinator)
-    _add_server_security(coordinator, clients=True)
-    coordinator.set_defaults(run=_run_coordinator)
+    ltm.set_defaults(run=_run_ltm)
 
     sql = sub.add_parser(
         "sql",

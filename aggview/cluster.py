@@ -202,10 +202,10 @@ class Server:
 
 def default_processes(ltms: int, replicate: bool) -> int:
     """One coordinating process per core, at most one per partition; copies of logs need two
-    processes, so on one core (or one partition) --replicate keeps an LTM per process."""
+    processes, so --replicate runs two on one core."""
     processes = min(os.cpu_count() or 1, ltms)
-    if replicate and processes < 2:
-        return 0
+    if replicate:
+        return min(max(processes, 2), ltms)
     return processes
 
 
@@ -217,20 +217,20 @@ def checked_processes(ltms: int, processes: int | None, replicate: bool = False)
     InvalidArgument naming why it cannot."""
     if processes is None:
         return default_processes(ltms, replicate)
-    if processes < 0:
-        raise errors.InvalidArgument("--processes must be 0 (an LTM per process) or more")
+    if processes < 1:
+        raise errors.InvalidArgument("--processes must be 1 or more")
     if replicate and min(processes, ltms) == 1:
         raise errors.InvalidArgument(
             "--replicate copies each process's logs to another process: it needs two or more "
-            "(--processes 0 or 2 and more, and --ltms 2 or more)"
+            "(--processes 2 and more, and --ltms 2 or more)"
         )
     return processes
 
 
 PROCESSES_HELP = (
-    "P >= 1: the --ltms partitions in P processes that each coordinate transactions (1: the "
-    "whole cluster in one process, no message between processes); 0: a coordinator and one "
-    "process per LTM. Default: one per core (at most --ltms)"
+    "the --ltms partitions in P processes that each coordinate transactions (1: the whole "
+    "cluster in one process, no message between processes). Default: one per core (at most "
+    "--ltms; two with --replicate)"
 )
 
 
@@ -254,14 +254,15 @@ class LocalCluster:
     replicate: bool = False
     failover_after: float = 2.0
     # Where the other members reach member m (default: its own address); tests put proxies
-    # there. (processes=0: where the coordinator reaches LTM i.)
+    # there.
     member_route: Callable[[int, str], str] | None = None
     servers: list[Server] = field(default_factory=list)
     # The shared store: "" is the embedded one in data/store.db; or hbase://HOST:PORT[?...].
     store: str = ""
     # P >= 2: P members that each host a share of the partitions and coordinate; 1: the
-    # whole cluster in one process; 0: the separate layout (a coordinator and one process per
-    # LTM). Default (AS_START): ``default_processes``, as ``aggview start`` runs it.
+    # whole cluster in one process. Default (AS_START): ``default_processes``, as ``aggview
+    # start`` runs it. 0: the layout of checkouts from before members (a coordinator and a
+    # process per LTM), only to run such a ``code`` (benchmarks compare with it).
     processes: int = AS_START
     # The checkout the servers run (default: this one); benchmarks compare an older one.
     code: Path = _ROOT
@@ -269,6 +270,11 @@ class LocalCluster:
     def __post_init__(self) -> None:
         if self.processes == AS_START:
             self.processes = default_processes(self.ltms, self.replicate)
+        if self.processes == 0 and self.code == _ROOT:
+            raise ValueError(
+                "processes=0 (a coordinator over LTM processes) only runs an older checkout "
+                "(code=...): this one has members only"
+            )
 
     @property
     def store_url(self) -> str:
@@ -276,20 +282,17 @@ class LocalCluster:
 
     @property
     def coordinator(self) -> Server:
-        """The process clients are pointed at: the coordinator, or member 0."""
-        if self.processes >= 2:
-            return self.servers[0]
-        return self.servers[-1]
+        """The process clients are pointed at: member 0 (an older checkout's coordinator)."""
+        if self.processes == 0:
+            return self.servers[-1]
+        return self.servers[0]
 
     @property
     def address(self) -> str:
         return self.coordinator.address
 
     def member(self, index: int) -> Server:
-        """A coordinating member (``processes`` >= 2)."""
-        return self.servers[index]
-
-    def ltm(self, index: int) -> Server:
+        """A coordinating member (an older checkout's LTM ``index``)."""
         return self.servers[index]
 
     @property

@@ -96,7 +96,7 @@ async def run(args: argparse.Namespace, data: Path) -> int:
                     victim %= args.processes  # the member hosting it
                 leader = (await asyncio.to_thread(leadership.read, store)).member
                 killed = time.perf_counter()
-                cluster.ltm(victim).kill()
+                cluster.member(victim).kill()
                 probes = 0
                 while True:
                     probes += 1
@@ -115,7 +115,7 @@ async def run(args: argparse.Namespace, data: Path) -> int:
                     what = "member (the leader)"
                     leader_pauses.append(pause)
                 err.print(f"kill {round_ + 1}: {what} {victim}, writes resumed after {pause:.2f}s")
-                await asyncio.to_thread(cluster.ltm(victim).start)
+                await asyncio.to_thread(cluster.member(victim).start)
             elapsed = time.perf_counter() - started
             stop.set()
             await asyncio.gather(*workers)

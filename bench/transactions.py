@@ -44,7 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aggview import errors
-from aggview.cluster import LocalCluster, process_cpu_seconds
+from aggview.cluster import AS_START, LocalCluster, process_cpu_seconds
 from aggview.net import GRPC_OPTIONS
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.wire import ltm_pb2 as lpb
@@ -435,7 +435,7 @@ async def ltms_until(
 ) -> bool:
     """Polls every LTM's status until ``done`` holds for all of them (False: timed out)."""
     deadline = time.monotonic() + timeout
-    addresses = [cluster.ltm(i).address for i in range(cluster.ltms)]
+    addresses = [cluster.member(i).address for i in range(cluster.ltms)]
     async with statuses(cluster, addresses) as ask:
         while time.monotonic() < deadline:
             if all(done(r) for r in await ask()):
@@ -484,13 +484,16 @@ async def check_sum(cluster: LocalCluster, expected: int, ambiguous: int) -> str
     return f"[bold red]CONSISTENCY CHECK FAILED[/]: sum(v) = {total}, expected {expected}"
 
 
-def setup_processes(setup: str) -> int:
-    """The --processes of a setup (0: the separate coordinator and LTMs); ``old-`` + a layout
-    is that layout running the servers of --old."""
-    setup = setup.removeprefix("old-").removeprefix("replicated-")
-    if setup == "one-process":
+def setup_processes(setup: str, processes: int = AS_START) -> int:
+    """The --processes of a setup: ``old`` runs the servers of --old (code from before
+    members) in their separate layout (0: a coordinator and a process per LTM), ``old-`` + a
+    layout in that layout; plain, tls, replicated and hbase run ``processes``."""
+    layout = setup.removeprefix("old").removeprefix("-").removeprefix("replicated-")
+    if layout == "one-process":
         return 1
-    return int(setup.removeprefix("processes-")) if setup.startswith("processes-") else 0
+    if layout.startswith("processes-"):
+        return int(layout.removeprefix("processes-"))
+    return 0 if setup.startswith("old") else processes
 
 
 @contextlib.contextmanager
@@ -500,7 +503,7 @@ def running_cluster(
     fsync: bool,
     setup: str = "plain",
     store: str = "",
-    processes: int = 0,
+    processes: int = AS_START,
     code: Path | None = None,
 ) -> Iterator[LocalCluster]:
     """A started cluster that is stopped cleanly on the way out, even on Ctrl-C or SIGTERM:
@@ -514,7 +517,7 @@ def running_cluster(
         secure=setup == "tls",
         replicate="replicated" in setup,
         store=store,
-        processes=setup_processes(setup) or processes,
+        processes=setup_processes(setup, processes),
         **({"code": code} if code is not None else {}),
     )
     try:

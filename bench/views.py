@@ -64,7 +64,7 @@ import duckdb
 from rich.table import Table
 
 from aggview import errors
-from aggview.cluster import LocalCluster
+from aggview.cluster import AS_START, LocalCluster
 from bench.transactions import (
     MEASURE_COLUMNS,
     CpuMeter,
@@ -569,10 +569,12 @@ def run_on(
                 else:
                     shutil.copytree(base, data, ignore=shutil.ignore_patterns("logs"))
                     err.print(f"{case.name}: a fresh cluster over a copy of the base")
+                old = case.name.endswith(OLD)  # code from before members: the separate layout
                 processes = next(
-                    (p for p in layouts(args) if case.name.endswith(in_processes(p))), 0
+                    (p for p in layouts(args) if case.name.endswith(in_processes(p))),
+                    0 if old else AS_START,
                 )
-                code = old_code(args) if case.name.endswith(OLD) else None
+                code = old_code(args) if old else None
                 with running_cluster(
                     data, args.ltms, not args.no_fsync, store=store, processes=processes, code=code
                 ) as cluster:
@@ -629,13 +631,13 @@ def ratios(report: Report, args: argparse.Namespace) -> list[dict[str, Any]]:
         for clients in args.clients:
             for case in cases(args):
                 layout = (f"{case.name}{suffix}", "spread")
-                add(f"{case.name}:{suffix}/separate", clients, layout, (case.name, "spread"))
+                add(f"{case.name}:{suffix}/default", clients, layout, (case.name, "spread"))
     if args.old:
         for suffix in ["", *(in_processes(p) for p in layouts(args))]:
             for clients in args.clients:
                 for case in cases(args):
                     new, old = (f"{case.name}{suffix}", "spread"), (f"{case.name}{OLD}", "spread")
-                    add(f"{case.name}{suffix or ' (separate)'}/old", clients, new, old)
+                    add(f"{case.name}{suffix or ' (default)'}/old", clients, new, old)
     if args.hbase:
         for clients in args.clients:
             for case in cases(args):

@@ -12,21 +12,14 @@ from typing import Any
 import grpc
 
 from aggview import errors
-from aggview.net import (
-    GRPC_OPTIONS,
-    SERVER_OPTIONS,
-    add_health,
-    add_reflection,
-    run_until_signalled,
-)
-from aggview.security import MemberGate, TlsDir, member_channel, member_metadata
-from aggview.status import Malformed, add_service, grpc_method
+from aggview.security import TlsDir
+from aggview.status import Malformed, grpc_method
 from aggview.streams import AnswerEach
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from ltm.participant import OutcomeQuery, Participant, Settings, VoteNo
 from ltm.replication import LogShipper, Mirror, log_dir_of
-from ltm.store import open_store, ownership
+from ltm.store import ownership
 from ltm.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -39,8 +32,8 @@ class Hosting:
     def __init__(
         self, config: LtmConfig, store: Store, outcome_query: OutcomeQuery | None = None
     ) -> None:
-        """``outcome_query``: how an in-doubt participant asks about a transaction; by default
-        the coordinator at ``config.coordinator`` over gRPC."""
+        """``outcome_query``: how an in-doubt participant asks about a transaction (its
+        coordinating member, or that member's successor)."""
         self.config = config
         self.store = store
         self.me = config.partition
@@ -48,8 +41,6 @@ class Hosting:
         self.records: dict[int, ownership.Ownership] = {}
         self.shippers: dict[int, LogShipper] = {}
         self.mirrors: dict[int, Mirror] = {}
-        if outcome_query is None and config.coordinator:
-            outcome_query = _outcome_query(config.coordinator, config.tls)
         self._outcome_query = outcome_query
         self._lock = asyncio.Lock()
 
@@ -322,7 +313,6 @@ class LtmConfig:
     log_dir: Path
     partition: int
     partitions: int
-    coordinator: str | None = None  # asked about transactions left undecided
     host: str = "127.0.0.1"
     port: int = 0
     fsync: bool = True
@@ -331,36 +321,3 @@ class LtmConfig:
     tls: TlsDir | None = None  # None: plaintext and no member check (``--insecure``)
     backup: str = ""  # the next LTM's address: this partition's log is replicated there
     standby: int | None = None  # the LTM (partition) at ``backup``; default: the next one
-
-
-def _outcome_query(address: str, tls: TlsDir | None):  # type: ignore[no-untyped-def]
-    channel = member_channel(address, tls, GRPC_OPTIONS)
-    stub = pb_grpc.TransactionOutcomeStub(channel)
-    metadata = member_metadata(tls)
-
-    async def query(timestamps: list[int]) -> list[bool | None]:
-        reply = await stub.Query(pb.OutcomeRequest(ts=timestamps), timeout=5, metadata=metadata)
-        by_code = {pb.OutcomeReply.COMMITTED: True, pb.OutcomeReply.ABORTED: False}
-        return [by_code.get(o) for o in reply.outcomes]
-
-    return query
-
-
-async def serve(config: LtmConfig, ready: asyncio.Event | None = None) -> None:
-    """Runs one LTM until SIGINT/SIGTERM, then checkpoints and exits."""
-    store = open_store(config.store_url)
-    hosting = Hosting(config, store)
-    await hosting.start()
-    # secure: mutual TLS (members' certificate) and the cluster secret on every call
-    gates = [MemberGate(config.tls.secret)] if config.tls is not None else []
-    server = grpc.aio.server(interceptors=gates or None, options=[*GRPC_OPTIONS, *SERVER_OPTIONS])
-    add_service(server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(hosting))
-    add_health(server)
-    add_reflection(server, [pb.DESCRIPTOR.services_by_name["Ltm"].full_name])
-    credentials = config.tls.server_credentials(members_only=True) if config.tls else None
-    await run_until_signalled(
-        server, config.host, config.port, f"ltm {config.partition}", ready, credentials
-    )
-    await hosting.stop()
-    store.close()
-    log.info("ltm %d stopped", config.partition)

@@ -170,7 +170,7 @@ def test_a_hung_stop_is_cut_short_and_its_stacks_logged(tmp_path: Path) -> None:
     stop deadline passes, with the stacks of where it hung in its log and status 3; restarted,
     it has lost nothing."""
     with LocalCluster(tmp_path / "data", ltms=1, processes=1, checkpoint_interval=3600) as cluster:
-        ltm = cluster.ltm(0)
+        ltm = cluster.member(0)
         ltm.stop()
         hang = {"AGGVIEW_FAILPOINTS": "ltm.mid_checkpoint=sleep:60"}
         ltm.start(env={**hang, "AGGVIEW_SHUTDOWN_DEADLINE": "2"})

@@ -123,7 +123,7 @@ def test_kill_and_restart_under_load(fresh_cluster: LocalCluster, victim: str, s
 
     def pick(rng: random.Random) -> Server:
         if victim == "ltm":
-            return cluster.ltm(rng.randrange(cluster.ltms))
+            return cluster.member(rng.randrange(cluster.ltms))
         return cluster.coordinator
 
     outcomes = kill_twice_under_load(cluster, pick, seed)

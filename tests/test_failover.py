@@ -65,13 +65,13 @@ def replicated_cluster(data: Path, failover_after: float = 1.5) -> Iterator[Loca
 
 def status(cluster: LocalCluster, ltm: int, partition: int | None = None) -> pb.StatusReply:
     metadata = () if partition is None else ((ownership.PARTITION_HEADER, str(partition)),)
-    with grpc.insecure_channel(cluster.ltm(ltm).address) as channel:
+    with grpc.insecure_channel(cluster.member(ltm).address) as channel:
         return pb_grpc.LtmStub(channel).Status(pb.StatusRequest(), timeout=5, metadata=metadata)
 
 
 def exchange_refused(cluster: LocalCluster, ltm: int, partition: int, epoch: int) -> str:
     """Opens the coordinator's stream to ``ltm`` for ``partition`` at ``epoch``; the refusal."""
-    with grpc.insecure_channel(cluster.ltm(ltm).address) as channel:
+    with grpc.insecure_channel(cluster.member(ltm).address) as channel:
         call = pb_grpc.LtmStub(channel).Exchange(
             iter([pb.LtmRequests()]),
             metadata=ownership.partition_metadata(partition, epoch),

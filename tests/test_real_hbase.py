@@ -144,7 +144,7 @@ def test_kill_9_of_an_ltm_under_load_loses_nothing_on_real_hbase(
         )
         try:
             wait_for("transfers before the kill", lambda: len(outcomes.committed) > 20)
-            victim = cluster.ltm(1)
+            victim = cluster.member(1)
             victim.kill()
             victim.start()
             restarted = len(outcomes.committed)

@@ -243,7 +243,7 @@ def test_plaintext_client_fails_against_tls_server(secure: LocalCluster, account
     with Client(secure.address, timeout=10) as plaintext:
         with pytest.raises(errors.Unavailable, match="this client speaks plaintext"):
             plaintext.scan(accounts)
-    channel = grpc.insecure_channel(secure.ltm(0).address)
+    channel = grpc.insecure_channel(secure.member(0).address)
     with pytest.raises(grpc.RpcError) as failure:
         lpb_grpc.LtmStub(channel).Status(lpb.StatusRequest(), timeout=10)
     assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -270,7 +270,7 @@ def test_a_token_is_never_sent_in_plaintext(cluster: LocalCluster) -> None:
 def test_non_members_cannot_call_the_ltm_api(secure: LocalCluster, accounts: str) -> None:
     assert secure.tls_dir is not None
     tls = TlsDir.load(secure.tls_dir)
-    address = secure.ltm(0).address
+    address = secure.member(0).address
     app_token = token_for(secure.tls_dir / "tokens", "admin")
 
     def status(credentials: grpc.ChannelCredentials, metadata: tuple = ()) -> grpc.StatusCode:  # type: ignore[type-arg]
@@ -333,9 +333,7 @@ def test_servers_refuse_plaintext_unless_told(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'store.db'}"
     for args in (
         ["start", "--data", str(tmp_path / "data")],
-        ["ltm", "--store", store, "--log-dir", str(tmp_path / "l"), "--partition", "0"]
-        + ["--partitions", "1"],
-        ["coordinator", "--store", store, "--log-dir", str(tmp_path / "c"), "--ltm", "x:1"],
+        ["ltm", "--store", store, "--log-dir", str(tmp_path / "l"), "--partitions", "1"],
     ):
         done = _aggview(*args)
         assert done.returncode == 2, done
@@ -392,7 +390,7 @@ def test_every_server_answers_reflection(cluster: LocalCluster) -> None:
     with grpc.insecure_channel(cluster.address) as channel:
         services = reflected_services(channel)
     assert {"aggview.v1.Aggview", "grpc.health.v1.Health"} <= services, services
-    with grpc.insecure_channel(cluster.ltm(0).address) as channel:
+    with grpc.insecure_channel(cluster.member(0).address) as channel:
         assert "aggview.v1.Ltm" in reflected_services(channel)
     with grpc.insecure_channel(cluster.address) as channel:
         from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (

@@ -355,7 +355,7 @@ def test_views_stay_exact_across_kill_9(dashboard_cluster: LocalCluster, victim:
         thread.start()
     try:
         threading.Event().wait(1.0)
-        server = cluster.ltm(1) if victim == "ltm" else cluster.coordinator
+        server = cluster.member(1) if victim == "ltm" else cluster.coordinator
         server.kill()
         threading.Event().wait(0.3)
         server.start()
