@@ -139,6 +139,9 @@ class Server:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
+                # ``-m`` looks in the working directory first: another checkout's code runs
+                # from its own (this one's would shadow it when started from here)
+                cwd=None if self.code == _ROOT else self.code,
                 preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + timeout
@@ -341,6 +344,8 @@ class LocalCluster:
         if self.processes >= 2:
             self._start_members(common, coordinator_security, coordinator_port)
             return self
+        # an in-doubt LTM asks its coordinator (older checkouts: a flag they may not know)
+        asks = "--coordinator" in (self.code / "aggview" / "cli.py").read_text()
         for i in range(self.ltms if self.processes != 1 else 0):
             backup = (
                 ["--backup", f"127.0.0.1:{ports[(i + 1) % self.ltms]}"]
@@ -360,8 +365,7 @@ class LocalCluster:
                         str(i),
                         "--partitions",
                         str(self.ltms),
-                        "--coordinator",
-                        coordinator_address,
+                        *(["--coordinator", coordinator_address] if asks else []),
                         "--checkpoint-interval",
                         str(self.checkpoint_interval),
                         "--cache-rows",
