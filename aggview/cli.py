@@ -169,10 +169,8 @@ def _run_ltm(args: argparse.Namespace) -> None:
     from coordinator.service import CoordinatorConfig, serve
 
     _register_view_hosts()
-    if len(args.member_address) == 1:
-        raise errors.InvalidArgument(
-            "--member-address names every member (two or more); alone, give none"
-        )
+    if len(args.member_address) == 1:  # one member: the whole cluster in this process
+        args.member_address = []
     if args.member_address and not 0 <= args.member < len(args.member_address):
         raise errors.InvalidArgument(
             f"--member {args.member} is not one of the {len(args.member_address)} members"

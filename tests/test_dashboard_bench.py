@@ -200,7 +200,7 @@ def test_the_consistency_verdict_counts_a_wrong_read_and_its_error() -> None:
         ({"clients": 0}, "--clients"),
         ({"seconds": -1.0}, "--seconds"),
         ({"products": 1}, "at least as many products as shops"),
-        ({"processes": -1}, "--processes must be 0"),
+        ({"processes": 0}, "--processes must be 1 or more"),
     ],
 )
 def test_bad_settings_are_refused_before_any_load(overrides: dict, message: str) -> None:
