@@ -366,11 +366,11 @@ def insert_events(address: str, seed: int, count: int, failures: list[BaseExcept
         failures.append(exc)
 
 
-@pytest.fixture(params=["separate", "members"])
+@pytest.fixture(params=["one-process", "members"])
 def layout_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalCluster]:
-    """The separate layout (one coordinator caches), or two members (each caches, and
-    hears the other's writes of cached rows through the clock)."""
-    processes = 2 if request.param == "members" else 0
+    """One process (one cache), or two members (each caches, and hears the other's writes
+    of cached rows through the clock)."""
+    processes = 2 if request.param == "members" else 1
     with own_cluster(tmp_path, ltms=3, verbose=True, processes=processes) as running:
         yield running
 
