@@ -153,15 +153,7 @@ def test_permanent_loss_of_members_fails_over_twice_and_loses_nothing(
         before = len(outcomes.committed)
         wait_for("commits after the second failover", lambda: len(outcomes.committed) > before + 20)
     assert len(outcomes.committed) > 100, outcomes
-    with Client(cluster.address) as client:
-        transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
-        ledger = client.scan("ledger")
-        expected: dict[int, tuple[int, int]] = {}
-        for row in ledger:
-            n, total = expected.get(row["dst"], (0, 0))
-            expected[row["dst"]] = (n + 1, total + row["amount"])
-        view = {r["dst"]: (r["n"], r["total"]) for r in client.view("moved")}
-        assert view == expected
+    check_transfers_and_view(cluster, outcomes)
 
 
 def test_partition_without_in_sync_copy_waits_for_its_member(
@@ -382,20 +374,6 @@ def member_logs_copied(cluster: LocalCluster, members: list[int]) -> bool:
     return partitions and all(decision_log(cluster, m).in_sync for m in members)
 
 
-def transfer_under_load(
-    cluster: LocalCluster, stop: threading.Event, outcomes: transfers.Outcomes
-) -> list[threading.Thread]:
-    """Accounts, a ledger and a view over it, every log copied; then six clients, given
-    member 0's address, transferring until ``stop``."""
-    with Client(cluster.address) as client:
-        transfers.create(client, "accounts", "ledger", ACCOUNTS)
-        client.sql(VIEW)
-    wait_for("every log to reach its copy", lambda: member_logs_copied(cluster, [0, 1, 2]))
-    return transfers.run_clients(
-        cluster.address, "accounts", "ledger", ACCOUNTS, clients=6, stop=stop, outcomes=outcomes
-    )
-
-
 def check_transfers_and_view(cluster: LocalCluster, outcomes: transfers.Outcomes) -> None:
     """Nothing acknowledged lost, nothing half applied, and the view equals the ledger."""
     with Client(cluster.address) as client:
@@ -441,9 +419,7 @@ def test_a_dead_member_hands_over_its_partitions_and_decisions(
     member 2's adopted copy. Nothing acknowledged is lost, nothing is half applied, nothing
     stays prepared, and the view matches the ledger."""
     cluster = replicated_members
-    stop, outcomes = threading.Event(), transfers.Outcomes()
-    workers = transfer_under_load(cluster, stop, outcomes)
-    try:
+    with transfers_running(cluster, clients=6, view=VIEW) as outcomes:
         wait_for("transfers", lambda: len(outcomes.committed) > 50)
         cluster.member(1).kill()
         wait_for("member 2 to serve partition 1", lambda: 1 in status(cluster, 2).serving, 30)
@@ -467,10 +443,6 @@ def test_a_dead_member_hands_over_its_partitions_and_decisions(
         )
         before = len(outcomes.committed)
         wait_for("commits after the second failover", lambda: len(outcomes.committed) > before + 50)
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join(timeout=60)
     wait_for("every transaction decided", lambda: nothing_prepared(cluster, {0: 0, 1: 2, 2: 2}), 30)
     check_transfers_and_view(cluster, outcomes)
 
@@ -484,11 +456,9 @@ def test_a_member_declared_dead_while_alive_stops_and_rejoins(
     --replicate`` does), it takes its decision log back and serves clients. Nothing
     acknowledged is lost, nothing is half applied, and the view matches the ledger."""
     cluster = replicated_members
-    stop, outcomes = threading.Event(), transfers.Outcomes()
-    workers = transfer_under_load(cluster, stop, outcomes)
     victim = cluster.member(1).process
     assert victim is not None
-    try:
+    with transfers_running(cluster, clients=6, view=VIEW) as outcomes:
         wait_for("transfers", lambda: len(outcomes.committed) > 50)
         with paused(victim):
             wait_for("member 2 to serve partition 1", lambda: 1 in status(cluster, 2).serving, 30)
@@ -505,9 +475,5 @@ def test_a_member_declared_dead_while_alive_stops_and_rejoins(
             assert len(list(client.scan("accounts"))) == ACCOUNTS
         before = len(outcomes.committed)
         wait_for("commits after the rejoin", lambda: len(outcomes.committed) > before + 50)
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join(timeout=60)
     wait_for("every transaction decided", lambda: nothing_prepared(cluster, {0: 0, 1: 2, 2: 2}), 30)
     check_transfers_and_view(cluster, outcomes)

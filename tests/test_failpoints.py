@@ -41,17 +41,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from aggview import errors, failpoints
 from aggview.cluster import LocalCluster, Server
 from aggview.wal import WriteAheadLog
-from aggview.wire import ltm_pb2, ltm_pb2_grpc
 from coordinator import Client, ConditionFailed
 from coordinator.catalog import CATALOG_TABLE
 from loadgen import transfers
-from ltm.store import open_store, ownership
+from ltm.store import open_store
+from tests.test_failover import status
 
 ACCOUNTS, GROUPS = 24, 4
 PAIR = 500_000  # an event pair is (id, id + PAIR), written by one transaction
@@ -191,13 +190,7 @@ def prepared_counts(cluster: LocalCluster, down: Server | None = None) -> list[i
         if member is down:
             counts.append(-1)
             continue
-        with grpc.insecure_channel(member.address) as channel:
-            reply = ltm_pb2_grpc.LtmStub(channel).Status(
-                ltm_pb2.StatusRequest(),
-                timeout=5,
-                metadata=((ownership.PARTITION_HEADER, str(p)),),
-            )
-            counts.append(reply.prepared)
+        counts.append(status(cluster, p % members, partition=p).prepared)
     return counts
 
 
