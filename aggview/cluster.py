@@ -344,8 +344,6 @@ class LocalCluster:
         if self.processes >= 2:
             self._start_members(common, coordinator_security, coordinator_port)
             return self
-        # an in-doubt LTM asks its coordinator (older checkouts: a flag they may not know)
-        asks = "--coordinator" in (self.code / "aggview" / "cli.py").read_text()
         for i in range(self.ltms if self.processes != 1 else 0):
             backup = (
                 ["--backup", f"127.0.0.1:{ports[(i + 1) % self.ltms]}"]
@@ -365,7 +363,8 @@ class LocalCluster:
                         str(i),
                         "--partitions",
                         str(self.ltms),
-                        *(["--coordinator", coordinator_address] if asks else []),
+                        "--coordinator",
+                        coordinator_address,
                         "--checkpoint-interval",
                         str(self.checkpoint_interval),
                         "--cache-rows",
