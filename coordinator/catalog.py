@@ -108,6 +108,18 @@ class Catalog:
         self.set_meta("next_table_number", str(number + 1))
         return number
 
+    def first_epoch(self) -> int:
+        """Where the catalog epochs of a member that starts leading begin: above every epoch
+        an earlier leader published (a count of leaders' starts, kept in the store, times
+        2**32). A follower outlives a leader's restart with the old leader's configurations
+        in mind (caches keyed by epoch); were the new leader to count from 0 again, its
+        epoch n would name another configuration than the one the follower knows as n (it
+        did: a follower kept a table unwatched and committed writes without their sync view
+        deltas)."""
+        starts = int(self.meta("leader_starts") or "0") + 1
+        self.set_meta("leader_starts", str(starts))
+        return starts << 32
+
     def table(self, name: str) -> TableSchema:
         schema = self.tables.get(name)
         if schema is None:

@@ -222,6 +222,9 @@ class FollowerClock(MemberClock):
         self._call: Any = None
         self._closed = False
         self._reader: asyncio.Task[None] | None = None
+        # Why the stream is down, from its failure until the next one opens: meanwhile a
+        # request would go on the dead stream and wait for a grant that never comes.
+        self._down: str | None = None
         in_flight.changed = self._changed
 
     async def start(self) -> None:
@@ -242,6 +245,7 @@ class FollowerClock(MemberClock):
         self._outbox = outbox
         self._seen = 0  # grants are numbered per stream
         self._fresh = True
+        self._down = None
         self._asking = False
         self._wait_sent = self._waiters[0][0] if self._waiters else 0
         self._call = stub.Tick(outgoing(), metadata=member_metadata(self._tls))
@@ -269,6 +273,8 @@ class FollowerClock(MemberClock):
     def _check_open(self) -> None:
         if self._closed:
             raise errors.Unavailable("this member's clock stream closed; try again")
+        if self._down is not None:
+            raise errors.Unavailable(f"{self._down}; reconnecting, try again")
 
     async def next(self, writes: Writes | None = None) -> tuple[int, int]:
         self._check_open()
@@ -362,10 +368,12 @@ class FollowerClock(MemberClock):
             log.exception("clock stream reader failed")
             problem = f"the clock stream to the leader failed: {exc!r}"
         log.warning("%s", problem)
+        self._down = problem
         failure = errors.Unavailable(problem)
         asked = [*(future for future, _ in self._asked_writes), *self._asked_reads]
+        asked += [*(future for future, _ in self._writers), *self._readers]
         self._asked_writes.clear()
-        self._asked_reads = []
+        self._asked_reads, self._writers, self._readers = [], [], []
         for future in asked:
             if not future.done():
                 future.set_exception(failure)

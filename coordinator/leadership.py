@@ -17,8 +17,8 @@ Two fences keep a leader that is alive but cut off (or paused) from acting after
   rate of the two processes' clocks matters, not their agreement.)
 
 A leader that finds another term in the record stops (``Deposed``); started again, it reads
-the record and follows. Catalog epochs of a term start at ``term << 32``, so every epoch a
-new leader publishes is above any its predecessor published.
+the record and follows. Every new leader's catalog epochs start above its predecessor's
+(``Catalog.first_epoch``).
 """
 
 from __future__ import annotations
@@ -48,11 +48,6 @@ class Leadership:
 
     def encode(self) -> bytes:
         return json.dumps({"member": self.member, "term": self.term}).encode()
-
-    @property
-    def first_epoch(self) -> int:
-        """Catalog epochs of this term start here, above every earlier term's."""
-        return self.term << 32
 
 
 def _read_raw(store: Store) -> bytes | None:

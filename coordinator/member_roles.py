@@ -206,7 +206,7 @@ class MemberRoles:
         manager.clock = clock
         manager.views.follow_clock()
         manager.leader, manager.leader_member = None, manager.member
-        manager.epoch = max(manager.epoch, lead.first_epoch)
+        manager.epoch = manager.catalog.first_epoch()
         self.lead = manager.lead = lead
         if self.follower is not None:
             await self.follower.stop()

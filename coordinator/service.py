@@ -474,6 +474,8 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
     manager.leader_member = leader
     if leader != config.member:
         manager.leader = config.members[leader]
+    else:
+        manager.epoch = catalog.first_epoch()
     manager.lead = lead
     if config.local_partitions:
         others = [

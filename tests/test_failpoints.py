@@ -263,11 +263,6 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         running.kill()  # its data is thrown away: no need to wait for clean shutdowns
 
 
-# Known bug, found when these cases moved to members (2 of 7 in a clean-clone run under the
-# full suite's load; all 7 passed alone): after a member crashes, the sync view can miss
-# committed event pairs (ltm.after_commit_applied, coordinator.before_decision_logged).
-# Recorded in #17 as the first thing to fix; not strict, so the cases still run and report.
-@pytest.mark.xfail(strict=False, reason="sync view drift after a member crash (#17)")
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed{s}")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.point)
 def test_crash_at_failpoint(
