@@ -182,7 +182,7 @@ def _run_ltm(args: argparse.Namespace) -> None:
     config = CoordinatorConfig(
         store_url=args.store,
         log_dir=Path(args.log_dir),
-        ltms=[],
+        partitions=args.partitions,
         host=args.host,
         port=args.port,
         fsync=not args.no_fsync,
@@ -190,7 +190,6 @@ def _run_ltm(args: argparse.Namespace) -> None:
         tls=TlsDir.load(tls_dir) if tls_dir is not None else None,
         tokens=load_tokens(tokens) if tokens is not None else None,
         failover_after=args.failover_after,
-        local_partitions=args.partitions,
         checkpoint_interval=args.checkpoint_interval,
         cache_rows=args.cache_rows,
         members=args.member_address,

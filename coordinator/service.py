@@ -385,7 +385,7 @@ class OutcomeServicer(lpb_grpc.TransactionOutcomeServicer):
 class CoordinatorConfig:
     store_url: str
     log_dir: Path
-    ltms: list[str]
+    partitions: int  # how many the cluster has; this process hosts its share of them
     host: str = "127.0.0.1"
     port: int = 0
     fsync: bool = True
@@ -393,7 +393,6 @@ class CoordinatorConfig:
     tls: TlsDir | None = None  # None: plaintext (``--insecure``)
     tokens: dict[str, Token] | None = None  # None: no authentication (``--insecure``)
     failover_after: float = 0.0  # seconds an LTM may stay silent before failover; 0: never
-    local_partitions: int = 0  # > 0: serve this many partitions in this process (no LTMs)
     checkpoint_interval: float = 2.0  # of the local partitions
     cache_rows: int = 1_000_000
     # Several coordinating members (``--processes P``): every member's address, in order;
@@ -408,9 +407,9 @@ class CoordinatorConfig:
         return len(self.members) >= 2 and self.failover_after > 0
 
     def addresses(self, partitions: int) -> list[str]:
-        """Where the LTM (or the hosting) of each partition index is served."""
+        """Where each partition is hosted (none in one process: every one is here)."""
         if not self.members:
-            return list(self.ltms)  # none in one process: nothing is reached by address
+            return []
         return [self.members[p % len(self.members)] for p in range(partitions)]
 
     def hosted(self, partitions: int) -> list[int] | None:
@@ -423,7 +422,7 @@ class CoordinatorConfig:
 def build_manager(config: CoordinatorConfig) -> TransactionManager:
     store = open_store(config.store_url)
     catalog = Catalog(store)
-    count = config.local_partitions or len(config.ltms)
+    count = config.partitions
     partitions = catalog.meta("partitions")
     if partitions is None:
         catalog.set_meta("partitions", str(count))
@@ -468,56 +467,50 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
             locate if config.replicates else None,
             leader_member=leader,
         )
-    manager = TransactionManager(
-        catalog, clock, decisions, config.ltms, limits=config.limits, tls=config.tls
-    )
+    manager = TransactionManager(catalog, clock, decisions, limits=config.limits)
     manager.leader_member = leader
     if leader != config.member:
         manager.leader = config.members[leader]
     else:
         manager.epoch = catalog.first_epoch()
     manager.lead = lead
-    if config.local_partitions:
-        others = [
-            (m, _outcome_stub(address, config.tls))
-            for m, address in enumerate(config.members)
-            if m != config.member
-        ]
-        local = LocalPartitions(
+    others = [
+        (m, _outcome_stub(address, config.tls))
+        for m, address in enumerate(config.members)
+        if m != config.member
+    ]
+    manager.local = LocalPartitions(
+        store,
+        config.log_dir / "partitions",
+        count,
+        lambda timestamps: _outcomes(manager, others, timestamps),
+        fsync=config.fsync,
+        cache_rows=config.cache_rows,
+        checkpoint_interval=config.checkpoint_interval,
+        hosted=config.hosted(count),
+        members=config.members if config.replicates else None,
+        tls=config.tls,
+    )
+    manager.channels = [None] * count  # below: local, or where the record says
+    if config.replicates:
+        manager.replication = MemberDecisions(
             store,
-            config.log_dir / "partitions",
+            decisions,
+            config.member,
+            config.members,
             count,
-            lambda timestamps: _outcomes(manager, others, timestamps),
-            fsync=config.fsync,
-            cache_rows=config.cache_rows,
-            checkpoint_interval=config.checkpoint_interval,
-            hosted=config.hosted(count),
-            members=config.members if config.replicates else None,
+            config.log_dir / "decision-copies",
+            manager.adopt,
             tls=config.tls,
+            fsync=config.fsync,
+            on_superseded=declared_dead,
         )
-        manager.local = local
-        manager.channels = [None] * count  # below: local, or where the record says
-        if config.replicates:
-            manager.replication = MemberDecisions(
-                store,
-                decisions,
-                config.member,
-                config.members,
-                count,
-                config.log_dir / "decision-copies",
-                manager.adopt,
-                tls=config.tls,
-                fsync=config.fsync,
-                on_superseded=declared_dead,
-            )
     manager.members = list(config.members)
     manager.member = config.member
     addresses = config.addresses(count)
     for p in range(count):  # after a failover, a partition lives elsewhere
         record = ownership.read(store, p)
-        if manager.local is None:
-            manager.channels[p].point(addresses[record.owner], record.owner, record.epoch)
-        elif record.owner in manager.local.hostings:
+        if record.owner in manager.local.hostings:
             manager.channels[p] = LocalLtm(
                 p, manager.local.hostings[record.owner], manager._watermarks
             )
@@ -605,8 +598,7 @@ async def read_view(
 async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -> None:
     """Runs the coordinator until SIGINT/SIGTERM."""
     manager = build_manager(config)
-    if manager.local is not None:
-        await manager.local.start()
+    await manager.local.start()
     if manager.replication is not None:  # before re-delivery: it may adopt a log to deliver
         await manager.replication.start()
     if isinstance(manager.clock, FollowerClock):
@@ -646,7 +638,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         cpb.DESCRIPTOR.services_by_name["Aggview"],
         lpb.DESCRIPTOR.services_by_name["TransactionOutcome"],
     ]
-    if config.members and manager.local is not None:  # other members' streams to our partitions
+    if config.members:  # other members' streams to our partitions
         add_service(
             server,
             lpb.DESCRIPTOR.services_by_name["Ltm"],
@@ -678,7 +670,6 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         await manager.clock.close()
     if manager.replication is not None:
         await manager.replication.stop()
-    if manager.local is not None:
-        await manager.local.stop()
+    await manager.local.stop()
     await manager.decisions.close()
     manager.catalog.store.close()

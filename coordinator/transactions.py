@@ -23,7 +23,6 @@ from typing import Any
 
 from aggview import errors, failpoints
 from aggview.partition_map import partition_of
-from aggview.security import TlsDir
 from aggview.status import CONDITION_FAILED_PREFIX
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
@@ -38,7 +37,6 @@ from coordinator.convert import (
 )
 from coordinator.decision_log import DecisionLog
 from coordinator.lookup_cache import LookupCache
-from coordinator.ltm_channel import LtmChannel
 from coordinator.member_clock import MemberClock
 
 log = logging.getLogger(__name__)
@@ -70,19 +68,17 @@ class TransactionManager:
         catalog: Catalog,
         clock: MemberClock,
         decisions: DecisionLog,
-        ltm_addresses: list[str],
         limits: Limits | None = None,
-        tls: TlsDir | None = None,
     ) -> None:
         self.catalog = catalog
         self.clock = clock
         self.in_flight = clock.in_flight
         self.decisions = decisions
         self.limits = limits or Limits()
-        self.channels: list[Any] = [
-            LtmChannel(i, address, self._watermarks, tls) for i, address in enumerate(ltm_addresses)
-        ]
-        self.local: Any = None  # the partitions hosted in this process (``--processes 1``)
+        # Each partition's participant: hosted here (``LocalLtm``) or at another member
+        # (``LtmChannel``); set by ``coordinator.service.build_manager``.
+        self.channels: list[Any] = []
+        self.local: Any = None  # the partitions hosted in this process
         self.replication: Any = None  # members' decision logs copied (``--replicate``)
         self.extensions: list[Extension] = []
         # Called on a transaction's operations before the first prepare (change capture).
@@ -323,8 +319,7 @@ class TransactionManager:
             raise
         # The decision point: once the commit record is queued the transaction commits, even
         # if the caller goes away (a cancelled RPC must not turn into aborts at the LTMs).
-        commit = self._commit if self.local is None else self._commit_local
-        decided = asyncio.ensure_future(commit(tx))
+        decided = asyncio.ensure_future(self._commit_local(tx))
         return await asyncio.shield(decided)
 
     def _aborted(self, tx: Transaction) -> None:
