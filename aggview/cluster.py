@@ -337,13 +337,13 @@ class LocalCluster:
         coordinator_address = f"127.0.0.1:{coordinator_port}"
         common = [] if self.fsync else ["--no-fsync"]
         ltm_security, coordinator_security = self._security_flags()
-        # with replication, each LTM must know the next one's address before it starts
-        ports = [free_port() if self.replicate else 0 for _ in range(self.ltms)]
         if self.replicate and min(self.processes, self.ltms) == 1:
             raise ValueError("replication needs two or more processes to copy logs between")
         if self.processes >= 2:
             self._start_members(common, coordinator_security, coordinator_port)
             return self
+        # an older checkout's replicated LTMs each need the next one's address before it starts
+        ports = [free_port() if self.replicate else 0 for _ in range(self.ltms)]
         for i in range(self.ltms if self.processes != 1 else 0):
             backup = (
                 ["--backup", f"127.0.0.1:{ports[(i + 1) % self.ltms]}"]

@@ -64,7 +64,6 @@ class LocalPartitions:
         def config(p: int) -> LtmConfig:
             standby = standby_of(p, partitions, len(self.members)) if self.members else None
             return LtmConfig(
-                store_url="",
                 log_dir=log_dir / f"partition-{p}",  # each partition's log on its own
                 partition=p,
                 partitions=partitions,

@@ -309,12 +309,9 @@ async def prepare_one(
 
 @dataclass
 class LtmConfig:
-    store_url: str
     log_dir: Path
     partition: int
     partitions: int
-    host: str = "127.0.0.1"
-    port: int = 0
     fsync: bool = True
     cache_rows: int = 1_000_000
     checkpoint_interval: float = 2.0

@@ -282,7 +282,7 @@ def test_resync_copies_a_log_bigger_than_a_message_in_chunks(
 
     async def scenario() -> None:
         with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
-            config = LtmConfig(str(tmp_path / "store.db"), tmp_path / "backup", 1, 2)
+            config = LtmConfig(tmp_path / "backup", 1, 2)
             server = grpc.aio.server()
             add_service(
                 server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(Hosting(config, store))
@@ -325,7 +325,7 @@ def test_a_fenced_copy_gives_its_directory_to_the_mirror_and_can_take_over_again
     async def scenario() -> None:
         with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
             store.create_table(TABLE)
-            hosting = Hosting(LtmConfig("unused", tmp_path / "ltm-0", 0, 2), store)
+            hosting = Hosting(LtmConfig(tmp_path / "ltm-0", 0, 2), store)
             await hosting.start()
             old = hosting.participants[0]
             await commit(old, 10, insert(b"k", {"v": 1}))

@@ -66,18 +66,17 @@ SEEDS = [int(s) for s in os.environ.get("AGGVIEW_FAILPOINT_SEEDS", "1").split(",
 @dataclass(frozen=True)
 class Case:
     point: str
-    role: str  # "ltm" or "coordinator": the part of a member where the point is
     hits: tuple[int, int]  # the seeded hit number is drawn from this range
 
 
 CASES = [
-    Case(failpoints.LTM_AFTER_PREPARE_LOGGED, "ltm", (20, 60)),
-    Case(failpoints.LTM_AFTER_COMMIT_APPLIED, "ltm", (20, 60)),
-    Case(failpoints.LTM_MID_CHECKPOINT, "ltm", (1, 3)),
-    Case(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED, "coordinator", (20, 80)),
-    Case(failpoints.COORDINATOR_AFTER_DECISION_LOGGED, "coordinator", (20, 80)),
-    Case(failpoints.COORDINATOR_MID_COMMIT_FANOUT, "coordinator", (30, 120)),
-    Case(failpoints.MID_REFRESH, "coordinator", (2, 5)),
+    Case(failpoints.LTM_AFTER_PREPARE_LOGGED, (20, 60)),
+    Case(failpoints.LTM_AFTER_COMMIT_APPLIED, (20, 60)),
+    Case(failpoints.LTM_MID_CHECKPOINT, (1, 3)),
+    Case(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED, (20, 80)),
+    Case(failpoints.COORDINATOR_AFTER_DECISION_LOGGED, (20, 80)),
+    Case(failpoints.COORDINATOR_MID_COMMIT_FANOUT, (30, 120)),
+    Case(failpoints.MID_REFRESH, (2, 5)),
 ]
 HOSTED_ONLY = {failpoints.COORDINATOR_LOCAL_FLUSH}  # tested in test_one_process.py
 assert {c.point for c in CASES} | HOSTED_ONLY == set(failpoints.POINTS), "a failpoint untested"
