@@ -1,15 +1,15 @@
 """Failover time: kill -9 the process serving a partition, again and again, under load.
 
-A replicated cluster of 3 LTMs (each log copied to the next LTM), or with ``--processes P`` of
-P coordinating members, runs closed-loop 3-row transactions from 16 tasks. Each round waits
-until every partition's standby is in sync, kills the process serving partition ``round % 3``
-for good, and times how long it takes until a transaction that writes to every partition
-commits again (the pause clients see); then the killed process is restarted and rejoins as a
-backup (a leader that was killed comes back as a follower). At the end, sum(v)
-is checked against the commits reported.
+A replicated cluster of 3 partitions in ``--processes P`` coordinating members (default 3,
+each log copied to the next member) runs closed-loop 3-row transactions from 16 tasks. Each
+round waits until every partition's standby is in sync, kills the process serving partition
+``round % 3`` for good, and times how long it takes until a transaction that writes to
+every partition commits again (the pause clients see); then the killed process is restarted
+and rejoins holding copies (a leader that was killed comes back as a follower). At the end,
+sum(v) is checked against the commits reported.
 
     python -m bench.failover --kills 20
-    python -m bench.failover --kills 6 --processes 3
+    python -m bench.failover --kills 6 --processes 2
 """
 
 from __future__ import annotations
@@ -91,9 +91,8 @@ async def run(args: argparse.Namespace, data: Path) -> int:
             for round_ in range(args.kills):
                 await wait_in_sync(cluster, store)
                 partition = round_ % cluster.ltms
-                victim = (await asyncio.to_thread(ownership.read, store, partition)).owner
-                if args.processes >= 2:
-                    victim %= args.processes  # the member hosting it
+                owner = (await asyncio.to_thread(ownership.read, store, partition)).owner
+                victim = owner % args.processes  # the member hosting it
                 leader = (await asyncio.to_thread(leadership.read, store)).member
                 killed = time.perf_counter()
                 cluster.member(victim).kill()
@@ -110,8 +109,8 @@ async def run(args: argparse.Namespace, data: Path) -> int:
                         await asyncio.sleep(0.02)
                 pause = time.perf_counter() - killed
                 pauses.append(pause)
-                what = "LTM" if args.processes < 2 else "member"
-                if args.processes >= 2 and victim == leader:
+                what = "member"
+                if victim == leader:
                     what = "member (the leader)"
                     leader_pauses.append(pause)
                 err.print(f"kill {round_ + 1}: {what} {victim}, writes resumed after {pause:.2f}s")
@@ -119,7 +118,7 @@ async def run(args: argparse.Namespace, data: Path) -> int:
             elapsed = time.perf_counter() - started
             stop.set()
             await asyncio.gather(*workers)
-        layout = f"{args.processes} members" if args.processes >= 2 else "3 LTMs"
+        layout = f"{args.processes} members"
         out.print(
             f"failover ({layout}, --failover-after {args.failover_after:g}s, {args.kills} "
             f"kills): median {statistics.median(pauses):.2f}s, max {max(pauses):.2f}s, "
@@ -140,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--failover-after", type=float, default=1.0)
     parser.add_argument("--rows", type=int, default=3000)
     parser.add_argument(
-        "--processes", type=int, default=0, help="P >= 2: P coordinating members (0: LTMs)"
+        "--processes", type=int, default=3, help="coordinating members (2 or 3: logs are copied)"
     )
     args = parser.parse_args(argv)
+    if not 2 <= args.processes <= 3:
+        parser.error("--processes must be 2 or 3 (3 partitions, each log copied to another)")
     with tempfile.TemporaryDirectory(prefix="aggview-failover-") as tmp:
         return asyncio.run(run(args, Path(tmp)))
 
