@@ -294,6 +294,8 @@ class LocalCluster:
     def address(self) -> str:
         return self.coordinator.address
 
+    exchange_addresses: list[str] = field(default_factory=list, init=False)  # framed TCP
+
     def member(self, index: int) -> Server:
         """A coordinating member (an older checkout's LTM ``index``)."""
         return self.servers[index]
@@ -424,10 +426,18 @@ class LocalCluster:
         members = min(self.processes, self.ltms)
         ports = [port, *(free_port() for _ in range(members - 1))]
         route = self.member_route or (lambda m, address: address)
+        # the members' streams on framed TCP (older code, run by benchmarks, has only gRPC)
+        framed = (self.code / "aggview" / "frames.py").exists()
+        exchange_ports = [free_port() for _ in range(members)] if framed else []
+        self.exchange_addresses = [f"127.0.0.1:{p}" for p in exchange_ports]
         addresses = [
             arg
             for m, p in enumerate(ports)
             for arg in ("--member-address", route(m, f"127.0.0.1:{p}"))
+        ] + [
+            arg
+            for m, p in enumerate(exchange_ports)
+            for arg in ("--member-exchange", route(m, f"127.0.0.1:{p}"))
         ]
         for m in range(members):
             self.servers.append(
@@ -444,6 +454,7 @@ class LocalCluster:
                         "--member",
                         str(m),
                         *addresses,
+                        *(["--exchange-port", str(exchange_ports[m])] if framed else []),
                         "--checkpoint-interval",
                         str(self.checkpoint_interval),
                         "--cache-rows",

@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import inspect
 import re
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,19 @@ class TlsDir:
     @property
     def member_metadata(self) -> tuple[tuple[str, str], ...]:
         return ((MEMBER_HEADER, self.secret),)
+
+    def member_server_ssl(self) -> ssl.SSLContext:
+        """A member's framed-TCP server (aggview/frames.py): mutual TLS, as its gRPC port."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=self.ca.decode())
+        context.load_cert_chain(self.directory / "server.pem", self.directory / "server-key.pem")
+        context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def member_client_ssl(self) -> ssl.SSLContext:
+        """A member dialling another's framed-TCP server with the members' certificate."""
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=self.ca.decode())
+        context.load_cert_chain(self.directory / "client.pem", self.directory / "client-key.pem")
+        return context
 
 
 def member_channel(

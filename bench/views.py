@@ -569,10 +569,10 @@ def run_on(
                 else:
                     shutil.copytree(base, data, ignore=shutil.ignore_patterns("logs"))
                     err.print(f"{case.name}: a fresh cluster over a copy of the base")
-                old = case.name.endswith(OLD)  # code from before members: the separate layout
+                old = case.name.endswith(OLD)
                 processes = next(
                     (p for p in layouts(args) if case.name.endswith(in_processes(p))),
-                    0 if old else AS_START,
+                    args.old_processes if old else AS_START,
                 )
                 code = old_code(args) if old else None
                 with running_cluster(
@@ -827,7 +827,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--old",
         help="also run every case on the servers of this checkout of older code (git worktree "
-        "add DIR REV), in its default layout, each layout of this code against it",
+        "add DIR REV), in the layout --old-processes gives, each layout of this code against it",
+    )
+    parser.add_argument(
+        "--old-processes",
+        type=int,
+        default=0,
+        help="the old code's layout: 0 (code from before members, a8bd9dc and older: a "
+        "coordinator and a process per LTM) or its members (newer code)",
     )
     parser.add_argument(
         "--hbase",

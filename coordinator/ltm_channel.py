@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 
 from aggview import errors
+from aggview.frames import FramedCall
 from aggview.net import GRPC_OPTIONS
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.status import error_from_rpc
@@ -118,17 +119,22 @@ class LtmChannel:
         *,
         owner: int | None = None,
         epoch: int = 0,
+        exchanges: list[str] | None = None,
     ) -> None:
         """``owner``, ``epoch``: who serves the partition, as its ownership record says
-        (default: its own LTM, at epoch 0)."""
+        (default: its own LTM, at epoch 0). ``exchanges``: where each partition's member
+        serves framed TCP (``aggview.frames``), which then carries the stream instead of
+        gRPC."""
         self.index = index  # the partition
         self._watermarks = watermarks
         self._tls = tls
+        self._exchanges = exchanges or []
+        self._ssl = tls.member_client_ssl() if tls is not None and exchanges else None
         self.point(address, owner=index if owner is None else owner, epoch=epoch)
         self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
         # the long-lived Exchange call, opened on first use (on the current owner's stub)
         self.stream: AskEach[pb.LtmRequest, pb.LtmReply] = AskEach(
-            lambda: self.stub.Exchange(metadata=self._metadata),
+            self._open_stream,
             lambda requests: pb.LtmRequests(requests=requests),
             self._unavailable,
             busy=BUSY,
@@ -147,6 +153,21 @@ class LtmChannel:
             *ownership.partition_metadata(self.index, epoch),
         )
         self.stub = pb_grpc.LtmStub(self._channel)
+
+    def _open_stream(self) -> Any:
+        if not self._exchanges:
+            return self.stub.Exchange(metadata=self._metadata)
+        hello = pb.ExchangeHello(
+            secret=self._tls.secret if self._tls is not None else "",
+            partition=self.index,
+            epoch=self.epoch,
+        )
+        return FramedCall(
+            self._exchanges[self.owner],
+            hello.SerializeToString(),
+            pb.LtmReplies.FromString,
+            self._ssl,
+        )
 
     async def retarget(self, address: str, owner: int, epoch: int) -> None:
         """Talks to the partition's owner at ``epoch`` from now on (failover); whatever was
@@ -168,7 +189,7 @@ class LtmChannel:
 
     async def _exchange(self, request: pb.LtmRequest, timeout: float = 30.0) -> pb.LtmReply:
         """Sends one request on the stream and waits for its own answer."""
-        if self._channel.get_state() is not grpc.ChannelConnectivity.READY:
+        if not self._exchanges and self._channel.get_state() is not grpc.ChannelConnectivity.READY:
             await self._connected(min(timeout, CONNECT_GRACE))
         reply = await self.stream.ask(
             request,

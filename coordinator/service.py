@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from aggview import errors
+from aggview.frames import FramedServer
 from aggview.keycodec import encode_key, prefix_end
 from aggview.net import (
     CONTROL_OPTIONS,
@@ -54,6 +55,7 @@ from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
 from coordinator.views import ViewManager
 from coordinator.watch import watch
+from ltm.server import framed_exchange
 from ltm.store import open_store, ownership
 from ltm.store.base import Store
 
@@ -400,6 +402,10 @@ class CoordinatorConfig:
     members: list[str] = field(default_factory=list)
     member: int = 0
     take_lead: bool = False  # replicated: this member leads (every member is starting)
+    # Where each member serves the members' streams on framed TCP (``aggview.frames``), in
+    # member order, and the port this one listens on; none: the streams go over gRPC.
+    exchanges: list[str] = field(default_factory=list)
+    exchange_port: int = 0
 
     @property
     def replicates(self) -> bool:
@@ -411,6 +417,12 @@ class CoordinatorConfig:
         if not self.members:
             return []
         return [self.members[p % len(self.members)] for p in range(partitions)]
+
+    def exchange_addresses(self, partitions: int) -> list[str]:
+        """Where each partition's member serves framed TCP (none: gRPC carries the streams)."""
+        if not self.exchanges:
+            return []
+        return [self.exchanges[p % len(self.exchanges)] for p in range(partitions)]
 
     def hosted(self, partitions: int) -> list[int] | None:
         """The partitions this process hosts (None: every one)."""
@@ -522,6 +534,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
                 config.tls,
                 owner=record.owner,
                 epoch=record.epoch,
+                exchanges=config.exchange_addresses(count),
             )
     ViewManager(manager, runtime_dir=config.log_dir / "cumulus", tls=config.tls)
     return manager
@@ -652,9 +665,19 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     add_health(server)
     add_reflection(server, [service.full_name for service in services])
     credentials = config.tls.server_credentials(members_only=False) if config.tls else None
+    framed = None
+    if config.exchanges:  # other members' streams to our partitions, on framed TCP
+        welcome = framed_exchange(
+            manager.local.participant, config.tls.secret if config.tls else None
+        )
+        framed = await FramedServer(
+            welcome, config.tls.member_server_ssl() if config.tls else None
+        ).start(config.host, config.exchange_port)
     await run_until_signalled(
         server, config.host, config.port, f"member {config.member}", ready, credentials=credentials
     )
+    if framed is not None:
+        await framed.close()
     for channel in manager.channels:
         log.info(
             "LTM %d: %d decisions in %d calls",

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from aggview import errors
+from aggview.frames import Answer
 from aggview.security import TlsDir
 from aggview.status import Malformed, grpc_method
 from aggview.streams import AnswerEach
@@ -184,36 +187,7 @@ class LtmServicer(pb_grpc.LtmServicer):
         except errors.AggviewError as exc:
             await context.abort(exc.code, str(exc))  # type: ignore[attr-defined]
 
-        async def handle(request: pb.LtmRequest | Malformed) -> pb.LtmReply:
-            if isinstance(request, Malformed):  # answered, and the stream goes on
-                return pb.LtmReply(error=f"malformed: {request.reason}")
-            try:
-                if request.HasField("prepare"):
-                    prepare = request.prepare
-                    participant.observe(prepare.low_watermark, prepare.issued)
-                    votes = [await prepare_one(participant, sub) for sub in prepare.subs]
-                    return pb.LtmReply(id=request.id, vote=votes[0] if votes else pb.Vote())
-                if request.HasField("read"):
-                    rows = await read_reply(participant, request.read)
-                    return pb.LtmReply(id=request.id, rows=rows)
-                decide = request.decide
-                participant.observe(decide.low_watermark, 0)
-                await asyncio.gather(
-                    *(participant.decide(d.ts, d.commit) for d in decide.decisions)
-                )
-                return pb.LtmReply(id=request.id, decided=pb.DecideReply())
-            except (errors.AggviewError, VoteNo) as exc:  # e.g. a row held too long, not ours
-                return pb.LtmReply(id=request.id, error=str(exc))
-            except Exception as exc:  # the stream and the server stay up
-                log.exception("request %d on the stream failed", request.id)
-                return pb.LtmReply(id=request.id, error=repr(exc))
-
-        stream = AnswerEach(
-            lambda m: [m] if isinstance(m, Malformed) else m.requests,
-            handle,
-            lambda replies: pb.LtmReplies(replies=replies),
-        )
-        async for message in stream.serve(messages):
+        async for message in exchange(participant).serve(messages):
             yield message
 
     @grpc_method
@@ -257,6 +231,75 @@ class LtmServicer(pb_grpc.LtmServicer):
     async def TakeOver(self, request: pb.TakeOverRequest, context: object) -> pb.TakeOverReply:
         await self.hosting.take_over(request)
         return pb.TakeOverReply()
+
+
+def exchange(participant: Participant) -> AnswerEach[pb.LtmRequest | Malformed, pb.LtmReply]:
+    """A coordinator's stream to ``participant`` (gRPC or framed): every request handled
+    concurrently, the answers ready together in one message; a request that did not parse is
+    answered with an error and the stream goes on."""
+
+    async def handle(request: pb.LtmRequest | Malformed) -> pb.LtmReply:
+        if isinstance(request, Malformed):
+            return pb.LtmReply(error=f"malformed: {request.reason}")
+        try:
+            if request.HasField("prepare"):
+                prepare = request.prepare
+                participant.observe(prepare.low_watermark, prepare.issued)
+                votes = [await prepare_one(participant, sub) for sub in prepare.subs]
+                return pb.LtmReply(id=request.id, vote=votes[0] if votes else pb.Vote())
+            if request.HasField("read"):
+                rows = await read_reply(participant, request.read)
+                return pb.LtmReply(id=request.id, rows=rows)
+            decide = request.decide
+            participant.observe(decide.low_watermark, 0)
+            await asyncio.gather(*(participant.decide(d.ts, d.commit) for d in decide.decisions))
+            return pb.LtmReply(id=request.id, decided=pb.DecideReply())
+        except (errors.AggviewError, VoteNo) as exc:  # e.g. a row held too long, not ours
+            return pb.LtmReply(id=request.id, error=str(exc))
+        except Exception as exc:  # the stream and the server stay up
+            log.exception("request %d on the stream failed", request.id)
+            return pb.LtmReply(id=request.id, error=repr(exc))
+
+    return AnswerEach(
+        lambda m: [m] if isinstance(m, Malformed) else m.requests,
+        handle,
+        lambda replies: pb.LtmReplies(replies=replies),
+    )
+
+
+def framed_exchange(
+    participant_of: Callable[[dict[str, str]], Participant], secret: str | None
+) -> Callable[[bytes], Answer]:
+    """What a member's framed-TCP server (``aggview.frames.FramedServer``) does with a
+    connection: its hello names the partition and epoch (``participant_of`` refuses a wrong
+    one, as for a gRPC stream's metadata) and, in a secure cluster, carries the secret."""
+
+    def welcome(hello_bytes: bytes) -> Answer:
+        try:
+            hello = pb.ExchangeHello.FromString(hello_bytes)
+        except DecodeError as exc:
+            raise errors.InvalidArgument(f"malformed hello: {exc}") from None
+        if secret is not None and not hmac.compare_digest(hello.secret.encode(), secret.encode()):
+            raise errors.PermissionDenied("a member's stream without the cluster secret")
+        participant = participant_of(
+            dict(ownership.partition_metadata(hello.partition, hello.epoch))
+        )
+        stream = exchange(participant)
+
+        async def answer(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+            async def messages() -> AsyncIterator[pb.LtmRequests | Malformed]:
+                async for frame in frames:
+                    try:
+                        yield pb.LtmRequests.FromString(frame)
+                    except DecodeError as exc:
+                        yield Malformed(str(exc))
+
+            async for message in stream.serve(messages()):
+                yield message.SerializeToString()
+
+        return answer
+
+    return welcome
 
 
 def status_reply(hosting: Hosting, partition: int) -> pb.StatusReply:

@@ -11,10 +11,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -26,7 +27,7 @@ from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggview import errors
+from aggview import errors, frames
 from aggview.cluster import LocalCluster
 from aggview.partition_map import partition_of
 from aggview.schema import Column, ColumnType, TableSchema
@@ -684,20 +685,86 @@ LTM_MESSAGE = st.one_of(
 )
 
 
-class ExchangeHarness:
-    """Plays the coordinator on one Exchange stream: sends what the fuzzer made, waits for an
-    answer to each request, and aborts whatever the fuzzer prepared (as a coordinator would
-    decide it), so no example leaves rows held for the next one."""
+class FramedStream:
+    """A member's Exchange on framed TCP (``aggview.frames``), shaped as the gRPC call the
+    harness drives: its end is clean (OK) when the member closed after its last answer."""
 
-    def __init__(self, address: str, metadata: Metadata) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.ended: str | None = None  # why the stream ended; "" for a clean end
+
+    @classmethod
+    async def open(cls, address: str, metadata: Metadata) -> FramedStream:
+        host, port = address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        fields = dict(metadata)
+        hello = lpb.ExchangeHello(
+            partition=int(fields[ownership.PARTITION_HEADER]),
+            epoch=int(fields[ownership.EPOCH_HEADER]),
+        )
+        writer.write(frames.framed(hello.SerializeToString()))
+        assert await frames.read_frame(reader) == frames.OK
+        return cls(reader, writer)
+
+    async def write(self, data: bytes) -> None:
+        self.writer.write(frames.framed(data))
+        await self.writer.drain()
+
+    async def read(self) -> bytes:
+        return await frames.read_frame(self.reader)
+
+    async def __aiter__(self) -> Any:
+        try:
+            while True:
+                yield await frames.read_frame(self.reader)
+        except asyncio.IncompleteReadError as exc:
+            self.ended = f"{len(exc.partial)} bytes of a frame" if exc.partial else ""
+        except OSError as exc:
+            self.ended = repr(exc)
+
+    async def done_writing(self) -> None:
+        self.writer.write_eof()
+
+    def done(self) -> bool:
+        return self.ended is not None
+
+    async def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.OK if self.ended == "" else grpc.StatusCode.UNKNOWN
+
+    async def details(self) -> str:
+        return self.ended or ""
+
+    def close(self) -> None:
+        self.writer.transport.abort()
+
+
+class ExchangeHarness:
+    """Plays the coordinator on one Exchange stream (gRPC, or framed TCP at ``framed``):
+    sends what the fuzzer made, waits for an answer to each request, and aborts whatever the
+    fuzzer prepared (as a coordinator would decide it), so no example leaves rows held for the
+    next one."""
+
+    def __init__(self, address: str, metadata: Metadata, framed: str | None = None) -> None:
         self.address = address
         self.metadata = metadata  # which partition of the member, at which epoch
+        self.framed = framed
 
-    async def run(self, data: bytes) -> None:
+    @contextlib.asynccontextmanager
+    async def _stream(self) -> AsyncIterator[Any]:
+        if self.framed is not None:
+            stream = await FramedStream.open(self.framed, self.metadata)
+            try:
+                yield stream
+            finally:
+                stream.close()
+            return
         async with grpc.aio.insecure_channel(self.address) as channel:
-            call = channel.stream_stream("/aggview.v1.Ltm/Exchange")(
+            yield channel.stream_stream("/aggview.v1.Ltm/Exchange")(
                 timeout=CALL_TIMEOUT, metadata=self.metadata
             )
+
+    async def run(self, data: bytes) -> None:
+        async with self._stream() as call:
             answers: asyncio.Queue[int | None] = asyncio.Queue()
             reader = asyncio.ensure_future(self._pump(call, answers))
             try:
@@ -753,10 +820,7 @@ class ExchangeHarness:
         ]
         seed = lpb.SubTransaction(ts=2**62 - 1, ops=ops)
         commit = lpb.DecideRequest(decisions=[lpb.Decision(ts=seed.ts, commit=True)])
-        async with grpc.aio.insecure_channel(self.address) as channel:
-            call = channel.stream_stream("/aggview.v1.Ltm/Exchange")(
-                timeout=CALL_TIMEOUT, metadata=self.metadata
-            )
+        async with self._stream() as call:
             for request in (
                 lpb.LtmRequest(id=1, prepare=lpb.PrepareRequest(subs=[seed])),
                 lpb.LtmRequest(id=2, decide=commit),
@@ -788,14 +852,17 @@ class ExchangeHarness:
 
 
 def test_ltm_rpcs_random_bytes_and_typed_messages(fuzzed: LocalCluster) -> None:
-    """Every RPC of an LTM (partition 0, at member 0), as a cluster member that sends
-    nonsense would call it."""
+    """Every RPC of an LTM (partition 0, at member 0), and its Exchange on framed TCP as well,
+    as a cluster member that sends nonsense would call it."""
     store = open_store(fuzzed.store_url)
     for name in FUZZ_TABLES:
         store.create_table(name)
     metadata = ownership.partition_metadata(0, ownership.read(store, 0).epoch)
     store.close()
     harness = ExchangeHarness(fuzzed.member(0).address, metadata)
+    framed = ExchangeHarness(
+        fuzzed.member(0).address, metadata, framed=fuzzed.exchange_addresses[0]
+    )
     loop = asyncio.new_event_loop()
     loop.run_until_complete(harness.seed())
     channel = grpc.insecure_channel(fuzzed.member(0).address)
@@ -813,15 +880,15 @@ def test_ltm_rpcs_random_bytes_and_typed_messages(fuzzed: LocalCluster) -> None:
     @fuzz_settings(250)
     @given(
         st.one_of(
-            st.tuples(st.just("Exchange"), LTM_MESSAGE),
+            st.tuples(st.sampled_from(["Exchange", "Framed"]), LTM_MESSAGE),
             st.tuples(st.just("DropTable"), drop.map(lambda m: m.SerializeToString())),
             st.tuples(st.sampled_from(["DropTable", "Status"]), st.binary(max_size=40)),
         )
     )
     def run(case: tuple[str, bytes]) -> None:
         name, data = case
-        if name == "Exchange":
-            loop.run_until_complete(harness.run(data))
+        if name in ("Exchange", "Framed"):
+            loop.run_until_complete((harness if name == "Exchange" else framed).run(data))
             return
         if name == "DropTable":
             try:

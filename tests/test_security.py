@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import ssl
 import stat
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from inflight import burst, scan_of
 from aggview import certs, errors
 from aggview.certs import FILES, MEMBER_NAME
 from aggview.cluster import LocalCluster
+from aggview.frames import FramedCall
 from aggview.security import MEMBER_HEADER, TlsDir, load_tokens, token_for
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
@@ -300,6 +302,31 @@ def test_non_members_cannot_call_the_ltm_api(secure: LocalCluster, accounts: str
         with pytest.raises(grpc.RpcError) as failure:
             list(stream)
         assert failure.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+    # the same stream on the members' framed-TCP port: mutual TLS, then the secret
+    def framed(context: ssl.SSLContext, secret: str) -> str:
+        async def first_answer() -> str:
+            hello = lpb.ExchangeHello(secret=secret, partition=0, epoch=0).SerializeToString()
+            call = FramedCall(
+                secure.exchange_addresses[0], hello, lpb.LtmReplies.FromString, context
+            )
+            try:
+                async for _ in call:
+                    return "a member"
+                return "closed"
+            except Exception as exc:  # noqa: BLE001 - what the caller is told
+                return str(exc)
+            finally:
+                call.cancel()
+
+        return asyncio.run(first_answer())
+
+    assert "without the cluster secret" in framed(tls.member_client_ssl(), "0" * 64)
+    no_certificate = ssl.create_default_context(cadata=tls.ca.decode())
+    # dropped in the TLS handshake, before any welcome: TLS 1.3 tells the client only by a
+    # reset or an end of stream
+    dropped = framed(no_certificate, tls.secret)
+    assert re.search("reset|certificate|0 bytes read", dropped, re.IGNORECASE), dropped
 
     # the outcome service (members ask each other about transactions in doubt): members only
     with grpc.secure_channel(secure.address, server_only) as channel:

@@ -292,6 +292,16 @@ class LtmReplies(_message.Message):
     replies: _containers.RepeatedCompositeFieldContainer[LtmReply]
     def __init__(self, replies: _Optional[_Iterable[_Union[LtmReply, _Mapping]]] = ...) -> None: ...
 
+class ExchangeHello(_message.Message):
+    __slots__ = ("secret", "partition", "epoch")
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    secret: str
+    partition: int
+    epoch: int
+    def __init__(self, secret: _Optional[str] = ..., partition: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
 class OutcomeRequest(_message.Message):
     __slots__ = ("ts",)
     TS_FIELD_NUMBER: _ClassVar[int]

@@ -1,0 +1,216 @@
+"""Length-prefixed frames over one TCP connection (TLS when the cluster is secure): the members'
+``Exchange`` without gRPC.
+
+A Python gRPC stream message costs 130-220 us of CPU on each side; a frame on an asyncio stream
+costs 9-60 us (``python -m bench.messages``), and the members' prepares, votes and decisions
+are most of the messages of a transaction that spans members (docs/DECISIONS.md).
+
+The protocol: the caller's first frame is a hello (the peer decides what it means: which
+partition, the cluster secret); the server's first frame is its welcome, ``OK`` or ``REFUSED``
+followed by why. Then every frame is a message of requests one way and of answers the other,
+each frame a 4-byte big-endian length and that many bytes. :class:`FramedCall` is the calling
+side, shaped as the gRPC call :class:`aggview.streams.AskEach` drives; :class:`FramedServer` the
+serving side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import struct
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aggview import errors
+from aggview.net import MAX_MESSAGE_BYTES
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct("!I")
+OK = b"\x00"
+REFUSED = b"\x01"
+# A peer that is starting or restarting is dialled again for this long before the call fails
+# (members start one by one); a connection that neither opens nor fails within it is given up.
+CONNECT_GRACE = 2.0
+RETRY_EVERY = 0.05
+
+
+def framed(data: bytes) -> bytes:
+    return HEADER.pack(len(data)) + data
+
+
+async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_MESSAGE_BYTES) -> bytes:
+    """The next frame's bytes; ``asyncio.IncompleteReadError`` at the end of the stream,
+    ``errors.InvalidArgument`` for a length over ``limit`` (the stream cannot go on: where the
+    next frame starts is unknown)."""
+    (length,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+    if length > limit:
+        raise errors.InvalidArgument(f"a frame of {length} bytes is over the {limit}-byte limit")
+    return await reader.readexactly(length)
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class FramedCall:
+    """One connection, opened at once in the background; ``write`` waits for it. Iterating
+    yields the answers, parsed by ``parse``; it ends when the peer closes. ``cancel`` closes."""
+
+    def __init__(
+        self,
+        address: str,
+        hello: bytes,
+        parse: Callable[[bytes], Any],
+        context: ssl.SSLContext | None = None,
+        *,
+        grace: float = CONNECT_GRACE,
+    ) -> None:
+        self.address = address
+        self._parse = parse
+        self._opening = asyncio.ensure_future(self._open(hello, context, grace))
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def _open(
+        self, hello: bytes, context: ssl.SSLContext | None, grace: float
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host, port = _host_port(self.address)
+        give_up = time.monotonic() + grace
+        while True:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(
+                        host,
+                        port,
+                        ssl=context,
+                        server_hostname=host if context is not None else None,
+                        limit=2**20,
+                    ),
+                    grace,
+                )
+                break
+            except (ConnectionRefusedError, ConnectionResetError):
+                if time.monotonic() >= give_up:
+                    raise
+                await asyncio.sleep(RETRY_EVERY)
+        self._writer = writer
+        writer.write(framed(hello))
+        welcome = await asyncio.wait_for(read_frame(reader), grace)
+        if welcome[:1] != OK:
+            writer.transport.abort()
+            reason = welcome[1:].decode(errors="replace")
+            raise errors.FailedPrecondition(f"{self.address} refused the stream: {reason}")
+        return reader, writer
+
+    async def write(self, message: Any) -> None:
+        _, writer = await self._opening
+        writer.write(framed(message.SerializeToString()))
+        await writer.drain()
+
+    async def _replies(self) -> AsyncIterator[Any]:
+        reader, _ = await self._opening
+        while True:
+            try:
+                frame = await read_frame(reader)
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    raise ConnectionResetError(f"{self.address} closed mid-frame") from None
+                return
+            yield self._parse(frame)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._replies()
+
+    def cancel(self) -> None:
+        self._opening.cancel()
+        if self._writer is not None:
+            self._writer.transport.abort()
+
+    async def code(self) -> None:
+        """Returns once the connection is closed (what ``AskEach.close`` awaits of a call)."""
+        with contextlib.suppress(BaseException):
+            await self._opening
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
+
+
+Answer = Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]]
+
+
+class FramedServer:
+    """Serves connections on ``host:port``. ``welcome(hello)`` gives the function that turns
+    a connection's frames into its answers, or raises ``errors.AggviewError`` to refuse it (the
+    caller is told why). A connection that sends no hello within ``grace`` is closed."""
+
+    def __init__(
+        self,
+        welcome: Callable[[bytes], Answer],
+        context: ssl.SSLContext | None = None,
+        *,
+        grace: float = CONNECT_GRACE,
+    ) -> None:
+        self._welcome = welcome
+        self._context = context
+        self._grace = grace
+        self._connections: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> FramedServer:
+        self._server = await asyncio.start_server(
+            self._connection, host, port, ssl=self._context, limit=2**20, reuse_address=True
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        try:
+            try:
+                hello = await asyncio.wait_for(read_frame(reader), self._grace)
+                answer = self._welcome(hello)
+            except errors.AggviewError as exc:
+                writer.write(framed(REFUSED + str(exc).encode()))
+                writer.close()
+                await writer.wait_closed()
+                return
+            writer.write(framed(OK))
+
+            async def frames() -> AsyncIterator[bytes]:
+                with contextlib.suppress(asyncio.IncompleteReadError):
+                    while True:
+                        yield await read_frame(reader)
+
+            async for reply in answer(frames()):
+                writer.write(framed(reply))
+                await writer.drain()
+            writer.close()  # after what is buffered has gone out
+            await writer.wait_closed()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, errors.AggviewError) as exc:
+            log.info("a member's stream from %s ended: %r", peer, exc)
+        except Exception:  # a bug: this connection ends, the server stays up
+            log.exception("a member's stream from %s failed", peer)
+        except asyncio.CancelledError:  # close(): asyncio's own callback must not see it
+            pass
+        finally:
+            writer.transport.abort()  # closed already, unless it failed or is being closed
+            self._connections.discard(task)
+
+    async def close(self) -> None:
+        """Stops accepting and ends every open connection."""
+        if self._server is None:
+            return
+        self._server.close()
+        tasks = list(self._connections)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._server.wait_closed()
