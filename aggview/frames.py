@@ -194,7 +194,9 @@ class FramedServer:
                 await writer.drain()
             writer.close()  # after what is buffered has gone out
             await writer.wait_closed()
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, errors.AggviewError) as exc:
+        except errors.AggviewError as exc:  # bad input: the peer sees the end, the log why
+            log.warning("a member's stream from %s ended: %s", peer, exc)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
             log.info("a member's stream from %s ended: %r", peer, exc)
         except Exception:  # a bug: this connection ends, the server stays up
             log.exception("a member's stream from %s failed", peer)

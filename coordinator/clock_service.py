@@ -19,8 +19,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from aggview import errors
+from aggview.frames import Answer, FramedCall
 from aggview.net import GRPC_OPTIONS
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.status import Malformed, grpc_method
@@ -136,12 +138,36 @@ class ClockServicer(pb_grpc.ClockServicer):
     async def Tick(
         self, requests: AsyncIterator[pb.ClockRequest | Malformed], context: Any
     ) -> AsyncIterator[pb.ClockReply]:
+        try:
+            async for reply in self.tick(requests):
+                yield reply
+        except errors.AggviewError as exc:  # bad input ends this stream, with its reason
+            await context.abort(exc.code, str(exc))
+
+    def framed(self) -> Answer:
+        """The same stream on the member's framed-TCP port (``aggview.frames``)."""
+
+        async def answer(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+            async def requests() -> AsyncIterator[pb.ClockRequest | Malformed]:
+                async for frame in frames:
+                    try:
+                        yield pb.ClockRequest.FromString(frame)
+                    except DecodeError as exc:
+                        yield Malformed(str(exc))
+
+            async for reply in self.tick(requests()):
+                yield reply.SerializeToString()
+
+        return answer
+
+    async def tick(
+        self, requests: AsyncIterator[pb.ClockRequest | Malformed]
+    ) -> AsyncIterator[pb.ClockReply]:
+        """A follower's stream: its requests in, grants and watermarks out; ends with the
+        error of a request that makes no sense."""
         leader = self.clock()
         if not isinstance(leader, LeaderClock):
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "this member does not lead the cluster (yet)"
-            )
-            return
+            raise errors.Unavailable("this member does not lead the cluster (yet)")
         stream = _Stream(leader)
 
         async def read() -> None:
@@ -157,10 +183,7 @@ class ClockServicer(pb_grpc.ClockServicer):
         try:
             while (reply := await stream.replies.get()) is not None:
                 yield reply
-            try:
-                await reader
-            except errors.AggviewError as exc:  # bad input ends this stream, with its reason
-                await context.abort(exc.code, str(exc))
+            await reader
         finally:
             leader.listeners.discard(stream.told)
             leader.notice_listeners.discard(stream.notify)
@@ -196,10 +219,15 @@ class FollowerClock(MemberClock):
         install: Callable[[int, dict[str, Any]], None],
         locate: Callable[[], Awaitable[tuple[int, str] | None]] | None = None,
         leader_member: int = 0,
+        exchanges: list[str] | None = None,
     ) -> None:
         """``locate``: after the stream fails, where the leader is now (index, address), or
-        None when it is this member (it takes the lead; ``coordinator.leadership``)."""
+        None when it is this member (it takes the lead; ``coordinator.leadership``).
+        ``exchanges``: every member's framed-TCP address, which then carries the stream."""
         super().__init__(in_flight)
+        self._exchanges = exchanges or []
+        self._ssl = tls.member_client_ssl() if tls is not None and exchanges else None
+        self._pump: asyncio.Task[None] | None = None
         self.member = member
         self.address = leader
         self.leader_member = leader_member
@@ -248,13 +276,43 @@ class FollowerClock(MemberClock):
         self._down = None
         self._asking = False
         self._wait_sent = self._waiters[0][0] if self._waiters else 0
-        self._call = stub.Tick(outgoing(), metadata=member_metadata(self._tls))
+        if self._exchanges:
+            self._call = self._framed(outbox)
+        else:
+            self._call = stub.Tick(outgoing(), metadata=member_metadata(self._tls))
         self._reader = asyncio.get_running_loop().create_task(self._read(self._call))
         self._changed()
+
+    def _framed(self, outbox: asyncio.Queue[pb.ClockRequest]) -> FramedCall:
+        """The stream on the leader's framed-TCP port; a write that fails ends it (its
+        reader then sees the end, as for a gRPC call)."""
+        hello = pb.ExchangeHello(
+            secret=self._tls.secret if self._tls is not None else "", stream="clock"
+        )
+        call = FramedCall(
+            self._exchanges[self.leader_member],
+            hello.SerializeToString(),
+            pb.ClockReply.FromString,
+            self._ssl,
+        )
+
+        async def pump() -> None:
+            try:
+                while True:
+                    await call.write(await outbox.get())
+            except Exception:  # noqa: BLE001 - the reader reports why the stream ended
+                call.cancel()
+
+        if self._pump is not None:
+            self._pump.cancel()
+        self._pump = asyncio.get_running_loop().create_task(pump())
+        return call
 
     async def close(self) -> None:
         """Stops asking; whatever still waits for a timestamp fails as unavailable."""
         self._closed = True
+        if self._pump is not None:
+            self._pump.cancel()
         if self._reader is not None:
             self._reader.cancel()
         if self._call is not None:
@@ -364,6 +422,8 @@ class FollowerClock(MemberClock):
             problem = f"the clock stream to the leader failed: {exc.details() or exc.code()}"
         except asyncio.CancelledError:
             return
+        except (OSError, asyncio.IncompleteReadError, errors.AggviewError) as exc:  # framed
+            problem = f"the clock stream to the leader failed: {exc}"
         except Exception as exc:  # a bug here must not leave everything waiting in silence
             log.exception("clock stream reader failed")
             problem = f"the clock stream to the leader failed: {exc!r}"

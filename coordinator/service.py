@@ -478,6 +478,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
             lambda epoch, configuration: manager.views.install(epoch, configuration),
             locate if config.replicates else None,
             leader_member=leader,
+            exchanges=config.exchanges,
         )
     manager = TransactionManager(catalog, clock, decisions, limits=config.limits)
     manager.leader_member = leader
@@ -647,6 +648,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     add_service(
         server, lpb.DESCRIPTOR.services_by_name["TransactionOutcome"], OutcomeServicer(manager)
     )
+    clock: ClockServicer | None = None
     services = [
         cpb.DESCRIPTOR.services_by_name["Aggview"],
         lpb.DESCRIPTOR.services_by_name["TransactionOutcome"],
@@ -667,8 +669,11 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     credentials = config.tls.server_credentials(members_only=False) if config.tls else None
     framed = None
     if config.exchanges:  # other members' streams to our partitions, on framed TCP
+        streams = {}
+        if clock is not None:  # and the followers' clock streams
+            streams["clock"] = clock.framed
         welcome = framed_exchange(
-            manager.local.participant, config.tls.secret if config.tls else None
+            manager.local.participant, config.tls.secret if config.tls else None, streams
         )
         framed = await FramedServer(
             welcome, config.tls.member_server_ssl() if config.tls else None

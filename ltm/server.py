@@ -268,11 +268,14 @@ def exchange(participant: Participant) -> AnswerEach[pb.LtmRequest | Malformed, 
 
 
 def framed_exchange(
-    participant_of: Callable[[dict[str, str]], Participant], secret: str | None
+    participant_of: Callable[[dict[str, str]], Participant],
+    secret: str | None,
+    streams: dict[str, Callable[[], Answer]] | None = None,
 ) -> Callable[[bytes], Answer]:
     """What a member's framed-TCP server (``aggview.frames.FramedServer``) does with a
     connection: its hello names the partition and epoch (``participant_of`` refuses a wrong
-    one, as for a gRPC stream's metadata) and, in a secure cluster, carries the secret."""
+    one, as for a gRPC stream's metadata) and, in a secure cluster, carries the secret; or it
+    names another of the member's ``streams`` (the clock)."""
 
     def welcome(hello_bytes: bytes) -> Answer:
         try:
@@ -281,6 +284,10 @@ def framed_exchange(
             raise errors.InvalidArgument(f"malformed hello: {exc}") from None
         if secret is not None and not hmac.compare_digest(hello.secret.encode(), secret.encode()):
             raise errors.PermissionDenied("a member's stream without the cluster secret")
+        if hello.stream:
+            if hello.stream not in (streams or {}):
+                raise errors.InvalidArgument(f"no stream {hello.stream!r} here")
+            return (streams or {})[hello.stream]()
         participant = participant_of(
             dict(ownership.partition_metadata(hello.partition, hello.epoch))
         )

@@ -9,6 +9,7 @@ member under load with nothing acknowledged lost and nothing half applied."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import threading
@@ -40,6 +41,7 @@ from test_views_differential import (  # noqa: F401
 
 from aggview import errors
 from aggview.cluster import LocalCluster
+from aggview.frames import FramedCall
 from aggview.partition_map import standby_of
 from aggview.schema import Column, ColumnType, TableSchema
 from aggview.values import to_row
@@ -272,11 +274,40 @@ def test_a_bad_clock_stream_is_refused_and_the_cluster_serves_on(cluster: LocalC
                 list(replies)
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert problem in (refused.value.details() or "")
+
+    async def framed(stream: str, frame: bytes) -> str:
+        """The same on the leader's framed-TCP port: the connection is closed without a
+        grant (or refused at its hello, saying why)."""
+        hello = lpb.ExchangeHello(stream=stream).SerializeToString()
+        call = FramedCall(cluster.exchange_addresses[0], hello, lpb.ClockReply.FromString)
+        try:
+            await call.write(_Raw(frame))
+            return "; ".join([str(reply) async for reply in call]) or "closed"
+        except errors.AggviewError as exc:
+            return str(exc)
+        finally:
+            call.cancel()
+
+    for member in (7, 0):
+        request = lpb.ClockRequest(member=member, read=True).SerializeToString()
+        assert asyncio.run(framed("clock", request)) == "closed"
+    assert asyncio.run(framed("clock", b"\xff\xff")) == "closed"  # does not parse
+    assert "no stream 'tock'" in asyncio.run(framed("tock", b""))
     with Client(cluster.member(1).address) as client:  # the follower's own stream is intact
         client.sql("CREATE TABLE after_bad_clock (id INT PRIMARY KEY)")
         with client.transaction() as tx:
             tx.insert("after_bad_clock", {"id": 1})
         assert client.scan("after_bad_clock") == [{"id": 1}]
+
+
+class _Raw:
+    """Bytes sent as they are, where a message is expected."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - a protobuf message's name
+        return self.data
 
 
 def test_log_copies_and_takeovers_are_refused_without_replication(cluster: LocalCluster) -> None:

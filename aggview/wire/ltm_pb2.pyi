@@ -293,14 +293,16 @@ class LtmReplies(_message.Message):
     def __init__(self, replies: _Optional[_Iterable[_Union[LtmReply, _Mapping]]] = ...) -> None: ...
 
 class ExchangeHello(_message.Message):
-    __slots__ = ("secret", "partition", "epoch")
+    __slots__ = ("secret", "partition", "epoch", "stream")
     SECRET_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
     secret: str
     partition: int
     epoch: int
-    def __init__(self, secret: _Optional[str] = ..., partition: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    stream: str
+    def __init__(self, secret: _Optional[str] = ..., partition: _Optional[int] = ..., epoch: _Optional[int] = ..., stream: _Optional[str] = ...) -> None: ...
 
 class OutcomeRequest(_message.Message):
     __slots__ = ("ts",)
