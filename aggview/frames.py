@@ -1,9 +1,10 @@
 """Length-prefixed frames over one TCP connection (TLS when the cluster is secure): the members'
-``Exchange`` without gRPC.
+``Exchange`` and clock streams without gRPC.
 
-A Python gRPC stream message costs 130-220 us of CPU on each side; a frame on an asyncio stream
-costs 9-60 us (``python -m bench.messages``), and the members' prepares, votes and decisions
-are most of the messages of a transaction that spans members (docs/DECISIONS.md).
+A Python gRPC stream message costs 130-220 us of CPU on each side, a frame on an asyncio stream
+9-60 us (``python -m bench.messages``). That pays where a transaction's messages are few to a
+message (light load: 1.11-1.13x the throughput); under load the streams already carry many
+requests per message and the two are equal (docs/DECISIONS.md).
 
 The protocol: the caller's first frame is a hello (the peer decides what it means: which
 partition, the cluster secret); the server's first frame is its welcome, ``OK`` or ``REFUSED``
@@ -132,8 +133,7 @@ class FramedCall:
 
     async def code(self) -> None:
         """Returns once the connection is closed (what ``AskEach.close`` awaits of a call)."""
-        with contextlib.suppress(BaseException):
-            await self._opening
+        await asyncio.wait([self._opening])  # opened, failed or cancelled: never raises
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 await self._writer.wait_closed()
