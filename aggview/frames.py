@@ -25,8 +25,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from aggview import errors
 from aggview.net import MAX_MESSAGE_BYTES
+from aggview.status import Malformed
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +143,27 @@ class FramedCall:
 
 
 Answer = Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]]
+
+
+def answering(
+    parse: Callable[[bytes], Any],
+    serve: Callable[[AsyncIterator[Any]], AsyncIterator[Any]],
+) -> Answer:
+    """A stream's handler on frames: each frame parsed (one that does not parse reaches
+    ``serve`` as ``Malformed``, as gRPC's tolerant parsing does) and each answer serialized."""
+
+    async def answer(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async def messages() -> AsyncIterator[Any]:
+            async for frame in frames:
+                try:
+                    yield parse(frame)
+                except DecodeError as exc:
+                    yield Malformed(str(exc))
+
+        async for reply in serve(messages()):
+            yield reply.SerializeToString()
+
+    return answer
 
 
 class FramedServer:

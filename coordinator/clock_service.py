@@ -19,10 +19,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from aggview import errors
-from aggview.frames import Answer, FramedCall
+from aggview.frames import Answer, FramedCall, answering
 from aggview.net import GRPC_OPTIONS
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.status import Malformed, grpc_method
@@ -146,19 +145,7 @@ class ClockServicer(pb_grpc.ClockServicer):
 
     def framed(self) -> Answer:
         """The same stream on the member's framed-TCP port (``aggview.frames``)."""
-
-        async def answer(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-            async def requests() -> AsyncIterator[pb.ClockRequest | Malformed]:
-                async for frame in frames:
-                    try:
-                        yield pb.ClockRequest.FromString(frame)
-                    except DecodeError as exc:
-                        yield Malformed(str(exc))
-
-            async for reply in self.tick(requests()):
-                yield reply.SerializeToString()
-
-        return answer
+        return answering(pb.ClockRequest.FromString, self.tick)
 
     async def tick(
         self, requests: AsyncIterator[pb.ClockRequest | Malformed]

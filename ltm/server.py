@@ -14,7 +14,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from aggview import errors
-from aggview.frames import Answer
+from aggview.frames import Answer, answering
 from aggview.security import TlsDir
 from aggview.status import Malformed, grpc_method
 from aggview.streams import AnswerEach
@@ -291,20 +291,7 @@ def framed_exchange(
         participant = participant_of(
             dict(ownership.partition_metadata(hello.partition, hello.epoch))
         )
-        stream = exchange(participant)
-
-        async def answer(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-            async def messages() -> AsyncIterator[pb.LtmRequests | Malformed]:
-                async for frame in frames:
-                    try:
-                        yield pb.LtmRequests.FromString(frame)
-                    except DecodeError as exc:
-                        yield Malformed(str(exc))
-
-            async for message in stream.serve(messages()):
-                yield message.SerializeToString()
-
-        return answer
+        return answering(pb.LtmRequests.FromString, exchange(participant).serve)
 
     return welcome
 
