@@ -199,11 +199,13 @@ def _run_ltm(args: argparse.Namespace) -> None:
         )
     exchange_port = args.exchange_port
     if exchange_port is None and args.member_exchange:
+        from aggview.frames import host_port
+
         own = args.member_exchange[args.member]
-        _, _, port = own.rpartition(":")
-        if not port.isdigit():
-            raise errors.InvalidArgument(f"--member-exchange {own!r} is not host:port")
-        exchange_port = int(port)
+        try:
+            _, exchange_port = host_port(own)
+        except ValueError:
+            raise errors.InvalidArgument(f"--member-exchange {own!r} is not host:port") from None
     tls_dir = _server_tls_dir(args)
     tokens = _tokens_path(args, tls_dir)
     config = CoordinatorConfig(

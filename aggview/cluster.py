@@ -259,6 +259,8 @@ class LocalCluster:
     # Where the other members reach member m (default: its own address); tests put proxies
     # there.
     member_route: Callable[[int, str], str] | None = None
+    # where each member serves framed TCP (set at start; none for an older checkout)
+    exchange_addresses: list[str] = field(default_factory=list, init=False)
     servers: list[Server] = field(default_factory=list)
     # The shared store: "" is the embedded one in data/store.db; or hbase://HOST:PORT[?...].
     store: str = ""
@@ -293,8 +295,6 @@ class LocalCluster:
     @property
     def address(self) -> str:
         return self.coordinator.address
-
-    exchange_addresses: list[str] = field(default_factory=list, init=False)  # framed TCP
 
     def member(self, index: int) -> Server:
         """A coordinating member (an older checkout's LTM ``index``)."""

@@ -56,7 +56,8 @@ async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_MESSAGE_BYTE
     return await reader.readexactly(length)
 
 
-def _host_port(address: str) -> tuple[str, int]:
+def host_port(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``) split; ValueError when the port is not a number."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
 
@@ -82,7 +83,7 @@ class FramedCall:
     async def _open(
         self, hello: bytes, context: ssl.SSLContext | None, grace: float
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        host, port = _host_port(self.address)
+        host, port = host_port(self.address)
         give_up = time.monotonic() + grace
         while True:
             try:

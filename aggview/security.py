@@ -17,6 +17,7 @@ share.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import inspect
@@ -96,15 +97,19 @@ class TlsDir:
     def member_metadata(self) -> tuple[tuple[str, str], ...]:
         return ((MEMBER_HEADER, self.secret),)
 
+    @functools.cached_property
     def member_server_ssl(self) -> ssl.SSLContext:
-        """A member's framed-TCP server (aggview/frames.py): mutual TLS, as its gRPC port."""
+        """A member's framed-TCP server (aggview/frames.py): mutual TLS, as its gRPC port.
+        Made once per process and shared by every connection."""
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=self.ca.decode())
         context.load_cert_chain(self.directory / "server.pem", self.directory / "server-key.pem")
         context.verify_mode = ssl.CERT_REQUIRED
         return context
 
+    @functools.cached_property
     def member_client_ssl(self) -> ssl.SSLContext:
-        """A member dialling another's framed-TCP server with the members' certificate."""
+        """A member dialling another's framed-TCP server with the members' certificate (made
+        once per process, shared by every partition's channel and the clock)."""
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=self.ca.decode())
         context.load_cert_chain(self.directory / "client.pem", self.directory / "client-key.pem")
         return context

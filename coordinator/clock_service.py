@@ -213,7 +213,7 @@ class FollowerClock(MemberClock):
         ``exchanges``: every member's framed-TCP address, which then carries the stream."""
         super().__init__(in_flight)
         self._exchanges = exchanges or []
-        self._ssl = tls.member_client_ssl() if tls is not None and exchanges else None
+        self._ssl = tls.member_client_ssl if tls is not None and exchanges else None
         self._pump: asyncio.Task[None] | None = None
         self.member = member
         self.address = leader

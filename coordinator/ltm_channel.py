@@ -129,7 +129,7 @@ class LtmChannel:
         self._watermarks = watermarks
         self._tls = tls
         self._exchanges = exchanges or []
-        self._ssl = tls.member_client_ssl() if tls is not None and exchanges else None
+        self._ssl = tls.member_client_ssl if tls is not None and exchanges else None
         self.point(address, owner=index if owner is None else owner, epoch=epoch)
         self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
         # the long-lived Exchange call, opened on first use (on the current owner's stub)

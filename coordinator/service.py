@@ -414,21 +414,22 @@ class CoordinatorConfig:
 
     def addresses(self, partitions: int) -> list[str]:
         """Where each partition is hosted (none in one process: every one is here)."""
-        if not self.members:
-            return []
-        return [self.members[p % len(self.members)] for p in range(partitions)]
+        return _per_partition(self.members, partitions)
 
     def exchange_addresses(self, partitions: int) -> list[str]:
         """Where each partition's member serves framed TCP (none: gRPC carries the streams)."""
-        if not self.exchanges:
-            return []
-        return [self.exchanges[p % len(self.exchanges)] for p in range(partitions)]
+        return _per_partition(self.exchanges, partitions)
 
     def hosted(self, partitions: int) -> list[int] | None:
         """The partitions this process hosts (None: every one)."""
         if not self.members:
             return None
         return [p for p in range(partitions) if p % len(self.members) == self.member]
+
+
+def _per_partition(by_member: list[str], partitions: int) -> list[str]:
+    """Partition p's entry of a per-member list: member p % members hosts it."""
+    return [by_member[p % len(by_member)] for p in range(partitions)] if by_member else []
 
 
 def build_manager(config: CoordinatorConfig) -> TransactionManager:
@@ -676,7 +677,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
             manager.local.participant, config.tls.secret if config.tls else None, streams
         )
         framed = await FramedServer(
-            welcome, config.tls.member_server_ssl() if config.tls else None
+            welcome, config.tls.member_server_ssl if config.tls else None
         ).start(config.host, config.exchange_port)
     await run_until_signalled(
         server, config.host, config.port, f"member {config.member}", ready, credentials=credentials

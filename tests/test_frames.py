@@ -190,16 +190,16 @@ def test_mutual_tls_and_the_secret_keep_out_what_is_not_a_member(tls: TlsDir) ->
     welcome = framed_exchange(participant_of, tls.secret)
 
     async def main() -> None:
-        server = await frames.FramedServer(welcome, tls.member_server_ssl()).start("127.0.0.1", 0)
+        server = await frames.FramedServer(welcome, tls.member_server_ssl).start("127.0.0.1", 0)
         address = f"127.0.0.1:{server.port}"
         right = pb.ExchangeHello(secret=tls.secret, partition=4, epoch=2).SerializeToString()
         wrong = pb.ExchangeHello(secret="guess", partition=4).SerializeToString()
         no_cert = ssl.create_default_context(cadata=tls.ca.decode())
         cases = {
-            "secret": asker(address, wrong, tls.member_client_ssl()),
+            "secret": asker(address, wrong, tls.member_client_ssl),
             "certificate": asker(address, right, no_cert),
             "plaintext": asker(address, right, None),
-            "member": asker(address, right, tls.member_client_ssl()),
+            "member": asker(address, right, tls.member_client_ssl),
         }
         try:
             with pytest.raises(errors.Unavailable, match="without the cluster secret"):

@@ -321,7 +321,7 @@ def test_non_members_cannot_call_the_ltm_api(secure: LocalCluster, accounts: str
 
         return asyncio.run(first_answer())
 
-    assert "without the cluster secret" in framed(tls.member_client_ssl(), "0" * 64)
+    assert "without the cluster secret" in framed(tls.member_client_ssl, "0" * 64)
     no_certificate = ssl.create_default_context(cadata=tls.ca.decode())
     # dropped in the TLS handshake, before any welcome: TLS 1.3 tells the client only by a
     # reset or an end of stream
