@@ -32,6 +32,10 @@ from coordinator.member_clock import InFlight, LeaderClock, MemberClock
 
 log = logging.getLogger(__name__)
 
+# A follower's timestamp requests out at once. With one, a transaction arriving while it was
+# out waited for its grant and then a round trip of its own; with two, about one round trip.
+ASKS_OUT = 2
+
 
 def _reply(marks: Marks, grant: Grant | None = None) -> pb.ClockReply:
     reply = pb.ClockReply(
@@ -227,8 +231,8 @@ class FollowerClock(MemberClock):
         self._asked_writes: deque[tuple[asyncio.Future[tuple[int, int]], Writes | None]] = deque()
         self._fresh = True  # no reply yet on this stream
         self.requests = self.replies = 0  # messages on its streams, for the benchmarks
-        self._asked_reads: list[asyncio.Future[int]] = []
-        self._asking = False
+        # one entry per request out (its readers), oldest first: grants come back in order
+        self._asked_reads: deque[list[asyncio.Future[int]]] = deque()
         self._scheduled = False
         self._report_due = False
         self._seen = 0
@@ -261,7 +265,7 @@ class FollowerClock(MemberClock):
         self._seen = 0  # grants are numbered per stream
         self._fresh = True
         self._down = None
-        self._asking = False
+        self._asked_reads.clear()
         self._wait_sent = self._waiters[0][0] if self._waiters else 0
         if self._exchanges:
             self._call = self._framed(outbox)
@@ -306,11 +310,13 @@ class FollowerClock(MemberClock):
             self._call.cancel()
         failure = errors.Unavailable("this member's clock stream closed; try again")
         waiting: list[Any] = [*self._writers, *self._asked_writes]
-        for future in [*(f for f, _ in waiting), *self._readers, *self._asked_reads]:
+        asked_reads = [future for readers in self._asked_reads for future in readers]
+        for future in [*(f for f, _ in waiting), *self._readers, *asked_reads]:
             if not future.done():
                 future.set_exception(failure)
-        self._writers, self._readers, self._asked_reads = [], [], []
+        self._writers, self._readers = [], []
         self._asked_writes.clear()
+        self._asked_reads.clear()
         await self._channel.close()
 
     # ------------------------------------------------------------------ asking
@@ -345,16 +351,20 @@ class FollowerClock(MemberClock):
                 self.in_flight.stop_reading(future.result())
             raise
 
+    def _asking(self) -> bool:
+        """As many requests out as may be: what waits goes with the next grant's reply."""
+        return len(self._asked_reads) >= ASKS_OUT
+
     def _ask_soon(self) -> None:
-        if not self._asking:
+        if not self._asking():
             self._schedule()
 
     def _changed(self) -> None:
-        """The in-flight set changed: a report is due. While a request is out it waits for
-        the grant and goes with the message that follows it (under load, the next request:
-        one message instead of two); the watermarks lag by at most that round trip."""
+        """The in-flight set changed: a report is due. While the most requests are out it
+        waits for a grant and goes with the message that follows it (under load, the next
+        request: one message instead of two); the watermarks lag by at most that round trip."""
         self._report_due = True
-        if not self._asking:
+        if not self._asking():
             self._schedule()
 
     def _schedule(self) -> None:
@@ -369,7 +379,7 @@ class FollowerClock(MemberClock):
 
     def _send(self) -> None:
         """One message: a report of what this member holds, and what it waits for; and,
-        unless a request is out, everything waiting for a timestamp."""
+        unless the most requests are out, everything waiting for a timestamp."""
         self._scheduled = False
         self._report_due = False
         request = pb.ClockRequest(
@@ -380,8 +390,7 @@ class FollowerClock(MemberClock):
             reading=self.in_flight.oldest_read() or 0,
             wait=self._wait_sent,
         )
-        if not self._asking and (self._writers or self._readers):
-            self._asking = True
+        if not self._asking() and (self._writers or self._readers):
             request.count = len(self._writers)
             request.read = bool(self._readers)
             known = [writes for _, writes in self._writers if writes is not None]
@@ -391,7 +400,7 @@ class FollowerClock(MemberClock):
                 request.write_rows.extend(pb.CachedRow(table=t, key=k) for t, k in rows)
                 request.write_tables.extend(sorted({t for w in known for t in w.tables}))
             self._asked_writes.extend(self._writers)
-            self._asked_reads = self._readers
+            self._asked_reads.append(self._readers)
             self._writers, self._readers = [], []
         self.requests += 1
         self._outbox.put_nowait(request)
@@ -417,10 +426,12 @@ class FollowerClock(MemberClock):
         log.warning("%s", problem)
         self._down = problem
         failure = errors.Unavailable(problem)
-        asked = [*(future for future, _ in self._asked_writes), *self._asked_reads]
+        asked = [future for future, _ in self._asked_writes]
+        asked += [future for readers in self._asked_reads for future in readers]
         asked += [*(future for future, _ in self._writers), *self._readers]
         self._asked_writes.clear()
-        self._asked_reads, self._writers, self._readers = [], [], []
+        self._asked_reads.clear()
+        self._writers, self._readers = [], []
         for future in asked:
             if not future.done():
                 future.set_exception(failure)
@@ -470,14 +481,12 @@ class FollowerClock(MemberClock):
             self.in_flight.add(ts)
             self._register(ts, reply.epoch, writes)
             future.set_result((ts, reply.epoch))
-        if self._asked_reads:  # the grant answers the one request out, reads included
-            for future in self._asked_reads:
-                if future.done():
-                    unused = True
-                    continue
-                self.in_flight.start_reading(reply.read_ts)
-                future.set_result(reply.read_ts)
-            self._asked_reads = []
-        self._asking = False
+        # the grant answers the oldest request out, its reads included
+        for future in self._asked_reads.popleft() if self._asked_reads else ():
+            if future.done():
+                unused = True
+                continue
+            self.in_flight.start_reading(reply.read_ts)
+            future.set_result(reply.read_ts)
         if unused or self._writers or self._readers or self._report_due:
             self._schedule()

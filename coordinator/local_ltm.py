@@ -6,15 +6,17 @@ Votes are written to the participant's log without waiting for the disk: a trans
 participant commits with one durable write (its prepare and commit records flushed together, no
 decision record), one with several flushes their prepares before its decision is logged.
 
-``LocalLtm`` answers the calls the transaction manager makes on an ``LtmChannel``; decisions are
-still collected per partition (one batch in flight, what arrives meanwhile in the next), so the
-participant's log groups them as it does behind a stream.
+``LocalLtm`` answers the calls the transaction manager makes on an ``LtmChannel``. Decisions go
+to the participant at once: its log's group commit puts what arrives during a flush into the
+next one. (They used to be batched here as for a stream, one batch in flight; that only added a
+wait between one flush and the next, about 0.5 ms of a one-partition commit's 2-3 ms at 8
+clients.)
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,6 @@ from aggview.partition_map import standby_of
 from aggview.security import TlsDir
 from aggview.status import grpc_method
 from aggview.wire import ltm_pb2 as pb
-from coordinator.ltm_channel import Batcher
 from coordinator.member_decisions import MemberDecisions
 from ltm.participant import OutcomeQuery, Participant, VoteNo
 from ltm.server import (
@@ -35,6 +36,20 @@ from ltm.server import (
     status_reply,
 )
 from ltm.store import Store, ownership
+
+
+class DirectDecisions:
+    """What a ``Batcher`` of decisions offers the transaction manager (``submit``, counts),
+    each decision delivered on its own: an in-process participant's log groups them."""
+
+    def __init__(self, decide: Callable[[int, bool], Any]) -> None:
+        self._decide = decide
+        self.calls = self.items = 0
+
+    def submit(self, decision: pb.Decision) -> asyncio.Future[None]:
+        self.calls += 1
+        self.items += 1
+        return asyncio.ensure_future(self._decide(decision.ts, decision.commit))
 
 
 class LocalPartitions:
@@ -129,7 +144,7 @@ class LocalLtm:
         self.hosting = hosting
         self._watermarks = watermarks
         self._names = {ownership.PARTITION_HEADER: str(index)}
-        self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
+        self.decisions = DirectDecisions(self.decide)
 
     @property
     def participant(self) -> Participant:
@@ -150,17 +165,10 @@ class LocalLtm:
         """Every prepare record so far is durable."""
         await self.participant.wal.flush()
 
-    async def _send_decisions(
-        self, decisions: list[pb.Decision]
-    ) -> AsyncIterator[tuple[int, None]]:
+    async def decide(self, ts: int, commit: bool) -> None:
         participant = self.participant
         participant.observe(self._watermarks()[0], 0)
-        await asyncio.gather(*(participant.decide(d.ts, d.commit) for d in decisions))
-        for i in range(len(decisions)):
-            yield i, None
-
-    async def decide(self, ts: int, commit: bool) -> None:
-        await self.decisions.submit(pb.Decision(ts=ts, commit=commit))
+        await participant.decide(ts, commit)
 
     async def read(self, request: pb.ReadRequest) -> pb.ReadReply:
         try:
