@@ -128,6 +128,16 @@ def member_metadata(tls: TlsDir | None) -> tuple[tuple[str, str], ...]:
     return tls.member_metadata if tls is not None else ()
 
 
+def member_secret(tls: TlsDir | None) -> str:
+    """What a member presents on framed TCP (``aggview.frames``): empty when insecure."""
+    return tls.secret if tls is not None else ""
+
+
+def is_secret(presented: str | None, secret: str) -> bool:
+    """The one rule for a presented member secret (gRPC metadata or a framed hello)."""
+    return presented is not None and hmac.compare_digest(presented.encode(), secret.encode())
+
+
 # --------------------------------------------------------------------------- tokens
 
 
@@ -257,7 +267,7 @@ def member_check(
     method: str,
 ) -> grpc.RpcMethodHandler:
     presented = metadata_value(metadata, MEMBER_HEADER)
-    if presented is None or not hmac.compare_digest(presented.encode(), secret.encode()):
+    if not is_secret(presented, secret):
         return denied(
             handler,
             grpc.StatusCode.UNAUTHENTICATED,

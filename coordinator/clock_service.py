@@ -23,7 +23,7 @@ import grpc
 from aggview import errors
 from aggview.frames import Answer, FramedCall, answering
 from aggview.net import GRPC_OPTIONS
-from aggview.security import TlsDir, member_channel, member_metadata
+from aggview.security import TlsDir, member_channel, member_metadata, member_secret
 from aggview.status import Malformed, grpc_method
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
@@ -277,9 +277,7 @@ class FollowerClock(MemberClock):
     def _framed(self, outbox: asyncio.Queue[pb.ClockRequest]) -> FramedCall:
         """The stream on the leader's framed-TCP port; a write that fails ends it (its
         reader then sees the end, as for a gRPC call)."""
-        hello = pb.ExchangeHello(
-            secret=self._tls.secret if self._tls is not None else "", stream="clock"
-        )
+        hello = pb.ExchangeHello(secret=member_secret(self._tls), stream="clock")
         call = FramedCall(
             self._exchanges[self.leader_member],
             hello.SerializeToString(),

@@ -14,7 +14,7 @@ import grpc
 from aggview import errors
 from aggview.frames import FramedCall
 from aggview.net import GRPC_OPTIONS
-from aggview.security import TlsDir, member_channel, member_metadata
+from aggview.security import TlsDir, member_channel, member_metadata, member_secret
 from aggview.status import error_from_rpc
 from aggview.streams import AskEach
 from aggview.wire import ltm_pb2 as pb
@@ -158,7 +158,7 @@ class LtmChannel:
         if not self._exchanges:
             return self.stub.Exchange(metadata=self._metadata)
         hello = pb.ExchangeHello(
-            secret=self._tls.secret if self._tls is not None else "",
+            secret=member_secret(self._tls),
             partition=self.index,
             epoch=self.epoch,
         )

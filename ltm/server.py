@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from google.protobuf.message import DecodeError
 
 from aggview import errors
 from aggview.frames import Answer, answering
-from aggview.security import TlsDir
+from aggview.security import TlsDir, is_secret
 from aggview.status import Malformed, grpc_method
 from aggview.streams import AnswerEach
 from aggview.wire import ltm_pb2 as pb
@@ -276,18 +275,19 @@ def framed_exchange(
     connection: its hello names the partition and epoch (``participant_of`` refuses a wrong
     one, as for a gRPC stream's metadata) and, in a secure cluster, carries the secret; or it
     names another of the member's ``streams`` (the clock)."""
+    streams = streams or {}
 
     def welcome(hello_bytes: bytes) -> Answer:
         try:
             hello = pb.ExchangeHello.FromString(hello_bytes)
         except DecodeError as exc:
             raise errors.InvalidArgument(f"malformed hello: {exc}") from None
-        if secret is not None and not hmac.compare_digest(hello.secret.encode(), secret.encode()):
+        if secret is not None and not is_secret(hello.secret, secret):
             raise errors.PermissionDenied("a member's stream without the cluster secret")
         if hello.stream:
-            if hello.stream not in (streams or {}):
+            if hello.stream not in streams:
                 raise errors.InvalidArgument(f"no stream {hello.stream!r} here")
-            return (streams or {})[hello.stream]()
+            return streams[hello.stream]()
         participant = participant_of(
             dict(ownership.partition_metadata(hello.partition, hello.epoch))
         )
