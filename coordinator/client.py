@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 
 from aggview import errors
+from aggview.frames import FramedCall
 from aggview.net import GRPC_OPTIONS
 from aggview.security import client_credentials
 from aggview.status import error_from_rpc, error_from_status
@@ -29,6 +30,7 @@ from aggview.streams import AskEach
 from aggview.values import from_row, to_row, to_value
 from aggview.wire import client_pb2 as pb
 from aggview.wire import client_pb2_grpc as pb_grpc
+from aggview.wire.ltm_pb2 import ExchangeHello
 from coordinator import subscriptions
 from coordinator.routing import Router
 from coordinator.subscriptions import Changes, Watch
@@ -662,11 +664,20 @@ class AsyncClient:
         # member -> (channel, stub, its Transact stream)
         self._members: dict[int, tuple[Any, Any, AskEach[pb.TransactRequest, pb.TransactReply]]]
         self._members = {}
+        self._framed: list[str] = []  # the members' framed ports for transactions, if any
         self._relearn_after = 0.0
 
-    def _stream(self, stub: Any) -> AskEach[pb.TransactRequest, pb.TransactReply]:
+    def _stream(self, stub: Any, framed: str = "") -> AskEach[pb.TransactRequest, pb.TransactReply]:
+        """The Transact stream of ``stub``'s server, or at ``framed``, the same stream on
+        the member's framed-TCP port (a frame costs both sides a fraction of a gRPC stream
+        message)."""
+        if framed:
+            hello = ExchangeHello(stream="transact").SerializeToString()
+            open_call = lambda: FramedCall(framed, hello, pb.TransactReplies.FromString)  # noqa: E731
+        else:
+            open_call = lambda: stub.Transact(metadata=self._metadata)  # noqa: E731
         return AskEach(
-            lambda: stub.Transact(metadata=self._metadata),
+            open_call,
             lambda requests: pb.TransactRequests(requests=requests),
             self._stream_ended,
             message_bytes=STREAM_MESSAGE_BYTES,
@@ -694,6 +705,7 @@ class AsyncClient:
                 except errors.AggviewError:  # a server from before members
                     reply = pb.MembersReply()
                 self._router = Router(reply.addresses, reply.partitions, reply.leader)
+                self._framed = list(reply.transact_addresses)
         return self._router
 
     async def _relearn(self) -> None:
@@ -722,7 +734,8 @@ class AsyncClient:
             router = await self._routing()
             channel = self._open(router.members[member])
             stub = pb_grpc.AggviewStub(channel)
-            self._members[member] = (channel, stub, self._stream(stub))
+            framed = self._framed[member] if member < len(self._framed) else ""
+            self._members[member] = (channel, stub, self._stream(stub, framed))
         _, stub, stream = self._members[member]
         return stub, stream
 

@@ -70,7 +70,12 @@ _NUMERIC = {"INT", "DECIMAL", "FLOAT"}
 
 
 def key_bytes(schema: TableSchema, key: dict[str, Any], limits: Limits) -> bytes:
-    data = encode_key(schema.key_types, key_to_storage(schema, key))
+    return _encoded_key(schema, key_to_storage(schema, key), limits)
+
+
+def _encoded_key(schema: TableSchema, stored: tuple[Any, ...], limits: Limits) -> bytes:
+    """A key already in storage form, encoded and checked against the key size limit."""
+    data = encode_key(schema.key_types, stored)
     if len(data) > limits.max_key_bytes:
         raise errors.LimitExceeded(
             f"table {schema.name}: key of {len(data)} bytes is over the "
@@ -92,8 +97,8 @@ def row_op(
     if kind == lpb.RowOp.INSERT:
         if operation.key.columns:
             raise errors.InvalidArgument("insert takes the whole row in values, not a key")
-        row = row_to_storage(schema, values)
-        op.key = key_bytes(schema, {c: values.get(c) for c in schema.primary_key}, limits)
+        row = row_to_storage(schema, values)  # its key columns are converted there once
+        op.key = _encoded_key(schema, tuple(row[c] for c in schema.primary_key), limits)
         op.values = _checked_row(schema, row, limits)
     else:
         op.key = key_bytes(schema, from_row(operation.key), limits)

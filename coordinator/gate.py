@@ -153,17 +153,17 @@ class ClientGate(grpc.aio.ServerInterceptor):
                     await context.abort(*problem)
             who = token.name if token is not None else context.peer()
             if method == "Transact":  # a carrier: each transaction on it takes a slot
-                ADMIT.set(lambda: self._admit(who))
+                ADMIT.set(lambda: self.admit(who))
                 return lambda: None
             try:
-                return self._admit(who)
+                return self.admit(who)
             except errors.LimitExceeded as exc:
                 await context.abort(exc.code, str(exc))
                 raise
 
         return check
 
-    def _admit(self, who: str) -> Callable[[], None]:
+    def admit(self, who: str) -> Callable[[], None]:
         """Takes one of the client's slots for a call or transaction in flight; returns what
         gives it back."""
         count = self.in_flight.get(who, 0)

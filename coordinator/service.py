@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import logging
 import time
@@ -15,7 +16,7 @@ from typing import Any
 import grpc
 
 from aggview import errors
-from aggview.frames import FramedServer
+from aggview.frames import Answer, FramedServer, answering
 from aggview.keycodec import encode_key, prefix_end
 from aggview.net import (
     CONTROL_OPTIONS,
@@ -72,6 +73,47 @@ def _failed(id: int, code: grpc.StatusCode, message: str) -> cpb.TransactReply:
     return cpb.TransactReply(id=id, code=code.value[0], message=message)
 
 
+def transactions_stream(
+    manager: TransactionManager, admit: Callable[[], Callable[[], None]]
+) -> AnswerEach[cpb.TransactRequest, cpb.TransactReply]:
+    """A client's transactions on one stream (gRPC ``Transact``, or framed TCP): each runs as
+    if by its own Commit call, taking one of the client's slots (``admit``), and is answered
+    on its own (its timestamp, or the status and message Commit would have ended with) as
+    soon as it is decided."""
+
+    async def commit(request: cpb.TransactRequest) -> cpb.TransactReply:
+        try:
+            release = admit()
+        except errors.AggviewError as exc:
+            return _failed(request.id, exc.code, str(exc))
+        try:
+            ts = await manager.commit(list(request.operations))
+            return cpb.TransactReply(id=request.id, timestamp=ts)
+        except errors.AggviewError as exc:
+            return _failed(request.id, exc.code, str(exc))
+        except Exception as exc:  # a bug: this transaction fails, the stream goes on
+            log.exception("internal error in a transaction on a Transact stream")
+            return _failed(request.id, grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+        finally:
+            release()
+
+    return AnswerEach(
+        _transact_requests, commit, lambda replies: cpb.TransactReplies(replies=replies)
+    )
+
+
+_framed_connections = itertools.count(1)
+
+
+def framed_transactions(manager: TransactionManager, gate: ClientGate) -> Answer:
+    """A client's transactions on the member's framed port (insecure clusters only: that port's
+    TLS takes members' certificates). A client is its connection there, as on gRPC without
+    tokens, so each connection has ``max_client_transactions`` slots."""
+    who = f"framed connection {next(_framed_connections)}"
+    stream = transactions_stream(manager, functools.partial(gate.admit, who))
+    return answering(cpb.TransactRequests.FromString, stream.serve)
+
+
 def caught_up(method: Any) -> Any:
     """At a follower member, a table or view it does not know may be younger than its copy of
     the catalog: it catches up with member 0's (one round trip) and tries once more."""
@@ -118,31 +160,8 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
 
     @grpc_method
     async def Transact(self, messages: Any, context: Any) -> None:
-        """A client's transactions on one stream: each runs as if by its own Commit call and
-        is answered on its own (its timestamp, or the status and message Commit would have
-        ended with) as soon as it is decided."""
-        admit = ADMIT.get()
-
-        async def commit(request: cpb.TransactRequest) -> cpb.TransactReply:
-            try:
-                release = admit()
-            except errors.AggviewError as exc:
-                return _failed(request.id, exc.code, str(exc))
-            try:
-                ts = await self.manager.commit(list(request.operations))
-                return cpb.TransactReply(id=request.id, timestamp=ts)
-            except errors.AggviewError as exc:
-                return _failed(request.id, exc.code, str(exc))
-            except Exception as exc:  # a bug: this transaction fails, the stream goes on
-                log.exception("internal error in a transaction on a Transact stream")
-                return _failed(request.id, grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
-            finally:
-                release()
-
-        stream = AnswerEach(
-            _transact_requests, commit, lambda replies: cpb.TransactReplies(replies=replies)
-        )
-        async for message in stream.serve(messages):
+        """A client's transactions on one stream (see :func:`transactions_stream`)."""
+        async for message in transactions_stream(self.manager, ADMIT.get()).serve(messages):
             await context.write(message)
 
     @grpc_method
@@ -216,6 +235,7 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
     async def Members(self, request: cpb.MembersRequest, context: object) -> cpb.MembersReply:
         return cpb.MembersReply(
             addresses=self.manager.members,
+            transact_addresses=self.manager.transact_addresses,
             partitions=self.manager.partitions,
             leader=self.manager.leader_member,
         )
@@ -521,6 +541,8 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
         )
     manager.members = list(config.members)
     manager.member = config.member
+    if config.tls is None:  # a secure framed port takes members only
+        manager.transact_addresses = list(config.exchanges)
     addresses = config.addresses(count)
     for p in range(count):  # after a failover, a partition lives elsewhere
         record = ownership.read(store, p)
@@ -673,6 +695,8 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         streams = {}
         if clock is not None:  # and the followers' clock streams
             streams["clock"] = clock.framed
+        if config.tls is None:  # and clients' transactions (a secure port takes members only)
+            streams["transact"] = functools.partial(framed_transactions, manager, gate)
         welcome = framed_exchange(
             manager.local.participant, config.tls.secret if config.tls else None, streams
         )

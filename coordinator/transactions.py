@@ -108,6 +108,7 @@ class TransactionManager:
         self.leader_member = 0  # which member leads (keeps the clock and the catalog)
         self.lead: Any = None  # the leadership record this member leads under (replicated)
         self.members: list[str] = []  # every coordinating member's address (none: just this)
+        self.transact_addresses: list[str] = []  # their framed ports for clients' transactions
         self.member = 0  # this one's index among them
         self.refreshes = 0  # async-view refreshes committed here
 

@@ -49,7 +49,7 @@ from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
 from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc as lpb_grpc
-from coordinator import Client
+from coordinator import AsyncClient, Client
 from coordinator.clock import Clock
 from coordinator.routing import UNREACHABLE_FOR, Router
 from coordinator.timestamp_oracle import TimestampOracle
@@ -298,6 +298,57 @@ def test_a_bad_clock_stream_is_refused_and_the_cluster_serves_on(cluster: LocalC
         with client.transaction() as tx:
             tx.insert("after_bad_clock", {"id": 1})
         assert client.scan("after_bad_clock") == [{"id": 1}]
+
+
+def test_async_clients_transact_on_the_members_framed_ports(cluster: LocalCluster) -> None:
+    """An insecure cluster's members offer clients' transactions on their framed-TCP ports
+    (``MembersReply.transact_addresses``); ``AsyncClient`` sends them there, each answered on
+    its own (a failed one does not end the stream). A frame that does not parse ends only its
+    connection; a connection takes at most ``max_client_transactions`` at once, as a gRPC one."""
+    with grpc.insecure_channel(cluster.member(1).address) as channel:
+        members = cpb_grpc.AggviewStub(channel).Members(cpb.MembersRequest())
+    assert list(members.transact_addresses) == cluster.exchange_addresses
+
+    async def main() -> list[Any]:
+        async with AsyncClient(cluster.address) as client:
+            await client.sql("CREATE TABLE on_frames (id INT PRIMARY KEY, n INT NOT NULL)")
+
+            async def insert(i: int) -> int | str:
+                try:
+                    async with client.transaction() as tx:
+                        tx.insert("on_frames", {"id": i % 30, "n": i})
+                    return i
+                except errors.AlreadyExists as exc:
+                    return str(exc)
+
+            outcomes = await asyncio.gather(*(insert(i) for i in range(40)))
+            streams = [stream for _, _, stream in client._members.values()]
+            assert streams and all(isinstance(s._call, FramedCall) for s in streams)
+            rows = await client.scan("on_frames")
+            return [outcomes, rows]
+
+    outcomes, rows = asyncio.run(main())
+    committed = [o for o in outcomes if isinstance(o, int)]
+    refused = [o for o in outcomes if isinstance(o, str)]
+    assert len(committed) == 30 and len(refused) == 10
+    assert all("already exists" in reason for reason in refused)
+    assert {r["id"]: r["n"] for r in rows} == {i % 30: i for i in committed}
+
+    async def garbage() -> str:
+        hello = lpb.ExchangeHello(stream="transact").SerializeToString()
+        call = FramedCall(cluster.exchange_addresses[1], hello, cpb.TransactReplies.FromString)
+        try:
+            await call.write(_Raw(b"\xff\xff\xff"))
+            return "; ".join([str(reply) async for reply in call]) or "closed"
+        finally:
+            call.cancel()
+
+    assert asyncio.run(garbage()) == "closed"
+    with Client(cluster.member(1).address) as client:  # the member serves on, rows intact
+        assert len(client.scan("on_frames")) == 30
+        with client.transaction() as tx:
+            tx.insert("on_frames", {"id": 100, "n": 0})
+        assert len(client.scan("on_frames")) == 31
 
 
 class _Raw:

@@ -424,14 +424,16 @@ class MembersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MembersReply(_message.Message):
-    __slots__ = ("addresses", "partitions", "leader")
+    __slots__ = ("addresses", "partitions", "leader", "transact_addresses")
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
+    TRANSACT_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     addresses: _containers.RepeatedScalarFieldContainer[str]
     partitions: int
     leader: int
-    def __init__(self, addresses: _Optional[_Iterable[str]] = ..., partitions: _Optional[int] = ..., leader: _Optional[int] = ...) -> None: ...
+    transact_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, addresses: _Optional[_Iterable[str]] = ..., partitions: _Optional[int] = ..., leader: _Optional[int] = ..., transact_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("view", "where", "since", "interval_ms", "tentative")
