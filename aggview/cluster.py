@@ -48,12 +48,20 @@ def log_tail(path: Path, lines: int = 30) -> str:
 _PORTS = (20000, 32000)
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
     """A port free now, below the ephemeral range, for a server started soon after (another
-    process picking the same one meanwhile is possible, and rare)."""
+    process picking the same one meanwhile is possible, and rare). Never one this process
+    handed out before: a cluster asks for several before any server binds one, and a repeat
+    (about 0.3 % of cluster starts) failed a start with "address already in use"."""
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.randrange(*_PORTS)
+        if port in _HANDED_OUT:
+            continue
+        _HANDED_OUT.add(port)
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))

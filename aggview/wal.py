@@ -167,8 +167,8 @@ class WriteAheadLog:
         local = loop.run_in_executor(self._syncer, self._write_and_sync, fd, chunk, retired)
         shipped = self.shipper.ship(segment, chunk, self._dropped_before)
         results = await asyncio.gather(local, shipped, return_exceptions=True)
-        errors = [result for result in results if isinstance(result, BaseException)]
-        self._flushed(waiters, len(chunk), errors[0] if errors else None)
+        failures = [result for result in results if isinstance(result, BaseException)]
+        self._flushed(waiters, len(chunk), failures[0] if failures else None)
 
     def _write_sync_and_tell(
         self,
