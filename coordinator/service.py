@@ -695,7 +695,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         streams = {}
         if clock is not None:  # and the followers' clock streams
             streams["clock"] = clock.framed
-        if config.tls is None:  # and clients' transactions (a secure port takes members only)
+        if manager.transact_addresses:  # and clients' transactions (see build_manager)
             streams["transact"] = functools.partial(framed_transactions, manager, gate)
         welcome = framed_exchange(
             manager.local.participant, config.tls.secret if config.tls else None, streams

@@ -56,9 +56,6 @@ class Transaction:
     catalog_bound: bool = False
     maintained: bool = False  # extensions already ran on images predicted from its inserts
     images: list[lpb.RowImage] = field(default_factory=list)  # every row image seen so far
-    # In-process participants' prepare records on their way to disk, started as soon as each
-    # voted in a transaction with several participants (see ``_prepare_at``).
-    flushing: dict[int, asyncio.Future[None]] = field(default_factory=dict)
 
 
 # Called after every round of yes votes; returns more row operations to prepare (none: done).
@@ -354,9 +351,7 @@ class TransactionManager:
             try:
                 if failpoints.ARMED:
                     failpoints.hit(failpoints.COORDINATOR_LOCAL_FLUSH)
-                await asyncio.gather(
-                    *(tx.flushing.get(p) or self.channels[p].flush() for p in local)
-                )
+                await asyncio.gather(*(self.channels[p].flush() for p in local))
             except BaseException:  # a vote not durable: nothing decided yet, so abort
                 self._aborted(tx)
                 raise
@@ -413,38 +408,15 @@ class TransactionManager:
                 sub.want_images = True
             sub.ops.append(op)
         tx.participants.update(by_partition)
-        two_phase = len(tx.participants) > 1
         if len(by_partition) == 1:  # awaited in this task: gather would add loop passes
             ((p, sub),) = by_partition.items()
-            votes = [await self._prepare_at(tx, p, sub, two_phase)]
+            votes = [await self.channels[p].prepare(sub)]
         else:
             votes = await asyncio.gather(
-                *(self._prepare_at(tx, p, sub, two_phase) for p, sub in by_partition.items())
+                *(self.channels[p].prepare(sub) for p, sub in by_partition.items())
             )
         self._raise_for_votes(votes)
         return [image for vote in votes for image in vote.images]
-
-    def _prepare_at(
-        self, tx: Transaction, partition: int, sub: lpb.SubTransaction, two_phase: bool
-    ) -> Awaitable[lpb.Vote]:
-        channel = self.channels[partition]
-        if two_phase and hasattr(channel, "flush"):
-            return self._prepare_and_flush(tx, partition, channel, sub)
-        return channel.prepare(sub)
-
-    async def _prepare_and_flush(
-        self, tx: Transaction, partition: int, channel: Any, sub: lpb.SubTransaction
-    ) -> lpb.Vote:
-        """An in-process participant's vote is not durable when it is given; in a two-phase
-        commit it must be before the decision is logged. Its flush starts as soon as it voted,
-        so it overlaps the other participants' votes (a member's round trip, with its flush)
-        instead of following them."""
-        vote = await channel.prepare(sub)
-        if vote.outcome == Vote.YES:
-            flushing = asyncio.ensure_future(channel.flush())
-            flushing.add_done_callback(_retrieve)  # read at the decision, or dropped on abort
-            tx.flushing[partition] = flushing
-        return vote
 
     def _raise_for_votes(self, votes: list[lpb.Vote]) -> None:
         """The most telling no vote becomes the transaction's error: a failed condition or a
@@ -731,12 +703,6 @@ async def _settle(outcome: asyncio.Future[int], work: Awaitable[int]) -> None:
     else:
         if not outcome.done():
             outcome.set_result(result)
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Marks a background future's failure as seen (whoever needs it awaits it)."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _row_keys(ops: list[lpb.RowOp]) -> list[tuple[str, bytes]]:
