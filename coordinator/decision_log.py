@@ -2,12 +2,17 @@
 
 A commit decision stays until every participant has acknowledged it; until then an LTM that
 asks about the transaction (after its own restart, or ours) learns it committed. Anything not
-here and not in flight is aborted."""
+here and not in flight is aborted.
+
+A replicated log can hold commits that never counted as logged: written here, refused by the
+copy because another member had taken the log over (this member was declared dead while
+alive). ``reconcile`` forgets them once the adopter says which commits its copy held."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from aggview.wal import WriteAheadLog
 
@@ -18,11 +23,14 @@ class DecisionLog:
     def __init__(self, directory: Path, *, fsync: bool = True) -> None:
         self.wal = WriteAheadLog(directory, fsync=fsync)
         self.committed: dict[int, list[int]] = {}  # ts -> participants not yet acknowledged
+        self.reconciled = 0  # the newest adoption of this log reconciled with (an epoch)
         for record in self.wal.replay():
             if record["kind"] == "commit":
                 self.committed[record["ts"]] = record["participants"]
             elif record["kind"] == "done":
                 self.committed.pop(record["ts"], None)
+            elif record["kind"] == "reconciled":
+                self.reconciled = max(self.reconciled, record["epoch"])
         self._written_since_compaction = 0
         self._compacting = False
 
@@ -43,9 +51,24 @@ class DecisionLog:
                 task = asyncio.get_running_loop().create_task(self.compact())
                 task.add_done_callback(lambda _: setattr(self, "_compacting", False))
 
+    async def reconcile(self, epoch: int, copied: set[int]) -> list[int]:
+        """Another member adopted this log at ``epoch`` from a copy holding the commits
+        ``copied``, and answered "aborted" for any other: forgets every commit not copied
+        (durably, with a mark so that a restart does not reconcile again) and returns them."""
+        if epoch <= self.reconciled:
+            return []
+        forgotten = sorted(ts for ts in self.committed if ts not in copied)
+        for ts in forgotten:
+            del self.committed[ts]
+            self.wal.write({"kind": "done", "ts": ts}, flush=False)
+        await self.wal.append({"kind": "reconciled", "epoch": epoch})
+        self.reconciled = epoch
+        return forgotten
+
     async def compact(self) -> None:
         self._written_since_compaction = 0
-        carry = [
+        carry: list[dict[str, Any]] = [{"kind": "reconciled", "epoch": self.reconciled}]
+        carry += [
             {"kind": "commit", "ts": ts, "participants": participants}
             for ts, participants in self.committed.items()
         ]

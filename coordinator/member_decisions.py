@@ -8,7 +8,10 @@ of sync, and then nobody takes the log over). On failover member 0 records the c
 as owner and tells it ``TakeOver``: it replays its copy into a ``DecisionLog`` that the
 transaction manager answers from and delivers (``TransactionManager.adopt``). A holder that
 restarts adopts again what the record gives it. A restarted member takes its log back under
-a new epoch: its own copy holds everything the holder's does, so answers never disagree."""
+a new epoch. Its own log holds everything the holder's copy does, and maybe more: commits
+written here that the copy refused because the log had been taken over. The holder records
+which commits its copy held (``ownership.write_adopted``) and the member forgets the others
+(``DecisionLog.reconcile``), so the two never answer differently."""
 
 from __future__ import annotations
 
@@ -91,6 +94,7 @@ class MemberDecisions:
         if record.owner != self.member:  # never written yet, or adopted while we were away
             record = ownership.Ownership(own, record.epoch + 1, self.member)
             await asyncio.to_thread(ownership.write, self.store, record)
+        await self._reconcile(own)
         standby = standby_of(self.member, self.partitions, len(self.members))
         self.shipper = LogShipper(
             self.store,
@@ -103,6 +107,26 @@ class MemberDecisions:
         await self.shipper.start()
         if self._on_superseded is not None:
             self._watch = asyncio.get_running_loop().create_task(self._watch_own_log(record))
+
+    async def _reconcile(self, own: int) -> None:
+        """After another member adopted this log: forgets the commits its copy did not hold.
+        They were written here but refused by the copy (this member had been declared dead
+        while alive), never acknowledged, and the adopter answered "aborted" for them. Read
+        after this member's own record is written, so no adoption can follow unseen."""
+        adopted = await asyncio.to_thread(ownership.read_adopted, self.store, own)
+        if adopted is None:
+            return
+        epoch, copied = adopted
+        forgotten = await self.decisions.reconcile(epoch, copied)
+        if forgotten:
+            log.warning(
+                "forgot %d commits of member %d that its copy never held (adopted at epoch "
+                "%d, which answered aborted for them): %s",
+                len(forgotten),
+                self.member,
+                epoch,
+                forgotten[:5],
+            )
 
     async def _watch_own_log(self, mine: ownership.Ownership) -> None:
         """Every second, whether another member took this member's log over: it may have
@@ -126,14 +150,17 @@ class MemberDecisions:
                 return
 
     async def replicate(self, request: pb.ReplicateRequest) -> None:
-        """Another member's log flush (or resync), into our copy of it."""
-        mirror = self.mirrors.get(request.partition)
-        if mirror is None:
-            mirror = Mirror(
-                self._mirror_dir(request.partition), request.partition, fsync=self._fsync
-            )
-            self.mirrors[request.partition] = mirror
-        await asyncio.to_thread(mirror.apply, request)
+        """Another member's log flush (or resync), into our copy of it; never while the copy
+        is being adopted (a flush landing after the adoption read it would count as logged at
+        its member, yet be unknown here)."""
+        async with self._lock:
+            mirror = self.mirrors.get(request.partition)
+            if mirror is None:
+                mirror = Mirror(
+                    self._mirror_dir(request.partition), request.partition, fsync=self._fsync
+                )
+                self.mirrors[request.partition] = mirror
+            await asyncio.to_thread(mirror.apply, request)
 
     async def take_over(self, record_id: int, epoch: int) -> None:
         """The record names this member the log's owner at ``epoch``: replay our copy and
@@ -159,6 +186,13 @@ class MemberDecisions:
                     source.mkdir(parents=True, exist_ok=True)
                 await asyncio.to_thread(source.rename, adopted_dir)
             decisions = await asyncio.to_thread(DecisionLog, adopted_dir, fsync=self._fsync)
+            try:  # before answering for the member: it will forget any commit not here
+                await asyncio.to_thread(
+                    ownership.write_adopted, self.store, record, set(decisions.committed)
+                )
+            except BaseException:
+                await decisions.close()
+                raise
             self._epochs[record_id] = epoch
             self.adopted.append((self._member_of(record_id), decisions))
             self._adopt(decisions)

@@ -99,6 +99,9 @@ class TransactionManager:
         self._warming: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
         self._committing: set[asyncio.Task[None]] = set()  # decided, not yet durable
+        # Commits whose decision record failed to be logged (its log taken over, a disk
+        # error): undecided until a restart replays the log, or the log's adopter answers.
+        self.unlogged: set[int] = set()
         self.committed = 0
         self.aborted = 0
         self.leader: str | None = None  # the leader's address, when this member is not it
@@ -376,7 +379,13 @@ class TransactionManager:
 
     async def _commit(self, tx: Transaction) -> int:
         ts, participants = tx.ts, sorted(tx.participants)
-        await self._decided(tx, self.decisions.commit(ts, participants))
+        try:
+            await self._decided(tx, self.decisions.commit(ts, participants))
+        except BaseException:
+            # Not known to be logged, yet its record may be on this member's disk, and a
+            # restart would deliver it: never answer "aborted" for it from here.
+            self.unlogged.add(ts)
+            raise
         if failpoints.ARMED:
             failpoints.hit(failpoints.COORDINATOR_AFTER_DECISION_LOGGED)
         self.committed += 1
@@ -517,7 +526,7 @@ class TransactionManager:
             return lpb.OutcomeReply.COMMITTED
         if any(ts in adopted.committed for _, adopted in self.adopted):
             return lpb.OutcomeReply.COMMITTED
-        if ts in self.in_flight:
+        if ts in self.in_flight or ts in self.unlogged:
             return lpb.OutcomeReply.PENDING
         return lpb.OutcomeReply.ABORTED
 

@@ -136,23 +136,27 @@ class Hosting:
         return participant
 
     async def replicate(self, request: pb.ReplicateRequest) -> None:
-        served = self.participants.get(request.partition)
-        if served is not None and not served.fenced:
-            raise ownership.Superseded(
-                f"LTM {self.me} serves partition {request.partition} itself "
-                f"(epoch {self.records[request.partition].epoch}), it is nobody's backup"
-            )
-        if served is not None:  # fenced: its log directory becomes the mirror
-            await self._retire(request.partition)
-        mirror = self.mirrors.get(request.partition)
-        if mirror is None:
-            mirror = Mirror(
-                log_dir_of(self.config.log_dir, self.me, request.partition),
-                request.partition,
-                fsync=self.config.fsync,
-            )
-            self.mirrors[request.partition] = mirror
-        await asyncio.to_thread(mirror.apply, request)
+        """A flush (or resync) of another LTM's log, into our copy; never while a takeover
+        recovers from that copy (a flush landing after recovery read it would count as
+        durable at the old primary, yet be unknown here)."""
+        async with self._lock:
+            served = self.participants.get(request.partition)
+            if served is not None and not served.fenced:
+                raise ownership.Superseded(
+                    f"LTM {self.me} serves partition {request.partition} itself "
+                    f"(epoch {self.records[request.partition].epoch}), it is nobody's backup"
+                )
+            if served is not None:  # fenced: its log directory becomes the mirror
+                await self._retire(request.partition)
+            mirror = self.mirrors.get(request.partition)
+            if mirror is None:
+                mirror = Mirror(
+                    log_dir_of(self.config.log_dir, self.me, request.partition),
+                    request.partition,
+                    fsync=self.config.fsync,
+                )
+                self.mirrors[request.partition] = mirror
+            await asyncio.to_thread(mirror.apply, request)
 
     async def _retire(self, partition: int) -> None:
         """Stops a superseded copy of a partition before its log directory is reused."""

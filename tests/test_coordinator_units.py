@@ -6,11 +6,17 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
+from aggview.wire import ltm_pb2 as lpb
+from coordinator.catalog import Catalog
 from coordinator.clock import Clock
 from coordinator.decision_log import DecisionLog
 from coordinator.ltm_channel import Batcher
 from coordinator.member_clock import InFlight, LeaderClock
 from coordinator.timestamp_oracle import BLOCK, TimestampOracle
+from coordinator.transactions import Transaction, TransactionManager
+from ltm.store import open_store
 
 
 def test_batcher_sends_one_call_per_loop_turn() -> None:
@@ -124,3 +130,50 @@ def test_decision_log_keeps_unacknowledged_commits(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert DecisionLog(tmp_path).committed == {11: [2], 12: [0]}
+
+
+def test_decision_log_reconciles_with_the_copy_its_adopter_held(tmp_path: Path) -> None:
+    """Commits 12 and 13 were logged here after the copy was adopted (the copy refused them):
+    reconciling with the adopter's list forgets them, durably and once per adoption; a later
+    compaction keeps the mark, so a restart does not forget commits made since."""
+
+    async def main() -> None:
+        log = DecisionLog(tmp_path)
+        for ts in (10, 11, 12, 13):
+            await log.commit(ts, [0, 1])
+        log.done(10)
+        assert await log.reconcile(3, {10, 11}) == [12, 13]
+        assert log.committed == {11: [0, 1]} and log.reconciled == 3
+        await log.commit(14, [2])  # after the take-back: not in the adopter's list
+        assert await log.reconcile(3, {10, 11}) == []  # that adoption is reconciled already
+        await log.compact()
+        await log.close()
+
+    asyncio.run(main())
+    restarted = DecisionLog(tmp_path)
+    assert restarted.committed == {11: [0, 1], 14: [2]}
+    assert restarted.reconciled == 3
+
+
+def test_a_commit_whose_decision_was_not_logged_is_never_answered_aborted(
+    tmp_path: Path,
+) -> None:
+    """The decision record may be on disk even though its write failed (its copy refused it,
+    the disk failed after writing): a restart would deliver it, so until then the member
+    answers 'pending' for it, never 'aborted'."""
+
+    async def main() -> None:
+        store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+        decisions = DecisionLog(tmp_path / "decisions")
+        manager = TransactionManager(Catalog(store), _leader(), decisions)
+        ts = manager.clock.issued() + 1
+        manager.in_flight.add(ts)
+        await decisions.close()  # the next append fails
+        with pytest.raises(Exception):  # noqa: B017 - whatever the write raises
+            await manager._commit(Transaction(ts, participants={0, 1}))
+        assert ts not in manager.in_flight  # reads above it go on
+        assert manager.outcome(ts) == lpb.OutcomeReply.PENDING
+        assert manager.outcome(ts + 1) == lpb.OutcomeReply.ABORTED
+        store.close()
+
+    asyncio.run(main())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -28,6 +29,7 @@ from aggview.wal import WriteAheadLog
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from coordinator import Client
+from coordinator.decision_log import DecisionLog
 from loadgen import transfers
 from ltm import replication
 from ltm.participant import Participant, Settings
@@ -445,6 +447,86 @@ def test_a_dead_member_hands_over_its_partitions_and_decisions(
         wait_for("commits after the second failover", lambda: len(outcomes.committed) > before + 50)
     wait_for("every transaction decided", lambda: nothing_prepared(cluster, {0: 0, 1: 2, 2: 2}), 30)
     check_transfers_and_view(cluster, outcomes)
+
+
+def test_a_commit_logged_after_the_log_was_taken_over_is_forgotten(
+    replicated_members: LocalCluster, tmp_path: Path
+) -> None:
+    """Member 1, back after a kill -9 and coordinating only (its partition stays with member
+    2), stalls just before logging a transfer's commit decision, long enough to be declared
+    dead: member 2 adopts its decision log from the copy. Member 1 then logs the commit on its
+    own disk, the copy refuses it, the transfer fails and member 1 stops. Member 2 answers
+    "aborted" for it (the participants have aborted it already), so member 1, started again,
+    must forget that commit rather than deliver it or answer "committed": a participant that
+    had not asked yet would commit its part of a transaction the others aborted."""
+    cluster = replicated_members
+    with Client(cluster.address) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+    wait_for("every log to reach its copy", lambda: member_logs_copied(cluster, [0, 1, 2]))
+    cluster.member(1).kill()
+    wait_for("member 2 to hold member 1's log", lambda: decision_log(cluster, 1).owner == 2, 30)
+    cluster.member(1).start(env={"AGGVIEW_FAILPOINTS": STALL_BEFORE_DECISION})
+    wait_for("member 1's log back and copied", lambda: log_back(cluster, 1), 30)
+    with (
+        Client(cluster.member(1).address, route=False) as client,
+        pytest.raises(errors.AggviewError),
+    ):
+        transfers.transfer(client, "accounts", "ledger", 1, 2, 5, "stalled")
+    wait_for("member 1 to stop", lambda: not cluster.member(1).running(), 30)
+    assert cluster.member(1).process is not None
+    assert cluster.member(1).process.returncode == 88, cluster.member(1).tail()
+    store = open_store(cluster.store_url)
+    try:
+        adopted = ownership.read_adopted(store, decision_log_id(1, cluster.ltms))
+    finally:
+        store.close()
+    assert adopted is not None
+    copied = adopted[1]
+    stalled = committed_in(cluster.data / "member-1", tmp_path / "member-1-log") - copied
+    assert len(stalled) == 1, "the stalled commit is on member 1's disk only"
+
+    # Back, it must deliver no commit at all (armed to crash at the first acknowledgement).
+    cluster.member(1).start(env={"AGGVIEW_FAILPOINTS": "coordinator.mid_commit_fanout=crash"})
+    wait_for("member 1's log back and copied", lambda: log_back(cluster, 1), 30)
+    for member in (0, 1, 2):
+        assert outcomes_at(cluster, member, sorted(stalled)) == [pb.OutcomeReply.ABORTED]
+    assert cluster.member(1).running(), cluster.member(1).tail()
+    assert "forgot 1 commits" in cluster.member(1).tail(400)
+    wait_for("every transaction decided", lambda: nothing_prepared(cluster, {0: 0, 1: 2, 2: 2}), 30)
+    with Client(cluster.address) as client:
+        transfers.check(client, "accounts", "ledger", ACCOUNTS, [])
+        assert not [row for row in client.scan("ledger") if row["id"] == "stalled"]
+
+
+STALL_BEFORE_DECISION = "coordinator.before_decision_logged=sleep:6"
+
+
+def log_back(cluster: LocalCluster, member: int) -> bool:
+    record = decision_log(cluster, member)
+    return record.owner == member and record.in_sync
+
+
+def committed_in(log_dir: Path, scratch: Path) -> set[int]:
+    """The commits a member's decision log in ``log_dir`` holds (read from a copy of it)."""
+    scratch.mkdir()
+    for segment in log_dir.glob("*.wal"):
+        shutil.copy(segment, scratch)
+
+    async def read() -> set[int]:
+        decisions = DecisionLog(scratch, fsync=False)
+        await decisions.close()
+        return set(decisions.committed)
+
+    return asyncio.run(read())
+
+
+def outcomes_at(cluster: LocalCluster, member: int, timestamps: list[int]) -> list[int]:
+    """What ``member`` answers an in-doubt participant about ``timestamps``."""
+    with grpc.insecure_channel(cluster.member(member).address) as channel:
+        reply = pb_grpc.TransactionOutcomeStub(channel).Query(
+            pb.OutcomeRequest(ts=timestamps), timeout=10
+        )
+    return list(reply.outcomes)
 
 
 def test_a_member_declared_dead_while_alive_stops_and_rejoins(

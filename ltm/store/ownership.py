@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from aggview import errors
@@ -59,6 +60,10 @@ def _standby_key(partition: int) -> bytes:
     return b"s" + struct.pack(">I", partition)
 
 
+def _adopted_key(partition: int) -> bytes:
+    return b"a" + struct.pack(">I", partition)
+
+
 def _fence_value(partition: int, epoch: int, owner: int) -> bytes | None:
     """None (no key) for the state every cluster starts in: epoch 0, each LTM its own."""
     if epoch == 0 and owner == partition:
@@ -106,6 +111,29 @@ def write_standby(store: Store, record: Ownership) -> None:
         )
     except GuardFailed:
         raise superseded(store, record) from None
+
+
+def write_adopted(store: Store, record: Ownership, copied: Iterable[int]) -> None:
+    """A member's decision log adopted under ``record``: the commits its copy held, written
+    under the fence before the adopter answers for the log. The member, back, forgets any
+    other commit its own log has (see ``DecisionLog.reconcile``)."""
+    value = json.dumps({"epoch": record.epoch, "committed": sorted(copied)}).encode()
+    store.create_table(TABLE)
+    try:
+        store.write_guarded(record.guard(), [(TABLE, _adopted_key(record.partition), value)])
+    except GuardFailed:
+        raise superseded(store, record) from None
+
+
+def read_adopted(store: Store, partition: int) -> tuple[int, set[int]] | None:
+    """The newest adoption of a decision log, as (epoch, commits copied); None if never."""
+    if TABLE not in store.list_tables():
+        return None
+    raw = store.get_many(TABLE, [_adopted_key(partition)]).get(_adopted_key(partition))
+    if raw is None:
+        return None
+    adopted = json.loads(raw)
+    return adopted["epoch"], set(adopted["committed"])
 
 
 def superseded(store: Store, record: Ownership) -> Superseded:
