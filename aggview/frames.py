@@ -7,11 +7,11 @@ message (light load: 1.11-1.13x the throughput); under load the streams already 
 requests per message and the two are equal (docs/DECISIONS.md).
 
 The protocol: the caller's first frame is a hello (the peer decides what it means: which
-partition, the cluster secret); the server's first frame is its welcome, ``OK`` or ``REFUSED``
-followed by why. Then every frame is a message of requests one way and of answers the other,
-each frame a 4-byte big-endian length and that many bytes. :class:`FramedCall` is the calling
-side, shaped as the gRPC call :class:`aggview.streams.AskEach` drives; :class:`FramedServer` the
-serving side.
+partition, the cluster secret, a client's token); the server's first frame is its welcome,
+``OK``, or ``REFUSED`` followed by the status code's number, a space and why. Then every
+frame is a message of requests one way and of answers the other, each frame a 4-byte big-endian
+length and that many bytes. :class:`FramedCall` is the calling side, shaped as the gRPC call
+:class:`aggview.streams.AskEach` drives; :class:`FramedServer` the serving side.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import grpc
 from google.protobuf.message import DecodeError
 
 from aggview import errors
 from aggview.net import MAX_MESSAGE_BYTES
-from aggview.status import Malformed
+from aggview.status import Malformed, error_from_status
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +108,7 @@ class FramedCall:
         welcome = await asyncio.wait_for(read_frame(reader), grace)
         if welcome[:1] != OK:
             writer.transport.abort()
-            reason = welcome[1:].decode(errors="replace")
-            raise errors.FailedPrecondition(f"{self.address} refused the stream: {reason}")
+            raise refusal(self.address, welcome[1:].decode(errors="replace"))
         return reader, writer
 
     async def write(self, message: Any) -> None:
@@ -144,6 +144,23 @@ class FramedCall:
 
 
 Answer = Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]]
+# What a server does with a connection's hello: ``certified`` says whether the peer presented a
+# certificate the cluster's CA signed (a member's; never on plaintext).
+Welcome = Callable[[bytes, bool], Answer]
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def refused(exc: errors.AggviewError) -> bytes:
+    return REFUSED + f"{exc.code.value[0]} {exc}".encode()
+
+
+def refusal(address: str, reason: str) -> errors.AggviewError:
+    """The error a ``REFUSED`` welcome stands for, of the class of its status code."""
+    number, _, message = reason.partition(" ")
+    code = _CODES.get(int(number)) if number.isdigit() else None
+    if code is None:  # not a number first: all of it is the reason
+        code, message = grpc.StatusCode.FAILED_PRECONDITION, reason
+    return error_from_status(code, f"{address} refused the stream: {message}")
 
 
 def answering(
@@ -168,13 +185,14 @@ def answering(
 
 
 class FramedServer:
-    """Serves connections on ``host:port``. ``welcome(hello)`` gives the function that turns
-    a connection's frames into its answers, or raises ``errors.AggviewError`` to refuse it (the
-    caller is told why). A connection that sends no hello within ``grace`` is closed."""
+    """Serves connections on ``host:port``. ``welcome(hello, certified)`` gives the function
+    that turns a connection's frames into its answers, or raises ``errors.AggviewError`` to
+    refuse it (the caller is told why, with the error's code). A connection that sends no hello
+    within ``grace`` is closed."""
 
     def __init__(
         self,
-        welcome: Callable[[bytes], Answer],
+        welcome: Welcome,
         context: ssl.SSLContext | None = None,
         *,
         grace: float = CONNECT_GRACE,
@@ -201,9 +219,9 @@ class FramedServer:
         try:
             try:
                 hello = await asyncio.wait_for(read_frame(reader), self._grace)
-                answer = self._welcome(hello)
+                answer = self._welcome(hello, bool(writer.get_extra_info("peercert")))
             except errors.AggviewError as exc:
-                writer.write(framed(REFUSED + str(exc).encode()))
+                writer.write(framed(refused(exc)))
                 writer.close()
                 await writer.wait_closed()
                 return

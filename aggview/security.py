@@ -8,7 +8,9 @@ interceptors that check them.
   (also DDL: any other SQL statement). Roles are checked before the request runs.
 * Cluster members (the coordinator, the LTMs) prove membership with the members' client
   certificate (LTMs require it: mutual TLS) and the ``x-aggview-cluster`` secret header (also
-  what the coordinator's member-only outcome service checks, on its public port).
+  what the coordinator's member-only outcome service checks, on its public port). On a
+  member's framed-TCP port, a member stream needs both the certificate and the secret in its
+  hello; a client's transactions there need its token in the hello instead.
 
 The coordinator's interceptor (tokens, roles, per-client limits) is
 :class:`coordinator.gate.ClientGate`; this module holds what LTMs, the coordinator and clients
@@ -98,12 +100,14 @@ class TlsDir:
         return ((MEMBER_HEADER, self.secret),)
 
     @functools.cached_property
-    def member_server_ssl(self) -> ssl.SSLContext:
-        """A member's framed-TCP server (aggview/frames.py): mutual TLS, as its gRPC port.
-        Made once per process and shared by every connection."""
+    def frames_server_ssl(self) -> ssl.SSLContext:
+        """A member's framed-TCP server (aggview/frames.py). A member presents the members'
+        certificate (verified here against the CA, and required with the secret for every
+        member stream: see ``ltm.server.framed_exchange``); an application client presents
+        none and its token instead, as on the gRPC port. Made once per process."""
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=self.ca.decode())
         context.load_cert_chain(self.directory / "server.pem", self.directory / "server-key.pem")
-        context.verify_mode = ssl.CERT_REQUIRED
+        context.verify_mode = ssl.CERT_OPTIONAL
         return context
 
     @functools.cached_property
@@ -308,6 +312,16 @@ def read_ca(ca: str | Path | bytes) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise errors.InvalidArgument(f"cannot read CA certificate {path}: {exc.strerror}") from None
+
+
+def client_ssl(ca: str | Path | bytes | None, tls: bool | None) -> ssl.SSLContext | None:
+    """An application client's TLS to a member's framed port (None: plaintext): the server
+    checked against the cluster's CA (or the system's roots), no certificate of its own."""
+    if not (tls if tls is not None else ca is not None):
+        return None
+    if ca is None:
+        return ssl.create_default_context()
+    return ssl.create_default_context(cadata=read_ca(ca).decode())
 
 
 def client_credentials(

@@ -489,6 +489,8 @@ def setup_processes(setup: str, processes: int = AS_START) -> int:
     members) in their separate layout (0: a coordinator and a process per LTM), ``old-`` + a
     layout in that layout; plain, tls, replicated and hbase run ``processes``."""
     layout = setup.removeprefix("old").removeprefix("-").removeprefix("replicated-")
+    if layout == "tls":  # old-tls: older code in the default layout, secure
+        return processes
     if layout == "one-process":
         return 1
     if layout.startswith("processes-"):
@@ -514,7 +516,7 @@ def running_cluster(
         data,
         ltms=ltms,
         fsync=fsync,
-        secure=setup == "tls",
+        secure=setup.removeprefix("old-") == "tls",
         replicate="replicated" in setup,
         store=store,
         processes=setup_processes(setup, processes),
@@ -887,13 +889,15 @@ def build_parser() -> argparse.ArgumentParser:
             "old-processes-4",
             "old-replicated",
             "old-replicated-processes-2",
+            "old-tls",
         ],
         default=["plain"],
         help="plaintext (--insecure); TLS with tokens and member checks; replicated LTM logs "
         "(plaintext); the store on HBase (--hbase); the whole cluster in one process "
         "(--processes 1); in 2 or 4 processes that each coordinate (--processes P), also "
         "with their logs copied to each other (replicated-processes-2); the "
-        "servers of --old (plaintext; old-<layout>: in that layout). Several: each is also "
+        "servers of --old (plaintext; old-<layout>: in that layout; old-tls: secure, in the "
+        "default layout). Several: each is also "
         "compared with old, if measured, else with plain",
     )
     parser.add_argument(

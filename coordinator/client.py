@@ -24,7 +24,7 @@ import grpc
 from aggview import errors
 from aggview.frames import FramedCall
 from aggview.net import GRPC_OPTIONS
-from aggview.security import client_credentials
+from aggview.security import client_credentials, client_ssl
 from aggview.status import error_from_rpc, error_from_status
 from aggview.streams import AskEach
 from aggview.values import from_row, to_row, to_value
@@ -656,6 +656,9 @@ class AsyncClient:
         )
         self._stub = pb_grpc.AggviewStub(self._channel)
         self._open = lambda member: _open_channel(grpc.aio, member, ca, tls, token, options)[0]
+        # The members' framed ports: TLS with the cluster's CA, the token in the hello.
+        self._frames_ssl = client_ssl(ca, tls)
+        self._token = token or ""
         # Why a stream: per transaction, a Python gRPC server spends far less CPU on a share
         # of a stream message than on a call.
         self._transactions = self._stream(self._stub)
@@ -672,8 +675,10 @@ class AsyncClient:
         the member's framed-TCP port (a frame costs both sides a fraction of a gRPC stream
         message)."""
         if framed:
-            hello = ExchangeHello(stream="transact").SerializeToString()
-            open_call = lambda: FramedCall(framed, hello, pb.TransactReplies.FromString)  # noqa: E731
+            hello = ExchangeHello(stream="transact", token=self._token).SerializeToString()
+            open_call = lambda: FramedCall(  # noqa: E731
+                framed, hello, pb.TransactReplies.FromString, self._frames_ssl
+            )
         else:
             open_call = lambda: stub.Transact(metadata=self._metadata)  # noqa: E731
         return AskEach(
@@ -821,6 +826,8 @@ class AsyncClient:
             if type(error) is not errors.AggviewError:  # a status the server chose to end it
                 return error
             exc = error  # INTERNAL, CANCELLED, UNKNOWN: the call broke (a server gone mid-stream)
+        if isinstance(exc, errors.AggviewError) and not isinstance(exc, errors.Unavailable):
+            return exc  # the member refused the stream (a token, a limit): retrying is no use
         return errors.Unavailable(f"the transaction stream ended: {exc}")
 
     async def get(self, table: str, key: Mapping[str, Any], *, as_of: int = 0) -> Row | None:

@@ -122,28 +122,37 @@ class ClientGate(grpc.aio.ServerInterceptor):
             if self.secret is None:
                 return handler
             return member_check(handler, metadata, self.secret, details.method)
-        token = None
-        if self.tokens is not None:
-            header = metadata_value(metadata, TOKEN_HEADER)
-            if header is None:
-                return denied(
-                    handler,
-                    grpc.StatusCode.UNAUTHENTICATED,
-                    "no token: this cluster needs 'authorization: Bearer TOKEN' on every call "
-                    "(Client(address, ca=..., token=...), or aggview sql --token)",
-                )
+        presented = None
+        header = metadata_value(metadata, TOKEN_HEADER)
+        if header is not None:
             scheme, _, value = header.partition(" ")
-            token = self.tokens.get(_digest(value.strip())) if scheme.lower() == "bearer" else None
-            if token is None:
-                return denied(handler, grpc.StatusCode.UNAUTHENTICATED, "unknown token")
-            needed = role_needed(service, method)
-            if ROLES[token.role] < ROLES[needed]:
-                return denied(
-                    handler,
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"{method} needs the {needed} role; token {token.name!r} has {token.role}",
-                )
+            presented = value.strip() if scheme.lower() == "bearer" else ""
+        try:
+            token = self.authenticate(presented, service, method)
+        except errors.AggviewError as exc:
+            return denied(handler, exc.code, str(exc))
         return guarded(handler, self._checker(method, token))
+
+    def authenticate(self, presented: str | None, service: str, method: str) -> Token | None:
+        """The token a call presented (None: none), checked for the role ``method`` needs;
+        None when the cluster has no tokens. On gRPC it comes from the ``authorization``
+        header, on a member's framed port from the client's hello."""
+        if self.tokens is None:
+            return None
+        if presented is None:
+            raise errors.Unauthenticated(
+                "no token: this cluster needs 'authorization: Bearer TOKEN' on every call "
+                "(Client(address, ca=..., token=...), or aggview sql --token)"
+            )
+        token = self.tokens.get(_digest(presented))
+        if token is None:
+            raise errors.Unauthenticated("unknown token")
+        needed = role_needed(service, method)
+        if ROLES[token.role] < ROLES[needed]:
+            raise errors.PermissionDenied(
+                f"{method} needs the {needed} role; token {token.name!r} has {token.role}"
+            )
+        return token
 
     def _checker(self, method: str, token: Token | None) -> Check:
         async def check(request: Any, context: grpc.aio.ServicerContext) -> Callable[[], None]:

@@ -44,7 +44,7 @@ from coordinator.clock_service import ClockServicer, FollowerClock
 from coordinator.convert import Limits, key_bytes, wire_row
 from coordinator.cumulus_view import decode_entries
 from coordinator.decision_log import DecisionLog
-from coordinator.gate import ADMIT, ClientGate
+from coordinator.gate import ADMIT, CLIENT_SERVICE, ClientGate
 from coordinator.leadership import Leadership, Lease
 from coordinator.local_ltm import LocalLtm, LocalPartitions, MemberLtmServicer
 from coordinator.ltm_channel import LtmChannel
@@ -105,11 +105,15 @@ def transactions_stream(
 _framed_connections = itertools.count(1)
 
 
-def framed_transactions(manager: TransactionManager, gate: ClientGate) -> Answer:
-    """A client's transactions on the member's framed port (insecure clusters only: that port's
-    TLS takes members' certificates). A client is its connection there, as on gRPC without
-    tokens, so each connection has ``max_client_transactions`` slots."""
-    who = f"framed connection {next(_framed_connections)}"
+def framed_transactions(
+    manager: TransactionManager, gate: ClientGate, hello: lpb.ExchangeHello
+) -> Answer:
+    """A client's transactions on the member's framed port. In a secure cluster its hello
+    carries its token, checked as the gRPC ``Transact`` call's header is, and the client is
+    the token's name; without tokens a client is its connection, as on gRPC. Either way each
+    client has ``max_client_transactions`` slots."""
+    token = gate.authenticate(hello.token or None, CLIENT_SERVICE, "Transact")
+    who = token.name if token is not None else f"framed connection {next(_framed_connections)}"
     stream = transactions_stream(manager, functools.partial(gate.admit, who))
     return answering(cpb.TransactRequests.FromString, stream.serve)
 
@@ -541,8 +545,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
         )
     manager.members = list(config.members)
     manager.member = config.member
-    if config.tls is None:  # a secure framed port takes members only
-        manager.transact_addresses = list(config.exchanges)
+    manager.transact_addresses = list(config.exchanges)
     addresses = config.addresses(count)
     for p in range(count):  # after a failover, a partition lives elsewhere
         record = ownership.read(store, p)
@@ -694,14 +697,17 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     if config.exchanges:  # other members' streams to our partitions, on framed TCP
         streams = {}
         if clock is not None:  # and the followers' clock streams
-            streams["clock"] = clock.framed
+            streams["clock"] = lambda hello: clock.framed()
         if manager.transact_addresses:  # and clients' transactions (see build_manager)
             streams["transact"] = functools.partial(framed_transactions, manager, gate)
         welcome = framed_exchange(
-            manager.local.participant, config.tls.secret if config.tls else None, streams
+            manager.local.participant,
+            config.tls.secret if config.tls else None,
+            streams,
+            client_streams=frozenset({"transact"}),
         )
         framed = await FramedServer(
-            welcome, config.tls.member_server_ssl if config.tls else None
+            welcome, config.tls.frames_server_ssl if config.tls else None
         ).start(config.host, config.exchange_port)
     await run_until_signalled(
         server, config.host, config.port, f"member {config.member}", ready, credentials=credentials

@@ -13,7 +13,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from aggview import errors
-from aggview.frames import Answer, answering
+from aggview.frames import Answer, Welcome, answering
 from aggview.security import TlsDir, is_secret
 from aggview.status import Malformed, grpc_method
 from aggview.streams import AnswerEach
@@ -273,25 +273,31 @@ def exchange(participant: Participant) -> AnswerEach[pb.LtmRequest | Malformed, 
 def framed_exchange(
     participant_of: Callable[[dict[str, str]], Participant],
     secret: str | None,
-    streams: dict[str, Callable[[], Answer]] | None = None,
-) -> Callable[[bytes], Answer]:
+    streams: dict[str, Callable[[pb.ExchangeHello], Answer]] | None = None,
+    client_streams: frozenset[str] = frozenset(),
+) -> Welcome:
     """What a member's framed-TCP server (``aggview.frames.FramedServer``) does with a
     connection: its hello names the partition and epoch (``participant_of`` refuses a wrong
-    one, as for a gRPC stream's metadata) and, in a secure cluster, carries the secret; or it
-    names another of the member's ``streams`` (the clock)."""
+    one, as for a gRPC stream's metadata) or another of the member's ``streams`` (the clock).
+    In a secure cluster a member's stream needs the members' certificate and the secret; one
+    of ``client_streams`` (an application's) checks the hello's token itself."""
     streams = streams or {}
 
-    def welcome(hello_bytes: bytes) -> Answer:
+    def welcome(hello_bytes: bytes, certified: bool) -> Answer:
         try:
             hello = pb.ExchangeHello.FromString(hello_bytes)
         except DecodeError as exc:
             raise errors.InvalidArgument(f"malformed hello: {exc}") from None
+        if hello.stream in client_streams and hello.stream in streams:
+            return streams[hello.stream](hello)
         if secret is not None and not is_secret(hello.secret, secret):
             raise errors.PermissionDenied("a member's stream without the cluster secret")
+        if secret is not None and not certified:
+            raise errors.PermissionDenied("a member's stream without the members' certificate")
         if hello.stream:
             if hello.stream not in streams:
                 raise errors.InvalidArgument(f"no stream {hello.stream!r} here")
-            return streams[hello.stream]()
+            return streams[hello.stream](hello)
         participant = participant_of(
             dict(ownership.partition_metadata(hello.partition, hello.epoch))
         )

@@ -27,7 +27,7 @@ async def _leader_and_follower() -> tuple[LeaderClock, FollowerClock, FramedServ
     leader = LeaderClock(Clock(TimestampOracle(meta.get, meta.__setitem__), members=2), InFlight())
     servicer = ClockServicer(lambda: leader)
     server = await FramedServer(
-        framed_exchange(_no_partition, None, {"clock": servicer.framed})
+        framed_exchange(_no_partition, None, {"clock": lambda hello: servicer.framed()})
     ).start("127.0.0.1", 0)
     address = f"127.0.0.1:{server.port}"
     follower = FollowerClock(

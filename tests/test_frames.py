@@ -23,7 +23,7 @@ from ltm.server import framed_exchange
 from ltm.store import ownership
 
 
-def echo_welcome(hello: bytes) -> frames.Answer:
+def echo_welcome(hello: bytes, certified: bool = False) -> frames.Answer:
     """Answers every request with a vote whose ts is the request's prepare ts; ``no`` refuses."""
     if hello == b"no":
         raise errors.FailedPrecondition("partition 9 is not served here")
@@ -190,7 +190,7 @@ def test_mutual_tls_and_the_secret_keep_out_what_is_not_a_member(tls: TlsDir) ->
     welcome = framed_exchange(participant_of, tls.secret)
 
     async def main() -> None:
-        server = await frames.FramedServer(welcome, tls.member_server_ssl).start("127.0.0.1", 0)
+        server = await frames.FramedServer(welcome, tls.frames_server_ssl).start("127.0.0.1", 0)
         address = f"127.0.0.1:{server.port}"
         right = pb.ExchangeHello(secret=tls.secret, partition=4, epoch=2).SerializeToString()
         wrong = pb.ExchangeHello(secret="guess", partition=4).SerializeToString()

@@ -293,16 +293,18 @@ class LtmReplies(_message.Message):
     def __init__(self, replies: _Optional[_Iterable[_Union[LtmReply, _Mapping]]] = ...) -> None: ...
 
 class ExchangeHello(_message.Message):
-    __slots__ = ("secret", "partition", "epoch", "stream")
+    __slots__ = ("secret", "partition", "epoch", "stream", "token")
     SECRET_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     secret: str
     partition: int
     epoch: int
     stream: str
-    def __init__(self, secret: _Optional[str] = ..., partition: _Optional[int] = ..., epoch: _Optional[int] = ..., stream: _Optional[str] = ...) -> None: ...
+    token: str
+    def __init__(self, secret: _Optional[str] = ..., partition: _Optional[int] = ..., epoch: _Optional[int] = ..., stream: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class OutcomeRequest(_message.Message):
     __slots__ = ("ts",)
