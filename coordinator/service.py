@@ -401,9 +401,9 @@ class OutcomeServicer(lpb_grpc.TransactionOutcomeServicer):
 
     @grpc_method
     async def Query(self, request: lpb.OutcomeRequest, context: object) -> lpb.OutcomeReply:
+        answers_for = await self.manager.answering_for()
         return lpb.OutcomeReply(
-            outcomes=[self.manager.outcome(ts) for ts in request.ts],
-            answers_for=sorted({member for member, _ in self.manager.adopted}),
+            outcomes=[self.manager.outcome(ts) for ts in request.ts], answers_for=answers_for
         )
 
 
@@ -598,9 +598,9 @@ async def _outcomes(
     members, whichever coordinated a transaction knows it (its decision log, or in flight);
     the others say aborted. Presumed abort needs every member's answer: while one cannot be
     asked, nothing is known (None: ask again later), unless a member that adopted its
-    decision log after it died answers for it."""
+    decision log after it died, and holds it still, answers for it."""
+    answered = {manager.member, *await manager.answering_for()}
     answers = [[manager.outcome(ts) for ts in timestamps]]
-    answered = {manager.member, *(member for member, _ in manager.adopted)}
     silent: list[str] = []
     for member, query in others:
         try:

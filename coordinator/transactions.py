@@ -515,6 +515,11 @@ class TransactionManager:
         """Dead members' decision logs taken over here, as (member, log)."""
         return self.replication.adopted if self.replication is not None else []
 
+    async def answering_for(self) -> list[int]:
+        """Dead members this member answers for: their decision logs adopted here and not
+        taken back (see ``MemberDecisions.answering_for``)."""
+        return await self.replication.answering_for() if self.replication is not None else []
+
     def adopt(self, decisions: DecisionLog) -> None:
         """A dead member's decision log, taken over here (``adopted``): its commits are
         delivered as ours are."""

@@ -484,12 +484,15 @@ def test_a_commit_logged_after_the_log_was_taken_over_is_forgotten(
     copied = adopted[1]
     stalled = committed_in(cluster.data / "member-1", tmp_path / "member-1-log") - copied
     assert len(stalled) == 1, "the stalled commit is on member 1's disk only"
+    assert answered_for(cluster, 2) == [1]  # member 2 holds member 1's log
 
     # Back, it must deliver no commit at all (armed to crash at the first acknowledgement).
     cluster.member(1).start(env={"AGGVIEW_FAILPOINTS": "coordinator.mid_commit_fanout=crash"})
     wait_for("member 1's log back and copied", lambda: log_back(cluster, 1), 30)
     for member in (0, 1, 2):
         assert outcomes_at(cluster, member, sorted(stalled)) == [pb.OutcomeReply.ABORTED]
+    # member 1 answers for itself again: member 2 must not call its new transactions aborted
+    assert answered_for(cluster, 2) == []
     assert cluster.member(1).running(), cluster.member(1).tail()
     assert "forgot 1 commits" in cluster.member(1).tail(400)
     wait_for("every transaction decided", lambda: nothing_prepared(cluster, {0: 0, 1: 2, 2: 2}), 30)
@@ -520,13 +523,21 @@ def committed_in(log_dir: Path, scratch: Path) -> set[int]:
     return asyncio.run(read())
 
 
-def outcomes_at(cluster: LocalCluster, member: int, timestamps: list[int]) -> list[int]:
-    """What ``member`` answers an in-doubt participant about ``timestamps``."""
+def outcome_reply(cluster: LocalCluster, member: int, timestamps: list[int]) -> pb.OutcomeReply:
     with grpc.insecure_channel(cluster.member(member).address) as channel:
-        reply = pb_grpc.TransactionOutcomeStub(channel).Query(
+        return pb_grpc.TransactionOutcomeStub(channel).Query(
             pb.OutcomeRequest(ts=timestamps), timeout=10
         )
-    return list(reply.outcomes)
+
+
+def outcomes_at(cluster: LocalCluster, member: int, timestamps: list[int]) -> list[int]:
+    """What ``member`` answers an in-doubt participant about ``timestamps``."""
+    return list(outcome_reply(cluster, member, timestamps).outcomes)
+
+
+def answered_for(cluster: LocalCluster, member: int) -> list[int]:
+    """The other members ``member`` answers for (it holds their decision logs)."""
+    return list(outcome_reply(cluster, member, [1]).answers_for)
 
 
 def test_a_member_declared_dead_while_alive_stops_and_rejoins(
