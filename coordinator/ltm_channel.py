@@ -204,8 +204,9 @@ class LtmChannel:
 
     async def _connected(self, grace: float) -> None:
         """Waits up to ``grace`` seconds for the channel to connect; the request then goes
-        (to the owner of the moment), and fails as unavailable if the peer is still down."""
-        with contextlib.suppress(TimeoutError):
+        (to the owner of the moment), and fails as unavailable if the peer is still down.
+        A channel closed meanwhile (the partition moved: ``retarget``) ends the wait too."""
+        with contextlib.suppress(TimeoutError, grpc.aio.UsageError):
             await asyncio.wait_for(self._channel.channel_ready(), grace)
 
     def _unavailable(self, exc: BaseException | None) -> errors.Unavailable:
