@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from aggview import errors
+
 _HEADER = struct.Struct(">II")  # length, crc32
 
 
@@ -68,6 +70,7 @@ class WriteAheadLog:
         # is there too. Held for a whole flush, so a resync sees exactly the flushed files.
         self.shipper: Shipper | None = None
         self.flush_lock = asyncio.Lock()
+        self.closed_to_writes: str | None = None  # why nothing more is written (a handover)
         self._dropped_before = 0
         self._flushing = self._segment  # the segment the flush under way writes to
 
@@ -111,6 +114,8 @@ class WriteAheadLog:
         """Queues a record without waiting for it to be durable (e.g. an abort: presumed) and
         returns its log sequence number (LSN): records replay in LSN order, and what a
         checkpoint stored is known by the LSN of the last change it contains."""
+        if self.closed_to_writes:
+            raise errors.FailedPrecondition(self.closed_to_writes)
         self.lsn += 1
         body = pickle.dumps({**record, "lsn": self.lsn}, protocol=pickle.HIGHEST_PROTOCOL)
         self._pending.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)

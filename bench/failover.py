@@ -1,12 +1,13 @@
 """Failover time: kill -9 the process serving a partition, again and again, under load.
 
-A replicated cluster of 3 partitions in ``--processes P`` coordinating members (default 3,
-each log copied to the next member) runs closed-loop 3-row transactions from 16 tasks. Each
-round waits until every partition's standby is in sync, kills the process serving partition
-``round % 3`` for good, and times how long it takes until a transaction that writes to
-every partition commits again (the pause clients see); then the killed process is restarted
-and rejoins holding copies (a leader that was killed comes back as a follower). At the end,
-sum(v) is checked against the commits reported.
+A replicated cluster of 3 LTMs (each log copied to the next LTM), or with ``--processes P`` of
+P coordinating members, runs closed-loop 3-row transactions from 16 tasks. Each round waits
+until every partition's standby is in sync (with members: and every partition back at its
+home member), kills the process serving partition ``round % 3`` for good, and times how long
+it takes until a transaction that writes to every partition commits again (the pause clients
+see); then the killed process is restarted and rejoins as a backup (a member also gets its
+partitions back, and a leader that was killed comes back as a follower). At the end, sum(v)
+is checked against the commits reported.
 
     python -m bench.failover --kills 20
     python -m bench.failover --kills 6 --processes 2
@@ -43,7 +44,9 @@ PROBE_ROWS = 40  # a probe with 40 random rows writes to all 3 partitions (but f
 
 def all_in_sync(cluster: LocalCluster, store: Store) -> bool:
     records = [ownership.read(store, p) for p in range(cluster.ltms)]
-    return all(r.in_sync for r in records) and all(s.running() for s in cluster.servers)
+    home = cluster.processes < 2 or all(r.owner == r.partition for r in records)
+    in_sync = all(r.in_sync for r in records)
+    return home and in_sync and all(s.running() for s in cluster.servers)
 
 
 async def wait_in_sync(cluster: LocalCluster, store: Store, timeout: float = 60.0) -> None:

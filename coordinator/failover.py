@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -38,6 +38,14 @@ PROBE_TIMEOUT = 1.0  # a busy LTM may answer slowly; a dead one refuses at once
 # A process never heard from yet is still starting (a cluster starts its processes one by
 # one, each a second or more under load): it is declared dead only after this long.
 START_GRACE = 15.0
+HAND_BACK_EVERY = 1.0  # seconds between looks for partitions to give back to their home
+
+Follow = Callable[[Any, ownership.Ownership], Awaitable[None]]
+
+
+async def retarget(channel: Any, address: str, record: ownership.Ownership) -> None:
+    """The default way a channel follows a moved partition: to the new owner's address."""
+    await channel.retarget(address, record.owner, record.epoch)
 
 
 class Failover:
@@ -51,11 +59,22 @@ class Failover:
         *,
         members: int = 0,
         lose_member: Callable[[int], None] = lambda member: None,
+        follow: Follow | None = None,
+        hand_back: bool = False,
     ) -> None:
         """``addresses``: where each LTM (partition index) is served; ``members``: how many
         coordinating members host them (0: one LTM per process), ``lose_member`` hears of a
-        member whose decision log was adopted."""
+        member whose decision log was adopted; ``follow(channel, record)`` points a channel
+        where the record says; ``hand_back``: partitions go back to their home LTM once it
+        is up again with an in-sync copy."""
         self.channels = channels
+        self.follow: Follow = follow or (
+            lambda channel, record: retarget(channel, self.addresses[record.owner], record)
+        )
+        self.hand_back = hand_back
+        self._unserved: dict[int, ownership.Ownership] = {}  # handed back, not yet taken
+        self._next_hand_back = 0.0
+        self.handovers = 0
         self.members = members
         self.lose_member = lose_member
         self.store = store
@@ -106,6 +125,15 @@ class Failover:
             owners = sorted({channel.owner for channel in self.channels} | set(range(self.members)))
             alive = await asyncio.gather(*(self._alive(ltm) for ltm in owners))
             now = time.monotonic()
+            if self.hand_back and now >= self._next_hand_back:
+                self._next_hand_back = now + HAND_BACK_EVERY
+                answering = {
+                    self.addresses[ltm] for ltm, up in zip(owners, alive, strict=True) if up
+                }
+                try:
+                    await self._give_back(answering)
+                except Exception:
+                    log.exception("handing partitions back failed")
             for ltm, up in zip(owners, alive, strict=True):
                 if up:
                     self._down_since.pop(ltm, None)
@@ -152,11 +180,58 @@ class Failover:
             return False
         # The channel moves even if the call fails: the standby serves the partition on its
         # next start anyway, since the record names it.
-        await channel.retarget(self.addresses[moved.owner], moved.owner, moved.epoch)
+        await self.follow(channel, moved)
         self._down_since.pop(moved.owner, None)
         await self._take_over(moved)
         self.failovers += 1
         return True
+
+    async def _give_back(self, answering: set[str]) -> None:
+        """Each partition served away from its home LTM (it died, and came back as the
+        backup) goes home once both answer and the copy is in sync: the owner hands it over
+        (``Hosting.hand_over``), then the home takes it, then the channels follow. A take
+        that failed is tried again each round."""
+        records = await asyncio.to_thread(
+            lambda: [ownership.read(self.store, p) for p in range(len(self.channels))]
+        )
+        for record in records:
+            p = record.partition
+            moved = self._unserved.pop(p, None)
+            if moved is None:
+                if record.owner == p or record.standby != p or not record.in_sync:
+                    continue
+                if not {self.addresses[p], self.addresses[record.owner]} <= answering:
+                    continue
+                try:
+                    reply = await self._stubs[record.owner].HandOver(
+                        pb.HandOverRequest(
+                            partition=p,
+                            epoch=record.epoch,
+                            to=p,
+                            from_address=self.addresses[record.owner],
+                        ),
+                        timeout=30,
+                        metadata=self._metadata,
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    log.warning("partition %d stays at LTM %d: %s", p, record.owner, exc.details())
+                    continue
+                moved = ownership.Ownership(
+                    p,
+                    reply.epoch,
+                    p,
+                    standby=record.owner,
+                    standby_address=self.addresses[record.owner],
+                )
+                self.handovers += 1
+            elif record.epoch != moved.epoch:
+                continue  # moved on since
+            try:
+                await self._take_over(moved)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("partition %d: LTM %d did not take it yet: %s", p, p, exc.details())
+                self._unserved[p] = moved
+            await self.follow(self.channels[p], moved)
 
     async def _move(self, partition: int) -> ownership.Ownership | None:
         """Records the in-sync standby as the owner at the next epoch (None: there is none)."""
@@ -208,12 +283,20 @@ class PartitionFollower:
     partition is served now (member 0 moved it), checking every ``every`` seconds."""
 
     def __init__(
-        self, channels: list[Any], store: Store, addresses: list[str], every: float = 0.5
+        self,
+        channels: list[Any],
+        store: Store,
+        addresses: list[str],
+        every: float = 0.5,
+        follow: Follow | None = None,
     ) -> None:
         self.channels = channels
         self.store = store
         self.addresses = addresses
         self.every = every
+        self.follow: Follow = follow or (
+            lambda channel, record: retarget(channel, self.addresses[record.owner], record)
+        )
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -230,14 +313,13 @@ class PartitionFollower:
     async def _follow(self) -> None:
         while True:
             await asyncio.sleep(self.every)
-            # a partition served here moves only when this member is dead: remote ones only
-            remote = [c for c in self.channels if isinstance(c, LtmChannel)]
+            channels = list(self.channels)  # a served one moves too when handed back home
             try:
-                records = await asyncio.to_thread(self._records, [c.index for c in remote])
+                records = await asyncio.to_thread(self._records, [c.index for c in channels])
             except Exception:
                 log.exception("reading the partitions' records failed")
                 continue
-            for channel, record in zip(remote, records, strict=True):
+            for channel, record in zip(channels, records, strict=True):
                 if record.epoch != channel.epoch:
                     log.warning(
                         "partition %d: now at LTM %d, epoch %d",
@@ -245,4 +327,4 @@ class PartitionFollower:
                         record.owner,
                         record.epoch,
                     )
-                    await channel.retarget(self.addresses[record.owner], record.owner, record.epoch)
+                    await self.follow(channel, record)

@@ -136,11 +136,15 @@ class LocalLtm:
     address = "in-process"
 
     def __init__(
-        self, index: int, hosting: Hosting, watermarks: Callable[[], tuple[int, int]]
+        self,
+        index: int,
+        hosting: Hosting,
+        watermarks: Callable[[], tuple[int, int]],
+        epoch: int = 0,
     ) -> None:
         self.index = index
         self.owner = hosting.me  # the hosting serving it (another's, after a failover)
-        self.epoch = 0
+        self.epoch = epoch  # its ownership record's
         self.hosting = hosting
         self._watermarks = watermarks
         self._names = {ownership.PARTITION_HEADER: str(index)}
@@ -244,3 +248,11 @@ class MemberLtmServicer(LtmServicer):
             )
         await hosting.take_over(request)
         return pb.TakeOverReply()
+
+    @grpc_method
+    async def HandOver(self, request: pb.HandOverRequest, context: object) -> pb.HandOverReply:
+        hosting = self.local.serving(request.partition)
+        if hosting is None:
+            raise ownership.Superseded(f"partition {request.partition} is not served here")
+        moved = await hosting.hand_over(request)
+        return pb.HandOverReply(epoch=moved.epoch)

@@ -32,9 +32,12 @@ from coordinator.clock import Clock
 from coordinator.clock_service import FollowerClock
 from coordinator.failover import PROBE_EVERY, PROBE_TIMEOUT, Failover, PartitionFollower
 from coordinator.leadership import Leadership, Lease
+from coordinator.local_ltm import LocalLtm
+from coordinator.ltm_channel import LtmChannel
 from coordinator.member_clock import LeaderClock
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
+from ltm.store import ownership
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +78,9 @@ class MemberRoles:
         if self.manager.leader is None:
             await self._leader_duties(dead_since=None)
         elif self.replicates:
-            self.follower = PartitionFollower(self.manager.channels, self.store, self.addresses)
+            self.follower = PartitionFollower(
+                self.manager.channels, self.store, self.addresses, follow=self._follow
+            )
             self.follower.start()
             self._spawn(self._watch_leader())
 
@@ -103,12 +108,38 @@ class MemberRoles:
                 self.after,
                 members=self.members,
                 lose_member=manager.clock.lose,
+                follow=self._follow,
+                hand_back=self.replicates,  # members only: a restarted one gets its own back
             )
             if dead_since is not None:  # already silent that long: no second wait
                 self.failover.silent_since(*dead_since)
             self.failover.start()
         if self.lead is not None:
             self._spawn(self._keep_lease(self.lead))
+
+    async def _follow(self, channel: Any, record: ownership.Ownership) -> None:
+        """Points partition ``channel.index`` where ``record`` says: direct calls when a
+        hosting of this member serves it now, else the serving member's stream."""
+        manager, p = self.manager, channel.index
+        local = manager.local
+        hosting = local.hostings.get(record.owner) if local is not None else None
+        new: LocalLtm | LtmChannel
+        if hosting is not None:
+            new = LocalLtm(p, hosting, manager._watermarks, record.epoch)
+        elif isinstance(channel, LtmChannel):
+            await channel.retarget(self.addresses[record.owner], record.owner, record.epoch)
+            return
+        else:
+            new = LtmChannel(
+                p,
+                self.addresses[record.owner],
+                manager._watermarks,
+                self.tls,
+                owner=record.owner,
+                epoch=record.epoch,
+            )
+        manager.channels[p] = new
+        await channel.close()
 
     # ------------------------------------------------------------------ the leader
 

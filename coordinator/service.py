@@ -551,7 +551,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
         record = ownership.read(store, p)
         if record.owner in manager.local.hostings:
             manager.channels[p] = LocalLtm(
-                p, manager.local.hostings[record.owner], manager._watermarks
+                p, manager.local.hostings[record.owner], manager._watermarks, record.epoch
             )
         else:
             manager.channels[p] = LtmChannel(

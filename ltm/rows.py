@@ -89,6 +89,18 @@ class RowState:
                 self.release()  # handed the row just as the wait was cancelled: pass it on
             raise
 
+    def abandon(self, reason: Exception) -> None:
+        """The partition stops here (handed over, fenced): every waiter gives up at once
+        (a lock waiter as too late, so its transaction aborts and is tried again)."""
+        waiters, self.lock_waiters = self.lock_waiters, []
+        for _, _, waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(False)
+        readers, self.read_waiters = self.read_waiters, []
+        for reader in readers:
+            if not reader.done():
+                reader.set_exception(reason)
+
     def release(self) -> None:
         """Frees the row and hands it to the oldest waiter that is not too late by now."""
         self.holder = 0

@@ -116,6 +116,54 @@ class Hosting:
             await self._serve(record, standby, request.backup_address)
             log.warning("took over partition %d at epoch %d", partition, request.epoch)
 
+    async def hand_over(self, request: pb.HandOverRequest) -> ownership.Ownership:
+        """Gives a partition this LTM serves to ``request.to``, which holds an in-sync copy of
+        its log: fenced first (nothing more is read or prepared here), then every record is
+        on the copy's disk, then the new owner is recorded under this owner's own fence, so
+        the two never serve it at once. Before that write, a failure leaves it served here."""
+        async with self._lock:
+            p = request.partition
+            record = self.records.get(p)
+            participant = self.participants.get(p)
+            if record is None or participant is None or participant.fenced:
+                raise ownership.Superseded(f"LTM {self.me} does not serve partition {p}")
+            if record.epoch != request.epoch:
+                raise ownership.Superseded(
+                    f"LTM {self.me} serves partition {p} at epoch {record.epoch}, "
+                    f"not {request.epoch}"
+                )
+            shipper = self.shippers.get(p)
+            if shipper is None or shipper.backup != request.to:
+                raise errors.FailedPrecondition(
+                    f"partition {p}'s log is not copied to LTM {request.to} here"
+                )
+            reason = f"partition {p} is handed over to LTM {request.to}"
+            participant.fenced = reason  # nothing more is asked of it
+            participant.wal.closed_to_writes = reason  # nor written by what was asked before
+            moved = ownership.Ownership(
+                p,
+                record.epoch + 1,
+                request.to,
+                standby=self.me,
+                standby_address=request.from_address,
+            )
+            try:
+                await participant.wal.flush()  # shipped to the copy before it returns
+                if not shipper.in_sync:
+                    raise errors.FailedPrecondition(f"partition {p}'s copy is out of sync")
+                await asyncio.to_thread(ownership.hand_over, self.store, record, moved)
+            except ownership.Superseded:
+                raise  # someone else moved it: fenced it stays
+            except BaseException:
+                if participant.fenced == reason:
+                    participant.fenced = participant.wal.closed_to_writes = None
+                raise
+            await self._retire(p)
+            log.warning(
+                "handed partition %d over to LTM %d at epoch %d", p, moved.owner, moved.epoch
+            )
+            return moved
+
     def served(self) -> list[int]:
         """The partitions this hosting serves now (not fenced off)."""
         return sorted(p for p, x in self.participants.items() if not x.fenced)
@@ -165,6 +213,9 @@ class Hosting:
             await shipper.close()
         participant = self.participants.pop(partition)
         participant.fenced = participant.fenced or f"partition {partition} moved on"
+        reason = errors.FailedPrecondition(participant.fenced)
+        for state in participant.rows.values():  # no waiter may hang on a stopped copy
+            state.abandon(reason)
         await participant.stop()  # fenced: no checkpoint
         del self.records[partition]
 
@@ -234,6 +285,11 @@ class LtmServicer(pb_grpc.LtmServicer):
     async def TakeOver(self, request: pb.TakeOverRequest, context: object) -> pb.TakeOverReply:
         await self.hosting.take_over(request)
         return pb.TakeOverReply()
+
+    @grpc_method
+    async def HandOver(self, request: pb.HandOverRequest, context: object) -> pb.HandOverReply:
+        moved = await self.hosting.hand_over(request)
+        return pb.HandOverReply(epoch=moved.epoch)
 
 
 def exchange(participant: Participant) -> AnswerEach[pb.LtmRequest | Malformed, pb.LtmReply]:

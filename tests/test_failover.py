@@ -353,6 +353,51 @@ def test_a_fenced_copy_gives_its_directory_to_the_mirror_and_can_take_over_again
     asyncio.run(scenario())
 
 
+def test_a_handover_is_refused_without_loss_unless_the_copy_is_at_the_new_owner(
+    tmp_path: Path,
+) -> None:
+    """A handover asked at a stale epoch, or to an LTM that holds no copy of the log, is
+    refused with an error naming why, and the partition goes on serving here, its rows intact."""
+
+    async def scenario() -> None:
+        with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+            store.create_table(TABLE)
+            hosting = Hosting(LtmConfig("unused", tmp_path / "ltm-0", 0, 2), store)
+            await hosting.start()
+            participant = hosting.participants[0]
+            await commit(participant, 10, insert(b"k", {"v": 1}))
+            epoch = hosting.records[0].epoch
+            stale = pb.HandOverRequest(partition=0, epoch=epoch + 1, to=1, from_address="x")
+            with pytest.raises(ownership.Superseded, match="epoch"):
+                await hosting.hand_over(stale)
+            uncopied = pb.HandOverRequest(partition=0, epoch=epoch, to=1, from_address="x")
+            with pytest.raises(errors.FailedPrecondition, match="not copied to LTM 1"):
+                await hosting.hand_over(uncopied)
+            assert not participant.fenced and not participant.wal.closed_to_writes
+            await commit(participant, 20, update(b"k", {"v": 2}))
+            await hosting.stop()
+            assert stored(store, b"k")[1] == {"v": 2}
+            assert ownership.read(store, 0).owner == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_log_closed_to_writes_refuses_records(tmp_path: Path) -> None:
+    """Once a handover's final flush starts, a record written late would never reach the
+    new owner: the log refuses it instead of losing it silently."""
+
+    async def scenario() -> None:
+        wal = WriteAheadLog(tmp_path / "log", fsync=False)
+        await wal.append({"kind": "prepared", "ts": 1, "after": {}})
+        wal.closed_to_writes = "partition 0 is handed over to LTM 1"
+        with pytest.raises(errors.FailedPrecondition, match="handed over"):
+            await wal.append({"kind": "prepared", "ts": 2, "after": {}})
+        await wal.close()
+        assert [r["ts"] for r in WriteAheadLog(tmp_path / "log", fsync=False).replay()] == [1]
+
+    asyncio.run(scenario())
+
+
 # ------------------------------------------------------------------ coordinating members
 
 

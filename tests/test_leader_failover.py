@@ -176,9 +176,10 @@ def test_the_next_member_takes_the_lead_from_a_dead_leader(three_members: LocalC
     """Member 0, the leader, dies by kill -9 under six transferring clients. Member 1 takes
     the lead (a new term), member 0's decision log and partition move, and the clients, given
     member 0's address, go on through the others. DDL runs at the new leader; member 0 comes
-    back as a follower and coordinates again. Nothing acknowledged is lost, nothing stays
-    prepared, and every view (sync, async, cumulus, whose runtime loads again at the new
-    leader, and one created after the takeover) equals the ledger."""
+    back as a follower, coordinates again, and gets its partition back (handed over by the
+    member serving it once member 0's copy of the log is in sync). Nothing acknowledged is
+    lost, nothing stays prepared, and every view (sync, async, cumulus, whose runtime loads
+    again at the new leader, and one created after the takeover) equals the ledger."""
     cluster = three_members
     stop, outcomes = threading.Event(), transfers.Outcomes()
     workers = start_transfers(cluster, stop, outcomes)
@@ -205,6 +206,11 @@ def test_the_next_member_takes_the_lead_from_a_dead_leader(three_members: LocalC
         before = status(cluster, 0).coordinated
         wait_for("member 0 to coordinate", lambda: status(cluster, 0).coordinated > before + 20, 60)
         assert leader_record(cluster).member == 1
+        # once its copy is in sync, its partition is handed back to it (planned, no loss)
+        wait_for("partition 0 back at member 0", lambda: 0 in status(cluster, 0).serving, 60)
+        assert serving_members(cluster) == {0: 0, 1: 1, 2: 2}
+        before = len(outcomes.committed)
+        wait_for("commits after the handover", lambda: len(outcomes.committed) > before + 50, 60)
     finally:
         stop.set()
         for worker in workers:

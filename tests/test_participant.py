@@ -634,6 +634,26 @@ def test_row_state_plain_cancel_of_a_waiter() -> None:
     run(main)
 
 
+def test_row_state_abandon_fails_every_waiter_at_once() -> None:
+    """A copy that stops (handed over) leaves no waiter hanging: a lock waiter hears "too
+    late" (its transaction aborts and is retried), a reader gets the reason."""
+
+    async def main() -> None:
+        state = RowState(versions=[(0, None)])
+        assert await state.acquire(10)
+        waiter = asyncio.ensure_future(state.acquire(20))
+        reader: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        state.read_waiters.append(reader)
+        await asyncio.sleep(0)
+        state.abandon(RuntimeError("partition 0 is handed over"))
+        assert await asyncio.wait_for(waiter, 1) is False
+        with pytest.raises(RuntimeError, match="handed over"):
+            await reader
+        assert not state.lock_waiters and not state.read_waiters
+
+    run(main)
+
+
 def test_row_state_versions_prune_by_low_watermark() -> None:
     state = RowState(versions=[(0, None)])
     state.commit(10, {"v": 1}, 0)

@@ -254,6 +254,24 @@ class TakeOverReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class HandOverRequest(_message.Message):
+    __slots__ = ("partition", "epoch", "to", "from_address")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    FROM_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    epoch: int
+    to: int
+    from_address: str
+    def __init__(self, partition: _Optional[int] = ..., epoch: _Optional[int] = ..., to: _Optional[int] = ..., from_address: _Optional[str] = ...) -> None: ...
+
+class HandOverReply(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
 class LtmRequest(_message.Message):
     __slots__ = ("id", "prepare", "decide", "read")
     ID_FIELD_NUMBER: _ClassVar[int]

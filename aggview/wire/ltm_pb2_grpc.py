@@ -64,6 +64,11 @@ class LtmStub:
                 request_serializer=aggview_dot_wire_dot_ltm__pb2.TakeOverRequest.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_ltm__pb2.TakeOverReply.FromString,
                 _registered_method=True)
+        self.HandOver = channel.unary_unary(
+                '/aggview.v1.Ltm/HandOver',
+                request_serializer=aggview_dot_wire_dot_ltm__pb2.HandOverRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_ltm__pb2.HandOverReply.FromString,
+                _registered_method=True)
 
 
 class LtmServicer:
@@ -107,6 +112,12 @@ class LtmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HandOver(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LtmServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -139,6 +150,11 @@ def add_LtmServicer_to_server(servicer, server):
                     servicer.TakeOver,
                     request_deserializer=aggview_dot_wire_dot_ltm__pb2.TakeOverRequest.FromString,
                     response_serializer=aggview_dot_wire_dot_ltm__pb2.TakeOverReply.SerializeToString,
+            ),
+            'HandOver': grpc.unary_unary_rpc_method_handler(
+                    servicer.HandOver,
+                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.HandOverRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_ltm__pb2.HandOverReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -303,6 +319,33 @@ class Ltm:
             '/aggview.v1.Ltm/TakeOver',
             aggview_dot_wire_dot_ltm__pb2.TakeOverRequest.SerializeToString,
             aggview_dot_wire_dot_ltm__pb2.TakeOverReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HandOver(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.Ltm/HandOver',
+            aggview_dot_wire_dot_ltm__pb2.HandOverRequest.SerializeToString,
+            aggview_dot_wire_dot_ltm__pb2.HandOverReply.FromString,
             options,
             channel_credentials,
             insecure,

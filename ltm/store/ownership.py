@@ -102,6 +102,22 @@ def write(store: Store, record: Ownership) -> None:
     )
 
 
+def hand_over(store: Store, record: Ownership, moved: Ownership) -> None:
+    """The owner's own write of a new epoch and owner, only while the fence still names it
+    at ``record``'s epoch (a planned handover: nobody else moves a partition that is served)."""
+    p = record.partition
+    try:
+        store.write_guarded(
+            record.guard(),
+            [
+                (TABLE, _fence_key(p), _fence_value(p, moved.epoch, moved.owner)),
+                (TABLE, _standby_key(p), _standby_value(moved)),
+            ],
+        )
+    except GuardFailed:
+        raise superseded(store, record) from None
+
+
 def write_standby(store: Store, record: Ownership) -> None:
     """The owner's write of its standby's state, only while the fence still names it."""
     store.create_table(TABLE)
