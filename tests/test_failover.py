@@ -362,7 +362,7 @@ def test_a_handover_is_refused_without_loss_unless_the_copy_is_at_the_new_owner(
     async def scenario() -> None:
         with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
             store.create_table(TABLE)
-            hosting = Hosting(LtmConfig("unused", tmp_path / "ltm-0", 0, 2), store)
+            hosting = Hosting(LtmConfig(tmp_path / "ltm-0", 0, 2), store)
             await hosting.start()
             participant = hosting.participants[0]
             await commit(participant, 10, insert(b"k", {"v": 1}))
