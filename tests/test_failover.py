@@ -36,6 +36,7 @@ from ltm.participant import Participant, Settings
 from ltm.replication import LogShipper, Mirror
 from ltm.server import Hosting, LtmConfig, LtmServicer
 from ltm.store import open_store, ownership
+from ltm.store.base import Store
 from tests.test_crash import wait_until_serving
 from tests.test_participant import TABLE, commit, insert, stored, update
 
@@ -326,11 +327,7 @@ def test_a_fenced_copy_gives_its_directory_to_the_mirror_and_can_take_over_again
 
     async def scenario() -> None:
         with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
-            store.create_table(TABLE)
-            hosting = Hosting(LtmConfig(tmp_path / "ltm-0", 0, 2), store)
-            await hosting.start()
-            old = hosting.participants[0]
-            await commit(old, 10, insert(b"k", {"v": 1}))
+            hosting, old = await hosting_with_a_row(store, tmp_path)
             await old.checkpoint()
             ownership.write(store, ownership.Ownership(0, 1, 1))
             with pytest.raises(ownership.Superseded):
@@ -353,6 +350,16 @@ def test_a_fenced_copy_gives_its_directory_to_the_mirror_and_can_take_over_again
     asyncio.run(scenario())
 
 
+async def hosting_with_a_row(store: Store, tmp_path: Path) -> tuple[Hosting, Participant]:
+    """LTM 0 of 2 serving its partition over ``store``, row k = {"v": 1} committed at 10."""
+    store.create_table(TABLE)
+    hosting = Hosting(LtmConfig(tmp_path / "ltm-0", 0, 2), store)
+    await hosting.start()
+    participant = hosting.participants[0]
+    await commit(participant, 10, insert(b"k", {"v": 1}))
+    return hosting, participant
+
+
 def test_a_handover_is_refused_without_loss_unless_the_copy_is_at_the_new_owner(
     tmp_path: Path,
 ) -> None:
@@ -361,11 +368,7 @@ def test_a_handover_is_refused_without_loss_unless_the_copy_is_at_the_new_owner(
 
     async def scenario() -> None:
         with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
-            store.create_table(TABLE)
-            hosting = Hosting(LtmConfig(tmp_path / "ltm-0", 0, 2), store)
-            await hosting.start()
-            participant = hosting.participants[0]
-            await commit(participant, 10, insert(b"k", {"v": 1}))
+            hosting, participant = await hosting_with_a_row(store, tmp_path)
             epoch = hosting.records[0].epoch
             stale = pb.HandOverRequest(partition=0, epoch=epoch + 1, to=1, from_address="x")
             with pytest.raises(ownership.Superseded, match="epoch"):
