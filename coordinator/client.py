@@ -826,8 +826,8 @@ class AsyncClient:
             if type(error) is not errors.AggviewError:  # a status the server chose to end it
                 return error
             exc = error  # INTERNAL, CANCELLED, UNKNOWN: the call broke (a server gone mid-stream)
-        if isinstance(exc, errors.AggviewError) and not isinstance(exc, errors.Unavailable):
-            return exc  # the member refused the stream (a token, a limit): retrying is no use
+        if isinstance(exc, (errors.Unauthenticated, errors.PermissionDenied)):
+            return exc  # the member refused the stream for its token: nothing was sent
         return errors.Unavailable(f"the transaction stream ended: {exc}")
 
     async def get(self, table: str, key: Mapping[str, Any], *, as_of: int = 0) -> Row | None:

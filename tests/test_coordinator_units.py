@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from aggview.cluster import free_port
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.catalog import Catalog
 from coordinator.clock import Clock
 from coordinator.decision_log import DecisionLog
-from coordinator.ltm_channel import Batcher
+from coordinator.ltm_channel import Batcher, LtmChannel
 from coordinator.member_clock import InFlight, LeaderClock
 from coordinator.timestamp_oracle import BLOCK, TimestampOracle
 from coordinator.transactions import Transaction, TransactionManager
@@ -177,3 +178,23 @@ def test_a_commit_whose_decision_was_not_logged_is_never_answered_aborted(
         store.close()
 
     asyncio.run(main())
+
+
+def test_a_request_waiting_for_a_moved_partition_fails_as_unavailable() -> None:
+    """A prepare waits for the owner's channel to connect when a failover moves the partition
+    (``retarget`` closes that channel): it goes on to the new owner and, nobody answering
+    there either, votes unavailable (the transaction aborts and is retried), instead of
+    failing with an internal error."""
+
+    async def main() -> lpb.Vote:
+        channel = LtmChannel(1, f"127.0.0.1:{free_port()}", lambda: (0, 0))
+        waiting = asyncio.ensure_future(channel.prepare(lpb.SubTransaction(ts=5)))
+        await asyncio.sleep(0.2)  # waiting for the owner's channel to connect
+        await channel.retarget(f"127.0.0.1:{free_port()}", 2, 1)
+        try:
+            return await asyncio.wait_for(waiting, 10)
+        finally:
+            await channel.close()
+
+    vote = asyncio.run(main())
+    assert vote.outcome == lpb.Vote.UNAVAILABLE and vote.ts == 5, vote
