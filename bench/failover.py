@@ -1,13 +1,13 @@
 """Failover time: kill -9 the process serving a partition, again and again, under load.
 
-A replicated cluster of 3 LTMs (each log copied to the next LTM), or with ``--processes P`` of
-P coordinating members, runs closed-loop 3-row transactions from 16 tasks. Each round waits
-until every partition's standby is in sync (with members: and every partition back at its
-home member), kills the process serving partition ``round % 3`` for good, and times how long
-it takes until a transaction that writes to every partition commits again (the pause clients
-see); then the killed process is restarted and rejoins as a backup (a member also gets its
-partitions back, and a leader that was killed comes back as a follower). At the end, sum(v)
-is checked against the commits reported.
+A replicated cluster of 3 partitions in ``--processes P`` coordinating members (default 3,
+each log copied to the next member) runs closed-loop 3-row transactions from 16 tasks. Each
+round waits until every partition's standby is in sync and every partition is back at its home
+member, kills the process serving partition ``round % 3`` for good, and times how long it takes
+until a transaction that writes to every partition commits again (the pause clients see); then
+the killed process is restarted, rejoins holding copies and gets its partitions handed back (a
+leader that was killed comes back as a follower). At the end, sum(v) is checked against the
+commits reported.
 
     python -m bench.failover --kills 20
     python -m bench.failover --kills 6 --processes 2
