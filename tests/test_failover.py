@@ -454,8 +454,26 @@ def answered(call: Callable[[], object]) -> bool:
     return True
 
 
-def nothing_prepared(cluster: LocalCluster, serving: dict[int, int]) -> bool:
-    return all(status(cluster, m, partition=p).prepared == 0 for p, m in serving.items())
+def serving_members(cluster: LocalCluster) -> dict[int, int]:
+    """Partition -> the member serving it, as the records say (a restarted member gets its
+    partitions handed back, so this changes while a test waits)."""
+    store = open_store(cluster.store_url)
+    try:
+        return {p: ownership.read(store, p).owner % 3 for p in range(cluster.ltms)}
+    finally:
+        store.close()
+
+
+def nothing_prepared(cluster: LocalCluster) -> bool:
+    """No partition holds a prepared transaction, where each is served now (one moving
+    meanwhile is asked again)."""
+    serving = serving_members(cluster)
+    try:
+        return all(status(cluster, m, partition=p).prepared == 0 for p, m in serving.items())
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
+            raise
+        return False
 
 
 def test_a_dead_member_hands_over_its_partitions_and_decisions(
@@ -493,7 +511,7 @@ def test_a_dead_member_hands_over_its_partitions_and_decisions(
         )
         before = len(outcomes.committed)
         wait_for("commits after the second failover", lambda: len(outcomes.committed) > before + 50)
-    wait_for("every transaction decided", lambda: nothing_prepared(cluster, {0: 0, 1: 2, 2: 2}), 30)
+    wait_for("every transaction decided", lambda: nothing_prepared(cluster), 30)
     check_transfers_and_view(cluster, outcomes)
 
 
@@ -543,7 +561,7 @@ def test_a_commit_logged_after_the_log_was_taken_over_is_forgotten(
     assert answered_for(cluster, 2) == []
     assert cluster.member(1).running(), cluster.member(1).tail()
     assert "forgot 1 commits" in cluster.member(1).tail(400)
-    wait_for("every transaction decided", lambda: nothing_prepared(cluster, {0: 0, 1: 2, 2: 2}), 30)
+    wait_for("every transaction decided", lambda: nothing_prepared(cluster), 30)
     with Client(cluster.address) as client:
         transfers.check(client, "accounts", "ledger", ACCOUNTS, [])
         assert not [row for row in client.scan("ledger") if row["id"] == "stalled"]
@@ -616,5 +634,5 @@ def test_a_member_declared_dead_while_alive_stops_and_rejoins(
             assert len(list(client.scan("accounts"))) == ACCOUNTS
         before = len(outcomes.committed)
         wait_for("commits after the rejoin", lambda: len(outcomes.committed) > before + 50)
-    wait_for("every transaction decided", lambda: nothing_prepared(cluster, {0: 0, 1: 2, 2: 2}), 30)
+    wait_for("every transaction decided", lambda: nothing_prepared(cluster), 30)
     check_transfers_and_view(cluster, outcomes)

@@ -20,15 +20,17 @@ from coordinator.clock import Clock
 from coordinator.leadership import Leadership, Lease
 from coordinator.timestamp_oracle import TimestampOracle
 from loadgen import transfers
-from ltm.store import open_store, ownership
+from ltm.store import open_store
 from ltm.store.base import GuardFailed
 from tests.test_failover import (
     ACCOUNTS,
     VIEW,
     answered,
     member_logs_copied,
+    nothing_prepared,
     paused,
     replicated_cluster,
+    serving_members,
     status,
 )
 
@@ -101,20 +103,6 @@ def leader_record(cluster: LocalCluster) -> Leadership:
         return leadership.read(store)
     finally:
         store.close()
-
-
-def serving_members(cluster: LocalCluster) -> dict[int, int]:
-    """Partition -> the member serving it, as the records say."""
-    store = open_store(cluster.store_url)
-    try:
-        return {p: ownership.read(store, p).owner % 3 for p in range(cluster.ltms)}
-    finally:
-        store.close()
-
-
-def nothing_prepared(cluster: LocalCluster) -> bool:
-    serving = serving_members(cluster)
-    return all(status(cluster, m, partition=p).prepared == 0 for p, m in serving.items())
 
 
 def check_views(client: Client, views: list[str]) -> None:
