@@ -30,7 +30,7 @@ from google.protobuf.message import DecodeError
 
 from aggview import errors
 from aggview.net import MAX_MESSAGE_BYTES
-from aggview.status import Malformed, error_from_status
+from aggview.status import CODE_BY_NUMBER, Malformed, error_from_status
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,6 @@ Answer = Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]]
 # What a server does with a connection's hello: ``certified`` says whether the peer presented a
 # certificate the cluster's CA signed (a member's; never on plaintext).
 Welcome = Callable[[bytes, bool], Answer]
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def refused(exc: errors.AggviewError) -> bytes:
@@ -157,7 +156,7 @@ def refused(exc: errors.AggviewError) -> bytes:
 def refusal(address: str, reason: str) -> errors.AggviewError:
     """The error a ``REFUSED`` welcome stands for, of the class of its status code."""
     number, _, message = reason.partition(" ")
-    code = _CODES.get(int(number)) if number.isdigit() else None
+    code = CODE_BY_NUMBER.get(int(number)) if number.isdigit() else None
     if code is None:  # not a number first: all of it is the reason
         code, message = grpc.StatusCode.FAILED_PRECONDITION, reason
     return error_from_status(code, f"{address} refused the stream: {message}")

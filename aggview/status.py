@@ -28,6 +28,9 @@ _BY_CODE: dict[grpc.StatusCode, type[errors.AggviewError]] = {
     grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
 }
 
+# A status code by its number, as a Transact reply or a framed refusal carries it.
+CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
 # A status detail key that tells a condition failure apart from other failed preconditions.
 CONDITION_FAILED_PREFIX = "condition failed: "
 

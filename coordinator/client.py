@@ -25,7 +25,7 @@ from aggview import errors
 from aggview.frames import FramedCall
 from aggview.net import GRPC_OPTIONS
 from aggview.security import client_credentials, client_ssl
-from aggview.status import error_from_rpc, error_from_status
+from aggview.status import CODE_BY_NUMBER, error_from_rpc, error_from_status
 from aggview.streams import AskEach
 from aggview.values import from_row, to_row, to_value
 from aggview.wire import client_pb2 as pb
@@ -613,7 +613,6 @@ class Client:
 # call instead, so one over the server's size limit (max_request_bytes, at least 64 KiB)
 # fails alone instead of ending the stream of every transaction beside it.
 STREAM_MESSAGE_BYTES = 32 * 1024
-_STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
 async def _grpc_status_tasks_done(limit: float = 1.0) -> None:
@@ -814,7 +813,7 @@ class AsyncClient:
             ),
         )
         if reply.code:
-            code = _STATUS_BY_VALUE.get(reply.code, grpc.StatusCode.UNKNOWN)
+            code = CODE_BY_NUMBER.get(reply.code, grpc.StatusCode.UNKNOWN)
             raise error_from_status(code, reply.message)
         return reply.timestamp
 

@@ -208,13 +208,16 @@ class MemberDecisions:
         back since. A member back from the dead takes its log back under a new epoch, and
         only it knows the transactions it coordinates from then on: an adopter still
         answering for it would call them aborted while they commit."""
-        members = []
-        for member in sorted({member for member, _ in self.adopted}):
-            record_id = decision_log_id(member, self.partitions)
-            record = await asyncio.to_thread(ownership.read, self.store, record_id)
-            if record.epoch == self._epochs.get(record_id) and self._hosts(record.owner):
-                members.append(member)
-        return members
+        adopted = sorted({member for member, _ in self.adopted})
+        if not adopted:
+            return []
+        ids = [decision_log_id(member, self.partitions) for member in adopted]
+        records = await asyncio.to_thread(lambda: [ownership.read(self.store, i) for i in ids])
+        return [
+            member
+            for member, record in zip(adopted, records, strict=True)
+            if record.epoch == self._epochs.get(record.partition) and self._hosts(record.owner)
+        ]
 
     def _mirror_dir(self, record_id: int) -> Path:
         return self.directory / f"copy-{record_id}"

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from aggview import errors
-from ltm.store.base import Guard, GuardFailed, Store
+from ltm.store.base import Guard, GuardFailed, Mutation, Store
 
 TABLE = "_partitions"
 PARTITION_HEADER = "aggview-partition"  # which partition a call to an LTM is for (default: its own)
@@ -106,27 +106,19 @@ def hand_over(store: Store, record: Ownership, moved: Ownership) -> None:
     """The owner's own write of a new epoch and owner, only while the fence still names it
     at ``record``'s epoch (a planned handover: nobody else moves a partition that is served)."""
     p = record.partition
-    try:
-        store.write_guarded(
-            record.guard(),
-            [
-                (TABLE, _fence_key(p), _fence_value(p, moved.epoch, moved.owner)),
-                (TABLE, _standby_key(p), _standby_value(moved)),
-            ],
-        )
-    except GuardFailed:
-        raise superseded(store, record) from None
+    _write_fenced(
+        store,
+        record,
+        [
+            (TABLE, _fence_key(p), _fence_value(p, moved.epoch, moved.owner)),
+            (TABLE, _standby_key(p), _standby_value(moved)),
+        ],
+    )
 
 
 def write_standby(store: Store, record: Ownership) -> None:
     """The owner's write of its standby's state, only while the fence still names it."""
-    store.create_table(TABLE)
-    try:
-        store.write_guarded(
-            record.guard(), [(TABLE, _standby_key(record.partition), _standby_value(record))]
-        )
-    except GuardFailed:
-        raise superseded(store, record) from None
+    _write_fenced(store, record, [(TABLE, _standby_key(record.partition), _standby_value(record))])
 
 
 def write_adopted(store: Store, record: Ownership, copied: Iterable[int]) -> None:
@@ -134,9 +126,15 @@ def write_adopted(store: Store, record: Ownership, copied: Iterable[int]) -> Non
     under the fence before the adopter answers for the log. The member, back, forgets any
     other commit its own log has (see ``DecisionLog.reconcile``)."""
     value = json.dumps({"epoch": record.epoch, "committed": sorted(copied)}).encode()
+    _write_fenced(store, record, [(TABLE, _adopted_key(record.partition), value)])
+
+
+def _write_fenced(store: Store, record: Ownership, mutations: list[Mutation]) -> None:
+    """``mutations`` land only while the fence still names ``record``'s owner and epoch;
+    otherwise :class:`Superseded` says who holds it now."""
     store.create_table(TABLE)
     try:
-        store.write_guarded(record.guard(), [(TABLE, _adopted_key(record.partition), value)])
+        store.write_guarded(record.guard(), mutations)
     except GuardFailed:
         raise superseded(store, record) from None
 
