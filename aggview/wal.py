@@ -22,15 +22,14 @@ import queue
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from aggview import errors
 
 _HEADER = struct.Struct(">II")  # length, crc32
-# A job for the log's thread: (the loop to answer on, the work, what the loop then runs).
-_Job = tuple[asyncio.AbstractEventLoop, Callable[[], None], Callable[[BaseException | None], None]]
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -62,8 +61,13 @@ class WriteAheadLog:
         segments = self.segments()
         self._segment = segments[-1] + 1 if segments else 1
         self._fd = self._open(self._segment)
+        # Records queued (appended by the loop, taken by the log's thread, under the mutex)
+        # and who waits for them: (the LSN that must be durable, its future), in LSN order.
+        self._mutex = threading.Lock()
         self._pending: list[bytes] = []
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._draining = False  # the thread is taking groups itself (no shipper)
+        self._done_upto = 0  # the LSN up to which every group is done (synced, or failed)
         self._flusher: asyncio.Task[None] | None = None
         self._retired: list[int] = []  # old segments' descriptors, synced and closed by the flusher
         self.lsn = 0  # sequence number of the last record queued (or replayed)
@@ -71,7 +75,7 @@ class WriteAheadLog:
         self.flushes = 0
         # The log's own thread for writes and syncs (started by the first flush): a job is
         # one queue put, cheaper on the event loop than an executor's submit and future.
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._syncer: threading.Thread | None = None
         self._closed = False
         # Replication: each flush also goes to the backup, and counts as durable only once it
@@ -115,6 +119,7 @@ class WriteAheadLog:
                     break  # torn tail: never acknowledged
                 record = pickle.loads(body)
                 self.lsn = max(self.lsn, record.get("lsn", 0))
+                self._done_upto = self.lsn  # on disk already
                 yield record
                 offset += _HEADER.size + length
 
@@ -124,117 +129,149 @@ class WriteAheadLog:
         checkpoint stored is known by the LSN of the last change it contains."""
         if self.closed_to_writes:
             raise errors.FailedPrecondition(self.closed_to_writes)
-        self.lsn += 1
-        body = pickle.dumps({**record, "lsn": self.lsn}, protocol=pickle.HIGHEST_PROTOCOL)
-        self._pending.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)
+        lsn = self.lsn + 1
+        body = pickle.dumps({**record, "lsn": lsn}, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._mutex:  # the log's thread takes the queued records and the LSN together
+            self.lsn = lsn
+            self._pending.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)
         if flush:
             self._kick()
-        return self.lsn
+        return lsn
 
     async def append(self, record: dict[str, Any]) -> int:
         """Queues a record and returns its LSN once it is on disk."""
         lsn = self.write(record)
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.append((lsn, waiter))
         await waiter
         return lsn
 
+    async def flush(self) -> None:
+        """Waits until everything queued so far is durable."""
+        if self.lsn <= self._done_upto:
+            return  # its group is done (a failed one's appenders heard why)
+        # The rest is queued (the thread takes it before it stops) or in a group under way.
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append((self.lsn, waiter))
+        self._kick()
+        await waiter
+
     def _kick(self) -> None:
         """Group commit: everything queued while the previous flush ran is written and synced
-        at once. The write and the sync run on a thread of their own, so the event loop keeps
-        preparing the next group meanwhile (on the loop thread, an LTM spent two thirds of its
-        time blocked in fdatasync under load)."""
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+        at once, on the log's own thread, so the event loop keeps preparing the next group
+        meanwhile (on the loop thread, an LTM spent two thirds of its time blocked in
+        fdatasync under load). Unreplicated, that thread takes each next group itself as
+        soon as a sync ends, and the loop only hears that a group is durable; a replicated
+        log's flushes are driven from the loop, which ships each one to the backup."""
+        loop = asyncio.get_running_loop()
+        if self.shipper is None:
+            with self._mutex:
+                if self._draining or not self._pending:
+                    return  # the thread takes what is queued before it stops
+                self._draining = True
+            try:
+                self._on_thread(lambda: self._drain(loop))
+            except errors.Unavailable as exc:  # closed: the appenders hear it
+                self._draining = False
+                loop.call_soon(self._synced, self.lsn, 0, exc)
+        elif self._flusher is None or self._flusher.done():
+            self._flusher = loop.create_task(self._flush_loop())
+
+    def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the log's thread: writes and syncs group after group until nothing is queued."""
+        while True:
+            with self._mutex:
+                if self.shipper is not None:  # replicated now: the loop takes the rest
+                    self._draining = False
+                    with contextlib.suppress(RuntimeError):
+                        loop.call_soon_threadsafe(self._kick)
+                    return
+                if not self._pending:
+                    self._draining = False
+                    return
+                chunk, fd, retired, upto = self._take()
+            error: BaseException | None = None
+            try:
+                self._write_and_sync(fd, chunk, retired)
+            except Exception as exc:  # noqa: BLE001 - the group's appenders hear of it
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._synced, upto, len(chunk), error)
+
+    def _take(self) -> tuple[bytes, int, list[int], int]:
+        """The next group (hold the mutex): its bytes, the descriptor to write them to, old
+        segments' descriptors to sync and close first, and the last LSN it holds."""
+        chunk, self._pending = b"".join(self._pending), []
+        fd, retired, self._retired = self._fd, self._retired, []
+        self._flushing = self._segment
+        return chunk, fd, retired, self.lsn
 
     async def _flush_loop(self) -> None:
         while self._pending or self._waiters:
-            async with self.flush_lock:
-                chunk, self._pending = b"".join(self._pending), []
-                waiters, self._waiters = self._waiters, []
-                fd, retired, self._retired = self._fd, self._retired, []
-                self._flushing = self._segment
+            async with self.held():
+                with self._mutex:
+                    chunk, fd, retired, upto = self._take()
+                error: BaseException | None = None
                 try:
-                    await self._flush(fd, self._segment, chunk, retired, waiters)
-                except Exception as exc:  # e.g. the log was closed: nobody waits forever
-                    self._flushed(waiters, 0, exc)
+                    await self._flush(self._flushing, fd, chunk, retired)
+                except Exception as exc:  # noqa: BLE001 - e.g. the log was closed
+                    error = exc
+                self._synced(upto, len(chunk), error)
 
-    async def _flush(
-        self,
-        fd: int,
-        segment: int,
-        chunk: bytes,
-        retired: list[int],
-        waiters: list[asyncio.Future[None]],
-    ) -> None:
-        """Writes and syncs one group (and ships it, when replicated), then tells its
-        appenders how it went; a failure (e.g. a full disk) is theirs to hear of."""
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """No flush runs meanwhile (a backup's resync copies the files as flushed)."""
+        async with self.flush_lock:
+            while self._draining:  # the thread's last unreplicated group (rare: at a switch)
+                await asyncio.sleep(0.001)
+            yield
+
+    async def _flush(self, segment: int, fd: int, chunk: bytes, retired: list[int]) -> None:
+        """Writes and syncs one group of a replicated log and ships it to the backup; it
+        counts as durable once both are done."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        if self.shipper is None:
-            # Told from the thread, the appenders and this task wake in one pass of the
-            # loop, a pass sooner than through this task (at 8 clients a pass costs about as
-            # much as the sync).
-            def told(error: BaseException | None) -> None:
-                self._flushed(waiters, 0 if error else len(chunk), error)
-                if not done.done():
-                    done.set_result(None)
+        synced: asyncio.Future[None] = loop.create_future()
 
-            self._on_thread(loop, lambda: self._write_and_sync(fd, chunk, retired), told)
-            await done
-            return
+        def sync() -> None:
+            error: BaseException | None = None
+            try:
+                self._write_and_sync(fd, chunk, retired)
+            except Exception as exc:  # noqa: BLE001 - the flush's appenders hear of it
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, synced, error)
 
-        def synced(error: BaseException | None) -> None:
-            if done.done():
-                return
-            if error is None:
-                done.set_result(None)
-            else:
-                done.set_exception(error)
-
-        self._on_thread(loop, lambda: self._write_and_sync(fd, chunk, retired), synced)
-        shipped = self.shipper.ship(segment, chunk, self._dropped_before)
-        results = await asyncio.gather(done, shipped, return_exceptions=True)
+        self._on_thread(sync)
+        work: list[Awaitable[None]] = [synced]
+        if self.shipper is not None:
+            work.append(self.shipper.ship(segment, chunk, self._dropped_before))
+        results = await asyncio.gather(*work, return_exceptions=True)
         failures = [result for result in results if isinstance(result, BaseException)]
-        self._flushed(waiters, len(chunk), failures[0] if failures else None)
+        if failures:
+            raise failures[0]
 
-    def _on_thread(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        work: Callable[[], None],
-        then: Callable[[BaseException | None], None],
-    ) -> None:
-        """Runs ``work`` on the log's thread, then ``then(error)`` on the event loop."""
+    def _on_thread(self, job: Callable[[], None]) -> None:
+        """Runs ``job`` on the log's thread, after the jobs queued before it."""
         if self._closed:
             raise errors.Unavailable(f"the log in {self.directory} is closed")
         if self._syncer is None:
             self._syncer = threading.Thread(target=self._run_jobs, name="wal-sync", daemon=True)
             self._syncer.start()
-        self._jobs.put((loop, work, then))
+        self._jobs.put(job)
 
     def _run_jobs(self) -> None:
         while (job := self._jobs.get()) is not None:
-            loop, work, then = job
-            error: BaseException | None = None
-            try:
-                work()
-            except Exception as exc:  # noqa: BLE001 - the flush's appenders hear of it
-                error = exc
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(then, error)
+            job()
 
-    def _flushed(
-        self, waiters: list[asyncio.Future[None]], written: int, error: BaseException | None
-    ) -> None:
+    def _synced(self, upto: int, written: int, error: BaseException | None) -> None:
+        """On the loop: every record up to LSN ``upto`` is durable, or failed with ``error``."""
         if error is None:
             self.bytes_written += written
             self.flushes += 1
-        for waiter in waiters:
-            if not waiter.done():
-                if error is None:
-                    waiter.set_result(None)
-                else:
-                    waiter.set_exception(error)
+        self._done_upto = max(self._done_upto, upto)
+        while self._waiters and self._waiters[0][0] <= upto:
+            _, waiter = self._waiters.popleft()
+            _settle(waiter, error)
 
     def _write_and_sync(self, fd: int, chunk: bytes, retired: list[int]) -> None:
         for old in retired:  # records written there before the switch must be durable too
@@ -244,13 +281,6 @@ class WriteAheadLog:
         write_all(fd, chunk)
         if self.fsync:
             os.fdatasync(fd)
-
-    async def flush(self) -> None:
-        """Waits until everything queued so far is durable."""
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        self._kick()
-        await waiter
 
     @property
     def segment(self) -> int:
@@ -262,9 +292,11 @@ class WriteAheadLog:
         of its state in the same step), queues ``carry`` (records still needed, such as
         undecided PREPARED records) and returns the new segment's number. Older segments stay
         until :meth:`drop_before`; a mark record keeps the LSN known even if they all go."""
-        self._retired.append(self._fd)
-        self._segment += 1
-        self._fd = self._open(self._segment)
+        fd = self._open(self._segment + 1)
+        with self._mutex:  # the thread takes the descriptor with the records queued for it
+            self._retired.append(self._fd)
+            self._segment += 1
+            self._fd = fd
         self.write({"kind": "mark", "ts": 0})
         for record in carry:
             self.write(record)
@@ -298,3 +330,11 @@ class WriteAheadLog:
         os.close(self._fd)
         self._closed = True
         self._jobs.put(None)  # the thread ends after what is queued
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if not future.done():
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)

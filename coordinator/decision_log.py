@@ -31,11 +31,18 @@ class DecisionLog:
                 self.committed.pop(record["ts"], None)
             elif record["kind"] == "reconciled":
                 self.reconciled = max(self.reconciled, record["epoch"])
+        self._logging: dict[int, list[int]] = {}  # commits whose record is being written
         self._written_since_compaction = 0
         self._compacting = False
 
     async def commit(self, ts: int, participants: list[int]) -> None:
-        await self.wal.append({"kind": "commit", "ts": ts, "participants": participants})
+        # Counted as committed (and answered so) only once durable, but carried by a
+        # compaction meanwhile: its record may be in the segment the compaction drops.
+        self._logging[ts] = participants
+        try:
+            await self.wal.append({"kind": "commit", "ts": ts, "participants": participants})
+        finally:
+            del self._logging[ts]
         self.committed[ts] = participants
         self._written_since_compaction += 1
 
@@ -70,7 +77,7 @@ class DecisionLog:
         carry: list[dict[str, Any]] = [{"kind": "reconciled", "epoch": self.reconciled}]
         carry += [
             {"kind": "commit", "ts": ts, "participants": participants}
-            for ts, participants in self.committed.items()
+            for ts, participants in {**self.committed, **self._logging}.items()
         ]
         segment = await self.wal.rotate(carry)
         self.wal.drop_before(segment)

@@ -274,7 +274,7 @@ class LogShipper:
             )
             copied.add(segment)
             reset = False
-        async with self.wal.flush_lock:
+        async with self.wal.held():
             rest = [s for s in self.wal.segments() if s not in copied]
             for segment in rest or [self.wal.segment]:
                 data = await asyncio.to_thread(self.wal.read_segment, segment) if rest else b""

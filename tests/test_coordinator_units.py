@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -131,6 +132,25 @@ def test_decision_log_keeps_unacknowledged_commits(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert DecisionLog(tmp_path).committed == {11: [2], 12: [0]}
+
+
+def test_a_compaction_while_a_commit_is_being_logged_keeps_it(tmp_path: Path) -> None:
+    """The log's thread wrote commit 20 into the old segment, and the compaction starts before
+    the loop hears it is durable: the compaction carries it, as it drops that segment."""
+
+    async def main() -> None:
+        log = DecisionLog(tmp_path, fsync=False)
+        await log.commit(10, [0])
+        logging = asyncio.ensure_future(log.commit(20, [0, 1]))
+        await asyncio.sleep(0)  # its record is queued; the log's thread takes it
+        time.sleep(0.05)  # the loop is busy meanwhile: it has not heard of the write yet
+        await log.compact()
+        await logging
+        assert log.committed == {10: [0], 20: [0, 1]}
+        await log.close()
+
+    asyncio.run(main())
+    assert DecisionLog(tmp_path).committed == {10: [0], 20: [0, 1]}
 
 
 def test_decision_log_reconciles_with_the_copy_its_adopter_held(tmp_path: Path) -> None:
