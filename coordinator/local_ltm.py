@@ -167,7 +167,7 @@ class LocalLtm:
 
     async def flush(self) -> None:
         """Every prepare record so far is durable."""
-        await self.participant.wal.flush()
+        await self.participant.flush_prepared()
 
     async def decide(self, ts: int, commit: bool) -> None:
         participant = self.participant

@@ -69,6 +69,10 @@ class Prepared:
     merges: dict[RowId, Row] = field(default_factory=dict)  # view deltas (not held)
     since: float = field(default_factory=time.monotonic)
     segment: int = 0  # the log segment of its first record (0: unknown, e.g. recovered)
+    # Whether its prepare records are known to be on disk: not after ``prepare(durable=False)``
+    # until ``flush_prepared``; ``lsn``, its last prepare record's.
+    durable: bool = True
+    lsn: int = 0
 
     def record(self, after: dict[RowId, Row | None], merges: dict[RowId, Row]) -> dict[str, Any]:
         return {"kind": "prepared", "ts": self.ts, "after": after, "merges": merges}
@@ -234,7 +238,8 @@ class Participant:
     async def prepare(self, sub: pb.SubTransaction, *, durable: bool = True) -> pb.Vote:
         """Runs one sub-transaction up to its vote; a yes vote is durable before it is sent,
         unless ``durable`` is False: a coordinator in this very process then makes it durable
-        with the commit record (one-phase commit) or by ``wal.flush`` before its decision.
+        with the commit record (one-phase commit: seen only once on disk) or by
+        ``flush_prepared`` before its decision.
 
         Ordinary operations take their rows in timestamp order; view deltas (MERGE) only
         register as pending. A row of a table with asynchronous views also gets its change
@@ -308,9 +313,11 @@ class Participant:
             self.rows[row_id].merges[ts] = merged[row_id]
         self.prepared[ts] = tx
         if durable:
-            await self.wal.append(tx.record(changed, merged))
+            tx.lsn = await self.wal.append(tx.record(changed, merged))
+            tx.durable = True
         else:
-            self.wal.write(tx.record(changed, merged), flush=False)
+            tx.lsn = self.wal.write(tx.record(changed, merged), flush=False)
+            tx.durable = False
         if failpoints.ARMED:
             failpoints.hit(failpoints.LTM_AFTER_PREPARE_LOGGED)
         vote = pb.Vote(ts=ts, outcome=Outcome.YES)
@@ -352,9 +359,26 @@ class Participant:
         successor holds prepared, and an acknowledgment from it would let the coordinator
         forget a commit the successor still has to apply."""
         self._check_serving()
-        tx = self.prepared.pop(ts, None)
+        tx = self.prepared.get(ts)
         if tx is None:
             return
+        if commit and not tx.durable:
+            # One-phase commit (one participant, in the coordinator's process): no decision
+            # record exists anywhere else, so this commit record is the decision, and what the
+            # transaction wrote must not be seen before it is on disk: a crash in between
+            # takes the transaction back, after another member's transaction read it (a
+            # lookup, cached there) and built on it. Its rows stay held and its view deltas
+            # pending meanwhile.
+            lsn = self.wal.write({"kind": "commit", "ts": ts})
+            try:
+                await self.wal.flush()
+            finally:  # a failed flush: applied anyway, as before (its outcome is unknown)
+                if self.prepared.pop(ts, None) is tx:
+                    self._apply_commit(ts, tx, lsn)
+            if failpoints.ARMED:
+                failpoints.hit(failpoints.LTM_AFTER_COMMIT_APPLIED)
+            return
+        del self.prepared[ts]
         if not commit:
             for row_id in tx.after:
                 self.rows[row_id].release()
@@ -363,7 +387,22 @@ class Participant:
                 self.touched.add(row_id)  # dropping a delta can settle a partial sum
             self.wal.write({"kind": "abort", "ts": ts}, flush=False)  # presumed abort
             return
-        lsn = self.wal.write({"kind": "commit", "ts": ts})
+        self._apply_commit(ts, tx, self.wal.write({"kind": "commit", "ts": ts}))
+        await self.wal.flush()
+        if failpoints.ARMED:
+            failpoints.hit(failpoints.LTM_AFTER_COMMIT_APPLIED)
+
+    async def flush_prepared(self) -> None:
+        """Every prepare record so far is on disk (a coordinator in this process, before it
+        logs the decision of a transaction with several participants): their commits then
+        need no flush before they are seen."""
+        upto = self.wal.lsn
+        await self.wal.flush()
+        for tx in self.prepared.values():
+            if tx.lsn <= upto:
+                tx.durable = True
+
+    def _apply_commit(self, ts: int, tx: Prepared, lsn: int) -> None:
         for row_id, after in tx.after.items():
             state = self.rows[row_id]
             if row_id[0] not in self.dropped:
@@ -382,9 +421,6 @@ class Participant:
         self.commits_since_checkpoint += len(tx.after) + len(tx.merges)
         self.touched.update(tx.after)
         self.touched.update(tx.merges)
-        await self.wal.flush()
-        if failpoints.ARMED:
-            failpoints.hit(failpoints.LTM_AFTER_COMMIT_APPLIED)
 
     # ----------------------------------------------------------------- reads
 

@@ -6,6 +6,7 @@ import asyncio
 import os
 import pickle
 import shutil
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -769,6 +770,44 @@ def test_reads_wait_only_for_holders_at_or_below_their_timestamp(env: Env) -> No
         # a snapshot read never aborts a writer: an older writer may still come after it
         assert (await p.prepare(sub(41, update(b"x", {"v": 41})))).outcome == YES
         await p.decide(41, True)
+
+    run(main)
+
+
+def test_a_one_phase_commit_is_read_only_once_it_is_on_disk(env: Env) -> None:
+    """A transaction whose one participant is in its coordinator's process is prepared
+    without waiting for the disk and commits with one flush: its commit record is its only
+    decision record. Read before that flush, a crash could take it back after another
+    member's transaction built on it (a lookup its cache kept: "lookup cache mismatch" after
+    a kill -9). So its rows stay held until the flush. Prepares flushed before the decision
+    (several participants, the decision logged by the coordinator) are seen at once."""
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, insert(b"x", {"v": 1}), insert(b"y", {"v": 1}))
+        disk = asyncio.Event()  # a slow disk: a flush ends when this is set
+        flush = p.wal.flush
+
+        async def slow_flush() -> None:
+            await disk.wait()
+            await flush()
+
+        p.wal.flush = slow_flush  # type: ignore[method-assign]
+        assert (await p.prepare(sub(20, update(b"x", {"v": 2})), durable=False)).outcome == YES
+        deciding = asyncio.ensure_future(p.decide(20, True))  # one-phase: no flush before
+        lookup = asyncio.ensure_future(get(p, 30, b"x", register=True))
+        assert await pending(lookup), "a commit was read before it was on disk"
+        disk.set()
+        await asyncio.wait_for(deciding, 1)
+        assert (await asyncio.wait_for(lookup, 1))["v"] == 2
+
+        assert (await p.prepare(sub(40, update(b"y", {"v": 4})), durable=False)).outcome == YES
+        await p.flush_prepared()  # several participants: flushed before the decision
+        disk.clear()
+        deciding = asyncio.ensure_future(p.decide(40, True))
+        assert (await asyncio.wait_for(get(p, 50, b"y", register=True), 1))["v"] == 4
+        disk.set()
+        await asyncio.wait_for(deciding, 1)
 
     run(main)
 
@@ -1700,13 +1739,16 @@ def test_merges_before_and_after_checkpoints_recover_exactly(env: Env) -> None:
     run(main)
 
 
+@pytest.mark.parametrize("placement", ["new segment", "old segment"])
 @pytest.mark.parametrize("after_switch", ["checkpoint completes", "store write lost", "log back"])
 def test_a_commit_queued_before_the_checkpoints_switch_counts_once(
-    env: Env, monkeypatch: pytest.MonkeyPatch, after_switch: str
+    env: Env, monkeypatch: pytest.MonkeyPatch, after_switch: str, placement: str
 ) -> None:
-    """The commit record of 20 is queued before the checkpoint switches segments and written
-    after, into the new segment; its PREPARED record is in the old one. Whatever of the
-    checkpoint survives the kill, the delta counts once."""
+    """The commit record of 20 is queued before the checkpoint switches segments; its
+    PREPARED record is in the old one. The log's thread writes the commit into the new
+    segment (it was busy with an earlier group at the switch) or into the old one (it took
+    the record first). Whatever of the checkpoint survives the kill, the delta counts once;
+    "log back" is an old segment whose removal did not last, as it was when removed."""
 
     async def main() -> None:
         p = env.participant()
@@ -1716,32 +1758,41 @@ def test_a_commit_queued_before_the_checkpoints_switch_counts_once(
         await p.wal.flush()
         (old,) = env.log_dir.glob("*.wal")
         saved = env.tmp_path / "saved.wal"
-        shutil.copy(old, saved)
         if after_switch == "store write lost":
 
             def lost(mutations: Any) -> None:
                 raise OSError("killed before the store write")
 
             monkeypatch.setattr(env.store, "write", lost)
-        deciding = asyncio.ensure_future(p.decide(20, True))
-        checkpointing = asyncio.ensure_future(p.checkpoint())
-        results = await asyncio.gather(deciding, checkpointing, return_exceptions=True)
+        if placement == "new segment":
+            shutil.copy(old, saved)  # the commit will not be in it
+            busy = threading.Event()  # an earlier group's write holds the log's thread
+            p.wal._on_thread(busy.wait)
+            asyncio.get_running_loop().call_later(0.05, busy.set)
+            deciding = asyncio.ensure_future(p.decide(20, True))
+            checkpointing = asyncio.ensure_future(p.checkpoint())
+            results = await asyncio.gather(deciding, checkpointing, return_exceptions=True)
+        else:
+            results = [await p.decide(20, True)]
+            shutil.copy(old, saved)  # with the commit, as a removal that did not last leaves it
+            results += await asyncio.gather(p.checkpoint(), return_exceptions=True)
         monkeypatch.undo()
         assert results[0] is None
         (new,) = [f for f in env.log_dir.glob("*.wal") if f.name > old.name]
         kinds = [(r["kind"], r["ts"]) for r in segment_records(new)]
-        assert kinds[:2] == [("commit", 20), ("mark", 0)]  # queued before the switch
+        if placement == "new segment":
+            assert kinds[:2] == [("commit", 20), ("mark", 0)]
+        else:
+            assert kinds[:1] == [("mark", 0)]
+            assert ("commit", 20) in [(r["kind"], r["ts"]) for r in segment_records(saved)]
+        commit_lsn = next(r["lsn"] for r in segment_records(new) if r["kind"] == "mark") - 1
         if after_switch == "store write lost":
             assert isinstance(results[1], OSError)
             assert old.exists() and stored(env.store, G)[1] == view(1, 1)
         else:
             assert results[1] == 1
             assert not old.exists()
-            assert stored(env.store, G) == (
-                20,
-                view(2, 11),
-                kinds and segment_records(new)[0]["lsn"],
-            )
+            assert stored(env.store, G) == (20, view(2, 11), commit_lsn)
         crash(p)
         if after_switch == "log back":
             shutil.copy(saved, old)
