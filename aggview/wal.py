@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import pickle
 import queue
@@ -190,13 +191,27 @@ class WriteAheadLog:
                     self._draining = False
                     return
                 chunk, fd, retired, upto = self._take()
-            error: BaseException | None = None
-            try:
-                self._write_and_sync(fd, chunk, retired)
-            except Exception as exc:  # noqa: BLE001 - the group's appenders hear of it
-                error = exc
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(self._synced, upto, len(chunk), error)
+            self._sync_then(
+                loop, fd, chunk, retired, functools.partial(self._synced, upto, len(chunk))
+            )
+
+    def _sync_then(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fd: int,
+        chunk: bytes,
+        retired: list[int],
+        then: Callable[[BaseException | None], None],
+    ) -> None:
+        """On the log's thread: writes and syncs a group, then runs ``then(error)`` on the
+        loop (the group's appenders hear of a failure)."""
+        error: BaseException | None = None
+        try:
+            self._write_and_sync(fd, chunk, retired)
+        except Exception as exc:  # noqa: BLE001 - handed to the loop
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(then, error)
 
     def _take(self) -> tuple[bytes, int, list[int], int]:
         """The next group (hold the mutex): its bytes, the descriptor to write them to, old
@@ -232,16 +247,9 @@ class WriteAheadLog:
         loop = asyncio.get_running_loop()
         synced: asyncio.Future[None] = loop.create_future()
 
-        def sync() -> None:
-            error: BaseException | None = None
-            try:
-                self._write_and_sync(fd, chunk, retired)
-            except Exception as exc:  # noqa: BLE001 - the flush's appenders hear of it
-                error = exc
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(_settle, synced, error)
-
-        self._on_thread(sync)
+        self._on_thread(
+            lambda: self._sync_then(loop, fd, chunk, retired, functools.partial(_settle, synced))
+        )
         work: list[Awaitable[None]] = [synced]
         if self.shipper is not None:
             work.append(self.shipper.ship(segment, chunk, self._dropped_before))
