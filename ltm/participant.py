@@ -470,7 +470,7 @@ class Participant:
             stored, _ = await asyncio.to_thread(self._scan_store, table, start, stop)
             if request.register_read:  # the read must stay remembered (rts) on every row
                 self.range_reads.setdefault(table, []).append((start or b"", stop, ts))
-                await self._load((table, key) for key in stored)
+                await self._load((table, key) for key, (_, data) in stored.items() if data)
             return await self._merged(
                 table, stored, start, stop, ts, request.register_read, request.limit
             )
@@ -499,7 +499,7 @@ class Participant:
     async def _merged(
         self,
         table: str,
-        stored: dict[bytes, bytes],
+        stored: dict[bytes, tuple[int, bytes]],
         start: bytes | None,
         stop: bytes | None,
         ts: int,
@@ -507,7 +507,9 @@ class Participant:
         limit: int,
     ) -> list[tuple[bytes, bytes]]:
         """Live rows of [start, stop) at ``ts``: the cached version where a row is in memory,
-        the store's copy otherwise, in key order, at most ``limit`` (0: all)."""
+        the store's copy otherwise, in key order, at most ``limit`` (0: all). A store copy
+        newer than ``ts`` fails the read, as a point read of it does (``RowState.version_at``):
+        its older version is gone (a restart forgot it; in between, eviction keeps it)."""
         keys = set(stored)
         for key in list(self.rows.keys_of(table)):
             if (start is None or key >= start) and (stop is None or key < stop):
@@ -519,7 +521,12 @@ class Participant:
                 row = await self._read_row(row_id, ts, register)
                 data = encode_row(row) if row is not None else b""
             else:
-                data = stored.get(key, b"")
+                version, data = stored.get(key, (0, b""))
+                if version > ts:
+                    raise errors.Unavailable(
+                        f"snapshot too old: {table} has a row stored at {version}, newer than "
+                        f"the read at {ts}; read again"
+                    )
             if data:
                 out.append((key, data))
                 if limit and len(out) >= limit:
@@ -528,16 +535,19 @@ class Participant:
 
     def _scan_store(
         self, table: str, start: bytes | None, stop: bytes | None, limit: int = 0
-    ) -> tuple[dict[bytes, bytes], bytes | None]:
-        """Live rows of this partition in [start, stop), and the last key read when ``limit``
-        rows were reached before the end (None: the range was read to its end)."""
-        out = {}
+    ) -> tuple[dict[bytes, tuple[int, bytes]], bytes | None]:
+        """Rows of this partition in [start, stop) as stored: each key's version timestamp
+        and encoded row (empty: a tombstone), and the last key read when ``limit`` live rows
+        were reached before the end (None: the range was read to its end)."""
+        out: dict[bytes, tuple[int, bytes]] = {}
+        live = 0
         for key, value in self.store.scan(table, start, stop):
             if partition_of(table, key, self.settings.partitions) == self.settings.partition:
-                row = decode_stored(value)[1]
-                if row is not None:  # not a tombstone
-                    out[key] = encode_row(row)
-                    if limit and len(out) >= limit:
+                version, row, _ = decode_stored(value)
+                out[key] = (version, b"" if row is None else encode_row(row))
+                if row is not None:
+                    live += 1
+                    if limit and live >= limit:
                         return out, key
         return out, None
 
