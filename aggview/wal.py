@@ -68,6 +68,7 @@ class WriteAheadLog:
         self._pending: list[bytes] = []
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._draining = False  # the thread is taking groups itself (no shipper)
+        self._queued = 0  # the LSN of the last record this object queued (0: none yet)
         self._done_upto = 0  # the LSN up to which every group is done (synced, or failed)
         self._flusher: asyncio.Task[None] | None = None
         self._retired: list[int] = []  # old segments' descriptors, synced and closed by the flusher
@@ -120,7 +121,6 @@ class WriteAheadLog:
                     break  # torn tail: never acknowledged
                 record = pickle.loads(body)
                 self.lsn = max(self.lsn, record.get("lsn", 0))
-                self._done_upto = self.lsn  # on disk already
                 yield record
                 offset += _HEADER.size + length
 
@@ -133,7 +133,7 @@ class WriteAheadLog:
         lsn = self.lsn + 1
         body = pickle.dumps({**record, "lsn": lsn}, protocol=pickle.HIGHEST_PROTOCOL)
         with self._mutex:  # the log's thread takes the queued records and the LSN together
-            self.lsn = lsn
+            self.lsn = self._queued = lsn
             self._pending.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)
         if flush:
             self._kick()
@@ -149,11 +149,11 @@ class WriteAheadLog:
 
     async def flush(self) -> None:
         """Waits until everything queued so far is durable."""
-        if self.lsn <= self._done_upto:
-            return  # its group is done (a failed one's appenders heard why)
+        if self._queued <= self._done_upto:
+            return  # its group is done (a failed one's appenders heard why), or none was
         # The rest is queued (the thread takes it before it stops) or in a group under way.
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append((self.lsn, waiter))
+        self._waiters.append((self._queued, waiter))
         self._kick()
         await waiter
 
@@ -174,7 +174,7 @@ class WriteAheadLog:
                 self._on_thread(lambda: self._drain(loop))
             except errors.Unavailable as exc:  # closed: the appenders hear it
                 self._draining = False
-                loop.call_soon(self._synced, self.lsn, 0, exc)
+                loop.call_soon(self._synced, self._queued, 0, exc)
         elif self._flusher is None or self._flusher.done():
             self._flusher = loop.create_task(self._flush_loop())
 
@@ -219,7 +219,7 @@ class WriteAheadLog:
         chunk, self._pending = b"".join(self._pending), []
         fd, retired, self._retired = self._fd, self._retired, []
         self._flushing = self._segment
-        return chunk, fd, retired, self.lsn
+        return chunk, fd, retired, self._queued
 
     async def _flush_loop(self) -> None:
         while self._pending or self._waiters:
