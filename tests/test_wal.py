@@ -437,9 +437,9 @@ def test_switch_is_synchronous_and_keeps_file_order_in_lsn_order(tmp_path: Path)
         log = WriteAheadLog(tmp_path, fsync=False)
         for i in range(3):
             log.write(record(i))
-        await asyncio.sleep(0)  # the flusher takes these three for segment 1
+        await asyncio.sleep(0)  # the log's thread may take some of these for segment 1
         for i in range(3, 5):
-            log.write(record(i))  # queued at the switch: segment 1 if the thread takes them first
+            log.write(record(i))  # maybe still queued at the switch: then in segment 2
         assert log.switch([record(9, carried=True)]) == 2  # no await needed
         assert log.segments() == [1, 2]
         await log.flush()
@@ -450,7 +450,7 @@ def test_switch_is_synchronous_and_keeps_file_order_in_lsn_order(tmp_path: Path)
 
     run(main)
     first, second = segment_files(tmp_path)
-    assert segment_records(first)[:3] == stamped([record(i) for i in range(3)])
+    # records 0-4 split between the segments where the thread's takes fell, in LSN order
     assert segment_records(second)[-2:] == [mark(6), {**record(9, carried=True), "lsn": 7}]
     assert [*segment_records(first), *segment_records(second)] == [
         *stamped([record(i) for i in range(5)]),
