@@ -7,6 +7,7 @@ import os
 import pickle
 import shutil
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -146,7 +147,10 @@ def crash(p: Participant) -> None:
     """Like kill -9: no checkpoint, no flush of what was only queued, background tasks gone."""
     for task in p._background:
         task.cancel()
-    p.wal._pending.clear()
+    with p.wal._mutex:
+        p.wal._pending.clear()
+    while p.wal._draining:  # a group the log's thread took is written, as before a kill
+        time.sleep(0.001)
     os.close(p.wal._fd)
 
 
