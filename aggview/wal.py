@@ -89,8 +89,8 @@ class WriteAheadLog:
         self._flushing = self._segment  # the segment the flush under way writes to
 
     def read_segment(self, segment: int) -> bytes:
-        """A segment's flushed bytes (all of them once it is sealed; hold :attr:`flush_lock`
-        for a consistent copy of the others)."""
+        """A segment's flushed bytes (all of them once it is sealed; read the others inside
+        :meth:`held` for a consistent copy)."""
         return self._path(segment).read_bytes()
 
     def sealed(self) -> list[int]:
