@@ -364,13 +364,14 @@ def _run_hbase_stop(args: argparse.Namespace) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> None:
-    from loadgen.demo import run_demo
+    from loadgen.demo import quick_size, run_demo
 
+    size = quick_size() if args.quick else None
     if args.data:
-        run_demo(Path(args.data), ltms=args.ltms, out=Path(args.out))
+        run_demo(Path(args.data), ltms=args.ltms, out=Path(args.out), size=size)
     else:
         with tempfile.TemporaryDirectory(prefix="aggview-demo-") as data:
-            run_demo(Path(data), ltms=args.ltms, out=Path(args.out))
+            run_demo(Path(data), ltms=args.ltms, out=Path(args.out), size=size)
 
 
 def _run_m3(args: argparse.Namespace) -> None:
@@ -545,6 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--data", help="keep the cluster's data here (default: a temp dir)")
     demo.add_argument("--ltms", type=int, default=3)
     demo.add_argument("--out", default="aggview-report", help="where the report and plots go")
+    demo.add_argument(
+        "--quick", action="store_true", help="every step at a small size (about a minute)"
+    )
     demo.set_defaults(run=_run_demo)
     return parser
 

@@ -44,6 +44,19 @@ class DemoSize:
     scale: dashboard.Scale = field(default_factory=dashboard.Scale)
 
 
+def quick_size() -> DemoSize:
+    """``aggview demo --quick``: every step at a small size (about a minute), the form CI runs
+    from a fresh install."""
+    return DemoSize(
+        transfer_seconds=2.0,
+        events=3000,
+        workload_seconds=2.0,
+        bench_seconds=0.5,
+        bench_sizes=(1, 5),
+        scale=dashboard.Scale(shops=5, products=50, categories=4),
+    )
+
+
 def run_demo(
     data: Path, *, ltms: int = 3, out: Path | None = None, size: DemoSize | None = None
 ) -> None:

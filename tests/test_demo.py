@@ -5,21 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from loadgen import dashboard
-from loadgen.demo import DemoSize, run_demo
+from loadgen.demo import quick_size, run_demo
 
 
 def test_demo_runs_end_to_end_and_writes_its_report(
     spark: Any, tmp_path: Path, capsys: Any
 ) -> None:
-    size = DemoSize(
-        transfer_seconds=2.0,
-        events=3000,
-        workload_seconds=2.0,
-        bench_seconds=0.5,
-        bench_sizes=(1, 5),
-        scale=dashboard.Scale(shops=5, products=50, categories=4),
-    )
+    size = quick_size()
     run_demo(tmp_path / "data", out=tmp_path / "report", size=size)
     output = capsys.readouterr().out
     assert "loaded 3000 events" in output
