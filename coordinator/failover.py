@@ -254,7 +254,11 @@ class Failover:
             standby=record.owner,  # resynced when it comes back
             standby_address=self.addresses[record.owner],
         )
-        await asyncio.to_thread(ownership.write, self.store, moved)
+        try:
+            await asyncio.to_thread(ownership.move, self.store, record, moved)
+        except ownership.Moved as exc:
+            log.warning("partition %d not moved: %s", partition, exc)
+            return None
         log.warning(
             "partition %d: LTM %d is down, LTM %d takes over at epoch %d",
             partition,

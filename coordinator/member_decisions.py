@@ -92,8 +92,10 @@ class MemberDecisions:
                 await self.take_over(record_id, record.epoch)
         record = await asyncio.to_thread(ownership.read, self.store, own)
         if record.owner != self.member:  # never written yet, or adopted while we were away
-            record = ownership.Ownership(own, record.epoch + 1, self.member)
-            await asyncio.to_thread(ownership.write, self.store, record)
+            back = ownership.Ownership(own, record.epoch + 1, self.member)
+            # a compare-and-set: fails (and this start with it) if the leader moves it meanwhile
+            await asyncio.to_thread(ownership.move, self.store, record, back)
+            record = await asyncio.to_thread(ownership.read, self.store, own)
         await self._reconcile(own)
         standby = standby_of(self.member, self.partitions, len(self.members))
         self.shipper = LogShipper(

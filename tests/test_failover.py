@@ -275,6 +275,33 @@ def test_a_superseded_primary_never_writes_the_store_again(tmp_path: Path) -> No
     asyncio.run(scenario())
 
 
+def test_a_move_is_a_compare_and_set_on_the_record_it_read(tmp_path: Path) -> None:
+    """Two members that read one record can never both move the partition, and a move
+    decided on "the copy is in sync" fails once the owner recorded it out of sync (it went
+    on alone: the copy lacks what it committed since)."""
+    with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        start = ownership.read(store, 0)
+        owner = start.evolve(standby=1, standby_address="b:1", in_sync=True)
+        ownership.write_standby(store, owner)
+        seen_by_a, seen_by_b = ownership.read(store, 0), ownership.read(store, 0)
+        assert seen_by_a.failover_target == 1
+        moved = ownership.Ownership(0, 1, 1, standby=0, standby_address="a:1")
+        ownership.move(store, seen_by_a, moved)
+        with pytest.raises(ownership.Moved, match="now epoch 1, owner 1"):
+            ownership.move(store, seen_by_b, ownership.Ownership(0, 1, 2))
+        assert ownership.read(store, 0).owner == 1
+
+        # the new owner records its copy in sync, a mover reads that, then the owner drops it
+        current = ownership.read(store, 0).evolve(in_sync=True)
+        ownership.write_standby(store, current)
+        stale = ownership.read(store, 0)
+        assert stale.failover_target == 0
+        ownership.write_standby(store, current.evolve(in_sync=False))
+        with pytest.raises(ownership.Moved, match="in sync: False"):
+            ownership.move(store, stale, ownership.Ownership(0, 2, 0, standby=1))
+        assert ownership.read(store, 0).epoch == 1
+
+
 def test_resync_copies_a_log_bigger_than_a_message_in_chunks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from aggview import errors
 from ltm.store.base import Guard, GuardFailed, Mutation, Store
@@ -37,6 +37,9 @@ class Ownership:
     standby: int | None = None  # the LTM the owner replicates its log to
     standby_address: str = ""
     in_sync: bool = False  # the standby holds every flush the owner acknowledged
+    # The stored standby value this record was read with: a move is a compare-and-set on it
+    # (it names the epoch, so it never comes back once changed; see ``move``).
+    version: bytes | None = field(default=None, compare=False, repr=False)
 
     def evolve(self, **changes: object) -> Ownership:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -81,39 +84,63 @@ def read(store: Store, partition: int) -> Ownership:
         record = record.evolve(**json.loads(fence))
     standby = found.get(_standby_key(partition))
     if standby is not None:
-        record = record.evolve(**json.loads(standby))
-    return record
+        fields = json.loads(standby)
+        fields.pop("at", None)  # the epoch it was written at: part of the version only
+        record = record.evolve(**fields)
+    return record.evolve(version=standby)
 
 
 def _standby_value(record: Ownership) -> bytes:
     fields = {"standby": record.standby, "standby_address": record.standby_address}
-    return json.dumps({**fields, "in_sync": record.in_sync}).encode()
+    return json.dumps({**fields, "in_sync": record.in_sync, "at": record.epoch}).encode()
 
 
 def write(store: Store, record: Ownership) -> None:
-    """The coordinator's write: a new epoch and owner (and standby) for a partition."""
+    """An unconditional write of a partition's record (tests, and tools that set a cluster
+    up); members change ownership only by :func:`move` or :func:`hand_over`."""
     store.create_table(TABLE)  # a no-op once it exists
+    store.write(_record_mutations(record))
+
+
+def _record_mutations(record: Ownership) -> list[Mutation]:
     p = record.partition
-    store.write(
-        [
-            (TABLE, _fence_key(p), _fence_value(p, record.epoch, record.owner)),
-            (TABLE, _standby_key(p), _standby_value(record)),
-        ]
-    )
+    return [
+        (TABLE, _fence_key(p), _fence_value(p, record.epoch, record.owner)),
+        (TABLE, _standby_key(p), _standby_value(record)),
+    ]
+
+
+class Moved(errors.FailedPrecondition):
+    """The record changed since it was read (another member moved the partition, or its
+    owner changed its standby's state): the move that read it applies nothing."""
+
+
+def move(store: Store, was: Ownership, moved: Ownership) -> None:
+    """A new epoch and owner (and standby) for a partition, only if the record is still the
+    one ``was`` was read as: a compare-and-set on the standby value, which every change of the
+    record rewrites (its owner's ``write_standby``, a ``hand_over``, another ``move``) and
+    which names the epoch. So two members can never both move one partition from one epoch,
+    and a move decided on "the standby is in sync" fails if the owner dropped its standby
+    (and went on alone) in between."""
+    assert moved.epoch > was.epoch, "a move raises the epoch"
+    store.create_table(TABLE)
+    try:
+        store.write_guarded(
+            (TABLE, _standby_key(was.partition), was.version), _record_mutations(moved)
+        )
+    except GuardFailed:
+        current = read(store, was.partition)
+        raise Moved(
+            f"partition {was.partition}'s record changed since it was read (epoch "
+            f"{was.epoch}, owner {was.owner}; now epoch {current.epoch}, owner "
+            f"{current.owner}, standby in sync: {current.in_sync})"
+        ) from None
 
 
 def hand_over(store: Store, record: Ownership, moved: Ownership) -> None:
     """The owner's own write of a new epoch and owner, only while the fence still names it
     at ``record``'s epoch (a planned handover: nobody else moves a partition that is served)."""
-    p = record.partition
-    _write_fenced(
-        store,
-        record,
-        [
-            (TABLE, _fence_key(p), _fence_value(p, moved.epoch, moved.owner)),
-            (TABLE, _standby_key(p), _standby_value(moved)),
-        ],
-    )
+    _write_fenced(store, record, _record_mutations(moved))
 
 
 def write_standby(store: Store, record: Ownership) -> None:
