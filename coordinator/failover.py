@@ -61,13 +61,16 @@ class Failover:
         lose_member: Callable[[int], None] = lambda member: None,
         follow: Follow | None = None,
         hand_back: bool = False,
+        may_act: Callable[[], bool] = lambda: True,
     ) -> None:
         """``addresses``: where each LTM (partition index) is served; ``members``: how many
         coordinating members host them (0: one LTM per process), ``lose_member`` hears of a
         member whose decision log was adopted; ``follow(channel, record)`` points a channel
         where the record says; ``hand_back``: partitions go back to their home LTM once it
-        is up again with an in-sync copy."""
+        is up again with an in-sync copy; ``may_act()``: whether this member reaches a
+        majority (a minority declares nobody dead: its view of who is alive is its own)."""
         self.channels = channels
+        self.may_act = may_act
         self.follow: Follow = follow or (
             lambda channel, record: retarget(channel, self.addresses[record.owner], record)
         )
@@ -81,13 +84,16 @@ class Failover:
         self.addresses = addresses
         self.after = after
         self._metadata = member_metadata(tls)
+        self._tls = tls
         self._channels = [member_channel(a, tls, CONTROL_OPTIONS) for a in addresses]
         self._stubs = [pb_grpc.LtmStub(channel) for channel in self._channels]
         self._down_since: dict[int, float] = {}
         self._heard: set[int] = set()  # LTMs that answered a probe at least once
         self._task: asyncio.Task[None] | None = None
         self._stuck: set[int] = set()  # partitions already reported as waiting for their LTM
-        self._log_epochs: dict[int, int] = {}  # member -> epoch its decision log was moved at
+        # member -> the epoch of its decision log's record when it fell silent (or when we
+        # moved it): a newer one means it restarted since (it takes its log back first)
+        self._log_epochs: dict[int, int] = {}
         self.failovers = 0
 
     def start(self) -> None:
@@ -125,6 +131,9 @@ class Failover:
             owners = sorted({channel.owner for channel in self.channels} | set(range(self.members)))
             alive = await asyncio.gather(*(self._alive(ltm) for ltm in owners))
             now = time.monotonic()
+            if not self.may_act():
+                self._down_since.clear()  # silence seen from a minority proves nothing
+                continue
             if self.hand_back and now >= self._next_hand_back:
                 self._next_hand_back = now + HAND_BACK_EVERY
                 answering = {
@@ -139,8 +148,15 @@ class Failover:
                     self._down_since.pop(ltm, None)
                     self._heard.add(ltm)
                     continue
-                since = self._down_since.setdefault(ltm, now)
+                if ltm not in self._down_since:
+                    self._down_since[ltm] = now
+                    if self.members:
+                        await self._note_log_epoch(ltm % self.members)
+                since = self._down_since[ltm]
                 if now - since < (self.after if ltm in self._heard else START_GRACE):
+                    continue
+                if await self._answers_afresh(ltm):  # our channel to it was stuck, not it
+                    self._down_since.pop(ltm, None)
                     continue
                 if self.members and not await self._member_gone(ltm % self.members):
                     self._down_since[ltm] = now  # it is starting again: give it time
@@ -152,11 +168,34 @@ class Failover:
                         except Exception:
                             log.exception("failover of partition %d failed", channel.index)
 
+    async def _note_log_epoch(self, member: int) -> None:
+        record_id = decision_log_id(member, len(self.addresses))
+        try:
+            record = await asyncio.to_thread(ownership.read, self.store, record_id)
+        except Exception as exc:
+            log.warning("reading member %d's decision log record failed: %s", member, exc)
+            return
+        self._log_epochs[member] = record.epoch
+
+    async def _answers_afresh(self, ltm: int) -> bool:
+        """A last probe on a new connection before declaring ``ltm`` dead: a connection cut
+        by the network may still be waiting out a connect attempt after the member is back."""
+        channel = member_channel(self.addresses[ltm], self._tls, CONTROL_OPTIONS)  # its own
+        try:
+            await pb_grpc.LtmStub(channel).Status(
+                pb.StatusRequest(), timeout=PROBE_TIMEOUT, metadata=self._metadata
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        finally:
+            await channel.close()
+        return True
+
     async def _member_gone(self, member: int) -> bool:
         """Before its partitions: the dead member's decision log goes to its copy's holder,
         which then answers for its transactions; only then may the clock forget it. False: it
-        took its log back since we last moved it, so it is starting again (it does that
-        before it listens)."""
+        took its log back since it fell silent (or since we last moved it), so it is starting
+        again (it does that before it listens)."""
         record_id = decision_log_id(member, len(self.addresses))
         try:
             record = await asyncio.to_thread(ownership.read, self.store, record_id)

@@ -71,7 +71,10 @@ class LocalPartitions:
         hosted: list[int] | None = None,
         members: list[str] | None = None,
         tls: TlsDir | None = None,
+        may_drop: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``may_drop()``: whether a copy that does not answer may be dropped (only while
+        this member reaches a majority: ``coordinator.quorum``)."""
         self.store = store
         self.partitions = partitions
         self.members = members or []
@@ -91,7 +94,7 @@ class LocalPartitions:
             )
 
         self.hostings = {
-            p: Hosting(config(p), store, outcome_query)
+            p: Hosting(config(p), store, outcome_query, may_drop)
             for p in (range(partitions) if hosted is None else hosted)
         }
 

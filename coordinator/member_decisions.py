@@ -48,10 +48,13 @@ class MemberDecisions:
         tls: TlsDir | None = None,
         fsync: bool = True,
         on_superseded: Callable[[ownership.Superseded], None] | None = None,
+        may_drop: Callable[[], bool] = lambda: True,
     ) -> None:
         """``on_superseded``: told when another member took this member's log over (it was
-        declared dead while alive, and can commit nothing any more)."""
+        declared dead while alive, and can commit nothing any more); ``may_drop()``: whether
+        a copy that does not answer may be dropped (``LogShipper``)."""
         self.store = store
+        self._may_drop = may_drop
         self.decisions = decisions
         self.member = member
         self.members = members
@@ -105,6 +108,7 @@ class MemberDecisions:
             standby,
             self.members[standby % len(self.members)],
             self._tls,
+            self._may_drop,
         )
         await self.shipper.start()
         if self._on_superseded is not None:

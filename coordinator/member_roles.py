@@ -35,6 +35,7 @@ from coordinator.leadership import Leadership, Lease
 from coordinator.local_ltm import LocalLtm
 from coordinator.ltm_channel import LtmChannel
 from coordinator.member_clock import LeaderClock
+from coordinator.quorum import Prober, Reachability
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
 from ltm.store import ownership
@@ -56,9 +57,12 @@ class MemberRoles:
         tls: TlsDir | None,
         replicates: bool,
         lead: Leadership | None,
+        reach: Reachability | None = None,
     ) -> None:
         """``addresses``: where each partition index is hosted; ``lead``: the record this
-        member leads under (a replicated cluster's leader), else None."""
+        member leads under (a replicated cluster's leader), else None; ``reach``: which
+        members answer this one (replicated: it leads, deposes and fails over only with a
+        majority)."""
         self.manager = manager
         self.addresses = addresses
         self.after = failover_after
@@ -69,12 +73,30 @@ class MemberRoles:
         self.failover: Failover | None = None
         self.follower: PartitionFollower | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.reach = reach
+        self._prober = Prober(reach, manager.members, tls) if reach is not None else None
+        self._minority_told = False
+
+    def has_majority(self) -> bool:
+        """Whether this member may act on others' silence (see ``coordinator.quorum``)."""
+        majority = self.reach is None or self.reach.has_majority()
+        if not majority and not self._minority_told:
+            log.warning(
+                "member %d reaches no majority of the %d members: it deposes nobody, moves "
+                "nothing and drops no copy of its logs until it does",
+                self.manager.member,
+                self.members,
+            )
+        self._minority_told = not majority
+        return majority
 
     @property
     def members(self) -> int:
         return len(self.manager.members)
 
     async def start(self) -> None:
+        if self._prober is not None:
+            self._prober.start()
         if self.manager.leader is None:
             await self._leader_duties(dead_since=None)
         elif self.replicates:
@@ -88,7 +110,7 @@ class MemberRoles:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for duty in (self.failover, self.follower):
+        for duty in (self.failover, self.follower, self._prober):
             if duty is not None:
                 await duty.stop()
 
@@ -110,6 +132,7 @@ class MemberRoles:
                 lose_member=manager.clock.lose,
                 follow=self._follow,
                 hand_back=self.replicates,  # members only: a restarted one gets its own back
+                may_act=self.has_majority,
             )
             if dead_since is not None:  # already silent that long: no second wait
                 self.failover.silent_since(*dead_since)
@@ -194,7 +217,7 @@ class MemberRoles:
                 except grpc.aio.AioRpcError:
                     now = time.monotonic()
                     silent_since = silent_since or now
-                    if now - silent_since < self.after:
+                    if now - silent_since < self.after or not self.has_majority():
                         continue
                 try:
                     await self._take_lead(leader, silent_since)

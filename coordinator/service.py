@@ -51,6 +51,7 @@ from coordinator.ltm_channel import LtmChannel
 from coordinator.member_clock import InFlight, LeaderClock, MemberClock
 from coordinator.member_decisions import MemberDecisions
 from coordinator.member_roles import MemberRoles, declared_dead
+from coordinator.quorum import Reachability
 from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
@@ -456,7 +457,11 @@ def _per_partition(by_member: list[str], partitions: int) -> list[str]:
     return [by_member[p % len(by_member)] for p in range(partitions)] if by_member else []
 
 
-def build_manager(config: CoordinatorConfig) -> TransactionManager:
+def build_manager(
+    config: CoordinatorConfig, reach: Reachability | None = None
+) -> TransactionManager:
+    """``reach``: whether this member reaches a majority (replicated clusters), which it
+    needs to drop an unreachable copy of its logs."""
     store = open_store(config.store_url)
     catalog = Catalog(store)
     count = config.partitions
@@ -469,6 +474,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
             f"(got {count}): repartitioning is not supported"
         )
     decisions = DecisionLog(config.log_dir, fsync=config.fsync)
+    may_drop = reach.has_majority if reach is not None else lambda: True
     in_flight = InFlight()
     clock: MemberClock
     read_at = time.monotonic()  # a lease runs from the start of the read that gave it
@@ -528,6 +534,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
         hosted=config.hosted(count),
         members=config.members if config.replicates else None,
         tls=config.tls,
+        may_drop=may_drop,
     )
     manager.channels = [None] * count  # below: local, or where the record says
     if config.replicates:
@@ -542,6 +549,7 @@ def build_manager(config: CoordinatorConfig) -> TransactionManager:
             tls=config.tls,
             fsync=config.fsync,
             on_superseded=declared_dead,
+            may_drop=may_drop,
         )
     manager.members = list(config.members)
     manager.member = config.member
@@ -637,7 +645,8 @@ async def read_view(
 
 async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -> None:
     """Runs the coordinator until SIGINT/SIGTERM."""
-    manager = build_manager(config)
+    reach = Reachability(len(config.members), config.member) if config.replicates else None
+    manager = build_manager(config, reach)
     await manager.local.start()
     if manager.replication is not None:  # before re-delivery: it may adopt a log to deliver
         await manager.replication.start()
@@ -654,6 +663,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         tls=config.tls,
         replicates=config.replicates,
         lead=manager.lead,
+        reach=reach,
     )
     await roles.start()
     gate = ClientGate(

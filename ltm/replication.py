@@ -6,7 +6,9 @@ The primary counts a flush as durable once it is on its own disk *and* on the ba
 the store's ownership record says the backup is out of sync (then the coordinator will not fail
 over to it, and the partition waits for its primary instead of losing what was acknowledged).
 A backup that falls out (a restart, a timeout) is brought back by a resync: the whole live log,
-then every flush again."""
+then every flush again. A member may record its copy out of sync only while it reaches a
+majority of the members: cut off, it keeps the copy named in sync (the majority may fail over to
+it) and fails its flushes instead of going on alone."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import asyncio
 import collections
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -156,9 +158,17 @@ class LogShipper:
         backup: int,
         backup_address: str,
         tls: TlsDir | None,
+        may_drop: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``may_drop()``: whether this process may record its unreachable copy as out of
+        sync and go on alone (a member must reach a majority of the members for that)."""
         self.store = store
         self.wal = wal
+        self.may_drop = may_drop
+        # Why flushes fail now (None: they don't): the copy is unreachable and dropping it is
+        # not allowed, so the record still names it in sync and nothing is acknowledged that
+        # it lacks; the majority may fail the partition over to it meanwhile.
+        self.held_back: str | None = None
         self.record = record
         self.backup = backup
         self.backup_address = backup_address
@@ -191,6 +201,8 @@ class LogShipper:
 
     async def ship(self, segment: int, data: bytes, drop_before: int) -> None:
         """One flush to the backup, on the flush stream (a resync sends by calls)."""
+        if self.held_back is not None:
+            raise errors.Unavailable(self.held_back)
         if not self.in_sync:
             return
         if self._flushes is None:
@@ -199,6 +211,10 @@ class LogShipper:
             for request in self._requests(segment, data, drop_before=drop_before):
                 await self._flushes.send(request, SHIP_TIMEOUT)
         except (errors.AggviewError, TimeoutError) as exc:
+            await self._close_flushes()
+            if not self.may_drop():
+                self._hold_back(exc)
+                raise errors.Unavailable(self.held_back) from None
             log.warning(
                 "partition %d: backup LTM %d at %s fell out of sync (%s); serving without it",
                 self.record.partition,
@@ -206,8 +222,17 @@ class LogShipper:
                 self.backup_address,
                 exc or "no answer in time",
             )
-            await self._close_flushes()
             await self._set_in_sync(False)
+
+    def _hold_back(self, exc: BaseException) -> None:
+        self.in_sync = False  # here only: the record keeps naming the copy in sync
+        self.held_back = (
+            f"partition {self.record.partition}: its copy at LTM {self.backup} "
+            f"({self.backup_address}) does not answer ({exc or 'no answer in time'}) and this "
+            "member reaches no majority of the members: nothing commits here until one of "
+            "them answers"
+        )
+        log.warning("%s", self.held_back)
 
     async def _send(
         self,
@@ -241,6 +266,7 @@ class LogShipper:
         fails over only to a backup the record names."""
         self.record = await asyncio.to_thread(self._record_backup, in_sync)
         self.in_sync = in_sync
+        self.held_back = None
 
     def _record_backup(self, in_sync: bool) -> ownership.Ownership:
         updated = self.record.evolve(
@@ -251,6 +277,16 @@ class LogShipper:
 
     async def _resync_loop(self) -> None:
         while True:
+            if self.held_back is not None and self.may_drop():
+                log.warning(
+                    "partition %d: backup LTM %d at %s still silent, and a majority answers: "
+                    "serving without it",
+                    self.record.partition,
+                    self.backup,
+                    self.backup_address,
+                )
+                async with self.wal.held():  # no flush counts on the copy meanwhile
+                    await self._set_in_sync(False)
             if not self.in_sync:
                 try:
                     await self.resync()

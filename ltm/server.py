@@ -32,10 +32,16 @@ class Hosting:
     and the logs it mirrors for other LTMs."""
 
     def __init__(
-        self, config: LtmConfig, store: Store, outcome_query: OutcomeQuery | None = None
+        self,
+        config: LtmConfig,
+        store: Store,
+        outcome_query: OutcomeQuery | None = None,
+        may_drop: Callable[[], bool] = lambda: True,
     ) -> None:
         """``outcome_query``: how an in-doubt participant asks about a transaction (its
-        coordinating member, or that member's successor)."""
+        coordinating member, or that member's successor); ``may_drop()``: whether a copy that
+        does not answer may be dropped (``LogShipper``)."""
+        self.may_drop = may_drop
         self.config = config
         self.store = store
         self.me = config.partition
@@ -89,7 +95,13 @@ class Hosting:
         await participant.start()
         if standby is not None and standby != self.me:
             shipper = LogShipper(
-                self.store, participant.wal, record, standby, address, self.config.tls
+                self.store,
+                participant.wal,
+                record,
+                standby,
+                address,
+                self.config.tls,
+                self.may_drop,
             )
             await shipper.start()
             self.shippers[partition] = shipper

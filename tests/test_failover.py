@@ -345,6 +345,59 @@ def test_resync_copies_a_log_bigger_than_a_message_in_chunks(
     asyncio.run(scenario())
 
 
+def test_a_member_without_a_majority_keeps_its_silent_copy_and_commits_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cut off from its copy and from most members, a primary may not record the copy out of
+    sync and go on alone (the majority may be failing the partition over to that copy): its
+    flushes fail and the record keeps naming the copy in sync. Once a majority answers again
+    it drops the copy as before and its flushes count."""
+    monkeypatch.setattr(replication, "RESYNC_EVERY", 0.05)
+
+    async def scenario() -> None:
+        with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+            server = grpc.aio.server()
+            hosting = Hosting(LtmConfig(tmp_path / "backup", 1, 2), store)
+            add_service(server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(hosting))
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            wal = WriteAheadLog(tmp_path / "primary", fsync=False)
+            majority = False
+            shipper = LogShipper(
+                store,
+                wal,
+                ownership.Ownership(0, 0, 0),
+                1,
+                f"127.0.0.1:{port}",
+                None,
+                lambda: majority,
+            )
+            await shipper.start()
+            await wait_async(lambda: shipper.in_sync)
+            await wal.append({"kind": "prepared", "ts": 1, "after": {}})
+            await server.stop(None)  # the copy goes silent, and so does the majority
+            with pytest.raises(errors.Unavailable, match="reaches no majority"):
+                await wal.append({"kind": "prepared", "ts": 2, "after": {}})
+            with pytest.raises(errors.Unavailable, match="reaches no majority"):
+                await wal.append({"kind": "prepared", "ts": 3, "after": {}})
+            assert ownership.read(store, 0).failover_target == 1  # still a valid target
+            majority = True  # the others answer again (the copy still does not)
+            await wait_async(lambda: not ownership.read(store, 0).in_sync)
+            await wal.append({"kind": "prepared", "ts": 4, "after": {}})  # counts: alone now
+            assert shipper.held_back is None
+            await shipper.close()
+            await wal.close()
+
+    asyncio.run(scenario())
+
+
+async def wait_async(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
 def test_a_fenced_copy_gives_its_directory_to_the_mirror_and_can_take_over_again(
     tmp_path: Path,
 ) -> None:

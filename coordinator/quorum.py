@@ -1,0 +1,111 @@
+"""Whether this member reaches a majority of the cluster's members.
+
+A member cut off from the others can often still reach the shared store (the embedded store's
+file, or an HBase the others cannot reach). Fencing by the store alone would then let it act on
+a stale view: declare the healthy members dead, take the lead from a healthy leader, drop the
+copy of its log and commit alone. So every such act needs a majority: the member must have
+heard, within ``window`` seconds, from enough other members that with itself they are more than
+half. A minority stops granting (its lease is not renewed), deposes nobody, and keeps its copy.
+
+``Reachability`` is the rule, pure; ``Prober`` feeds it from Status calls to every other member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import grpc
+
+from aggview.net import CONTROL_OPTIONS
+from aggview.security import TlsDir, member_channel, member_metadata
+from aggview.wire import ltm_pb2 as pb
+from aggview.wire import ltm_pb2_grpc as pb_grpc
+
+PROBE_EVERY = 0.2
+PROBE_TIMEOUT = 1.0
+WINDOW = 1.0  # an answer older than this no longer counts
+
+
+class Reachability:
+    """Which members answered this one lately (pure: the caller says who answered when)."""
+
+    def __init__(
+        self,
+        members: int,
+        me: int,
+        window: float = WINDOW,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.members = members
+        self.me = me
+        self.window = window
+        self._now = clock
+        self._heard: dict[int, float] = {}
+
+    def heard(self, member: int, at: float | None = None) -> None:
+        self._heard[member] = max(self._heard.get(member, 0.0), self._now() if at is None else at)
+
+    def reachable(self) -> set[int]:
+        """Members heard within the window, this one included."""
+        since = self._now() - self.window
+        return {self.me} | {m for m, at in self._heard.items() if at >= since}
+
+    def has_majority(self) -> bool:
+        """With two members, half is not a majority and neither could ever act alone: there
+        the store's compare-and-sets arbitrate (no copy is lost, but a partition between two
+        members can stop one of them needlessly; three members are needed to ride it out)."""
+        if self.members <= 2:
+            return True
+        return 2 * len(self.reachable()) > self.members
+
+
+class Prober:
+    """Probes every other member's Status every ``PROBE_EVERY`` seconds, each on a control
+    channel and a task of its own (a silent member's timeouts must not delay the others'
+    answers past the window), and tells ``reach`` who answered, as of when the probe was sent:
+    an answer proves the member was up then."""
+
+    def __init__(self, reach: Reachability, addresses: list[str], tls: TlsDir | None) -> None:
+        self.reach = reach
+        self._metadata = member_metadata(tls)
+        self._channels = {
+            m: member_channel(a, tls, CONTROL_OPTIONS)
+            for m, a in enumerate(addresses)
+            if m != reach.me
+        }
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._probe(m, c)) for m, c in self._channels.items()]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for channel in self._channels.values():
+            await channel.close()
+
+    async def _probe(self, member: int, channel: grpc.aio.Channel) -> None:
+        stub = pb_grpc.LtmStub(channel)
+        while True:
+            sent = time.monotonic()
+            try:
+                await stub.Status(
+                    pb.StatusRequest(), timeout=PROBE_TIMEOUT, metadata=self._metadata
+                )
+            except grpc.aio.AioRpcError:
+                pass
+            else:
+                self.reach.heard(member, sent)
+            await asyncio.sleep(max(0.0, PROBE_EVERY - (time.monotonic() - sent)))
+
+
+class Everyone:
+    """The rule where there is no quorum to keep (one member, or an unreplicated cluster,
+    whose members cannot fail over anyway): always a majority."""
+
+    def has_majority(self) -> bool:
+        return True
