@@ -32,6 +32,9 @@ from coordinator.member_clock import InFlight, LeaderClock, MemberClock
 
 log = logging.getLogger(__name__)
 
+START_RETRY_FIRST = 0.2  # seconds before a starting member asks an unreachable leader again
+START_RETRY_LAST = 5.0
+
 # A follower's timestamp requests out at once. With one, a transaction arriving while it was
 # out waited for its grant and then a round trip of its own; with two, about one round trip.
 ASKS_OUT = 2
@@ -247,9 +250,28 @@ class FollowerClock(MemberClock):
         in_flight.changed = self._changed
 
     async def start(self) -> None:
+        """Returns once the leader answered (its first grant brings the catalog). A leader
+        that cannot be reached (cut off, restarting, or moving to another member) is waited
+        for with backoff: a restarting member that exited instead would only be restarted
+        into the same wait, or stay down."""
         self._channel = member_channel(self.address, self._tls, GRPC_OPTIONS)
         self._open()
-        ts = await self.read_timestamp()  # the first grant brings the catalog
+        delay = START_RETRY_FIRST
+        while True:
+            try:
+                ts = await self.read_timestamp()
+                break
+            except errors.Unavailable as exc:
+                log.warning(
+                    "waiting for the cluster's leader (member %d at %s): %s; asking again in "
+                    "%.1f s",
+                    self.leader_member,
+                    self.address,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, START_RETRY_LAST)
         self.in_flight.stop_reading(ts)
 
     def _open(self) -> None:

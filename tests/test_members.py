@@ -640,3 +640,58 @@ def _reads(client: Client) -> bool:
     except errors.Unavailable:
         return False
     return True
+
+
+def test_a_member_started_while_the_leader_is_down_waits_for_it(
+    fresh_cluster: LocalCluster,
+) -> None:
+    """A follower restarted while the leader cannot be reached (down, cut off, restarting)
+    waits for it with backoff instead of exiting, and serves once the leader is back."""
+    cluster = fresh_cluster
+    follower, leader = cluster.member(1), cluster.member(0)
+    follower.kill()
+    leader.kill()
+    started: list[BaseException | None] = []
+    done = threading.Event()
+
+    def start_follower() -> None:
+        try:
+            follower.start(timeout=60)
+            started.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            started.append(exc)
+        done.wait(120)  # its process dies with the thread that started it
+
+    thread = threading.Thread(target=start_follower)
+    thread.start()
+    try:
+        wait_for(
+            "the follower to wait for the leader",
+            lambda: "waiting for the cluster's leader" in follower.tail(),
+            30,
+        )
+        assert follower.running()
+        leader.start()
+        wait_for("the follower to start", lambda: bool(started), 60)
+        assert started == [None], started
+        check_both_members_serve(cluster)
+    finally:
+        done.set()
+        thread.join(70)
+
+
+def check_both_members_serve(cluster: LocalCluster) -> None:
+    with Client(cluster.address) as client:
+        client.sql("CREATE TABLE waited (id INT PRIMARY KEY)")
+
+        def inserted() -> bool:
+            try:
+                with client.transaction() as tx:
+                    for i in range(8):  # rows on both members' partitions
+                        tx.insert("waited", {"id": i})
+            except errors.Unavailable:
+                return False  # a connection made while the other was starting: once more
+            return True
+
+        wait_for("a transaction on both members", inserted, 30)
+        assert len(list(client.scan("waited"))) == 8
