@@ -29,7 +29,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from aggview import errors
-from aggview.net import MAX_MESSAGE_BYTES
+from aggview.net import MAX_MESSAGE_BYTES, keep_alive
 from aggview.status import CODE_BY_NUMBER, Malformed, error_from_status
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,7 @@ class FramedCall:
                 if time.monotonic() >= give_up:
                     raise
                 await asyncio.sleep(RETRY_EVERY)
+        keep_alive(writer.get_extra_info("socket"))
         self._writer = writer
         writer.write(framed(hello))
         welcome = await asyncio.wait_for(read_frame(reader), grace)
@@ -215,6 +216,7 @@ class FramedServer:
         assert task is not None
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
+        keep_alive(writer.get_extra_info("socket"))
         try:
             try:
                 hello = await asyncio.wait_for(read_frame(reader), self._grace)

@@ -6,6 +6,7 @@ import asyncio
 import faulthandler
 import os
 import signal
+import socket
 import sys
 import threading
 
@@ -18,9 +19,30 @@ from aggview import errors
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Once signalled, a server has this long to stop (checkpoint included) before it exits anyway.
 SHUTDOWN_DEADLINE = float(os.environ.get("AGGVIEW_SHUTDOWN_DEADLINE", "15"))
-# Servers refuse a port already in use instead of sharing it (gRPC reuses ports by default).
-SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
+# Keepalive: a connection whose peer went silent (its host cut off, paused, or gone without a
+# FIN) is noticed within about three seconds (a ping each second, two to answer it: a starved
+# but live peer answers in that time), not when TCP gives up minutes later; the streams on it
+# (clock, transactions, log copies) then fail and reconnect.
+KEEPALIVE_MS = 1000
+KEEPALIVE_TIMEOUT_MS = 2000
+# Servers refuse a port already in use instead of sharing it (gRPC reuses ports by default), and
+# let their peers ping that often, even with no call open.
+SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 GRPC_OPTIONS = [
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    # recent cores time a keepalive ping out by this one, whose default is a minute
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # the default spaces pings without data by five minutes, whatever the keepalive time
+    ("grpc.http2.min_time_between_pings_ms", KEEPALIVE_MS),
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # a restarted server is found again within a second, not after minutes of backoff
@@ -32,6 +54,24 @@ GRPC_OPTIONS = [
 # address between channels, so one of them dialling a member that is not up yet (members start
 # one by one) would put the transaction channels to that address into backoff as well.
 CONTROL_OPTIONS = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+
+
+def keep_alive(sock: socket.socket | None) -> None:
+    """TCP keepalive and a send timeout on a framed stream's socket: the same promise as the
+    gRPC channels' keepalive (a host cut off is noticed within about three seconds, whether
+    the stream idles or has data in flight; a paused process is not: its kernel answers)."""
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    seconds = max(1, KEEPALIVE_MS // 1000)
+    for option, value in (
+        ("TCP_KEEPIDLE", seconds),
+        ("TCP_KEEPINTVL", seconds),
+        ("TCP_KEEPCNT", 2),
+        ("TCP_USER_TIMEOUT", KEEPALIVE_MS + KEEPALIVE_TIMEOUT_MS),
+    ):
+        if hasattr(socket, option):  # Linux has them all
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def add_health(server: grpc.aio.Server) -> health.aio.HealthServicer:
