@@ -87,6 +87,7 @@ NOTABLE = re.compile(
     r"leads \(term|declared dead|takes over|forgot|fell out of sync|no in-sync standby|"
     r"deposed|no longer leads|exited|Traceback|ERROR|CRITICAL|clock stream"
 )
+_LEADS = re.compile(r"member (\d+) leads \(term (\d+)\)")
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -510,6 +511,20 @@ def final_state(address: str, timeout: float = 90.0) -> dict[str, Any]:
             time.sleep(0.5)
 
 
+def evidence(
+    logs: list[tuple[float, int, str]], at: float | None, starts: list[float]
+) -> list[str]:
+    """The notable log lines from 15 s before to 3 s after the first violation seen."""
+    if at is None:
+        return []
+    zero = starts[0] if starts else 0.0
+    return [
+        f"+{when - zero:.2f}s m{member} {line}"
+        for when, member, line in logs
+        if at - 15 <= when <= at + 3
+    ]
+
+
 def _window_index(starts: list[float], at: float) -> int:
     """The fault whose window (its start to the next one's) holds ``at``; -1 before the first."""
     return bisect.bisect_right(starts, at) - 1
@@ -556,6 +571,13 @@ def analyse(
     for at, _, line in logs:
         if "leads (term" in line:
             row(at)["lead changes"] += 1
+    leaders: dict[int, set[int]] = {}
+    for _, _, line in logs:
+        if found := _LEADS.search(line):
+            leaders.setdefault(int(found.group(2)), set()).add(int(found.group(1)))
+    bad_times = [c.end for c in lost] + [at for at, _ in violations]
+    bad_times += [s.start for s in history.scans if s.inconsistent or s.partial or s.stale]
+    bad_times += [s.start for s in history.scans if s.view_wrong]
     acks = sorted(c.end for c in history.commits)
     for i, fault in enumerate(faults):
         stop = starts[i + 1] if i + 1 < len(faults) else end
@@ -596,6 +618,9 @@ def analyse(
             "scan_errors": dict(history.scan_errors),
             "client_errors": dict(history.client_errors),
             "realtime_violations": [text for _, text in violations[:20]],
+            "terms_led_by_two": {t: sorted(m) for t, m in leaders.items() if len(m) > 1},
+            "first_violation": min(bad_times) - starts[0] if bad_times and starts else None,
+            "evidence": evidence(logs, min(bad_times) if bad_times else None, starts),
             "exits": [
                 (round(at - starts[0], 1) if starts else at, m, code)
                 for at, m, code in history.exits
@@ -646,6 +671,8 @@ def safety_failures(report: dict[str, Any]) -> list[str]:
         failures.append(f"balances disagree with the ledger: {final['accounts_off_by_ledger']}")
     if final["total"] != final["invariant"]:
         failures.append(f"total {final['total']} instead of {final['invariant']}")
+    if final["terms_led_by_two"]:
+        failures.append(f"two members led one term: {final['terms_led_by_two']}")
     if not final["view_exact"]:
         failures.append("the view differs from its recomputation from the ledger")
     rows = [report["before_faults"], *report["faults"]]
@@ -807,6 +834,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for failure in report["safety_failures"]:
         print(f"SAFETY: {failure}")
+    if report["safety_failures"]:
+        print("member log lines around the first violation:", *final["evidence"], sep="\n")
     return 1 if report["safety_failures"] else 0
 
 
