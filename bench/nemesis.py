@@ -88,6 +88,7 @@ NOTABLE = re.compile(
     r"deposed|no longer leads|exited|Traceback|ERROR|CRITICAL|clock stream"
 )
 _LEADS = re.compile(r"member (\d+) leads \(term (\d+)\)")
+_TERM = re.compile(r"(?:leads|takes the lead|took the lead) \(term (\d+)\)")
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -542,7 +543,13 @@ def analyse(
     starts = [f.start for f in faults]
     ledger = {row["id"]: row for row in final["ledger"]}
     rows: list[dict[str, Any]] = [
-        {"kind": f.kind, "detail": f.detail, **dict.fromkeys(COUNTS, 0)} for f in faults
+        {
+            "kind": f.kind,
+            "detail": f.detail,
+            "at s": f.start - starts[0],
+            **dict.fromkeys(COUNTS, 0),
+        }
+        for f in faults
     ]
     before = {"kind": "(before faults)", "detail": "", **dict.fromkeys(COUNTS, 0)}
 
@@ -568,9 +575,12 @@ def analyse(
         resolved["committed" if ref in ledger else "not committed"] += 1
     for at, _, _ in history.exits:
         row(at)["exits"] += 1
+    terms: dict[int, float] = {}  # each term the logs name, when first named
     for at, _, line in logs:
-        if "leads (term" in line:
-            row(at)["lead changes"] += 1
+        if found := _TERM.search(line):
+            terms.setdefault(int(found.group(1)), at)
+    for at in terms.values():
+        row(at)["lead changes"] += 1
     leaders: dict[int, set[int]] = {}
     for _, _, line in logs:
         if found := _LEADS.search(line):
