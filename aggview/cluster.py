@@ -124,6 +124,8 @@ class Server:
     flags: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
     code: Path = _ROOT  # the checkout whose code the process runs (benchmarks: an old one)
+    # what the command runs under, e.g. ``ip netns exec HOST`` (bench.netns: a member per host)
+    prefix: list[str] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -142,7 +144,7 @@ class Server:
         env.update(extra_env or {})
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "aggview.cli", *self.flags, *args],
+                [*self.prefix, sys.executable, "-m", "aggview.cli", *self.flags, *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -1,0 +1,92 @@
+"""Members on separate hosts (network namespaces on a bridge) under a nemesis: every fault kind of
+bench.nemesis once, while transfers, snapshot scans and a sync view run. The safety checks are
+asserted (nothing acknowledged lost, nothing half applied, every snapshot consistent, the view
+exact, real-time order kept); the unavailability per fault is printed, not asserted. The checker
+itself is tested on made-up histories first, so a clean run means something."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import nemesis
+from bench.nemesis import Commit, Scan
+from bench.netns import PREFIX, Network, listening_socket_in, unavailable
+
+
+def test_realtime_order_flags_a_timestamp_below_an_acknowledged_one() -> None:
+    """The symptom of two members granting timestamps: a transaction that started after another
+    was acknowledged gets a smaller timestamp; a snapshot misses an acknowledged timestamp."""
+    commits = [Commit(0.0, 1.0, 100, "a"), Commit(0.5, 1.5, 90, "overlaps a: fine")]
+    assert nemesis.realtime_violations(commits, []) == []
+    commits.append(Commit(2.0, 3.0, 95, "after a, below it"))
+    scans = [Scan(4.0, 4.5, 99, False, False, False, 0), Scan(4.0, 4.5, 100, *[False] * 3, 0)]
+    found = nemesis.realtime_violations(commits, scans)
+    assert [text.split()[0] for _, text in found] == ["transfer", "snapshot"], found
+
+
+def test_a_snapshot_check_sees_a_half_applied_or_missing_transfer() -> None:
+    start = nemesis.transfers.INITIAL
+    balances = [{"id": i, "balance": start} for i in range(nemesis.ACCOUNT_COUNT)]
+    ledger = [{"id": "t1", "src": 0, "dst": 1, "amount": 5}]
+    view = [{"dst": 1, "n": 1, "total": 5}]
+    balances[0]["balance"] -= 5
+    balances[1]["balance"] += 5
+    assert nemesis.check_scan(balances, ledger, view, ["t1"]) == (False, False, False, 0)
+    assert nemesis.check_scan(balances, [], [], ["t1"]) == (False, True, False, 1)  # row lost
+    balances[1]["balance"] -= 5  # only the debit applied
+    assert nemesis.check_scan(balances, ledger, [], []) == (True, True, True, 0)
+
+
+needs_hosts = pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "")
+
+
+def _ours() -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in listed.splitlines() if line.startswith(PREFIX)]
+
+
+@needs_hosts
+def test_hosts_reach_each_other_on_their_own_addresses_and_are_removed() -> None:
+    before = set(_ours())
+    network = Network(2).create()
+    try:
+        listening = listening_socket_in(network.host_ns(1), network.ip_of(1), 9000)
+        connect = f"import socket; socket.create_connection(('{network.ip_of(1)}', 9000), 2)"
+        command = ["ip", "netns", "exec", network.host_ns(0), sys.executable, "-c", connect]
+        assert subprocess.run(command, capture_output=True).returncode == 0
+        network.cut(1)
+        assert subprocess.run(command, capture_output=True).returncode != 0
+        network.heal(1)
+        assert subprocess.run(command, capture_output=True).returncode == 0
+        listening.close()
+    finally:
+        network.destroy()
+    assert set(_ours()) == before
+
+
+@needs_hosts
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 45: on the current code acknowledged transfers were lost or half applied in "
+    "2 of 9 runs of such a schedule (a member cut off, healed and restarted while the leader "
+    "moves its partitions); the failover fix must make this pass every time",
+)
+def test_every_fault_kind_once_keeps_every_safety_check(tmp_path: Path) -> None:
+    config = nemesis.Config(
+        faults=len(nemesis.KINDS), seed=45, warmup=2.0, calm=0.5, settle_timeout=8.0
+    )
+    before = set(_ours())
+    try:
+        report = nemesis.run(config, tmp_path / "data")
+    finally:
+        assert set(_ours()) == before, "namespaces left behind"
+    (tmp_path / "nemesis.json").write_text(json.dumps(report, indent=1, default=str))
+    print(nemesis.table(report))  # the availability figures: reported, not asserted
+    failures = report["safety_failures"]
+    evidence = report["final"]["evidence"]
+    assert not failures, "\n".join([*failures, "member logs:", *evidence])
