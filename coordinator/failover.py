@@ -62,15 +62,19 @@ class Failover:
         follow: Follow | None = None,
         hand_back: bool = False,
         may_act: Callable[[], bool] = lambda: True,
+        silent_to_majority: Callable[[int], bool] = lambda member: True,
     ) -> None:
         """``addresses``: where each LTM (partition index) is served; ``members``: how many
         coordinating members host them (0: one LTM per process), ``lose_member`` hears of a
         member whose decision log was adopted; ``follow(channel, record)`` points a channel
         where the record says; ``hand_back``: partitions go back to their home LTM once it
         is up again with an in-sync copy; ``may_act()``: whether this member reaches a
-        majority (a minority declares nobody dead: its view of who is alive is its own)."""
+        majority (a minority declares nobody dead: its view of who is alive is its own);
+        ``silent_to_majority(member)``: whether most members do not hear it either (a link cut
+        between two members moves nothing)."""
         self.channels = channels
         self.may_act = may_act
+        self.silent_to_majority = silent_to_majority
         self.follow: Follow = follow or (
             lambda channel, record: retarget(channel, self.addresses[record.owner], record)
         )
@@ -158,6 +162,8 @@ class Failover:
                 if await self._answers_afresh(ltm):  # our channel to it was stuck, not it
                     self._down_since.pop(ltm, None)
                     continue
+                if self.members and not self.silent_to_majority(ltm % self.members):
+                    continue  # others hear it: a link of ours is cut, not the member
                 if self.members and not await self._member_gone(ltm % self.members):
                     self._down_since[ltm] = now  # it is starting again: give it time
                     continue

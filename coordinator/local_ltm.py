@@ -26,6 +26,7 @@ from aggview.security import TlsDir
 from aggview.status import grpc_method
 from aggview.wire import ltm_pb2 as pb
 from coordinator.member_decisions import MemberDecisions
+from coordinator.quorum import Reachability
 from ltm.participant import OutcomeQuery, Participant, VoteNo
 from ltm.server import (
     Hosting,
@@ -197,9 +198,15 @@ class MemberLtmServicer(LtmServicer):
     """Other members' streams and calls to the partitions this member hosts."""
 
     def __init__(
-        self, local: LocalPartitions, manager: Any, decisions: MemberDecisions | None = None
+        self,
+        local: LocalPartitions,
+        manager: Any,
+        decisions: MemberDecisions | None = None,
+        reach: Reachability | None = None,
     ) -> None:
+        """``reach``: the members this one hears (told in its status, for their quorum)."""
         super().__init__(local)  # type: ignore[arg-type]  # participant() is all it needs
+        self.reach = reach
         self.local = local
         self.manager = manager  # the member's TransactionManager
         self.decisions = decisions  # its decision log's replication (``--replicate``)
@@ -218,6 +225,7 @@ class MemberLtmServicer(LtmServicer):
                 clock_requests=getattr(clock, "requests", 0),
                 clock_replies=getattr(clock, "replies", 0),
                 refreshes=self.manager.refreshes,
+                reaches=sorted(self.reach.reachable()) if self.reach is not None else [],
             )
         hosting = self.local.serving(partition) or self.local.hostings.get(partition)
         if hosting is None:

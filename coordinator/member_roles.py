@@ -133,6 +133,7 @@ class MemberRoles:
                 follow=self._follow,
                 hand_back=self.replicates,  # members only: a restarted one gets its own back
                 may_act=self.has_majority,
+                silent_to_majority=self.silent_to_majority,
             )
             if dead_since is not None:  # already silent that long: no second wait
                 self.failover.silent_since(*dead_since)
@@ -163,6 +164,11 @@ class MemberRoles:
             )
         manager.channels[p] = new
         await channel.close()
+
+    def silent_to_majority(self, member: int) -> bool:
+        """Whether most members do not hear ``member`` either (then it may be declared dead
+        or deposed; else only a link of this member's is cut)."""
+        return self.reach is None or self.reach.silent_to_majority(member)
 
     # ------------------------------------------------------------------ the leader
 
@@ -217,7 +223,7 @@ class MemberRoles:
                 except grpc.aio.AioRpcError:
                     now = time.monotonic()
                     silent_since = silent_since or now
-                    if now - silent_since < self.after or not self.has_majority():
+                    if now - silent_since < self.after or not self.silent_to_majority(leader):
                         continue
                 try:
                     await self._take_lead(leader, silent_since)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import grpc
 
@@ -43,14 +43,36 @@ class Reachability:
         self.window = window
         self._now = clock
         self._heard: dict[int, float] = {}
+        self._reports: dict[int, frozenset[int]] = {}  # whom each member said it reaches
 
-    def heard(self, member: int, at: float | None = None) -> None:
-        self._heard[member] = max(self._heard.get(member, 0.0), self._now() if at is None else at)
+    def heard(
+        self, member: int, at: float | None = None, reaches: Iterable[int] | None = None
+    ) -> None:
+        """``member`` answered a probe sent at ``at``, saying it reaches ``reaches`` (None:
+        it did not say)."""
+        at = self._now() if at is None else at
+        if at >= self._heard.get(member, 0.0):
+            self._heard[member] = at
+            if reaches is not None:
+                self._reports[member] = frozenset(reaches)
 
     def reachable(self) -> set[int]:
         """Members heard within the window, this one included."""
         since = self._now() - self.window
         return {self.me} | {m for m, at in self._heard.items() if at >= since}
+
+    def silent_to_majority(self, target: int) -> bool:
+        """Whether a majority of the members, this one included, does not hear ``target``:
+        this one, and each member it hears whose last report leaves ``target`` out (a member
+        that never reported counts as not hearing it). One member's silence alone (a link
+        cut between two members, the rest of the network whole) moves nothing."""
+        if self.members <= 2:
+            return True  # see has_majority
+        reachable = self.reachable()
+        if target in reachable:
+            return False
+        silent = [m for m in reachable if m == self.me or target not in self._reports.get(m, ())]
+        return 2 * len(silent) > self.members
 
     def has_majority(self) -> bool:
         """With two members, half is not a majority and neither could ever act alone: there
@@ -106,6 +128,19 @@ class Prober:
 class Everyone:
     """The rule where there is no quorum to keep (one member, or an unreplicated cluster,
     whose members cannot fail over anyway): always a majority."""
+
+    def silent_to_majority(self, target: int) -> bool:
+        """Whether a majority of the members, this one included, does not hear ``target``:
+        this one, and each member it hears whose last report leaves ``target`` out (a member
+        that never reported counts as not hearing it). One member's silence alone (a link
+        cut between two members, the rest of the network whole) moves nothing."""
+        if self.members <= 2:
+            return True  # see has_majority
+        reachable = self.reachable()
+        if target in reachable:
+            return False
+        silent = [m for m in reachable if m == self.me or target not in self._reports.get(m, ())]
+        return 2 * len(silent) > self.members
 
     def has_majority(self) -> bool:
         return True

@@ -693,7 +693,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         add_service(
             server,
             lpb.DESCRIPTOR.services_by_name["Ltm"],
-            MemberLtmServicer(manager.local, manager, manager.replication),
+            MemberLtmServicer(manager.local, manager, manager.replication, reach),
         )
         services.append(lpb.DESCRIPTOR.services_by_name["Ltm"])
         if manager.leader is None or config.replicates:  # a follower may take the lead

@@ -294,6 +294,8 @@ class LogShipper:
                     log.debug("resync of partition %d: %s", self.record.partition, exc.details())
                 except Superseded:
                     raise
+                except FileNotFoundError as exc:  # a checkpoint dropped it meanwhile
+                    log.info("resync of partition %d starts over: %s", self.record.partition, exc)
                 except Exception:
                     log.exception("resync of partition %d failed", self.record.partition)
             await asyncio.sleep(RESYNC_EVERY)

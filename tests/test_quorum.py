@@ -44,3 +44,28 @@ def test_three_members_need_two_and_two_members_leave_it_to_the_store() -> None:
     assert three.has_majority()
     assert Reachability(2, me=0, clock=clock).has_majority()  # see its docstring
     assert Reachability(1, me=0, clock=clock).has_majority()
+
+
+def test_a_link_cut_between_two_members_is_no_majority_of_silence() -> None:
+    """Member 1 no longer hears member 0 (their link is cut), but member 2 hears both: member
+    0 is not silent to a majority, so member 1 deposes and moves nothing."""
+    clock = FakeClock()
+    reach = Reachability(3, me=1, window=1.0, clock=clock)
+    reach.heard(2, reaches=[0, 1, 2])
+    assert not reach.silent_to_majority(0)
+    reach.heard(2, reaches=[1, 2])  # now member 2 lost it too: member 0 is cut off
+    assert reach.silent_to_majority(0)
+
+
+def test_a_member_heard_here_is_never_silent_and_a_minority_sees_no_majority_of_silence() -> None:
+    clock = FakeClock()
+    reach = Reachability(5, me=0, window=1.0, clock=clock)
+    reach.heard(3, reaches=[0, 3])
+    assert not reach.silent_to_majority(3)
+    # members 1 and 2 answer and do not hear member 4; with this one, three of five
+    assert not reach.silent_to_majority(4)  # only this one and member 3's report so far
+    reach.heard(1, reaches=[0, 1, 2])
+    reach.heard(2, reaches=[0, 1, 2])
+    assert reach.silent_to_majority(4)
+    clock.now += 2  # nobody heard for a while: this member alone is no majority
+    assert not reach.silent_to_majority(4)

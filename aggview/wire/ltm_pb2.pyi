@@ -179,7 +179,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("index", "partitions", "cached_rows", "dirty_rows", "prepared", "checkpoints", "log_bytes", "epoch", "replicas", "replicated", "serving", "coordinated", "clock_requests", "clock_replies", "refreshes")
+    __slots__ = ("index", "partitions", "cached_rows", "dirty_rows", "prepared", "checkpoints", "log_bytes", "epoch", "replicas", "replicated", "serving", "coordinated", "clock_requests", "clock_replies", "refreshes", "reaches")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     CACHED_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +195,7 @@ class StatusReply(_message.Message):
     CLOCK_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CLOCK_REPLIES_FIELD_NUMBER: _ClassVar[int]
     REFRESHES_FIELD_NUMBER: _ClassVar[int]
+    REACHES_FIELD_NUMBER: _ClassVar[int]
     index: int
     partitions: int
     cached_rows: int
@@ -210,7 +211,8 @@ class StatusReply(_message.Message):
     clock_requests: int
     clock_replies: int
     refreshes: int
-    def __init__(self, index: _Optional[int] = ..., partitions: _Optional[int] = ..., cached_rows: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., prepared: _Optional[int] = ..., checkpoints: _Optional[int] = ..., log_bytes: _Optional[int] = ..., epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., replicated: _Optional[bool] = ..., serving: _Optional[_Iterable[int]] = ..., coordinated: _Optional[int] = ..., clock_requests: _Optional[int] = ..., clock_replies: _Optional[int] = ..., refreshes: _Optional[int] = ...) -> None: ...
+    reaches: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, index: _Optional[int] = ..., partitions: _Optional[int] = ..., cached_rows: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., prepared: _Optional[int] = ..., checkpoints: _Optional[int] = ..., log_bytes: _Optional[int] = ..., epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., replicated: _Optional[bool] = ..., serving: _Optional[_Iterable[int]] = ..., coordinated: _Optional[int] = ..., clock_requests: _Optional[int] = ..., clock_replies: _Optional[int] = ..., refreshes: _Optional[int] = ..., reaches: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
     __slots__ = ("partition", "epoch", "reset", "chunks", "drop_before")
