@@ -778,7 +778,14 @@ def run(config: Config, data: Path, say: Callable[[str], None] = print) -> dict[
             end = time.monotonic()
             nemesis.wait_settled(config.settle_timeout)
             workload.join()
-            final = final_state(cluster.client_address)  # members still restarted if they exit
+            try:  # members are still restarted if they exit
+                final = final_state(cluster.client_address)
+            except errors.AggviewError as exc:
+                for at, member, line in read_logs(cluster)[-40:]:
+                    say(f"  m{member} {time.strftime('%H:%M:%S', time.localtime(at))} {line}")
+                raise SystemExit(
+                    f"liveness: no snapshot of the cluster within 90 s after the last fault ({exc})"
+                ) from None
         finally:
             workload.join()
             nemesis.heal_all()

@@ -8,7 +8,7 @@ over to it, and the partition waits for its primary instead of losing what was a
 A backup that falls out (a restart, a timeout) is brought back by a resync: the whole live log,
 then every flush again. A member may record its copy out of sync only while it reaches a
 majority of the members: cut off, it keeps the copy named in sync (the majority may fail over to
-it) and fails its flushes instead of going on alone."""
+it) and its flushes wait instead of going on alone."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 SHIP_TIMEOUT = 2.0  # a backup slower than this is dropped (and resynced) rather than waited for
 RESYNC_EVERY = 1.0
+HOLD_BACK_POLL = 0.1  # seconds between looks for a majority while a flush waits for one
 RESYNC_TIMEOUT = 30.0  # per request of a resync
 CHUNK_BYTES = 4 << 20
 
@@ -165,7 +166,7 @@ class LogShipper:
         self.store = store
         self.wal = wal
         self.may_drop = may_drop
-        # Why flushes fail now (None: they don't): the copy is unreachable and dropping it is
+        # Why flushes wait now (None: they don't): the copy is unreachable and dropping it is
         # not allowed, so the record still names it in sync and nothing is acknowledged that
         # it lacks; the majority may fail the partition over to it meanwhile.
         self.held_back: str | None = None
@@ -201,8 +202,6 @@ class LogShipper:
 
     async def ship(self, segment: int, data: bytes, drop_before: int) -> None:
         """One flush to the backup, on the flush stream (a resync sends by calls)."""
-        if self.held_back is not None:
-            raise errors.Unavailable(self.held_back)
         if not self.in_sync:
             return
         if self._flushes is None:
@@ -213,8 +212,7 @@ class LogShipper:
         except (errors.AggviewError, TimeoutError) as exc:
             await self._close_flushes()
             if not self.may_drop():
-                self._hold_back(exc)
-                raise errors.Unavailable(self.held_back) from None
+                await self._hold_back(exc)
             log.warning(
                 "partition %d: backup LTM %d at %s fell out of sync (%s); serving without it",
                 self.record.partition,
@@ -224,15 +222,21 @@ class LogShipper:
             )
             await self._set_in_sync(False)
 
-    def _hold_back(self, exc: BaseException) -> None:
-        self.in_sync = False  # here only: the record keeps naming the copy in sync
+    async def _hold_back(self, exc: BaseException) -> None:
+        """The copy does not answer and this member reaches no majority: the flush waits
+        (and every flush behind it) until a majority answers, and then drops the copy as
+        usual. Failing it instead would leave a commit decision written here but unknown,
+        answered "pending" until a restart, its rows held at every participant. Meanwhile the
+        majority may fail the partition over to the copy: then dropping it is refused
+        (``Superseded``), the flush fails, and this member is fenced."""
         self.held_back = (
             f"partition {self.record.partition}: its copy at LTM {self.backup} "
             f"({self.backup_address}) does not answer ({exc or 'no answer in time'}) and this "
-            "member reaches no majority of the members: nothing commits here until one of "
-            "them answers"
+            "member reaches no majority of the members: its flushes wait for one"
         )
         log.warning("%s", self.held_back)
+        while not self.may_drop():
+            await asyncio.sleep(HOLD_BACK_POLL)
 
     async def _send(
         self,
@@ -277,16 +281,6 @@ class LogShipper:
 
     async def _resync_loop(self) -> None:
         while True:
-            if self.held_back is not None and self.may_drop():
-                log.warning(
-                    "partition %d: backup LTM %d at %s still silent, and a majority answers: "
-                    "serving without it",
-                    self.record.partition,
-                    self.backup,
-                    self.backup_address,
-                )
-                async with self.wal.held():  # no flush counts on the copy meanwhile
-                    await self._set_in_sync(False)
             if not self.in_sync:
                 try:
                     await self.resync()
