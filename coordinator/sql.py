@@ -12,6 +12,7 @@ from aggview import errors
 from aggview.keycodec import encode_key, prefix_end
 from aggview.rowcodec import decode_row
 from aggview.schema import TableSchema, from_storage, to_storage
+from aggview.sqlscript import KINDS
 from aggview.values import to_value
 from aggview.wire import client_pb2 as cpb
 from coordinator import adhoc
@@ -76,9 +77,10 @@ async def run_sql(
         return await _drop_tables(statement, manager)
     if isinstance(statement, exp.Select):
         return await _select(statement, manager, at, tentative)
+    said = statement.sql().split(maxsplit=2)[:2] if statement.key == "command" else []
     raise errors.InvalidArgument(
-        f"unsupported SQL statement {statement.key.upper()}: expected CREATE TABLE, DROP TABLE, "
-        "SELECT, INSERT, UPDATE, DELETE or BEGIN; ...; COMMIT;"
+        f"unsupported SQL statement {' '.join(said) or statement.key.upper()}: the statements "
+        f"are {KINDS} (help in aggview sql's shell shows their forms)"
     )
 
 

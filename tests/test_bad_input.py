@@ -155,7 +155,7 @@ def test_malformed_request(cluster: LocalCluster, client: Client, accounts: str)
         ("CREATE TABLE x (id INT)", "PRIMARY KEY"),
         ("CREATE TABLE x (id BLOB PRIMARY KEY)", "unsupported column type"),
         ("CREATE TABLE x (id INT PRIMARY KEY, id TEXT)", "two columns"),
-        ("SELEC * FROM x", "parse"),
+        ("SELEC * FROM x", "syntax error near .SELEC."),
         ("MERGE INTO x USING y ON x.a = y.a WHEN MATCHED THEN DELETE", "unsupported SQL"),
         ("UPDATE x SET a = 1", "unknown table 'x'"),
         ("SELECT * FROM x; SELECT 1", "one SQL statement"),

@@ -82,15 +82,23 @@ def add_cumulus_commands(sub: Any, run: Callable[[argparse.Namespace], None]) ->
         "--view", action="append", required=True, metavar='NAME="SELECT ..."', help="repeatable"
     )
     parser.add_argument("--stream", required=True, help="op,table,v1,v2,... lines")
-    parser.add_argument("--delimiter", default=",")
-    parser.add_argument("--host", choices=HOSTS, default="sim")
+    parser.add_argument("--delimiter", default=",", help="between the fields of a line")
+    parser.add_argument(
+        "--host", choices=HOSTS, default="sim", help="where the DW nodes run (sim: in this process)"
+    )
     parser.add_argument("--nodes", type=int, default=2, help="DW nodes")
     parser.add_argument("--switches", type=int, default=1, help="update streams")
-    parser.add_argument("--mode", choices=MODES, default="speculative")
     parser.add_argument(
-        "--reorder", type=int, default=None, metavar="SEED", help="random delays from SEED"
+        "--mode", choices=MODES, default="speculative", help="how the DW nodes order updates"
     )
-    parser.add_argument("--epoch-ms", type=int, default=1000)
+    parser.add_argument(
+        "--reorder",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="delay messages at random, from SEED (default: in order)",
+    )
+    parser.add_argument("--epoch-ms", type=int, default=1000, help="how often an epoch commits")
     parser.add_argument("--out", required=True, help="where NAME.csv and stats.json go")
     parser.add_argument(
         "--check", action="store_true", help="compare with the interpreter and duckdb (exit 1)"
