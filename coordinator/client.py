@@ -78,7 +78,7 @@ class Transaction:
 
     def insert(self, table: str, row: Mapping[str, Any]) -> None:
         self.operations.append(
-            pb.Operation(kind=pb.Operation.INSERT, table=table, values=to_row(row))
+            pb.Operation(kind=pb.Operation.INSERT, table=table, values=to_row(row, table))
         )
 
     def update(
@@ -116,8 +116,8 @@ class Transaction:
             pb.Operation(
                 kind=kind,
                 table=table,
-                key=to_row(key),
-                values=to_row(values),
+                key=to_row(key, table),
+                values=to_row(values, table),
                 require=_conditions(require),
             )
         )

@@ -310,8 +310,13 @@ async def _select_view(
     rows, ts, tentative = await manager.views.query(name, conditions, keep, at, tentative)
     order = statement.args.get("order")
     if order is not None:
+        named = dict(columns)  # ORDER BY names the result's columns, aliases included
         for ordered in reversed(order.expressions):
-            column = identifier(ordered.this, "column")
+            if isinstance(ordered.this, exp.Column):
+                column = identifier(ordered.this, "column")
+                column = named.get(column, column)
+            else:  # an aggregate, as in the select list: SUM(cost)
+                column = _view_column(ordered.this, name, kinds, groups)
             if not rows or column not in rows[0]:
                 if rows:
                     raise errors.InvalidArgument(f"cannot ORDER BY {column!r}: not in the result")

@@ -1,6 +1,7 @@
 """SQL text shared by every statement the project reads: parsing one statement, identifiers,
 and literals -- the one literal parser, so a view's WHERE, a read's WHERE and (later) an INSERT's
-VALUES agree on what ``-1.50``, ``1e3`` or ``DATE '2024-01-01'`` mean.
+VALUES agree on what ``-1.50``, ``1e3`` or ``DATE '2024-01-01'`` mean (``DATE('2024-01-01')``,
+DBToaster's and several engines' spelling, is the same literal).
 
 Literal types: 12 is INT (DECIMAL(38,0) past 64 bits); 1.50 is DECIMAL(38,2); 1e3 is FLOAT; 'x'
 is TEXT, or DATE when compared with a DATE and in ISO form; DATE '2024-01-01' is DATE; a leading
@@ -92,6 +93,11 @@ def parse_statements(sql: str) -> list[exp.Expression]:
         raise syntax_error(sql, exc) from None
     if not statements:
         raise errors.InvalidArgument("no SQL statement")
+    for statement in statements:
+        for call in list(statement.find_all(exp.Date)):
+            only = not any(v for k, v in call.args.items() if k != "this")
+            if only and isinstance(call.this, exp.Literal) and call.this.is_string:
+                call.replace(exp.cast(call.this.copy(), "DATE"))  # DATE('1995-03-15')
     return statements
 
 
