@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -16,6 +18,14 @@ from typing import Any
 
 from aggview import errors
 
+DESCRIPTION = (
+    "aggview: transactional aggregate views over key-value stores. Start a cluster (start, "
+    "ltm), talk to it (sql, watch, load, views, verify), measure it (bench, demo). "
+    "aggview COMMAND --help lists a command's options."
+)
+# What a client's hint at a TLS mismatch names (the Python client's names its arguments).
+CLI_TLS_SETTINGS = "--tls-dir DIR (or --ca FILE and --token T)"
+
 PLAINTEXT_REFUSED = (
     "refusing to serve plaintext without authentication: pass --tls-dir DIR (TLS everywhere, "
     "client tokens; `aggview certs DIR` makes one), or --insecure (plaintext, anyone who can "
@@ -23,11 +33,73 @@ PLAINTEXT_REFUSED = (
 )
 
 
+def _shown(value: Any) -> str:
+    """A default as the help shows it (argparse %-formats help, so % is doubled)."""
+    if value is None or value == []:
+        text = "none"
+    elif isinstance(value, list | tuple):
+        text = " ".join(map(str, value))
+    else:
+        text = str(value)
+    return text.replace("%", "%%")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            action.default is argparse.SUPPRESS
+            or action.required
+            or not action.option_strings
+            or action.nargs == 0  # a flag: off unless given
+            or "default" in text.lower()
+        ):
+            return text
+        return f"{text} (default: {_shown(action.default)})".strip()
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and self._get_help_string(action):  # its default, at least
+            action = copy.copy(action)
+            action.help = self._get_help_string(action)
+        return super()._format_action(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Shows defaults; ``intermixed``: options may come anywhere among the positionals
+    (``aggview sql ADDRESS "SELECT ..." --format csv "SELECT ..."``)."""
+
+    def __init__(self, *args: Any, intermixed: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self._intermixed = intermixed
+        self._mixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if not self._intermixed or self._mixing:  # intermixed parsing calls this twice
+            return super().parse_known_args(args, namespace)
+        self._mixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._mixing = False
+
+
+def _address(text: str) -> str:
+    """HOST:PORT, checked: a bare host would make gRPC dial port 443."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:7070)")
+    return text
+
+
 def _add_server_security(parser: argparse.ArgumentParser, *, clients: bool) -> None:
     group = parser.add_argument_group("security (one of --tls-dir and --insecure is required)")
     group.add_argument(
         "--tls-dir",
-        help="ca.pem, server.pem/-key.pem, client.pem/-key.pem, cluster.secret (aggview certs)",
+        help="ca.pem, server.pem/-key.pem, client.pem/-key.pem, cluster.secret (aggview certs)"
+        " (default: none)",
     )
     group.add_argument(
         "--insecure", action="store_true", help="plaintext, no tokens, no member check"
@@ -41,7 +113,8 @@ def _add_server_security(parser: argparse.ArgumentParser, *, clients: bool) -> N
             action="append",
             default=[],
             metavar="NAME=VALUE",
-            help="override a limit, e.g. max_views=20 (see coordinator/convert.py Limits)",
+            help="override a limit, e.g. max_views=20 (repeated; the limits are listed in the "
+            "README's Security section; default: none)",
         )
 
 
@@ -64,16 +137,31 @@ def _tokens_path(args: argparse.Namespace, tls_dir: Path | None) -> Path | None:
     return Path(args.tokens) if args.tokens else tls_dir / "tokens"
 
 
+def _refuse_taken_port(host: str, port: int) -> None:
+    """A port in use is one line naming it, before any server starts (the server's own bind
+    failure comes as gRPC's log line, or, under ``aggview start``, a member's traceback)."""
+    if not port:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise errors.Unavailable(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 def _add_client_security(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("security (a cluster started with --tls-dir)")
-    group.add_argument("--ca", help="the cluster's CA certificate (ca.pem)")
+    group.add_argument("--ca", help="the cluster's CA certificate (ca.pem); default: none")
     group.add_argument(
         "--token", default=os.environ.get("AGGVIEW_TOKEN"), help="default: $AGGVIEW_TOKEN"
     )
     group.add_argument(
         "--tls-dir",
         dest="client_tls_dir",
-        help="use DIR/ca.pem, and without --token the first admin token of DIR/tokens",
+        metavar="DIR",
+        help="use DIR/ca.pem, and without --token the first admin token of DIR/tokens "
+        "(default: none)",
     )
 
 
@@ -91,10 +179,13 @@ def _client_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """A blocking client for ``args.address`` with the security flags of the command."""
+    """A blocking client for ``args.address`` with the security flags of the command, whose
+    hints name those flags."""
     from coordinator.client import Client
 
-    return Client(args.address, **_client_options(args))
+    client = Client(args.address, **_client_options(args))
+    client.tls_settings = CLI_TLS_SETTINGS
+    return client
 
 
 def _run_certs(args: argparse.Namespace) -> None:
@@ -110,7 +201,7 @@ def _run_certs(args: argparse.Namespace) -> None:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument(
         "--no-fsync", action="store_true", help="skip fsync of logs (tests and demos only)"
@@ -149,8 +240,15 @@ def _add_member_options(parser: argparse.ArgumentParser) -> None:
         "catalog) whoever led before; only for a start of every member at once (aggview start "
         "gives it to member 0). Without it a member follows the leader the store records",
     )
-    parser.add_argument("--checkpoint-interval", type=float, default=2.0)
-    parser.add_argument("--cache-rows", type=int, default=1_000_000)
+    parser.add_argument(
+        "--checkpoint-interval",
+        type=float,
+        default=2.0,
+        help="seconds between checkpoints of committed rows to the store",
+    )
+    parser.add_argument(
+        "--cache-rows", type=int, default=1_000_000, help="rows each partition keeps in memory"
+    )
     parser.add_argument(
         "--failover-after",
         type=float,
@@ -208,6 +306,7 @@ def _run_ltm(args: argparse.Namespace) -> None:
             raise errors.InvalidArgument(f"--member-exchange {own!r} is not host:port") from None
     tls_dir = _server_tls_dir(args)
     tokens = _tokens_path(args, tls_dir)
+    _refuse_taken_port(args.host, args.port)
     config = CoordinatorConfig(
         store_url=args.store,
         log_dir=Path(args.log_dir),
@@ -242,6 +341,7 @@ def _run_start(args: argparse.Namespace) -> None:
     tls_dir = _server_tls_dir(args)
     tokens = _tokens_path(args, tls_dir)
     limits = Limits.parse(args.limit)  # checked here: a bad flag fails before anything starts
+    _refuse_taken_port("127.0.0.1", args.port)
     if tls_dir is not None:
         TlsDir.load(tls_dir)
         load_tokens(tokens or tls_dir / "tokens")
@@ -295,24 +395,46 @@ def _run_sql(args: argparse.Namespace) -> None:
             for call in calls(text):
                 _print_result(client.sql(call), args.format)
         else:
-            shell(lambda call: _print_result(client.sql(call), args.format))
+            shell(lambda call: _print_result(client.sql(call), args.format), args.address)
 
 
 def _print_result(rows: Any, form: str) -> None:
+    """The rows on stdout, and the messages (row count, timestamp) too for a table; for csv
+    and json the messages go to stderr, so that stdout is only CSV, or one JSON document (a
+    read-only block's: an array of its SELECTs' arrays)."""
     from aggview.sqlscript import render
 
-    for result in getattr(rows, "results", []):  # a read-only block: each SELECT's rows
-        _print_result(result, form)
+    def rendered(result: Any) -> str:
+        return render(list(result.columns), [[r[c] for c in result.columns] for r in result], form)
 
-    text = render(list(rows.columns), [[row[c] for c in rows.columns] for row in rows], form)
-    if text:
-        print(text)
-    if form != "json":
-        print(rows.message)
+    block = list(getattr(rows, "results", []))
+    messages = sys.stdout if form == "table" else sys.stderr
+    if form == "json":
+        print(f"[{', '.join(map(rendered, block))}]" if block else rendered(rows))
+    for result in [*block, rows]:
+        text = "" if form == "json" else rendered(result)
+        if text:
+            print(text)
+        if result.message:
+            print(result.message, file=messages, flush=True)
+
+
+def _equality(text: str) -> tuple[str, Any]:
+    """``--where COLUMN=VALUE``: a whole number is an INT, anything else text."""
+    column, sep, value = text.partition("=")
+    if not sep or not column.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not COLUMN=VALUE")
+    return column.strip(), int(value) if value.lstrip("-").isdigit() else value
+
+
+# How long ``aggview watch`` waits for its first answer before it gives up, saying why.
+WATCH_FIRST_ANSWER = 5.0
 
 
 def _run_watch(args: argparse.Namespace) -> None:
-    """Prints a view's changes as they come, until Ctrl-C."""
+    """Prints a view's changes as they come, until Ctrl-C. A server that cannot be reached (or
+    that speaks TLS to a plaintext client) fails it at once with the reason, not a silent
+    wait: one read of the view's first row first."""
     from coordinator.subscriptions import Changes, Watch
 
     def show(changes: Changes, watch: Watch) -> None:
@@ -327,24 +449,17 @@ def _run_watch(args: argparse.Namespace) -> None:
             after = "(gone)" if change.new is None else shown(change.new)
             print(f"{changes.timestamp}\t{before}{after}", flush=True)
 
-    where: dict[str, Any] = {}
-    for item in args.where:
-        column, _, text = item.partition("=")
-        where[column] = int(text) if text.lstrip("-").isdigit() else text
+    where = dict(args.where)
     with _client(args) as client:
-        watch = client.watch(
-            args.view,
-            show,
-            where,
-            interval_ms=args.interval_ms,
-            consistency="tentative" if args.tentative else "committed",
-        )
-        try:
+        client.timeout = WATCH_FIRST_ANSWER
+        client.query(args.view, where, limit=1)  # reachable, the view and columns exist
+        consistency = "tentative" if args.tentative else "committed"
+        with client.watch(
+            args.view, show, where, interval_ms=args.interval_ms, consistency=consistency
+        ) as watch:
             while watch.error is None:
                 time.sleep(0.2)
             raise watch.error
-        finally:
-            watch.stop()
 
 
 def _run_hbase_start(args: argparse.Namespace) -> None:
@@ -420,8 +535,8 @@ def _run_cumulus_node(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from aggview.cluster import PROCESSES_HELP
 
-    parser = argparse.ArgumentParser(prog="aggview", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser = _Parser(prog="aggview", description=DESCRIPTION)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
 
     start = sub.add_parser(
@@ -429,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run N partitions in coordinating processes (on the embedded store, or --store)",
     )
     start.add_argument("--data", required=True, help="data directory (created if missing)")
-    start.add_argument("--ltms", type=int, default=3)
+    start.add_argument("--ltms", type=int, default=3, help="partitions (one LTM each)")
     start.add_argument(
         "--store",
         default="",
@@ -437,7 +552,9 @@ def build_parser() -> argparse.ArgumentParser:
         "in DATA/store.db",
     )
     start.add_argument("--port", type=int, default=0, help="member 0's port (clients' address)")
-    start.add_argument("--no-fsync", action="store_true")
+    start.add_argument(
+        "--no-fsync", action="store_true", help="skip fsync of logs (tests and demos only)"
+    )
     start.add_argument(
         "--replicate",
         action="store_true",
@@ -460,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve a share of the partitions (--member-address, repeated; alone: all of them)",
     )
     ltm.add_argument("--store", required=True, help="sqlite:///path or hbase://host:port")
-    ltm.add_argument("--log-dir", required=True)
+    ltm.add_argument("--log-dir", required=True, help="where this member's logs go")
     ltm.add_argument("--partitions", type=int, required=True, help="the cluster's partitions")
     _add_member_options(ltm)
     _add_common(ltm)
@@ -470,21 +587,36 @@ def build_parser() -> argparse.ArgumentParser:
     sql = sub.add_parser(
         "sql",
         help="run SQL against a cluster: statements given, a file, or an interactive shell",
+        intermixed=True,
     )
-    sql.add_argument("address")
+    sql.add_argument("address", type=_address, help="a server of the cluster, HOST:PORT")
     sql.add_argument("statements", nargs="*", help="each one call (BEGIN; ...; COMMIT; is one)")
     sql.add_argument("-f", "--file", help="run the statements of this file (-: stdin)")
-    sql.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    sql.add_argument(
+        "--format",
+        choices=["table", "csv", "json"],
+        default="table",
+        help="table: tab-separated, with a row count; csv and json: only the rows on stdout "
+        "(the row count and other messages on stderr)",
+    )
     _add_client_security(sql)
     sql.set_defaults(run=_run_sql)
 
-    watch = sub.add_parser("watch", help="print a view's changes as they commit")
-    watch.add_argument("address")
-    watch.add_argument("view")
+    watch = sub.add_parser("watch", help="print a view's changes as they commit, until Ctrl-C")
+    watch.add_argument("address", type=_address, help="a server of the cluster, HOST:PORT")
+    watch.add_argument("view", help="a materialized view's name")
     watch.add_argument(
-        "--where", action="append", default=[], help="COLUMN=VALUE: only this slice (text)"
+        "--where",
+        action="append",
+        default=[],
+        type=_equality,
+        metavar="COLUMN=VALUE",
+        help="only this slice (repeated: every one holds; a whole number is an INT, anything "
+        "else text; default: the whole view)",
     )
-    watch.add_argument("--interval-ms", type=int, default=0, help="how often (default 50)")
+    watch.add_argument(
+        "--interval-ms", type=int, default=0, help="how often the server looks (default: 50)"
+    )
     watch.add_argument(
         "--tentative",
         action="store_true",
@@ -517,7 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hbase_start.set_defaults(run=_run_hbase_start)
     hbase_stop = hbase_actions.add_parser("stop", help="stop the HBase started from --dir")
-    hbase_stop.add_argument("--dir", required=True)
+    hbase_stop.add_argument("--dir", required=True, help="the --dir it was started with")
     hbase_stop.set_defaults(run=_run_hbase_stop)
 
     from cumulus.spark.commands import add_spark_commands
@@ -534,17 +666,24 @@ def build_parser() -> argparse.ArgumentParser:
     node = cumulus.add_parser("node", help="one Cumulus DW node (replay --host grpc starts them)")
     node.add_argument("--program", required=True, help="the M3 program (aggview m3 prints one)")
     node.add_argument("--number", type=int, required=True, help="this node's number, from 0")
-    node.add_argument("--nodes", type=int, required=True)
-    node.add_argument("--switches", type=int, default=1)
-    node.add_argument("--mode", choices=("speculative", "conservative"), default="speculative")
-    node.add_argument("--log-limit", type=int, default=None, help="write-log entries")
+    node.add_argument("--nodes", type=int, required=True, help="DW nodes in all")
+    node.add_argument("--switches", type=int, default=1, help="update streams")
+    node.add_argument(
+        "--mode",
+        choices=("speculative", "conservative"),
+        default="speculative",
+        help="speculative: corrective updates; conservative: wait for version numbers",
+    )
+    node.add_argument(
+        "--log-limit", type=int, default=None, help="write-log entries (default: no limit)"
+    )
     _add_common(node)
     _add_server_security(node, clients=False)
     node.set_defaults(run=_run_cumulus_node)
 
     demo = sub.add_parser("demo", help="the main job: a local cluster, a workload, a report")
     demo.add_argument("--data", help="keep the cluster's data here (default: a temp dir)")
-    demo.add_argument("--ltms", type=int, default=3)
+    demo.add_argument("--ltms", type=int, default=3, help="partitions of the local cluster")
     demo.add_argument("--out", default="aggview-report", help="where the report and plots go")
     demo.add_argument(
         "--quick", action="store_true", help="every step at a small size (about a minute)"

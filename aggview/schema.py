@@ -105,6 +105,12 @@ class ColumnType:
             return f"DECIMAL({self.precision},{self.scale})"
         return self.kind
 
+    def duckdb(self) -> str:
+        """The type as duckdb declares it (ad-hoc queries, replay checks): duckdb's INT is 32
+        bits, ours 64, so INT is BIGINT there."""
+        spelled = {"INT": "BIGINT", "FLOAT": "DOUBLE", "TEXT": "VARCHAR", "BOOL": "BOOLEAN"}
+        return spelled.get(self.kind, str(self))
+
     def to_json(self) -> str:
         return str(self)
 

@@ -23,6 +23,25 @@ from aggview import errors
 _BEGIN = re.compile(r"^\s*BEGIN\b", re.IGNORECASE)
 _END = re.compile(r"^\s*(COMMIT|ROLLBACK)\b", re.IGNORECASE)
 HISTORY = Path.home() / ".aggview_history"
+# Every statement the cluster runs, for the shell's help and the server's refusal of others.
+STATEMENTS = (
+    "SELECT ... FROM table or view [WHERE ...] [GROUP BY ...] [ORDER BY ...] [LIMIT n]",
+    "INSERT INTO table [(columns)] VALUES (...), ...",
+    "UPDATE table SET column = value | column + n [WHERE ...]",
+    "DELETE FROM table [WHERE ...]",
+    "BEGIN; INSERT/UPDATE/DELETE ...; COMMIT;   (one transaction; ROLLBACK drops it)",
+    "BEGIN READ ONLY; SELECT ...; SELECT ...; COMMIT;   (every SELECT at one timestamp)",
+    "CREATE TABLE [IF NOT EXISTS] name (column TYPE [PRIMARY KEY] [NOT NULL], ...)",
+    "DROP TABLE [IF EXISTS] name",
+    "CREATE MATERIALIZED VIEW name [WITH (refresh = 'sync'|'async'|'cumulus', ...)] AS SELECT",
+    "ALTER MATERIALIZED VIEW name SET (refresh = ..., interval_ms = ..., nodes = ...)",
+    "DROP MATERIALIZED VIEW [IF EXISTS] name",
+)
+KINDS = (
+    "SELECT, INSERT, UPDATE, DELETE, BEGIN ... COMMIT, CREATE TABLE, DROP TABLE, CREATE "
+    "MATERIALIZED VIEW, ALTER MATERIALIZED VIEW ... SET, DROP MATERIALIZED VIEW"
+)
+EXITS = frozenset({"\\q", "exit", "quit", "exit;", "quit;"})
 
 
 def statements(text: str) -> Iterator[str]:
@@ -129,11 +148,14 @@ def render(columns: list[str], rows: list[list[Any]], form: str) -> str:
     return "\n".join(["\t".join(columns), *("\t".join(map(_text, r)) for r in rows)])
 
 
-def shell(run: Callable[[str], None], prompt: str = "aggview> ") -> None:
+def shell(run: Callable[[str], None], address: str = "", prompt: str = "aggview> ") -> None:
     """Reads statements from the terminal (a statement ends at its semicolon; a BEGIN block at
-    its COMMIT) with line editing and a history file, runs each, prints errors and goes on."""
+    its COMMIT) with line editing and a history file, runs each, prints errors and goes on;
+    ``help`` lists the statements, ``\\q``, ``exit`` or Ctrl-D leaves."""
     import readline  # line editing where the platform has it
 
+    where = f" connected to {address}" if address else ""
+    print(f"aggview SQL shell{where}: end each statement with ';'. help lists them; \\q quits.")
     with contextlib.suppress(OSError):
         readline.read_history_file(HISTORY)
     pending = ""
@@ -144,6 +166,11 @@ def shell(run: Callable[[str], None], prompt: str = "aggview> ") -> None:
             except EOFError:
                 print()
                 return
+            if not pending and line.strip().lower() in EXITS:
+                return
+            if not pending and line.strip().lower() in ("help", "\\?", "\\h", "help;"):
+                print("Statements (end each with ';'):", *STATEMENTS, sep="\n  ")
+                continue
             pending += line + "\n"
             if not complete(pending):
                 continue

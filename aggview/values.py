@@ -21,7 +21,9 @@ def to_value(value: Any) -> pb.Value:
         return pb.Value(bool_value=value)
     if isinstance(value, int):
         if not -(2**63) <= value < 2**63:
-            raise errors.TypeMismatch(f"integer {value} does not fit in 64 bits")
+            raise errors.TypeMismatch(
+                f"integer {value} does not fit in 64 bits (a DECIMAL takes it as a Decimal)"
+            )
         return pb.Value(int_value=value)
     if isinstance(value, decimal.Decimal):
         return pb.Value(decimal_value=str(value))
@@ -29,7 +31,11 @@ def to_value(value: Any) -> pb.Value:
         return pb.Value(float_value=value)
     if isinstance(value, str):
         return pb.Value(text_value=value)
-    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+    if isinstance(value, datetime.datetime):
+        raise errors.TypeMismatch(
+            f"{value!r} is a datetime: a DATE takes a datetime.date (its .date()), no time"
+        )
+    if isinstance(value, datetime.date):
         return pb.Value(date_value=(value - EPOCH).days)
     raise errors.TypeMismatch(
         f"unsupported value {value!r} of type {type(value).__name__}: use int, Decimal, float, "
@@ -56,14 +62,20 @@ def from_value(value: pb.Value) -> Any:
     return getattr(value, kind)
 
 
-def to_row(row: Mapping[str, Any]) -> pb.Row:
+def to_row(row: Mapping[str, Any], table: str = "") -> pb.Row:
+    """A row on the wire; a value that has no wire form is a type error naming its column
+    (``table.column`` when given the table)."""
     if not isinstance(row, Mapping):
         raise errors.InvalidArgument(f"expected a dict of column values, got {type(row).__name__}")
     out = pb.Row()
     for column, value in row.items():
         if not isinstance(column, str):
             raise errors.InvalidArgument(f"column names are strings, got {column!r}")
-        out.columns[column].CopyFrom(to_value(value))
+        try:
+            out.columns[column].CopyFrom(to_value(value))
+        except errors.TypeMismatch as exc:
+            named = f"{table}.{column}" if table else column
+            raise errors.TypeMismatch(f"column {named}: {exc}") from None
     return out
 
 

@@ -17,20 +17,10 @@ from sqlglot import exp
 
 from aggview import errors
 from aggview.rowcodec import decode_row
-from aggview.schema import ColumnType, TableSchema, from_storage
+from aggview.schema import TableSchema, from_storage
 from coordinator.transactions import TransactionManager
 from cumulus.aggstate import ViewState
 from cumulus.sqltext import identifier
-
-
-def _duckdb_type(column_type: ColumnType) -> str:
-    return {
-        "INT": "BIGINT",
-        "FLOAT": "DOUBLE",
-        "TEXT": "VARCHAR",
-        "DATE": "DATE",
-        "BOOL": "BOOLEAN",
-    }.get(column_type.kind) or f"DECIMAL({column_type.precision}, {column_type.scale})"
 
 
 def sources(statement: exp.Select) -> list[str]:
@@ -68,7 +58,7 @@ async def run(
                 stored = await manager.read_range_at(
                     schema.table_id, b"", b"", ts, limit=budget + 1
                 )
-                columns = [(c.name, _duckdb_type(c.type)) for c in schema.columns]
+                columns = [(c.name, c.type.duckdb()) for c in schema.columns]
                 values = [_typed(schema, data) for _, data in stored]
             budget -= len(values)
             if budget < 0:
@@ -90,7 +80,7 @@ def _view_columns(state: ViewState) -> list[tuple[str, str]]:
     """A view's output columns and their duckdb types, from its compiled plan."""
     types = dict(zip([g.name for g in state.plan.group_by], state.group_types, strict=True))
     types.update(zip([a.name for a in state.plan.aggregates], state.result_types, strict=True))
-    return [(c, _duckdb_type(types[c])) for c in state.plan.output]
+    return [(c, types[c].duckdb()) for c in state.plan.output]
 
 
 def _typed(schema: TableSchema, data: bytes) -> tuple[Any, ...]:
@@ -99,6 +89,19 @@ def _typed(schema: TableSchema, data: bytes) -> tuple[Any, ...]:
         None if raw.get(c.name) is None else from_storage(c.type, raw[c.name])
         for c in schema.columns
     )
+
+
+def _named(statement: exp.Select) -> exp.Select:
+    """The query with each unnamed aggregate of its result named by its function, as SQL
+    engines name it: ``COUNT(*)`` is ``count``, not duckdb's ``count_star()`` (unless that
+    name is taken in the result)."""
+    named = statement.copy()
+    taken = {e.alias_or_name for e in named.expressions}
+    for item in named.expressions:
+        if isinstance(item, exp.AggFunc) and item.key not in taken:
+            taken.add(item.key)
+            item.replace(exp.alias_(item.copy(), item.key))
+    return named
 
 
 def _execute(
@@ -114,7 +117,7 @@ def _execute(
                 con.executemany(f'INSERT INTO "{name}" VALUES ({marks})', rows)
         con.execute("SET lock_configuration = true")
         try:
-            result = con.execute(statement.sql(dialect="duckdb"))
+            result = con.execute(_named(statement).sql(dialect="duckdb"))
         except duckdb.Error as exc:
             raise errors.InvalidArgument(f"cannot run this query: {exc}") from None
         columns = [d[0] for d in result.description or []]

@@ -78,7 +78,7 @@ class Transaction:
 
     def insert(self, table: str, row: Mapping[str, Any]) -> None:
         self.operations.append(
-            pb.Operation(kind=pb.Operation.INSERT, table=table, values=to_row(row))
+            pb.Operation(kind=pb.Operation.INSERT, table=table, values=to_row(row, table))
         )
 
     def update(
@@ -116,8 +116,8 @@ class Transaction:
             pb.Operation(
                 kind=kind,
                 table=table,
-                key=to_row(key),
-                values=to_row(values),
+                key=to_row(key, table),
+                values=to_row(values, table),
                 require=_conditions(require),
             )
         )
@@ -198,21 +198,29 @@ def _ordered(values: dict[str, Any], order: list[str]) -> dict[str, Any]:
     return {c: values[c] for c in order if c in values} if order else values
 
 
-def _explain(exc: grpc.RpcError, plaintext: bool) -> errors.AggviewError:
-    """The server's error; a connection that fails gets a hint at the likely TLS mismatch."""
+# How a hint at a TLS mismatch tells the Python client's user to connect (the command line
+# names its options instead: ``Client.tls_settings``).
+TLS_SETTINGS = "ca= (its CA certificate) and token="
+
+
+def _explain(exc: grpc.RpcError, plaintext: bool, settings: str) -> errors.AggviewError:
+    """The server's error; a connection that fails gets a hint at the likely cause: nothing
+    listening, or a TLS mismatch (``settings``: how to give the CA and a token)."""
     error = error_from_rpc(exc)
     text = str(error)
     if not isinstance(error, errors.Unavailable):
         return error
+    if "connection refused" in text.lower():
+        return errors.Unavailable(f"{text} (nothing listens there: is the cluster running?)")
     if plaintext and "failed to connect" in text:
         return errors.Unavailable(
             f"{text} (this client speaks plaintext: if the cluster runs with TLS, connect "
-            "with ca= (its CA certificate) and token=)"
+            f"with {settings})"
         )
     if not plaintext and "handshake" in text.lower():
         return errors.Unavailable(
-            f"{text} (TLS handshake failed: the server may be plaintext (--insecure), or ca= "
-            "is not the CA that signed its certificate)"
+            f"{text} (TLS handshake failed: the server may be plaintext (--insecure), or the "
+            "CA given is not the one that signed its certificate)"
         )
     return error
 
@@ -357,6 +365,8 @@ class Client:
     client that can reach only that server: behind a proxy, or a test pausing another
     member), which coordinates it at the cost of messages between members."""
 
+    tls_settings = TLS_SETTINGS  # how a TLS-mismatch hint says to connect (see _explain)
+
     def __init__(
         self,
         address: str,
@@ -398,7 +408,7 @@ class Client:
         try:
             return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            error = _explain(exc, self._plaintext)
+            error = _explain(exc, self._plaintext, self.tls_settings)
         if isinstance(error, errors.Unavailable):
             self._relearn()
         raise error
@@ -578,7 +588,8 @@ class Client:
         """Subscribes to a view (or a slice: ``where`` equalities): ``watch.copy.rows`` is the
         view as of ``watch.copy.timestamp``, kept up to date on a thread that calls
         ``callback(changes, watch)`` after each message and reconnects by itself. The first
-        message is the whole view (``changes.reset``). ``watch.stop()`` ends it.
+        message is the whole view (``changes.reset``). ``watch.close()`` (or ``stop()``, or
+        the end of a ``with client.watch(...) as watch:`` block) ends it.
         ``consistency = 'tentative'``: a cumulus view's tentative changes too, as each feed of
         its runtime reaches them."""
         opened = subscriptions.opener(
@@ -633,6 +644,8 @@ async def _grpc_status_tasks_done(limit: float = 1.0) -> None:
 class AsyncClient:
     """The same API for asyncio: ``async with client.transaction() as tx``, ``await get(...)``.
     Takes the same security and routing arguments as :class:`Client`."""
+
+    tls_settings = TLS_SETTINGS
 
     def __init__(
         self,
@@ -765,7 +778,7 @@ class AsyncClient:
         try:
             return await method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            error = _explain(exc, self._plaintext)
+            error = _explain(exc, self._plaintext, self.tls_settings)
         if isinstance(error, errors.Unavailable):
             await self._relearn()
         raise error
@@ -821,7 +834,7 @@ class AsyncClient:
         """What transactions still waiting hear when the stream ends (the coordinator
         restarted, a message it refused): they may or may not have committed."""
         if isinstance(exc, grpc.RpcError):
-            error = _explain(exc, self._plaintext)
+            error = _explain(exc, self._plaintext, self.tls_settings)
             if type(error) is not errors.AggviewError:  # a status the server chose to end it
                 return error
             exc = error  # INTERNAL, CANCELLED, UNKNOWN: the call broke (a server gone mid-stream)

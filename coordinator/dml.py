@@ -413,7 +413,9 @@ def _typed(schema: TableSchema, data: bytes) -> dict[str, Any]:
 
 
 def _insert(schema: TableSchema, row: dict[str, Any]) -> cpb.Operation:
-    return cpb.Operation(kind=cpb.Operation.INSERT, table=schema.name, values=to_row(row))
+    return cpb.Operation(
+        kind=cpb.Operation.INSERT, table=schema.name, values=to_row(row, schema.name)
+    )
 
 
 def _updated(write: Write, row: dict[str, Any]) -> dict[str, Any]:

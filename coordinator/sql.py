@@ -12,6 +12,7 @@ from aggview import errors
 from aggview.keycodec import encode_key, prefix_end
 from aggview.rowcodec import decode_row
 from aggview.schema import TableSchema, from_storage, to_storage
+from aggview.sqlscript import KINDS
 from aggview.values import to_value
 from aggview.wire import client_pb2 as cpb
 from coordinator import adhoc
@@ -76,9 +77,10 @@ async def run_sql(
         return await _drop_tables(statement, manager)
     if isinstance(statement, exp.Select):
         return await _select(statement, manager, at, tentative)
+    said = statement.sql().split(maxsplit=2)[:2] if statement.key == "command" else []
     raise errors.InvalidArgument(
-        f"unsupported SQL statement {statement.key.upper()}: expected CREATE TABLE, DROP TABLE, "
-        "SELECT, INSERT, UPDATE, DELETE or BEGIN; ...; COMMIT;"
+        f"unsupported SQL statement {' '.join(said) or statement.key.upper()}: the statements "
+        f"are {KINDS} (help in aggview sql's shell shows their forms)"
     )
 
 
@@ -308,8 +310,13 @@ async def _select_view(
     rows, ts, tentative = await manager.views.query(name, conditions, keep, at, tentative)
     order = statement.args.get("order")
     if order is not None:
+        named = dict(columns)  # ORDER BY names the result's columns, aliases included
         for ordered in reversed(order.expressions):
-            column = identifier(ordered.this, "column")
+            if isinstance(ordered.this, exp.Column):
+                column = identifier(ordered.this, "column")
+                column = named.get(column, column)
+            else:  # an aggregate, as in the select list: SUM(cost)
+                column = _view_column(ordered.this, name, kinds, groups)
             if not rows or column not in rows[0]:
                 if rows:
                     raise errors.InvalidArgument(f"cannot ORDER BY {column!r}: not in the result")

@@ -84,7 +84,9 @@ class ViewCopy:
 
 class Watch:
     """A subscription of the blocking client, on a thread: ``copy`` is the view as of
-    ``copy.timestamp``; ``callback(changes, watch)`` runs on that thread after each message."""
+    ``copy.timestamp``; ``callback(changes, watch)`` runs on that thread after each message.
+    It runs until ``close()`` (or ``stop()``); ``with client.watch(...) as watch:`` closes it
+    when the block ends."""
 
     def __init__(
         self,
@@ -119,11 +121,22 @@ class Watch:
                     return
             time.sleep(RECONNECT_DELAY)  # the server went away: again, from the copy's time
 
-    def stop(self) -> None:
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Ends the subscription, and waits (at most 10 s) for a callback running to end,
+        unless called from one."""
         self._stopped.set()
         if self._stream is not None:
             self._stream.cancel()
-        self._thread.join(timeout=10)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10)
+
+    stop = close
 
 
 def when(

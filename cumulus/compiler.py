@@ -63,6 +63,7 @@ from cumulus.sqltext import (
     literal,
     negated_literal,
     parse_sql,
+    syntax_error,
 )
 
 DEFAULT_ASYNC_INTERVAL_MS = 1000
@@ -129,7 +130,7 @@ class _Header:
         try:
             self.tokens: list[Token] = Tokenizer().tokenize(sql)
         except sqlglot.errors.TokenError as exc:
-            raise errors.InvalidArgument(f"cannot parse SQL: {exc}") from None
+            raise syntax_error(sql, exc) from None
         self.sql = sql
         self.pos = 0
 

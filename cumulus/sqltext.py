@@ -1,6 +1,7 @@
 """SQL text shared by every statement the project reads: parsing one statement, identifiers,
 and literals -- the one literal parser, so a view's WHERE, a read's WHERE and (later) an INSERT's
-VALUES agree on what ``-1.50``, ``1e3`` or ``DATE '2024-01-01'`` mean.
+VALUES agree on what ``-1.50``, ``1e3`` or ``DATE '2024-01-01'`` mean (``DATE('2024-01-01')``,
+DBToaster's and several engines' spelling, is the same literal).
 
 Literal types: 12 is INT (DECIMAL(38,0) past 64 bits); 1.50 is DECIMAL(38,2); 1e3 is FLOAT; 'x'
 is TEXT, or DATE when compared with a DATE and in ISO form; DATE '2024-01-01' is DATE; a leading
@@ -52,14 +53,51 @@ def identifier(node: exp.Expression | None, what: str) -> str:
     return name
 
 
+# The words a statement may start with: a typo in the first one is named as such.
+STATEMENT_WORDS = frozenset(
+    {"SELECT", "WITH", "INSERT", "UPDATE", "DELETE", "CREATE", "ALTER", "DROP", "BEGIN"}
+    | {"COMMIT", "ROLLBACK", "START", "END", "VALUES"}
+)
+
+
+def syntax_error(sql: str, exc: sqlglot.errors.SqlglotError) -> errors.InvalidArgument:
+    """A parser's error in SQL terms (``syntax error near 'SELEC'``), without the parser's
+    class names or its terminal escape codes."""
+    if isinstance(exc, sqlglot.errors.TokenError):
+        return errors.InvalidArgument("syntax error: a quote or comment is not closed")
+    found = exc.errors[0] if isinstance(exc, sqlglot.errors.ParseError) and exc.errors else {}
+    line, column = found.get("line") or 1, found.get("col") or 1
+    lines = sql.splitlines() or [""]
+    offset = sum(len(text) + 1 for text in lines[: line - 1]) + column
+    statement = sql[sql.rfind(";", 0, offset) + 1 :]  # the one the error is in
+    first = re.match(r"\s*(?:--[^\n]*\n\s*)*([A-Za-z_]+)", statement)
+    if first and first.group(1).upper() not in STATEMENT_WORDS:
+        return errors.InvalidArgument(
+            f"syntax error near {first.group(1)!r}: a statement starts with SELECT, INSERT, "
+            "UPDATE, DELETE, CREATE, ALTER, DROP, BEGIN or COMMIT"
+        )
+    near = (found.get("highlight") or "").strip()
+    said = str(found.get("description") or "")
+    why = f": {said.lower()}" if said.startswith("Expecting") else ""
+    where = f"line {line}, column {column}"
+    return errors.InvalidArgument(
+        f"syntax error near {near!r} ({where}){why}" if near else f"syntax error ({where}){why}"
+    )
+
+
 def parse_statements(sql: str) -> list[exp.Expression]:
     """Every statement of ``sql`` (separated by semicolons)."""
     try:
         statements = [s for s in sqlglot.parse(sql) if s is not None]
-    except sqlglot.errors.ParseError as exc:
-        raise errors.InvalidArgument(f"cannot parse SQL: {exc}") from None
+    except sqlglot.errors.SqlglotError as exc:
+        raise syntax_error(sql, exc) from None
     if not statements:
         raise errors.InvalidArgument("no SQL statement")
+    for statement in statements:
+        for call in list(statement.find_all(exp.Date)):
+            only = not any(v for k, v in call.args.items() if k != "this")
+            if only and isinstance(call.this, exp.Literal) and call.this.is_string:
+                call.replace(exp.cast(call.this.copy(), "DATE"))  # DATE('1995-03-15')
     return statements
 
 

@@ -17,8 +17,12 @@ def add_bench_commands(sub: Any, add_security: AddSecurity, client_options: Clie
     bench = sub.add_parser("bench", help="run a load generator and write its report and plots")
     kinds = bench.add_subparsers(dest="kind", required=True)
     for name, module_name, help_text in (
-        ("dashboard", "loadgen.dashboard_bench", "the thesis's dashboard micro-benchmark (§6.3)"),
-        ("tpcw", "loadgen.tpcw_bench", "TPC-W-style web interactions (§6.4)"),
+        (
+            "dashboard",
+            "loadgen.dashboard_bench",
+            "dashboard events under no view, sync and async views",
+        ),
+        ("tpcw", "loadgen.tpcw_bench", "TPC-W-style web shop interactions"),
         ("modes", "loadgen.modes_bench", "no view, sync, async and Cumulus on one workload"),
     ):
         try:

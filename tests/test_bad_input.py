@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from decimal import Decimal
 
 import grpc
@@ -155,7 +156,7 @@ def test_malformed_request(cluster: LocalCluster, client: Client, accounts: str)
         ("CREATE TABLE x (id INT)", "PRIMARY KEY"),
         ("CREATE TABLE x (id BLOB PRIMARY KEY)", "unsupported column type"),
         ("CREATE TABLE x (id INT PRIMARY KEY, id TEXT)", "two columns"),
-        ("SELEC * FROM x", "parse"),
+        ("SELEC * FROM x", "syntax error near .SELEC."),
         ("MERGE INTO x USING y ON x.a = y.a WHEN MATCHED THEN DELETE", "unsupported SQL"),
         ("UPDATE x SET a = 1", "unknown table 'x'"),
         ("SELECT * FROM x; SELECT 1", "one SQL statement"),
@@ -189,3 +190,30 @@ def test_client_side_type_error(client: Client, accounts: str) -> None:
     with pytest.raises(errors.TypeMismatch, match="unsupported value"):
         with client.transaction() as tx:
             tx.insert(accounts, {"id": 7, "balance": [1, 2]})
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ([1, 2], "unsupported value"),
+        (datetime.datetime(2024, 1, 1, 12), "is a datetime"),
+        (2**64, "does not fit in 64 bits"),
+        (-(2**63) - 1, "does not fit in 64 bits"),
+        (b"10", "unsupported value"),
+    ],
+)
+def test_every_client_side_type_error_names_the_column(
+    client: Client, accounts: str, value: object, why: str
+) -> None:
+    for write in (
+        lambda tx: tx.insert(accounts, {"id": 7, "balance": value}),
+        lambda tx: tx.update(accounts, {"id": 1}, {"balance": value}),
+        lambda tx: tx.add(accounts, {"id": value}, {"balance": 1}),
+    ):
+        with pytest.raises(
+            errors.TypeMismatch, match=f"^column {accounts}\\.(balance|id): .*{why}"
+        ):
+            with client.transaction() as tx:
+                write(tx)
+    with pytest.raises(errors.InvalidArgument, match=f"column {accounts}.id: .*64 bits"):
+        client.sql(f"INSERT INTO {accounts} VALUES ({2**64}, 1)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -41,16 +42,21 @@ def stop(process: subprocess.Popen[str]) -> str:
     return out
 
 
-def sql(address: str, *statements: str, stdin: str = "") -> str:
+def cli(*args: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``aggview ARGS...`` run as a user would, stdout and stderr apart."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "aggview.cli", "sql", address, *statements],
+    return subprocess.run(
+        [sys.executable, "-m", "aggview.cli", *args],
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        timeout=timeout,
         input=stdin,
     )
+
+
+def sql(address: str, *statements: str, stdin: str = "") -> str:
+    done = cli("sql", address, *statements, stdin=stdin)
     return done.stdout + done.stderr
 
 
@@ -137,11 +143,11 @@ def test_start_with_two_coordinating_processes(tmp_path: Path) -> None:
             "BEGIN; INSERT INTO t VALUES (3, 30); UPDATE t SET v = v - 1 WHERE id = 3; COMMIT;\n"
             "SELECT * FROM t WHERE id = 3;\n"
         )
-        out = sql(address, "-f", str(script), "--format", "csv").splitlines()
-        assert out[0].startswith("COMMIT INSERT 1, UPDATE 1 at timestamp"), out
-        assert out[1:3] == ["id,v", "3,29"], out
-        out = sql(address, "--format", "json", stdin="SELECT v FROM t WHERE id = 1;")
-        assert json.loads(out) == [{"v": 11}], out
+        done = cli("sql", address, "-f", str(script), "--format", "csv")
+        assert done.stdout.splitlines() == ["id,v", "3,29"], done.stdout
+        assert done.stderr.startswith("COMMIT INSERT 1, UPDATE 1 at timestamp"), done.stderr
+        done = cli("sql", address, "--format", "json", stdin="SELECT v FROM t WHERE id = 1;")
+        assert json.loads(done.stdout) == [{"v": 11}], done.stdout
         sql(address, "CREATE MATERIALIZED VIEW t_n AS SELECT v, COUNT(*) AS n FROM t GROUP BY v")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         watching = subprocess.Popen(
@@ -188,3 +194,107 @@ def test_a_hung_stop_is_cut_short_and_its_stacks_logged(tmp_path: Path) -> None:
         ltm.start()
         with Client(cluster.address) as client:
             assert client.get("items", {"id": 1}) == {"id": 1, "name": "kept"}
+
+
+def test_sql_takes_options_anywhere_and_pipes_only_csv_or_json(
+    cluster: LocalCluster, table_name: str
+) -> None:
+    t = table_name
+    sql(cluster.address, f"CREATE TABLE {t} (id INT PRIMARY KEY, name TEXT)")
+    sql(cluster.address, f"INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")
+    done = cli(
+        "sql",
+        cluster.address,
+        f"SELECT id FROM {t} WHERE id = 1",
+        "--format",
+        "csv",
+        f"SELECT name FROM {t} WHERE id = 2",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["id", "1", "name", "b"]  # no footer among the rows
+    assert done.stderr.count("1 row(s) at timestamp") == 2
+    done = cli("sql", cluster.address, f"SELECT id, name FROM {t}", "--format", "json")
+    assert json.loads(done.stdout) == [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]
+    block = f"BEGIN READ ONLY; SELECT id FROM {t}; SELECT name FROM {t} WHERE id = 1; COMMIT;"
+    done = cli("sql", "--format", "json", cluster.address, block)
+    assert json.loads(done.stdout) == [[{"id": 1}, {"id": 2}], [{"name": "a"}]]
+    assert "READ ONLY: 2 SELECT(s)" in done.stderr
+
+
+def test_sql_errors_in_sql_terms_and_addresses_need_a_port(cluster: LocalCluster) -> None:
+    done = cli("sql", cluster.address, "SELEC * FROM accounts")
+    assert done.returncode == 2
+    assert "syntax error near 'SELEC'" in done.stderr, done.stderr
+    assert "\x1b" not in done.stderr and "<class" not in done.stderr
+    done = cli("sql", cluster.address, "SELECT * FROM t WHERE id = 'open")
+    assert "syntax error: a quote or comment is not closed" in done.stderr, done.stderr
+    done = cli("sql", cluster.address, "SHOW TABLES")
+    assert "unsupported SQL statement SHOW TABLES" in done.stderr
+    assert "CREATE MATERIALIZED VIEW, ALTER MATERIALIZED VIEW" in done.stderr, done.stderr
+    done = cli("sql", "localhost", "SELECT 1")
+    assert done.returncode == 2
+    assert "'localhost' is not HOST:PORT" in done.stderr and "443" not in done.stderr
+
+
+def test_watch_fails_fast_with_the_reason_and_checks_where() -> None:
+    from aggview.cluster import free_port
+
+    started = time.monotonic()
+    done = cli("watch", f"127.0.0.1:{free_port()}", "v", timeout=30)
+    assert time.monotonic() - started < 15
+    assert done.returncode == 2
+    assert "nothing listens there" in done.stderr and "TLS" not in done.stderr, done.stderr
+    done = cli("watch", "127.0.0.1:7070", "v", "--where", "shop")
+    assert done.returncode == 2 and "'shop' is not COLUMN=VALUE" in done.stderr
+
+
+def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for command in (
+            ["start", "--data", str(tmp_path / "data"), "--insecure", "--port", port],
+            ["ltm", "--store", f"sqlite:///{tmp_path}/store.db", "--log-dir", str(tmp_path)]
+            + ["--partitions", "1", "--insecure", "--port", port],
+        ):
+            done = cli(*command)
+            assert done.returncode == 2
+            said = (done.stdout + done.stderr).strip().splitlines()
+            assert said == [f"aggview: cannot listen on 127.0.0.1:{port}: Address already in use"]
+
+
+def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    """Every parser of the command line, by its command."""
+    from aggview.cli import build_parser
+
+    found, todo = [], [("aggview", build_parser())]
+    while todo:
+        name, parser = todo.pop()
+        found.append((name, parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend((f"{name} {n}", p) for n, p in action.choices.items())
+    return found
+
+
+def test_every_option_shows_its_default_and_help_reads_without_the_source() -> None:
+    parsers = _parsers()
+    top = dict(parsers)["aggview"]
+    assert top.description and "``" not in top.description
+    for name, parser in parsers:
+        formatter = parser._get_formatter()
+        texts = [parser.format_help()]
+        for action in parser._actions:
+            shown = formatter._format_action(action)
+            texts.append(shown)
+            flag = action.nargs == 0 or action.default == argparse.SUPPRESS
+            if action.option_strings and not flag and not action.required:
+                assert "default" in shown.lower(), f"{name} {action.option_strings}: {shown!r}"
+        text = " ".join(texts)
+        for banned in (r"\w\.py\b", r"\bseed \d", "§", r"[Ss]ection \d", r"\bthesis\b"):
+            assert not re.search(banned, text), f"{name}: {banned} in {text}"
+    load = dict(parsers)["aggview load"].format_help()
+    assert "coordinator" not in load and "HOST:PORT" in load

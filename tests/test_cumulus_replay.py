@@ -167,3 +167,31 @@ def test_the_command_line(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "checked: every view equals" in done.stdout
     assert (tmp_path / "o" / "cost.csv").exists()
+
+
+def test_the_check_holds_64_bit_ints(tmp_path: Path) -> None:
+    """INT is 64 bits: duckdb's check declares BIGINT (its INT is 32), so a SUM(a*b) past 32
+    bits is checked; one past 64 bits, which duckdb cannot compute, is a difference reported
+    (stats.json written), not a traceback."""
+    (tmp_path / "schema.sql").write_text("CREATE TABLE t (id INT PRIMARY KEY, a INT, b INT);")
+    stream = tmp_path / "updates.csv"
+
+    def run(rows: str) -> subprocess.CompletedProcess[str]:
+        stream.write_text(rows)
+        return subprocess.run(
+            [sys.executable, "-m", "aggview.cli", "cumulus", "replay", "--schema"]
+            + [str(tmp_path / "schema.sql"), "--view", "s=SELECT SUM(a * b) AS s FROM t"]
+            + ["--stream", str(stream), "--out", str(tmp_path / "o"), "--check"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = run("".join(f"+,t,{i},{100_000 + i},{3_000_000 + i}\n" for i in range(20)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "checked: every view equals" in done.stdout
+    assert json.loads((tmp_path / "o" / "stats.json").read_text())["differences"] == []
+    done = run(f"+,t,1,{2**35},{2**35}\n")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "DIFFERS: s: duckdb cannot recompute it: Out of Range Error" in done.stdout
+    assert json.loads((tmp_path / "o" / "stats.json").read_text())["differences"]

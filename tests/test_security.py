@@ -10,6 +10,7 @@ import ssl
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -194,7 +195,7 @@ def test_write_token_cannot_run_ddl(secure: LocalCluster, accounts: str) -> None
                 writer.sql(ddl)
         with pytest.raises(errors.PermissionDenied):  # not a SELECT: DDL until proven else
             writer.sql("SELEC oops")
-        with pytest.raises(errors.InvalidArgument, match="parse"):  # refused before it runs
+        with pytest.raises(errors.InvalidArgument, match="syntax error"):  # refused before it runs
             writer.sql("SELECT * FROM (")
         assert len(writer.sql("select * from accounts -- a read")) == 2
         assert (
@@ -499,3 +500,30 @@ def test_reflection_on_a_tls_cluster_takes_the_ca_and_a_token(
         with pytest.raises(grpc.RpcError) as refused:
             reflected_services(channel)
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_the_command_line_names_its_own_options_and_fails_fast(
+    secure: LocalCluster, accounts: str
+) -> None:
+    """A plaintext ``aggview watch`` of a TLS cluster fails at once, its hint naming the
+    command's options (not the Python client's ``ca=``); with --tls-dir it runs."""
+    command = [sys.executable, "-m", "aggview.cli"]
+    started = time.monotonic()
+    done = subprocess.run(
+        [*command, "watch", secure.address, "total"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=30,
+    )
+    assert time.monotonic() - started < 15 and done.returncode == 2
+    assert "connect with --tls-dir DIR" in done.stderr and "ca=" not in done.stderr, done.stderr
+    assert secure.tls_dir is not None
+    done = subprocess.run(
+        [*command, "sql", secure.address, "SELECT n FROM total", "--tls-dir", str(secure.tls_dir)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=30,
+    )
+    assert done.stdout.splitlines()[:2] == ["n", "2"], done.stdout + done.stderr

@@ -79,3 +79,23 @@ def test_the_shell_runs_whole_statements_and_survives_errors(
     sqlscript.shell(run)
     assert ran == ["SELECT *\nFROM t", "BEGIN; INSERT INTO t VALUES (1); COMMIT;"]
     assert "error: cannot parse SQL" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("leave", ["\\q", "exit", "QUIT;"])
+def test_the_shell_greets_helps_and_leaves(
+    leave: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lines = iter(["help", leave, "SELECT 1;"])  # nothing after the exit runs
+    monkeypatch.setattr(builtins, "input", lambda prompt: next(lines))
+    monkeypatch.setattr(sqlscript, "HISTORY", tmp_path / "history")
+    ran: list[str] = []
+    sqlscript.shell(ran.append, "127.0.0.1:7070")
+    out = capsys.readouterr().out
+    assert out.startswith("aggview SQL shell connected to 127.0.0.1:7070")
+    assert "\\q quits" in out
+    for statement in ("CREATE MATERIALIZED VIEW", "ALTER MATERIALIZED VIEW", "DROP MATERIALIZED"):
+        assert f"\n  {statement}" in out
+    assert ran == []

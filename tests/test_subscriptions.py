@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -145,3 +146,22 @@ async def _first(address: str, view: str, where: dict[str, Any]) -> Changes:
         async for changes in own.watch(view, where):
             return changes
     raise AssertionError("no message")
+
+
+def test_a_watch_is_a_context_manager_that_closes(client: Client, table_name: str) -> None:
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, g TEXT NOT NULL)")
+    view = f"{table_name}_n"
+    client.sql(
+        f"CREATE MATERIALIZED VIEW {view} AS SELECT g, COUNT(*) AS n FROM {table_name} GROUP BY g"
+    )
+    seen: list[Changes] = []
+    with client.watch(view, lambda changes, _: seen.append(changes), interval_ms=20) as watch:
+        wait_for("the first message", lambda: seen)
+        assert seen[0].reset
+    assert not watch._thread.is_alive()  # the block's end closed it
+    client.sql(f"INSERT INTO {table_name} VALUES (1, 'a')")
+    count = len(seen)
+    wait_for("the insert in the view", lambda: client.view(view))
+    time.sleep(0.2)  # ten intervals: a watch still open would have had it
+    assert len(seen) == count  # nothing came after the close
+    watch.close()  # a second close is harmless

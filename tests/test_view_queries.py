@@ -199,3 +199,27 @@ def test_adhoc_selects_equal_duckdb(client: Client, table_name: str) -> None:
         assert [tuple(r.values()) for r in got] == db.execute(sql).fetchall(), sql
         assert "rows read" in got.message
     assert "reads the same tables" in client.sql(f"SELECT SUM(amount) FROM {sales}").message
+
+
+def test_names_aliases_and_date_literals_as_sql_has_them(client: Client, table_name: str) -> None:
+    """COUNT(*) is a column named count; ORDER BY takes an alias (or the aggregate) of a
+    roll-up; DATE('1995-03-15') is a date literal in a view, a query and a write."""
+    t = table_name
+    client.sql(f"CREATE TABLE {t} (id INT PRIMARY KEY, cat INT, shop TEXT, cost INT, at DATE)")
+    client.sql(
+        f"INSERT INTO {t} VALUES (1, 1, 'n', 10, '1995-03-15'), (2, 2, 'n', 30, '1995-03-16'), "
+        "(3, 1, 's', 5, DATE('1995-03-14'))"
+    )
+    counted = client.sql(f"SELECT COUNT(*), COUNT(*) AS rows_ FROM {t}")
+    assert counted.columns == ["count", "rows_"] and list(counted[0].values()) == [3, 3]
+    view = f"{t}_v"
+    client.sql(
+        f"CREATE MATERIALIZED VIEW {view} AS SELECT cat, shop, SUM(cost) AS cost FROM {t} "
+        "WHERE at >= DATE('1995-03-15') GROUP BY cat, shop"
+    )
+    for order in ("c DESC", "SUM(cost) DESC"):
+        rows = client.sql(f"SELECT cat, SUM(cost) AS c FROM {view} GROUP BY cat ORDER BY {order}")
+        assert [(r["cat"], r["c"]) for r in rows] == [(2, 30), (1, 10)], order
+    assert [r["id"] for r in client.sql(f"SELECT id FROM {t} WHERE at = DATE('1995-03-16')")] == [2]
+    client.sql(f"DELETE FROM {t} WHERE at = DATE('1995-03-16')")
+    assert [r["cat"] for r in client.sql(f"SELECT cat FROM {view}")] == [1]

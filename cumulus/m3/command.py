@@ -18,13 +18,14 @@ from aggview import errors
 from aggview.schema import TableSchema
 from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.printer import print_program
+from cumulus.sqltext import syntax_error
 
 TableFromCreate = Callable[[exp.Create, Callable[[str], str]], TableSchema]
 
 
 def add_m3_command(sub: Any, run: Callable[[argparse.Namespace], None]) -> None:
     m3 = sub.add_parser(
-        "m3", help="compile view SQL to an M3 program (recursive delta compilation, seed 003)"
+        "m3", help="compile view SQL to an M3 program (recursive delta compilation)"
     )
     m3.add_argument("--schema", required=True, help="a file of CREATE TABLE statements")
     m3.add_argument(
@@ -45,8 +46,8 @@ def add_m3_command(sub: Any, run: Callable[[argparse.Namespace], None]) -> None:
 def tables_of(schema_sql: str, table_from_create: TableFromCreate) -> dict[str, TableSchema]:
     try:
         statements = [s for s in sqlglot.parse(schema_sql) if s is not None]
-    except sqlglot.errors.ParseError as exc:
-        raise errors.InvalidArgument(f"cannot parse the schema: {exc}") from None
+    except sqlglot.errors.SqlglotError as exc:
+        raise syntax_error(schema_sql, exc) from None
     tables: dict[str, TableSchema] = {}
     for statement in statements:
         if not (isinstance(statement, exp.Create) and statement.kind == "TABLE"):

@@ -21,9 +21,9 @@ def add_spark_commands(sub: Any, add_security: AddSecurity, client_options: Clie
     load = sub.add_parser(
         "load", help="bulk-load CSV or Parquet files into a table (Spark), at one timestamp"
     )
-    load.add_argument("address", help="the coordinator, HOST:PORT")
-    load.add_argument("table")
-    load.add_argument("files", nargs="+", metavar="FILE")
+    load.add_argument("address", help="a server of the cluster, HOST:PORT")
+    load.add_argument("table", help="the table the rows go to (it must exist)")
+    load.add_argument("files", nargs="+", metavar="FILE", help="CSV or Parquet files")
     load.add_argument("--format", choices=["csv", "parquet"], help="default: from the suffix")
     load.add_argument(
         "--no-header", action="store_true", help="CSV files have no header line (table order)"
@@ -38,7 +38,7 @@ def add_spark_commands(sub: Any, add_security: AddSecurity, client_options: Clie
         help="create a view from its SQL, or recompute an existing one, with Spark SQL at a "
         "snapshot while writers go on",
     )
-    init.add_argument("address")
+    init.add_argument("address", help="a server of the cluster, HOST:PORT")
     init.add_argument("view", help="a view name, or a CREATE MATERIALIZED VIEW statement")
     add_security(init)
     init.set_defaults(run=lambda args: _run_init(args, client_options(args)))
@@ -46,7 +46,7 @@ def add_spark_commands(sub: Any, add_security: AddSecurity, client_options: Clie
     verify = sub.add_parser(
         "verify", help="recompute views with Spark and report every group that differs"
     )
-    verify.add_argument("address")
+    verify.add_argument("address", help="a server of the cluster, HOST:PORT")
     verify.add_argument("views", nargs="*", metavar="VIEW", help="default: every view")
     add_security(verify)
     verify.set_defaults(run=lambda args: _run_verify(args, client_options(args)))
