@@ -27,6 +27,7 @@ from aggview import errors
 from aggview.cluster import LocalCluster
 from coordinator import Client
 from loadgen import dashboard, dashboard_bench, transfers
+from loadgen.report import print_whole
 
 ACCOUNTS = 60
 CLIENTS = 8
@@ -119,7 +120,7 @@ def run_transfers(cluster: LocalCluster, console: Console, seconds: float) -> No
     table.add_row("timestamp-order retries", str(outcomes.retries))
     table.add_row("committed per second", f"{len(outcomes.committed) / elapsed:.0f}")
     table.add_row("total balance (snapshot)", str(sum(r["balance"] for r in balances)))
-    console.print(table)
+    print_whole(console, table)
     console.print(
         "[green]verified[/]: every acknowledged transfer is in the ledger, balances agree "
         "with the ledger, the total is unchanged and no balance is negative"
@@ -198,7 +199,7 @@ def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> No
         table.add_column(column, justify="right")
     for r in results:
         table.add_row(r.view, str(r.groups), str(r.timestamp), str(len(r.differences)))
-    console.print(table)
+    print_whole(console, table)
     if not all(r.ok for r in results):
         raise errors.FailedPrecondition("a view differs from its recomputation")
     console.print("[green]verified[/]: every view equals its SQL recomputed from the base tables")
@@ -292,3 +293,4 @@ def run_bench(address: str, console: Console, size: DemoSize, out: Path) -> None
     for r in dashboard_bench.ratios(report):
         console.print(f"{r['mode']} / no view at {r['k']} events per transaction: {r['ratio']:.2f}")
     console.print("wrote " + ", ".join(str(p) for p in written))
+    console.print(f"{out / 'README.md'} says what each plot shows and how to read it")
