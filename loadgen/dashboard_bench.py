@@ -701,15 +701,16 @@ FRESHER = 2.0  # how many times sooner tentative reads must hold a commit to loo
 def tentative_note(rows: list[dict[str, Any]]) -> list[str]:
     """Per Cumulus mode fed between epochs: its tentative and committed freshness, and when
     the tentative reads were not clearly fresher, why that happens."""
-    lines: list[str] = []
-    for mode in dict.fromkeys(r["mode"] for r in rows if r.get("tentative_fresh_p50_ms")):
+    modes = list(dict.fromkeys(r["mode"] for r in rows if r.get("tentative_fresh_p50_ms")))
+    lines = ["## Cumulus: tentative against committed reads", ""] if modes else []
+    for mode in modes:
         points = [
             (r["k"], r["tentative_fresh_p50_ms"], r["fresh_p50_ms"])
             for r in rows
             if r["mode"] == mode and r.get("tentative_fresh_p50_ms") and r.get("fresh_p50_ms")
         ]
         measured = "; ".join(
-            f"{k} events: {ahead:.0f} ms against {committed:.0f} ms"
+            f"{k} event{'' if k == 1 else 's'}: {ahead:.0f} ms against {committed:.0f} ms"
             for k, ahead, committed in points
         )
         if all(committed >= FRESHER * ahead for _, ahead, committed in points):
