@@ -527,6 +527,8 @@ def run_benchmark(
                             max_error=float(verdict.max_cost_error) if verdict else None,
                             unknown=ledger.unknown if ledger else 0,
                             cpu_ms_per_event=cpu_ms,
+                            interval_ms=mode.interval_ms or None,
+                            feed_ms=mode.feed_ms or None,
                             **runtime,
                             verified=None,
                         )
@@ -689,7 +691,7 @@ def write_guide(report: RunReport, out: Path, written: list[Path]) -> Path:
     for name, text in GUIDE.items():
         if name in names:
             lines += [f"- `{name}`: {text}", ""]
-    lines += tentative_note(report.rows)
+    lines += tentative_note(report)
     path = out / "README.md"
     path.write_text("\n".join(lines))
     return path
@@ -698,40 +700,62 @@ def write_guide(report: RunReport, out: Path, written: list[Path]) -> Path:
 FRESHER = 2.0  # how many times sooner tentative reads must hold a commit to look fresher
 
 
-def tentative_note(rows: list[dict[str, Any]]) -> list[str]:
+def tentative_note(report: RunReport) -> list[str]:
     """Per Cumulus mode fed between epochs: its tentative and committed freshness, and when
-    the tentative reads were not clearly fresher, why that happens."""
+    the tentative reads were not clearly fresher, what in this run kept them close."""
+    rows = report.rows
     modes = list(dict.fromkeys(r["mode"] for r in rows if r.get("tentative_fresh_p50_ms")))
     lines = ["## Cumulus: tentative against committed reads", ""] if modes else []
     for mode in modes:
-        points = [
-            (r["k"], r["tentative_fresh_p50_ms"], r["fresh_p50_ms"])
-            for r in rows
-            if r["mode"] == mode and r.get("tentative_fresh_p50_ms") and r.get("fresh_p50_ms")
-        ]
+        mine = [r for r in rows if r["mode"] == mode and r.get("fresh_p50_ms")]
         measured = "; ".join(
-            f"{k} event{'' if k == 1 else 's'}: {ahead:.0f} ms against {committed:.0f} ms"
-            for k, ahead, committed in points
+            f"{r['k']} event{'' if r['k'] == 1 else 's'}: {r['tentative_fresh_p50_ms']:.0f} ms "
+            f"against {r['fresh_p50_ms']:.0f} ms"
+            for r in mine
         )
-        if all(committed >= FRESHER * ahead for _, ahead, committed in points):
-            lines.append(
-                f"**{mode}**: tentative reads held a commit at least {FRESHER:g} times "
-                f"sooner than committed reads (p50, tentative against committed: {measured})."
-            )
-        else:
-            lines.append(
-                f"**{mode}**: tentative reads were not clearly fresher in this run (p50, "
-                f"tentative against committed: {measured}). A tentative read holds a commit "
-                "once the change has been fed to the runtime (every feed interval) and "
-                "applied by its DW nodes; a committed read once the epoch that holds it "
-                "commits. They come close when the feed interval is near the epoch, when an "
-                "epoch closes soon after the commit anyway, or when the nodes fall behind the "
-                "feed on a busy machine (few probes, as in a short run, make the medians "
-                "rough too). A longer epoch than the feed, measured for longer, shows them "
-                "apart: `aggview bench dashboard --modes cumulus:1000:2:feed50 --seconds 5`."
-            )
-        lines.append("")
+        if all(r["fresh_p50_ms"] >= FRESHER * r["tentative_fresh_p50_ms"] for r in mine):
+            lines += [
+                f"**{mode}**: tentative reads held a commit at least {FRESHER:g} times sooner "
+                f"than committed reads (p50, tentative against committed: {measured}).",
+                "",
+            ]
+            continue
+        lines += [
+            f"**{mode}**: tentative reads were not clearly fresher in this run (p50, tentative "
+            f"against committed: {measured}). A tentative read holds a commit once its change "
+            "is fed to the runtime (every feed interval) and applied by the DW nodes; a "
+            "committed read once the epoch that holds it commits. Here:",
+            "",
+            *(f"- {reason}" for reason in _close_because(report, mine)),
+            "",
+            "With fewer writers and a longer run they come apart, e.g. `aggview bench "
+            "dashboard --modes cumulus:500:2:feed50 --clients 1 --seconds 5`.",
+            "",
+        ]
     return lines
+
+
+def _close_because(report: RunReport, rows: list[dict[str, Any]]) -> list[str]:
+    """What in a run keeps a Cumulus view's tentative reads about as stale as committed ones."""
+    epoch, feed = rows[0].get("interval_ms"), rows[0].get("feed_ms")
+    slowest = max(r["fresh_p50_ms"] for r in rows)
+    probes = min(r["probes"] for r in rows)
+    reasons = []
+    if epoch and slowest > 2 * epoch:
+        reasons.append(
+            f"committed reads waited up to {slowest:.0f} ms, over twice the {epoch} ms epoch: "
+            f"the runtime was behind the load of {report.settings.get('clients')} clients, "
+            "and a tentative read waits for that same runtime to apply what it is fed, so "
+            "both waited for it to catch up;"
+        )
+    if epoch and feed and 2 * feed > epoch:
+        reasons.append(f"the feed interval ({feed} ms) is close to the epoch ({epoch} ms);")
+    if probes < 10:
+        reasons.append(
+            f"a point had only {probes} probe(s) (each waits for its commit to be read), so "
+            "the medians are rough;"
+        )
+    return reasons or ["an epoch often closed soon after the probe's commit;"]
 
 
 def run(args: argparse.Namespace, options: dict[str, Any]) -> None:

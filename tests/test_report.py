@@ -103,11 +103,15 @@ def test_the_readme_says_how_to_read_each_file_written(tmp_path: Path) -> None:
 
 
 def test_the_readme_says_why_tentative_reads_were_not_fresher() -> None:
-    close = report(tentative_fresh_p50_ms=300.0, fresh_p50_ms=350.0)
-    note = "\n".join(dashboard_bench.tentative_note(close.rows))
+    behind = report(
+        tentative_fresh_p50_ms=1800.0, fresh_p50_ms=1900.0, interval_ms=500, feed_ms=50, probes=3
+    )
+    note = "\n".join(dashboard_bench.tentative_note(behind))
     assert "were not clearly fresher in this run" in note
-    assert "1 event: 300 ms against 350 ms; 10 events: 300 ms" in note
-    assert "the feed interval is near the epoch" in note
+    assert "1 event: 1800 ms against 1900 ms; 10 events: 1800 ms" in note
+    assert "over twice the 500 ms epoch: the runtime was behind the load of 8 clients" in note
+    assert "only 3 probe(s)" in note
+    assert "feed interval" not in note.split("Here:")[1]  # 50 ms is far below the epoch
 
 
 def test_a_table_printed_to_a_pipe_keeps_every_cell_whole() -> None:
