@@ -83,7 +83,7 @@ def run_transfers(cluster: LocalCluster, console: Console, seconds: float) -> No
     victim = cluster.servers[-1]  # a process that hosts partitions and coordinates
     console.print(
         f"\n[bold]1. transactions[/]: {CLIENTS} clients run conditional transfers between "
-        f"{ACCOUNTS} accounts for {seconds:.0f}s; {victim.role} is killed with SIGKILL "
+        f"{ACCOUNTS} accounts for {seconds:g} s; {victim.role} is killed with SIGKILL "
         "half-way and restarted"
     )
     stop = threading.Event()
@@ -180,7 +180,7 @@ def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> No
             )
         console.print(
             f"\n[bold]3. mixed workload[/]: 4 clients insert, correct and delete events for "
-            f"{size.workload_seconds:.0f}s while the views are read"
+            f"{size.workload_seconds:g} s while the views are read"
         )
         reads = _read_views(address, size.workload_seconds)
     finally:
@@ -256,7 +256,7 @@ def _read_views(address: str, seconds: float) -> int:
 def run_bench(address: str, console: Console, size: DemoSize, out: Path) -> None:
     console.print(
         f"\n[bold]5. benchmark[/]: transactions of {', '.join(map(str, size.bench_sizes))} "
-        f"events, {size.bench_seconds:.0f}s per point, with no view, SQL-1 sync, async and "
+        f"events, {size.bench_seconds:g} s per point, with no view, SQL-1 sync, async and "
         "Cumulus (freshness: from a commit to a read that holds it; Cumulus's tentative reads "
         "hold it before its epoch commits)"
     )

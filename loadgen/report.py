@@ -149,8 +149,8 @@ def line_figure(
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.grid(True, alpha=0.3)
-    if series:
-        axes.legend()
+    if series:  # below the axes: inside, it hid a line at the top (messages: a flat one)
+        axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small")
     figure.tight_layout()
     return figure
 
