@@ -330,7 +330,7 @@ def _run_ltm(args: argparse.Namespace) -> None:
 
 
 def _run_start(args: argparse.Namespace) -> None:
-    from aggview.cluster import LocalCluster, checked_processes
+    from aggview.cluster import LocalCluster, Restarts, checked_processes
 
     if args.ltms < 1:
         raise errors.InvalidArgument("--ltms must be at least 1")
@@ -345,12 +345,15 @@ def _run_start(args: argparse.Namespace) -> None:
     if tls_dir is not None:
         TlsDir.load(tls_dir)
         load_tokens(tokens or tls_dir / "tokens")
-    # A plain list, not a threading.Event: a handler runs between two bytecodes of the main
+    # Plain lists, not a threading.Event: a handler runs between two bytecodes of the main
     # thread, and Event.set() there deadlocks when the main thread is inside Event.wait()
     # holding the Event's lock (it hung `aggview start` once in a few hundred stops).
     signalled: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _: signalled.append(signum))
+    # USR1's default action ends a process, and the members (which die with it) went too
+    dumps: list[int] = []
+    signal.signal(signal.SIGUSR1, lambda signum, _: dumps.append(signum))
     cluster = LocalCluster(
         Path(args.data),
         store=args.store,
@@ -363,22 +366,28 @@ def _run_start(args: argparse.Namespace) -> None:
         replicate=args.replicate,
         processes=args.processes,
     )
-    with cluster:
+    try:
+        cluster.start()
+    except RuntimeError as exc:  # a server that did not start: its log's tail says why
+        raise errors.Unavailable(str(exc)) from None
+    try:
         print(f"aggview listening on {cluster.address}", flush=True)
-        while True:
+        restarts = Restarts(cluster.servers, say=_say)
+        while not signalled:
             time.sleep(0.2)
-            if signalled:
-                break
-            dead = [s for s in cluster.servers if not s.running()]
-            if args.replicate and dead:
-                for server in dead:  # its partitions moved to the next member; it rejoins
-                    print(f"aggview: {server.role} exited; restarting it", file=sys.stderr)
-                    server.start()
-            elif dead:
-                roles = ", ".join(s.role for s in dead)
-                print(f"aggview: {roles} exited; stopping", file=sys.stderr)
-                break
+            if dumps:
+                del dumps[:]
+                logs = ", ".join(str(log) for log in cluster.dump_stacks())
+                _say(f"SIGUSR1 passed on: each server writes where its tasks wait to {logs}")
+            if not signalled:
+                restarts.tend()  # a dead member comes back on its data (with --replicate too)
+    finally:
+        cluster.stop()
     print("aggview stopped", flush=True)
+
+
+def _say(text: str) -> None:
+    print(f"aggview: {text}", file=sys.stderr, flush=True)
 
 
 def _run_sql(args: argparse.Namespace) -> None:
@@ -542,6 +551,11 @@ def build_parser() -> argparse.ArgumentParser:
     start = sub.add_parser(
         "start",
         help="run N partitions in coordinating processes (on the embedded store, or --store)",
+        description="Runs the --ltms partitions in member processes and keeps them running: a "
+        "member that exits is restarted on its own data (one that cannot start is retried, "
+        "waiting up to 30 s between tries). Ctrl-C or SIGTERM stops every member cleanly; "
+        "`kill -USR1` of this process makes each member write where its tasks wait to its "
+        "log in DATA/logs/.",
     )
     start.add_argument("--data", required=True, help="data directory (created if missing)")
     start.add_argument("--ltms", type=int, default=3, help="partitions (one LTM each)")

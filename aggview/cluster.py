@@ -545,8 +545,81 @@ class LocalCluster:
         for server in self.servers:
             server.kill()
 
+    def dump_stacks(self) -> list[Path]:
+        """``kill -USR1`` of every running server: each writes where its tasks wait to its
+        log, whose paths this returns."""
+        logs = []
+        for server in self.servers:
+            if server.running():
+                assert server.process is not None
+                server.process.send_signal(signal.SIGUSR1)
+                logs.append(server.log_path)
+        return logs
+
     def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def exit_status(code: int | None) -> str:
+    """A process's return code in words: ``status 1``, ``killed by SIGKILL``."""
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"status {code}"
+
+
+@dataclass
+class Restarts:
+    """Brings the dead servers of a running cluster back, each on its own data (its logs
+    replay what it had not checkpointed), so one crash never stops the others. A server
+    that fails to start, or dies again soon, is retried after a delay that doubles up to
+    ``longest``: a cause that lasts (a port taken, a full disk) costs a line a while, not
+    a busy loop, and the cluster serves on with what runs."""
+
+    servers: Sequence[Server]
+    say: Callable[[str], None]
+    first: float = 0.5
+    longest: float = 30.0
+    settled: float = 30.0  # a server that ran this long and dies is restarted at once
+    _due: dict[str, float] = field(default_factory=dict)
+    _delay: dict[str, float] = field(default_factory=dict)
+    _started: dict[str, float] = field(default_factory=dict)
+
+    def tend(self) -> None:
+        """Restarts each dead server whose delay has passed (a start waits for it to listen)."""
+        for server in self.servers:
+            if not server.running():
+                self._revive(server)
+
+    def _revive(self, server: Server) -> None:
+        role, now = server.role, time.monotonic()
+        if role not in self._due:  # just found dead
+            if now - self._started.get(role, -self.settled) >= self.settled:
+                self._delay[role] = 0.0
+            self._due[role] = now + self._delay.get(role, 0.0)
+            code = server.process.returncode if server.process is not None else None
+            self.say(
+                f"{role} exited ({exit_status(code)}); restarting it on its data"
+                f"{_after(self._delay[role])}; its log: {server.log_path}"
+            )
+        if now < self._due[role]:
+            return
+        delay = min(max(self.first, 2 * self._delay.get(role, 0.0)), self.longest)
+        self._delay[role] = delay
+        try:
+            server.start()
+        except RuntimeError as exc:
+            self._due[role] = time.monotonic() + delay
+            reason = str(exc).splitlines()[0]
+            self.say(f"{reason}; trying again{_after(delay)}; see {server.log_path}")
+            return
+        del self._due[role]
+        self._started[role] = time.monotonic()
+        self.say(f"{role} restarted, listening on {server.address}")
+
+
+def _after(delay: float) -> str:
+    return f" in {delay:g} s" if delay else ""

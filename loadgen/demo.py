@@ -27,6 +27,7 @@ from aggview import errors
 from aggview.cluster import LocalCluster
 from coordinator import Client
 from loadgen import dashboard, dashboard_bench, transfers
+from loadgen.report import print_whole
 
 ACCOUNTS = 60
 CLIENTS = 8
@@ -82,7 +83,7 @@ def run_transfers(cluster: LocalCluster, console: Console, seconds: float) -> No
     victim = cluster.servers[-1]  # a process that hosts partitions and coordinates
     console.print(
         f"\n[bold]1. transactions[/]: {CLIENTS} clients run conditional transfers between "
-        f"{ACCOUNTS} accounts for {seconds:.0f}s; {victim.role} is killed with SIGKILL "
+        f"{ACCOUNTS} accounts for {seconds:g} s; {victim.role} is killed with SIGKILL "
         "half-way and restarted"
     )
     stop = threading.Event()
@@ -119,7 +120,7 @@ def run_transfers(cluster: LocalCluster, console: Console, seconds: float) -> No
     table.add_row("timestamp-order retries", str(outcomes.retries))
     table.add_row("committed per second", f"{len(outcomes.committed) / elapsed:.0f}")
     table.add_row("total balance (snapshot)", str(sum(r["balance"] for r in balances)))
-    console.print(table)
+    print_whole(console, table)
     console.print(
         "[green]verified[/]: every acknowledged transfer is in the ledger, balances agree "
         "with the ledger, the total is unchanged and no balance is negative"
@@ -179,7 +180,7 @@ def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> No
             )
         console.print(
             f"\n[bold]3. mixed workload[/]: 4 clients insert, correct and delete events for "
-            f"{size.workload_seconds:.0f}s while the views are read"
+            f"{size.workload_seconds:g} s while the views are read"
         )
         reads = _read_views(address, size.workload_seconds)
     finally:
@@ -198,7 +199,7 @@ def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> No
         table.add_column(column, justify="right")
     for r in results:
         table.add_row(r.view, str(r.groups), str(r.timestamp), str(len(r.differences)))
-    console.print(table)
+    print_whole(console, table)
     if not all(r.ok for r in results):
         raise errors.FailedPrecondition("a view differs from its recomputation")
     console.print("[green]verified[/]: every view equals its SQL recomputed from the base tables")
@@ -255,7 +256,7 @@ def _read_views(address: str, seconds: float) -> int:
 def run_bench(address: str, console: Console, size: DemoSize, out: Path) -> None:
     console.print(
         f"\n[bold]5. benchmark[/]: transactions of {', '.join(map(str, size.bench_sizes))} "
-        f"events, {size.bench_seconds:.0f}s per point, with no view, SQL-1 sync, async and "
+        f"events, {size.bench_seconds:g} s per point, with no view, SQL-1 sync, async and "
         "Cumulus (freshness: from a commit to a read that holds it; Cumulus's tentative reads "
         "hold it before its epoch commits)"
     )
@@ -292,3 +293,4 @@ def run_bench(address: str, console: Console, size: DemoSize, out: Path) -> None
     for r in dashboard_bench.ratios(report):
         console.print(f"{r['mode']} / no view at {r['k']} events per transaction: {r['ratio']:.2f}")
     console.print("wrote " + ", ".join(str(p) for p in written))
+    console.print(f"{out / 'README.md'} says what each plot shows and how to read it")

@@ -14,10 +14,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
+
+if TYPE_CHECKING:  # matplotlib is imported only where a plot is drawn
+    from matplotlib.figure import Figure
 
 
 def percentiles(latencies: Sequence[float]) -> dict[str, float | None]:
@@ -81,7 +84,23 @@ class RunReport:
         return table
 
     def print(self, columns: Sequence[str], console: Console | None = None) -> None:
-        (console or Console()).print(self.table(columns))
+        print_whole(console or Console(), self.table(columns))
+
+
+def print_whole(console: Console, renderable: RenderableType) -> None:
+    """Prints a table with every cell whole. Rich fits a table to the console's width, and
+    where that is not a terminal's (a pipe, a file) it assumes 80 columns and cuts cells to
+    '…': there the console is widened to the table's natural width for this print."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    natural = console.measure(renderable, options=console.options.update_width(10_000)).maximum
+    width = console.width
+    console.width = max(width, natural)
+    try:
+        console.print(renderable)
+    finally:
+        console.width = width
 
 
 def _cell(value: Any) -> str:
@@ -98,20 +117,22 @@ def _cpus() -> int:
     return os.cpu_count() or 0
 
 
-def line_plot(
-    path: Path,
+def line_figure(
     title: str,
     xlabel: str,
     ylabel: str,
     series: dict[str, list[tuple[float, float]]],
     *,
     logx: bool = False,
-) -> Path:
-    """One line per series of (x, y) points, as a PNG."""
+) -> Figure:
+    """One line per series of (x, y) points. The x axis is ticked at exactly the measured x
+    values (a log axis ticks only powers of ten, so 50 was a point without a label) and the
+    y axis starts at 0, so that a difference looks as large as it is."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedFormatter, FixedLocator, NullLocator
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for label, points in series.items():
@@ -119,13 +140,25 @@ def line_plot(
         axes.plot([x for x, _ in ordered], [y for _, y in ordered], marker="o", label=label)
     if logx:
         axes.set_xscale("log")
+    measured = sorted({x for points in series.values() for x, _ in points})
+    axes.xaxis.set_major_locator(FixedLocator(measured))
+    axes.xaxis.set_major_formatter(FixedFormatter([f"{x:g}" for x in measured]))
+    axes.xaxis.set_minor_locator(NullLocator())
+    axes.set_ylim(bottom=0)
     axes.set_title(title)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.grid(True, alpha=0.3)
-    if series:
-        axes.legend()
+    if series:  # below the axes: inside, it hid a line at the top (messages: a flat one)
+        axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small")
     figure.tight_layout()
+    return figure
+
+
+def save_figure(figure: Figure, path: Path) -> Path:
+    """A figure as a PNG at ``path`` (its folder made), and closed."""
+    import matplotlib.pyplot as plt
+
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -145,7 +178,4 @@ def bar_plot(path: Path, title: str, ylabel: str, bars: dict[str, float]) -> Pat
     axes.set_ylabel(ylabel)
     axes.tick_params(axis="x", rotation=30)
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
