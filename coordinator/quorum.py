@@ -56,6 +56,10 @@ class Reachability:
             if reaches is not None:
                 self._reports[member] = frozenset(reaches)
 
+    def reported(self, member: int) -> frozenset[int]:
+        """Whom ``member`` said it hears, in its last answer (empty: it never said)."""
+        return self._reports.get(member, frozenset())
+
     def reachable(self) -> set[int]:
         """Members heard within the window, this one included."""
         since = self._now() - self.window
@@ -71,7 +75,7 @@ class Reachability:
         reachable = self.reachable()
         if target in reachable:
             return False
-        silent = [m for m in reachable if m == self.me or target not in self._reports.get(m, ())]
+        silent = [m for m in reachable if m == self.me or target not in self.reported(m)]
         return 2 * len(silent) > self.members
 
     def has_majority(self) -> bool:
@@ -115,32 +119,11 @@ class Prober:
         while True:
             sent = time.monotonic()
             try:
-                await stub.Status(
+                reply = await stub.Status(
                     pb.StatusRequest(), timeout=PROBE_TIMEOUT, metadata=self._metadata
                 )
             except grpc.aio.AioRpcError:
                 pass
             else:
-                self.reach.heard(member, sent)
+                self.reach.heard(member, sent, reply.reaches)
             await asyncio.sleep(max(0.0, PROBE_EVERY - (time.monotonic() - sent)))
-
-
-class Everyone:
-    """The rule where there is no quorum to keep (one member, or an unreplicated cluster,
-    whose members cannot fail over anyway): always a majority."""
-
-    def silent_to_majority(self, target: int) -> bool:
-        """Whether a majority of the members, this one included, does not hear ``target``:
-        this one, and each member it hears whose last report leaves ``target`` out (a member
-        that never reported counts as not hearing it). One member's silence alone (a link
-        cut between two members, the rest of the network whole) moves nothing."""
-        if self.members <= 2:
-            return True  # see has_majority
-        reachable = self.reachable()
-        if target in reachable:
-            return False
-        silent = [m for m in reachable if m == self.me or target not in self._reports.get(m, ())]
-        return 2 * len(silent) > self.members
-
-    def has_majority(self) -> bool:
-        return True

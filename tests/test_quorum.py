@@ -3,7 +3,12 @@ act on another's silence."""
 
 from __future__ import annotations
 
-from coordinator.quorum import Reachability
+import asyncio
+import time
+from pathlib import Path
+
+from aggview.cluster import LocalCluster
+from coordinator.quorum import Prober, Reachability
 
 
 class FakeClock:
@@ -69,3 +74,27 @@ def test_a_member_heard_here_is_never_silent_and_a_minority_sees_no_majority_of_
     assert reach.silent_to_majority(4)
     clock.now += 2  # nobody heard for a while: this member alone is no majority
     assert not reach.silent_to_majority(4)
+
+
+def test_probes_of_real_members_record_whom_each_hears(tmp_path: Path) -> None:
+    """The prober as members run it, against a real replicated cluster: each member answers
+    and says it hears the three, so none of them is silent to a majority."""
+    with LocalCluster(tmp_path, ltms=3, processes=3, replicate=True) as cluster:
+        addresses = [server.address for server in cluster.servers]
+
+        async def probe() -> Reachability:
+            reach = Reachability(4, me=3)  # an observer as a fourth member would be
+            prober = Prober(reach, [*addresses, "127.0.0.1:1"], None)
+            prober.start()
+            try:
+                deadline = time.monotonic() + 20
+                while any(reach.reported(m) != {0, 1, 2} for m in range(3)):
+                    assert time.monotonic() < deadline, [reach.reported(m) for m in range(3)]
+                    await asyncio.sleep(0.1)
+            finally:
+                await prober.stop()
+            return reach
+
+        reach = asyncio.run(probe())
+        assert reach.reachable() == {0, 1, 2, 3}
+        assert not any(reach.silent_to_majority(m) for m in range(3))
