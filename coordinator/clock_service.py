@@ -283,6 +283,19 @@ class FollowerClock(MemberClock):
             while True:
                 yield await outbox.get()
 
+        # Asked on the stream that ended, after its reader failed what it had asked (during
+        # the pause before this one): never answered now, so they fail here and their
+        # callers ask again. Left in place they waited forever (reads) or took the new
+        # stream's grants meant for others (writes).
+        gone = errors.Unavailable("the clock stream was reopened before answering; try again")
+        for future, _ in self._asked_writes:
+            if not future.done():
+                future.set_exception(gone)
+        for readers in self._asked_reads:
+            for reader in readers:
+                if not reader.done():
+                    reader.set_exception(gone)
+        self._asked_writes.clear()
         self._outbox = outbox
         self._seen = 0  # grants are numbered per stream
         self._fresh = True

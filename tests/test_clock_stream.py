@@ -98,3 +98,39 @@ def test_pipelined_grants_stay_unique_increasing_and_reads_see_every_finished_wr
     assert len(finished) == len(set(finished)) == 12 * 40
     assert most_out == clock_service.ASKS_OUT  # requests were pipelined, never more
     assert requests < len(finished)  # and each carried several transactions' timestamps
+
+
+def test_a_timestamp_asked_while_the_stream_reconnects_is_answered_or_refused() -> None:
+    """A request made in the pause between a stream's end and the next stream went out on the
+    stream that ended: it must fail (the caller asks again) or be granted, never wait forever
+    (a member restarting while the leader moved waited so, and the cluster with it)."""
+
+    async def run() -> list[str]:
+        leader, follower, server = await _leader_and_follower()
+        outcomes: list[str] = []
+        try:
+            await server.close()  # the leader goes: the stream ends
+            for _ in range(100):
+                if follower._down is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert follower._down is not None
+            asked = asyncio.ensure_future(follower.read_timestamp())  # in the pause
+            server = await FramedServer(
+                framed_exchange(
+                    _no_partition,
+                    None,
+                    {"clock": lambda hello: ClockServicer(lambda: leader).framed()},
+                )
+            ).start("127.0.0.1", int(follower._exchanges[0].rsplit(":", 1)[1]))
+            try:
+                outcomes.append(f"granted {await asyncio.wait_for(asked, 10)}")
+            except errors.Unavailable as exc:
+                outcomes.append(f"refused: {exc}")
+        finally:
+            await follower.close()
+            await server.close()
+        return outcomes
+
+    outcomes = asyncio.run(run())
+    assert len(outcomes) == 1, outcomes
