@@ -70,12 +70,6 @@ def test_hosts_reach_each_other_on_their_own_addresses_and_are_removed() -> None
 
 
 @needs_hosts
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 45: on the current code acknowledged transfers were lost or half applied in "
-    "2 of 9 runs of such a schedule (a member cut off, healed and restarted while the leader "
-    "moves its partitions); the failover fix must make this pass every time",
-)
 def test_every_fault_kind_once_keeps_every_safety_check(tmp_path: Path) -> None:
     config = nemesis.Config(
         faults=len(nemesis.KINDS), seed=45, warmup=2.0, calm=0.5, settle_timeout=8.0
