@@ -33,7 +33,7 @@ from coordinator.member_clock import InFlight, LeaderClock, MemberClock
 log = logging.getLogger(__name__)
 
 START_RETRY_FIRST = 0.2  # seconds before a starting member asks an unreachable leader again
-START_RETRY_LAST = 5.0
+START_RETRY_LAST = 1.0
 
 # A follower's timestamp requests out at once. With one, a transaction arriving while it was
 # out waited for its grant and then a round trip of its own; with two, about one round trip.
