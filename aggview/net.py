@@ -19,30 +19,16 @@ from aggview import errors
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Once signalled, a server has this long to stop (checkpoint included) before it exits anyway.
 SHUTDOWN_DEADLINE = float(os.environ.get("AGGVIEW_SHUTDOWN_DEADLINE", "15"))
-# Keepalive: a connection whose peer went silent (its host cut off, paused, or gone without a
-# FIN) is noticed within about three seconds (a ping each second, two to answer it: a starved
-# but live peer answers in that time), not when TCP gives up minutes later; the streams on it
-# (clock, transactions, log copies) then fail and reconnect.
+# Keepalive (framed streams only, ``keep_alive``): a host cut off is noticed within about three
+# seconds, not when TCP gives up minutes later. gRPC's own keepalive at this rate exposed a
+# transient inconsistent read after a paused member's hand-back (2 of 10 runs of
+# test_a_member_declared_dead_while_alive_stops_and_rejoins, 0 of 8 without): left off until
+# that is understood; the probes (1 s timeouts) notice silence on the gRPC side.
 KEEPALIVE_MS = 1000
 KEEPALIVE_TIMEOUT_MS = 2000
-# Servers refuse a port already in use instead of sharing it (gRPC reuses ports by default), and
-# let their peers ping that often, even with no call open.
-SERVER_OPTIONS = [
-    ("grpc.so_reuseport", 0),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
-    ("grpc.http2.max_ping_strikes", 0),
-]
+# Servers refuse a port already in use instead of sharing it (gRPC reuses ports by default).
+SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
 GRPC_OPTIONS = [
-    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
-    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-    # recent cores time a keepalive ping out by this one, whose default is a minute
-    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    # the default spaces pings without data by five minutes, whatever the keepalive time
-    ("grpc.http2.min_time_between_pings_ms", KEEPALIVE_MS),
-    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # a restarted server is found again within a second, not after minutes of backoff
