@@ -8,11 +8,14 @@ import asyncio
 import random
 from typing import Any
 
+import pytest
+
 from aggview import errors
 from aggview.frames import FramedServer
 from coordinator import clock_service
 from coordinator.clock import Clock
 from coordinator.clock_service import ClockServicer, FollowerClock
+from coordinator.leadership import Lease
 from coordinator.member_clock import InFlight, LeaderClock
 from coordinator.timestamp_oracle import TimestampOracle
 from ltm.server import framed_exchange
@@ -134,3 +137,35 @@ def test_a_timestamp_asked_while_the_stream_reconnects_is_answered_or_refused() 
 
     outcomes = asyncio.run(run())
     assert len(outcomes) == 1, outcomes
+
+
+def test_a_leader_whose_lease_ran_out_grants_nothing_to_anyone() -> None:
+    """No split brain: once its lease ran out (the store did not confirm its term, or a
+    successor's term is there), the old leader refuses every timestamp, its own and its
+    followers' (asked on their streams), so it never grants beside a successor. The grants
+    resume when a read of the record confirms the lease again."""
+
+    async def run() -> None:
+        leader, follower, server = await _leader_and_follower()
+        now = [100.0]
+        leader.lease = Lease(2.0, clock=lambda: now[0])
+        leader.lease.confirmed(99.0)
+        try:
+            assert (await leader.read_timestamp()) >= 0  # within the lease: granted
+            granted, _ = await follower.next()
+            now[0] = 101.5  # 2.5 s after the read that confirmed it
+            with pytest.raises(errors.Unavailable, match="cannot confirm it still leads"):
+                leader.take()
+            with pytest.raises(errors.Unavailable, match="cannot confirm it still leads"):
+                await leader.read_timestamp()
+            with pytest.raises(errors.Unavailable):
+                await asyncio.wait_for(follower.next(), 10)
+            leader.lease.confirmed(101.4)  # a new read found it leading
+            await follower.start()  # its stream ended with the refusal: a new one
+            again, _ = await follower.next()
+            assert again > granted
+        finally:
+            await follower.close()
+            await server.close()
+
+    asyncio.run(run())
