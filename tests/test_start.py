@@ -99,7 +99,8 @@ def test_a_killed_member_that_cannot_start_at_first_comes_back_on_its_data(
         wait_for("member 1 to die", lambda: zombie(victim))  # its sockets closed
         with socket.socket() as squatter:
             squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # its TIME_WAITs
-            squatter.bind(("127.0.0.1", port))
+            # another process's outgoing connection may hold the number for a moment
+            wait_for("its port to be free", lambda: _bound(squatter, port), 20)
             squatter.listen()
             os.kill(process.pid, signal.SIGCONT)
             wait_for("two failed starts", lambda: counts(said, "member-1 exited at start") >= 2)
@@ -113,6 +114,14 @@ def test_a_killed_member_that_cannot_start_at_first_comes_back_on_its_data(
         wait_for("member 1 to serve", lambda: _count(client) == 3)
         client.sql("INSERT INTO t VALUES (4, 40)")
         assert sorted(row["v"] for row in client.scan("t")) == [10, 20, 30, 40]
+
+
+def _bound(sock: socket.socket, port: int) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
 
 
 def _count(client: Client) -> int | None:
