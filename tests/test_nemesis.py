@@ -81,6 +81,7 @@ def test_every_fault_kind_once_keeps_every_safety_check(tmp_path: Path) -> None:
         assert set(_ours()) == before, "namespaces left behind"
     (tmp_path / "nemesis.json").write_text(json.dumps(report, indent=1, default=str))
     print(nemesis.table(report))  # the availability figures: reported, not asserted
+    print("liveness failures (every member restarted to read):", report["liveness_failures"])
     failures = report["safety_failures"]
     evidence = report["final"]["evidence"]
     assert not failures, "\n".join([*failures, "member logs:", *evidence])
