@@ -33,8 +33,13 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # a restarted server is found again within a second, not after minutes of backoff
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    # Despite its name, how long one connection attempt may wait for the server's first
+    # HTTP/2 frame. At 100 ms, a busy machine (a server not scheduled for a moment) failed new
+    # channels' calls as unavailable ("connection attempt timed out before receiving SETTINGS
+    # frame"), with nothing wrong: a transaction's outcome unknown, a member looking dead. A
+    # server that is down refuses the connection at once, whatever this is.
+    ("grpc.min_reconnect_backoff_ms", 5000),
 ]
 # For control channels (probes, log copies, outcome questions): gRPC shares one connection per
 # address between channels, so one of them dialling a member that is not up yet (members start

@@ -28,6 +28,7 @@ from aggview.keycodec import encode_key
 from aggview.rowcodec import decode_row
 from aggview.schema import TableSchema, from_storage
 from aggview.wire import ltm_pb2 as lpb
+from coordinator.client import RetryPolicy
 from coordinator.transactions import TransactionManager
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,9 @@ class BulkAccess:
 
     async def load(self, table: str, staging: str) -> tuple[int, int]:
         """Commits the rows staged in ``staging`` into ``table`` as one transaction; returns
-        (timestamp, rows). The staging table is dropped either way."""
+        (timestamp, rows). A timestamp-order abort loads the staged rows again at a new
+        timestamp (the client's :class:`RetryPolicy`: the client cannot retry, the staging
+        table being gone). The staging table is dropped either way."""
         schema = self.catalog.table(table)
         if staging in self.catalog.by_id or not staging.startswith("load_"):
             raise errors.InvalidArgument(
@@ -201,11 +204,22 @@ class BulkAccess:
         if staging not in store.list_tables():
             raise errors.UnknownTable(f"no staging table {staging!r} in the store")
         self.loads_running.add(table)
-        counted = [0]
+        retry = RetryPolicy()
         try:
-            chunks = _staged_chunks(store, schema, staging, LOAD_CHUNK_ROWS, counted)
-            ts = await self.manager.bulk_transaction(_in_thread(chunks), {schema.table_id})
-            return ts, counted[0]
+            for attempt in itertools.count(1):
+                counted = [0]
+                chunks = _staged_chunks(store, schema, staging, LOAD_CHUNK_ROWS, counted)
+                try:
+                    ts = await self.manager.bulk_transaction(_in_thread(chunks), {schema.table_id})
+                    return ts, counted[0]
+                except errors.TooLate as exc:
+                    # a younger transaction read or wrote a row it inserts: the whole load runs
+                    # again at a new timestamp, as a client retries a transaction
+                    if attempt >= retry.attempts:
+                        raise
+                    log.info("bulk load into %s: %s; attempt %d", table, exc, attempt + 1)
+                    await asyncio.sleep(retry.delay(attempt))
+            raise AssertionError("unreachable")
         finally:
             self.loads_running.discard(table)
             await asyncio.to_thread(store.drop_table, staging)

@@ -52,6 +52,7 @@ class Outcomes:
     unknown: int = 0  # the call failed (server down): it may or may not have committed
     retries: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    messages: list[str] = field(default_factory=list)  # the first few errors' own words
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -88,6 +89,8 @@ def run_clients(
                     with outcomes.lock:
                         outcomes.unknown += 1
                         outcomes.errors[type(exc).__name__] += 1
+                        if len(outcomes.messages) < 10:
+                            outcomes.messages.append(f"{type(exc).__name__}: {exc}")
                     time.sleep(0.05)
             with outcomes.lock:
                 outcomes.retries += client.retries

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from lookup_check import lookup_mismatches
+from profiles import PROFILE
 
 from aggview.cluster import AS_START, LocalCluster
 from coordinator import Client
@@ -18,6 +20,10 @@ from coordinator import Client
 # Every cluster a test starts checks each answer of the coordinator's lookup cache against the
 # LTMs; a difference anywhere fails the session (see pytest_sessionfinish).
 os.environ.setdefault("AGGVIEW_LOOKUP_CACHE_CHECK", "1")
+# Property tests: ``ci`` (the default) or ``thorough`` (HYPOTHESIS_PROFILE; see profiles.py).
+settings.register_profile("ci", settings())
+settings.register_profile("thorough", settings(max_examples=500))
+settings.load_profile(PROFILE)
 # The session cluster's layout (LocalCluster.processes): 0, a coordinator and one process
 # per LTM; 1, the whole cluster in one process; P >= 2, P coordinating members; default, as
 # ``aggview start`` runs it.

@@ -5,11 +5,16 @@ from __future__ import annotations
 import datetime
 from decimal import Decimal
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from aggview import errors
+from aggview.cluster import LocalCluster
 from aggview.errors import RowNotFound
+from aggview.net import GRPC_OPTIONS
 from coordinator import Client, ConditionFailed
+from tests.chaos_proxy import ChaosProxy
 
 
 def make_accounts(client: Client, name: str, count: int = 10) -> None:
@@ -165,3 +170,27 @@ def test_sql_reads_take_signed_and_exponent_literals_of_every_type(
         client.sql(f"SELECT * FROM {table_name} WHERE label = -'x'")
     with pytest.raises(errors.InvalidArgument, match=r"\.k is INT; got Decimal 1\.5"):
         client.sql(f"SELECT * FROM {table_name} WHERE k = 1.5")
+
+
+def test_a_server_slow_to_answer_a_new_connection_is_waited_for(
+    cluster: LocalCluster, table_name: str
+) -> None:
+    """A busy machine delays a server's first HTTP/2 frame by hundreds of milliseconds: a new
+    channel (the servers' to each other, a client's) waits for it and its calls succeed. (A
+    100 ms connect timeout, which ``grpc.min_reconnect_backoff_ms`` really is, failed them as
+    unavailable: "connection attempt timed out before receiving SETTINGS frame".)"""
+    proxy = ChaosProxy(cluster.address).start()
+    proxy.set_delay(0.25)  # each chunk either way, the server's SETTINGS frame first
+    try:
+        with grpc.insecure_channel(proxy.address, options=GRPC_OPTIONS) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=20
+            )
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        with Client(proxy.address, timeout=20) as client:
+            client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, n INT NOT NULL)")
+            with client.transaction() as tx:
+                tx.insert(table_name, {"id": 1, "n": 1})
+            assert client.get(table_name, {"id": 1}) == {"id": 1, "n": 1}
+    finally:
+        proxy.close()

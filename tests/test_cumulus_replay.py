@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from profiles import examples
 from test_views_differential import random_row, table_ddl, view_select, view_specs
 
 from aggview import errors
@@ -109,7 +110,7 @@ def test_options_that_cannot_work_are_named(tmp_path: Path) -> None:
             replay(config(tmp_path, stream, **options), table_from_create)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(6, 12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=view_specs())
 def test_random_views_through_replay_check(spec: dict[str, Any], tmp_path_factory: Any) -> None:
     """Random views (the views' own generator, 2-4 tables), streams with deletes and children

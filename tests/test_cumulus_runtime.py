@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from profiles import examples
 from test_m3_differential import programs_for
 from test_views_differential import random_row as view_row
 from test_views_differential import view_select, view_specs
@@ -108,7 +109,9 @@ def interpreted(program: Program, stream: list[Update]) -> dict[str, dict[Any, A
     return {m.name: dict(reference.maps[m.name].data) for m in program.maps}
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(20, 40), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     name=st.sampled_from(sorted(PROGRAMS)),
     nodes=st.integers(1, 4),
@@ -129,7 +132,9 @@ def test_at_quiescence_every_map_equals_the_interpreter(
         assert report.corrective == 0  # FIFO from the one switch: every node knows its PUTs
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(20, 40), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     name=st.sampled_from(sorted(PROGRAMS)),
     nodes=st.integers(1, 4),
@@ -181,7 +186,9 @@ def test_every_committed_epoch_equals_the_interpreter_over_its_prefix(
         assert report.corrective == 0  # reads wait for every earlier write instead
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(15, 30), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     name=st.sampled_from(sorted(PROGRAMS)),
     nodes=st.integers(1, 4),
@@ -398,7 +405,9 @@ def close_enough(got: dict[str, dict[Any, Any]], want: dict[str, dict[Any, Any]]
     return True
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(15, 30), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(case=compiled_cases())
 def test_compiled_views_run_distributed_equal_the_interpreter(
     case: tuple[Program, list[Update], int, int, int | None],

@@ -19,6 +19,7 @@ import pytest
 from conftest import own_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from profiles import examples
 from test_views_differential import (
     Model,
     assert_same,
@@ -54,7 +55,7 @@ def create_tables(client: Client, names: list[str], model: Model, rng: random.Ra
 
 
 @settings(
-    max_examples=8,
+    max_examples=examples(4, 8),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -7,11 +7,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 
 from aggview import errors
 from aggview.cluster import LocalCluster, free_port
@@ -214,6 +214,12 @@ def test_an_unreachable_cluster_is_named() -> None:
         dashboard_bench.check_reachable(address, {})
 
 
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (Linux: /proc)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in path.read_text().split()] if path.exists() else []
+
+
 def test_ctrl_c_stops_cleanly_and_writes_what_was_measured(tmp_path: Path) -> None:
     out = tmp_path / "out"
     process = subprocess.Popen(
@@ -247,7 +253,8 @@ def test_ctrl_c_stops_cleanly_and_writes_what_was_measured(tmp_path: Path) -> No
         stderr=subprocess.STDOUT,
     )
     try:
-        time.sleep(12)  # a cluster started, the first point measured or under way
+        # its first cluster is starting (inside the run, whose Ctrl-C writes the report)
+        wait_for("the bench to start a cluster", lambda: children(process.pid), timeout=120)
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=60)
     finally:

@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from profiles import examples
 
 from aggview import errors, frames
 from aggview.cluster import LocalCluster
@@ -251,7 +252,7 @@ def _lookup(name: str) -> TableSchema:
     return CATALOG[name]
 
 
-@fuzz_settings(600)
+@fuzz_settings(examples(200, 600))
 @given(st.one_of(SQL, view_sql()))
 def test_view_compiler_raises_only_domain_errors(sql: str) -> None:
     try:

@@ -17,6 +17,7 @@ import duckdb
 import pytest
 import sqlglot
 from hypothesis import HealthCheck, given, settings
+from profiles import examples
 from test_views_differential import (
     assert_same,
     random_row,
@@ -123,7 +124,7 @@ def replay(select: str, names: list[str], seed: int, steps: int, spec: dict[str,
 
 
 @settings(
-    max_examples=int(os.environ.get("AGGVIEW_M3_EXAMPLES", "40")),
+    max_examples=int(os.environ.get("AGGVIEW_M3_EXAMPLES", 0)) or examples(15, 40),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

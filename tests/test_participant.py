@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from profiles import examples
 
 from aggview import errors
 from aggview.partition_map import partition_of
@@ -2154,7 +2155,7 @@ def _row_op(kind: str, key: bytes, n: int) -> pb.RowOp:
 
 
 @settings(
-    max_examples=int(os.environ.get("MODEL_EXAMPLES", "30")),
+    max_examples=int(os.environ.get("MODEL_EXAMPLES", 0)) or examples(15, 30),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -47,7 +47,7 @@ def test_concurrent_transfers_keep_every_invariant(cluster: LocalCluster, table_
         thread.join(timeout=120)
     assert not failures, failures[:5]
     assert len(snapshots) > 5
-    assert outcomes.unknown == 0, outcomes.errors
+    assert outcomes.unknown == 0, outcomes.messages
     assert len(outcomes.committed) + outcomes.condition_failed == 8 * 40
     assert len(outcomes.committed) > 100
     with Client(cluster.address) as client:

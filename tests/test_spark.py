@@ -23,6 +23,7 @@ from test_views import as_tuples, recompute  # noqa: E402
 from aggview import errors
 from aggview.cluster import LocalCluster
 from aggview.rowcodec import decode_stored, encode_stored
+from aggview.schema import TableSchema
 from coordinator import Client
 from coordinator.bulk_client import BulkClient
 from cumulus.spark import jobs
@@ -617,3 +618,53 @@ def test_async_views_initialized_by_spark_refresh_on_both_members(
     finally:
         cluster.stop()
         cluster.kill()
+
+
+def test_bulk_load_retries_timestamp_order_aborts_while_clients_write_its_table(
+    cluster: LocalCluster, client: Client, table_name: str
+) -> None:
+    """Clients updating the rows a load inserts read them at younger timestamps, so the load's
+    older inserts lose to them (timestamp order): the load runs again at a new timestamp, as a
+    transaction is retried, instead of failing the job with TooLate. (Under writes that never
+    stop, a load of many rows keeps losing: the writers stop during the load's retries.)"""
+    from cumulus.spark.source import stage_rows, staging_name
+
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, n INT NOT NULL)")
+    rows = 10_000  # two prepare rounds
+    bulk = BulkClient(client)
+    described = bulk.describe(table_name)
+    assert described.schema is not None
+    staging = staging_name()
+    store = open_store(described.store_url)
+    try:
+        store.create_table(staging)
+        values = ({"id": i, "n": 0} for i in range(rows))
+        stage_rows(store, staging, TableSchema.from_json(described.schema), values)
+    finally:
+        store.close()
+    stop = threading.Event()
+    updates = [0]
+
+    def alongside(seed: int) -> None:
+        rng = random.Random(seed)
+        with Client(cluster.address) as own:
+            while not stop.is_set():  # reads (at its own, younger timestamp) a row being loaded
+                own.sql(f"UPDATE {table_name} SET n = n + 1 WHERE id = {rng.randrange(rows)}")
+                updates[0] += 1
+
+    threads = [threading.Thread(target=alongside, args=(seed,)) for seed in range(2)]
+    for thread in threads:
+        thread.start()
+    wait_for("the first updates", lambda: updates[0] >= 10)
+    calm = threading.Timer(1.0, stop.set)
+    calm.start()
+    try:
+        ts, loaded = bulk.load(table_name, staging)
+    finally:
+        stop.set()
+        calm.cancel()
+        for thread in threads:
+            thread.join()
+    assert loaded == rows
+    assert len(client.scan(table_name)) == rows
+    assert ts > 0

@@ -15,6 +15,7 @@ import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from profiles import examples
 
 from aggview import errors
 from coordinator import Client
@@ -208,7 +209,7 @@ def _dimension_statement(draw: st.DrawFn) -> str:
 
 
 @settings(
-    max_examples=12,
+    max_examples=examples(6, 12),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

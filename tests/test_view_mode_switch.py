@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from profiles import examples
 from test_cumulus_views import create_tables
 from test_views_differential import (
     Model,
@@ -110,7 +111,7 @@ SETTINGS = {
 }
 
 
-EXAMPLES = int(os.environ.get("AGGVIEW_SWITCH_EXAMPLES", "6"))  # raise it for a soak
+EXAMPLES = int(os.environ.get("AGGVIEW_SWITCH_EXAMPLES", 0)) or examples(4, 6)  # or a soak
 
 
 @settings(max_examples=EXAMPLES, **SETTINGS)  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from profiles import examples
 from test_sql_writes import each_refused
 
 from aggview import errors
@@ -68,7 +69,7 @@ def _case(draw: st.DrawFn) -> tuple[list[str], list[str], list[tuple[Any, ...]]]
 
 
 @settings(
-    max_examples=12,
+    max_examples=examples(6, 12),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -18,6 +18,7 @@ from typing import Any
 import duckdb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from profiles import examples
 
 from aggview import errors
 from aggview.cluster import LocalCluster
@@ -210,7 +211,7 @@ def run_round(address: str, model: Model, seed: int, clients: int, per_client: i
 
 
 @settings(
-    max_examples=int(os.environ.get("AGGVIEW_VIEW_EXAMPLES", "20")),  # raise it for a soak
+    max_examples=int(os.environ.get("AGGVIEW_VIEW_EXAMPLES", 0)) or examples(8, 20),  # or a soak
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
