@@ -700,7 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--ltms", type=int, default=3, help="partitions of the local cluster")
     demo.add_argument("--out", default="aggview-report", help="where the report and plots go")
     demo.add_argument(
-        "--quick", action="store_true", help="every step at a small size (about a minute)"
+        "--quick", action="store_true", help="every step at a small size (a few minutes)"
     )
     demo.set_defaults(run=_run_demo)
     return parser

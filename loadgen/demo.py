@@ -46,7 +46,7 @@ class DemoSize:
 
 
 def quick_size() -> DemoSize:
-    """``aggview demo --quick``: every step at a small size (about a minute), the form CI runs
+    """``aggview demo --quick``: every step at a small size (a few minutes), the form CI runs
     from a fresh install."""
     return DemoSize(
         transfer_seconds=2.0,
