@@ -242,7 +242,13 @@ class Failover:
         for record in records:
             p = record.partition
             moved = self._unserved.pop(p, None)
-            if moved is None:
+            if moved is None and record.owner == p and record.epoch != self.channels[p].epoch:
+                # Home already, by a hand-over whose reply was lost (or whose take failed
+                # before it was remembered): the take and the channels' move are still due.
+                if self.addresses[p] not in answering or record.standby is None:
+                    continue
+                moved = record
+            elif moved is None:
                 if record.owner == p or record.standby != p or not record.in_sync:
                     continue
                 if not {self.addresses[p], self.addresses[record.owner]} <= answering:
