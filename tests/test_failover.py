@@ -506,7 +506,20 @@ def member_logs_copied(cluster: LocalCluster, members: list[int]) -> bool:
 
 
 def check_transfers_and_view(cluster: LocalCluster, outcomes: transfers.Outcomes) -> None:
-    """Nothing acknowledged lost, nothing half applied, and the view equals the ledger."""
+    """Nothing acknowledged lost, nothing half applied, and the view equals the ledger. A read
+    that meets a partition mid-hand-back (UNAVAILABLE: the old owner fenced it, the channels
+    not moved yet) is read again."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return _check_transfers_and_view(cluster, outcomes)
+        except errors.Unavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _check_transfers_and_view(cluster: LocalCluster, outcomes: transfers.Outcomes) -> None:
     with Client(cluster.address) as client:
         transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
         expected: dict[int, tuple[int, int]] = {}
