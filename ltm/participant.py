@@ -120,6 +120,8 @@ class Participant:
         self.contacted = False
         self.commits_since_checkpoint = 0
         self.touched: set[RowId] = set()  # rows changed since the last checkpoint's snapshot
+        # one-phase commits whose record is logged and whose changes wait for its flush
+        self._committing: set[int] = set()
         self.scans_running = 0
         # Key ranges read by read/write transactions: (start, stop or None, ts) per table. An
         # older transaction may not write a key into such a range (no phantoms).
@@ -370,9 +372,11 @@ class Participant:
             # lookup, cached there) and built on it. Its rows stay held and its view deltas
             # pending meanwhile.
             lsn = self.wal.write({"kind": "commit", "ts": ts})
+            self._committing.add(ts)  # logged at ``lsn``, applied only after the flush
             try:
                 await self.wal.flush()
             finally:  # a failed flush: applied anyway, as before (its outcome is unknown)
+                self._committing.discard(ts)
                 if self.prepared.pop(ts, None) is tx:
                     self._apply_commit(ts, tx, lsn)
             if failpoints.ARMED:
@@ -697,9 +701,17 @@ class Participant:
             # are encoded off the event loop, which keeps serving meanwhile
             pending: list[tuple[str, bytes, int, Row | None, int]] = []
             touched, self.touched = self.touched, set()
+            held_back = False
             for row_id in touched:  # not every cached row: a checkpoint must not stall reads
                 state = self.rows.get(row_id)
                 if state is None or not state.dirty or row_id[0] in self.dropped:
+                    continue
+                if not self._committing.isdisjoint(state.merges):
+                    # A one-phase commit logged below what this row holds now is not applied
+                    # yet: stored at the higher number, the row would make replay skip it. It
+                    # waits for the next checkpoint, and so do the segments its changes are in.
+                    self.touched.add(row_id)
+                    held_back = True
                     continue
                 ts, row = state.versions[-1]
                 # A deleted row leaves a tombstone with its LSN, so no log record it already
@@ -723,7 +735,8 @@ class Participant:
                     state.dirty = False
                 elif state is not None:
                     self.touched.add(row_id)
-            self.wal.drop_before(min(segment, keep_from))
+            if not held_back:
+                self.wal.drop_before(min(segment, keep_from))
             self.checkpoints += 1
             self._forget_drained_changes(written)
             self._maybe_evict()

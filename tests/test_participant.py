@@ -2277,3 +2277,45 @@ def test_paged_scans_cover_store_and_memory_rows_exactly_once(env: Env) -> None:
         assert seen == [b"a", b"b", b"e", b"g", b"h", b"i"]
 
     run(main)
+
+
+def test_a_view_delta_committed_in_one_phase_survives_a_checkpoint_taken_before_it_applies(
+    env: Env,
+) -> None:
+    """A one-phase commit's record gets its log number before its flush and is applied after
+    it. Another transaction's delta on the same view row, logged later but applied first, is
+    in a checkpoint taken meanwhile, which stores the row at that later number: replay after a
+    crash would then skip the first commit's record as already stored, and its delta would be
+    lost. The checkpoint leaves such a row for the next one."""
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, merge(G, view(1, 1)))
+        await p.checkpoint()
+        # prepared on disk (several participants: its coordinator logs the decision)
+        assert (await p.prepare(sub(30, merge(G, view(1, 10))))).outcome == YES
+        await p.checkpoint()  # 30's prepare record now in an older segment than what follows
+        disk = asyncio.Event()  # a slow disk from now on: a flush ends when this is set
+        flush = p.wal.flush
+
+        async def slow_flush() -> None:
+            await disk.wait()
+            await flush()
+
+        p.wal.flush = slow_flush  # type: ignore[method-assign]
+        assert (await p.prepare(sub(20, merge(G, view(1, 100))), durable=False)).outcome == YES
+        one_phase = asyncio.ensure_future(p.decide(20, True))  # logged, waits for the disk
+        await asyncio.sleep(0.01)
+        later = asyncio.ensure_future(p.decide(30, True))  # applied now, logged after 20's
+        await asyncio.sleep(0.01)
+        checkpoint = asyncio.ensure_future(p.checkpoint())
+        await asyncio.sleep(0.01)
+        disk.set()
+        await asyncio.wait_for(asyncio.gather(one_phase, later, checkpoint), 5)
+        assert (await get(p, 40, G))["s"] == 111
+        crash(p)
+        q = env.participant()
+        await q.recover()
+        assert (await get(q, 50, G))["s"] == 111, "a view delta was lost across the crash"
+
+    run(main)
