@@ -28,13 +28,12 @@ from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from coordinator.ltm_channel import LtmChannel
+from coordinator.quorum import PROBE_EVERY, PROBE_TIMEOUT
 from ltm.store import ownership
 from ltm.store.base import Store
 
 log = logging.getLogger(__name__)
 
-PROBE_EVERY = 0.2
-PROBE_TIMEOUT = 1.0  # a busy LTM may answer slowly; a dead one refuses at once
 # A process never heard from yet is still starting (a cluster starts its processes one by
 # one, each a second or more under load): it is declared dead only after this long.
 START_GRACE = 15.0
@@ -119,10 +118,11 @@ class Failover:
             await channel.close()
 
     async def _alive(self, ltm: int) -> bool:
+        return await self._answers(self._stubs[ltm])
+
+    async def _answers(self, stub: pb_grpc.LtmStub) -> bool:
         try:
-            await self._stubs[ltm].Status(
-                pb.StatusRequest(), timeout=PROBE_TIMEOUT, metadata=self._metadata
-            )
+            await stub.Status(pb.StatusRequest(), timeout=PROBE_TIMEOUT, metadata=self._metadata)
         except grpc.aio.AioRpcError:
             return False
         return True
@@ -188,14 +188,9 @@ class Failover:
         by the network may still be waiting out a connect attempt after the member is back."""
         channel = member_channel(self.addresses[ltm], self._tls, CONTROL_OPTIONS)  # its own
         try:
-            await pb_grpc.LtmStub(channel).Status(
-                pb.StatusRequest(), timeout=PROBE_TIMEOUT, metadata=self._metadata
-            )
-        except grpc.aio.AioRpcError:
-            return False
+            return await self._answers(pb_grpc.LtmStub(channel))
         finally:
             await channel.close()
-        return True
 
     async def _member_gone(self, member: int) -> bool:
         """Before its partitions: the dead member's decision log goes to its copy's holder,

@@ -30,12 +30,12 @@ from aggview.wire import ltm_pb2_grpc as pb_grpc
 from coordinator import leadership
 from coordinator.clock import Clock
 from coordinator.clock_service import FollowerClock
-from coordinator.failover import PROBE_EVERY, PROBE_TIMEOUT, Failover, PartitionFollower
+from coordinator.failover import Failover, PartitionFollower
 from coordinator.leadership import Leadership, Lease
 from coordinator.local_ltm import LocalLtm
 from coordinator.ltm_channel import LtmChannel
 from coordinator.member_clock import LeaderClock
-from coordinator.quorum import Prober, Reachability
+from coordinator.quorum import PROBE_EVERY, PROBE_TIMEOUT, Prober, Reachability
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
 from ltm.store import ownership

@@ -5,7 +5,9 @@ file, or an HBase the others cannot reach). Fencing by the store alone would the
 a stale view: declare the healthy members dead, take the lead from a healthy leader, drop the
 copy of its log and commit alone. So every such act needs a majority: the member must have
 heard, within ``window`` seconds, from enough other members that with itself they are more than
-half. A minority stops granting (its lease is not renewed), deposes nobody, and keeps its copy.
+half. A minority deposes nobody, moves nothing and keeps its copy, so it commits nothing that
+needs one. Grants need no such rule: the store's term and lease fence them
+(``coordinator.leadership``).
 
 ``Reachability`` is the rule, pure; ``Prober`` feeds it from Status calls to every other member.
 """
@@ -23,8 +25,8 @@ from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 
-PROBE_EVERY = 0.2
-PROBE_TIMEOUT = 1.0
+PROBE_EVERY = 0.2  # every member's probes: this rule's and the failover's
+PROBE_TIMEOUT = 1.0  # a busy member may answer slowly; a dead one refuses at once
 WINDOW = 1.0  # an answer older than this no longer counts
 
 
