@@ -403,9 +403,11 @@ def test_a_cumulus_view_is_read_at_any_member(cluster: LocalCluster) -> None:
         whole = list(client.view("cu_totals"))
         assert len(whole) == 6 and sum(r["s"] for r in whole) == sum(range(12))
     with Client(cluster.member(1).address) as follower:
+        before = client_view_ts(cluster)
         read = follower.view("cu_totals")
         assert list(read) == whole and not read.tentative
-        assert read.timestamp == client_view_ts(cluster)
+        # epochs keep closing (empty ones too), so the leader's stamp may move on meanwhile
+        assert before <= read.timestamp <= client_view_ts(cluster)
         assert list(follower.view("cu_totals", {"g": 1})) == [r for r in whole if r["g"] == 1]
         rolled = follower.query("cu_totals", {"h": [0, 2]}, rollup=["g"])
         assert list(rolled) == [
