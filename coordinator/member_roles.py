@@ -35,7 +35,7 @@ from coordinator.leadership import Leadership, Lease
 from coordinator.local_ltm import LocalLtm
 from coordinator.ltm_channel import LtmChannel
 from coordinator.member_clock import LeaderClock
-from coordinator.quorum import PROBE_EVERY, PROBE_TIMEOUT, Prober, Reachability
+from coordinator.quorum import PROBE_EVERY, PROBE_TIMEOUT, Prober, Reachability, majority_heard
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
 from ltm.store import ownership
@@ -93,6 +93,27 @@ class MemberRoles:
     @property
     def members(self) -> int:
         return len(self.manager.members)
+
+    async def majority_before_records(self) -> None:
+        """At a replicated follower's start, before it serves its partitions and takes its
+        decision log back (both write their records): waits until it hears a majority. A
+        deposed leader restarts while still cut off; rewriting its copies as out of sync then
+        would keep the majority from failing its partitions over until the cut heals."""
+        if self._prober is None or self.reach is None or self.manager.leader is None:
+            return
+        self._prober.start()
+        reach = self.reach
+
+        def told() -> None:
+            log.warning(
+                "member %d hears no majority of the %d members (only %s): it waits for one "
+                "before it serves its partitions or touches their records",
+                self.manager.member,
+                self.members,
+                sorted(reach.reachable()),
+            )
+
+        await majority_heard(reach, told)
 
     async def start(self) -> None:
         if self._prober is not None:

@@ -6,8 +6,9 @@ a stale view: declare the healthy members dead, take the lead from a healthy lea
 copy of its log and commit alone. So every such act needs a majority: the member must have
 heard, within ``window`` seconds, from enough other members that with itself they are more than
 half. A minority deposes nobody, moves nothing and keeps its copy, so it commits nothing that
-needs one. Grants need no such rule: the store's term and lease fence them
-(``coordinator.leadership``).
+needs one; a follower that starts (a deposed leader's restart, still cut off) writes no
+record before it hears a majority (``majority_heard``). Grants need no such rule: the
+store's term and lease fence them (``coordinator.leadership``).
 
 ``Reachability`` is the rule, pure; ``Prober`` feeds it from Status calls to every other member.
 """
@@ -89,6 +90,23 @@ class Reachability:
         return 2 * len(self.reachable()) > self.members
 
 
+async def majority_heard(
+    reach: Reachability, told: Callable[[], None] = lambda: None, every: float = 0.05
+) -> None:
+    """Returns once ``reach`` (fed by a ``Prober``) has a majority; ``told()`` once if the
+    first probes' answers did not bring one. A follower starting calls it before it serves
+    its partitions or takes its decision log back: both write the records (its copies "out of
+    sync", its log's owner), and a member cut off from the others would thereby stop the
+    majority from failing them over to their in-sync copies until the cut heals."""
+    started = time.monotonic()
+    waiting = False
+    while not reach.has_majority():
+        if not waiting and time.monotonic() - started >= PROBE_TIMEOUT + PROBE_EVERY:
+            waiting = True
+            told()
+        await asyncio.sleep(every)
+
+
 class Prober:
     """Probes every other member's Status every ``PROBE_EVERY`` seconds, each on a control
     channel and a task of its own (a silent member's timeouts must not delay the others'
@@ -106,6 +124,8 @@ class Prober:
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
+        if self._tasks:
+            return  # started already (before the member's records: ``majority_heard``)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._probe(m, c)) for m, c in self._channels.items()]
 

@@ -647,15 +647,6 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     """Runs the coordinator until SIGINT/SIGTERM."""
     reach = Reachability(len(config.members), config.member) if config.replicates else None
     manager = build_manager(config, reach)
-    await manager.local.start()
-    if manager.replication is not None:  # before re-delivery: it may adopt a log to deliver
-        await manager.replication.start()
-    if isinstance(manager.clock, FollowerClock):
-        await manager.clock.start()  # its first answer brings the catalog
-    await manager.start()
-    for channel in manager.channels:  # before anyone else's message: see Participant.observe
-        if isinstance(channel, LocalLtm):
-            channel.participant.observe(*manager._watermarks())
     roles = MemberRoles(
         manager,
         config.addresses(manager.partitions),
@@ -665,6 +656,16 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         lead=manager.lead,
         reach=reach,
     )
+    await roles.majority_before_records()
+    await manager.local.start()
+    if manager.replication is not None:  # before re-delivery: it may adopt a log to deliver
+        await manager.replication.start()
+    if isinstance(manager.clock, FollowerClock):
+        await manager.clock.start()  # its first answer brings the catalog
+    await manager.start()
+    for channel in manager.channels:  # before anyone else's message: see Participant.observe
+        if isinstance(channel, LocalLtm):
+            channel.participant.observe(*manager._watermarks())
     await roles.start()
     gate = ClientGate(
         tokens=config.tokens,

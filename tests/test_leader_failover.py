@@ -20,12 +20,13 @@ from coordinator.clock import Clock
 from coordinator.leadership import Leadership, Lease
 from coordinator.timestamp_oracle import TimestampOracle
 from loadgen import transfers
-from ltm.store import open_store
+from ltm.store import open_store, ownership
 from ltm.store.base import GuardFailed
 from tests.test_failover import (
     ACCOUNTS,
     VIEW,
     answered,
+    decision_log,
     member_logs_copied,
     nothing_prepared,
     paused,
@@ -246,3 +247,57 @@ def test_a_paused_leader_is_deposed_and_stops(three_members: LocalCluster) -> No
         client.refresh("moved_m3")
         transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
         check_views(client, ["moved", "moved_later", "moved_m3"])
+
+
+def test_a_member_restarted_without_a_majority_leaves_its_records_alone(
+    three_members: LocalCluster,
+) -> None:
+    """A member restarted while it hears no majority (a deposed leader's restart, still cut
+    off; here members 0 and 1 are paused) writes none of its records before it hears one:
+    its partition's copy stays named in sync and its decision log stays its own, so the
+    majority could fail both over. Rewriting them as out of sync kept the majority waiting
+    for the cut to heal (issue 45's leader-cut unavailability). Once the others answer it
+    starts and serves."""
+    cluster = three_members
+    wait_for("every log copied", lambda: member_logs_copied(cluster, [0, 1, 2]), 30)
+    before = (partition_record(cluster, 2), decision_log(cluster, 2))
+    assert before[0].in_sync and before[1].in_sync, before
+    member = cluster.member(2)
+    others = [cluster.member(m).process for m in (0, 1)]
+    started: list[BaseException | None] = []
+    done = threading.Event()
+
+    def start_member() -> None:
+        try:
+            member.start(timeout=60)
+            started.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            started.append(exc)
+        done.wait(120)  # its process dies with the thread that started it
+
+    thread = threading.Thread(target=start_member)
+    try:
+        with paused(others[0]), paused(others[1]):  # type: ignore[arg-type]
+            member.kill()
+            thread.start()
+            # it waits: for a majority, or (having written its records) for the leader
+            waits = ("hears no majority", "waiting for the cluster's leader")
+            wait_for("member 2 to wait", lambda: any(w in member.tail() for w in waits), 30)
+            after = (partition_record(cluster, 2), decision_log(cluster, 2))
+            assert after == before, (after, member.tail())
+            assert "hears no majority" in member.tail()
+            assert member.running() and not started
+        wait_for("member 2 to start", lambda: bool(started), 60)
+        assert started == [None], started
+        wait_for("every log copied again", lambda: member_logs_copied(cluster, [0, 1, 2]), 60)
+    finally:
+        done.set()
+        thread.join(70)
+
+
+def partition_record(cluster: LocalCluster, partition: int) -> ownership.Ownership:
+    store = open_store(cluster.store_url)
+    try:
+        return ownership.read(store, partition)
+    finally:
+        store.close()
