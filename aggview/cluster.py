@@ -136,6 +136,12 @@ class Server:
     ) -> None:
         """``env`` is added to this start's environment only (e.g. ``AGGVIEW_FAILPOINTS``),
         and ``once`` to its arguments (a restart goes without them)."""
+        self.wait_listening(self.launch(env, once), timeout)
+
+    def launch(self, env: dict[str, str] | None = None, once: Sequence[str] = ()) -> int:
+        """Starts the process without waiting for it (see ``start``); returns where its log
+        stood, for ``wait_listening``. Several servers that wait for one another at start
+        (a follower waits for the leader) are launched together, then waited for."""
         args = [*self.args, *once, "--port", str(self.port)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -154,6 +160,11 @@ class Server:
                 cwd=None if self.code == _ROOT else self.code,
                 preexec_fn=_die_with_parent,
             )
+        return offset
+
+    def wait_listening(self, offset: int, timeout: float = 30.0) -> None:
+        """Returns once the launched process says it listens (its log after ``offset``)."""
+        assert self.process is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with open(self.log_path, "rb") as log:

@@ -297,6 +297,28 @@ class Nemesis:
             self.held.add(m)
             self.cluster.servers[m].kill()
 
+    def restart_together(self, members: list[int]) -> None:
+        """Restarts ``members`` at once, as their own supervisors would, then waits for each:
+        a follower waits at start for the leader, so one restarted after the other held a
+        lost leader down for a lost follower's whole start timeout."""
+        for m in sorted(members):  # in one order, as every caller takes the locks
+            self.locks[m].acquire()
+        try:
+            launched = {
+                m: self.cluster.servers[m].launch()
+                for m in members
+                if not self.cluster.servers[m].running()
+            }
+            for m, offset in launched.items():
+                try:
+                    self.cluster.servers[m].wait_listening(offset, timeout=30)
+                except RuntimeError:  # exited at start: the supervisor restarts it
+                    self.cluster.servers[m].kill()
+            self.held.difference_update(members)
+        finally:
+            for m in members:
+                self.locks[m].release()
+
     def restart(self, m: int) -> None:
         with self.locks[m]:
             if not self.cluster.servers[m].running():
@@ -358,8 +380,7 @@ class Nemesis:
         time.sleep(apart)
         self.kill(b)
         time.sleep(1.5 * self.delay)
-        self.restart(a)
-        self.restart(b)
+        self.restart_together([a, b])
         return f"members {a} and {b} killed {apart:.1f}s apart, restarted"
 
     def slow(self) -> str:

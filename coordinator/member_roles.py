@@ -35,7 +35,7 @@ from coordinator.leadership import Leadership, Lease
 from coordinator.local_ltm import LocalLtm
 from coordinator.ltm_channel import LtmChannel
 from coordinator.member_clock import LeaderClock
-from coordinator.quorum import PROBE_EVERY, PROBE_TIMEOUT, Prober, Reachability, majority_heard
+from coordinator.quorum import PROBE_EVERY, PROBE_TIMEOUT, Prober, Reachability
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
 from ltm.store import ownership
@@ -57,12 +57,12 @@ class MemberRoles:
         tls: TlsDir | None,
         replicates: bool,
         lead: Leadership | None,
-        reach: Reachability | None = None,
+        prober: Prober | None = None,
     ) -> None:
         """``addresses``: where each partition index is hosted; ``lead``: the record this
-        member leads under (a replicated cluster's leader), else None; ``reach``: which
+        member leads under (a replicated cluster's leader), else None; ``prober``: feeds which
         members answer this one (replicated: it leads, deposes and fails over only with a
-        majority)."""
+        majority; started already if the member waited for one at start)."""
         self.manager = manager
         self.addresses = addresses
         self.after = failover_after
@@ -73,9 +73,10 @@ class MemberRoles:
         self.failover: Failover | None = None
         self.follower: PartitionFollower | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.reach = reach
-        self._prober = Prober(reach, manager.members, tls) if reach is not None else None
+        self.reach: Reachability | None = prober.reach if prober is not None else None
+        self._prober = prober
         self._minority_told = False
+        self._lost: set[int] = set()  # lost while taking the lead, before the leader clock
 
     def has_majority(self) -> bool:
         """Whether this member may act on others' silence (see ``coordinator.quorum``)."""
@@ -93,27 +94,6 @@ class MemberRoles:
     @property
     def members(self) -> int:
         return len(self.manager.members)
-
-    async def majority_before_records(self) -> None:
-        """At a replicated follower's start, before it serves its partitions and takes its
-        decision log back (both write their records): waits until it hears a majority. A
-        deposed leader restarts while still cut off; rewriting its copies as out of sync then
-        would keep the majority from failing its partitions over until the cut heals."""
-        if self._prober is None or self.reach is None or self.manager.leader is None:
-            return
-        self._prober.start()
-        reach = self.reach
-
-        def told() -> None:
-            log.warning(
-                "member %d hears no majority of the %d members (only %s): it waits for one "
-                "before it serves its partitions or touches their records",
-                self.manager.member,
-                self.members,
-                sorted(reach.reachable()),
-            )
-
-        await majority_heard(reach, told)
 
     async def start(self) -> None:
         if self._prober is not None:
@@ -141,26 +121,43 @@ class MemberRoles:
     async def _leader_duties(self, dead_since: tuple[int, float] | None) -> None:
         manager = self.manager
         await manager.views.start() if dead_since is None else await manager.views.lead()
-        if self.after > 0:
-            assert isinstance(manager.clock, LeaderClock)
-            self.failover = Failover(
-                manager.channels,
-                self.store,
-                self.addresses,
-                self.tls,
-                self.after,
-                members=self.members,
-                lose_member=manager.clock.lose,
-                follow=self._follow,
-                hand_back=self.replicates,  # members only: a restarted one gets its own back
-                may_act=self.has_majority,
-                silent_to_majority=self.silent_to_majority,
-            )
-            if dead_since is not None:  # already silent that long: no second wait
-                self.failover.silent_since(*dead_since)
-            self.failover.start()
+        if self.after > 0 and self.failover is None:
+            self._start_failover(dead_since)
         if self.lead is not None:
             self._spawn(self._keep_lease(self.lead))
+
+    def _start_failover(self, dead_since: tuple[int, float] | None) -> None:
+        """Watches the other members (``Failover``). A successor starts it as soon as its
+        term is written, with the old leader ``dead_since``: moving the old leader's decision
+        log and partitions needs no lease (the records' compare-and-sets and fences make it
+        as safe as a follower's failover), so it overlaps the wait for the old lease. A
+        member it loses before this member's leader clock exists is forgotten by that clock
+        when it is built (``_lost``)."""
+        self.failover = Failover(
+            self.manager.channels,
+            self.store,
+            self.addresses,
+            self.tls,
+            self.after,
+            members=self.members,
+            lose_member=self._lose,
+            follow=self._follow,
+            hand_back=self.replicates,  # members only: a restarted one gets its own back
+            may_act=self.has_majority,
+            silent_to_majority=self.silent_to_majority,
+        )
+        if dead_since is not None:  # already silent that long: no second wait
+            self.failover.silent_since(*dead_since)
+        self.failover.start()
+
+    def _lose(self, member: int) -> None:
+        """A member's decision log was adopted: the leader clock stops waiting for it (the
+        one built after the lease wait, if this member is still waiting)."""
+        clock = self.manager.clock
+        if isinstance(clock, LeaderClock):
+            clock.lose(member)
+        else:
+            self._lost.add(member)
 
     async def _follow(self, channel: Any, record: ownership.Ownership) -> None:
         """Points partition ``channel.index`` where ``record`` says: direct calls when a
@@ -237,13 +234,16 @@ class MemberRoles:
                         self.manager.members[leader], self.tls, CONTROL_OPTIONS
                     )
                     stub, watched, silent_since = pb_grpc.LtmStub(channel), leader, None
+                sent = time.monotonic()
                 try:
                     await stub.Status(pb.StatusRequest(), timeout=PROBE_TIMEOUT, metadata=metadata)
                     silent_since = None
                     continue
                 except grpc.aio.AioRpcError:
                     now = time.monotonic()
-                    silent_since = silent_since or now
+                    # silent since the first probe it left unanswered was sent, not since
+                    # that probe timed out (a second of the failover delay, waited twice)
+                    silent_since = silent_since or sent
                     if now - silent_since < self.after or not self.silent_to_majority(leader):
                         continue
                 try:
@@ -272,6 +272,11 @@ class MemberRoles:
         old = manager.clock
         assert isinstance(old, FollowerClock)
         await old.close()  # what waited for a timestamp fails: its clients try again
+        if self.follower is not None:  # this member moves partitions now
+            await self.follower.stop()
+            self.follower = None
+        if self.after > 0 and self.failover is None:
+            self._start_failover(dead_since=(dead, silent_since))
         await asyncio.sleep(leadership.LEASE)  # the old leader's lease has run out
         started = time.monotonic()  # this lease starts with a read after the wait
         now = await asyncio.to_thread(leadership.read, self.store)
@@ -286,12 +291,12 @@ class MemberRoles:
         clock.succeed(old)
         manager.clock = clock
         manager.views.follow_clock()
+        for member in sorted(self._lost):  # its log was adopted during the lease wait
+            clock.lose(member)
+        self._lost.clear()
         manager.leader, manager.leader_member = None, manager.member
         manager.epoch = manager.catalog.first_epoch()
         self.lead = manager.lead = lead
-        if self.follower is not None:
-            await self.follower.stop()
-            self.follower = None
         await self._leader_duties(dead_since=(dead, silent_since))
         log.warning("member %d leads (term %d)", manager.member, lead.term)
 

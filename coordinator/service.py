@@ -51,7 +51,7 @@ from coordinator.ltm_channel import LtmChannel
 from coordinator.member_clock import InFlight, LeaderClock, MemberClock
 from coordinator.member_decisions import MemberDecisions
 from coordinator.member_roles import MemberRoles, declared_dead
-from coordinator.quorum import Reachability
+from coordinator.quorum import Prober, Reachability, majority_heard
 from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import TimestampOracle
 from coordinator.transactions import TransactionManager
@@ -643,20 +643,47 @@ async def read_view(
     return leader_views.reply(rows, ts, tentative)
 
 
+async def majority_before_records(
+    config: CoordinatorConfig, reach: Reachability, prober: Prober
+) -> None:
+    """A replicated follower starting waits until it hears a majority before it reads or
+    writes its records: serving its partitions rewrites their copies as out of sync, and it
+    takes its decision log back. A deposed leader restarts while still cut off; doing that
+    then kept the majority from failing its partitions and log over until the cut healed
+    (and records read before the wait would be stale after it). The member the record names
+    leader does not wait (the followers wait for it to listen), nor one told to take the
+    lead."""
+    if config.take_lead:
+        return
+    store = open_store(config.store_url)
+    try:
+        known = leadership.META_TABLE in await asyncio.to_thread(store.list_tables)
+        led_by = (await asyncio.to_thread(leadership.read, store)).member if known else None
+    finally:
+        store.close()
+    if led_by is None or led_by == config.member:
+        return  # a new cluster (no records yet), or this member leads
+    prober.start()
+
+    def told() -> None:
+        log.warning(
+            "member %d hears no majority of the %d members (only %s): it waits for one "
+            "before it serves its partitions or touches their records",
+            config.member,
+            len(config.members),
+            sorted(reach.reachable()),
+        )
+
+    await majority_heard(reach, told)
+
+
 async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -> None:
     """Runs the coordinator until SIGINT/SIGTERM."""
     reach = Reachability(len(config.members), config.member) if config.replicates else None
+    prober = Prober(reach, config.members, config.tls) if reach is not None else None
+    if reach is not None and prober is not None:
+        await majority_before_records(config, reach, prober)
     manager = build_manager(config, reach)
-    roles = MemberRoles(
-        manager,
-        config.addresses(manager.partitions),
-        failover_after=config.failover_after,
-        tls=config.tls,
-        replicates=config.replicates,
-        lead=manager.lead,
-        reach=reach,
-    )
-    await roles.majority_before_records()
     await manager.local.start()
     if manager.replication is not None:  # before re-delivery: it may adopt a log to deliver
         await manager.replication.start()
@@ -666,6 +693,15 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     for channel in manager.channels:  # before anyone else's message: see Participant.observe
         if isinstance(channel, LocalLtm):
             channel.participant.observe(*manager._watermarks())
+    roles = MemberRoles(
+        manager,
+        config.addresses(manager.partitions),
+        failover_after=config.failover_after,
+        tls=config.tls,
+        replicates=config.replicates,
+        lead=manager.lead,
+        prober=prober,
+    )
     await roles.start()
     gate = ClientGate(
         tokens=config.tokens,

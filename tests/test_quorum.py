@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from aggview.cluster import LocalCluster
-from coordinator.quorum import Prober, Reachability
+from coordinator.quorum import Prober, Reachability, majority_heard
 
 
 class FakeClock:
@@ -31,6 +31,23 @@ def test_a_member_counts_itself_and_the_members_heard_within_the_window() -> Non
     reach.heard(0)
     clock.now += 0.6  # member 4's answer is 1.2 s old now
     assert reach.reachable() == {0, 2} and not reach.has_majority()
+
+
+def test_a_wait_for_a_majority_ends_when_one_answers_and_says_so_once() -> None:
+    """What a follower starting does before it touches its records (``majority_heard``)."""
+    reach = Reachability(3, me=2, window=5.0)
+    told: list[None] = []
+
+    async def scenario() -> None:
+        waiting = asyncio.create_task(majority_heard(reach, lambda: told.append(None), 0.01))
+        await asyncio.sleep(1.5)  # past the first probes' time: it says it waits, once
+        assert not waiting.done() and told == [None]
+        reach.heard(0)
+        await asyncio.wait_for(waiting, 1.0)
+        await majority_heard(reach, lambda: told.append(None))  # heard: returns at once
+        assert told == [None]
+
+    asyncio.run(scenario())
 
 
 def test_an_old_answer_never_replaces_a_newer_one() -> None:
