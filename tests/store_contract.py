@@ -111,6 +111,13 @@ class StoreContract:
         store.create_table(a)
         assert list(store.scan(a)) == []
 
+    def test_creators_racing_on_one_table_all_succeed(
+        self, name: Callable[[str], str], connect: Callable[[], Store]
+    ) -> None:
+        stores = [connect() for _ in range(4)]
+        run_in_threads(4, lambda n: stores[n].create_table(name("t")))
+        assert name("t") in stores[0].list_tables()
+
     def test_list_tables_is_sorted(self, store: Store, name: Callable[[str], str]) -> None:
         for suffix in ("b", "a", "c"):
             store.create_table(name(suffix))

@@ -291,6 +291,11 @@ class HBaseStore(Store):
                 conn.create_table(name, {FAMILY: {"max_versions": 1}})
             except HBaseAlreadyExists:
                 pass  # created meanwhile, or by an attempt whose reply was lost
+            except HBaseIOError as exc:
+                # Two creators at once: the Thrift server's own check passed for both, and
+                # HBase's master refuses the second with a TableExistsException (an IOError).
+                if self._hbase_name(name) not in self._existing(conn):
+                    raise self._server_error(conn, name, "create", exc) from exc
 
         self._call(f"create table {name!r}", action)
 
