@@ -34,8 +34,8 @@ from aggview.rowcodec import (
 from aggview.wal import WriteAheadLog
 from aggview.wire import ltm_pb2 as pb
 from ltm.rows import Row, RowCache, RowState
-from ltm.store.base import GuardFailed, Store
-from ltm.store.ownership import Ownership, Superseded, superseded
+from ltm.store.base import Store
+from ltm.store.ownership import Ownership, Superseded, write_fenced
 
 log = logging.getLogger(__name__)
 
@@ -753,11 +753,10 @@ class Participant:
             self.store.write(mutations)
             return
         try:
-            self.store.write_guarded(self.ownership.guard(), mutations)
-        except GuardFailed:
-            exc = superseded(self.store, self.ownership)
+            self.ownership = write_fenced(self.store, self.ownership, mutations)
+        except Superseded as exc:
             self.fenced = str(exc)
-            raise exc from None
+            raise
 
     def _forget_drained_changes(self, written: list[tuple[RowId, int]]) -> None:
         """Change rows that a refresh deleted and the store no longer has need no memory:

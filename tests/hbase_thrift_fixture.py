@@ -235,6 +235,31 @@ class _Handler:
     def mutateRows(self, tableName: bytes, rowBatches: list[Any], attributes: object) -> None:
         self._mutate("mutateRows", tableName, [(b.row, b.mutations) for b in rowBatches])
 
+    def checkAndPut(
+        self,
+        tableName: bytes,
+        row: bytes,
+        column: bytes,
+        value: bytes | None,
+        mput: Any,
+        attributes: object,
+    ) -> bool:
+        """As HBase 2.6 does it: an empty cell and a missing one compare alike (``value``
+        None or empty matches both), and ``mput`` is always a put (``isDelete`` ignored)."""
+        fault = self._server.take_fault("checkAndPut")
+        if fault is not None and not fault.after_apply:
+            raise _DropConnection
+        with self._lock:
+            table = self._table(tableName)
+            held = table.rows.get(row, {}).get(column)
+            matches = (held[0] if held else b"") == (value or b"")
+            if matches:
+                put = H.Mutation(isDelete=False, column=mput.column, value=mput.value or b"")
+                self._apply(table, row, [put], next(self._clock))
+        if fault is not None:
+            raise _DropConnection
+        return matches
+
     def deleteAllRow(self, tableName: bytes, row: bytes, attributes: object) -> None:
         with self._lock:
             self._table(tableName).delete_row(row)

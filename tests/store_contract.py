@@ -1,8 +1,9 @@
 """The contract every store adapter must pass, written once and run against each adapter.
 
-Subclass :class:`StoreContract` as ``Test<Adapter>`` and override the ``store`` fixture. Tests
-name their tables with a per-test random prefix and drop them afterwards, so an adapter fixture
-may hand every test the same long-lived store (e.g. one HBase Thrift server).
+Subclass :class:`StoreContract` as ``Test<Adapter>`` and override the ``url`` fixture (the
+store's URL: each test opens its own connection, and races open more). Tests name their tables
+with a per-test random prefix and drop them afterwards, so an adapter's URL may name the same
+long-lived store for every test (e.g. one HBase Thrift server).
 """
 
 from __future__ import annotations
@@ -10,24 +11,66 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from aggview.errors import InvalidArgument, UnknownTable
 from aggview.keycodec import encode_key
 from aggview.schema import ColumnType
+from ltm.store import open_store
 from ltm.store.base import GuardFailed, Store
 
+MEMORY = "sqlite:///:memory:"
 TEXT = ColumnType("TEXT")
 INT = ColumnType("INT")
+
+
+def run_in_threads(
+    count: int, work: Callable[[int], None], barrier: threading.Barrier | None = None
+) -> None:
+    """``work(0)`` .. ``work(count - 1)`` in threads at once; raises what the first failure
+    raised, and breaks ``barrier`` so that the others do not wait for it."""
+
+    def run(n: int) -> None:
+        try:
+            work(n)
+        except BaseException:
+            if barrier is not None:
+                barrier.abort()
+            raise
+
+    with ThreadPoolExecutor(count) as pool:
+        list(pool.map(run, range(count)))
 
 
 class StoreContract:
     """Behaviour shared by every Store; adapters provide the ``store`` fixture."""
 
     @pytest.fixture
-    def store(self) -> Iterator[Store]:
-        raise NotImplementedError("a concrete test class provides the store fixture")
+    def url(self) -> str:
+        raise NotImplementedError("a concrete test class provides the store's URL")
+
+    @pytest.fixture
+    def store(self, url: str) -> Iterator[Store]:
+        with open_store(url) as store:
+            yield store
+
+    @pytest.fixture
+    def connect(self, store: Store, url: str) -> Iterator[Callable[[], Store]]:
+        """Opens another connection to the store under test (its own pool), closed after the
+        test; an in-memory SQLite database exists per connection, so there it is ``store``."""
+        opened: list[Store] = []
+
+        def another() -> Store:
+            if url == MEMORY:
+                return store
+            opened.append(open_store(url))
+            return opened[-1]
+
+        yield another
+        for each in opened:
+            each.close()
 
     @pytest.fixture
     def name(self, store: Store) -> Iterator[Callable[[str], str]]:
@@ -67,6 +110,13 @@ class StoreContract:
         assert b in store.list_tables()
         store.create_table(a)
         assert list(store.scan(a)) == []
+
+    def test_creators_racing_on_one_table_all_succeed(
+        self, name: Callable[[str], str], connect: Callable[[], Store]
+    ) -> None:
+        stores = [connect() for _ in range(4)]
+        run_in_threads(4, lambda n: stores[n].create_table(name("t")))
+        assert name("t") in stores[0].list_tables()
 
     def test_list_tables_is_sorted(self, store: Store, name: Callable[[str], str]) -> None:
         for suffix in ("b", "a", "c"):
@@ -183,6 +233,25 @@ class StoreContract:
         assert (store.get(rows, b"k"), store.get(rows, b"j")) == (b"2", b"x")
         with pytest.raises(InvalidArgument):
             store.write_guarded((fence, b"", None), [(rows, b"k", b"4")])
+
+    def test_compare_and_set_tells_empty_from_absent(
+        self, store: Store, table: str, name: Callable[[str], str]
+    ) -> None:
+        """A guarded put of the guard key itself (HBase compares an empty cell and a missing
+        one alike; the store does not)."""
+        store.write_guarded((table, b"k", None), [(table, b"k", b"")])
+        with pytest.raises(GuardFailed):
+            store.write_guarded((table, b"k", None), [(table, b"k", b"x")])
+        with pytest.raises(GuardFailed):
+            store.write_guarded((table, b"j", b""), [(table, b"j", b"x")])
+        store.write_guarded((table, b"k", b""), [(table, b"k", b"v")])
+        with pytest.raises(GuardFailed):
+            store.write_guarded((table, b"k", b"w"), [(table, b"k", b"x")])
+        assert (store.get(table, b"k"), store.get(table, b"j")) == (b"v", None)
+        with pytest.raises(GuardFailed):  # a missing table holds no value
+            store.write_guarded((name("absent"), b"k", b"v"), [(name("absent"), b"k", b"x")])
+        with pytest.raises(UnknownTable):
+            store.write_guarded((name("absent"), b"k", None), [(name("absent"), b"k", b"x")])
 
     def test_invalid_keys_and_values(self, store: Store, table: str) -> None:
         with pytest.raises(InvalidArgument):
@@ -323,26 +392,44 @@ class StoreContract:
     # --- concurrency ----------------------------------------------------------------------
 
     def test_concurrent_writes_from_threads(self, store: Store, table: str) -> None:
-        errors: list[BaseException] = []
-
         def worker(n: int) -> None:
-            try:
-                for i in range(50):
-                    key = f"w{n}-{i:03d}".encode()
-                    store.write([(table, key, key)])
-                    assert store.get(table, key) == key
-                store.write([(table, f"w{n}-{i:03d}".encode(), None) for i in range(0, 50, 2)])
-            except BaseException as exc:  # reported to the main thread
-                errors.append(exc)
+            for i in range(50):
+                key = f"w{n}-{i:03d}".encode()
+                store.write([(table, key, key)])
+                assert store.get(table, key) == key
+            store.write([(table, f"w{n}-{i:03d}".encode(), None) for i in range(0, 50, 2)])
 
-        threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
+        run_in_threads(4, worker)
         expected = sorted(f"w{n}-{i:03d}".encode() for n in range(4) for i in range(1, 50, 2))
         assert [k for k, _ in store.scan(table, batch_size=7)] == expected
+
+    def test_racing_compare_and_sets_have_one_winner_per_value(
+        self, table: str, connect: Callable[[], Store]
+    ) -> None:
+        """Writers on their own connections read one value, then all put the key guarded on
+        it at once: exactly one wins each round (a check, then a write lets several win)."""
+        writers, rounds = 8, 12
+        stores = [connect() for _ in range(writers)]
+        barrier = threading.Barrier(writers, timeout=60)
+        wins: list[tuple[int, bytes | None, int]] = []  # round, value replaced, writer
+
+        def writer(n: int) -> None:
+            mine = stores[n]
+            for r in range(rounds):
+                seen = mine.get(table, b"key")
+                barrier.wait()
+                try:
+                    value = b"%d:%d" % (r, n)  # never one a writer expects again
+                    mine.write_guarded((table, b"key", seen), [(table, b"key", value)])
+                    wins.append((r, seen, n))
+                except GuardFailed:
+                    pass
+                barrier.wait()  # every writer's attempt is over before the next read
+
+        run_in_threads(writers, writer, barrier)
+        assert sorted(r for r, _, _ in wins) == list(range(rounds)), sorted(wins)
+        chain = [seen for _, seen, _ in sorted(wins)] + [stores[0].get(table, b"key")]
+        assert chain == [None] + [b"%d:%d" % (r, n) for r, _, n in sorted(wins)]
 
     def test_count_counts_rows_and_refuses_unknown_tables(
         self, store: Store, table: str, name: Callable[[str], str]

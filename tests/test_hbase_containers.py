@@ -25,7 +25,6 @@ from test_store_hbase import check_after_restart, run_view_workload
 from thriftpy2.thrift import TException
 
 from aggview.cli import build_parser
-from ltm.store import Store, open_store
 
 HBASE_IMAGE = "dajobe/hbase"
 THRIFT_PORT = 9090
@@ -92,10 +91,9 @@ def real_hbase() -> Iterator[tuple[str, int]]:
 @needs_docker
 class TestRealHBaseStore(StoreContract):
     @pytest.fixture
-    def store(self, real_hbase: tuple[str, int]) -> Iterator[Store]:
+    def url(self, real_hbase: tuple[str, int]) -> str:
         host, port = real_hbase
-        with open_store(f"hbase://{host}:{port}?table_prefix=contract") as store:
-            yield store
+        return f"hbase://{host}:{port}?table_prefix=contract"
 
 
 @needs_docker

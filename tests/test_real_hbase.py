@@ -12,7 +12,6 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from aggview.keycodec import encode_key
 from aggview.schema import ColumnType
 from coordinator import Client
 from loadgen import transfers
-from ltm.store import Store, open_store
+from ltm.store import open_store
 from ltm.store.hbase import HBaseStore
 from ltm.store.hbase_server import StandaloneHBase
 
@@ -49,9 +48,8 @@ def fresh_prefix() -> str:
 
 class TestRealHBaseStore(StoreContract):
     @pytest.fixture
-    def store(self, real_hbase: StandaloneHBase) -> Iterator[Store]:
-        with open_store(store_url(real_hbase)) as store:
-            yield store
+    def url(self, real_hbase: StandaloneHBase) -> str:
+        return store_url(real_hbase)
 
 
 def test_cluster_on_real_hbase_keeps_a_sync_view_exact_across_a_restart(

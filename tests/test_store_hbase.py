@@ -25,7 +25,8 @@ from store_contract import StoreContract
 from aggview.cluster import LocalCluster, free_port
 from aggview.errors import InvalidArgument, Unavailable
 from coordinator import Client
-from ltm.store import Store, open_store
+from ltm.store import open_store
+from ltm.store.base import GuardFailed
 from ltm.store.hbase import HBaseStore
 
 
@@ -44,19 +45,16 @@ def hbase_framed() -> Iterator[HBaseThriftFixture]:
 
 class TestHBaseStore(StoreContract):
     @pytest.fixture
-    def store(self, hbase: HBaseThriftFixture) -> Iterator[Store]:
-        with open_store(hbase.url(retry_seconds=5)) as store:
-            yield store
+    def url(self, hbase: HBaseThriftFixture) -> str:
+        return hbase.url(retry_seconds=5)
 
 
 class TestHBaseStoreFramedCompactUnbatched(StoreContract):
     """The other Thrift server modes, and one mutateRows call per row (batching off)."""
 
     @pytest.fixture
-    def store(self, hbase_framed: HBaseThriftFixture) -> Iterator[Store]:
-        url = hbase_framed.url(transport="framed", protocol="compact", batch_size=0)
-        with open_store(url) as store:
-            yield store
+    def url(self, hbase_framed: HBaseThriftFixture) -> str:
+        return hbase_framed.url(transport="framed", protocol="compact", batch_size=0)
 
 
 @pytest.fixture
@@ -144,6 +142,30 @@ def test_scan_and_get_cut_mid_call_are_retried(
     assert [k for k, _ in store.scan("t", batch_size=4)] == [k for _, k, _ in _rows(30)]
     hbase.fail_next("getRowsWithColumns")
     assert store.get_many("t", [b"k001", b"nope"]) == {b"k001": b"v1"}
+
+
+@pytest.mark.parametrize("expected", [None, b"old"], ids=["absent", "value"])
+def test_a_compare_and_set_cut_mid_call_is_retried_and_counted_once(
+    store: HBaseStore, hbase: HBaseThriftFixture, expected: bytes | None
+) -> None:
+    """One checkAndPut per compare-and-set; a lost request is sent again, and a lost reply
+    finds its own value in place (the retry's check fails on it): applied, once."""
+    store.create_table("t")
+    if expected is not None:
+        store.write([("t", b"k", expected)])
+    before = hbase.calls["checkAndPut"]
+    hbase.fail_next("checkAndPut")
+    store.write_guarded(("t", b"k", expected), [("t", b"k", b"1")])
+    hbase.fail_next("checkAndPut", after_apply=True)
+    store.write_guarded(("t", b"k", b"1"), [("t", b"k", b"2")])
+    assert hbase.calls["checkAndPut"] - before == 4
+    assert store.get("t", b"k") == b"2"
+    with pytest.raises(GuardFailed):
+        store.write_guarded(("t", b"k", b"1"), [("t", b"k", b"3")])
+    # a guarded write of other keys (or a delete) is a check, then a write: no checkAndPut
+    store.write_guarded(("t", b"k", b"2"), [("t", b"j", b"x"), ("t", b"k", None)])
+    assert hbase.calls["checkAndPut"] - before == 5
+    assert (store.get("t", b"k"), store.get("t", b"j")) == (None, b"x")
 
 
 # --- HBase unreachable, gone, back --------------------------------------------------------

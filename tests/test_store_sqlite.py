@@ -4,30 +4,27 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
-from collections.abc import Iterator
 from multiprocessing.synchronize import Barrier as BarrierType
 from pathlib import Path
 
 import pytest
-from store_contract import StoreContract
+from store_contract import MEMORY, StoreContract
 
 from aggview.errors import InvalidArgument, StoreError
-from ltm.store import SqliteStore, Store, open_store
+from ltm.store import SqliteStore, open_store
 from ltm.store.sqlite import _sql_table, _store_table
 
 
 class TestSqliteFileStore(StoreContract):
     @pytest.fixture
-    def store(self, tmp_path: Path) -> Iterator[Store]:
-        with open_store(f"sqlite://{tmp_path}/sub/dir/store.db") as store:
-            yield store
+    def url(self, tmp_path: Path) -> str:
+        return f"sqlite://{tmp_path}/sub/dir/store.db"
 
 
 class TestSqliteMemoryStore(StoreContract):
     @pytest.fixture
-    def store(self) -> Iterator[Store]:
-        with open_store("sqlite:///:memory:") as store:
-            yield store
+    def url(self) -> str:
+        return MEMORY
 
 
 def test_file_store_uses_wal_and_named_tables(tmp_path: Path) -> None:

@@ -96,9 +96,18 @@ class Store(ABC):
         Must raise UnknownTable and apply nothing if one of ``tables`` does not exist.
         """
 
+    @abstractmethod
+    def _compare_and_set(
+        self, table: str, key: bytes, expected: bytes | None, value: bytes
+    ) -> None:
+        """Put ``value`` under ``key`` only if it holds ``expected`` (None: absent), as one
+        atomic step; else raise GuardFailed. A missing table holds nothing: expecting a value
+        there fails the guard, expecting absence raises UnknownTable."""
+
     def _write_guarded(self, guard: Guard, mutations: list[Mutation], tables: list[str]) -> None:
         """Check the guard, then write. This default is two steps, so a writer that changes
-        the guard key in between is missed; adapters that can do both at once override it."""
+        the guard key in between is missed; adapters that can do both at once override it.
+        (A compare-and-set never comes here: :meth:`_compare_and_set`.)"""
         table, key, expected = guard
         current = self._get_many(table, [key]).get(key) if table in self._list_tables() else None
         if current != expected:
@@ -175,7 +184,15 @@ class Store(ABC):
     def write_guarded(self, guard: Guard, mutations: Iterable[Mutation]) -> None:
         """Like :meth:`write`, but only if the guard key holds the expected value (else
         :class:`GuardFailed`, nothing applied): a fenced writer (an LTM whose partition moved
-        to a newer epoch) cannot overwrite its successor's rows."""
+        to a newer epoch) cannot overwrite its successor's rows.
+
+        A *compare-and-set* -- the mutations are one put of the guard key itself -- is atomic
+        on every adapter: of writers that all expect one value, exactly one wins. Any other
+        guarded write (other keys, several, or a delete) is atomic where the adapter can make
+        it so: the embedded store checks and writes in one transaction; HBase, atomic per row
+        only (its Thrift1 ``checkAndPut`` puts one cell), checks, then writes, so a writer
+        that changes the guard key in between is missed.
+        """
         self._check_open()
         table, key, expected = guard
         guard = (
@@ -184,6 +201,9 @@ class Store(ABC):
             None if expected is None else check_value(expected),
         )
         batch = self._checked(mutations)
+        if len(batch) == 1 and batch[0][:2] == guard[:2] and batch[0][2] is not None:
+            self._compare_and_set(guard[0], guard[1], guard[2], batch[0][2])
+            return
         tables = list(dict.fromkeys(t for t, _, _ in batch))
         self._write_guarded(guard, batch, tables)
 

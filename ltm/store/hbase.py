@@ -12,6 +12,11 @@ after its store write succeeded, and recovery replays the log over the store ide
 change is applied only if its LSN is above the stored row's), so a checkpoint cut short leaves
 rows that the replay finishes. The coordinator's catalog writes are single rows.
 
+A compare-and-set (a guarded write whose one mutation puts the guard key itself) is one
+``checkAndPut`` call: atomic, like every single-row operation of HBase. Other guarded writes
+check the guard, then write (the base class's two steps): ``checkAndPut`` puts one cell of the
+row it checks, and Thrift1 has no call that checks one row and writes others.
+
 Connections come from a :class:`happybase.ConnectionPool`. HBase's Thrift server drops idle
 sockets (``hbase.thrift.server.socket.read.timeout``) and restarts lose every connection, so
 each call is retried on a fresh connection after transport errors (``TSocket read 0 bytes``,
@@ -37,13 +42,14 @@ from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
 from aggview.errors import InvalidArgument, StoreError, Unavailable, UnknownTable
-from ltm.store.base import Mutation, Store
+from ltm.store.base import GuardFailed, Mutation, Store
 
 # happybase loads HBase's Thrift IDL as the top-level module ``Hbase_thrift`` when imported;
 # its exception types are what the server raises.
 _hbase_thrift: Any = importlib.import_module("Hbase_thrift")
 HBaseIOError: type[Exception] = _hbase_thrift.IOError
 HBaseAlreadyExists: type[Exception] = _hbase_thrift.AlreadyExists
+HBaseMutation: Any = _hbase_thrift.Mutation
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -285,6 +291,11 @@ class HBaseStore(Store):
                 conn.create_table(name, {FAMILY: {"max_versions": 1}})
             except HBaseAlreadyExists:
                 pass  # created meanwhile, or by an attempt whose reply was lost
+            except HBaseIOError as exc:
+                # Two creators at once: the Thrift server's own check passed for both, and
+                # HBase's master refuses the second with a TableExistsException (an IOError).
+                if self._hbase_name(name) not in self._existing(conn):
+                    raise self._server_error(conn, name, "create", exc) from exc
 
         self._call(f"create table {name!r}", action)
 
@@ -340,13 +351,7 @@ class HBaseStore(Store):
         """
         by_table: dict[str, list[tuple[bytes, bytes | None]]] = defaultdict(list)
         for table, key, value in mutations:
-            size = len(key) + len(value or b"")
-            if size > self.max_row_bytes:  # before anything is sent: the batch applies nothing
-                raise InvalidArgument(
-                    f"hbase store {self.address}: row {key[:32]!r} of {table!r} is {size} bytes, "
-                    f"over the {self.max_row_bytes} one call to HBase's {self.transport} Thrift "
-                    "server takes (max_row_bytes in the store URL, after raising HBase's limit)"
-                )
+            self._check_row_size(table, key, value)  # before anything is sent
             by_table[table].append((key, value))
 
         # Retrying the whole call after a broken connection is safe: every mutation puts or
@@ -388,6 +393,56 @@ class HBaseStore(Store):
                     raise self._server_error(conn, table, "write", exc) from exc
 
         self._call(f"write of {len(mutations)} rows", action, write=True)
+
+    def _check_row_size(self, table: str, key: bytes, value: bytes | None) -> None:
+        size = len(key) + len(value or b"")
+        if size > self.max_row_bytes:
+            raise InvalidArgument(
+                f"hbase store {self.address}: row {key[:32]!r} of {table!r} is {size} bytes, "
+                f"over the {self.max_row_bytes} one call to HBase's {self.transport} Thrift "
+                "server takes (max_row_bytes in the store URL, after raising HBase's limit)"
+            )
+
+    def _compare_and_set(
+        self, table: str, key: bytes, expected: bytes | None, value: bytes
+    ) -> None:
+        """One ``checkAndPut`` of cell ``d:v``: HBase checks and puts under the row's lock.
+
+        HBase compares an empty cell and a missing one alike, so a guard that expects either
+        reads the key first and fails on the other: exact, unless a writer puts or deletes
+        an empty value under the key between that read and the call (nothing here stores an
+        empty value under a key it guards). A retry after a lost reply finds the first
+        attempt's value in place and fails the check: the key holding ``value`` then counts
+        as applied, as it would if another writer had just put the same value.
+        """
+        self._check_row_size(table, key, value)
+        full = self._hbase_name(table)
+        put = HBaseMutation(isDelete=False, column=COLUMN, value=value, writeToWAL=True)
+        sent = retried = False  # a call was sent; an attempt followed one that sent it
+
+        def action(conn: happybase.Connection) -> bool:
+            nonlocal sent, retried
+            retried = retried or sent
+            try:
+                if not expected:
+                    held = conn.table(table).row(key, columns=[COLUMN]).get(COLUMN)
+                    if held != expected:
+                        return False
+                sent = True
+                return bool(conn.client.checkAndPut(full, key, COLUMN, expected, put, {}))
+            except HBaseIOError as exc:
+                raise self._server_error(conn, table, "compare-and-set", exc) from exc
+
+        try:
+            applied = self._call(f"compare-and-set in {table!r}", action, write=True)
+        except UnknownTable:
+            if expected is None:
+                raise
+            applied = False  # a missing table holds no value
+        if not applied and retried:
+            applied = self._get_many(table, [key]).get(key) == value
+        if not applied:
+            raise GuardFailed(f"{table}: the guard key holds another value")
 
     def _scan_page(
         self, table: str, start: bytes | None, stop: bytes | None, limit: int

@@ -1,20 +1,29 @@
 """Who serves each partition, at which epoch, and which LTM keeps a copy of its log.
 
-The record lives in the shared store, so it outlives every process, in two keys per partition:
-the *fence* (epoch and owner), which only the coordinator changes, to fail a partition over;
-and the *standby* (who gets the log, and whether it is in sync), which the owner keeps current.
+The record lives in the shared store, so it outlives every process: one key per partition (one
+HBase row and cell) holds the *fence* (epoch and owner), the *standby* (who gets the log, and
+whether it is in sync) and, for a member's decision log, its last *adoption*. Every change of
+it is a compare-and-set of that one value (``Store.write_guarded`` of the key, guarded on the
+key): atomic on every store, HBase included (``checkAndPut``). A move expects the whole value
+it read; the owner's own changes (its standby's state, a hand-over, an adoption) expect the
+value they read after checking that it names them at their epoch, and read again when only
+something else in it changed meanwhile.
+
 An LTM serves a partition only at the epoch the fence gives it, and every store write it makes
-for the partition is guarded by that fence: a superseded primary can never write again."""
+for the partition is guarded by the record (:func:`write_fenced`): a superseded primary cannot
+write again. Rows are other keys than the record, so on HBase that guard is a check, then a
+write (docs/DECISIONS.md, "The ownership record is one row", says what that leaves open)."""
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from aggview import errors
-from ltm.store.base import Guard, GuardFailed, Mutation, Store
+from ltm.store.base import GuardFailed, Mutation, Store
 
 TABLE = "_partitions"
 PARTITION_HEADER = "aggview-partition"  # which partition a call to an LTM is for (default: its own)
@@ -37,9 +46,11 @@ class Ownership:
     standby: int | None = None  # the LTM the owner replicates its log to
     standby_address: str = ""
     in_sync: bool = False  # the standby holds every flush the owner acknowledged
-    # The stored standby value this record was read with: a move is a compare-and-set on it
-    # (it names the epoch, so it never comes back once changed; see ``move``).
+    # The stored value this record was read with (None: its key is absent): every change is a
+    # compare-and-set on it. It names the epoch, so it never comes back once the epoch moved.
     version: bytes | None = field(default=None, compare=False, repr=False)
+    # A decision log's newest adoption: (epoch, the commits the adopter's copy held).
+    adopted: tuple[int, tuple[int, ...]] | None = field(default=None, compare=False, repr=False)
 
     def evolve(self, **changes: object) -> Ownership:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -49,65 +60,96 @@ class Ownership:
         """Only an in-sync standby may take over: any other would lose committed work."""
         return self.standby if self.in_sync else None
 
-    def guard(self) -> Guard:
-        """A store write under this guard lands only while this owner holds this epoch."""
-        value = _fence_value(self.partition, self.epoch, self.owner)
-        return (TABLE, _fence_key(self.partition), value)
+    def same_fence(self, other: Ownership) -> bool:
+        """Whether ``other`` names the same owner at the same epoch (the fence)."""
+        return (self.epoch, self.owner) == (other.epoch, other.owner)
 
 
-def _fence_key(partition: int) -> bytes:
-    return b"f" + struct.pack(">I", partition)
+def _key(partition: int) -> bytes:
+    return b"r" + struct.pack(">I", partition)
 
 
-def _standby_key(partition: int) -> bytes:
-    return b"s" + struct.pack(">I", partition)
+def _encode(record: Ownership) -> bytes:
+    value: dict[str, object] = {
+        "epoch": record.epoch,
+        "owner": record.owner,
+        "standby": record.standby,
+        "standby_address": record.standby_address,
+        "in_sync": record.in_sync,
+    }
+    if record.adopted is not None:
+        epoch, committed = record.adopted
+        value["adopted"] = {"epoch": epoch, "committed": list(committed)}
+    return json.dumps(value).encode()
 
 
-def _adopted_key(partition: int) -> bytes:
-    return b"a" + struct.pack(">I", partition)
+def _adoption(value: Any) -> tuple[int, tuple[int, ...]] | None:
+    return None if value is None else (int(value["epoch"]), tuple(value["committed"]))
 
 
-def _fence_value(partition: int, epoch: int, owner: int) -> bytes | None:
-    """None (no key) for the state every cluster starts in: epoch 0, each LTM its own."""
-    if epoch == 0 and owner == partition:
-        return None
-    return json.dumps({"epoch": epoch, "owner": owner}).encode()
+def _decode(partition: int, raw: bytes) -> Ownership:
+    fields = json.loads(raw)
+    return Ownership(
+        partition,
+        fields["epoch"],
+        fields["owner"],
+        fields["standby"],
+        fields["standby_address"],
+        fields["in_sync"],
+        version=raw,
+        adopted=_adoption(fields.get("adopted")),
+    )
+
+
+# The layout before one key per partition (a data directory of an earlier build): the fence,
+# the standby and the adoption under three keys. Read while the one key is absent; the first
+# change writes the one key, which shadows them from then on (they are never written again).
+_LEGACY_FENCE, _LEGACY_STANDBY, _LEGACY_ADOPTED = b"f", b"s", b"a"
+
+
+def _legacy_keys(partition: int) -> list[bytes]:
+    index = struct.pack(">I", partition)
+    return [kind + index for kind in (_LEGACY_FENCE, _LEGACY_STANDBY, _LEGACY_ADOPTED)]
+
+
+def _legacy(partition: int, found: dict[bytes, bytes]) -> Ownership:
+    fence, standby, adopted = (found.get(k) for k in _legacy_keys(partition))
+    record = Ownership(partition, 0, partition)  # no fence key: epoch 0, each LTM its own
+    if fence is not None:
+        record = record.evolve(**json.loads(fence))
+    if standby is not None:
+        fields = json.loads(standby)
+        fields.pop("at", None)  # the epoch it was written at
+        record = record.evolve(**fields)
+    if adopted is not None:
+        record = record.evolve(adopted=_adoption(json.loads(adopted)))
+    return record  # version None: a change expects the one key absent
 
 
 def read(store: Store, partition: int) -> Ownership:
     if TABLE not in store.list_tables():
         return Ownership(partition, 0, partition)
-    found = store.get_many(TABLE, [_fence_key(partition), _standby_key(partition)])
-    fence = found.get(_fence_key(partition))
-    record = Ownership(partition, 0, partition)
-    if fence is not None:
-        record = record.evolve(**json.loads(fence))
-    standby = found.get(_standby_key(partition))
-    if standby is not None:
-        fields = json.loads(standby)
-        fields.pop("at", None)  # the epoch it was written at: part of the version only
-        record = record.evolve(**fields)
-    return record.evolve(version=standby)
+    found = store.get_many(TABLE, [_key(partition), *_legacy_keys(partition)])
+    raw = found.get(_key(partition))
+    return _legacy(partition, found) if raw is None else _decode(partition, raw)
 
 
-def _standby_value(record: Ownership) -> bytes:
-    fields = {"standby": record.standby, "standby_address": record.standby_address}
-    return json.dumps({**fields, "in_sync": record.in_sync, "at": record.epoch}).encode()
+def _replace(store: Store, expected: bytes | None, record: Ownership) -> Ownership:
+    """``record`` stored if the stored value is still ``expected`` (else GuardFailed): a
+    compare-and-set of the one key, atomic on every store. Returns it with its version."""
+    value = _encode(record)
+    key = _key(record.partition)
+    store.write_guarded((TABLE, key, expected), [(TABLE, key, value)])
+    return record.evolve(version=value)
 
 
 def write(store: Store, record: Ownership) -> None:
-    """An unconditional write of a partition's record (tests, and tools that set a cluster
-    up); members change ownership only by :func:`move` or :func:`hand_over`."""
+    """An unconditional write of a partition's record, keeping its adoption (tests, and tools
+    that set a cluster up); members change ownership only by :func:`move` or
+    :func:`hand_over`."""
     store.create_table(TABLE)  # a no-op once it exists
-    store.write(_record_mutations(record))
-
-
-def _record_mutations(record: Ownership) -> list[Mutation]:
-    p = record.partition
-    return [
-        (TABLE, _fence_key(p), _fence_value(p, record.epoch, record.owner)),
-        (TABLE, _standby_key(p), _standby_value(record)),
-    ]
+    adopted = read(store, record.partition).adopted
+    store.write([(TABLE, _key(record.partition), _encode(record.evolve(adopted=adopted)))])
 
 
 class Moved(errors.FailedPrecondition):
@@ -117,17 +159,16 @@ class Moved(errors.FailedPrecondition):
 
 def move(store: Store, was: Ownership, moved: Ownership) -> None:
     """A new epoch and owner (and standby) for a partition, only if the record is still the
-    one ``was`` was read as: a compare-and-set on the standby value, which every change of the
+    one ``was`` was read as: a compare-and-set on its whole value, which every change of the
     record rewrites (its owner's ``write_standby``, a ``hand_over``, another ``move``) and
     which names the epoch. So two members can never both move one partition from one epoch,
     and a move decided on "the standby is in sync" fails if the owner dropped its standby
-    (and went on alone) in between."""
+    (and went on alone) in between. The adoption on record stays."""
     assert moved.epoch > was.epoch, "a move raises the epoch"
+    assert moved.partition == was.partition
     store.create_table(TABLE)
     try:
-        store.write_guarded(
-            (TABLE, _standby_key(was.partition), was.version), _record_mutations(moved)
-        )
+        _replace(store, was.version, moved.evolve(adopted=was.adopted))
     except GuardFailed:
         current = read(store, was.partition)
         raise Moved(
@@ -137,48 +178,72 @@ def move(store: Store, was: Ownership, moved: Ownership) -> None:
         ) from None
 
 
-def hand_over(store: Store, record: Ownership, moved: Ownership) -> None:
+def hand_over(store: Store, record: Ownership, moved: Ownership) -> Ownership:
     """The owner's own write of a new epoch and owner, only while the fence still names it
     at ``record``'s epoch (a planned handover: nobody else moves a partition that is served)."""
-    _write_fenced(store, record, _record_mutations(moved))
+    return _change_fenced(store, record, lambda current: moved.evolve(adopted=current.adopted))
 
 
-def write_standby(store: Store, record: Ownership) -> None:
+def write_standby(store: Store, record: Ownership) -> Ownership:
     """The owner's write of its standby's state, only while the fence still names it."""
-    _write_fenced(store, record, [(TABLE, _standby_key(record.partition), _standby_value(record))])
+    return _change_fenced(
+        store,
+        record,
+        lambda current: current.evolve(
+            standby=record.standby,
+            standby_address=record.standby_address,
+            in_sync=record.in_sync,
+        ),
+    )
 
 
-def write_adopted(store: Store, record: Ownership, copied: Iterable[int]) -> None:
+def write_adopted(store: Store, record: Ownership, copied: Iterable[int]) -> Ownership:
     """A member's decision log adopted under ``record``: the commits its copy held, written
     under the fence before the adopter answers for the log. The member, back, forgets any
     other commit its own log has (see ``DecisionLog.reconcile``)."""
-    value = json.dumps({"epoch": record.epoch, "committed": sorted(copied)}).encode()
-    _write_fenced(store, record, [(TABLE, _adopted_key(record.partition), value)])
+    adopted = (record.epoch, tuple(sorted(copied)))
+    return _change_fenced(store, record, lambda current: current.evolve(adopted=adopted))
 
 
-def _write_fenced(store: Store, record: Ownership, mutations: list[Mutation]) -> None:
-    """``mutations`` land only while the fence still names ``record``'s owner and epoch;
-    otherwise :class:`Superseded` says who holds it now."""
+def _change_fenced(
+    store: Store, record: Ownership, change: Callable[[Ownership], Ownership]
+) -> Ownership:
+    """``change`` of the stored record, stored only while it names ``record``'s owner at its
+    epoch (else :class:`Superseded`): a compare-and-set of the value read, read again when
+    something else in it changed meanwhile (the owner's own other writes). Returns what was
+    stored."""
     store.create_table(TABLE)
-    try:
-        store.write_guarded(record.guard(), mutations)
-    except GuardFailed:
-        raise superseded(store, record) from None
+    while True:
+        current = read(store, record.partition)
+        if not current.same_fence(record):
+            raise _superseded(current, record)
+        try:
+            return _replace(store, current.version, change(current))
+        except GuardFailed:
+            continue  # changed since read: look again
+
+
+def write_fenced(store: Store, record: Ownership, mutations: list[Mutation]) -> Ownership:
+    """``mutations`` (the partition's rows) land only while the record names ``record``'s
+    owner at its epoch (else :class:`Superseded`, nothing applied): guarded on the stored
+    record being ``record.version``, read again when only something else in it changed (its
+    standby's state). Returns the record the write was guarded on: passed next time, it
+    spares that read. Atomic on SQLite; on HBase a check, then a write (``Store.write_guarded``)."""
+    while True:
+        try:
+            store.write_guarded((TABLE, _key(record.partition), record.version), mutations)
+            return record
+        except GuardFailed:
+            current = read(store, record.partition)
+            if not current.same_fence(record):
+                raise _superseded(current, record) from None
+            record = current
 
 
 def read_adopted(store: Store, partition: int) -> tuple[int, set[int]] | None:
     """The newest adoption of a decision log, as (epoch, commits copied); None if never."""
-    if TABLE not in store.list_tables():
-        return None
-    raw = store.get_many(TABLE, [_adopted_key(partition)]).get(_adopted_key(partition))
-    if raw is None:
-        return None
-    adopted = json.loads(raw)
-    return adopted["epoch"], set(adopted["committed"])
-
-
-def superseded(store: Store, record: Ownership) -> Superseded:
-    return _superseded(read(store, record.partition), record)
+    adopted = read(store, partition).adopted
+    return None if adopted is None else (adopted[0], set(adopted[1]))
 
 
 def _superseded(current: Ownership, record: Ownership) -> Superseded:
@@ -191,6 +256,6 @@ def _superseded(current: Ownership, record: Ownership) -> Superseded:
 def check_owner(store: Store, partition: int, epoch: int, owner: int) -> Ownership:
     """Raises :class:`Superseded` unless ``owner`` holds the partition at ``epoch``."""
     current = read(store, partition)
-    if current.epoch != epoch or current.owner != owner:
+    if not current.same_fence(Ownership(partition, epoch, owner)):
         raise _superseded(current, Ownership(partition, epoch, owner))
     return current

@@ -262,6 +262,11 @@ class SqliteStore(Store):
     def _write(self, mutations: list[Mutation], tables: list[str]) -> None:
         self._run(lambda conn: self._apply(conn, mutations, tables), write=True)
 
+    def _compare_and_set(
+        self, table: str, key: bytes, expected: bytes | None, value: bytes
+    ) -> None:
+        self._write_guarded((table, key, expected), [(table, key, value)], [table])
+
     def _write_guarded(self, guard: Guard, mutations: list[Mutation], tables: list[str]) -> None:
         """The check and the write in one IMMEDIATE transaction: atomic across processes."""
         table, key, expected = guard
