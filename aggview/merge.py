@@ -38,6 +38,18 @@ def negate(delta: Row) -> Row:
     }
 
 
+def normalized(fields: Row) -> Row:
+    """A state with its zero counters and empty multisets dropped, for comparisons: a group
+    maintained through deletes may keep ``n0: 0`` where a fresh computation has no field."""
+    out: Row = {}
+    for name, value in fields.items():
+        if isinstance(value, dict):
+            value = {v: n for v, n in value.items() if n}
+        if value:
+            out[name] = value
+    return out
+
+
 def merge(row: Row | None, delta: Row) -> Row | None:
     """Applies a delta to a view row; None in and out means the group has no rows.
 

@@ -20,6 +20,7 @@ from coordinator.convert import check_sql_size
 from coordinator.dml import is_write, run_writes
 from coordinator.transactions import TransactionManager
 from coordinator.view_query import Condition
+from cumulus.aggregates import RULES, Kind
 from cumulus.expressions import literal_value
 from cumulus.sqltext import column_value, constant, identifier, parse_statements
 
@@ -249,16 +250,6 @@ async def _select(
     return result
 
 
-# How a view's aggregate column rolls up, and the SQL functions that say so.
-_ROLLUP = {
-    "sum": {"SUM"},
-    "count": {"SUM"},
-    "count_star": {"SUM"},
-    "min": {"MIN"},
-    "max": {"MAX"},
-    "avg": {"AVG"},
-    "count_distinct": set(),
-}
 _SQL_FUNCTIONS = {
     exp.Sum: "SUM",
     exp.Count: "COUNT",
@@ -339,7 +330,7 @@ async def _select_view(
     return result
 
 
-def _view_column(node: exp.Expression, name: str, kinds: dict[str, str], groups: list[str]) -> str:
+def _view_column(node: exp.Expression, name: str, kinds: dict[str, Kind], groups: list[str]) -> str:
     """The view column a select item reads: a column, or an aggregate of an aggregate column
     that rolls it up the way the view aggregates it."""
     if isinstance(node, exp.Column):
@@ -361,13 +352,24 @@ def _view_column(node: exp.Expression, name: str, kinds: dict[str, str], groups:
             f"{node.sql()}: {column!r} is not an aggregate column of materialized view {name} "
             f"(those are {', '.join(kinds)})"
         )
-    if function not in _ROLLUP[kind]:
-        how = " or ".join(sorted(_ROLLUP[kind])) or f"{column} itself"
+    allowed = _rolls_up_as(kind)
+    if function not in allowed:
+        how = " or ".join(sorted(allowed)) or f"{column} itself"
         raise errors.InvalidArgument(
             f"{node.sql()} cannot be derived: {column} is {kind.upper().replace('_', ' ')} per "
             f"group, so it rolls up as {how}"
         )
     return column
+
+
+def _rolls_up_as(kind: Kind) -> set[str]:
+    """The SQL functions that roll a view column of ``kind`` up to fewer groups: the one that
+    combines its values (SUM for counts and sums), or AVG of an AVG (the query layer rolls up
+    the state, ``coordinator.view_query``); COUNT(DISTINCT) is written bare."""
+    rollup = RULES[kind].rollup
+    if rollup is not None:
+        return {rollup.name}
+    return {kind.name} if kind is Kind.AVG else set()
 
 
 def _where(statement: exp.Select) -> exp.Expression | None:

@@ -1,11 +1,12 @@
 """A view row's aggregate state: its layout, the delta one joined tuple contributes, and the
-values a user reads (one helper per aggregate kind, as pg_ivm does).
+values a user reads (each aggregate kind's rules are ``cumulus.aggregates``).
 
 State fields, all mergeable by ``aggview.merge`` (numbers add, dicts are multisets):
-``_count`` rows in the group; ``n<i>`` non-NULL arguments of aggregate i; ``s<i>`` the sum of
-aggregate i in storage form (scaled integers for DECIMAL, so sums are exact); ``m<i>`` the
-ordered multiset {JSON storage value: multiplicity} for MIN, MAX and COUNT(DISTINCT), so that
-deleting the current minimum needs no rescan of the base table.
+``_count`` rows in the group; per aggregate i, its kind's fields (``cumulus.aggregates``) with
+i appended: ``n<i>`` non-NULL arguments; ``s<i>`` the sum in storage form (scaled integers for
+DECIMAL, so sums are exact); ``m<i>`` the ordered multiset {JSON storage value: multiplicity}
+for MIN, MAX and COUNT(DISTINCT), so that deleting the current minimum needs no rescan of the
+base table. COUNT(*) reads ``_count``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from aggview import errors
 from aggview.keycodec import decode_key, encode_key
 from aggview.schema import Column, ColumnType, TableSchema, from_storage, to_storage
+from cumulus.aggregates import RULES, Kind, M, N, S
 from cumulus.expressions import compile_expr, compile_predicate
 from cumulus.plan import ViewPlan
 
@@ -29,8 +31,9 @@ _BOOL = ColumnType("BOOL")
 _ZERO = {"INT": 0, "DECIMAL": 0, "FLOAT": 0.0, "TEXT": "", "DATE": 0, "BOOL": False}
 
 
-def _to_state(column_type: ColumnType, value: Any) -> Any:
-    """A SUM/AVG argument in storage form: exact scaled integer for DECIMAL."""
+def sum_state(column_type: ColumnType, value: Any) -> Any:
+    """A SUM/AVG argument (or a sum of them) in storage form: exact scaled integer for
+    DECIMAL."""
     if column_type.kind == "DECIMAL":
         scaled = _EXACT.multiply(decimal.Decimal(value), decimal.Decimal(10) ** column_type.scale)
         if scaled != scaled.to_integral_value():
@@ -39,6 +42,13 @@ def _to_state(column_type: ColumnType, value: Any) -> Any:
     if column_type.kind == "FLOAT":
         return float(value)
     return int(value)
+
+
+def _sum_value(column_type: ColumnType, stored: Any) -> Any:
+    """A sum in storage form as an exact number (a float for FLOAT)."""
+    if column_type.kind == "FLOAT":
+        return stored
+    return decimal.Decimal(stored).scaleb(-(column_type.scale or 0), _EXACT)
 
 
 class ViewState:
@@ -53,6 +63,7 @@ class ViewState:
             ColumnType.parse(a.arg_type) if a.arg_type else None for a in plan.aggregates
         ]
         self.result_types = [ColumnType.parse(a.result_type) for a in plan.aggregates]
+        self.rules = [RULES[a.kind] for a in plan.aggregates]
         self.filters = [compile_predicate(f) for f in plan.filters]
         self.having = compile_predicate(plan.having) if plan.having else None
         self._types: dict[tuple[str, str], ColumnType] = {}
@@ -101,26 +112,21 @@ class ViewState:
 
     def tuple_delta(self, lookup: Lookup, sign: int) -> Row:
         delta: Row = {"_count": sign}
-        for i, aggregate in enumerate(self.plan.aggregates):
+        for i, rule in enumerate(self.rules):
             argument = self.args[i]
             if argument is None:
                 continue
             value = argument(lookup)
             if value is None:
                 continue
-            kind = aggregate.kind
-            if kind == "count":
-                delta[f"n{i}"] = sign
-            elif kind in ("sum", "avg"):
+            if rule.keeps_sum:
+                value = sum_state(self.result_state_type(i), value)
+            elif rule.keeps_values:
                 arg_type = self.arg_types[i]
                 assert arg_type is not None
-                delta[f"s{i}"] = sign * _to_state(self.result_state_type(i), value)
-                delta[f"n{i}"] = sign
-            else:  # min, max, count_distinct
-                arg_type = self.arg_types[i]
-                assert arg_type is not None
-                stored = to_storage(Column("v", arg_type), value, table=self.plan.name)
-                delta[f"m{i}"] = {json.dumps(stored): sign}
+                value = json.dumps(to_storage(Column("v", arg_type), value, table=self.plan.name))
+            for field, part in rule.delta(value, sign).items():
+                delta[f"{field}{i}"] = part
         return delta
 
     def result_state_type(self, i: int) -> ColumnType:
@@ -151,40 +157,22 @@ class ViewState:
             return None
         values = self.decode_group(key)
         for i, aggregate in enumerate(self.plan.aggregates):
-            values[aggregate.name] = self._value(i, aggregate.kind, state)
+            values[aggregate.name] = self._value(i, state)
         if self.having is not None and not self.having(lambda _alias, name: values.get(name)):
             return None
         return {name: values[name] for name in self.plan.output}
 
-    def _value(self, i: int, kind: str, state: Row) -> Any:
-        count = state.get(f"n{i}", 0)
-        if kind == "count_star":
-            return state.get("_count", 0)
-        if kind == "count":
-            return count
-        if kind in ("sum", "avg"):
-            if not count:
-                return None
-            total = state.get(f"s{i}", 0)
-            state_type = self.result_state_type(i)
-            result_type = self.result_types[i]
-            if state_type.kind == "FLOAT":
-                return total / count if kind == "avg" else float(total)
-            exact = decimal.Decimal(total).scaleb(-(state_type.scale or 0), _EXACT)
-            if kind == "avg":
-                exact = _EXACT.divide(exact, count)
-            if result_type.kind == "INT":
-                return int(exact)
-            if result_type.kind == "FLOAT":
-                return float(exact)
-            quantum = decimal.Decimal(1).scaleb(-(result_type.scale or 0))
-            return exact.quantize(quantum, rounding=decimal.ROUND_HALF_EVEN, context=_EXACT)
-        multiset = state.get(f"m{i}") or {}
-        if kind == "count_distinct":
-            return len(multiset)
-        if not multiset:
-            return None
+    def _value(self, i: int, state: Row) -> Any:
+        rule = self.rules[i]
+        if rule.kind is Kind.COUNT_STAR:
+            fields = {N: state.get("_count", 0)}
+        else:
+            fields = {f: state[f"{f}{i}"] for f in rule.fields if f"{f}{i}" in state}
+        if S in fields:
+            fields[S] = _sum_value(self.result_state_type(i), fields[S])
+        if M not in fields:
+            return rule.finish(fields, self.result_types[i])
+        fields[M] = {json.loads(v): n for v, n in fields[M].items()}
         arg_type = self.arg_types[i]
         assert arg_type is not None
-        stored = [json.loads(v) for v in multiset]
-        return from_storage(arg_type, min(stored) if kind == "min" else max(stored))
+        return rule.finish(fields, self.result_types[i], lambda v: from_storage(arg_type, v))

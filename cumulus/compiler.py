@@ -7,19 +7,13 @@ optimizer): ``parse_select`` -> ``check_supported`` -> ``resolve_tables`` -> ``p
 ``plan_having`` (hidden aggregates). Anything outside the supported subset is refused at CREATE
 with an ``InvalidArgument`` that names the construct; type errors are ``TypeMismatch``.
 
-Type rules (documented here because view maintenance and Spark must agree with them):
+Type rules (view maintenance, M3 and Spark must agree with them): arithmetic, SUM and AVG in
+``cumulus.typerules``, every aggregate's result type in ``cumulus.aggregates``; and
 
-- ``+ - *``: INT with INT is INT; DECIMAL(p1,s1) +/- DECIMAL(p2,s2) is DECIMAL(38, max(s1,s2));
-  ``*`` is DECIMAL(38, s1+s2), refused above scale 38; INT with DECIMAL acts as DECIMAL(38,0);
-  anything with FLOAT is FLOAT. ``/`` is always FLOAT (float division, NULL on zero).
 - Literals: 12 is INT (DECIMAL(38,0) past 64 bits); 1.50 is DECIMAL(38,2); 1e3 is FLOAT; 'x' is
   TEXT, or DATE when compared with a DATE and in ISO form; DATE '2024-01-01' is DATE.
 - Comparisons: numbers with numbers, otherwise the same kind only. Join edges need the same kind
   (and, for DECIMAL, the same scale), because index keys are encoded per type.
-- Aggregates: COUNT -> INT; SUM(INT) -> INT; SUM(DECIMAL(p,s)) -> DECIMAL(38,s); SUM(FLOAT) ->
-  FLOAT; AVG(INT) -> DECIMAL(38,6); AVG(DECIMAL(p,s)) -> DECIMAL(38, max(s,6)) (the read-time
-  quotient sum/count is rounded half-even to that scale); AVG(FLOAT) -> FLOAT; MIN/MAX keep
-  their argument's type, BOOL included (FALSE < TRUE).
 """
 
 from __future__ import annotations
@@ -36,6 +30,7 @@ from sqlglot.tokens import Token, Tokenizer, TokenType
 
 from aggview import errors
 from aggview.schema import ColumnType, TableSchema
+from cumulus.aggregates import RULES, Kind
 from cumulus.plan import (
     HOSTS,
     MODES,
@@ -50,20 +45,20 @@ from cumulus.plan import (
     expr_columns,
 )
 from cumulus.sqltext import (
-    BOOL,
-    DATE,
-    FLOAT,
-    INT,
-    NUMERIC,
-    TEXT,
     Typed,
     date_literal,
-    decimal_type,
     identifier,
     literal,
     negated_literal,
     parse_sql,
     syntax_error,
+)
+from cumulus.typerules import (
+    BOOL,
+    DATE,
+    NUMERIC,
+    TEXT,
+    arithmetic_type,
 )
 
 DEFAULT_ASYNC_INTERVAL_MS = 1000
@@ -74,7 +69,6 @@ VIEW_OPTIONS = ("refresh", "interval_ms", "nodes", "epoch_ms", "mode", "host", "
 CUMULUS_OPTIONS = ("nodes", "epoch_ms", "mode", "host", "feed_ms")
 MIN_INTERVAL_MS = 10
 MAX_INTERVAL_MS = 86_400_000
-MAX_SCALE = 38
 RESERVED_NAMES = frozenset({"_count"})  # the refresh operator's own column in every view row
 
 # === DDL: CREATE / DROP / ALTER MATERIALIZED VIEW ===============================================
@@ -641,25 +635,6 @@ def _no_aggregates(node: exp.Expression) -> Typed:
     raise errors.InvalidArgument(f"aggregate {node.sql()} is not allowed here")
 
 
-def arithmetic_type(
-    op: str, left: ColumnType, right: ColumnType, node: exp.Expression
-) -> ColumnType:
-    """The result type of ``left op right`` (see the module docstring for the rules)."""
-    if left.kind not in NUMERIC or right.kind not in NUMERIC:
-        raise errors.TypeMismatch(f"arithmetic {op} on {left} and {right}: {node.sql()}")
-    if op == "/" or FLOAT in (left, right):
-        return FLOAT
-    if left == INT and right == INT:
-        return INT
-    s1, s2 = left.scale or 0, right.scale or 0
-    scale = s1 + s2 if op == "*" else max(s1, s2)
-    if scale > MAX_SCALE:
-        raise errors.TypeMismatch(
-            f"{node.sql()} would need DECIMAL scale {scale}, more than {MAX_SCALE}"
-        )
-    return decimal_type(scale)
-
-
 def typed(node: exp.Expression, column: ColumnHook, aggregate: AggregateHook) -> Typed:
     """Resolve and type a value expression; columns and aggregates go through the hooks."""
     if isinstance(node, exp.Paren):
@@ -874,21 +849,9 @@ def _group_column(
 # === pass 8-9: SELECT list, aggregates, HAVING =================================================
 
 
-def aggregate_result_type(kind: str, arg: ColumnType | None) -> ColumnType:
-    if kind in ("count_star", "count", "count_distinct"):
-        return INT
-    assert arg is not None
-    if kind in ("min", "max") or arg == FLOAT:
-        return arg
-    scale = arg.scale or 0
-    if kind == "sum":
-        return INT if arg == INT else decimal_type(scale)
-    return decimal_type(max(scale, 6))  # avg
-
-
 @dataclass
 class _AggregateSpec:
-    kind: str
+    kind: Kind
     arg: Expr | None
     arg_type: ColumnType | None
     base_name: str
@@ -899,23 +862,23 @@ class _AggregateSpec:
 
 def aggregate_spec(node: exp.Expression, scope: Scope) -> _AggregateSpec:
     """COUNT/SUM/AVG/MIN/MAX -> kind, typed argument and a default output name."""
-    kind = node.key
+    kind = Kind(node.key)
     arg_node = node.this
     if isinstance(arg_node, exp.Distinct):
         arg_node = arg_node.expressions[0]
-        kind = "count_distinct" if kind == "count" else kind
-    if kind == "count" and (
+        kind = Kind.COUNT_DISTINCT if kind is Kind.COUNT else kind
+    if kind is Kind.COUNT and (
         isinstance(arg_node, exp.Star)
         or (isinstance(arg_node, exp.Literal | exp.Boolean) and not isinstance(arg_node, exp.Null))
     ):
-        return _AggregateSpec("count_star", None, None, "count")
+        return _AggregateSpec(Kind.COUNT_STAR, None, None, "count")
     arg, arg_type = typed(arg_node, lambda c: _column(c, scope), _no_aggregates)
-    if kind in ("sum", "avg") and arg_type.kind not in NUMERIC:
+    if RULES[kind].numeric and arg_type.kind not in NUMERIC:
         what = (
             f"column {ColumnRef(*arg['col'])}" if "col" in arg else f"expression {arg_node.sql()}"
         )
-        raise errors.TypeMismatch(f"{kind.upper()} over {arg_type} {what}")
-    base = f"{kind}_{arg['col'][1]}" if "col" in arg else kind
+        raise errors.TypeMismatch(f"{kind.name} over {arg_type} {what}")
+    base = f"{kind.value}_{arg['col'][1]}" if "col" in arg else kind.value
     return _AggregateSpec(kind, arg, arg_type, base)
 
 
@@ -995,7 +958,7 @@ def _aggregate(spec: _AggregateSpec, name: str, hidden: bool) -> Aggregate:
         spec.kind,
         spec.arg,
         None if spec.arg_type is None else str(spec.arg_type),
-        str(aggregate_result_type(spec.kind, spec.arg_type)),
+        str(RULES[spec.kind].result_type(spec.arg_type)),
         hidden,
     )
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from aggview.errors import InvalidArgument
 from aggview.schema import ColumnType
+from cumulus.aggregates import Kind
 
 Expr = dict[str, Any]
 
@@ -29,7 +30,6 @@ MODES = ("sync", "async", "cumulus")
 SPECULATION = ("speculative", "conservative")  # how a Cumulus view's runtime runs
 # where its DW nodes run: in the coordinating process, processes of their own, Spark tasks
 HOSTS = ("local", "grpc", "spark")
-AGGREGATE_KINDS = ("count_star", "count", "sum", "avg", "min", "max", "count_distinct")
 PLAN_FORMAT = 1
 
 
@@ -158,16 +158,18 @@ class Aggregate:
     """One aggregate the view row keeps state for; ``hidden`` ones exist only for HAVING."""
 
     name: str
-    kind: str
+    kind: Kind  # given as its persisted spelling ("sum") or a member
     arg: Expr | None
     arg_type: str | None
     result_type: str
     hidden: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in AGGREGATE_KINDS:
-            raise InvalidArgument(f"aggregate {self.name}: unknown kind {self.kind!r}")
-        if (self.arg is None) != (self.kind == "count_star"):
+        try:
+            object.__setattr__(self, "kind", Kind(self.kind))
+        except ValueError:
+            raise InvalidArgument(f"aggregate {self.name}: unknown kind {self.kind!r}") from None
+        if (self.arg is None) != (self.kind is Kind.COUNT_STAR):
             raise InvalidArgument(f"aggregate {self.name}: only count_star has no argument")
         if (self.arg is None) != (self.arg_type is None):
             raise InvalidArgument(f"aggregate {self.name}: arg and arg_type go together")
@@ -175,7 +177,7 @@ class Aggregate:
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "kind": self.kind,
+            "kind": self.kind.value,
             "arg": copy.deepcopy(self.arg),
             "arg_type": self.arg_type,
             "result_type": self.result_type,

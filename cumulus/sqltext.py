@@ -22,20 +22,10 @@ from aggview import errors
 from aggview.schema import INT_MAX, ColumnType
 from cumulus.expressions import literal_value
 from cumulus.plan import Expr
+from cumulus.typerules import BOOL, DATE, FLOAT, INT, NUMERIC, TEXT, decimal_type
 
 Typed = tuple[Expr, ColumnType]
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-
-INT = ColumnType("INT")
-FLOAT = ColumnType("FLOAT")
-TEXT = ColumnType("TEXT")
-DATE = ColumnType("DATE")
-BOOL = ColumnType("BOOL")
-NUMERIC = frozenset({"INT", "DECIMAL", "FLOAT"})
-
-
-def decimal_type(scale: int) -> ColumnType:
-    return ColumnType("DECIMAL", 38, scale)
 
 
 def identifier(node: exp.Expression | None, what: str) -> str:

@@ -17,7 +17,8 @@ import pytest
 
 from aggview import errors
 from aggview.schema import Column, ColumnType, TableSchema
-from cumulus import compiler
+from cumulus import compiler, typerules
+from cumulus.aggregates import RULES, Kind
 from cumulus.compiler import (
     DEFAULT_ASYNC_INTERVAL_MS,
     DEFAULT_EPOCH_MS,
@@ -625,18 +626,18 @@ def test_plan_where_and_check_connected_alone() -> None:
 def test_arithmetic_and_aggregate_type_rules_alone() -> None:
     dec = ColumnType.parse
     node = compiler.parse_select("SELECT 1").expressions[0]
-    assert compiler.arithmetic_type("+", dec("INT"), dec("INT"), node) == dec("INT")
-    assert compiler.arithmetic_type("-", dec("DECIMAL(5,1)"), dec("DECIMAL(10,3)"), node) == dec(
+    assert typerules.arithmetic_type("+", dec("INT"), dec("INT"), node) == dec("INT")
+    assert typerules.arithmetic_type("-", dec("DECIMAL(5,1)"), dec("DECIMAL(10,3)"), node) == dec(
         "DECIMAL(38,3)"
     )
-    assert compiler.arithmetic_type("*", dec("DECIMAL(5,1)"), dec("INT"), node) == dec(
+    assert typerules.arithmetic_type("*", dec("DECIMAL(5,1)"), dec("INT"), node) == dec(
         "DECIMAL(38,1)"
     )
-    assert compiler.arithmetic_type("/", dec("INT"), dec("INT"), node) == dec("FLOAT")
-    assert compiler.arithmetic_type("+", dec("FLOAT"), dec("DECIMAL(5,1)"), node) == dec("FLOAT")
-    assert compiler.aggregate_result_type("avg", dec("DECIMAL(10,8)")) == dec("DECIMAL(38,8)")
-    assert compiler.aggregate_result_type("sum", dec("FLOAT")) == dec("FLOAT")
-    assert compiler.aggregate_result_type("count_distinct", dec("TEXT")) == dec("INT")
+    assert typerules.arithmetic_type("/", dec("INT"), dec("INT"), node) == dec("FLOAT")
+    assert typerules.arithmetic_type("+", dec("FLOAT"), dec("DECIMAL(5,1)"), node) == dec("FLOAT")
+    assert RULES[Kind.AVG].result_type(dec("DECIMAL(10,8)")) == dec("DECIMAL(38,8)")
+    assert RULES[Kind.SUM].result_type(dec("FLOAT")) == dec("FLOAT")
+    assert RULES[Kind.COUNT_DISTINCT].result_type(dec("TEXT")) == dec("INT")
 
 
 # === plan JSON =================================================================================

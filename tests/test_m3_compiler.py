@@ -18,6 +18,7 @@ from aggview import errors
 from aggview.cli import main
 from aggview.schema import TableSchema
 from coordinator.catalog import table_from_create
+from cumulus.aggregates import Kind
 from cumulus.m3.canonical import canonical
 from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.interpreter import Interpreter
@@ -122,7 +123,7 @@ def test_maps_are_shared_within_a_view_and_across_views() -> None:
         assert len(texts) == len(set(texts))  # no two equivalent maps
     # SUM of a NOT NULL column counts its rows with the COUNT(*) map itself
     view = both.views[1]
-    total = next(c for c in view.columns if c.kind == "SUM")
+    total = next(c for c in view.columns if c.kind is Kind.SUM)
     assert total.count == view.rows
 
 

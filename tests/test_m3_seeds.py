@@ -15,6 +15,7 @@ import sqlglot
 
 from aggview.schema import TableSchema
 from coordinator.catalog import table_from_create
+from cumulus.aggregates import Kind
 from cumulus.m3.canonical import canonical
 from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.exprs import rename, vars_of
@@ -104,7 +105,7 @@ def test_q3_compiles_to_the_seed_program_up_to_names_and_order() -> None:
     found = schemas(Q3_TABLES)
     program = compile_program([plan_of(Q3, "q3", found.__getitem__)], found.__getitem__)
     view = program.views[0]
-    sum_column = next(c for c in view.columns if c.kind == "SUM")
+    sum_column = next(c for c in view.columns if c.kind is Kind.SUM)
     ours = program.restricted_to([sum_column.parts[0].name])  # the maps the SUM reads
     # the map correspondence, from the definitions (equal up to renaming); it must be 1:1
     by_text = {canonical(m.definition).text: m.name for m in seed.maps if m.definition}

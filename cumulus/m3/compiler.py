@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from aggview import errors
 from aggview.schema import ColumnType, TableSchema
+from cumulus.aggregates import RULES, Kind
 from cumulus.compiler import CreateView, compile_view, parse_view_statement
 from cumulus.m3.canonical import canonical
 from cumulus.m3.delta import Types, delta_terms, fresh, substitute
@@ -201,24 +202,25 @@ class _Compiler:
         result = ColumnType.parse(aggregate.result_type)
         base = f"{plan.name}_{aggregate.name.lstrip('_')}"
         kind = aggregate.kind
-        if kind == "count_star":
-            return ViewColumn(aggregate.name, "COUNT", (rows,), None, result, aggregate.hidden)
+        if kind is Kind.COUNT_STAR:
+            return ViewColumn(aggregate.name, Kind.COUNT, (rows,), None, result, aggregate.hidden)
         assert aggregate.arg is not None
         arg = from_plan(aggregate.arg, lambda a, c: query.var_of[(a, c)])
         present = _not_null(arg, query)
-        if kind == "count":
-            counted = part(base, present)
-            return ViewColumn(aggregate.name, "COUNT", (counted,), None, result, aggregate.hidden)
-        if kind in ("sum", "avg"):
+        rule = RULES[kind]
+        if rule.keeps_sum:
             terms = monomials(arg)
             sums = tuple(
                 part(base if len(terms) == 1 else f"{base}_{i}", [*present, *(Value(f) for f in m)])
                 for i, m in enumerate(terms, 1)
             )
             count = part(f"{base}_n", present)
-            return ViewColumn(aggregate.name, kind.upper(), sums, count, result, aggregate.hidden)
-        counts = part(f"{base}_cnt", present, arg)
-        return ViewColumn(aggregate.name, kind.upper(), (counts,), None, result, aggregate.hidden)
+            return ViewColumn(aggregate.name, kind, sums, count, result, aggregate.hidden)
+        if rule.keeps_values:
+            counts = part(f"{base}_cnt", present, arg)
+            return ViewColumn(aggregate.name, kind, (counts,), None, result, aggregate.hidden)
+        counted = part(base, present)  # COUNT(e)
+        return ViewColumn(aggregate.name, kind, (counted,), None, result, aggregate.hidden)
 
     def part(
         self,

@@ -2,7 +2,7 @@
 
 Evaluation goes through ``cumulus.expressions`` (the one evaluator, exact for INT and DECIMAL),
 with variables read from the statement's environment; types follow the view compiler's rules
-(``cumulus.compiler.arithmetic_type``). Also: turning a SUM's argument into a polynomial, so
+(``cumulus.typerules``). Also: turning a SUM's argument into a polynomial, so
 each monomial's variables can go to the map of their own relation (seed 003's constants
 "pulled out" and factorization need products, not sums).
 """
@@ -10,7 +10,6 @@ each monomial's variables can go to the map of their own relation (seed 003's co
 from __future__ import annotations
 
 import copy
-import decimal
 from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any
@@ -19,10 +18,9 @@ from sqlglot import exp
 
 from aggview.errors import InvalidArgument
 from aggview.schema import ColumnType
-from cumulus.compiler import arithmetic_type
 from cumulus.expressions import compile_expr, compile_predicate, literal_value
 from cumulus.m3.program import Expr
-from cumulus.sqltext import FLOAT, INT
+from cumulus.typerules import FLOAT, INT, arithmetic_type
 
 Env = dict[str, Any]
 PREDICATE_KEYS = ("cmp", "in", "between", "not", "and", "notnull")
@@ -199,10 +197,3 @@ def zero_of(column_type: ColumnType) -> Any:
     if column_type.kind == "DECIMAL":
         return Decimal(0)
     return 0
-
-
-def quantize(value: Any, scale: int) -> Decimal:
-    exact = decimal.Context(prec=120)
-    return Decimal(value).quantize(
-        Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_EVEN, context=exact
-    )

@@ -26,6 +26,7 @@ from sqlglot import exp
 
 from aggview import errors
 from aggview.schema import Column, ColumnType
+from cumulus.aggregates import RULES, Kind
 from cumulus.m3.exprs import MINUS_ONE, is_predicate, vars_of
 from cumulus.m3.program import (
     VIEW_KINDS,
@@ -48,7 +49,8 @@ from cumulus.m3.program import (
     ViewColumn,
 )
 from cumulus.m3.tokens import Token, tokenize
-from cumulus.sqltext import NUMERIC, date_literal, literal, negated_literal
+from cumulus.sqltext import date_literal, literal, negated_literal
+from cumulus.typerules import NUMERIC
 
 _TYPE_NAMES = {"string": "TEXT", "double": "FLOAT", "long": "INT", "integer": "INT"}
 _COMPARISONS = {"=": "=", "<>": "<>", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
@@ -291,17 +293,18 @@ class _Parser:
                 raise self.fail(f"{column} is not a group key of the view", token)
             return ViewColumn(column)
         kind_token = self.take()
-        kind = kind_token.text.upper()
-        if kind_token.kind != "word" or kind not in VIEW_KINDS:
-            raise self.fail(f"expected one of {', '.join(VIEW_KINDS)}", kind_token)
+        names = [k.name for k in VIEW_KINDS]
+        if kind_token.kind != "word" or kind_token.text.upper() not in names:
+            raise self.fail(f"expected one of {', '.join(names)}", kind_token)
+        kind = Kind[kind_token.text.upper()]
+        rule = RULES[kind]
         self.op("(")
-        extra = 1 if kind in ("MIN", "MAX", "COUNT_DISTINCT") else 0
-        parts = [self.view_part(keys, extra)]
-        while kind in ("SUM", "AVG") and self.accept_op("+"):
+        parts = [self.view_part(keys, 1 if rule.keeps_values else 0)]
+        while rule.keeps_sum and self.accept_op("+"):
             parts.append(self.view_part(keys, 0))
         count = None
-        if kind in ("SUM", "AVG"):
-            self.op(",", f" and the count {kind} reads")
+        if rule.keeps_sum:
+            self.op(",", f" and the count {kind.name} reads")
             count = self.view_part(keys, 0)
         self.op(")")
         self.op(":")

@@ -201,7 +201,7 @@ def _column_text(column: ViewColumn, types: dict[str, ColumnType]) -> str:
         parts += ", " + part_text(column.count, types)
     assert column.type is not None
     hidden = "HIDDEN " if column.hidden else ""
-    return f"{hidden}{name(column.name)} := {column.kind}({parts}) : {type_text(column.type)}"
+    return f"{hidden}{name(column.name)} := {column.kind.name}({parts}) : {type_text(column.type)}"
 
 
 def view_text(view: View, types: dict[str, ColumnType]) -> str:

@@ -22,9 +22,11 @@ from typing import Any
 
 from aggview.errors import InvalidArgument
 from aggview.schema import Column, ColumnType
+from cumulus.aggregates import Kind
 
 Expr = dict[str, Any]
-VIEW_KINDS = ("COUNT", "SUM", "AVG", "MIN", "MAX", "COUNT_DISTINCT")
+# the kinds a view column may be, by name (COUNT(*) is a COUNT of the rows map)
+VIEW_KINDS = tuple(k for k in Kind if k is not Kind.COUNT_STAR)
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ class ViewColumn:
     """
 
     name: str
-    kind: str | None = None
+    kind: Kind | None = None
     parts: tuple[Part, ...] = ()
     count: Part | None = None
     type: ColumnType | None = None

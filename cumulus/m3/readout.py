@@ -1,30 +1,24 @@
-"""Reading a view from its maps: the values a user sees, with the view path's rules (one helper
-per aggregate kind, as ``cumulus.aggstate`` reads a view row):
+"""Reading a view from its maps: the values a user sees, finished by each kind's rule
+(``cumulus.aggregates``), as ``cumulus.aggstate`` reads a view row:
 
 - a group exists while its COUNT(*) map is positive; a view without GROUP BY has one row always;
-- SUM is NULL over no non-NULL argument (its count map is zero), else the sum of its monomial
-  maps in the result type (DECIMAL exact, to the result's scale);
-- AVG is sum / count, rounded half-even to DECIMAL(38, max(s, 6)) (FLOAT for FLOAT);
-- MIN, MAX and COUNT(DISTINCT) read the per-group count map cnt[g, v]: the smallest, the largest
-  and the number of values v with a positive count;
+- COUNT reads its map; SUM and AVG the sum of their monomial maps and their count map; MIN, MAX
+  and COUNT(DISTINCT) the per-group count map cnt[g, v] as the multiset of the values v;
 - HAVING is applied last, over the view's columns (hidden aggregates included).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import decimal
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from cumulus.aggregates import RULES, M, N, S
 from cumulus.expressions import add
-from cumulus.m3.exprs import compile_guard, quantize
+from cumulus.m3.exprs import compile_guard
 from cumulus.m3.program import MapRef, Part, View, ViewColumn
 
 if TYPE_CHECKING:
     from cumulus.m3.interpreter import Interpreter, Key
-
-_DIVIDE = decimal.Context(prec=120)
 
 
 def _project(values: dict[Key, Any], part: Part, names: list[str]) -> dict[Key, Any]:
@@ -40,12 +34,11 @@ def _project(values: dict[Key, Any], part: Part, names: list[str]) -> dict[Key, 
     return out
 
 
-def _multisets(values: dict[Key, Any]) -> dict[Key, list[Any]]:
-    """cnt[g, v] -> {g: [v with a positive count]}."""
-    out: dict[Key, list[Any]] = {}
+def _multisets(values: dict[Key, Any]) -> dict[Key, dict[Any, Any]]:
+    """cnt[g, v] -> {g: {v: count}}."""
+    out: dict[Key, dict[Any, Any]] = {}
     for key, count in values.items():
-        if count > 0:
-            out.setdefault(key[:-1], []).append(key[-1])
+        out.setdefault(key[:-1], {})[key[-1]] = count
     return out
 
 
@@ -94,42 +87,25 @@ def read_view(interp: Interpreter, view: View) -> list[dict[str, Any]]:
 def _column(
     interp: Interpreter, column: ViewColumn, names: list[str], groups: list[Key]
 ) -> dict[Key, Any]:
-    kind = column.kind
-    assert column.type is not None
-    if kind in ("MIN", "MAX", "COUNT_DISTINCT"):
+    """The column's value per group: its maps as the kind's state, finished by its rule."""
+    assert column.kind is not None and column.type is not None
+    rule = RULES[column.kind]
+    if rule.keeps_values:
         part = column.parts[0]
         value_var = next(k for k in part.keys if k not in names)
         sets = _multisets(_project(interp.evaluate(part), part, [*names, value_var]))
-        if kind == "COUNT_DISTINCT":
-            return {g: len(sets.get(g, ())) for g in groups}
-        pick = min if kind == "MIN" else max
-        return {g: pick(sets[g]) if sets.get(g) else None for g in groups}
-    if kind == "COUNT":
+        states = {g: {M: sets.get(g, {})} for g in groups}
+    elif not rule.keeps_sum:  # COUNT: one map
         counts = _project(interp.evaluate(column.parts[0]), column.parts[0], names)
-        return {g: int(counts.get(g, 0)) for g in groups}
-    assert column.count is not None
-    counts = _project(interp.evaluate(column.count), column.count, names)
-    sums = [_project(interp.evaluate(p), p, names) for p in column.parts]
-    out: dict[Key, Any] = {}
-    for g in groups:
-        n = counts.get(g, 0)
-        if not n:
-            out[g] = None
-            continue
-        total: Any = 0
-        for values in sums:
-            total = add(total, values.get(g, 0))
-        out[g] = _finish(kind, column, total, n)
-    return out
-
-
-def _finish(kind: str | None, column: ViewColumn, total: Any, count: int) -> Any:
-    result = column.type
-    assert result is not None
-    if result.kind == "FLOAT":
-        return float(total) / count if kind == "AVG" else float(total)
-    if kind == "AVG":
-        return quantize(_DIVIDE.divide(Decimal(total), count), result.scale or 0)
-    if result.kind == "INT":
-        return int(total)
-    return quantize(total, result.scale or 0)
+        states = {g: {N: counts.get(g, 0)} for g in groups}
+    else:
+        assert column.count is not None
+        counts = _project(interp.evaluate(column.count), column.count, names)
+        sums = [_project(interp.evaluate(p), p, names) for p in column.parts]
+        states = {}
+        for g in groups:
+            total: Any = 0
+            for values in sums:
+                total = add(total, values.get(g, 0))
+            states[g] = {N: counts.get(g, 0), S: total}
+    return {g: rule.finish(state, column.type) for g, state in states.items()}

@@ -6,8 +6,8 @@
   update half applied, a correction not yet in), so it carries no timestamp.
 
 A read may slice (equality or a set of values per group column) and roll up to fewer group
-columns when every aggregate is one that adds up from the view's rows (SUM, COUNT, MIN, MAX);
-AVG and COUNT(DISTINCT) are named as not derivable from rows.
+columns when every aggregate is one whose values roll up (``Rule.rollup``: SUM, COUNT, MIN,
+MAX); AVG and COUNT(DISTINCT) are named as not derivable from rows.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aggview import errors
-from cumulus.expressions import add
+from cumulus.aggregates import RULES
 from cumulus.m3.program import Program, View
 from cumulus.m3.readout import read_view
 from cumulus.runtime.messages import Key
 from cumulus.runtime.simulator import holding
 
 CONSISTENCIES = ("committed", "tentative")
-_ROLLS_UP = {"SUM", "COUNT", "MIN", "MAX"}
 
 
 class Runtime(Protocol):
@@ -88,9 +87,9 @@ def _check_columns(
                 f"not {column!r}"
             )
     for column in view.columns:
-        if column.kind is not None and column.kind not in _ROLLS_UP and not column.hidden:
+        if column.kind is not None and RULES[column.kind].rollup is None and not column.hidden:
             raise errors.InvalidArgument(
-                f"{view.name}.{column.name} is {column.kind}: it cannot be rolled up from the "
+                f"{view.name}.{column.name} is {column.kind.name}: it cannot be rolled up from the "
                 "view's rows (only SUM, COUNT, MIN and MAX add up)"
             )
 
@@ -113,22 +112,14 @@ def roll_up(view: View, rows: list[dict[str, Any]], group_by: list[str]) -> list
 
 
 def _roll_up(view: View, rows: list[dict[str, Any]], group_by: list[str]) -> list[dict[str, Any]]:
-    kinds = {c.name: c.kind for c in view.columns if c.kind is not None and not c.hidden}
+    rules = {c.name: RULES[c.kind] for c in view.columns if c.kind is not None and not c.hidden}
     out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rows:
         key = tuple(row[c] for c in group_by)
         total = out.get(key)
         if total is None:
-            out[key] = {**{c: row[c] for c in group_by}, **{c: row[c] for c in kinds}}
+            out[key] = {**{c: row[c] for c in group_by}, **{c: row[c] for c in rules}}
             continue
-        for column, kind in kinds.items():
-            total[column] = _combine(kind, total[column], row[column])
+        for column, rule in rules.items():
+            total[column] = rule.combine_values(total[column], row[column])
     return list(out.values())
-
-
-def _combine(kind: str | None, a: Any, b: Any) -> Any:
-    if a is None or b is None:  # SQL aggregates skip NULL (a group whose SUM saw no value)
-        return b if a is None else a
-    if kind in ("SUM", "COUNT"):
-        return add(a, b)
-    return min(a, b) if kind == "MIN" else max(a, b)

@@ -8,12 +8,12 @@ ANSI mode without decimal precision loss, so arithmetic is exact or fails loudly
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 from typing import Any
 
 from aggview.schema import Column, ColumnType, to_storage
-from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState
+from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState, sum_state
 from cumulus.spark.source import spark_type
+from cumulus.typerules import accumulator_type
 
 State = dict[bytes, Row]
 _CMP = {"=": "=", "<>": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
@@ -78,13 +78,6 @@ def _from_where(state: ViewState, tables: dict[str, str], *extra: str) -> str:
     return f"FROM {sources}" + (f" WHERE {' AND '.join(conditions)}" if conditions else "")
 
 
-def _sum_type(arg_type: ColumnType) -> str:
-    """SUM in a type that cannot overflow where the evaluator's Python numbers would not."""
-    if arg_type.kind == "FLOAT":
-        return "DOUBLE"
-    return f"DECIMAL(38,{arg_type.scale or 0})"
-
-
 def state_queries(state: ViewState, tables: dict[str, str]) -> tuple[str, list[tuple[int, str]]]:
     """The main query (groups, counts, sums) and one query per multiset aggregate."""
     plan = state.plan
@@ -99,18 +92,17 @@ def state_queries(state: ViewState, tables: dict[str, str]) -> tuple[str, list[t
     body = _from_where(state, tables)
     items = [*groups, "COUNT(*) AS `_count`"]
     multisets = []
-    for i, aggregate in enumerate(plan.aggregates):
+    for i, (aggregate, rule) in enumerate(zip(plan.aggregates, state.rules, strict=True)):
         if aggregate.arg is None:
             continue
         arg = render(aggregate.arg)
         arg_type = state.arg_types[i]
         assert arg_type is not None
-        if aggregate.kind == "count":
+        if not rule.keeps_values:
             items.append(f"COUNT({arg}) AS n{i}")
-        elif aggregate.kind in ("sum", "avg"):
-            items.append(f"COUNT({arg}) AS n{i}")
-            items.append(f"SUM(CAST({arg} AS {_sum_type(arg_type)})) AS s{i}")
-        else:
+        if rule.keeps_sum:
+            items.append(f"SUM(CAST({arg} AS {spark_type(accumulator_type(arg_type))})) AS s{i}")
+        if rule.keeps_values:
             keys = [*groups, f"{arg} AS v"]
             keys_by = ", ".join([*(f"g{j}" for j in range(len(plan.group_by))), "v"])
             present = _from_where(state, tables, f"({arg}) IS NOT NULL")
@@ -132,13 +124,14 @@ def compute_states(spark: Any, state: ViewState, tables: dict[str, str]) -> Stat
             continue  # an aggregate without GROUP BY over no rows: no stored group
         key = state.encode_group(list(row[:width])) if width else NO_GROUP_KEY
         fields: Row = {"_count": int(row["_count"])}
-        for i, aggregate in enumerate(plan.aggregates):
-            if aggregate.kind in ("count", "sum", "avg") and row[f"n{i}"]:
-                fields[f"n{i}"] = int(row[f"n{i}"])
-            if aggregate.kind in ("sum", "avg") and row[f"n{i}"]:
+        for i, (aggregate, rule) in enumerate(zip(plan.aggregates, state.rules, strict=True)):
+            if aggregate.arg is None or rule.keeps_values or not row[f"n{i}"]:
+                continue
+            fields[f"n{i}"] = int(row[f"n{i}"])
+            if rule.keeps_sum:
                 arg_type = state.arg_types[i]
                 assert arg_type is not None
-                fields[f"s{i}"] = _sum_state(arg_type, row[f"s{i}"])
+                fields[f"s{i}"] = sum_state(arg_type, row[f"s{i}"])
         out[key] = fields
     for i, query in multisets:
         arg_type = state.arg_types[i]
@@ -148,27 +141,6 @@ def compute_states(spark: Any, state: ViewState, tables: dict[str, str]) -> Stat
             key = state.encode_group(list(row[:width])) if width else NO_GROUP_KEY
             stored = to_storage(column, row["v"], table=plan.name)
             out[key].setdefault(f"m{i}", {})[json.dumps(stored)] = int(row["c"])
-    return out
-
-
-def _sum_state(arg_type: ColumnType, total: Any) -> int | float:
-    if arg_type.kind == "FLOAT":
-        return float(total)
-    scaled = Decimal(total).scaleb(arg_type.scale or 0)
-    if scaled != scaled.to_integral_value():
-        raise ValueError(f"sum {total} has more than {arg_type.scale} decimal places")
-    return int(scaled)
-
-
-def normalized(fields: Row) -> Row:
-    """A state with its zero counters and empty multisets dropped, for comparisons: a group
-    maintained through deletes may keep ``n0: 0`` where a fresh computation has no field."""
-    out: Row = {}
-    for name, value in fields.items():
-        if isinstance(value, dict):
-            value = {v: n for v, n in value.items() if n}
-        if value:
-            out[name] = value
     return out
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
+from aggview.merge import normalized
 from aggview.rowcodec import encode_row
 from aggview.schema import TableSchema
 from coordinator.bulk_client import BulkClient
@@ -25,7 +26,7 @@ from coordinator.cumulus_view import encode_entry
 from cumulus.aggstate import Row, ViewState
 from cumulus.m3.compiler import compile_program
 from cumulus.plan import ViewPlan
-from cumulus.spark.compute import State, compute_states, needed_columns, normalized
+from cumulus.spark.compute import State, compute_states, needed_columns
 from cumulus.spark.m3_init import initial_maps
 from cumulus.spark.source import encode_staged, staging_name, view_states
 
@@ -272,8 +273,10 @@ def compare_rows(
     have = {tuple(row[g] for g in groups): dict(row) for row in rows}
     approx = {
         a.name
-        for a, arg_type in zip(state.plan.aggregates, state.arg_types, strict=True)
-        if a.kind == "avg" or (arg_type is not None and arg_type.kind == "FLOAT")
+        for a, rule, arg_type in zip(
+            state.plan.aggregates, state.rules, state.arg_types, strict=True
+        )
+        if rule.rounds(arg_type)
     }
     result = VerifyResult(name, ts, len(want))
     for group in sorted(want.keys() | have.keys(), key=repr):

@@ -17,6 +17,8 @@ from aggview.schema import ColumnType
 from cumulus.m3.exprs import is_predicate
 from cumulus.m3.program import AggSum, Expr, Guard, Lift, Program, Rel, Value, part_refs
 from cumulus.spark.compute import quote, render
+from cumulus.spark.source import spark_type
+from cumulus.typerules import accumulator_type
 
 Key = tuple[Any, ...]
 
@@ -60,12 +62,6 @@ def _substitute(expr: Expr, binding: dict[str, Expr]) -> Expr:
     return out
 
 
-def _sum_type(value_type: ColumnType) -> str:
-    if value_type.kind == "FLOAT":
-        return "DOUBLE"
-    return f"DECIMAL(38,{value_type.scale or 0})"
-
-
 def definition_sql(
     definition: AggSum, value_type: ColumnType, program: Program, tables: dict[str, str]
 ) -> str:
@@ -87,7 +83,7 @@ def definition_sql(
     ]
     keys = [f"{render(binding[k])} AS k{i}" for i, k in enumerate(definition.keys)]
     product = " * ".join(values) if values else "1"
-    measure = f"SUM(CAST({product} AS {_sum_type(value_type)})) AS value"
+    measure = f"SUM(CAST({product} AS {spark_type(accumulator_type(value_type))})) AS value"
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     group = " GROUP BY " + ", ".join(f"k{i}" for i in range(len(keys))) if definition.keys else ""
     return f"SELECT {', '.join([*keys, measure])} FROM {', '.join(items)}{where}{group}"
