@@ -37,12 +37,14 @@ CLIENTS = 8
 class DemoSize:
     """How much the demo does; the default took 196 s on a quiet 2-core machine."""
 
-    transfer_seconds: float = 4.0
-    events: int = 20_000
-    workload_seconds: float = 4.0
-    bench_seconds: float = 1.5
+    transfer_seconds: float = 3.0
+    events: int = 10_000
+    workload_seconds: float = 3.0
+    bench_seconds: float = 1.0
     bench_sizes: tuple[int, ...] = (1, 10, 50)
-    scale: dashboard.Scale = field(default_factory=dashboard.Scale)
+    scale: dashboard.Scale = field(
+        default_factory=lambda: dashboard.Scale(shops=20, products=1000, categories=10)
+    )
 
 
 def quick_size() -> DemoSize:
