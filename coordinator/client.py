@@ -235,6 +235,10 @@ def _explain(exc: grpc.RpcError, plaintext: bool, settings: str) -> errors.Aggvi
 CaSource = str | Path | bytes
 
 
+class _Silent(errors.Unavailable):
+    """A member that answered neither a call nor a probe (see ``Client.silent_after``)."""
+
+
 def _get_row(reply: pb.GetReply) -> Row | None:
     if not reply.found:
         return None
@@ -491,7 +495,7 @@ class Client:
                     pass
                 if not self._answers(stub):
                     call.cancel()
-                    raise errors.Unavailable(
+                    raise _Silent(
                         f"the member coordinating this transaction did not answer for "
                         f"{self.silent_after + self._probe_timeout:g}s: its outcome is unknown"
                     )
@@ -549,8 +553,12 @@ class Client:
                     raise
                 self.retries += 1
                 time.sleep(self.retry.delay(attempt))
-            except errors.Unavailable:
-                self._routing().unreachable(member, time.monotonic())
+            except errors.Unavailable as exc:
+                # avoided only if it does not answer: one that answers unavailable (a
+                # participant of this transaction is) coordinates the next ones as well as any
+                # other, and avoiding it sent them to the leader, which may be the silent one
+                if isinstance(exc, _Silent) or not self._answers(stub):
+                    self._routing().unreachable(member, time.monotonic())
                 self._relearn()
                 raise
         raise AssertionError("unreachable")
