@@ -133,6 +133,9 @@ class History:
     scan_errors: Counter[str] = field(default_factory=Counter)
     client_errors: Counter[str] = field(default_factory=Counter)
     exits: list[tuple[float, int, int | None]] = field(default_factory=list)  # (time, member, code)
+    # every transfer: (start, end, outcome: "ok", "refused" or the error's class, the member
+    # the client sent it to: None for the address it was given)
+    calls: list[tuple[float, float, str, int | None]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -198,16 +201,22 @@ class Workload:
                         client, ACCOUNTS, LEDGER, src, dst, rng.randint(1, 60), ref
                     )
                 except ConditionFailed:
+                    outcome = "refused"
                     with history.lock:
                         history.refused += 1
                 except errors.AggviewError as exc:
+                    outcome = type(exc).__name__
                     with history.lock:
                         history.unknown.append((start, ref))
-                        history.client_errors[type(exc).__name__] += 1
-                    time.sleep(0.05)
+                        history.client_errors[outcome] += 1
                 else:
+                    outcome = "ok"
                     with history.lock:
                         history.commits.append(Commit(start, time.monotonic(), ts, ref))
+                with history.lock:
+                    history.calls.append((start, time.monotonic(), outcome, client.last_member))
+                if outcome not in ("ok", "refused"):
+                    time.sleep(0.05)
 
     def _scans(self) -> None:
         history = self.history
@@ -824,6 +833,11 @@ def run(config: Config, data: Path, say: Callable[[str], None] = print) -> dict[
     report["config"] = asdict(config)
     report["log_lines"] = [
         (round(at - (faults[0].start if faults else 0), 2), m, line) for at, m, line in logs
+    ]
+    zero = faults[0].start if faults else 0.0
+    report["calls"] = [  # the per-transfer trace, times from the first fault
+        (round(start - zero, 3), round(stop - zero, 3), outcome, member)
+        for start, stop, outcome, member in history.calls
     ]
     report["safety_failures"] = safety_failures(report)
     report["liveness_failures"] = stuck

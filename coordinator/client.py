@@ -161,6 +161,13 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_delay, self.first_delay * 2**attempt))
 
 
+# A commit unanswered this long makes the client ask the member whether it still answers at
+# all (a cheap ``Members`` call, given as long): a member that does not, cut off from the
+# network or stopped, is given up on (outcome unknown) and routed around, instead of being
+# waited for until the call's deadline or the network heals. A member that answers, however
+# slow the commit, is waited for.
+SILENT_AFTER = 1.0
+
 CONSISTENCY = ("committed", "tentative")
 
 
@@ -226,6 +233,10 @@ def _explain(exc: grpc.RpcError, plaintext: bool, settings: str) -> errors.Aggvi
 
 
 CaSource = str | Path | bytes
+
+
+class _Silent(errors.Unavailable):
+    """A member that answered neither a call nor a probe (see ``Client.silent_after``)."""
 
 
 def _get_row(reply: pb.GetReply) -> Row | None:
@@ -363,7 +374,11 @@ class Client:
     Each transaction goes to the member hosting most of its rows, reads and DDL to the
     address given or the leader; ``route=False`` sends everything to the address given (a
     client that can reach only that server: behind a proxy, or a test pausing another
-    member), which coordinates it at the cost of messages between members."""
+    member), which coordinates it at the cost of messages between members.
+
+    ``silent_after``: a commit unanswered that long makes the client ask the member whether
+    it answers at all; one that does not answer that either is given up on (``Unavailable``:
+    the outcome is unknown) and avoided for a while (None: wait up to ``timeout``)."""
 
     tls_settings = TLS_SETTINGS  # how a TLS-mismatch hint says to connect (see _explain)
 
@@ -378,9 +393,11 @@ class Client:
         token: str | None = None,
         options: Sequence[tuple[str, Any]] = (),
         route: bool = True,
+        silent_after: float | None = SILENT_AFTER,
     ):
         self.address = address
         self.timeout = timeout
+        self.silent_after = silent_after
         self.retry = retry or RetryPolicy()
         self.retries = 0  # timestamp-order aborts retried so far
         self.last_read_timestamp = 0
@@ -392,6 +409,7 @@ class Client:
         self._router: Router | None = None if route else Router([], 0)
         self._members: dict[int, tuple[Any, Any]] = {}  # member -> (channel, stub)
         self._relearn_after = 0.0
+        self.last_member: int | None = None  # the member the last commit went to (None: given)
 
     def __enter__(self) -> Client:
         return self
@@ -430,16 +448,59 @@ class Client:
         if router is None or not router.routes or now < self._relearn_after:
             return
         self._relearn_after = now + 1.0
+        # members that did not answer lately are not asked (each would cost the timeout)
+        given = router.members.index(self.address) if self.address in router.members else None
         for member in [None, *range(len(router.members))]:
+            index = given if member is None else member
+            if router.avoided(index, now):
+                continue
             stub = self._member(member)
             try:
-                reply = stub.Members(pb.MembersRequest(), timeout=2, metadata=self._metadata)
+                reply = stub.Members(
+                    pb.MembersRequest(), timeout=self._probe_timeout, metadata=self._metadata
+                )
             except grpc.RpcError:
+                router.unreachable(index, time.monotonic())
                 continue
             router.leader = reply.leader
             if member is not None:  # the address given did not answer
                 self._stub = self._member(reply.leader)
             return
+
+    @property
+    def _probe_timeout(self) -> float:
+        return min(2.0, self.silent_after or 2.0)
+
+    def _answers(self, stub: Any) -> bool:
+        """Whether the member behind ``stub`` answers a cheap call within the probe timeout
+        (an error it sends back is an answer too)."""
+        try:
+            stub.Members(pb.MembersRequest(), timeout=self._probe_timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            silent = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            return exc.code() not in silent
+        return True
+
+    def _watched(self, stub: Any, request: pb.CommitRequest) -> Any:
+        """``stub.Commit(request)``, given up on (``Unavailable``) when the member stops
+        answering altogether while it runs (see ``silent_after``)."""
+        if self.silent_after is None:
+            return self._call(stub.Commit, request)
+        call = stub.Commit.future(request, timeout=self.timeout, metadata=self._metadata)
+        try:
+            while True:
+                try:
+                    return call.result(timeout=self.silent_after)
+                except grpc.FutureTimeoutError:
+                    pass
+                if not self._answers(stub):
+                    call.cancel()
+                    raise _Silent(
+                        f"the member coordinating this transaction did not answer for "
+                        f"{self.silent_after + self._probe_timeout:g}s: its outcome is unknown"
+                    )
+        except grpc.RpcError as exc:
+            raise _explain(exc, self._plaintext, self.tls_settings) from None
 
     def _member(self, member: int | None) -> Any:
         """The stub of a member (None: the address this client was given)."""
@@ -483,16 +544,21 @@ class Client:
         request = pb.CommitRequest(operations=operations)
         member = self._routed(operations)
         stub = self._member(member)
+        self.last_member = member
         for attempt in range(self.retry.attempts):
             try:
-                return self._call(stub.Commit, request).timestamp
+                return self._watched(stub, request).timestamp
             except errors.TooLate:
                 if attempt + 1 == self.retry.attempts:
                     raise
                 self.retries += 1
                 time.sleep(self.retry.delay(attempt))
-            except errors.Unavailable:
-                self._routing().unreachable(member, time.monotonic())
+            except errors.Unavailable as exc:
+                # avoided only if it does not answer: one that answers unavailable (a
+                # participant of this transaction is) coordinates the next ones as well as any
+                # other, and avoiding it sent them to the leader, which may be the silent one
+                if isinstance(exc, _Silent) or not self._answers(stub):
+                    self._routing().unreachable(member, time.monotonic())
                 self._relearn()
                 raise
         raise AssertionError("unreachable")

@@ -42,14 +42,18 @@ class Router:
         if member is not None:
             self._unreachable[member] = now + UNREACHABLE_FOR
 
+    def avoided(self, member: int | None, now: float) -> bool:
+        """Whether ``member`` did not answer lately (see :meth:`unreachable`)."""
+        return member is not None and now < self._unreachable.get(member, 0.0)
+
     def member_for(self, operations: Sequence[pb.Operation], now: float = 0.0) -> int | None:
         """The member hosting most of the rows (the first row's on a tie), unless it did not
         answer lately (then the leader, or if that did not either, any that did); None: no
         idea."""
         member = self._hosting_most(operations)
-        if member is None or now >= self._unreachable.get(member, 0.0):
+        if member is None or not self.avoided(member, now):
             return member
-        answering = [m for m in range(len(self.members)) if now >= self._unreachable.get(m, 0.0)]
+        answering = [m for m in range(len(self.members)) if not self.avoided(m, now)]
         if self.leader in answering or not answering:
             return self.leader
         return answering[0]

@@ -589,11 +589,17 @@ def _leadership(config: CoordinatorConfig, store: Store) -> tuple[int, Leadershi
     return config.member, leadership.take(store, config.member, record)  # back: a new term
 
 
+# An outcome question unanswered this long counts as silence (asked again in half a second,
+# see ``Participant._outcome_loop``): waiting longer kept rows of a cut-off member's in-doubt
+# transactions held for seconds after another member had adopted its decision log.
+OUTCOME_TIMEOUT = 1.0
+
+
 def _outcome_stub(address: str, tls: TlsDir | None) -> Callable[[list[int]], Awaitable[Any]]:
     stub = lpb_grpc.TransactionOutcomeStub(member_channel(address, tls, CONTROL_OPTIONS))
     metadata = member_metadata(tls)
     return lambda timestamps: stub.Query(
-        lpb.OutcomeRequest(ts=timestamps), timeout=5, metadata=metadata
+        lpb.OutcomeRequest(ts=timestamps), timeout=OUTCOME_TIMEOUT, metadata=metadata
     )
 
 
@@ -610,12 +616,19 @@ async def _outcomes(
     answered = {manager.member, *await manager.answering_for()}
     answers = [[manager.outcome(ts) for ts in timestamps]]
     silent: list[str] = []
-    for member, query in others:
-        try:
-            reply = await query(timestamps)
-        except grpc.aio.AioRpcError as exc:
-            silent.append(f"member {member}: {exc.details()}")
+    # A member whose decision log this member holds now is not asked: only the holder of the
+    # log knows its transactions (the member itself, cut off, is fenced from it). The others
+    # are asked at once, so one silent member costs one timeout, not one each.
+    asked = [(member, query) for member, query in others if member not in answered]
+    replies = await asyncio.gather(
+        *(query(timestamps) for _, query in asked), return_exceptions=True
+    )
+    for (member, _), reply in zip(asked, replies, strict=True):
+        if isinstance(reply, grpc.aio.AioRpcError):
+            silent.append(f"member {member}: {reply.details()}")
             continue
+        if isinstance(reply, BaseException):
+            raise reply
         answers.append(list(reply.outcomes))
         answered |= {member, *reply.answers_for}
     unknown = not set(range(len(manager.members) or 1)) <= answered

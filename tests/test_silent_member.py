@@ -1,0 +1,128 @@
+"""A member that stops answering (cut off from the network, or stopped) must not hold the
+others' clients and in-doubt rows until it is back (issue 45: the majority stays available).
+
+- A client whose commit went to a member that answers nothing gives up on it within about
+  ``silent_after`` plus a probe (the outcome is unknown) and routes around it, instead of
+  waiting for the call's deadline or for the network to heal.
+- A participant asking about in-doubt transactions does not ask a member whose decision log
+  its own member holds, and asks the others at once: a silent coordinator whose log was
+  adopted costs nothing, and one still being waited for costs one timeout, not one each."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from polling import wait_for
+
+from aggview import errors
+from aggview.cluster import LocalCluster
+from aggview.wire import ltm_pb2 as lpb
+from coordinator import Client
+from coordinator.client import Transaction
+from coordinator.service import _outcomes
+from loadgen import transfers
+from tests.test_failover import member_logs_copied, paused, replicated_cluster
+
+ACCOUNTS = 30
+
+
+@pytest.fixture
+def quiet_failover(tmp_path: Path) -> Iterator[LocalCluster]:
+    # nothing moves while member 2 is paused: what is measured is the client alone
+    with replicated_cluster(tmp_path / "data", failover_after=60.0) as cluster:
+        yield cluster
+
+
+def account_on(client: Client, member: int) -> int:
+    """An account whose row the client routes to ``member``."""
+    router = client._routing()
+    for account in range(ACCOUNTS):
+        tx = Transaction()
+        tx.add("accounts", {"id": account}, {"balance": 0})
+        if router.member_for(tx.operations) == member:
+            return account
+    raise AssertionError(f"no account on member {member}")
+
+
+def touch(client: Client, account: int) -> None:
+    with client.transaction() as tx:
+        tx.add("accounts", {"id": account}, {"balance": 0})
+
+
+def test_a_client_gives_up_on_a_silent_member_and_routes_around_it(
+    quiet_failover: LocalCluster,
+) -> None:
+    """Member 2 is paused (its kernel still accepts the connection: the call just hangs, as
+    with a host cut off). A commit routed to it fails as unavailable within a few seconds,
+    not at the 20 s deadline; the same client then commits through the others at once."""
+    cluster = quiet_failover
+    victim = cluster.member(2).process
+    assert victim is not None
+    with Client(cluster.address, timeout=20) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+        wait_for("every log copied", lambda: member_logs_copied(cluster, [0, 1, 2]))
+        on_2, on_0 = account_on(client, 2), account_on(client, 0)
+        touch(client, on_2)  # the channel to member 2 is open
+        with paused(victim):
+            started = time.monotonic()
+            with pytest.raises(errors.Unavailable, match="did not answer"):
+                touch(client, on_2)
+            waited = time.monotonic() - started
+            assert waited < 5.0, f"waited {waited:.1f}s for a silent member"
+            started = time.monotonic()
+            touch(client, on_0)
+            assert time.monotonic() - started < 2.0
+            assert client.last_member == 0
+        wait_for("member 2 answering again", lambda: _touched(client, on_2), 30)
+
+
+def _touched(client: Client, account: int) -> bool:
+    try:
+        touch(client, account)
+    except errors.Unavailable:
+        return False
+    return True
+
+
+class _Manager:
+    """What ``_outcomes`` reads of a member: member 1, holding member 0's decision log."""
+
+    member = 1
+    members = ["m0", "m1", "m2"]
+
+    async def answering_for(self) -> list[int]:
+        return [0]
+
+    def outcome(self, ts: int) -> int:
+        return lpb.OutcomeReply.ABORTED
+
+
+def test_an_outcome_question_skips_a_member_whose_log_is_held_here() -> None:
+    """Member 0 (cut off) never answers; member 1 holds its log, member 2 answers at once:
+    the outcome is known without waiting for member 0 (it used to wait out a 5 s timeout)."""
+    asked: list[int] = []
+
+    def query(member: int, answer: Any) -> Any:
+        async def ask(timestamps: list[int]) -> Any:
+            asked.append(member)
+            if answer is None:
+                await asyncio.sleep(30)
+            return answer
+
+        return ask
+
+    others = [
+        (0, query(0, None)),
+        (2, query(2, lpb.OutcomeReply(outcomes=[lpb.OutcomeReply.ABORTED]))),
+    ]
+
+    async def run() -> list[bool | None]:
+        return await asyncio.wait_for(_outcomes(_Manager(), others, [7]), 2)  # type: ignore[arg-type]
+
+    assert asyncio.run(run()) == [False]
+    assert asked == [2]
