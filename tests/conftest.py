@@ -30,6 +30,34 @@ settings.load_profile(PROFILE)
 PROCESSES = int(os.environ.get("AGGVIEW_TEST_PROCESSES", AS_START))
 
 
+# The longest files first: pytest-xdist (``--dist loadfile``, see pyproject.toml) hands out
+# files in collection order, so a long one started last would hold the run's end alone.
+LONGEST_FIRST = (
+    "test_nemesis.py",
+    "test_spark_views.py",
+    "test_real_hbase.py",
+    "test_tpcw.py",
+    "test_lookup_cache.py",
+    "test_spark.py",
+    "test_demo.py",
+    "test_failpoints.py",
+    "test_failover.py",
+    "test_members.py",
+    "test_cumulus_grpc.py",
+    "test_cumulus_views.py",
+    "test_cli.py",
+    "test_crash.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each file keeps its own order
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None:
