@@ -247,6 +247,9 @@ class FollowerClock(MemberClock):
         # Why the stream is down, from its failure until the next one opens: meanwhile a
         # request would go on the dead stream and wait for a grant that never comes.
         self._down: str | None = None
+        # whether a member fell silent to this member's prober (``coordinator.quorum``)
+        self.silent: Callable[[int], bool] = lambda member: False
+        self._recovering: asyncio.Task[None] | None = None
         in_flight.changed = self._changed
 
     async def start(self) -> None:
@@ -339,6 +342,8 @@ class FollowerClock(MemberClock):
             self._pump.cancel()
         if self._reader is not None:
             self._reader.cancel()
+        if self._recovering is not None:
+            self._recovering.cancel()
         if self._call is not None:
             self._call.cancel()
         failure = errors.Unavailable("this member's clock stream closed; try again")
@@ -456,6 +461,25 @@ class FollowerClock(MemberClock):
         except Exception as exc:  # a bug here must not leave everything waiting in silence
             log.exception("clock stream reader failed")
             problem = f"the clock stream to the leader failed: {exc!r}"
+        await self._reopen(problem)
+
+    def leader_silent(self, member: int) -> None:
+        """``member`` fell silent to this member's prober: if it is the leader, the stream
+        to it ends now (its waiters fail, their callers try again) rather than when TCP gives
+        up, and the next one goes wherever the record says the clock is by then."""
+        if member != self.leader_member or self._closed or self._down is not None:
+            return
+        if self._reader is None or self._reader.done():
+            return
+        self._reader.cancel()
+        if self._pump is not None:
+            self._pump.cancel()
+        if self._call is not None:
+            self._call.cancel()
+        problem = f"the leader (member {member}) does not answer probes"
+        self._recovering = asyncio.get_running_loop().create_task(self._reopen(problem))
+
+    async def _reopen(self, problem: str) -> None:
         log.warning("%s", problem)
         self._down = problem
         failure = errors.Unavailable(problem)
@@ -468,10 +492,12 @@ class FollowerClock(MemberClock):
         for future in asked:
             if not future.done():
                 future.set_exception(failure)
-        await asyncio.sleep(0.2)
-        if self._closed:
-            return
-        if self._locate is not None:
+        while True:
+            await asyncio.sleep(0.2)
+            if self._closed:
+                return
+            if self._locate is None:
+                break
             try:
                 leader = await self._locate()
             except Exception:
@@ -484,6 +510,12 @@ class FollowerClock(MemberClock):
                 await self._channel.close()
                 self.leader_member, self.address = leader
                 self._channel = member_channel(self.address, self._tls, GRPC_OPTIONS)
+                break
+            if not self.silent(self.leader_member):
+                break
+            # The record still names a leader that does not answer: a stream to it would
+            # wait out a connect attempt; look at the record again instead (a successor
+            # writes its term about ``--failover-after`` seconds into the silence).
         self._open()
 
     def _received(self, reply: pb.ClockReply) -> None:

@@ -118,6 +118,11 @@ class Failover:
             await channel.close()
 
     async def _alive(self, ltm: int) -> bool:
+        """Once ``ltm`` left a probe unanswered, it is probed on a new connection each time
+        (``_answers_afresh``), so the probe that finds it silent long enough is one already:
+        a last probe after the delay cost a second more on a cut host."""
+        if ltm in self._down_since:
+            return await self._answers_afresh(ltm)
         return await self._answers(self._stubs[ltm])
 
     async def _answers(self, stub: pb_grpc.LtmStub) -> bool:
@@ -133,6 +138,7 @@ class Failover:
             # with members, each member too (hosting m is member m's): one that serves no
             # partition any more still coordinates, and its decision log may need a new home
             owners = sorted({channel.owner for channel in self.channels} | set(range(self.members)))
+            sent = time.monotonic()
             alive = await asyncio.gather(*(self._alive(ltm) for ltm in owners))
             now = time.monotonic()
             if not self.may_act():
@@ -153,14 +159,14 @@ class Failover:
                     self._heard.add(ltm)
                     continue
                 if ltm not in self._down_since:
-                    self._down_since[ltm] = now
+                    # silent since the first probe it left unanswered was sent, not since
+                    # that probe timed out (as the leader's successor counts)
+                    self._down_since[ltm] = sent
                     if self.members:
                         await self._note_log_epoch(ltm % self.members)
+                    continue  # the next probe goes on a new connection (``_alive``)
                 since = self._down_since[ltm]
                 if now - since < (self.after if ltm in self._heard else START_GRACE):
-                    continue
-                if await self._answers_afresh(ltm):  # our channel to it was stuck, not it
-                    self._down_since.pop(ltm, None)
                     continue
                 if self.members and not self.silent_to_majority(ltm % self.members):
                     continue  # others hear it: a link of ours is cut, not the member

@@ -73,9 +73,11 @@ class LocalPartitions:
         members: list[str] | None = None,
         tls: TlsDir | None = None,
         may_drop: Callable[[], bool] = lambda: True,
+        silent: Callable[[int], bool] = lambda ltm: False,
     ) -> None:
         """``may_drop()``: whether a copy that does not answer may be dropped (only while
-        this member reaches a majority: ``coordinator.quorum``)."""
+        this member reaches a majority: ``coordinator.quorum``); ``silent(ltm)``: whether
+        the member hosting LTM ``ltm`` fell silent to this member's prober."""
         self.store = store
         self.partitions = partitions
         self.members = members or []
@@ -95,7 +97,7 @@ class LocalPartitions:
             )
 
         self.hostings = {
-            p: Hosting(config(p), store, outcome_query, may_drop)
+            p: Hosting(config(p), store, outcome_query, may_drop, silent)
             for p in (range(partitions) if hosted is None else hosted)
         }
 

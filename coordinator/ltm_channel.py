@@ -130,6 +130,9 @@ class LtmChannel:
         self._tls = tls
         self._exchanges = exchanges or []
         self._ssl = tls.member_client_ssl if tls is not None and exchanges else None
+        # whether the member serving LTM ``owner`` fell silent to this member's prober
+        # (``coordinator.quorum``): requests then fail at once instead of waiting for TCP
+        self.silent: Callable[[int], bool] = lambda owner: False
         self.point(address, owner=index if owner is None else owner, epoch=epoch)
         self.decisions: Batcher[pb.Decision, None] = Batcher(self._send_decisions)
         # the long-lived Exchange call, opened on first use (on the current owner's stub)
@@ -177,6 +180,12 @@ class LtmChannel:
         self.point(address, owner, epoch)
         await old.close()
 
+    def owner_silent(self) -> None:
+        """The owner's member fell silent: what waits on the stream fails now as unavailable
+        (a prepare's vote is then missing and its coordinator decides abort, as when TCP
+        gives up seconds later); requests fail at once until it answers again."""
+        self.stream.abandon()
+
     async def _send_decisions(
         self, decisions: list[pb.Decision]
     ) -> AsyncIterator[tuple[int, None]]:
@@ -189,6 +198,11 @@ class LtmChannel:
 
     async def _exchange(self, request: pb.LtmRequest, timeout: float = 30.0) -> pb.LtmReply:
         """Sends one request on the stream and waits for its own answer."""
+        if self.silent(self.owner):
+            raise errors.Unavailable(
+                f"LTM {self.index} at {self.address} is unavailable: its member does not "
+                "answer probes"
+            )
         if not self._exchanges and self._channel.get_state() is not grpc.ChannelConnectivity.READY:
             await self._connected(min(timeout, CONNECT_GRACE))
         reply = await self.stream.ask(

@@ -49,12 +49,15 @@ class MemberDecisions:
         fsync: bool = True,
         on_superseded: Callable[[ownership.Superseded], None] | None = None,
         may_drop: Callable[[], bool] = lambda: True,
+        silent: Callable[[int], bool] = lambda standby: False,
     ) -> None:
         """``on_superseded``: told when another member took this member's log over (it was
         declared dead while alive, and can commit nothing any more); ``may_drop()``: whether
-        a copy that does not answer may be dropped (``LogShipper``)."""
+        a copy that does not answer may be dropped (``LogShipper``), ``silent(standby)``
+        whether the copy's member fell silent (dropped then without waiting out the timeout)."""
         self.store = store
         self._may_drop = may_drop
+        self._silent = silent
         self.decisions = decisions
         self.member = member
         self.members = members
@@ -109,6 +112,7 @@ class MemberDecisions:
             self.members[standby % len(self.members)],
             self._tls,
             self._may_drop,
+            self._silent,
         )
         await self.shipper.start()
         if self._on_superseded is not None:

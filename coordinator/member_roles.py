@@ -180,6 +180,7 @@ class MemberRoles:
                 owner=record.owner,
                 epoch=record.epoch,
             )
+            new.silent = manager.ltm_silent
         manager.channels[p] = new
         await channel.close()
 

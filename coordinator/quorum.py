@@ -46,6 +46,7 @@ class Reachability:
         self.window = window
         self._now = clock
         self._heard: dict[int, float] = {}
+        self._failed: dict[int, float] = {}  # member -> when its last unanswered probe went
         self._reports: dict[int, frozenset[int]] = {}  # whom each member said it reaches
 
     def heard(
@@ -58,6 +59,22 @@ class Reachability:
             self._heard[member] = at
             if reaches is not None:
                 self._reports[member] = frozenset(reaches)
+
+    def failed(self, member: int, at: float | None = None) -> None:
+        """A probe sent to ``member`` at ``at`` went unanswered (timed out or refused)."""
+        at = self._now() if at is None else at
+        self._failed[member] = max(at, self._failed.get(member, 0.0))
+
+    def silent(self, member: int) -> bool:
+        """Whether ``member`` fell silent to this one: it answered once, not within the
+        window, and a probe sent after its last answer went unanswered. A member never heard
+        (still starting) is not silent: calls to it keep their own grace. Streams and calls
+        to a silent member fail at once instead of waiting for TCP to give up (seconds more);
+        that is safe as any failed call (a coordinator missing a vote decides abort)."""
+        heard = self._heard.get(member)
+        if heard is None or member == self.me:
+            return False
+        return self._failed.get(member, 0.0) > heard and heard < self._now() - self.window
 
     def reported(self, member: int) -> frozenset[int]:
         """Whom ``member`` said it hears, in its last answer (empty: it never said)."""
@@ -115,6 +132,9 @@ class Prober:
 
     def __init__(self, reach: Reachability, addresses: list[str], tls: TlsDir | None) -> None:
         self.reach = reach
+        # told ``member`` once each time it falls silent (``Reachability.silent``)
+        self.on_silent: list[Callable[[int], None]] = []
+        self._silent: set[int] = set()
         self._metadata = member_metadata(tls)
         self._channels = {
             m: member_channel(a, tls, CONTROL_OPTIONS)
@@ -145,7 +165,12 @@ class Prober:
                     pb.StatusRequest(), timeout=PROBE_TIMEOUT, metadata=self._metadata
                 )
             except grpc.aio.AioRpcError:
-                pass
+                self.reach.failed(member, sent)
+                if self.reach.silent(member) and member not in self._silent:
+                    self._silent.add(member)
+                    for told in self.on_silent:
+                        told(member)
             else:
                 self.reach.heard(member, sent, reply.reaches)
+                self._silent.discard(member)
             await asyncio.sleep(max(0.0, PROBE_EVERY - (time.monotonic() - sent)))

@@ -110,6 +110,9 @@ class TransactionManager:
         self.members: list[str] = []  # every coordinating member's address (none: just this)
         self.transact_addresses: list[str] = []  # their framed ports for clients' transactions
         self.member = 0  # this one's index among them
+        # whether the member serving LTM ``ltm`` fell silent to this one's prober
+        # (``coordinator.quorum``; replicated clusters): calls to it then fail at once
+        self.ltm_silent: Callable[[int], bool] = lambda ltm: False
         self.refreshes = 0  # async-view refreshes committed here
 
     def at_leader(self, what: str) -> None:

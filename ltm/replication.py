@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -34,6 +35,7 @@ from ltm.store.ownership import Superseded
 log = logging.getLogger(__name__)
 
 SHIP_TIMEOUT = 2.0  # a backup slower than this is dropped (and resynced) rather than waited for
+SILENCE_POLL = 0.1  # seconds between looks at the prober's verdict while a flush waits
 RESYNC_EVERY = 1.0
 HOLD_BACK_POLL = 0.1  # seconds between looks for a majority while a flush waits for one
 RESYNC_TIMEOUT = 30.0  # per request of a resync
@@ -130,14 +132,29 @@ class FlushStream:
             if not waiter.done():
                 waiter.set_exception(failure)
 
-    async def send(self, request: pb.ReplicateRequest, timeout: float) -> None:
+    async def send(
+        self,
+        request: pb.ReplicateRequest,
+        timeout: float,
+        give_up: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Raises TimeoutError when unanswered in ``timeout`` seconds, or earlier once
+        ``give_up()`` says so (looked at every ``SILENCE_POLL`` seconds of the wait)."""
         if self.failure is not None:
             raise self.failure
-        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[None] = loop.create_future()
         self._waiting.append(answered)
         self._outgoing.put_nowait(request)
+        deadline = loop.time() + timeout
         try:
-            await asyncio.wait_for(asyncio.shield(answered), timeout)
+            while True:
+                left = deadline - loop.time()
+                if left <= 0 or give_up():
+                    raise TimeoutError
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(answered), min(left, SILENCE_POLL))
+                    return
         except TimeoutError:  # its answer (or failure) may still come: nobody waits for it
             answered.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise
@@ -160,12 +177,16 @@ class LogShipper:
         backup_address: str,
         tls: TlsDir | None,
         may_drop: Callable[[], bool] = lambda: True,
+        silent: Callable[[int], bool] = lambda backup: False,
     ) -> None:
         """``may_drop()``: whether this process may record its unreachable copy as out of
-        sync and go on alone (a member must reach a majority of the members for that)."""
+        sync and go on alone (a member must reach a majority of the members for that);
+        ``silent(backup)``: whether the member hosting LTM ``backup`` fell silent to this
+        member's prober (``coordinator.quorum``)."""
         self.store = store
         self.wal = wal
         self.may_drop = may_drop
+        self.silent = silent
         # Why flushes wait now (None: they don't): the copy is unreachable and dropping it is
         # not allowed, so the record still names it in sync and nothing is acknowledged that
         # it lacks; the majority may fail the partition over to it meanwhile.
@@ -208,7 +229,7 @@ class LogShipper:
             self._flushes = FlushStream(self._stub, self._metadata)
         try:
             for request in self._requests(segment, data, drop_before=drop_before):
-                await self._flushes.send(request, SHIP_TIMEOUT)
+                await self._flushes.send(request, SHIP_TIMEOUT, self._gone)
         except (errors.AggviewError, TimeoutError) as exc:
             await self._close_flushes()
             if not self.may_drop():
@@ -221,6 +242,14 @@ class LogShipper:
                 exc or "no answer in time",
             )
             await self._set_in_sync(False)
+
+    def _gone(self) -> bool:
+        """Whether a flush waiting for the copy stops waiting before ``SHIP_TIMEOUT``: its
+        member fell silent to the prober (no answer for a second) and this one reaches a
+        majority, so the copy would be dropped anyway. A copy that answers probes, however
+        slowly it writes, keeps the full timeout. The trace of a follower's cut showed every
+        flush copied to the cut member waiting the 2 s, a floor under the cut's gap."""
+        return self.silent(self.backup) and self.may_drop()
 
     async def _hold_back(self, exc: BaseException) -> None:
         """The copy does not answer and this member reaches no majority: the flush waits

@@ -37,11 +37,14 @@ class Hosting:
         store: Store,
         outcome_query: OutcomeQuery | None = None,
         may_drop: Callable[[], bool] = lambda: True,
+        silent: Callable[[int], bool] = lambda backup: False,
     ) -> None:
         """``outcome_query``: how an in-doubt participant asks about a transaction (its
         coordinating member, or that member's successor); ``may_drop()``: whether a copy that
-        does not answer may be dropped (``LogShipper``)."""
+        does not answer may be dropped (``LogShipper``), ``silent(backup)`` whether its member
+        fell silent (the copy is then dropped without waiting out the timeout)."""
         self.may_drop = may_drop
+        self.silent = silent
         self.config = config
         self.store = store
         self.me = config.partition
@@ -102,6 +105,7 @@ class Hosting:
                 address,
                 self.config.tls,
                 self.may_drop,
+                self.silent,
             )
             await shipper.start()
             self.shippers[partition] = shipper

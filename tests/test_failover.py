@@ -345,6 +345,27 @@ def test_resync_copies_a_log_bigger_than_a_message_in_chunks(
     asyncio.run(scenario())
 
 
+async def shipping_to_a_backup(
+    tmp_path: Path,
+    store: Store,
+    may_drop: Callable[[], bool],
+    silent: Callable[[int], bool] = lambda backup: False,
+) -> tuple[grpc.aio.Server, LtmServicer, WriteAheadLog, LogShipper]:
+    """A backup LTM server (partition 1, in this process) and partition 0's shipper to it,
+    started (its first resync runs in the background)."""
+    server = grpc.aio.server()
+    servicer = LtmServicer(Hosting(LtmConfig(tmp_path / "backup", 1, 2), store))
+    add_service(server, pb.DESCRIPTOR.services_by_name["Ltm"], servicer)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    wal = WriteAheadLog(tmp_path / "primary", fsync=False)
+    shipper = LogShipper(
+        store, wal, ownership.Ownership(0, 0, 0), 1, f"127.0.0.1:{port}", None, may_drop, silent
+    )
+    await shipper.start()
+    return server, servicer, wal, shipper
+
+
 def test_a_member_without_a_majority_keeps_its_silent_copy_and_its_flushes_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -357,23 +378,8 @@ def test_a_member_without_a_majority_keeps_its_silent_copy_and_its_flushes_wait(
 
     async def scenario() -> None:
         with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
-            server = grpc.aio.server()
-            hosting = Hosting(LtmConfig(tmp_path / "backup", 1, 2), store)
-            add_service(server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(hosting))
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-            wal = WriteAheadLog(tmp_path / "primary", fsync=False)
             majority = False
-            shipper = LogShipper(
-                store,
-                wal,
-                ownership.Ownership(0, 0, 0),
-                1,
-                f"127.0.0.1:{port}",
-                None,
-                lambda: majority,
-            )
-            await shipper.start()
+            server, _, wal, shipper = await shipping_to_a_backup(tmp_path, store, lambda: majority)
             await wait_async(lambda: shipper.in_sync)
             await wal.append({"kind": "prepared", "ts": 1, "after": {}})
             await server.stop(None)  # the copy goes silent, and so does the majority
@@ -390,6 +396,88 @@ def test_a_member_without_a_majority_keeps_its_silent_copy_and_its_flushes_wait(
             await wal.close()
 
     asyncio.run(scenario())
+
+
+def test_a_flush_stops_waiting_for_a_copy_whose_member_the_prober_hears_silent(
+    tmp_path: Path,
+) -> None:
+    """The copy's member is silent to this member's prober (a second without an answer) and
+    this member has a majority: a flush the copy leaves unanswered drops it within a poll,
+    instead of waiting out ``SHIP_TIMEOUT`` (2 s). A copy that answers probes keeps the full
+    timeout, and one without a majority here is held back as before (``_gone``)."""
+
+    async def scenario() -> None:
+        with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+            silent, majority = False, True
+            server, servicer, wal, shipper = await shipping_to_a_backup(
+                tmp_path, store, lambda: majority, lambda backup: silent and backup == 1
+            )
+            await wait_async(lambda: shipper.in_sync)
+            await wal.append({"kind": "prepared", "ts": 1, "after": {}})
+            assert not shipper._gone()  # answers probes: the full timeout
+            silent, majority = True, False
+            assert not shipper._gone()  # no majority here: held back, never dropped
+
+            async def hang(request: pb.ReplicateRequest) -> None:
+                await asyncio.Event().wait()  # connected, never answering: a cut host
+
+            servicer._replicate = hang  # type: ignore[method-assign]
+            silent, majority = True, True
+            started = time.monotonic()
+            await asyncio.wait_for(wal.append({"kind": "prepared", "ts": 2, "after": {}}), 10)
+            waited = time.monotonic() - started
+            assert waited < 1.0, f"a flush waited {waited:.1f}s for a silent copy"
+            assert not shipper.in_sync and not ownership.read(store, 0).in_sync
+            await shipper.close()
+            await wal.close()
+            await server.stop(None)
+
+    asyncio.run(scenario())
+
+
+def test_a_silent_ltm_fails_over_after_the_delay_counted_from_its_first_unanswered_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every probe of LTM 0 times out (a cut host: each costs ``PROBE_TIMEOUT``). Its
+    failover comes one probe after ``after`` seconds counted from the first unanswered
+    probe's send, that probe on a new connection: about 2.4 s with ``after`` 2. It came at
+    4.5 s in the nemesis's follower cuts: the silence was counted from the first probe's
+    timeout (a second late) and a last probe on a new connection came after the delay (one
+    more)."""
+    from coordinator import failover as failover_module
+    from coordinator.failover import Failover
+
+    probes: list[str] = []
+
+    async def times_out(kind: str) -> bool:
+        probes.append(kind)
+        await asyncio.sleep(failover_module.PROBE_TIMEOUT)
+        return False
+
+    async def scenario() -> float:
+        with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+            channel = type("Channel", (), {"index": 0, "owner": 0, "epoch": 0})()
+            watcher = Failover([channel], store, ["127.0.0.1:1"], None, 2.0)  # type: ignore[list-item]
+            watcher._heard.add(0)  # it answered once: not a process still starting
+            monkeypatch.setattr(watcher, "_answers", lambda stub: times_out("kept"))
+            monkeypatch.setattr(watcher, "_answers_afresh", lambda ltm: times_out("new"))
+            moved = asyncio.get_running_loop().create_future()
+
+            async def fail_over(channel: object) -> bool:
+                moved.set_result(time.monotonic())
+                return True
+
+            monkeypatch.setattr(watcher, "fail_over", fail_over)
+            started = time.monotonic()
+            watcher.start()
+            try:
+                return await asyncio.wait_for(moved, 10) - started
+            finally:
+                await watcher.stop()
+
+    took = asyncio.run(scenario())
+    assert probes[-1] == "new"  # the probe that found it silent long enough was a fresh one
+    assert took < 3.2, f"failed over {took:.1f}s into the silence (delay 2 s)"
 
 
 async def wait_async(condition: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -115,3 +115,23 @@ def test_probes_of_real_members_record_whom_each_hears(tmp_path: Path) -> None:
         reach = asyncio.run(probe())
         assert reach.reachable() == {0, 1, 2, 3}
         assert not any(reach.silent_to_majority(m) for m in range(3))
+
+
+def test_a_member_is_silent_once_heard_then_unanswered_past_the_window() -> None:
+    """``silent``: never while never heard (a member starting keeps its calls' grace), nor
+    while its last answer is within the window; once it left a probe unanswered after an
+    answer older than the window, until it answers again."""
+    clock = FakeClock()
+    reach = Reachability(3, me=0, window=1.0, clock=clock)
+    reach.failed(2)
+    assert not reach.silent(2)  # never heard: starting, not silent
+    reach.heard(2)
+    clock.now += 0.5
+    reach.failed(2)
+    assert not reach.silent(2)  # answered half a second ago
+    clock.now += 0.6  # its answer is 1.1 s old, and a probe sent since went unanswered
+    assert reach.silent(2) and not reach.silent(0)
+    reach.heard(1)
+    assert not reach.silent(1)  # heard, never unanswered
+    reach.heard(2)
+    assert not reach.silent(2)

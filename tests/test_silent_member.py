@@ -6,13 +6,19 @@ others' clients and in-doubt rows until it is back (issue 45: the majority stays
   waiting for the call's deadline or for the network to heal.
 - A participant asking about in-doubt transactions does not ask a member whose decision log
   its own member holds, and asks the others at once: a silent coordinator whose log was
-  adopted costs nothing, and one still being waited for costs one timeout, not one each."""
+  adopted costs nothing, and one still being waited for costs one timeout, not one each.
+- A member's streams to a member its prober hears silent (a second without an answer) fail
+  at once as unavailable, the prepares to its partitions and the clock stream to it as the
+  leader, instead of when TCP gives up (never, for a stopped process on loopback: its kernel
+  still acknowledges)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,21 @@ def quiet_failover(tmp_path: Path) -> Iterator[LocalCluster]:
         yield cluster
 
 
+@contextlib.contextmanager
+def loaded(cluster: LocalCluster) -> Iterator[Client]:
+    """A client (20 s deadline) of a cluster with the transfer tables, every log copied."""
+    with Client(cluster.address, timeout=20) as client:
+        transfers.create(client, "accounts", "ledger", ACCOUNTS)
+        wait_for("every log copied", lambda: member_logs_copied(cluster, [0, 1, 2]))
+        yield client
+
+
+def process_of(cluster: LocalCluster, member: int) -> subprocess.Popen[bytes]:
+    process = cluster.member(member).process
+    assert process is not None
+    return process
+
+
 def account_on(client: Client, member: int) -> int:
     """An account whose row the client routes to ``member``."""
     router = client._routing()
@@ -49,9 +70,19 @@ def account_on(client: Client, member: int) -> int:
     raise AssertionError(f"no account on member {member}")
 
 
-def touch(client: Client, account: int) -> None:
+def touch(client: Client, *accounts: int) -> None:
     with client.transaction() as tx:
-        tx.add("accounts", {"id": account}, {"balance": 0})
+        for account in accounts:
+            tx.add("accounts", {"id": account}, {"balance": 0})
+
+
+def unavailable_within(seconds: float, call: Callable[[], object], match: str = "") -> None:
+    """``call`` fails as unavailable, and within ``seconds`` (a silent member's doing)."""
+    started = time.monotonic()
+    with pytest.raises(errors.Unavailable, match=match):
+        call()
+    waited = time.monotonic() - started
+    assert waited < seconds, f"waited {waited:.1f}s for a silent member"
 
 
 def test_a_client_gives_up_on_a_silent_member_and_routes_around_it(
@@ -61,24 +92,54 @@ def test_a_client_gives_up_on_a_silent_member_and_routes_around_it(
     with a host cut off). A commit routed to it fails as unavailable within a few seconds,
     not at the 20 s deadline; the same client then commits through the others at once."""
     cluster = quiet_failover
-    victim = cluster.member(2).process
-    assert victim is not None
-    with Client(cluster.address, timeout=20) as client:
-        transfers.create(client, "accounts", "ledger", ACCOUNTS)
-        wait_for("every log copied", lambda: member_logs_copied(cluster, [0, 1, 2]))
+    with loaded(cluster) as client:
         on_2, on_0 = account_on(client, 2), account_on(client, 0)
         touch(client, on_2)  # the channel to member 2 is open
-        with paused(victim):
-            started = time.monotonic()
-            with pytest.raises(errors.Unavailable, match="did not answer"):
-                touch(client, on_2)
-            waited = time.monotonic() - started
-            assert waited < 5.0, f"waited {waited:.1f}s for a silent member"
+        with paused(process_of(cluster, 2)):
+            unavailable_within(5.0, lambda: touch(client, on_2), match="did not answer")
             started = time.monotonic()
             touch(client, on_0)
             assert time.monotonic() - started < 2.0
             assert client.last_member == 0
         wait_for("member 2 answering again", lambda: _touched(client, on_2), 30)
+
+
+def test_prepares_to_a_silent_members_partition_fail_once_the_prober_hears_it_silent(
+    quiet_failover: LocalCluster,
+) -> None:
+    """Member 0 coordinates a transaction with a row on member 2 (paused): its prepare to
+    partition 2 fails as unavailable about a second into the silence, so the client hears
+    "unavailable" within seconds; before, the prepare waited on the stream until the
+    client's 20 s deadline (on loopback TCP never gives up on a stopped process)."""
+    cluster = quiet_failover
+    with loaded(cluster) as client:
+        on_0, on_2 = account_on(client, 0), account_on(client, 2)
+        touch(client, on_2)  # the streams to member 2 are open
+        with paused(process_of(cluster, 2)):
+            # on a tie the first row's member coordinates
+            unavailable_within(6.0, lambda: touch(client, on_0, on_2))
+            assert client.last_member == 0
+            started = time.monotonic()
+            touch(client, on_0)  # member 0's own partition is not held by it
+            assert time.monotonic() - started < 2.0
+        wait_for("member 2 answering again", lambda: _touched(client, on_2), 30)
+
+
+def test_a_followers_clock_stream_to_a_silent_leader_fails_and_comes_back(
+    quiet_failover: LocalCluster,
+) -> None:
+    """The leader (member 0) is paused and nobody takes over (failover after 60 s): a
+    transaction at member 2 on its own row, which needs a timestamp from the leader, fails as
+    unavailable within seconds (the clock stream ends once member 2's prober hears the leader
+    silent; before, the request waited on the stream until the client's deadline). Resumed,
+    the leader grants again on a new stream."""
+    cluster = quiet_failover
+    with loaded(cluster) as client:
+        on_2 = account_on(client, 2)
+        touch(client, on_2)
+        with paused(process_of(cluster, 0)):
+            unavailable_within(6.0, lambda: touch(client, on_2))
+        wait_for("member 2 granting again", lambda: _touched(client, on_2), 30)
 
 
 def _touched(client: Client, account: int) -> bool:
