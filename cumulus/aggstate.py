@@ -66,6 +66,7 @@ class ViewState:
         self.rules = [RULES[a.kind] for a in plan.aggregates]
         self.filters = [compile_predicate(f) for f in plan.filters]
         self.having = compile_predicate(plan.having) if plan.having else None
+        self.groups = [compile_expr(g.source()) for g in plan.group_by]
         self._types: dict[tuple[str, str], ColumnType] = {}
 
     # ------------------------------------------------------------------ maintenance
@@ -89,7 +90,7 @@ class ViewState:
         return all(check(lookup) for check in self.filters)
 
     def group_key(self, lookup: Lookup) -> bytes:
-        return self.encode_group([lookup(g.ref.alias, g.ref.column) for g in self.plan.group_by])
+        return self.encode_group([group(lookup) for group in self.groups])
 
     def encode_group(self, values: list[Any]) -> bytes:
         """Group values (Python, a leading part of the GROUP BY columns for a slice) as an

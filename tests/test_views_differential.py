@@ -60,6 +60,12 @@ def view_specs(draw: st.DrawFn) -> dict[str, Any]:
         kind = draw(st.sampled_from(["k=id", "k=k", "id=k"]))
         joins.append((left, i, kind))
     columns = [f"a{i}.{c}" for i in range(aliases) for c in ("g", "k", "x")]
+    columns += [  # expressions of the row (issue #41): CASE, COALESCE, LIKE, IN with a NULL
+        "CASE WHEN a0.x > 2 THEN 'hi' WHEN a1.g LIKE 'b%' THEN 'b' ELSE a0.g END",
+        f"COALESCE(a{aliases - 1}.x, a0.k, -1)",
+        "CASE a1.x WHEN 1 THEN a0.k WHEN 2 THEN -1 END",
+        "CASE WHEN a0.g IN ('a', NULL) OR a1.x IS NULL THEN 1 ELSE 0 END",
+    ]
     group = draw(st.lists(st.sampled_from(columns), max_size=2, unique=True))
     value = st.sampled_from([f"a{i}.v" for i in range(aliases)])
     aggregates = draw(
@@ -75,6 +81,13 @@ def view_specs(draw: st.DrawFn) -> dict[str, Any]:
                 st.sampled_from([f"AVG(a{i}.f * 2)" for i in range(aliases)]),
                 st.sampled_from([f"MAX(a{i}.g)" for i in range(aliases)]),
                 st.sampled_from([f"COUNT(DISTINCT a{i}.x)" for i in range(aliases)]),
+                value.map(lambda v: f"SUM(CASE WHEN a0.x > 2 OR a1.g = 'b' THEN {v} ELSE 0 END)"),
+                st.sampled_from([f"SUM(COALESCE(a{i}.x, a0.k, -1))" for i in range(aliases)]),
+                st.just("COUNT(CASE WHEN a1.g IN ('a', NULL) THEN 1 END)"),
+                st.just("MAX(CASE a0.g WHEN 'a' THEN a1.x WHEN 'b' THEN a0.k END)"),
+                st.just("MIN(COALESCE(a1.g, 'z'))"),
+                st.just("SUM(CASE WHEN a0.f IS NULL THEN 1.5 ELSE a0.v END)"),
+                st.just("AVG(CASE WHEN a1.g LIKE '_' AND a0.k BETWEEN 1 AND 3 THEN a1.f END)"),
             ),
             min_size=1,
             max_size=3,
@@ -82,7 +95,17 @@ def view_specs(draw: st.DrawFn) -> dict[str, Any]:
     )
     where = draw(
         st.sampled_from(
-            [None, "a0.v > -2", "a1.x <> 3", "a0.g IN ('a', 'b')", "a1.x BETWEEN 1 AND 4"]
+            [
+                *[None, "a0.v > -2", "a1.x <> 3", "a0.g IN ('a', 'b')", "a1.x BETWEEN 1 AND 4"],
+                "a0.x > 3 OR a1.g = 'b'",  # OR across joined tables
+                "a0.g LIKE 'a%' OR a0.g IS NULL",
+                "a1.x NOT IN (1, NULL)",  # never TRUE: an empty view
+                "a0.x IN (2, 3, NULL) OR a1.g NOT LIKE 'c'",
+                "a0.k NOT BETWEEN 1 AND 3 AND a1.x IS NOT NULL",
+                "COALESCE(a1.x, a0.k) < 3",
+                "CASE WHEN a0.x IS NULL THEN a1.k ELSE a0.x END >= 2",
+                "(a0.x = 1 OR a1.x = 2 OR a0.g = 'c') AND NOT (a0.k = 0 AND a1.k = 1)",
+            ]
         )
     )
     having = draw(st.sampled_from([None, "COUNT(*) > 1"]))
