@@ -67,6 +67,7 @@ class ViewState:
         self.filters = [compile_predicate(f) for f in plan.filters]
         self.having = compile_predicate(plan.having) if plan.having else None
         self.groups = [compile_expr(g.source()) for g in plan.group_by]
+        self.derived = [(d.name, compile_expr(d.expr)) for d in plan.derived]
         self._types: dict[tuple[str, str], ColumnType] = {}
 
     # ------------------------------------------------------------------ maintenance
@@ -159,6 +160,8 @@ class ViewState:
         values = self.decode_group(key)
         for i, aggregate in enumerate(self.plan.aggregates):
             values[aggregate.name] = self._value(i, state)
+        for name, evaluate in self.derived:  # over the group and aggregate values
+            values[name] = evaluate(lambda _alias, column: values.get(column))
         if self.having is not None and not self.having(lambda _alias, name: values.get(name)):
             return None
         return {name: values[name] for name in self.plan.output}

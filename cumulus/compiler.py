@@ -37,6 +37,7 @@ from cumulus.plan import (
     SPECULATION,
     Aggregate,
     ColumnRef,
+    Derived,
     Expr,
     GroupColumn,
     JoinEdge,
@@ -420,7 +421,7 @@ _ALLOWED = (
 _SELECT_CLAUSES = frozenset({"expressions", "from_", "joins", "where", "group", "having"})
 _CLAUSE_NAMES = {
     "with_": "WITH (common table expressions)",
-    "distinct": "SELECT DISTINCT",
+    "distinct": "SELECT DISTINCT (write GROUP BY its columns, with an aggregate such as COUNT(*))",
     "order": "ORDER BY",
     "limit": "LIMIT",
     "offset": "OFFSET",
@@ -1024,24 +1025,32 @@ class _Names:
         self.taken.add(name)
         return name
 
-    def hidden(self) -> str:
+    def hidden(self, prefix: str = "_having") -> str:
         n = 0
-        while f"_having{n}" in self.taken:
+        while f"{prefix}{n}" in self.taken:
             n += 1
-        self.taken.add(f"_having{n}")
-        return f"_having{n}"
+        self.taken.add(f"{prefix}{n}")
+        return f"{prefix}{n}"
 
 
 def plan_select(
     select: exp.Select, scope: Scope, groups: list[_Group]
-) -> tuple[list[GroupColumn], list[tuple[Aggregate, str]], list[str], _Names]:
-    """SELECT items -> named group columns, aggregates (with identity keys) and output order."""
+) -> tuple[
+    list[GroupColumn],
+    list[tuple[Aggregate, str]],
+    list[str],
+    _Names,
+    list[tuple[str, exp.Expression]],
+]:
+    """SELECT items -> named group columns, aggregates (with identity keys), output order and
+    the items left to ``plan_derived`` (expressions over aggregates), named."""
     items = _select_items(select)
     names = _Names([alias for alias, _ in items if alias is not None])
     by_key = {g.key: g for g in groups}
     group_names: dict[str, str] = {}
     aggregates: list[tuple[Aggregate, str]] = []
     output: list[str] = []
+    pending: list[tuple[str, exp.Expression]] = []
     for alias, node in items:
         while isinstance(node, exp.Paren):
             node = node.this
@@ -1052,11 +1061,10 @@ def plan_select(
             output.append(name)
             continue
         group = _selected_group(node, scope, by_key)
-        if group is None:
-            raise errors.InvalidArgument(
-                f"SELECT item {node.sql()} must be a GROUP BY column or an aggregate "
-                "(expressions over aggregates are not supported)"
-            )
+        if group is None:  # an expression over aggregates and group columns
+            pending.append((alias or names.derive("expr"), node))
+            output.append(pending[-1][0])
+            continue
         shown = str(group.ref) if group.ref is not None else node.sql()
         if group.key in group_names:
             raise errors.InvalidArgument(f"GROUP BY column {shown} appears twice in SELECT")
@@ -1069,7 +1077,7 @@ def plan_select(
         name = group_names.get(group.key) or names.derive(base)
         expr = None if group.ref is not None else group.expr
         columns.append(GroupColumn(name, group.ref, str(group.type), expr))
-    return columns, aggregates, output, names
+    return columns, aggregates, output, names, pending
 
 
 def _selected_group(node: exp.Expression, scope: Scope, groups: dict[str, _Group]) -> _Group | None:
@@ -1101,49 +1109,86 @@ def _aggregate(spec: _AggregateSpec, name: str, hidden: bool) -> Aggregate:
     )
 
 
+class _ViewColumns:
+    """The hooks that type an expression over a view's columns (``{"out": name}``), for
+    HAVING and derived SELECT items: a GROUP BY column or an output name, and aggregates --
+    one already computed is reused, another is added hidden."""
+
+    def __init__(
+        self,
+        scope: Scope,
+        columns: list[GroupColumn],
+        aggregates: list[tuple[Aggregate, str]],
+        names: _Names,
+        clause: str,
+        prefix: str,
+    ) -> None:
+        self.scope, self.columns, self.names, self.clause = scope, columns, names, clause
+        self.prefix = prefix  # of the hidden aggregates' names
+        self.aggregates = list(aggregates)
+        self.by_key = {key: agg for agg, key in reversed(aggregates)}
+        self.outputs = {c.name: ColumnType.parse(c.type) for c in columns}
+        self.outputs.update({a.name: ColumnType.parse(a.result_type) for a, _ in aggregates})
+
+    def column(self, node: exp.Column) -> Typed:
+        try:
+            ref, _ = self.scope.resolve(node)
+        except errors.UnknownColumn:
+            name = identifier(node.this, "column")
+            if node.args.get("table") is None and name in self.outputs:
+                return {"out": name}, self.outputs[name]
+            raise
+        for group in self.columns:
+            if group.ref == ref:
+                return {"out": group.name}, ColumnType.parse(group.type)
+        raise errors.InvalidArgument(
+            f"column {ref} in {self.clause} must appear in GROUP BY or be aggregated"
+        )
+
+    def aggregate(self, node: exp.Expression) -> Typed:
+        spec = aggregate_spec(node, self.scope)
+        found = self.by_key.get(spec.key())
+        if found is None:
+            found = _aggregate(spec, self.names.hidden(self.prefix), hidden=True)
+            self.by_key[spec.key()] = found
+            self.aggregates.append((found, spec.key()))
+        return {"out": found.name}, ColumnType.parse(found.result_type)
+
+
+def plan_derived(
+    pending: list[tuple[str, exp.Expression]],
+    scope: Scope,
+    columns: list[GroupColumn],
+    aggregates: list[tuple[Aggregate, str]],
+    names: _Names,
+) -> tuple[list[Derived], list[tuple[Aggregate, str]]]:
+    """SELECT items over aggregates and group columns (``SUM(a) / SUM(b)``): expressions over
+    view columns, with the aggregates extended by the hidden ones they read."""
+    hooks = _ViewColumns(scope, columns, aggregates, names, "a SELECT expression", "_agg")
+    derived = []
+    for name, node in pending:
+        expr, type_ = typed(node, hooks.column, hooks.aggregate)
+        derived.append(Derived(name, expr, str(type_)))
+    return derived, hooks.aggregates
+
+
 def plan_having(
     select: exp.Select,
     scope: Scope,
     columns: list[GroupColumn],
     aggregates: list[tuple[Aggregate, str]],
     names: _Names,
+    derived: list[Derived],
 ) -> tuple[Expr | None, list[tuple[Aggregate, str]]]:
     """HAVING over view columns (``{"out": name}``) and the aggregates extended by the hidden
     ones only HAVING uses; an aggregate also in SELECT is reused, never computed twice."""
     having = select.args.get("having")
-    aggregates = list(aggregates)
     if having is None:
-        return None, aggregates
-    by_key = {key: agg for agg, key in reversed(aggregates)}
-    outputs = {c.name: ColumnType.parse(c.type) for c in columns}
-    outputs.update({a.name: ColumnType.parse(a.result_type) for a, _ in aggregates})
-
-    def column(node: exp.Column) -> Typed:
-        try:
-            ref, _ = scope.resolve(node)
-        except errors.UnknownColumn:
-            name = identifier(node.this, "column")
-            if node.args.get("table") is None and name in outputs:
-                return {"out": name}, outputs[name]
-            raise
-        for group in columns:
-            if group.ref == ref:
-                return {"out": group.name}, ColumnType.parse(group.type)
-        raise errors.InvalidArgument(
-            f"column {ref} in HAVING must appear in GROUP BY or be aggregated"
-        )
-
-    def aggregate(node: exp.Expression) -> Typed:
-        spec = aggregate_spec(node, scope)
-        found = by_key.get(spec.key())
-        if found is None:
-            found = _aggregate(spec, names.hidden(), hidden=True)
-            by_key[spec.key()] = found
-            aggregates.append((found, spec.key()))
-        return {"out": found.name}, ColumnType.parse(found.result_type)
-
-    preds = [predicate(term, column, aggregate) for term in conjuncts(having.this)]
-    return (preds[0] if len(preds) == 1 else {"and": preds}), aggregates
+        return None, list(aggregates)
+    hooks = _ViewColumns(scope, columns, aggregates, names, "HAVING", "_having")
+    hooks.outputs.update({d.name: ColumnType.parse(d.type) for d in derived})
+    preds = [predicate(term, hooks.column, hooks.aggregate) for term in conjuncts(having.this)]
+    return (preds[0] if len(preds) == 1 else {"and": preds}), hooks.aggregates
 
 
 # === the whole compilation =====================================================================
@@ -1158,8 +1203,9 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
     edges, filters = plan_where(select, scope, ons)
     check_connected(tables, edges)
     groups = plan_group_by(select, scope)
-    columns, aggregates, output, names = plan_select(select, scope, groups)
-    having, aggregates = plan_having(select, scope, columns, aggregates, names)
+    columns, aggregates, output, names, pending = plan_select(select, scope, groups)
+    derived, aggregates = plan_derived(pending, scope, columns, aggregates, names)
+    having, aggregates = plan_having(select, scope, columns, aggregates, names, derived)
     if not aggregates:
         raise errors.InvalidArgument(
             f"view {create.name} computes no aggregate; a materialized view needs at least one "
@@ -1181,6 +1227,7 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
         aggregates=tuple(agg for agg, _ in aggregates),
         having=having,
         output=tuple(output),
+        derived=tuple(derived),
     )
 
 

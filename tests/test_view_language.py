@@ -12,15 +12,22 @@ generator draws these constructs (``test_views_differential``, ``test_m3_differe
 from __future__ import annotations
 
 import itertools
+import re
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import duckdb
 import pytest
 
-from aggview.schema import Column, ColumnType, TableSchema
+from aggview.cli import main
+from aggview.merge import combine
+from aggview.schema import Column, ColumnType, TableSchema, to_storage
+from cumulus.aggstate import ViewState
 from cumulus.compiler import compile_sql
 from cumulus.expressions import compile_expr, compile_filters
+from cumulus.m3.compiler import compile_program, plan_of
+from cumulus.m3.interpreter import Interpreter
 
 SCHEMA = TableSchema(
     "t",
@@ -143,3 +150,69 @@ def test_group_by_an_expression_by_itself_its_alias_or_its_position() -> None:
         assert column.expr is not None and "case" in column.expr
         assert plan.output == ("bucket", "count")
         assert plan.columns_of("t") == ("x", "g")
+
+
+# === expressions over aggregates (step 2) =======================================================
+
+
+def test_an_expression_over_aggregates_keeps_its_aggregates_hidden() -> None:
+    plan = compile_sql(
+        "CREATE MATERIALIZED VIEW v AS SELECT g, SUM(v) AS s, SUM(v) / SUM(x) AS r, "
+        "CASE WHEN COUNT(*) > 0 THEN SUM(v) / COUNT(*) END AS c, AVG(x) * 2 AS a2 "
+        "FROM t GROUP BY g HAVING r > 1",
+        lambda name: SCHEMA,
+    )
+    assert plan.output == ("g", "s", "r", "c", "a2")
+    assert [(a.name, a.kind, a.hidden) for a in plan.aggregates] == [
+        ("s", "sum", False),  # reused by r and c, never computed twice
+        ("_agg0", "sum", True),
+        ("_agg1", "count_star", True),
+        ("_agg2", "avg", True),
+    ]
+    assert [(d.name, d.type) for d in plan.derived] == [
+        ("r", "FLOAT"),  # "/" is FLOAT, NULL by zero
+        ("c", "FLOAT"),
+        ("a2", "DECIMAL(38,6)"),  # AVG(INT) is DECIMAL(38,6); * INT keeps it
+    ]
+    assert plan.having == {"cmp": ">", "args": [{"out": "r"}, {"lit": 1, "type": "INT"}]}
+
+
+def test_the_m3_program_of_a_ratio_has_the_two_sums_maps_and_no_more(
+    tmp_path: Path, capsys: Any
+) -> None:
+    schema = tmp_path / "schema.sql"
+    schema.write_text(
+        "CREATE TABLE t (id INT PRIMARY KEY, a INT NOT NULL, b DECIMAL(8,2) NOT NULL);\n"
+    )
+    main(["m3", "--schema", str(schema), "SELECT SUM(a) / SUM(b) AS r FROM t"])
+    text = capsys.readouterr().out
+    maps = re.findall(r"^DECLARE MAP (\w+)", text, re.MULTILINE)
+    assert maps == ["q_rows", "q_agg0", "q_agg1"]  # the group's rows, SUM(a), SUM(b)
+    assert "r := {_agg0 / _agg1} : float" in text
+    assert "HIDDEN _agg0 := SUM(q_agg0(int)[][], q_rows(int)[][]) : int" in text
+    assert "q_agg1(decimal(38,2))[][] += -1 * b;" in text
+
+
+def test_a_ratio_is_null_by_zero_in_every_mode() -> None:
+    """``/`` is FLOAT division and NULL by zero (PostgreSQL raises, which would make the view
+    unreadable; duckdb gives inf): the sync/async read-out and the M3 read-out agree."""
+    schemas = {"t": SCHEMA}
+    plan = plan_of("SELECT g, SUM(v) / SUM(x) AS r FROM t GROUP BY g", "q", schemas.__getitem__)
+    interp = Interpreter(compile_program([plan], schemas.__getitem__))
+    state = ViewState(plan, schemas.__getitem__)
+    rows = [
+        {"id": 1, "x": 0, "g": "zero", "v": Decimal("1.50"), "f": None},
+        {"id": 2, "x": 4, "g": "four", "v": Decimal("3.00"), "f": None},
+        {"id": 3, "x": None, "g": "none", "v": Decimal("3.00"), "f": None},
+    ]
+    states: dict[bytes, dict[str, Any]] = {}
+    for row in rows:
+        interp.insert("t", row)
+        binding = {"t": {c: to_storage(SCHEMA.column(c), row[c], table="t") for c in row}}
+        lookup = state.lookup(binding)
+        key = state.group_key(lookup)
+        states[key] = combine(states.get(key, {}), state.tuple_delta(lookup, 1))
+    finished = [state.finalize(k, s) for k, s in states.items()]
+    want = [{"g": "zero", "r": None}, {"g": "four", "r": 0.75}, {"g": "none", "r": None}]
+    assert sorted(map(repr, finished)) == sorted(map(repr, want))
+    assert sorted(map(repr, interp.view("q"))) == sorted(map(repr, want))

@@ -185,6 +185,12 @@ class _Compiler:
         columns: dict[str, ViewColumn] = {}
         for aggregate in plan.aggregates:
             columns[aggregate.name] = self.aggregate(plan, query, aggregate, rows, part)
+        for derived in plan.derived:
+            columns[derived.name] = ViewColumn(
+                derived.name,
+                type=ColumnType.parse(derived.type),
+                expr=from_plan(derived.expr, lambda a, c: c),
+            )
         ordered = [columns[name] if name in columns else ViewColumn(name) for name in plan.output]
         ordered += [columns[a.name] for a in plan.aggregates if a.hidden]
         having = from_plan(plan.having, lambda a, c: c) if plan.having else None

@@ -171,13 +171,13 @@ SELECT shop_id, count(*) FROM events e GROUP BY shop_id HAVING e.cost > 1;
 SELECT shop_id FROM events GROUP BY shop_id;
 -- InvalidArgument: computes no aggregate
 SELECT shop_id, prod_id FROM events GROUP BY shop_id, prod_id;
--- InvalidArgument: SELECT item SUM(cost) / COUNT(*) must be a GROUP BY column or an aggregate
-SELECT sum(cost) / count(*) FROM events;
--- InvalidArgument: SELECT item 1 must be a GROUP BY column or an aggregate
-SELECT 1, count(*) FROM events;
--- InvalidArgument: SELECT item shop_id + 1 must be a GROUP BY column or an aggregate
-SELECT shop_id + 1, count(*) FROM events GROUP BY shop_id;
--- InvalidArgument: SELECT item shop_id + 1 must be a GROUP BY column or an aggregate
+-- InvalidArgument: column events.cost in a SELECT expression must appear in GROUP BY or be aggregated
+SELECT cost + sum(cost) FROM events;
+-- InvalidArgument: a condition cannot be used as a value: SUM(cost) > 0
+SELECT shop_id, sum(cost) > 0 FROM events GROUP BY shop_id;
+-- InvalidArgument: aggregate nested in an aggregate
+SELECT sum(cost) / sum(count(*)) FROM events;
+-- InvalidArgument: column events.shop_id in a SELECT expression must appear in GROUP BY
 SELECT shop_id + 1, count(*) FROM events GROUP BY shop_id + 2;
 -- InvalidArgument: GROUP BY n refers to an aggregate: COUNT(*)
 SELECT count(*) AS n FROM events GROUP BY n;
