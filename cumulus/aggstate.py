@@ -66,6 +66,8 @@ class ViewState:
         self.rules = [RULES[a.kind] for a in plan.aggregates]
         self.filters = [compile_predicate(f) for f in plan.filters]
         self.having = compile_predicate(plan.having) if plan.having else None
+        self.groups = [compile_expr(g.source()) for g in plan.group_by]
+        self.derived = [(d.name, compile_expr(d.expr)) for d in plan.derived]
         self._types: dict[tuple[str, str], ColumnType] = {}
 
     # ------------------------------------------------------------------ maintenance
@@ -89,7 +91,7 @@ class ViewState:
         return all(check(lookup) for check in self.filters)
 
     def group_key(self, lookup: Lookup) -> bytes:
-        return self.encode_group([lookup(g.ref.alias, g.ref.column) for g in self.plan.group_by])
+        return self.encode_group([group(lookup) for group in self.groups])
 
     def encode_group(self, values: list[Any]) -> bytes:
         """Group values (Python, a leading part of the GROUP BY columns for a slice) as an
@@ -158,6 +160,8 @@ class ViewState:
         values = self.decode_group(key)
         for i, aggregate in enumerate(self.plan.aggregates):
             values[aggregate.name] = self._value(i, state)
+        for name, evaluate in self.derived:  # over the group and aggregate values
+            values[name] = evaluate(lambda _alias, column: values.get(column))
         if self.having is not None and not self.having(lambda _alias, name: values.get(name)):
             return None
         return {name: values[name] for name in self.plan.output}

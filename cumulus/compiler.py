@@ -37,6 +37,7 @@ from cumulus.plan import (
     SPECULATION,
     Aggregate,
     ColumnRef,
+    Derived,
     Expr,
     GroupColumn,
     JoinEdge,
@@ -59,6 +60,7 @@ from cumulus.typerules import (
     NUMERIC,
     TEXT,
     arithmetic_type,
+    common_type,
 )
 
 DEFAULT_ASYNC_INTERVAL_MS = 1000
@@ -413,12 +415,13 @@ _ALLOWED = (
     exp.Select, exp.From, exp.Join, exp.Table, exp.TableAlias, exp.Identifier, exp.Column,
     exp.Alias, exp.Where, exp.Group, exp.Having, exp.Literal, exp.Boolean, exp.Neg, exp.Paren,
     exp.Not, exp.And, exp.In, exp.Between, exp.Distinct, exp.Cast, exp.DataType, exp.Null,
+    exp.Or, exp.Case, exp.If, exp.Coalesce, exp.Like, exp.Is,
     *_COMPARISONS, *_ARITHMETIC, *AGGREGATES,
 )  # fmt: skip
 _SELECT_CLAUSES = frozenset({"expressions", "from_", "joins", "where", "group", "having"})
 _CLAUSE_NAMES = {
     "with_": "WITH (common table expressions)",
-    "distinct": "SELECT DISTINCT",
+    "distinct": "SELECT DISTINCT (write GROUP BY its columns, with an aggregate such as COUNT(*))",
     "order": "ORDER BY",
     "limit": "LIMIT",
     "offset": "OFFSET",
@@ -427,16 +430,12 @@ _CLAUSE_NAMES = {
     "laterals": "LATERAL",
 }
 _NAMED_NODES: dict[type[exp.Expression], str] = {
-    exp.Or: "OR",
     exp.Subquery: "subquery",
     exp.Exists: "EXISTS subquery",
     exp.Window: "window function",
     exp.Star: "SELECT *",
-    exp.Like: "LIKE",
-    exp.ILike: "ILIKE",
-    exp.Is: "IS [NOT] NULL",
-    exp.Case: "CASE",
-    exp.If: "IF",
+    exp.ILike: "ILIKE (LIKE is supported)",
+    exp.Escape: "LIKE ... ESCAPE",
     exp.Mod: "operator %",
     exp.DPipe: "operator ||",
     exp.Filter: "aggregate FILTER",
@@ -645,6 +644,12 @@ def typed(node: exp.Expression, column: ColumnHook, aggregate: AggregateHook) ->
         return literal(node)
     if isinstance(node, AGGREGATES):
         return aggregate(node)
+    if isinstance(node, exp.Case | exp.If):
+        return _case(node, column, aggregate)
+    if isinstance(node, exp.Coalesce):
+        args = [_or_null(a, column, aggregate) for a in [node.this, *node.expressions]]
+        type_ = _result_type("COALESCE", [t for _, t in args], node)
+        return {"coalesce": [e for e, _ in args], "type": str(type_)}, type_
     if isinstance(node, exp.Neg):
         inner, type_ = typed(node.this, column, aggregate)
         if type_.kind not in NUMERIC:
@@ -657,9 +662,54 @@ def typed(node: exp.Expression, column: ColumnHook, aggregate: AggregateHook) ->
         left, lt = typed(node.this, column, aggregate)
         right, rt = typed(node.expression, column, aggregate)
         return {"op": op, "args": [left, right]}, arithmetic_type(op, lt, rt, node)
-    if isinstance(node, tuple(_COMPARISONS) + (exp.In, exp.Between, exp.Not, exp.And)):
+    if isinstance(node, _CONDITIONS):
         raise errors.InvalidArgument(f"a condition cannot be used as a value: {node.sql()}")
     raise _unsupported_node(node)
+
+
+_CONDITIONS = (*_COMPARISONS, exp.In, exp.Between, exp.Not, exp.And, exp.Or, exp.Like, exp.Is)
+
+
+def _or_null(
+    node: exp.Expression, column: ColumnHook, aggregate: AggregateHook
+) -> tuple[Expr, ColumnType | None]:
+    """A CASE result or COALESCE argument: a value, or NULL (no type of its own)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Null):
+        return {"null": True}, None
+    return typed(node, column, aggregate)
+
+
+def _result_type(what: str, types: list[ColumnType | None], node: exp.Expression) -> ColumnType:
+    known = [t for t in types if t is not None]
+    if not known:
+        raise errors.InvalidArgument(f"{what} whose every result is NULL: {node.sql()}")
+    return common_type(known, node)
+
+
+def _case(node: exp.Case | exp.If, column: ColumnHook, aggregate: AggregateHook) -> Typed:
+    """CASE [x] WHEN ... THEN ... [ELSE ...] END, or IF(c, a, b): branches in order."""
+    if isinstance(node, exp.If):
+        ifs, default, operand = [node], node.args.get("false"), None
+    else:
+        ifs, default, operand = node.args.get("ifs") or [], node.args.get("default"), node.this
+    whens: list[Expr] = []
+    results: list[tuple[Expr, ColumnType | None]] = []
+    for branch in ifs:
+        condition = branch.this
+        if operand is not None:  # CASE x WHEN v: x = v
+            condition = exp.EQ(this=operand.copy(), expression=condition.copy())
+        whens.append(predicate(condition, column, aggregate))
+        results.append(_or_null(branch.args["true"], column, aggregate))
+    otherwise = _or_null(default, column, aggregate) if default is not None else None
+    types = [t for _, t in results] + ([otherwise[1]] if otherwise is not None else [])
+    type_ = _result_type("CASE", types, node)
+    case: Expr = {"case": [[w, r] for w, (r, _) in zip(whens, results, strict=True)]}
+    if otherwise is not None and "null" not in otherwise[0]:
+        case["else"] = otherwise[0]
+    case["type"] = str(type_)
+    return case, type_
 
 
 def comparable(left: Typed, right: Typed, node: exp.Expression) -> tuple[Expr, Expr]:
@@ -685,23 +735,69 @@ def predicate(node: exp.Expression, column: ColumnHook, aggregate: AggregateHook
         return {"cmp": op, "args": list(comparable(left, right, node))}
     if isinstance(node, exp.In):
         subject = typed(node.this, column, aggregate)
-        values = [comparable(subject, typed(v, column, aggregate), node) for v in node.expressions]
-        return {"in": values[0][0], "values": [v for _, v in values]}
+        values: list[Expr] = []
+        for item in node.expressions:
+            while isinstance(item, exp.Paren):
+                item = item.this
+            if isinstance(item, exp.Null):  # x IN (1, NULL): TRUE or NULL, never FALSE
+                values.append({"null": True})
+            else:
+                subject_expr, value = comparable(subject, typed(item, column, aggregate), node)
+                subject = subject_expr, subject[1]
+                values.append(value)
+        return {"in": subject[0], "values": values}
     if isinstance(node, exp.Between):
         subject = typed(node.this, column, aggregate)
         low = comparable(subject, typed(node.args["low"], column, aggregate), node)
         high = comparable(subject, typed(node.args["high"], column, aggregate), node)
         return {"between": low[0], "low": low[1], "high": high[1]}
     if isinstance(node, exp.Not):
-        if list(conjuncts(node.this))[1:]:
-            raise _refuse("NOT over AND (an OR in disguise)", node)
-        return {"not": predicate(node.this, column, aggregate)}
+        inner = predicate(node.this, column, aggregate)
+        return inner["not"] if "not" in inner else {"not": inner}  # NOT NOT p is p, NULL too
     if isinstance(node, exp.And):
-        raise _refuse("nested AND", node)
+        return {"and": [predicate(t, column, aggregate) for t in conjuncts(node)]}
+    if isinstance(node, exp.Or):
+        return {"or": [predicate(t, column, aggregate) for t in disjuncts(node)]}
+    if isinstance(node, exp.Like):
+        return _like(node, column, aggregate)
+    if isinstance(node, exp.Is):
+        if not isinstance(node.expression, exp.Null):
+            raise _refuse("IS other than IS [NOT] NULL", node)
+        value, _ = typed(node.this, column, aggregate)
+        return {"not": {"notnull": value}}
     value, type_ = typed(node, column, aggregate)
     if type_ != BOOL:
         raise errors.TypeMismatch(f"condition {node.sql()} is {type_}, not BOOL")
     return {"cmp": "=", "args": [value, {"lit": True, "type": "BOOL"}]}
+
+
+def _like(node: exp.Like, column: ColumnHook, aggregate: AggregateHook) -> Expr:
+    value, type_ = typed(node.this, column, aggregate)
+    if type_ != TEXT:
+        raise errors.TypeMismatch(f"LIKE on {type_}, not TEXT: {node.sql()}")
+    pattern = node.expression
+    while isinstance(pattern, exp.Paren):
+        pattern = pattern.this
+    if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+        raise _refuse("LIKE with a pattern that is not a constant string", node)
+    if "\\" in pattern.this:
+        raise _refuse(
+            "a backslash in a LIKE pattern (an escape in PostgreSQL, a plain character in duckdb)",
+            node,
+        )
+    like = {"like": value, "pattern": pattern.this}
+    return {"not": like} if node.args.get("negate") else like  # sqlglot's NOT LIKE
+
+
+def disjuncts(node: exp.Expression) -> Iterator[exp.Expression]:
+    """The terms of an OR chain, through parentheses."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Or):
+        yield from disjuncts(node.this)
+        yield from disjuncts(node.expression)
+    else:
+        yield node
 
 
 def conjuncts(node: exp.Expression | None) -> Iterator[exp.Expression]:
@@ -809,10 +905,28 @@ def _select_items(select: exp.Select) -> list[tuple[str | None, exp.Expression]]
     return items
 
 
-def plan_group_by(select: exp.Select, scope: Scope) -> list[tuple[ColumnRef, ColumnType]]:
-    """GROUP BY columns, in order, without repeats; by column, output alias or position."""
+@dataclass(frozen=True)
+class _Group:
+    """A GROUP BY item: a column (``ref``) or an expression of the row; ``key`` tells repeats."""
+
+    key: str
+    ref: ColumnRef | None
+    expr: Expr
+    type: ColumnType
+
+
+def _group(expr: Expr, type_: ColumnType) -> _Group:
+    if "col" in expr:
+        ref = ColumnRef(*expr["col"])
+        return _Group(json.dumps(expr), ref, expr, type_)
+    return _Group(json.dumps(expr, sort_keys=True), None, expr, type_)
+
+
+def plan_group_by(select: exp.Select, scope: Scope) -> list[_Group]:
+    """GROUP BY items, in order, without repeats: columns or expressions of the row, by
+    themselves, output alias or position."""
     items = _select_items(select)
-    found: dict[ColumnRef, ColumnType] = {}
+    found: dict[str, _Group] = {}
     group = select.args.get("group")
     for node in group.expressions if group is not None else []:
         while isinstance(node, exp.Paren):
@@ -822,27 +936,33 @@ def plan_group_by(select: exp.Select, scope: Scope) -> list[tuple[ColumnRef, Col
             if not 1 <= position <= len(items):
                 raise errors.InvalidArgument(f"GROUP BY position {position} is not in the SELECT")
             node = items[position - 1][1]
-            if isinstance(node, AGGREGATES):
+            if isinstance(node, AGGREGATES) or node.find(*AGGREGATES):
                 raise errors.InvalidArgument(f"GROUP BY position {position} refers to an aggregate")
-        if not isinstance(node, exp.Column):
-            raise _refuse("GROUP BY of an expression (group by columns)", node)
-        ref, type_ = _group_column(node, scope, items)
-        found.setdefault(ref, type_)
-    return list(found.items())
+        item = _group_item(node, scope, items)
+        found.setdefault(item.key, item)
+    return list(found.values())
 
 
-def _group_column(
-    node: exp.Column, scope: Scope, items: list[tuple[str | None, exp.Expression]]
-) -> tuple[ColumnRef, ColumnType]:
-    """An input column first (as SQL does), else a SELECT alias of a column."""
+def _group_item(
+    node: exp.Expression, scope: Scope, items: list[tuple[str | None, exp.Expression]]
+) -> _Group:
+    """An input column first (as SQL does), else a SELECT alias; or an expression."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if not isinstance(node, exp.Column):
+        return _group(*typed(node, lambda c: _column(c, scope), _no_aggregates))
     try:
-        return scope.resolve(node)
+        return _group(*_column(node, scope))
     except errors.UnknownColumn:
         if node.args.get("table") is None:
             name = identifier(node.this, "column")
             for alias, item in items:
-                if alias == name and isinstance(item, exp.Column):
-                    return scope.resolve(item)
+                if alias == name and not (isinstance(item, exp.Column) and item is node):
+                    if item.find(*AGGREGATES):
+                        raise errors.InvalidArgument(
+                            f"GROUP BY {name} refers to an aggregate: {item.sql()}"
+                        ) from None
+                    return _group_item(item, scope, items)
         raise
 
 
@@ -905,51 +1025,77 @@ class _Names:
         self.taken.add(name)
         return name
 
-    def hidden(self) -> str:
+    def hidden(self, prefix: str = "_having") -> str:
         n = 0
-        while f"_having{n}" in self.taken:
+        while f"{prefix}{n}" in self.taken:
             n += 1
-        self.taken.add(f"_having{n}")
-        return f"_having{n}"
+        self.taken.add(f"{prefix}{n}")
+        return f"{prefix}{n}"
 
 
 def plan_select(
-    select: exp.Select, scope: Scope, groups: list[tuple[ColumnRef, ColumnType]]
-) -> tuple[list[GroupColumn], list[tuple[Aggregate, str]], list[str], _Names]:
-    """SELECT items -> named group columns, aggregates (with identity keys) and output order."""
+    select: exp.Select, scope: Scope, groups: list[_Group]
+) -> tuple[
+    list[GroupColumn],
+    list[tuple[Aggregate, str]],
+    list[str],
+    _Names,
+    list[tuple[str, exp.Expression]],
+]:
+    """SELECT items -> named group columns, aggregates (with identity keys), output order and
+    the items left to ``plan_derived`` (expressions over aggregates), named."""
     items = _select_items(select)
     names = _Names([alias for alias, _ in items if alias is not None])
-    group_names: dict[ColumnRef, str] = {}
+    by_key = {g.key: g for g in groups}
+    group_names: dict[str, str] = {}
     aggregates: list[tuple[Aggregate, str]] = []
     output: list[str] = []
+    pending: list[tuple[str, exp.Expression]] = []
     for alias, node in items:
         while isinstance(node, exp.Paren):
             node = node.this
-        if isinstance(node, exp.Column):
-            ref, _ = scope.resolve(node)
-            if ref not in dict(groups):
-                raise errors.InvalidArgument(
-                    f"column {ref} must appear in GROUP BY or be aggregated"
-                )
-            if ref in group_names:
-                raise errors.InvalidArgument(f"GROUP BY column {ref} appears twice in SELECT")
-            group_names[ref] = alias or names.derive(ref.column)
-            output.append(group_names[ref])
-        elif isinstance(node, AGGREGATES):
+        if isinstance(node, AGGREGATES):
             spec = aggregate_spec(node, scope)
             name = alias or names.derive(spec.base_name)
             aggregates.append((_aggregate(spec, name, hidden=False), spec.key()))
             output.append(name)
-        else:
-            raise errors.InvalidArgument(
-                f"SELECT item {node.sql()} must be a GROUP BY column or an aggregate "
-                "(expressions over aggregates are not supported)"
-            )
-    columns = [
-        GroupColumn(group_names.get(ref) or names.derive(ref.column), ref, str(type_))
-        for ref, type_ in groups
-    ]
-    return columns, aggregates, output, names
+            continue
+        group = _selected_group(node, scope, by_key)
+        if group is None:  # an expression over aggregates and group columns
+            pending.append((alias or names.derive("expr"), node))
+            output.append(pending[-1][0])
+            continue
+        shown = str(group.ref) if group.ref is not None else node.sql()
+        if group.key in group_names:
+            raise errors.InvalidArgument(f"GROUP BY column {shown} appears twice in SELECT")
+        base = group.ref.column if group.ref is not None else "expr"
+        group_names[group.key] = alias or names.derive(base)
+        output.append(group_names[group.key])
+    columns = []
+    for group in groups:
+        base = group.ref.column if group.ref is not None else "expr"
+        name = group_names.get(group.key) or names.derive(base)
+        expr = None if group.ref is not None else group.expr
+        columns.append(GroupColumn(name, group.ref, str(group.type), expr))
+    return columns, aggregates, output, names, pending
+
+
+def _selected_group(node: exp.Expression, scope: Scope, groups: dict[str, _Group]) -> _Group | None:
+    """The GROUP BY item a SELECT item is (a column must be one); None for another
+    expression."""
+    if isinstance(node, exp.Column):
+        ref, _ = scope.resolve(node)
+        found = groups.get(json.dumps({"col": ref.to_json()}))
+        if found is None:
+            raise errors.InvalidArgument(f"column {ref} must appear in GROUP BY or be aggregated")
+        return found
+    if node.find(*AGGREGATES):
+        return None
+    try:
+        expr, _ = typed(node, lambda c: _column(c, scope), _no_aggregates)
+    except errors.InvalidArgument:
+        return None
+    return groups.get(json.dumps(expr, sort_keys=True))
 
 
 def _aggregate(spec: _AggregateSpec, name: str, hidden: bool) -> Aggregate:
@@ -963,49 +1109,86 @@ def _aggregate(spec: _AggregateSpec, name: str, hidden: bool) -> Aggregate:
     )
 
 
+class _ViewColumns:
+    """The hooks that type an expression over a view's columns (``{"out": name}``), for
+    HAVING and derived SELECT items: a GROUP BY column or an output name, and aggregates --
+    one already computed is reused, another is added hidden."""
+
+    def __init__(
+        self,
+        scope: Scope,
+        columns: list[GroupColumn],
+        aggregates: list[tuple[Aggregate, str]],
+        names: _Names,
+        clause: str,
+        prefix: str,
+    ) -> None:
+        self.scope, self.columns, self.names, self.clause = scope, columns, names, clause
+        self.prefix = prefix  # of the hidden aggregates' names
+        self.aggregates = list(aggregates)
+        self.by_key = {key: agg for agg, key in reversed(aggregates)}
+        self.outputs = {c.name: ColumnType.parse(c.type) for c in columns}
+        self.outputs.update({a.name: ColumnType.parse(a.result_type) for a, _ in aggregates})
+
+    def column(self, node: exp.Column) -> Typed:
+        try:
+            ref, _ = self.scope.resolve(node)
+        except errors.UnknownColumn:
+            name = identifier(node.this, "column")
+            if node.args.get("table") is None and name in self.outputs:
+                return {"out": name}, self.outputs[name]
+            raise
+        for group in self.columns:
+            if group.ref == ref:
+                return {"out": group.name}, ColumnType.parse(group.type)
+        raise errors.InvalidArgument(
+            f"column {ref} in {self.clause} must appear in GROUP BY or be aggregated"
+        )
+
+    def aggregate(self, node: exp.Expression) -> Typed:
+        spec = aggregate_spec(node, self.scope)
+        found = self.by_key.get(spec.key())
+        if found is None:
+            found = _aggregate(spec, self.names.hidden(self.prefix), hidden=True)
+            self.by_key[spec.key()] = found
+            self.aggregates.append((found, spec.key()))
+        return {"out": found.name}, ColumnType.parse(found.result_type)
+
+
+def plan_derived(
+    pending: list[tuple[str, exp.Expression]],
+    scope: Scope,
+    columns: list[GroupColumn],
+    aggregates: list[tuple[Aggregate, str]],
+    names: _Names,
+) -> tuple[list[Derived], list[tuple[Aggregate, str]]]:
+    """SELECT items over aggregates and group columns (``SUM(a) / SUM(b)``): expressions over
+    view columns, with the aggregates extended by the hidden ones they read."""
+    hooks = _ViewColumns(scope, columns, aggregates, names, "a SELECT expression", "_agg")
+    derived = []
+    for name, node in pending:
+        expr, type_ = typed(node, hooks.column, hooks.aggregate)
+        derived.append(Derived(name, expr, str(type_)))
+    return derived, hooks.aggregates
+
+
 def plan_having(
     select: exp.Select,
     scope: Scope,
     columns: list[GroupColumn],
     aggregates: list[tuple[Aggregate, str]],
     names: _Names,
+    derived: list[Derived],
 ) -> tuple[Expr | None, list[tuple[Aggregate, str]]]:
     """HAVING over view columns (``{"out": name}``) and the aggregates extended by the hidden
     ones only HAVING uses; an aggregate also in SELECT is reused, never computed twice."""
     having = select.args.get("having")
-    aggregates = list(aggregates)
     if having is None:
-        return None, aggregates
-    by_key = {key: agg for agg, key in reversed(aggregates)}
-    outputs = {c.name: ColumnType.parse(c.type) for c in columns}
-    outputs.update({a.name: ColumnType.parse(a.result_type) for a, _ in aggregates})
-
-    def column(node: exp.Column) -> Typed:
-        try:
-            ref, _ = scope.resolve(node)
-        except errors.UnknownColumn:
-            name = identifier(node.this, "column")
-            if node.args.get("table") is None and name in outputs:
-                return {"out": name}, outputs[name]
-            raise
-        for group in columns:
-            if group.ref == ref:
-                return {"out": group.name}, ColumnType.parse(group.type)
-        raise errors.InvalidArgument(
-            f"column {ref} in HAVING must appear in GROUP BY or be aggregated"
-        )
-
-    def aggregate(node: exp.Expression) -> Typed:
-        spec = aggregate_spec(node, scope)
-        found = by_key.get(spec.key())
-        if found is None:
-            found = _aggregate(spec, names.hidden(), hidden=True)
-            by_key[spec.key()] = found
-            aggregates.append((found, spec.key()))
-        return {"out": found.name}, ColumnType.parse(found.result_type)
-
-    preds = [predicate(term, column, aggregate) for term in conjuncts(having.this)]
-    return (preds[0] if len(preds) == 1 else {"and": preds}), aggregates
+        return None, list(aggregates)
+    hooks = _ViewColumns(scope, columns, aggregates, names, "HAVING", "_having")
+    hooks.outputs.update({d.name: ColumnType.parse(d.type) for d in derived})
+    preds = [predicate(term, hooks.column, hooks.aggregate) for term in conjuncts(having.this)]
+    return (preds[0] if len(preds) == 1 else {"and": preds}), hooks.aggregates
 
 
 # === the whole compilation =====================================================================
@@ -1020,8 +1203,9 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
     edges, filters = plan_where(select, scope, ons)
     check_connected(tables, edges)
     groups = plan_group_by(select, scope)
-    columns, aggregates, output, names = plan_select(select, scope, groups)
-    having, aggregates = plan_having(select, scope, columns, aggregates, names)
+    columns, aggregates, output, names, pending = plan_select(select, scope, groups)
+    derived, aggregates = plan_derived(pending, scope, columns, aggregates, names)
+    having, aggregates = plan_having(select, scope, columns, aggregates, names, derived)
     if not aggregates:
         raise errors.InvalidArgument(
             f"view {create.name} computes no aggregate; a materialized view needs at least one "
@@ -1043,6 +1227,7 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
         aggregates=tuple(agg for agg, _ in aggregates),
         having=having,
         output=tuple(output),
+        derived=tuple(derived),
     )
 
 

@@ -13,8 +13,15 @@ Semantics, chosen to match SQL and to stay exact:
 - "/" is FLOAT division always: both operands are converted to float, then divided (the
   compiler types it FLOAT; Spark reproduces it with explicit casts to DOUBLE);
 - any FLOAT operand makes + - * float arithmetic;
-- predicates are three-valued inside (NOT NULL is NULL); ``compile_predicate`` answers True only
-  for TRUE, so a row whose filter is NULL is filtered out, as in SQL.
+- predicates are three-valued inside (NOT NULL is NULL; OR is TRUE if a part is, else NULL if a
+  part is); ``compile_predicate`` answers True only for TRUE, so a row whose filter is NULL is
+  filtered out, as in SQL; ``x IN (1, NULL)`` is TRUE or NULL, ``x NOT IN (1, NULL)`` never TRUE;
+- CASE takes the first branch whose condition is TRUE (NULL is not), else its ELSE (NULL when
+  absent); COALESCE its first non-NULL argument; both convert the result to their node's
+  ``type`` (an INT branch of a DECIMAL CASE is a Decimal), so a value's Python type is its
+  SQL type's whatever branch gave it;
+- LIKE: ``%`` any run of characters, ``_`` one character, case-sensitive, no escape character
+  (the compiler refuses a backslash, which PostgreSQL reads as one and duckdb does not).
 
 HAVING predicates read view columns with ``{"out": name}``: the lookup is then called as
 ``lookup("", name)``.
@@ -25,6 +32,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import operator
+import re
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
@@ -174,20 +182,73 @@ def compile_expr(expr: Mapping[str, Any]) -> Evaluator:
             return None if value is None else _neg(value)
 
         return negate
+    if "null" in expr:
+        return lambda get: None
+    if "case" in expr:
+        return _case(expr)
+    if "coalesce" in expr:
+        return _coalesce(expr)
     raise InvalidArgument(f"unknown expression {dict(expr)!r}")
+
+
+def converter(type_text: object) -> Callable[[Any], Any]:
+    """A value of a CASE or COALESCE branch as a value of the node's type (numbers only
+    convert: INT -> DECIMAL -> FLOAT; None stays None)."""
+    if not isinstance(type_text, str):
+        raise InvalidArgument(f"CASE and COALESCE need a type; got {type_text!r}")
+    if type_text == "FLOAT":
+        return lambda v: None if v is None else float(v)
+    if type_text.startswith("DECIMAL"):
+        return lambda v: Decimal(v) if type(v) is int else v
+    return lambda v: v
+
+
+def _case(expr: Mapping[str, Any]) -> Evaluator:
+    branches = expr["case"]
+    if not isinstance(branches, list) or not branches:
+        raise InvalidArgument(f"CASE needs a non-empty list of [condition, value]; got {expr!r}")
+    compiled = [(_predicate3(when), compile_expr(then)) for when, then in branches]
+    otherwise = compile_expr(expr["else"]) if "else" in expr else (lambda get: None)
+    convert = converter(expr.get("type"))
+
+    def evaluate(get: Lookup) -> Any:
+        for when, then in compiled:
+            if when(get) is True:
+                return convert(then(get))
+        return convert(otherwise(get))
+
+    return evaluate
+
+
+def _coalesce(expr: Mapping[str, Any]) -> Evaluator:
+    args = expr["coalesce"]
+    if not isinstance(args, list) or not args:
+        raise InvalidArgument(f"COALESCE needs a non-empty list; got {expr!r}")
+    compiled = [compile_expr(a) for a in args]
+    convert = converter(expr.get("type"))
+
+    def evaluate(get: Lookup) -> Any:
+        for arg in compiled:
+            value = arg(get)
+            if value is not None:
+                return convert(value)
+        return None
+
+    return evaluate
 
 
 # --- predicates (three-valued inside: True, False or None for NULL) ----------------------------
 
 
 def _in(subject: Evaluator, values: list[Mapping[str, Any]]) -> Evaluator:
-    if all("lit" in v for v in values):
+    if all("lit" in v or "null" in v for v in values):
         # Equal int, Decimal and float values hash alike, so one set serves every numeric type.
-        constants = frozenset(literal_value(v) for v in values)
+        constants = frozenset(literal_value(v) for v in values if "lit" in v)
+        miss = None if any("null" in v for v in values) else False  # x IN (1, NULL): not FALSE
 
         def in_constants(get: Lookup) -> bool | None:
             x = subject(get)
-            return None if x is None else x in constants
+            return None if x is None else (x in constants) or miss
 
         return in_constants
     items = [compile_expr(v) for v in values]
@@ -225,16 +286,41 @@ def _between(subject: Evaluator, low: Evaluator, high: Evaluator) -> Evaluator:
     return evaluate
 
 
-def _and(parts: list[Evaluator]) -> Evaluator:
+def _connective(decisive: bool) -> Callable[[list[Evaluator]], Evaluator]:
+    """AND (``decisive`` False: one FALSE part decides) or OR (one TRUE part decides); else
+    NULL if a part is NULL, else the other truth value."""
+
+    def combine(parts: list[Evaluator]) -> Evaluator:
+        def evaluate(get: Lookup) -> bool | None:
+            unknown = False
+            for part in parts:
+                value = part(get)
+                if value is decisive:
+                    return decisive
+                if value is None:
+                    unknown = True
+            return None if unknown else not decisive
+
+        return evaluate
+
+    return combine
+
+
+_and, _or = _connective(False), _connective(True)
+
+
+def like_regex(pattern: str) -> re.Pattern[str]:
+    """A LIKE pattern as a regular expression matching the whole string."""
+    parts = [".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pattern]
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def _like(subject: Evaluator, pattern: str) -> Evaluator:
+    regex = like_regex(pattern)
+
     def evaluate(get: Lookup) -> bool | None:
-        unknown = False
-        for part in parts:
-            value = part(get)
-            if value is False:
-                return False
-            if value is None:
-                unknown = True
-        return None if unknown else True
+        x = subject(get)
+        return None if x is None else regex.fullmatch(x) is not None
 
     return evaluate
 
@@ -270,11 +356,20 @@ def _predicate3(pred: Mapping[str, Any]) -> Evaluator:
         )
     if "not" in pred:
         return _not(_predicate3(pred["not"]))
-    if "and" in pred:
-        parts = pred["and"]
-        if not isinstance(parts, list) or not parts:
-            raise InvalidArgument(f"AND needs a non-empty list; got {dict(pred)!r}")
-        return _and([_predicate3(p) for p in parts])
+    for key, combine in (("and", _and), ("or", _or)):
+        if key in pred:
+            parts = pred[key]
+            if not isinstance(parts, list) or not parts:
+                raise InvalidArgument(f"{key.upper()} needs a non-empty list; got {dict(pred)!r}")
+            return combine([_predicate3(p) for p in parts])
+    if "like" in pred:
+        pattern = pred.get("pattern")
+        if not isinstance(pattern, str):
+            raise InvalidArgument(f"LIKE needs a constant pattern; got {dict(pred)!r}")
+        return _like(compile_expr(pred["like"]), pattern)
+    if "notnull" in pred:
+        inner = compile_expr(pred["notnull"])
+        return lambda get: inner(get) is not None
     raise InvalidArgument(f"unknown predicate {dict(pred)!r}")
 
 

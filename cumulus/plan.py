@@ -10,7 +10,17 @@ the Spark layer read the same thing after a restart. Expressions and predicates 
 - ``{"op": "+"|"-"|"*"|"/", "args": [e1, e2]}``, ``{"neg": e}``;
 - predicates ``{"cmp": "="|"<>"|"<"|"<="|">"|">=", "args": [e1, e2]}``,
   ``{"in": e, "values": [e, ...]}``, ``{"between": e, "low": e, "high": e}``, ``{"not": p}``,
-  ``{"and": [p, ...]}`` (HAVING's conjunction; WHERE's is the ``filters`` tuple).
+  ``{"and": [p, ...]}`` (HAVING's conjunction; WHERE's is the ``filters`` tuple),
+  ``{"or": [p, ...]}``, ``{"like": e, "pattern": "a%"}`` (a constant pattern),
+  ``{"notnull": e}`` (IS NOT NULL; IS NULL is its ``not``);
+- ``{"null": true}`` (a NULL literal: in an IN list, a CASE result, a COALESCE argument);
+  ``{"case": [[p, e], ...], "else": e, "type": T}`` (no "else": NULL) and
+  ``{"coalesce": [e, ...], "type": T}``, T their result type (``typerules.common_type``).
+
+A GROUP BY item is a column (``ref``) or an expression of the row (``expr``). A SELECT item that
+is neither a group column nor an aggregate is a *derived* column: an expression over view
+columns (``{"out": name}``: group columns and aggregates, hidden ones made for it), finished when
+the view is read from the aggregates' state.
 """
 
 from __future__ import annotations
@@ -135,21 +145,55 @@ class JoinEdge:
 
 @dataclass(frozen=True)
 class GroupColumn:
-    """A GROUP BY column: part of the view row's key, named as the view shows it."""
+    """A GROUP BY item: part of the view row's key, named as the view shows it; a column
+    (``ref``) or an expression of the joined row (``expr``, ``ref`` None)."""
 
     name: str
-    ref: ColumnRef
+    ref: ColumnRef | None
     type: str
+    expr: Expr | None = None
+
+    def __post_init__(self) -> None:
+        if (self.ref is None) == (self.expr is None):
+            raise InvalidArgument(f"group column {self.name}: a column or an expression, not both")
+
+    def source(self) -> Expr:
+        """The group value as an expression of the joined row."""
+        return {"col": self.ref.to_json()} if self.ref is not None else copy.deepcopy(self.expr)  # type: ignore[return-value]
 
     def to_json(self) -> dict[str, Any]:
+        if self.ref is None:
+            return {"name": self.name, "expr": copy.deepcopy(self.expr), "type": self.type}
         return {"name": self.name, "ref": self.ref.to_json(), "type": self.type}
 
     @classmethod
     def from_json(cls, data: object) -> GroupColumn:
+        what = "group column"
+        name = _field(data, "name", str, what)
+        type_ = _type_string(_field(data, "type", str, what), what)
+        if isinstance(data, Mapping) and "expr" in data:
+            return cls(name, None, type_, copy.deepcopy(_field(data, "expr", dict, what)))
+        return cls(name, ColumnRef.from_json(_field(data, "ref", list, what)), type_)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A SELECT item computed from view columns when read (``{"out": name}`` refs)."""
+
+    name: str
+    expr: Expr
+    type: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "expr": copy.deepcopy(self.expr), "type": self.type}
+
+    @classmethod
+    def from_json(cls, data: object) -> Derived:
+        what = "derived column"
         return cls(
-            _field(data, "name", str, "group column"),
-            ColumnRef.from_json(_field(data, "ref", list, "group column")),
-            _type_string(_field(data, "type", str, "group column"), "group column"),
+            _field(data, "name", str, what),
+            copy.deepcopy(_field(data, "expr", dict, what)),
+            _type_string(_field(data, "type", str, what), what),
         )
 
 
@@ -225,6 +269,7 @@ class ViewPlan:
     # cumulus: how often committed changes are fed to the runtime between epochs (its
     # tentative values run ahead of the last epoch); 0: only at each epoch
     feed_ms: int = 0
+    derived: tuple[Derived, ...] = ()  # SELECT items computed from the columns when read
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -252,6 +297,7 @@ class ViewPlan:
         if not aliases or len(set(aliases)) != len(aliases):
             raise InvalidArgument(f"view {self.name}: table aliases must be present and distinct")
         names = [g.name for g in self.group_by] + [a.name for a in self.aggregates]
+        names += [d.name for d in self.derived]
         if len(set(names)) != len(names):
             raise InvalidArgument(f"view {self.name}: view column names must be distinct")
         unknown = [n for n in self.output if n not in names]
@@ -293,12 +339,10 @@ class ViewPlan:
                 if ref.alias == alias:
                     found[ref.column] = None
         trees: list[object] = [*self.filters, *(a.arg for a in self.aggregates)]
+        trees += [g.source() for g in self.group_by]
         for tree_alias, column in expr_columns(trees):
             if tree_alias == alias:
                 found[column] = None
-        for group in self.group_by:
-            if group.ref.alias == alias:
-                found[group.ref.column] = None
         return tuple(found)
 
     def column_type(self, name: str) -> str:
@@ -309,6 +353,9 @@ class ViewPlan:
         for aggregate in self.aggregates:
             if aggregate.name == name:
                 return aggregate.result_type
+        for derived in self.derived:
+            if derived.name == name:
+                return derived.type
         raise InvalidArgument(f"view {self.name} has no column {name!r}")
 
     # --- persistence -------------------------------------------------------------------------
@@ -337,6 +384,7 @@ class ViewPlan:
                 if self.nodes
                 else {}
             ),
+            **({"derived": [d.to_json() for d in self.derived]} if self.derived else {}),
         }
 
     @classmethod
@@ -370,4 +418,8 @@ class ViewPlan:
             if "nodes" in data  # type: ignore[operator]
             else "",
             feed_ms=_field(data, "feed_ms", int, what) if "feed_ms" in data else 0,  # type: ignore[operator]
+            derived=tuple(
+                Derived.from_json(d)
+                for d in (_field(data, "derived", list, what) if "derived" in data else [])  # type: ignore[operator]
+            ),
         )

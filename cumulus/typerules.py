@@ -11,6 +11,10 @@ maintenance and the M3 read-out finish values in them, and Spark takes its sums 
   0), DOUBLE for FLOAT; a bulk computation (Spark) casts to that, so it is exact or fails loudly
   where Python's unbounded numbers would not.
 
+- CASE and COALESCE: their results' common type (NULL results aside): numbers widen as ``+``
+  does (INT with DECIMAL is DECIMAL(38, s), anything with FLOAT is FLOAT); other kinds must be
+  the same (DECIMAL of any scale is one kind, widened to the largest).
+
 COUNT, MIN and MAX (and the rest of each kind's rules) are in ``cumulus.aggregates``.
 """
 
@@ -55,6 +59,20 @@ def arithmetic_type(
             f"{node.sql()} would need DECIMAL scale {scale}, more than {MAX_SCALE}"
         )
     return decimal_type(scale)
+
+
+def common_type(types: list[ColumnType], node: exp.Expression) -> ColumnType:
+    """The type of a CASE's or COALESCE's results (``common_type`` above)."""
+    result = types[0]
+    for other in types[1:]:
+        if result.kind in NUMERIC and other.kind in NUMERIC:
+            if result != other:
+                result = arithmetic_type("+", result, other, node)
+        elif result != other:
+            raise errors.TypeMismatch(f"{node.sql()} mixes {result} with {other}")
+    if result.kind == "DECIMAL":
+        result = decimal_type(result.scale or 0)
+    return result
 
 
 def sum_type(arg: ColumnType) -> ColumnType:

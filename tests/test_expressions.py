@@ -242,7 +242,11 @@ def test_compile_filters_is_the_conjunction() -> None:
         {"in": c("i"), "values": []},
         {"between": c("i"), "low": c("i")},
         {"and": []},
-        {"or": [cmp("=", c("i"), c("i"))]},
+        {"or": []},
+        {"like": c("s")},
+        cmp("=", {"case": [], "type": "INT"}, c("i")),
+        cmp("=", {"coalesce": [c("i")]}, c("i")),  # no type
+        cmp("=", {"coalesce": [], "type": "INT"}, c("i")),
         "x",
     ],
 )

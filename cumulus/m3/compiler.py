@@ -36,7 +36,7 @@ from cumulus.m3.exprs import (
     nullable_parts,
     product_type,
     rename,
-    vars_of,
+    strict_vars,
 )
 from cumulus.m3.printer import statement_text
 from cumulus.m3.program import (
@@ -117,7 +117,7 @@ def _join(plan: ViewPlan, table: TableLookup) -> _Query:
 def _not_null(expr: Expr, query: _Query) -> list[Factor]:
     """Guards that skip the tuples where an aggregate's argument is NULL."""
     guards: list[Factor] = [
-        Guard({"notnull": {"var": v}}) for v in vars_of(expr) if query.nullable.get(v, True)
+        Guard({"notnull": {"var": v}}) for v in strict_vars(expr) if query.nullable.get(v, True)
     ]
     guards += [Guard({"notnull": part}) for part in nullable_parts(expr)]
     return guards
@@ -185,6 +185,12 @@ class _Compiler:
         columns: dict[str, ViewColumn] = {}
         for aggregate in plan.aggregates:
             columns[aggregate.name] = self.aggregate(plan, query, aggregate, rows, part)
+        for derived in plan.derived:
+            columns[derived.name] = ViewColumn(
+                derived.name,
+                type=ColumnType.parse(derived.type),
+                expr=from_plan(derived.expr, lambda a, c: c),
+            )
         ordered = [columns[name] if name in columns else ViewColumn(name) for name in plan.output]
         ordered += [columns[a.name] for a in plan.aggregates if a.hidden]
         having = from_plan(plan.having, lambda a, c: c) if plan.having else None
@@ -235,7 +241,8 @@ class _Compiler:
         group names (and the value for a count map). A variable standing for two keys (two
         joined group columns, or MIN(x) grouped by x) is lifted into a second key."""
         wanted: list[tuple[str, Expr]] = [
-            (g.name, {"var": query.var_of[(g.ref.alias, g.ref.column)]}) for g in plan.group_by
+            (g.name, from_plan(g.source(), lambda a, c: query.var_of[(a, c)]))
+            for g in plan.group_by
         ]
         if value is not None:
             wanted.append((value_name, value))
@@ -244,16 +251,19 @@ class _Compiler:
         apart = {v: fresh(v, taken) for v in query.types if v in keys}
         current = {v: apart.get(v, v) for v in query.types}  # original -> name in the body
         types = {current[v]: t for v, t in query.types.items()}
-        lifts: list[Factor] = []
-        for name, expr in wanted:  # the value comes last: its lift sees every group's name
-            expr = rename(expr, current)
-            source = expr.get("var")
+        lifted: list[tuple[str, Expr]] = []
+        for name, expr in wanted:
+            source = rename(expr, current).get("var")
             if source is not None and source not in keys:
                 current = {v: (name if now == source else now) for v, now in current.items()}
                 types[name] = types.pop(source)
             else:
-                lifts.append(Lift(name, expr))
-                types[name] = expr_type(expr, types)
+                lifted.append((name, expr))
+        lifts: list[Factor] = []
+        for name, expr in lifted:  # after every renaming: a lift sees each group's name
+            expr = rename(expr, current)
+            lifts.append(Lift(name, expr))
+            types[name] = expr_type(expr, types)
         body = [substitute(f, current) for f in [*query.body, *extra]] + lifts
         definition = AggSum(tuple(keys), tuple(body))
         if not self.deeper(1):

@@ -23,7 +23,7 @@ from cumulus.m3.program import Expr
 from cumulus.typerules import FLOAT, INT, arithmetic_type
 
 Env = dict[str, Any]
-PREDICATE_KEYS = ("cmp", "in", "between", "not", "and", "notnull")
+PREDICATE_KEYS = ("cmp", "in", "between", "not", "and", "or", "like", "notnull")
 ONE: Expr = {"lit": 1, "type": "INT"}
 MINUS_ONE: Expr = {"lit": -1, "type": "INT"}
 
@@ -151,6 +151,8 @@ def expr_type(expr: Expr, types: Mapping[str, ColumnType]) -> ColumnType:
     if "op" in expr:
         left, right = (expr_type(a, types) for a in expr["args"])
         return arithmetic_type(expr["op"], left, right, exp.Var(this=str(expr)))
+    if "case" in expr or "coalesce" in expr:
+        return ColumnType.parse(expr["type"])
     raise InvalidArgument(f"not a value term: {expr!r}")
 
 
@@ -180,9 +182,29 @@ def monomials(expr: Expr) -> list[list[Expr]]:
     return [[copy.deepcopy(expr)]]
 
 
+def strict_vars(expr: Expr) -> list[str]:
+    """The variables whose NULL makes ``expr`` NULL: those outside CASE and COALESCE."""
+    found: dict[str, None] = {}
+
+    def walk(node: Expr) -> None:
+        if "var" in node:
+            found[node["var"]] = None
+        elif "op" in node:
+            for arg in node["args"]:
+                walk(arg)
+        elif "neg" in node:
+            walk(node["neg"])
+
+    walk(expr)
+    return list(found)
+
+
 def nullable_parts(expr: Expr) -> Iterator[Expr]:
-    """The sub-terms whose NULL makes ``expr`` NULL besides variables: divisions (by zero)."""
-    if "op" in expr:
+    """The sub-terms whose NULL makes ``expr`` NULL besides its strict variables: divisions
+    (by zero), CASE and COALESCE (NULL or not whatever their variables are)."""
+    if "case" in expr or "coalesce" in expr:
+        yield expr
+    elif "op" in expr:
         if expr["op"] == "/":
             yield expr
         for arg in expr["args"]:

@@ -413,16 +413,14 @@ def _lift(factor: Lift, value: Callable[[Env], Any], bound: bool, nxt: Step) -> 
 
         def test(env: Env, acc: Any) -> None:
             v = value(env)
-            if v is not None and v == env[name]:
+            if v == env[name]:  # NULL is a key like any other (SQL's one NULL group)
                 nxt(env, acc)
 
         return test
 
     def bind(env: Env, acc: Any) -> None:
-        v = value(env)
-        if v is not None:
-            env[name] = v
-            nxt(env, acc)
+        env[name] = value(env)  # NULL too: a group key may be NULL (values are guarded)
+        nxt(env, acc)
 
     return bind
 

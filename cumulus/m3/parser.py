@@ -10,6 +10,7 @@ Grammar (keywords in any case; ``--`` starts a comment, so the section banners a
     view      := DECLARE VIEW name '[' name ':' type, ... ']' ':=' ROWS part (',' column)*
                  [HAVING '{' pred '}'] ';'
     column    := name | [HIDDEN] name ':=' KIND '(' part ('+' part)* [',' part] ')' ':' type
+               | [HIDDEN] name ':=' '{' pred '}' ':' type     (derived: over the other columns)
     trigger   := ON ('+'|'-') name '(' name, ... ')' '{' (mapref '+=' product ';')* '}'
     part      := mapref | aggsum
     aggsum    := AggSum '(' '[' name, ... ']' ',' product ')'
@@ -18,9 +19,14 @@ Grammar (keywords in any case; ``--`` starts a comment, so the section banners a
                | mapref | name '(' name, ... ')' | '{' pred '}' | '(' name '^=' factor ')'
                | '(' product ')'
     mapref    := name ['(' type ')'] '[' ']' '[' name, ... ']'
+    pred      := SQL's: OR, AND, NOT, comparisons, IN (...), BETWEEN, IS NOT NULL, LIKE 'p',
+                 + - * /, literals, NULL, names, CAST(CASE WHEN p THEN e ... [ELSE e] END AS
+                 type) and CAST(COALESCE(e, ...) AS type) (CASE and COALESCE with their type)
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from sqlglot import exp
 
@@ -266,8 +272,16 @@ class _Parser:
         self.word("ROWS")
         rows = self.view_part(key_names, extra=0)
         columns: list[ViewColumn] = []
+        starts: list[Token] = []
         while self.accept_op(","):
+            start = self.peek()
             columns.append(self.view_column(key_names))
+            starts.append(start)
+        known = key_names | {c.name for c in columns if c.kind is not None}
+        for column, start in zip(columns, starts, strict=True):
+            unknown = [v for v in vars_of(column.expr or {}) if v not in known]
+            if unknown:
+                raise self.fail(f"{column.name} reads {unknown[0]}: not a view column", start)
         having = None
         if self.is_word("HAVING"):
             token = self.take()
@@ -292,6 +306,11 @@ class _Parser:
             if hidden or column not in keys:
                 raise self.fail(f"{column} is not a group key of the view", token)
             return ViewColumn(column)
+        if self.accept_op("{"):  # derived: an expression over the columns before it
+            expr = self.pred()
+            self.op("}")
+            self.op(":")
+            return ViewColumn(column, None, (), None, self.type(), hidden, expr)
         kind_token = self.take()
         names = [k.name for k in VIEW_KINDS]
         if kind_token.kind != "word" or kind_token.text.upper() not in names:
@@ -491,11 +510,18 @@ class _Parser:
     # --- expressions (inside braces) -------------------------------------------------------------
 
     def pred(self) -> Expr:
-        parts = [self.negation()]
-        while self.is_word("AND"):
+        return self.chain("OR", self.conjunction)
+
+    def conjunction(self) -> Expr:
+        return self.chain("AND", self.negation)
+
+    def chain(self, word: str, operand: Callable[[], Expr]) -> Expr:
+        """``a word b word c``: one {word: [a, b, c]} (one operand: itself)."""
+        parts = [operand()]
+        while self.is_word(word):
             self.take()
-            parts.append(self.negation())
-        return parts[0] if len(parts) == 1 else {"and": parts}
+            parts.append(operand())
+        return parts[0] if len(parts) == 1 else {word.lower(): parts}
 
     def negation(self) -> Expr:
         if self.is_word("NOT"):
@@ -527,6 +553,12 @@ class _Parser:
             self.word("NOT")
             self.word("NULL")
             return {"notnull": left}
+        if self.is_word("LIKE"):
+            self.take()
+            pattern = self.take()
+            if pattern.kind != "string":
+                raise self.fail("LIKE takes a quoted pattern", pattern)
+            return {"like": left, "pattern": pattern.text[1:-1].replace("''", "'")}
         return left
 
     def arith(self) -> Expr:
@@ -563,6 +595,10 @@ class _Parser:
             return inner
         if token.kind == "word" and token.text.upper() in ("TRUE", "FALSE"):
             return {"lit": token.text.upper() == "TRUE", "type": "BOOL"}
+        if token.kind == "word" and token.text.upper() == "NULL":
+            return {"null": True}
+        if token.kind == "word" and token.text.upper() == "CAST" and self.is_op("("):
+            return self.typed_branches()
         if token.kind == "word" and token.text.upper() == "DATE" and self.is_op("("):
             self.take()
             text = self.take()
@@ -576,6 +612,40 @@ class _Parser:
         if token.kind in ("word", "name"):
             return {"var": token.text}
         raise self.fail(f"expected a value, found {token.shown()}", token)
+
+    def typed_branches(self) -> Expr:
+        """``CAST(CASE WHEN p THEN e ... [ELSE e] END AS type)`` or ``CAST(COALESCE(e, ...) AS
+        type)``: the forms the printer gives CASE and COALESCE, with their result type."""
+        self.op("(")
+        token = self.take()
+        expr: Expr
+        if token.kind == "word" and token.text.upper() == "CASE":
+            branches = []
+            while self.is_word("WHEN"):
+                self.take()
+                when = self.pred()
+                self.word("THEN")
+                branches.append([when, self.pred()])
+            if not branches:
+                raise self.fail("CASE needs WHEN ... THEN ...", token)
+            expr = {"case": branches}
+            if self.is_word("ELSE"):
+                self.take()
+                expr["else"] = self.pred()
+            self.word("END")
+        elif token.kind == "word" and token.text.upper() == "COALESCE":
+            self.op("(")
+            args = [self.pred()]
+            while self.accept_op(","):
+                args.append(self.pred())
+            self.op(")")
+            expr = {"coalesce": args}
+        else:
+            raise self.fail("CAST takes a CASE or a COALESCE", token)
+        self.word("AS")
+        expr["type"] = str(self.type())
+        self.op(")")
+        return expr
 
 
 def parse_program(text: str) -> Program:

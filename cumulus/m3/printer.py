@@ -33,8 +33,8 @@ from cumulus.m3.program import (
 )
 
 RESERVED = frozenset(
-    """aggsum and between create date declare false hidden having in is map not null on query
-    rows stream table true view""".split()
+    """aggsum and as between case cast coalesce create date declare else end false hidden having
+    in is like map not null on or query rows stream table then true view when""".split()
 )
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CMP_TEXT = {"=": "=", "<>": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
@@ -77,18 +77,23 @@ def literal_text(node: Expr) -> str:
     return "TRUE" if value else "FALSE"
 
 
+_ARITH = 5  # the level of + and -: the operands of comparisons
+
+
 def _level(expr: Expr) -> int:
-    if "and" in expr:
+    if "or" in expr:
         return 1
-    if "not" in expr:
+    if "and" in expr:
         return 2
-    if any(k in expr for k in ("cmp", "in", "between", "notnull")):
+    if "not" in expr:
         return 3
+    if any(k in expr for k in ("cmp", "in", "between", "notnull", "like")):
+        return 4
     if "op" in expr:
-        return 4 if expr["op"] in ("+", "-") else 5
+        return _ARITH if expr["op"] in ("+", "-") else _ARITH + 1
     if "neg" in expr:
-        return 6
-    return 7
+        return 7
+    return 8
 
 
 def expr_text(expr: Expr, minimum: int = 0) -> str:
@@ -107,23 +112,38 @@ def _expr_text(expr: Expr) -> str:
         left, right = expr["args"]
         return f"{expr_text(left, level)} {expr['op']} {expr_text(right, level + 1)}"
     if "neg" in expr:
-        inner = expr_text(expr["neg"], 6)
+        inner = expr_text(expr["neg"], 7)
         return f"-({inner})" if inner.startswith("-") else f"-{inner}"
     if "cmp" in expr:
         left, right = expr["args"]
-        return f"{expr_text(left, 4)} {_CMP_TEXT[expr['cmp']]} {expr_text(right, 4)}"
+        return f"{expr_text(left, _ARITH)} {_CMP_TEXT[expr['cmp']]} {expr_text(right, _ARITH)}"
     if "in" in expr:
-        values = ", ".join(expr_text(v, 4) for v in expr["values"])
-        return f"{expr_text(expr['in'], 4)} IN ({values})"
+        values = ", ".join(expr_text(v, _ARITH) for v in expr["values"])
+        return f"{expr_text(expr['in'], _ARITH)} IN ({values})"
     if "between" in expr:
-        subject, low, high = (expr_text(expr[k], 4) for k in ("between", "low", "high"))
+        subject, low, high = (expr_text(expr[k], _ARITH) for k in ("between", "low", "high"))
         return f"{subject} BETWEEN {low} AND {high}"
     if "notnull" in expr:
-        return f"{expr_text(expr['notnull'], 4)} IS NOT NULL"
+        return f"{expr_text(expr['notnull'], _ARITH)} IS NOT NULL"
+    if "like" in expr:
+        pattern = literal_text({"lit": expr["pattern"], "type": "TEXT"})
+        return f"{expr_text(expr['like'], _ARITH)} LIKE {pattern}"
     if "not" in expr:
-        return f"NOT {expr_text(expr['not'], 2)}"
+        return f"NOT {expr_text(expr['not'], 3)}"
     if "and" in expr:
-        return " AND ".join(expr_text(p, 2) for p in expr["and"])
+        return " AND ".join(expr_text(p, 3) for p in expr["and"])
+    if "or" in expr:
+        return " OR ".join(expr_text(p, 2) for p in expr["or"])
+    if "null" in expr:
+        return "NULL"
+    if "case" in expr:
+        whens = " ".join(f"WHEN {expr_text(w)} THEN {expr_text(t)}" for w, t in expr["case"])
+        otherwise = f" ELSE {expr_text(expr['else'])}" if "else" in expr else ""
+        shown = type_text(ColumnType.parse(expr["type"]))
+        return f"CAST(CASE {whens}{otherwise} END AS {shown})"
+    if "coalesce" in expr:
+        args = ", ".join(expr_text(a) for a in expr["coalesce"])
+        return f"CAST(COALESCE({args}) AS {type_text(ColumnType.parse(expr['type']))})"
     raise ValueError(f"cannot print expression {expr!r}")
 
 
@@ -194,6 +214,11 @@ def query_text(query: Query, types: dict[str, ColumnType]) -> str:
 
 
 def _column_text(column: ViewColumn, types: dict[str, ColumnType]) -> str:
+    hidden = "HIDDEN " if column.hidden else ""
+    if column.expr is not None:
+        assert column.type is not None
+        shown = "{" + expr_text(column.expr) + "}"
+        return f"{hidden}{name(column.name)} := {shown} : {type_text(column.type)}"
     if column.kind is None:
         return name(column.name)
     parts = " + ".join(part_text(p, types) for p in column.parts)

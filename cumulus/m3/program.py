@@ -126,7 +126,8 @@ class Query:
 
 @dataclass(frozen=True)
 class ViewColumn:
-    """One column of a view: a group key (kind None) or an aggregate read from parts.
+    """One column of a view: a group key (kind None), an aggregate read from parts, or a
+    derived column (kind None, ``expr`` over the group keys and aggregates, finished when read).
 
     SUM and AVG add their ``parts`` (one per monomial of the argument) and read ``count`` (the
     non-NULL arguments: SUM over none is NULL); COUNT reads one part; MIN, MAX and
@@ -139,6 +140,7 @@ class ViewColumn:
     count: Part | None = None
     type: ColumnType | None = None
     hidden: bool = False
+    expr: Expr | None = field(default=None, hash=False)  # derived: over the other columns
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@
 - a group exists while its COUNT(*) map is positive; a view without GROUP BY has one row always;
 - COUNT reads its map; SUM and AVG the sum of their monomial maps and their count map; MIN, MAX
   and COUNT(DISTINCT) the per-group count map cnt[g, v] as the multiset of the values v;
+- a derived column (an expression over aggregates and group keys) is evaluated from them;
 - HAVING is applied last, over the view's columns (hidden aggregates included).
 """
 
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from cumulus.aggregates import RULES, M, N, S
 from cumulus.expressions import add
-from cumulus.m3.exprs import compile_guard
+from cumulus.m3.exprs import compile_guard, compile_value
 from cumulus.m3.program import MapRef, Part, View, ViewColumn
 
 if TYPE_CHECKING:
@@ -73,11 +74,14 @@ def read_view(interp: Interpreter, view: View) -> list[dict[str, Any]]:
         if column.kind is not None:
             computed[column.name] = _column(interp, column, names, groups)
     having = compile_guard(view.having) if view.having is not None else None
+    derived = [(c.name, compile_value(c.expr)) for c in view.columns if c.expr is not None]
     out = []
     for group in groups:
         env: dict[str, Any] = dict(zip(names, group, strict=True))
         for name, values in computed.items():
             env[name] = values[group]
+        for name, evaluate in derived:
+            env[name] = evaluate(env)
         if having is not None and not having(env):
             continue
         out.append({c.name: env[c.name] for c in view.columns if not c.hidden})

@@ -61,9 +61,7 @@ class CompiledStep:
                 if value is not None and value != 0:
                     go(i + 1, env, mul(acc, value))
             elif isinstance(factor, Lift):
-                value = compiled(env)
-                if value is None:
-                    return
+                value = compiled(env)  # NULL binds: a group key may be NULL
                 if factor.var in before:
                     if value == env[factor.var]:
                         go(i + 1, env, acc)

@@ -87,6 +87,11 @@ def _check_columns(
                 f"not {column!r}"
             )
     for column in view.columns:
+        if column.expr is not None and not column.hidden:
+            raise errors.InvalidArgument(
+                f"{view.name}.{column.name} is an expression over aggregates: it cannot be "
+                "rolled up from the view's rows"
+            )
         if column.kind is not None and RULES[column.kind].rollup is None and not column.hidden:
             raise errors.InvalidArgument(
                 f"{view.name}.{column.name} is {column.kind.name}: it cannot be rolled up from the "

@@ -13,7 +13,7 @@ from typing import Any
 from aggview.schema import Column, ColumnType, to_storage
 from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState, sum_state
 from cumulus.spark.source import spark_type
-from cumulus.typerules import accumulator_type
+from cumulus.typerules import TEXT, accumulator_type
 
 State = dict[bytes, Row]
 _CMP = {"=": "=", "<>": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
@@ -50,6 +50,22 @@ def render(expr: dict[str, Any]) -> str:
         return f"(NOT {render(expr['not'])})"
     if "and" in expr:
         return "(" + " AND ".join(render(p) for p in expr["and"]) + ")" if expr["and"] else "TRUE"
+    if "or" in expr:
+        return "(" + " OR ".join(render(p) for p in expr["or"]) + ")"
+    if "like" in expr:  # no escape character: the compiler refuses a backslash
+        return f"({render(expr['like'])} LIKE {_literal(expr['pattern'], TEXT)})"
+    if "notnull" in expr:
+        return f"({render(expr['notnull'])} IS NOT NULL)"
+    if "null" in expr:
+        return "NULL"
+    if "case" in expr:
+        cast = spark_type(ColumnType.parse(expr["type"]))
+        whens = " ".join(f"WHEN {render(w)} THEN {render(t)}" for w, t in expr["case"])
+        otherwise = f" ELSE {render(expr['else'])}" if "else" in expr else ""
+        return f"CAST(CASE {whens}{otherwise} END AS {cast})"
+    if "coalesce" in expr:
+        cast = spark_type(ColumnType.parse(expr["type"]))
+        return f"CAST(COALESCE({', '.join(render(a) for a in expr['coalesce'])}) AS {cast})"
     raise ValueError(f"cannot render {expr!r} to Spark SQL")  # "out" only occurs in HAVING
 
 
@@ -81,9 +97,7 @@ def _from_where(state: ViewState, tables: dict[str, str], *extra: str) -> str:
 def state_queries(state: ViewState, tables: dict[str, str]) -> tuple[str, list[tuple[int, str]]]:
     """The main query (groups, counts, sums) and one query per multiset aggregate."""
     plan = state.plan
-    groups = [
-        f"{quote(g.ref.alias)}.{quote(g.ref.column)} AS g{i}" for i, g in enumerate(plan.group_by)
-    ]
+    groups = [f"{render(g.source())} AS g{i}" for i, g in enumerate(plan.group_by)]
     group_by = (
         " GROUP BY " + ", ".join(f"g{i}" for i in range(len(plan.group_by)))
         if plan.group_by

@@ -41,25 +41,22 @@ def _columns(definition: AggSum, program: Program) -> tuple[list[str], dict[str,
                 binding[var] = here
     for lift in (f for f in definition.body if isinstance(f, Lift)):
         value = _substitute(lift.expr, binding)
-        if lift.var in binding:
-            equal.append(f"({render(binding[lift.var])} = {render(value)})")
+        if lift.var in binding:  # a lift's NULL is a key like any other
+            equal.append(f"({render(binding[lift.var])} <=> {render(value)})")
         else:
             binding[lift.var] = value
     return sources, binding, equal
 
 
-def _substitute(expr: Expr, binding: dict[str, Expr]) -> Expr:
+def _substitute(expr: Any, binding: dict[str, Expr]) -> Any:
+    """Variables replaced by their columns, through lists (CASE's [condition, value] pairs)."""
+    if isinstance(expr, list):
+        return [_substitute(v, binding) for v in expr]
+    if not isinstance(expr, dict):
+        return expr
     if "var" in expr:
         return binding[expr["var"]]
-    out: Expr = {}
-    for key, value in expr.items():
-        if isinstance(value, dict):
-            out[key] = _substitute(value, binding)
-        elif isinstance(value, list):
-            out[key] = [_substitute(v, binding) if isinstance(v, dict) else v for v in value]
-        else:
-            out[key] = value
-    return out
+    return {key: _substitute(value, binding) for key, value in expr.items()}
 
 
 def definition_sql(
