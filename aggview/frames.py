@@ -8,10 +8,11 @@ requests per message and the two are equal (docs/DECISIONS.md).
 
 The protocol: the caller's first frame is a hello (the peer decides what it means: which
 partition, the cluster secret, a client's token); the server's first frame is its welcome,
-``OK``, or ``REFUSED`` followed by the status code's number, a space and why. Then every
-frame is a message of requests one way and of answers the other, each frame a 4-byte big-endian
-length and that many bytes. :class:`FramedCall` is the calling side, shaped as the gRPC call
-:class:`aggview.streams.AskEach` drives; :class:`FramedServer` the serving side.
+``OK``, or ``REFUSED`` followed by the status code's number, a colon, the error's reason
+(``aggview.errors.IDENTITIES``), a space and why. Then every frame is a message of requests one
+way and of answers the other, each frame a 4-byte big-endian length and that many bytes.
+:class:`FramedCall` is the calling side, shaped as the gRPC call :class:`aggview.streams.AskEach`
+drives; :class:`FramedServer` the serving side.
 """
 
 from __future__ import annotations
@@ -151,16 +152,19 @@ Welcome = Callable[[bytes, bool], Answer]
 
 
 def refused(exc: errors.AggviewError) -> bytes:
-    return REFUSED + f"{exc.code.value[0]} {exc}".encode()
+    """A ``REFUSED`` welcome: the status code's number and the error's reason, then why."""
+    return REFUSED + f"{exc.code.value[0]}:{exc.reason} {exc}".encode()
 
 
-def refusal(address: str, reason: str) -> errors.AggviewError:
-    """The error a ``REFUSED`` welcome stands for, of the class of its status code."""
-    number, _, message = reason.partition(" ")
+def refusal(address: str, text: str) -> errors.AggviewError:
+    """The error a ``REFUSED`` welcome stands for: the class of its reason, else of its status
+    code (a peer of before reasons sends ``NUMBER WHY``)."""
+    head, _, message = text.partition(" ")
+    number, _, reason = head.partition(":")
     code = CODE_BY_NUMBER.get(int(number)) if number.isdigit() else None
-    if code is None:  # not a number first: all of it is the reason
-        code, message = grpc.StatusCode.FAILED_PRECONDITION, reason
-    return error_from_status(code, f"{address} refused the stream: {message}")
+    if code is None:  # not a number first: all of it is why
+        code, reason, message = grpc.StatusCode.FAILED_PRECONDITION, "", text
+    return error_from_status(code, f"{address} refused the stream: {message}", reason)
 
 
 def answering(

@@ -893,7 +893,7 @@ class AsyncClient:
         )
         if reply.code:
             code = CODE_BY_NUMBER.get(reply.code, grpc.StatusCode.UNKNOWN)
-            raise error_from_status(code, reply.message)
+            raise error_from_status(code, reply.message, reply.reason)
         return reply.timestamp
 
     def _stream_ended(self, exc: BaseException | None) -> errors.AggviewError:

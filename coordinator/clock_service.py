@@ -24,7 +24,7 @@ from aggview import errors
 from aggview.frames import Answer, FramedCall, answering
 from aggview.net import GRPC_OPTIONS
 from aggview.security import TlsDir, member_channel, member_metadata, member_secret
-from aggview.status import Malformed, grpc_method
+from aggview.status import Malformed, abort, grpc_method
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from coordinator.clock import Grant, Marks, Notice, Writes
@@ -148,7 +148,7 @@ class ClockServicer(pb_grpc.ClockServicer):
             async for reply in self.tick(requests):
                 yield reply
         except errors.AggviewError as exc:  # bad input ends this stream, with its reason
-            await context.abort(exc.code, str(exc))
+            await abort(context, exc)
 
     def framed(self) -> Answer:
         """The same stream on the member's framed-TCP port (``aggview.frames``)."""

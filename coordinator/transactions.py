@@ -23,7 +23,6 @@ from typing import Any
 
 from aggview import errors, failpoints
 from aggview.partition_map import partition_of
-from aggview.status import CONDITION_FAILED_PREFIX
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
 from coordinator import lookup_cache
@@ -453,7 +452,7 @@ class TransactionManager:
         )
         if vote.outcome == Vote.CONDITION_FAILED:
             detail = describe_condition(schema, vote.message) if schema else vote.message
-            raise errors.ConditionFailed(f"{CONDITION_FAILED_PREFIX}{where}: {detail}")
+            raise errors.ConditionFailed(f"condition failed: {where}: {detail}")
         if vote.outcome == Vote.NOT_FOUND:
             raise errors.RowNotFound(f"{where}: {vote.message}")
         if vote.outcome == Vote.ALREADY_EXISTS:
