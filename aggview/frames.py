@@ -22,7 +22,6 @@ import contextlib
 import logging
 import ssl
 import struct
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -31,6 +30,7 @@ from google.protobuf.message import DecodeError
 
 from aggview import errors
 from aggview.net import MAX_MESSAGE_BYTES, keep_alive
+from aggview.retry import RetryPolicy, retry_on
 from aggview.status import CODE_BY_NUMBER, Malformed, error_from_status
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ REFUSED = b"\x01"
 # (members start one by one); a connection that neither opens nor fails within it is given up.
 CONNECT_GRACE = 2.0
 RETRY_EVERY = 0.05
+REFUSED_CONNECTIONS = retry_on(ConnectionRefusedError, ConnectionResetError)
 
 
 def framed(data: bytes) -> bytes:
@@ -86,24 +87,26 @@ class FramedCall:
         self, hello: bytes, context: ssl.SSLContext | None, grace: float
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         host, port = host_port(self.address)
-        give_up = time.monotonic() + grace
-        while True:
-            try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(
-                        host,
-                        port,
-                        ssl=context,
-                        server_hostname=host if context is not None else None,
-                        limit=2**20,
-                    ),
-                    grace,
-                )
-                break
-            except (ConnectionRefusedError, ConnectionResetError):
-                if time.monotonic() >= give_up:
-                    raise
-                await asyncio.sleep(RETRY_EVERY)
+        dial = RetryPolicy(  # every RETRY_EVERY seconds, for ``grace`` seconds
+            attempts=None,
+            first_delay=RETRY_EVERY,
+            max_delay=RETRY_EVERY,
+            spread=(1.0, 1.0),
+            deadline=grace,
+            retryable=REFUSED_CONNECTIONS,
+        )
+        reader, writer = await dial.arun(
+            lambda: asyncio.wait_for(
+                asyncio.open_connection(
+                    host,
+                    port,
+                    ssl=context,
+                    server_hostname=host if context is not None else None,
+                    limit=2**20,
+                ),
+                grace,
+            )
+        )
         keep_alive(writer.get_extra_info("socket"))
         self._writer = writer
         writer.write(framed(hello))
