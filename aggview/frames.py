@@ -8,10 +8,11 @@ requests per message and the two are equal (docs/DECISIONS.md).
 
 The protocol: the caller's first frame is a hello (the peer decides what it means: which
 partition, the cluster secret, a client's token); the server's first frame is its welcome,
-``OK``, or ``REFUSED`` followed by the status code's number, a space and why. Then every
-frame is a message of requests one way and of answers the other, each frame a 4-byte big-endian
-length and that many bytes. :class:`FramedCall` is the calling side, shaped as the gRPC call
-:class:`aggview.streams.AskEach` drives; :class:`FramedServer` the serving side.
+``OK``, or ``REFUSED`` followed by the status code's number, a colon, the error's reason
+(``aggview.errors.IDENTITIES``), a space and why. Then every frame is a message of requests one
+way and of answers the other, each frame a 4-byte big-endian length and that many bytes.
+:class:`FramedCall` is the calling side, shaped as the gRPC call :class:`aggview.streams.AskEach`
+drives; :class:`FramedServer` the serving side.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import contextlib
 import logging
 import ssl
 import struct
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -30,6 +30,7 @@ from google.protobuf.message import DecodeError
 
 from aggview import errors
 from aggview.net import MAX_MESSAGE_BYTES, keep_alive
+from aggview.retry import RetryPolicy, retry_on
 from aggview.status import CODE_BY_NUMBER, Malformed, error_from_status
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ REFUSED = b"\x01"
 # (members start one by one); a connection that neither opens nor fails within it is given up.
 CONNECT_GRACE = 2.0
 RETRY_EVERY = 0.05
+REFUSED_CONNECTIONS = retry_on(ConnectionRefusedError, ConnectionResetError)
 
 
 def framed(data: bytes) -> bytes:
@@ -85,24 +87,26 @@ class FramedCall:
         self, hello: bytes, context: ssl.SSLContext | None, grace: float
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         host, port = host_port(self.address)
-        give_up = time.monotonic() + grace
-        while True:
-            try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(
-                        host,
-                        port,
-                        ssl=context,
-                        server_hostname=host if context is not None else None,
-                        limit=2**20,
-                    ),
-                    grace,
-                )
-                break
-            except (ConnectionRefusedError, ConnectionResetError):
-                if time.monotonic() >= give_up:
-                    raise
-                await asyncio.sleep(RETRY_EVERY)
+        dial = RetryPolicy(  # every RETRY_EVERY seconds, for ``grace`` seconds
+            attempts=None,
+            first_delay=RETRY_EVERY,
+            max_delay=RETRY_EVERY,
+            spread=(1.0, 1.0),
+            deadline=grace,
+            retryable=REFUSED_CONNECTIONS,
+        )
+        reader, writer = await dial.arun(
+            lambda: asyncio.wait_for(
+                asyncio.open_connection(
+                    host,
+                    port,
+                    ssl=context,
+                    server_hostname=host if context is not None else None,
+                    limit=2**20,
+                ),
+                grace,
+            )
+        )
         keep_alive(writer.get_extra_info("socket"))
         self._writer = writer
         writer.write(framed(hello))
@@ -151,16 +155,19 @@ Welcome = Callable[[bytes, bool], Answer]
 
 
 def refused(exc: errors.AggviewError) -> bytes:
-    return REFUSED + f"{exc.code.value[0]} {exc}".encode()
+    """A ``REFUSED`` welcome: the status code's number and the error's reason, then why."""
+    return REFUSED + f"{exc.code.value[0]}:{exc.reason} {exc}".encode()
 
 
-def refusal(address: str, reason: str) -> errors.AggviewError:
-    """The error a ``REFUSED`` welcome stands for, of the class of its status code."""
-    number, _, message = reason.partition(" ")
+def refusal(address: str, text: str) -> errors.AggviewError:
+    """The error a ``REFUSED`` welcome stands for: the class of its reason, else of its status
+    code (a peer of before reasons sends ``NUMBER WHY``)."""
+    head, _, message = text.partition(" ")
+    number, _, reason = head.partition(":")
     code = CODE_BY_NUMBER.get(int(number)) if number.isdigit() else None
-    if code is None:  # not a number first: all of it is the reason
-        code, message = grpc.StatusCode.FAILED_PRECONDITION, reason
-    return error_from_status(code, f"{address} refused the stream: {message}")
+    if code is None:  # not a number first: all of it is why
+        code, reason, message = grpc.StatusCode.FAILED_PRECONDITION, "", text
+    return error_from_status(code, f"{address} refused the stream: {message}", reason)
 
 
 def answering(

@@ -32,7 +32,7 @@ from typing import Any
 
 import grpc
 
-from aggview import errors
+from aggview import errors, status
 
 TOKEN_HEADER = "authorization"
 MEMBER_HEADER = "x-aggview-cluster"
@@ -228,9 +228,9 @@ def _inner(handler: grpc.RpcMethodHandler) -> Behavior:
     )
 
 
-def denied(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> Any:
+def denied(handler: grpc.RpcMethodHandler, exc: errors.AggviewError) -> Any:
     async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(code, message)
+        await status.abort(context, exc)
 
     return rebuild(handler, deny)
 
@@ -272,11 +272,7 @@ def member_check(
 ) -> grpc.RpcMethodHandler:
     presented = metadata_value(metadata, MEMBER_HEADER)
     if not is_secret(presented, secret):
-        return denied(
-            handler,
-            grpc.StatusCode.UNAUTHENTICATED,
-            f"{method} is for cluster members only",
-        )
+        return denied(handler, errors.Unauthenticated(f"{method} is for cluster members only"))
     return handler
 
 

@@ -1,38 +1,31 @@
-"""The one place where domain errors become gRPC statuses, and statuses become errors again."""
+"""The one place where domain errors become gRPC statuses, and statuses become errors again.
+
+A status keeps the error's code and message, and names its class in a ``google.rpc.Status``
+detail: an ``ErrorInfo`` whose ``reason`` is the class's in ``errors.IDENTITIES`` (domain
+``aggview``). Decoding goes by that reason, else by the code alone; never by the message."""
 
 from __future__ import annotations
 
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
+from google.protobuf import any_pb2
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
 from google.protobuf.message_factory import GetMessageClass
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from aggview import errors
 
 log = logging.getLogger(__name__)
 
-_BY_CODE: dict[grpc.StatusCode, type[errors.AggviewError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
-    grpc.StatusCode.NOT_FOUND: errors.RowNotFound,
-    grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExists,
-    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
-    grpc.StatusCode.ABORTED: errors.TooLate,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.LimitExceeded,
-    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
-    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
-    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
-}
-
 # A status code by its number, as a Transact reply or a framed refusal carries it.
 CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
-# A status detail key that tells a condition failure apart from other failed preconditions.
-CONDITION_FAILED_PREFIX = "condition failed: "
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -82,13 +75,11 @@ def grpc_method(func: F) -> F:
     @functools.wraps(func)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, Malformed):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}"
-            )
+            await abort(context, errors.InvalidArgument(f"malformed request: {request.reason}"))
         try:
             return await func(self, request, context)
         except errors.AggviewError as exc:
-            await context.abort(exc.code, str(exc))
+            await abort(context, exc)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # a bug: keep serving, report it
@@ -98,22 +89,53 @@ def grpc_method(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def rich_status(exc: errors.AggviewError) -> grpc.Status:
+    """``exc`` as a gRPC status: its code and message, its class's reason in an ErrorInfo."""
+    info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=errors.DOMAIN)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=exc.code.value[0], message=str(exc), details=[detail])
+    return rpc_status.to_status(status)
+
+
+async def abort(context: grpc.aio.ServicerContext, exc: errors.AggviewError) -> NoReturn:
+    """Ends the call with ``exc``'s status (what every server-side error boundary does)."""
+    status = rich_status(exc)
+    await context.abort(status.code, status.details, status.trailing_metadata)
+    raise AssertionError("unreachable")  # abort raises
+
+
+def reason_of(metadata: Any) -> str:
+    """The aggview ErrorInfo reason in a call's trailing metadata ("" when there is none)."""
+    for key, value in metadata or ():
+        if key != rpc_status.GRPC_DETAILS_METADATA_KEY:
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+        except DecodeError:
+            return ""
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info) and info.domain == errors.DOMAIN:
+                return info.reason
+    return ""
+
+
 def error_from_rpc(exc: grpc.RpcError) -> errors.AggviewError:
     """Turns a failed call into the matching domain error, keeping the server's message."""
-    return error_from_status(exc.code(), exc.details() or "")
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return error_from_status(exc.code(), exc.details() or "", reason_of(trailing))
 
 
-def error_from_status(code: grpc.StatusCode, message: str) -> errors.AggviewError:
-    """The domain error for a status and its message (a failed call's, or a failed
-    transaction's on a Transact stream)."""
+def error_from_status(code: grpc.StatusCode, message: str, reason: str = "") -> errors.AggviewError:
+    """The domain error for a status, its message and its reason (a failed call's, a failed
+    transaction's on a Transact stream, a framed refusal's): the class of the reason, else of
+    the code alone (``errors.decoded``)."""
     message = message or code.name
-    if code == grpc.StatusCode.FAILED_PRECONDITION and message.startswith(CONDITION_FAILED_PREFIX):
-        return errors.ConditionFailed(message)
-    if code == grpc.StatusCode.NOT_FOUND and message.startswith("unknown "):
-        return errors.UnknownTable(message)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in message:
-        return errors.LimitExceeded(
-            f"request over the server's size limit (max_request_bytes): {message}"
+    cls = errors.decoded(code, reason)
+    if not reason and code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        # no reason: gRPC's own refusal, before any handler ran (our LimitExceeded has one)
+        message = (
+            f"{message} (a gRPC size limit, such as the server's max_request_bytes for a request)"
         )
-    cls = _BY_CODE.get(code, errors.AggviewError)
     return cls(message)

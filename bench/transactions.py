@@ -46,6 +46,7 @@ from rich.table import Table
 from aggview import errors
 from aggview.cluster import AS_START, LocalCluster, process_cpu_seconds
 from aggview.net import GRPC_OPTIONS
+from aggview.retry import RetryPolicy, retry_on
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc
@@ -752,16 +753,16 @@ def print_table(results: Sequence[Result], fsync: bool) -> None:
 
 async def _first_get(address: str, key: int, timeout: float = 60.0) -> dict[str, Any]:
     """Times the first successful get, the first commit and a batch of cold reads."""
-    deadline = time.monotonic() + timeout
+    ready = RetryPolicy(  # every 5 ms, for ``timeout`` seconds
+        attempts=None,
+        first_delay=0.005,
+        max_delay=0.005,
+        spread=(1.0, 1.0),
+        deadline=timeout,
+        retryable=retry_on(errors.Unavailable),
+    )
     async with AsyncClient(address, timeout=10) as client:
-        while True:
-            try:
-                row = await client.get(TABLE, {"id": key})
-                break
-            except errors.Unavailable:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.005)
+        row = await ready.arun(lambda: client.get(TABLE, {"id": key}))
         got = time.perf_counter()
         if row is None:
             raise RuntimeError(f"row {key} is missing after the restart")

@@ -25,10 +25,10 @@ from typing import Any
 
 from aggview import errors
 from aggview.keycodec import encode_key
+from aggview.retry import RetryPolicy
 from aggview.rowcodec import decode_row
 from aggview.schema import TableSchema, from_storage
 from aggview.wire import ltm_pb2 as lpb
-from coordinator.client import RetryPolicy
 from coordinator.transactions import TransactionManager
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 DEFAULT_TTL_MS = 10 * 60 * 1000
 MAX_TTL_MS = 24 * 3600 * 1000
 LOAD_CHUNK_ROWS = 5000  # rows per prepare round of a bulk load
+# a load's timestamp-order aborts: a client's policy (20 tries, full jitter up to 0.1 s), its
+# waits starting at 2 ms
+LOAD_RETRY = RetryPolicy(first_delay=0.002)
 MAX_PAGE_ROWS = 100_000
 
 
@@ -191,8 +194,8 @@ class BulkAccess:
     async def load(self, table: str, staging: str) -> tuple[int, int]:
         """Commits the rows staged in ``staging`` into ``table`` as one transaction; returns
         (timestamp, rows). A timestamp-order abort loads the staged rows again at a new
-        timestamp (the client's :class:`RetryPolicy`: the client cannot retry, the staging
-        table being gone). The staging table is dropped either way."""
+        timestamp (``LOAD_RETRY``: the client cannot retry, the staging table being gone). The
+        staging table is dropped either way."""
         schema = self.catalog.table(table)
         if staging in self.catalog.by_id or not staging.startswith("load_"):
             raise errors.InvalidArgument(
@@ -204,22 +207,20 @@ class BulkAccess:
         if staging not in store.list_tables():
             raise errors.UnknownTable(f"no staging table {staging!r} in the store")
         self.loads_running.add(table)
-        retry = RetryPolicy()
+
+        async def once() -> tuple[int, int]:
+            counted = [0]
+            chunks = _staged_chunks(store, schema, staging, LOAD_CHUNK_ROWS, counted)
+            ts = await self.manager.bulk_transaction(_in_thread(chunks), {schema.table_id})
+            return ts, counted[0]
+
+        def again(exc: BaseException, failed: int, wait: float) -> None:
+            # a younger transaction read or wrote a row it inserts: the whole load runs again
+            # at a new timestamp, as a client retries a transaction
+            log.info("bulk load into %s: %s; attempt %d", table, exc, failed + 1)
+
         try:
-            for attempt in itertools.count(1):
-                counted = [0]
-                chunks = _staged_chunks(store, schema, staging, LOAD_CHUNK_ROWS, counted)
-                try:
-                    ts = await self.manager.bulk_transaction(_in_thread(chunks), {schema.table_id})
-                    return ts, counted[0]
-                except errors.TooLate as exc:
-                    # a younger transaction read or wrote a row it inserts: the whole load runs
-                    # again at a new timestamp, as a client retries a transaction
-                    if attempt >= retry.attempts:
-                        raise
-                    log.info("bulk load into %s: %s; attempt %d", table, exc, attempt + 1)
-                    await asyncio.sleep(retry.delay(attempt))
-            raise AssertionError("unreachable")
+            return await LOAD_RETRY.arun(once, again)
         finally:
             self.loads_running.discard(table)
             await asyncio.to_thread(store.drop_table, staging)

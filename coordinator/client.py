@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import random
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -24,6 +23,7 @@ import grpc
 from aggview import errors
 from aggview.frames import FramedCall
 from aggview.net import GRPC_OPTIONS
+from aggview.retry import RetryPolicy
 from aggview.security import client_credentials, client_ssl
 from aggview.status import CODE_BY_NUMBER, error_from_rpc, error_from_status
 from aggview.streams import AskEach
@@ -147,18 +147,6 @@ class _AsyncClientTransaction(Transaction):
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None and self.operations:
             self.timestamp = await self._client.commit(self.operations)
-
-
-class RetryPolicy:
-    """Bounded retries with exponential backoff and jitter, for timestamp-order aborts only."""
-
-    def __init__(self, attempts: int = 20, first_delay: float = 0.001, max_delay: float = 0.1):
-        self.attempts = attempts
-        self.first_delay = first_delay
-        self.max_delay = max_delay
-
-    def delay(self, attempt: int) -> float:
-        return random.uniform(0, min(self.max_delay, self.first_delay * 2**attempt))
 
 
 # A commit unanswered this long makes the client ask the member whether it still answers at
@@ -546,23 +534,19 @@ class Client:
         member = self._routed(operations)
         stub = self._member(member)
         self.last_member = member
-        for attempt in range(self.retry.attempts):
-            try:
-                return self._watched(stub, request).timestamp
-            except errors.TooLate:
-                if attempt + 1 == self.retry.attempts:
-                    raise
-                self.retries += 1
-                time.sleep(self.retry.delay(attempt))
-            except errors.Unavailable as exc:
-                # avoided only if it does not answer: one that answers unavailable (a
-                # participant of this transaction is) coordinates the next ones as well as any
-                # other, and avoiding it sent them to the leader, which may be the silent one
-                if isinstance(exc, _Silent) or not self._answers(stub):
-                    self._routing().unreachable(member, time.monotonic())
-                self._relearn()
-                raise
-        raise AssertionError("unreachable")
+        try:
+            return self.retry.run(lambda: self._watched(stub, request).timestamp, self._retried)
+        except errors.Unavailable as exc:
+            # avoided only if it does not answer: one that answers unavailable (a participant
+            # of this transaction is) coordinates the next ones as well as any other, and
+            # avoiding it sent them to the leader, which may be the silent one
+            if isinstance(exc, _Silent) or not self._answers(stub):
+                self._routing().unreachable(member, time.monotonic())
+            self._relearn()
+            raise
+
+    def _retried(self, exc: BaseException, failed: int, wait: float) -> None:
+        self.retries += 1
 
     def get(self, table: str, key: Mapping[str, Any], *, as_of: int = 0) -> Row | None:
         """A row by its key, now or ``as_of`` a held snapshot (see :meth:`snapshot`)."""
@@ -865,21 +849,21 @@ class AsyncClient:
         alone = request.ByteSize() + 8 > STREAM_MESSAGE_BYTES
         member = await self._routed(operations)
         stub, stream = await self._member(member)
-        for attempt in range(self.retry.attempts):
-            try:
-                if alone:
-                    return (await self._call(stub.Commit, request)).timestamp
-                return await self._transact(stream, request)
-            except errors.TooLate:
-                if attempt + 1 == self.retry.attempts:
-                    raise
-                self.retries += 1
-                await asyncio.sleep(self.retry.delay(attempt))
-            except errors.Unavailable:
-                (await self._routing()).unreachable(member, time.monotonic())
-                await self._relearn()
-                raise
-        raise AssertionError("unreachable")
+
+        async def once() -> int:
+            if alone:
+                return (await self._call(stub.Commit, request)).timestamp
+            return await self._transact(stream, request)
+
+        try:
+            return await self.retry.arun(once, self._retried)
+        except errors.Unavailable:
+            (await self._routing()).unreachable(member, time.monotonic())
+            await self._relearn()
+            raise
+
+    def _retried(self, exc: BaseException, failed: int, wait: float) -> None:
+        self.retries += 1
 
     async def _transact(
         self, stream: AskEach[pb.TransactRequest, pb.TransactReply], request: pb.CommitRequest
@@ -894,7 +878,7 @@ class AsyncClient:
         )
         if reply.code:
             code = CODE_BY_NUMBER.get(reply.code, grpc.StatusCode.UNKNOWN)
-            raise error_from_status(code, reply.message)
+            raise error_from_status(code, reply.message, reply.reason)
         return reply.timestamp
 
     def _stream_ended(self, exc: BaseException | None) -> errors.AggviewError:

@@ -23,8 +23,9 @@ import grpc
 from aggview import errors
 from aggview.frames import Answer, FramedCall, answering
 from aggview.net import GRPC_OPTIONS
+from aggview.retry import RetryPolicy, retry_on
 from aggview.security import TlsDir, member_channel, member_metadata, member_secret
-from aggview.status import Malformed, grpc_method
+from aggview.status import Malformed, abort, grpc_method
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from coordinator.clock import Grant, Marks, Notice, Writes
@@ -34,6 +35,14 @@ log = logging.getLogger(__name__)
 
 START_RETRY_FIRST = 0.2  # seconds before a starting member asks an unreachable leader again
 START_RETRY_LAST = 1.0
+# doubling from the first to the last, no jitter, for as long as it takes
+START_RETRY = RetryPolicy(
+    attempts=None,
+    first_delay=START_RETRY_FIRST,
+    max_delay=START_RETRY_LAST,
+    spread=(1.0, 1.0),
+    retryable=retry_on(errors.Unavailable),
+)
 
 # A follower's timestamp requests out at once. With one, a transaction arriving while it was
 # out waited for its grant and then a round trip of its own; with two, about one round trip.
@@ -148,7 +157,7 @@ class ClockServicer(pb_grpc.ClockServicer):
             async for reply in self.tick(requests):
                 yield reply
         except errors.AggviewError as exc:  # bad input ends this stream, with its reason
-            await context.abort(exc.code, str(exc))
+            await abort(context, exc)
 
     def framed(self) -> Answer:
         """The same stream on the member's framed-TCP port (``aggview.frames``)."""
@@ -259,22 +268,17 @@ class FollowerClock(MemberClock):
         into the same wait, or stay down."""
         self._channel = member_channel(self.address, self._tls, GRPC_OPTIONS)
         self._open()
-        delay = START_RETRY_FIRST
-        while True:
-            try:
-                ts = await self.read_timestamp()
-                break
-            except errors.Unavailable as exc:
-                log.warning(
-                    "waiting for the cluster's leader (member %d at %s): %s; asking again in "
-                    "%.1f s",
-                    self.leader_member,
-                    self.address,
-                    exc,
-                    delay,
-                )
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, START_RETRY_LAST)
+
+        def waiting(exc: BaseException, failed: int, delay: float) -> None:
+            log.warning(
+                "waiting for the cluster's leader (member %d at %s): %s; asking again in %.1f s",
+                self.leader_member,
+                self.address,
+                exc,
+                delay,
+            )
+
+        ts = await START_RETRY.arun(self.read_timestamp, waiting)
         self.in_flight.stop_reading(ts)
 
     def _open(self) -> None:

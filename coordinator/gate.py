@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 from sqlglot import exp
 
-from aggview import errors
+from aggview import errors, status
 from aggview.security import (
     OPEN_SERVICE_PREFIXES,
     ROLES,
@@ -130,7 +130,7 @@ class ClientGate(grpc.aio.ServerInterceptor):
         try:
             token = self.authenticate(presented, service, method)
         except errors.AggviewError as exc:
-            return denied(handler, exc.code, str(exc))
+            return denied(handler, exc)
         return guarded(handler, self._checker(method, token))
 
     def authenticate(self, presented: str | None, service: str, method: str) -> Token | None:
@@ -159,7 +159,7 @@ class ClientGate(grpc.aio.ServerInterceptor):
             if method == "Sql" and hasattr(request, "sql"):
                 problem = self._sql_problem(request.sql, token)
                 if problem is not None:
-                    await context.abort(*problem)
+                    await status.abort(context, problem)
             who = token.name if token is not None else context.peer()
             if method == "Transact":  # a carrier: each transaction on it takes a slot
                 ADMIT.set(lambda: self.admit(who))
@@ -167,8 +167,7 @@ class ClientGate(grpc.aio.ServerInterceptor):
             try:
                 return self.admit(who)
             except errors.LimitExceeded as exc:
-                await context.abort(exc.code, str(exc))
-                raise
+                await status.abort(context, exc)
 
         return check
 
@@ -193,7 +192,7 @@ class ClientGate(grpc.aio.ServerInterceptor):
 
         return release
 
-    def _sql_problem(self, sql: str, token: Token | None) -> tuple[grpc.StatusCode, str] | None:
+    def _sql_problem(self, sql: str, token: Token | None) -> errors.AggviewError | None:
         """Why this statement may not run for this token (size first: parsing costs CPU)."""
         try:
             check_sql_size(sql, self.limits)
@@ -201,13 +200,12 @@ class ClientGate(grpc.aio.ServerInterceptor):
                 return None
             needed = sql_role(sql)
         except errors.AggviewError as exc:
-            return exc.code, str(exc)
+            return exc
         if ROLES[token.role] >= ROLES[needed]:
             return None
         what = {"admin": "DDL (SQL but SELECT and writes)", "write": "INSERT, UPDATE, DELETE"}.get(
             needed, "SELECT"
         )
-        return (
-            grpc.StatusCode.PERMISSION_DENIED,
-            f"{what} needs the {needed} role; token {token.name!r} has {token.role}",
+        return errors.PermissionDenied(
+            f"{what} needs the {needed} role; token {token.name!r} has {token.role}"
         )

@@ -70,8 +70,8 @@ def _transact_requests(message: cpb.TransactRequests | Malformed) -> list[cpb.Tr
     return list(message.requests)
 
 
-def _failed(id: int, code: grpc.StatusCode, message: str) -> cpb.TransactReply:
-    return cpb.TransactReply(id=id, code=code.value[0], message=message)
+def _failed(id: int, exc: errors.AggviewError) -> cpb.TransactReply:
+    return cpb.TransactReply(id=id, code=exc.code.value[0], message=str(exc), reason=exc.reason)
 
 
 def transactions_stream(
@@ -86,15 +86,15 @@ def transactions_stream(
         try:
             release = admit()
         except errors.AggviewError as exc:
-            return _failed(request.id, exc.code, str(exc))
+            return _failed(request.id, exc)
         try:
             ts = await manager.commit(list(request.operations))
             return cpb.TransactReply(id=request.id, timestamp=ts)
         except errors.AggviewError as exc:
-            return _failed(request.id, exc.code, str(exc))
+            return _failed(request.id, exc)
         except Exception as exc:  # a bug: this transaction fails, the stream goes on
             log.exception("internal error in a transaction on a Transact stream")
-            return _failed(request.id, grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+            return _failed(request.id, errors.AggviewError(f"internal error: {exc!r}"))
         finally:
             release()
 

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from aggview import errors
-from aggview.status import error_from_status
+from aggview.status import error_from_rpc
 from aggview.values import from_row, to_row
 from aggview.wire import client_pb2 as pb
 
@@ -117,7 +117,7 @@ class Watch:
                 if self._stopped.is_set():
                     return
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-                    self.error = error_from_status(exc.code(), exc.details() or "")
+                    self.error = error_from_rpc(exc)
                     return
             time.sleep(RECONNECT_DELAY)  # the server went away: again, from the copy's time
 
@@ -178,7 +178,7 @@ async def watch_changes(
                 yield changes
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                raise error_from_status(exc.code(), exc.details() or "") from None
+                raise error_from_rpc(exc) from None
         await asyncio.sleep(RECONNECT_DELAY)
 
 

@@ -14,16 +14,15 @@ committed before it started (strict serializability for reads too).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aggview import errors, failpoints
 from aggview.partition_map import partition_of
-from aggview.status import CONDITION_FAILED_PREFIX
+from aggview.retry import RetryPolicy, retry_on
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
 from coordinator import lookup_cache
@@ -42,6 +41,35 @@ from coordinator.member_clock import MemberClock
 log = logging.getLogger(__name__)
 Vote = lpb.Vote
 SYSTEM_RETRIES = 50  # timestamp-order aborts a system transaction absorbs before giving up
+# a system transaction's retries: 1, 2, 4 ... 100 ms, no jitter
+SYSTEM_RETRY = RetryPolicy(attempts=SYSTEM_RETRIES + 1, spread=(1.0, 1.0))
+# a commit decision an LTM missed: sent again after 0.05 s, then every 0.1, 0.2 ... 1 s, until
+# it is delivered
+REDELIVERY_FIRST = 0.05
+REDELIVERY = RetryPolicy(
+    attempts=None, first_delay=0.1, max_delay=1.0, spread=(1.0, 1.0), retryable=retry_on(Exception)
+)
+
+
+async def _retry_commits(attempt: Callable[[Callable[[], None]], Awaitable[int]]) -> int:
+    """Runs ``attempt`` under ``SYSTEM_RETRY``: a timestamp-order abort is retried (at a new
+    timestamp) once the attempt called ``committing()``; one raised before, while it built its
+    operations, is its answer."""
+    committing = False
+
+    def started() -> None:
+        nonlocal committing
+        committing = True
+
+    async def once() -> int:
+        nonlocal committing
+        committing = False
+        return await attempt(started)
+
+    policy = replace(
+        SYSTEM_RETRY, retryable=lambda exc: committing and isinstance(exc, errors.TooLate)
+    )
+    return await policy.arun(once)
 
 
 @dataclass
@@ -210,7 +238,8 @@ class TransactionManager:
         timestamp first, waits until every older transaction is decided, then builds its
         operations from reads at that timestamp. A timestamp-order abort (a younger writer
         got to a row first) runs it again at a new timestamp."""
-        for attempt in itertools.count():
+
+        async def once(committing: Callable[[], None]) -> int:
             ts, epoch = await self.clock.next()
             tx = Transaction(ts, epoch=self.epoch)
             try:
@@ -219,13 +248,10 @@ class TransactionManager:
             except BaseException:
                 self.in_flight.decided(ts)
                 raise
-            try:
-                return await self._run(tx, ops, extend=False)
-            except errors.TooLate:
-                if attempt >= SYSTEM_RETRIES:
-                    raise
-                await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
-        raise AssertionError("unreachable")
+            committing()
+            return await self._run(tx, ops, extend=False)
+
+        return await _retry_commits(once)
 
     async def read_write_transaction(
         self, build: Callable[[int], Awaitable[list[cpb.Operation]]], tables: set[str]
@@ -236,7 +262,8 @@ class TransactionManager:
         ``tables``), which commit at that timestamp like any client's (checked, captured,
         views maintained). A timestamp-order abort runs it again at a new timestamp. Nothing
         to write: nothing commits, and the reads' timestamp is returned."""
-        for attempt in itertools.count():
+
+        async def once(committing: Callable[[], None]) -> int:
             # its rows are known only once it has read: any row of its tables until then
             ts, epoch = await self.clock.next(self.lookups.writes((), tables, self.epoch))
             tx = Transaction(ts, epoch=epoch, catalog_bound=True)
@@ -256,13 +283,10 @@ class TransactionManager:
             # Its writes are known now: registered, so its commit installs their images over
             # what the lookup cache holds (opaque alone would leave the old rows cached).
             self.lookups.writing(ts, _row_keys(ops))
-            try:
-                return await self._run(tx, ops)
-            except errors.TooLate:
-                if attempt >= SYSTEM_RETRIES:
-                    raise
-                await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
-        raise AssertionError("unreachable")
+            committing()
+            return await self._run(tx, ops)
+
+        return await _retry_commits(once)
 
     async def bulk_system_transaction(
         self, build: Callable[[int], AsyncIterator[list[lpb.RowOp]]]
@@ -270,22 +294,20 @@ class TransactionManager:
         """A system transaction too big for one message (an index backfill over a large table):
         like :meth:`system_transaction`, but its operations come in chunks, each prepared as
         another round at the same timestamp."""
-        for attempt in itertools.count():
+
+        async def once(committing: Callable[[], None]) -> int:
             ts, epoch = await self.clock.next()
             tx = Transaction(ts, epoch=self.epoch)
 
-            async def rounds(tx: Transaction = tx) -> None:
+            async def rounds() -> None:
                 await self.clock.wait_decided(tx.ts - 1)
                 async for ops in build(tx.ts):
                     await self._prepare_rounds(tx, ops, extend=False)
 
-            try:
-                return await self._decide(tx, rounds())
-            except errors.TooLate:
-                if attempt >= SYSTEM_RETRIES:
-                    raise
-                await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
-        raise AssertionError("unreachable")
+            committing()  # its chunks are built as its rounds go: all of it is retried
+            return await self._decide(tx, rounds())
+
+        return await _retry_commits(once)
 
     async def _run(self, tx: Transaction, ops: list[lpb.RowOp], extend: bool = True) -> int:
         return await self._decide(tx, self._prepare_rounds(tx, ops, extend))
@@ -453,7 +475,7 @@ class TransactionManager:
         )
         if vote.outcome == Vote.CONDITION_FAILED:
             detail = describe_condition(schema, vote.message) if schema else vote.message
-            raise errors.ConditionFailed(f"{CONDITION_FAILED_PREFIX}{where}: {detail}")
+            raise errors.ConditionFailed(f"condition failed: {where}: {detail}")
         if vote.outcome == Vote.NOT_FOUND:
             raise errors.RowNotFound(f"{where}: {vote.message}")
         if vote.outcome == Vote.ALREADY_EXISTS:
@@ -495,16 +517,12 @@ class TransactionManager:
     def _retry_delivery(
         self, ts: int, partition: int, pending: set[int], decisions: DecisionLog
     ) -> None:
+        def undelivered(exc: BaseException, failed: int, wait: float) -> None:
+            log.info("commit %d to LTM %d not delivered (%s); retrying", ts, partition, exc)
+
         async def retry() -> None:
-            delay = 0.05
-            while True:
-                await asyncio.sleep(delay)
-                try:
-                    await self.channels[partition].decide(ts, True)
-                    break
-                except Exception as exc:  # noqa: BLE001 - whatever the failure, try again
-                    log.info("commit %d to LTM %d not delivered (%s); retrying", ts, partition, exc)
-                    delay = min(delay * 2, 1.0)
+            await asyncio.sleep(REDELIVERY_FIRST)
+            await REDELIVERY.arun(lambda: self.channels[partition].decide(ts, True), undelivered)
             pending.discard(partition)
             if not pending:
                 decisions.done(ts)

@@ -9,13 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 from google.protobuf.message import DecodeError
 
 from aggview import errors
 from aggview.frames import Answer, Welcome, answering
 from aggview.security import TlsDir, is_secret
-from aggview.status import Malformed, grpc_method
+from aggview.status import Malformed, abort, grpc_method
 from aggview.streams import AnswerEach
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
@@ -255,7 +254,7 @@ class LtmServicer(pb_grpc.LtmServicer):
         try:
             participant = self.hosting.participant(_metadata(context))
         except errors.AggviewError as exc:
-            await context.abort(exc.code, str(exc))  # type: ignore[attr-defined]
+            await abort(context, exc)  # type: ignore[arg-type]
 
         async for message in exchange(participant).serve(messages):
             yield message
@@ -285,13 +284,11 @@ class LtmServicer(pb_grpc.LtmServicer):
         the stream with its status (the primary then counts the copy out of sync)."""
         async for request in requests:
             if isinstance(request, Malformed):
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}"
-                )
+                await abort(context, errors.InvalidArgument(f"malformed request: {request.reason}"))
             try:
                 await self._replicate(request)
             except errors.AggviewError as exc:
-                await context.abort(exc.code, str(exc))
+                await abort(context, exc)
             yield pb.ReplicateReply()
 
     async def _replicate(self, request: pb.ReplicateRequest) -> None:

@@ -114,16 +114,18 @@ class TransactRequests(_message.Message):
     def __init__(self, requests: _Optional[_Iterable[_Union[TransactRequest, _Mapping]]] = ...) -> None: ...
 
 class TransactReply(_message.Message):
-    __slots__ = ("id", "timestamp", "code", "message")
+    __slots__ = ("id", "timestamp", "code", "message", "reason")
     ID_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     id: int
     timestamp: int
     code: int
     message: str
-    def __init__(self, id: _Optional[int] = ..., timestamp: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    reason: str
+    def __init__(self, id: _Optional[int] = ..., timestamp: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TransactReplies(_message.Message):
     __slots__ = ("replies",)

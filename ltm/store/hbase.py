@@ -30,7 +30,6 @@ import importlib
 import logging
 import re
 import socket
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -42,6 +41,7 @@ from thriftpy2.thrift import TException
 from thriftpy2.transport import TTransportException
 
 from aggview.errors import InvalidArgument, StoreError, Unavailable, UnknownTable
+from aggview.retry import RetryPolicy, retry_on
 from ltm.store.base import GuardFailed, Mutation, Store
 
 # happybase loads HBase's Thrift IDL as the top-level module ``Hbase_thrift`` when imported;
@@ -138,6 +138,17 @@ class HBaseStore(Store):
         self.batch_size = batch_size
         self.scan_batch_size = scan_batch_size
         self.retry_seconds = retry_seconds
+        # Every pooled connection may be stale (an idle close hits them all): those retries go
+        # at once; after that, back off (20 ms doubling to 1 s) until the deadline.
+        self._retry = RetryPolicy(
+            attempts=None,
+            first_delay=0.02,
+            max_delay=1.0,
+            spread=(1.0, 1.0),
+            deadline=retry_seconds,
+            immediate=pool_size,
+            retryable=retry_on(*_TRANSIENT),
+        )
         self._acquire_timeout = max(timeout_ms / 1000, retry_seconds, 1.0)
         self._name_prefix = (self.table_prefix + "_").encode() if self.table_prefix else b""
 
@@ -228,10 +239,10 @@ class HBaseStore(Store):
         broke) leaves the same rows. A socket *timeout* is not retried for a write: the server
         may still be applying the first attempt, which could land after the retry.
         """
-        deadline = time.monotonic() + self.retry_seconds
         attempts = 0
-        delay = 0.02
-        while True:
+
+        def once() -> T:
+            nonlocal attempts
             self._check_open()
             attempts += 1
             try:
@@ -248,22 +259,22 @@ class HBaseStore(Store):
                     raise Unavailable(
                         f"hbase store {self.address}: {what} timed out ({exc}); not retried"
                     ) from exc
-                failure: BaseException = exc
-            except _TRANSIENT as exc:
-                failure = exc
+                raise
+            except _TRANSIENT:
+                raise
             except TException as exc:  # an application error the action did not translate
                 raise StoreError(f"hbase store {self.address}: {what}: {exc!r}") from exc
-            # Every pooled connection may be stale (an idle close hits them all): those retries
-            # go at once; after that, back off until the deadline.
-            if attempts > self.pool_size:
-                if time.monotonic() >= deadline:
-                    raise Unavailable(
-                        f"hbase store {self.address}: {what} failed after {attempts} attempts "
-                        f"in {self.retry_seconds:g}s: {failure!r}"
-                    ) from failure
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+
+        def retrying(failure: BaseException, failed: int, wait: float) -> None:
             log.info("hbase store %s: %s: %r; retrying", self.address, what, failure)
+
+        try:
+            return self._retry.run(once, retrying)
+        except _TRANSIENT as failure:
+            raise Unavailable(
+                f"hbase store {self.address}: {what} failed after {attempts} attempts "
+                f"in {self.retry_seconds:g}s: {failure!r}"
+            ) from failure
 
     def _hbase_name(self, table: str) -> bytes:
         return self._name_prefix + table.encode()

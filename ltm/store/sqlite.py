@@ -11,22 +11,30 @@ connection is shared under a lock.
 from __future__ import annotations
 
 import os
-import random
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
 from aggview.errors import StoreError, UnknownTable
+from aggview.retry import RetryPolicy
 from ltm.store.base import Guard, GuardFailed, Mutation, Store
 
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 30_000
 RETRY_SECONDS = 60.0  # beyond the busy timeout, for the busy cases SQLite reports at once
+# busy: again after 5, 10, 20 ... 500 ms, each within half of it either way
+BUSY_RETRY = RetryPolicy(
+    attempts=None,
+    first_delay=0.005,
+    max_delay=0.5,
+    spread=(0.5, 1.5),
+    deadline=RETRY_SECONDS,
+    retryable=lambda exc: isinstance(exc, sqlite3.OperationalError) and _is_busy(exc),
+)
 _IN_CHUNK = 500  # bound parameters per SELECT ... IN (...), well under SQLite's limit
 
 
@@ -148,17 +156,10 @@ class SqliteStore(Store):
 
     def _with_retry(self, action: Callable[[], T]) -> T:
         """Run ``action``, retrying busy errors with jittered backoff; others become StoreError."""
-        deadline = time.monotonic() + RETRY_SECONDS
-        delay = 0.005
-        while True:
-            try:
-                return action()
-            except sqlite3.Error as exc:
-                busy = isinstance(exc, sqlite3.OperationalError) and _is_busy(exc)
-                if not busy or time.monotonic() >= deadline:
-                    raise self._error(exc) from exc
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 0.5)
+        try:
+            return BUSY_RETRY.run(action)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
 
     def _error(self, exc: sqlite3.Error) -> StoreError:
         return StoreError(f"sqlite store {self.path}: {exc}")
