@@ -198,13 +198,15 @@ class LtmChannel:
 
     async def _exchange(self, request: pb.LtmRequest, timeout: float = 30.0) -> pb.LtmReply:
         """Sends one request on the stream and waits for its own answer."""
+        if not self._exchanges and self._channel.get_state() is not grpc.ChannelConnectivity.READY:
+            await self._connected(min(timeout, CONNECT_GRACE))
+        # checked after the wait for a connection, with no await before the ask: silence
+        # heard during that wait abandoned a stream this request was not on yet
         if self.silent(self.owner):
             raise errors.Unavailable(
                 f"LTM {self.index} at {self.address} is unavailable: its member does not "
                 "answer probes"
             )
-        if not self._exchanges and self._channel.get_state() is not grpc.ChannelConnectivity.READY:
-            await self._connected(min(timeout, CONNECT_GRACE))
         reply = await self.stream.ask(
             request,
             timeout,
