@@ -568,8 +568,9 @@ def run(args: argparse.Namespace, client_options: dict[str, Any]) -> RunReport:
             results["address"] = address
             results["local_cluster"] = settings.address is None
             _run(settings, address, options, workdir, report, results, console, say)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # before the browsers ran, or during the verification
             report.interrupted = True
+            results.setdefault("verification", "skipped: interrupted")
             say("interrupted: writing what was measured")
         finally:
             phases["total_s"] = time.time() - report.started

@@ -256,7 +256,7 @@ def test_ctrl_c_stops_cleanly_and_writes_what_was_measured(tmp_path: Path) -> No
         # its first cluster is starting (inside the run, whose Ctrl-C writes the report)
         wait_for("the bench to start a cluster", lambda: children(process.pid), timeout=120)
         process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=60)
+        output, _ = process.communicate(timeout=180)  # a loaded machine stops slowly
     finally:
         process.kill()
     report = json.loads((out / "dashboard.json").read_text())
