@@ -35,7 +35,7 @@ CLIENTS = 8
 
 @dataclass
 class DemoSize:
-    """How much the demo does; the default took 196 s on a quiet 2-core machine."""
+    """How much the demo does; the default took 146 s on a quiet 2-core machine."""
 
     transfer_seconds: float = 3.0
     events: int = 10_000
