@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from polling import wait_for
+from starting import StartingThread
 
 from aggview import errors
 from aggview.cluster import LocalCluster
@@ -264,22 +265,12 @@ def test_a_member_restarted_without_a_majority_leaves_its_records_alone(
     assert before[0].in_sync and before[1].in_sync, before
     member = cluster.member(2)
     others = [cluster.member(m).process for m in (0, 1)]
-    started: list[BaseException | None] = []
-    done = threading.Event()
-
-    def start_member() -> None:
-        try:
-            member.start(timeout=60)
-            started.append(None)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            started.append(exc)
-        done.wait(120)  # its process dies with the thread that started it
-
-    thread = threading.Thread(target=start_member)
+    starting = StartingThread(member)
+    started = starting.outcome
     try:
         with paused(others[0]), paused(others[1]):  # type: ignore[arg-type]
             member.kill()
-            thread.start()
+            starting.start()
             # it waits: for a majority, or (having written its records) for the leader
             waits = ("hears no majority", "waiting for the cluster's leader")
             wait_for("member 2 to wait", lambda: any(w in member.tail() for w in waits), 30)
@@ -291,8 +282,7 @@ def test_a_member_restarted_without_a_majority_leaves_its_records_alone(
         assert started == [None], started
         wait_for("every log copied again", lambda: member_logs_copied(cluster, [0, 1, 2]), 60)
     finally:
-        done.set()
-        thread.join(70)
+        starting.release()
 
 
 def partition_record(cluster: LocalCluster, partition: int) -> ownership.Ownership:

@@ -27,6 +27,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from lookup_check import lookup_mismatches
 from polling import wait_for
+from starting import StartingThread
 from test_crash import ACCOUNTS, acknowledged_inserts_survive_a_kill, kill_twice_under_load
 from test_crash import test_clean_restart_keeps_everything as test_clean_restart  # noqa: F401
 from test_cumulus_views import (  # noqa: F401
@@ -653,19 +654,9 @@ def test_a_member_started_while_the_leader_is_down_waits_for_it(
     follower, leader = cluster.member(1), cluster.member(0)
     follower.kill()
     leader.kill()
-    started: list[BaseException | None] = []
-    done = threading.Event()
-
-    def start_follower() -> None:
-        try:
-            follower.start(timeout=60)
-            started.append(None)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            started.append(exc)
-        done.wait(120)  # its process dies with the thread that started it
-
-    thread = threading.Thread(target=start_follower)
-    thread.start()
+    starting = StartingThread(follower)
+    started = starting.outcome
+    starting.start()
     try:
         wait_for(
             "the follower to wait for the leader",
@@ -678,8 +669,7 @@ def test_a_member_started_while_the_leader_is_down_waits_for_it(
         assert started == [None], started
         check_both_members_serve(cluster)
     finally:
-        done.set()
-        thread.join(70)
+        starting.release()
 
 
 def check_both_members_serve(cluster: LocalCluster) -> None:
