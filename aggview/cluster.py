@@ -45,7 +45,15 @@ def log_tail(path: Path, lines: int = 30) -> str:
 # Ports handed out before their server binds them are drawn below Linux's ephemeral range
 # (32768-60999 by default), where no outgoing connection takes one meanwhile: a port the kernel
 # chose with bind(0) was once taken by a client connection before the server started.
-_PORTS = (20000, 32000)
+PORT_RANGE = (20000, 32000)
+
+
+def _port_range() -> tuple[int, int]:
+    """``AGGVIEW_PORTS=LOW-HIGH`` narrows the range: the test workers each take a slice of
+    it, so two workers' clusters never draw the same port between its check and its bind
+    (that happened: "address already in use" in CI under four workers)."""
+    low, _, high = os.environ.get("AGGVIEW_PORTS", "").partition("-")
+    return (int(low), int(high)) if low and high else PORT_RANGE
 
 
 _HANDED_OUT: set[int] = set()
@@ -57,8 +65,9 @@ def free_port() -> int:
     handed out before: a cluster asks for several before any server binds one, and a repeat
     (about 0.3 % of cluster starts) failed a start with "address already in use"."""
     rng = random.SystemRandom()
+    ports = _port_range()
     for _ in range(200):
-        port = rng.randrange(*_PORTS)
+        port = rng.randrange(*ports)
         if port in _HANDED_OUT:
             continue
         _HANDED_OUT.add(port)

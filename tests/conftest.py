@@ -14,7 +14,7 @@ from hypothesis import settings
 from lookup_check import lookup_mismatches
 from profiles import PROFILE
 
-from aggview.cluster import AS_START, LocalCluster
+from aggview.cluster import AS_START, PORT_RANGE, LocalCluster
 from coordinator import Client
 
 # Every cluster a test starts checks each answer of the coordinator's lookup cache against the
@@ -28,6 +28,21 @@ settings.load_profile(PROFILE)
 # per LTM; 1, the whole cluster in one process; P >= 2, P coordinating members; default, as
 # ``aggview start`` runs it.
 PROCESSES = int(os.environ.get("AGGVIEW_TEST_PROCESSES", AS_START))
+
+
+def _port_slice() -> None:
+    """Each xdist worker (``gwN`` of ``PYTEST_XDIST_WORKER_COUNT``) hands out ports from its
+    own slice of the range, in its servers and in every process it starts (the environment)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker.startswith("gw") and count > 1:
+        low, high = PORT_RANGE
+        size = (high - low) // count
+        start = low + int(worker[2:]) * size
+        os.environ["AGGVIEW_PORTS"] = f"{start}-{start + size}"
+
+
+_port_slice()
 
 
 # The longest files first: pytest-xdist (``--dist loadfile``, see pyproject.toml) hands out
