@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from aggview.errors import InvalidArgument
-from aggview.schema import INT_MAX, INT_MIN, ColumnType
+from aggview.errors import InvalidArgument, LimitExceeded
+from aggview.schema import INT_MAX, INT_MIN, ColumnType, TableSchema, key_to_storage
+
+MAX_KEY_BYTES = 4096  # the default limit on one encoded primary key (``max_key_bytes``)
 
 _INT_BIAS = 1 << 63
 _DECIMAL_BIAS = 1 << 127
@@ -95,6 +97,27 @@ def encode_key(types: Sequence[ColumnType], values: Sequence[object]) -> bytes:
     for index, (column_type, value) in enumerate(zip(types, values, strict=True)):
         _encode_one(column_type, value, index, out)
     return bytes(out)
+
+
+def encode_stored_key(
+    schema: TableSchema, stored: Sequence[object], max_bytes: int = MAX_KEY_BYTES
+) -> bytes:
+    """A table's primary key already in storage form, encoded and checked against the key
+    size limit."""
+    data = encode_key(schema.key_types, stored)
+    if len(data) > max_bytes:
+        raise LimitExceeded(
+            f"table {schema.name}: key of {len(data)} bytes is over the "
+            f"{max_bytes} byte limit (max_key_bytes)"
+        )
+    return data
+
+
+def table_key(
+    schema: TableSchema, key: Mapping[str, object], max_bytes: int = MAX_KEY_BYTES
+) -> bytes:
+    """A table's full primary key, given as column -> value, encoded as its row key."""
+    return encode_stored_key(schema, key_to_storage(schema, key), max_bytes)
 
 
 def _take(data: bytes, pos: int, width: int, column_type: ColumnType, index: int) -> bytes:

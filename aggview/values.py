@@ -1,11 +1,13 @@
 """Python values <-> wire ``Value`` messages. Used by the client to send what the user gave and
-by the coordinator to return typed rows; checking against column types is the schema's job."""
+by the coordinator to return typed rows; checking against column types is the schema's job.
+Also a cumulus view's map entries as ``FinishView`` carries them (``encode_entry``: the Spark
+layer sends them; ``decode_entries``: the coordinator reads them)."""
 
 from __future__ import annotations
 
 import datetime
 import decimal
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aggview import errors
@@ -81,3 +83,36 @@ def to_row(row: Mapping[str, Any], table: str = "") -> pb.Row:
 
 def from_row(row: pb.Row) -> dict[str, Any]:
     return {column: from_value(value) for column, value in row.columns.items()}
+
+
+# ---------------------------------------------------------------- map entries on the wire
+
+
+def encode_entry(name: str, key: tuple[Any, ...], value: Any) -> tuple[bytes, bytes]:
+    """A map entry as ``FinishView`` carries it for a cumulus view: the map's name, and a
+    wire ``Row`` of its key columns (``k0``, ``k1``, …) and ``value``."""
+    row = pb.Row()
+    for i, part in enumerate(key):
+        row.columns[f"k{i}"].CopyFrom(to_value(part))
+    row.columns["value"].CopyFrom(to_value(value))
+    return name.encode(), row.SerializeToString()
+
+
+def decode_entries(raws: Iterable[tuple[bytes, bytes]]) -> dict[str, dict[tuple[Any, ...], Any]]:
+    """The maps ``encode_entry`` sent; a malformed entry is refused, saying so."""
+    maps: dict[str, dict[tuple[Any, ...], Any]] = {}
+    for name, data in raws:
+        row = pb.Row()
+        try:
+            row.ParseFromString(data)
+            values = from_row(row)
+            width = len(values) - 1
+            key = tuple(values[f"k{i}"] for i in range(width))
+            value = values["value"]
+        except Exception:  # not a Row, or not k0..kn and value
+            raise errors.InvalidArgument(
+                f"a map entry of {name.decode(errors='replace')!r} is not a Row of k0, k1, … "
+                "and value"
+            ) from None
+        maps.setdefault(name.decode(errors="replace"), {})[key] = value
+    return maps

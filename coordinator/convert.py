@@ -9,9 +9,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from aggview import errors
-from aggview.keycodec import decode_key, encode_key
+from aggview.keycodec import MAX_KEY_BYTES, decode_key, encode_stored_key, table_key
 from aggview.rowcodec import decode_json, decode_row, encode_json, encode_row
-from aggview.schema import TableSchema, from_storage, key_to_storage, row_to_storage, to_storage
+from aggview.schema import TableSchema, from_storage, row_to_storage, to_storage
 from aggview.values import from_row, to_value
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
@@ -26,7 +26,7 @@ class Limits:
 
     max_operations: int = 10_000  # rows (operations) per transaction
     max_row_bytes: int = 1024 * 1024  # one stored row: the key-value store's value
-    max_key_bytes: int = 4096  # one encoded primary key
+    max_key_bytes: int = MAX_KEY_BYTES  # one encoded primary key
     max_request_bytes: int = 16 * 1024 * 1024  # one request message (gRPC refuses bigger)
     max_sql_bytes: int = 64 * 1024  # one SQL statement (parsing is the costly part)
     max_views: int = 100  # materialized views in the catalog
@@ -70,18 +70,7 @@ _NUMERIC = {"INT", "DECIMAL", "FLOAT"}
 
 
 def key_bytes(schema: TableSchema, key: dict[str, Any], limits: Limits) -> bytes:
-    return _encoded_key(schema, key_to_storage(schema, key), limits)
-
-
-def _encoded_key(schema: TableSchema, stored: tuple[Any, ...], limits: Limits) -> bytes:
-    """A key already in storage form, encoded and checked against the key size limit."""
-    data = encode_key(schema.key_types, stored)
-    if len(data) > limits.max_key_bytes:
-        raise errors.LimitExceeded(
-            f"table {schema.name}: key of {len(data)} bytes is over the "
-            f"{limits.max_key_bytes} byte limit (max_key_bytes)"
-        )
-    return data
+    return table_key(schema, key, limits.max_key_bytes)
 
 
 def row_op(
@@ -98,7 +87,9 @@ def row_op(
         if operation.key.columns:
             raise errors.InvalidArgument("insert takes the whole row in values, not a key")
         row = row_to_storage(schema, values)  # its key columns are converted there once
-        op.key = _encoded_key(schema, tuple(row[c] for c in schema.primary_key), limits)
+        op.key = encode_stored_key(
+            schema, tuple(row[c] for c in schema.primary_key), limits.max_key_bytes
+        )
         op.values = _checked_row(schema, row, limits)
     else:
         op.key = key_bytes(schema, from_row(operation.key), limits)

@@ -24,10 +24,8 @@ from aggview.cluster import Server
 from aggview.security import TlsDir
 from cumulus.m3.program import Program
 from cumulus.plan import ViewPlan
-from cumulus.runtime.grpc_host import GrpcRuntime, start_node_processes
+from cumulus.runtime.grpc_host import NO_TIMED_EPOCHS_MS, GrpcRuntime, start_node_processes
 from cumulus.runtime.simulator import Simulator
-
-NO_TIMED_EPOCHS_MS = 10**9  # the view commits an epoch when it has fed one (never on a timer)
 
 # Hosts of other layers, by name: (program, plan, directory, tls) -> runtime
 EXTRA_HOSTS: dict[str, Callable[[Program, ViewPlan, Path | None, TlsDir | None], Any]] = {}

@@ -22,8 +22,6 @@ from typing import Any
 
 from aggview import errors
 from aggview.schema import TableSchema, from_storage
-from aggview.values import from_row, to_value
-from aggview.wire import client_pb2 as cpb
 from cumulus.m3.compiler import compile_program
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
@@ -205,36 +203,3 @@ class CumulusView:
         if keep is not None and list(keep) != groups:
             rows = roll_up(self.shape, rows, list(keep))
         return rows
-
-
-# ---------------------------------------------------------------- map entries on the wire
-
-
-def encode_entry(name: str, key: Key, value: Any) -> tuple[bytes, bytes]:
-    """A map entry as ``FinishView`` carries it for a cumulus view: the map's name, and a
-    wire ``Row`` of its key columns (``k0``, ``k1``, …) and ``value``."""
-    row = cpb.Row()
-    for i, part in enumerate(key):
-        row.columns[f"k{i}"].CopyFrom(to_value(part))
-    row.columns["value"].CopyFrom(to_value(value))
-    return name.encode(), row.SerializeToString()
-
-
-def decode_entries(raws: Iterable[tuple[bytes, bytes]]) -> dict[str, dict[Key, Any]]:
-    """The maps ``encode_entry`` sent; a malformed entry is refused, saying so."""
-    maps: dict[str, dict[Key, Any]] = {}
-    for name, data in raws:
-        row = cpb.Row()
-        try:
-            row.ParseFromString(data)
-            values = from_row(row)
-            width = len(values) - 1
-            key = tuple(values[f"k{i}"] for i in range(width))
-            value = values["value"]
-        except Exception:  # not a Row, or not k0..kn and value
-            raise errors.InvalidArgument(
-                f"a map entry of {name.decode(errors='replace')!r} is not a Row of k0, k1, … "
-                "and value"
-            ) from None
-        maps.setdefault(name.decode(errors="replace"), {})[key] = value
-    return maps

@@ -11,13 +11,12 @@ from collections import Counter
 from collections.abc import Sequence
 
 from aggview import errors
+from aggview.keycodec import table_key
 from aggview.partition_map import partition_of
 from aggview.schema import TableSchema
 from aggview.values import from_row
 from aggview.wire import client_pb2 as pb
-from coordinator.convert import Limits, key_bytes
 
-KEY_LIMITS = Limits()
 UNREACHABLE_FOR = 5.0  # seconds a member that did not answer gets no routed transaction
 
 
@@ -76,7 +75,7 @@ class Router:
             return None
         row = from_row(op.values if op.kind == pb.Operation.INSERT else op.key)
         try:
-            key = key_bytes(schema, {c: row[c] for c in schema.primary_key}, KEY_LIMITS)
+            key = table_key(schema, {c: row[c] for c in schema.primary_key})
         except (KeyError, errors.AggviewError, TypeError, ValueError):
             return None
         return partition_of(schema.table_id, key, self.partitions) % len(self.members)

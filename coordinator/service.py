@@ -31,7 +31,7 @@ from aggview.schema import prefix_to_storage
 from aggview.security import TlsDir, Token, member_channel, member_metadata
 from aggview.status import Malformed, add_service, grpc_method
 from aggview.streams import AnswerEach
-from aggview.values import from_row, to_row
+from aggview.values import decode_entries, from_row, to_row
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
 from aggview.wire import ltm_pb2 as lpb
@@ -42,7 +42,6 @@ from coordinator.catalog import Catalog
 from coordinator.clock import Clock
 from coordinator.clock_service import ClockServicer, FollowerClock
 from coordinator.convert import Limits, key_bytes, wire_row
-from coordinator.cumulus_view import decode_entries
 from coordinator.decision_log import DecisionLog
 from coordinator.gate import ADMIT, CLIENT_SERVICE, ClientGate
 from coordinator.leadership import Leadership, Lease

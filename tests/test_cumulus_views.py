@@ -34,9 +34,9 @@ from test_views_differential import (
 from aggview import errors
 from aggview.cluster import LocalCluster
 from aggview.schema import TableSchema
+from aggview.values import encode_entry
 from coordinator import Client
 from coordinator.bulk_client import BulkClient
-from coordinator.cumulus_view import encode_entry
 from cumulus.m3.compiler import compile_program
 from cumulus.plan import ViewPlan
 

@@ -41,6 +41,7 @@ LINGER = 0.005
 PRELOAD_CHUNK = 20_000  # map entries per Preload message
 WINDOW = 20_000
 STALL = 120.0  # seconds without any answer from the nodes before a run is declared stuck
+NO_TIMED_EPOCHS_MS = 10**9  # epoch_ms of a view's runtime: an epoch when it has fed one, no timer
 
 
 def _channel(address: str, tls: TlsDir | None) -> grpc.Channel:

@@ -20,9 +20,9 @@ from aggview import errors
 from aggview.merge import normalized
 from aggview.rowcodec import encode_row
 from aggview.schema import TableSchema
+from aggview.values import encode_entry
 from coordinator.bulk_client import BulkClient
 from coordinator.client import Client
-from coordinator.cumulus_view import encode_entry
 from cumulus.aggstate import Row, ViewState
 from cumulus.m3.compiler import compile_program
 from cumulus.plan import ViewPlan

@@ -12,11 +12,10 @@ import contextlib
 from pathlib import Path
 
 from aggview.security import TlsDir
-from coordinator.cumulus_hosts import NO_TIMED_EPOCHS_MS
 from cumulus.m3.printer import print_program
 from cumulus.m3.program import Program
 from cumulus.plan import ViewPlan
-from cumulus.runtime.grpc_host import GrpcRuntime
+from cumulus.runtime.grpc_host import NO_TIMED_EPOCHS_MS, GrpcRuntime
 from cumulus.spark.dw_stage import spark_nodes
 from cumulus.spark.session import spark_session
 
