@@ -1,11 +1,11 @@
 """Bulk load and bulk initialization of the dashboard schema with Spark, against the same rows
 loaded through transactions, in one run.
 
-A :class:`aggview.cluster.LocalCluster` (``--ltms`` LTMs, fsync on) gets the thesis's dashboard
+A :class:`agglauncher.cluster.LocalCluster` (``--ltms`` LTMs, fsync on) gets the thesis's dashboard
 tables (50 shops, 5,000 products, 20 categories), then:
 
 1. ``--events`` events are written to a CSV file and loaded with ``aggview load``'s job
-   (``cumulus.spark.jobs.load_files``): one transaction at one timestamp;
+   (``aggspark.jobs.load_files``): one transaction at one timestamp;
 2. the two dashboard views are created with ``aggview views init``'s job (Spark SQL at a held
    snapshot): SQL-1 (shop x category cost, sync) and the cost per category (async, 500 ms);
 3. ``aggview verify``'s job recomputes both and compares every group;
@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aggview.cluster import LocalCluster
+from aggclient import Client
+from aggclient.client import AsyncClient
+from agglauncher.cluster import LocalCluster
+from aggspark import jobs
+from aggspark.session import spark_session
 from bench.transactions import hbase_store
-from coordinator import Client
-from coordinator.client import AsyncClient
-from cumulus.spark import jobs
-from cumulus.spark.session import spark_session
 from loadgen import dashboard
 
 SCALE = dashboard.Scale()

@@ -58,7 +58,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from aggview.cluster import process_cpu_seconds
+from aggview.processes import process_cpu_seconds
 from bench import m3
 from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.interpreter import Interpreter
@@ -205,8 +205,8 @@ def run_spark(
 ) -> dict[str, Any]:
     """One cell with the DW nodes the tasks of one Spark barrier stage (local Spark: its
     Python workers' CPU is not counted, only the driver's)."""
-    from cumulus.spark.dw_stage import spark_nodes
-    from cumulus.spark.session import spark_session
+    from aggspark.dw_stage import spark_nodes
+    from aggspark.session import spark_session
 
     text = print_program(program)
     with spark_nodes(spark_session(), text, nodes, switches=switches, mode=mode) as addresses:

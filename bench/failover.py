@@ -24,8 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from aggclient.client import AsyncClient
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
 from bench.transactions import (
     CREATE,
     Ledger,
@@ -36,7 +37,6 @@ from bench.transactions import (
     transaction,
 )
 from coordinator import leadership
-from coordinator.client import AsyncClient
 from ltm.store import Store, open_store, ownership
 
 PROBE_ROWS = 40  # a probe with 40 random rows writes to all 3 partitions (but for 1 in 10^6)

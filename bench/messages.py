@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from aggview.cluster import free_port, process_cpu_seconds
 from aggview.net import GRPC_OPTIONS
+from aggview.processes import free_port, process_cpu_seconds
 
 METHOD = "/bench.Echo/Stream"
 FRAME = struct.Struct("!I")

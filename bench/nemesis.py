@@ -57,9 +57,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aggclient import Client, ConditionFailed
 from aggview import errors
 from bench.netns import HostCluster, unavailable
-from coordinator import Client, ConditionFailed, leadership
+from coordinator import leadership
 from loadgen import transfers
 from ltm.store import open_store, ownership
 

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aggview.cluster import Server
+from aggview.processes import Server
 from tests.chaos_proxy import ChaosProxy
 
 PREFIX = "nmz"  # every name this module makes starts with it, then the owner's pid

@@ -1,9 +1,9 @@
 """Transaction throughput and latency of a local cluster (one coordinator, N LTMs).
 
-For every LTM count a fresh :class:`aggview.cluster.LocalCluster` is started in a temporary
+For every LTM count a fresh :class:`agglauncher.cluster.LocalCluster` is started in a temporary
 directory, ``bench(id INT PRIMARY KEY, v INT NOT NULL)`` is created and preloaded, and then, for
 every rows-per-transaction count k, transactions that add 1 to ``v`` of k distinct random rows
-are run from this one process with ``coordinator.client.AsyncClient``:
+are run from this one process with ``aggclient.client.AsyncClient``:
 
 * closed loop (default): ``--clients`` asyncio tasks, each sending its next transaction as soon
   as the previous one returns, for ``--seconds`` after ``--warmup`` seconds;
@@ -43,14 +43,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from aggclient.client import AsyncClient
+from agglauncher.cluster import AS_START, LocalCluster
 from aggview import errors
-from aggview.cluster import AS_START, LocalCluster, process_cpu_seconds
 from aggview.net import GRPC_OPTIONS
+from aggview.processes import process_cpu_seconds
 from aggview.retry import RetryPolicy, retry_on
 from aggview.security import TlsDir, member_channel, member_metadata
 from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc
-from coordinator.client import AsyncClient
 from ltm.store import ownership
 
 TABLE = "bench"

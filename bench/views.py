@@ -2,7 +2,7 @@
 sync view and async views, a hot group, view point reads at two table sizes, and the pg_ivm
 comparison workload, in one run.
 
-A base data directory is built once: a :class:`aggview.cluster.LocalCluster` with ``--ltms``
+A base data directory is built once: a :class:`agglauncher.cluster.LocalCluster` with ``--ltms``
 LTMs, the dashboard tables at the thesis scale (50 shops, 5,000 products, 20 categories;
 ``loadgen.dashboard.populate``) and ``--events`` events inserted ``--batch`` per transaction.
 The cluster is stopped cleanly (the LTMs checkpoint) and every case below runs on a cluster
@@ -63,8 +63,11 @@ from typing import Any
 import duckdb
 from rich.table import Table
 
+from aggclient import Client
+from aggclient.bulk_client import BulkClient
+from aggclient.client import AsyncClient
+from agglauncher.cluster import AS_START, LocalCluster
 from aggview import errors
-from aggview.cluster import AS_START, LocalCluster
 from bench.transactions import (
     MEASURE_COLUMNS,
     CpuMeter,
@@ -83,9 +86,6 @@ from bench.transactions import (
     running_cluster,
     settle,
 )
-from coordinator import Client
-from coordinator.bulk_client import BulkClient
-from coordinator.client import AsyncClient
 from loadgen import dashboard
 
 SCALE = dashboard.Scale()  # the thesis: 50 shops, 5,000 products, 20 categories

@@ -1,6 +1,2 @@
-"""The coordinator: catalog, timestamp oracle, two-phase commit, and the Python client."""
-
-from aggview.errors import ConditionFailed
-from coordinator.client import AsyncClient, Client
-
-__all__ = ["AsyncClient", "Client", "ConditionFailed"]
+"""The coordinator: a member's coordinating side (catalog, clock, two-phase commit, views,
+failover). The Python client is the ``aggclient`` package, which does not import this one."""

@@ -65,7 +65,7 @@ async def run(
                 raise errors.LimitExceeded(
                     f"this query reads more than {limit} rows ({name} among them; the limit is "
                     "max_adhoc_rows): declare a materialized view for it (CREATE MATERIALIZED "
-                    "VIEW … AS SELECT …) or run it in Spark (cumulus.spark)"
+                    "VIEW … AS SELECT …) or run it in Spark (aggspark)"
                 )
             loaded[name] = (columns, values)
     columns, rows = await asyncio.to_thread(_execute, statement, loaded)

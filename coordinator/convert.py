@@ -16,7 +16,7 @@ from aggview.values import from_row, to_value
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
 
-# Clients put up to 32 KiB of transactions in one Transact message (coordinator.client).
+# Clients put up to 32 KiB of transactions in one Transact message (aggclient.client).
 MIN_REQUEST_BYTES = 64 * 1024
 
 

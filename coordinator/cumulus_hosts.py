@@ -7,7 +7,7 @@
   The nodes die with the process that started them; a dead node fails the next epoch, which
   reports it, and the view loads a new runtime (new nodes) from a snapshot;
 - ``spark``: the DW nodes as the tasks of a barrier stage of member 0's Spark session
-  (``cumulus.spark.view_host``, registered in ``EXTRA_HOSTS`` by the server entry point: this
+  (``aggspark.view_host``, registered in ``EXTRA_HOSTS`` by the server entry point: this
   layer does not import Spark). A failed stage fails the next epoch, and is recovered the same
   way.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
-from aggview.cluster import Server
+from aggview.processes import Server
 from aggview.security import TlsDir
 from cumulus.m3.program import Program
 from cumulus.plan import ViewPlan

@@ -1,7 +1,7 @@
 """The aggregate kinds: one ``Rule`` each, which every back end reads -- the view path
 (``cumulus.aggstate``: sync and async views, the coordinator's query layer), the M3 compiler and
 read-out (``cumulus.m3``), the Cumulus runtime's roll-ups (``cumulus.runtime.reads``) and the
-Spark layer (``cumulus.spark``). Type rules are in ``cumulus.typerules``.
+Spark layer (``aggspark``). Type rules are in ``cumulus.typerules``.
 
 A kind's state is a dict of at most three fields, merged by ``aggview.merge.combine`` (numbers
 add, dicts are multisets):

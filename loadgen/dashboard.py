@@ -12,7 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from coordinator import Client
+from aggclient import Client
 
 TABLES = [
     "CREATE TABLE categories (id INT PRIMARY KEY, name TEXT NOT NULL, parent INT)",

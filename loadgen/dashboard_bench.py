@@ -40,10 +40,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from aggclient import Client
+from aggclient.client import AsyncClient
+from agglauncher.cluster import PROCESSES_HELP, LocalCluster, checked_processes
 from aggview import errors
-from aggview.cluster import PROCESSES_HELP, LocalCluster, checked_processes
-from coordinator import Client
-from coordinator.client import AsyncClient
 from loadgen import dashboard
 from loadgen.consistency import Ledger, Totals, judge
 from loadgen.report import RunReport, line_figure, percentiles, save_figure
@@ -353,7 +353,7 @@ def _ledger(address: str, options: dict[str, Any]) -> Ledger:
 
 
 def _tables(client: Client) -> list[dict[str, Any]]:
-    from coordinator.bulk_client import BulkClient
+    from aggclient.bulk_client import BulkClient
 
     return [{"name": name} for name in BulkClient(client).list()[0]]
 
@@ -362,7 +362,7 @@ def _runtime_counts(address: str, mode: Mode, options: dict[str, Any]) -> dict[s
     """A cumulus view's runtime counts (``CumulusView.counts``), from process 0."""
     if mode.kind != "cumulus":
         return None
-    from coordinator.bulk_client import BulkClient
+    from aggclient.bulk_client import BulkClient
 
     with Client(address, **options) as client:
         return BulkClient(client).describe(VIEW).runtime

@@ -23,9 +23,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
-from coordinator import Client
 from loadgen import dashboard, dashboard_bench, transfers
 from loadgen.report import print_whole
 
@@ -130,9 +130,9 @@ def run_transfers(cluster: LocalCluster, console: Console, seconds: float) -> No
 
 
 def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> None:
-    from cumulus.spark import jobs
-    from cumulus.spark.progress import spark_status
-    from cumulus.spark.session import spark_log, spark_session
+    from aggspark import jobs
+    from aggspark.progress import spark_status
+    from aggspark.session import spark_log, spark_session
 
     address, scale = cluster.address, size.scale
     console.print(

@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from aggview.cluster import LocalCluster, checked_processes
+from agglauncher.cluster import LocalCluster, checked_processes
 from loadgen import dashboard_bench, tpcw_bench
 
 DEFAULT_MODES = [

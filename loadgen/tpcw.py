@@ -25,9 +25,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from aggclient import AsyncClient, Client, ConditionFailed
+from aggclient.client import Transaction
 from aggview import errors
-from coordinator import AsyncClient, Client, ConditionFailed
-from coordinator.client import Transaction
 
 ID_BLOCK = 1_000_000_000  # ids below it are the population's; run r allocates in block r
 MIN_ITEMS, MAX_ITEMS = 1_000, 100_000

@@ -33,10 +33,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from aggclient import AsyncClient, Client
+from aggclient.bulk_client import BulkClient
+from agglauncher.cluster import PROCESSES_HELP, LocalCluster, checked_processes
 from aggview import errors
-from aggview.cluster import PROCESSES_HELP, LocalCluster, checked_processes
-from coordinator import AsyncClient, Client
-from coordinator.bulk_client import BulkClient
 from loadgen import tpcw
 from loadgen.report import RunReport, bar_plot, percentiles
 
@@ -219,7 +219,7 @@ def load_population(
     table); the meta rows are written last, so a cluster without them is known unfinished."""
     say(f"writing the population of {scale.customers:,} customers and {scale.items:,} items")
     files = tpcw.write_population(scale, workdir / "population", seed, today)
-    from cumulus.spark import jobs
+    from aggspark import jobs
 
     loaded = {}
     for table, (path, rows) in files.items():
@@ -265,7 +265,7 @@ def prepare_views(
             continue
         ddl = tpcw.view_ddl(name, mode, interval_ms)
         if populated and mode != "cumulus":
-            from cumulus.spark import jobs
+            from aggspark import jobs
 
             say(f"initializing view {name} ({mode}) with Spark")
             jobs.init_view(spark, address, sql=ddl, client_options=client_options)
@@ -476,7 +476,7 @@ def verify(
     spark: Any, address: str, views: list[str], client_options: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """Each view against a Spark recomputation at a timestamp it is exact at."""
-    from cumulus.spark import jobs
+    from aggspark import jobs
 
     out = []
     for result in jobs.verify_views(spark, address, views, client_options=client_options):
@@ -604,7 +604,7 @@ def _run(
         needs_spark = meta is None or bool(wanted)
         spark = None
         if needs_spark:
-            from cumulus.spark.session import spark_session
+            from aggspark.session import spark_session
 
             started = time.time()
             say("starting Spark")

@@ -15,8 +15,8 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
+from aggclient import Client, ConditionFailed
 from aggview import errors
-from coordinator import Client, ConditionFailed
 
 INITIAL = 100
 

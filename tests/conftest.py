@@ -14,8 +14,9 @@ from hypothesis import settings
 from lookup_check import lookup_mismatches
 from profiles import PROFILE
 
-from aggview.cluster import AS_START, PORT_RANGE, LocalCluster
-from coordinator import Client
+from aggclient import Client
+from agglauncher.cluster import AS_START, LocalCluster
+from aggview.processes import PORT_RANGE
 
 # Every cluster a test starts checks each answer of the coordinator's lookup cache against the
 # LTMs; a difference anywhere fails the session (see pytest_sessionfinish).
@@ -123,7 +124,7 @@ def fresh_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 @pytest.fixture(scope="session")
 def spark() -> Any:
     """The one local Spark session every test shares (it starts in about 15 s)."""
-    from cumulus.spark.session import spark_session, stop_session
+    from aggspark.session import spark_session, stop_session
 
     session = spark_session()
     yield session

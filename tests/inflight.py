@@ -8,8 +8,8 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 
-from aggview.cluster import LocalCluster
-from coordinator.client import AsyncClient
+from aggclient.client import AsyncClient
+from agglauncher.cluster import LocalCluster
 
 Act = Callable[[AsyncClient], Awaitable[object]]
 

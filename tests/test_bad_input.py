@@ -8,10 +8,10 @@ from decimal import Decimal
 import grpc
 import pytest
 
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.wire import client_pb2 as pb
-from coordinator import Client
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from aggview.cluster import LocalCluster
-from coordinator import Client
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def start(data: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "aggview.cli", "start", "--data", str(data), "--ltms", "2"]
+        [sys.executable, "-m", "aggcli.cli", "start", "--data", str(data), "--ltms", "2"]
         + ["--insecure", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -46,7 +46,7 @@ def cli(*args: str, stdin: str = "", timeout: float = 60) -> subprocess.Complete
     """``aggview ARGS...`` run as a user would, stdout and stderr apart."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "aggview.cli", *args],
+        [sys.executable, "-m", "aggcli.cli", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -91,7 +91,7 @@ def test_start_refuses_another_ltm_count(tmp_path: Path) -> None:
     stop(process)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "aggview.cli", "start", "--data", str(data), "--ltms", "3"]
+        [sys.executable, "-m", "aggcli.cli", "start", "--data", str(data), "--ltms", "3"]
         + ["--insecure"],
         capture_output=True,
         text=True,
@@ -104,7 +104,7 @@ def test_start_refuses_another_ltm_count(tmp_path: Path) -> None:
 
 def test_start_in_one_process_serves_and_refuses_replication(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    base = [sys.executable, "-m", "aggview.cli", "start", "--data", str(tmp_path / "one")]
+    base = [sys.executable, "-m", "aggcli.cli", "start", "--data", str(tmp_path / "one")]
     done = subprocess.run(
         [*base, "--processes", "1", "--replicate", "--insecure"],
         capture_output=True,
@@ -151,7 +151,7 @@ def test_start_with_two_coordinating_processes(tmp_path: Path) -> None:
         sql(address, "CREATE MATERIALIZED VIEW t_n AS SELECT v, COUNT(*) AS n FROM t GROUP BY v")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         watching = subprocess.Popen(
-            [sys.executable, "-m", "aggview.cli", "watch", address, "t_n", "--where", "v=99"],
+            [sys.executable, "-m", "aggcli.cli", "watch", address, "t_n", "--where", "v=99"],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -237,7 +237,7 @@ def test_sql_errors_in_sql_terms_and_addresses_need_a_port(cluster: LocalCluster
 
 
 def test_watch_fails_fast_with_the_reason_and_checks_where() -> None:
-    from aggview.cluster import free_port
+    from aggview.processes import free_port
 
     started = time.monotonic()
     done = cli("watch", f"127.0.0.1:{free_port()}", "v", timeout=30)
@@ -268,7 +268,7 @@ def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
 
 def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
     """Every parser of the command line, by its command."""
-    from aggview.cli import build_parser
+    from aggcli.cli import build_parser
 
     found, todo = [], [("aggview", build_parser())]
     while todo:

@@ -9,11 +9,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from aggclient import Client, ConditionFailed
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.errors import RowNotFound
 from aggview.net import GRPC_OPTIONS
-from coordinator import Client, ConditionFailed
 from tests.chaos_proxy import ChaosProxy
 
 

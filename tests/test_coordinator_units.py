@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aggview.cluster import free_port
+from aggview.processes import free_port
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.catalog import Catalog
 from coordinator.clock import Clock

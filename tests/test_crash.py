@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from polling import wait_for
 
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster, Server
-from coordinator import Client
+from aggview.processes import Server
 from loadgen import transfers
 
 ACCOUNTS = 30

@@ -15,8 +15,8 @@ from test_cumulus_replay import config, dashboard_stream
 from test_cumulus_runtime import _program, interpreted, random_stream
 
 from aggview import certs, errors
-from aggview.cluster import Server
 from aggview.net import GRPC_OPTIONS
+from aggview.processes import Server
 from aggview.wire import cumulus_pb2 as pb
 from aggview.wire import cumulus_pb2_grpc as pb_grpc
 from coordinator.catalog import table_from_create

@@ -157,7 +157,7 @@ def test_the_command_line(tmp_path: Path) -> None:
     (tmp_path / "schema.sql").write_text(SCHEMA)
     stream = dashboard_stream(tmp_path / "updates.csv", seed=3, length=200)
     done = subprocess.run(
-        [sys.executable, "-m", "aggview.cli", "cumulus", "replay", "--schema"]
+        [sys.executable, "-m", "aggcli.cli", "cumulus", "replay", "--schema"]
         + [str(tmp_path / "schema.sql"), "--view", f"cost={COST}", "--stream", str(stream)]
         + ["--nodes", "2", "--switches", "2", "--reorder", "1", "--out", str(tmp_path / "o")]
         + ["--check"],
@@ -180,7 +180,7 @@ def test_the_check_holds_64_bit_ints(tmp_path: Path) -> None:
     def run(rows: str) -> subprocess.CompletedProcess[str]:
         stream.write_text(rows)
         return subprocess.run(
-            [sys.executable, "-m", "aggview.cli", "cumulus", "replay", "--schema"]
+            [sys.executable, "-m", "aggcli.cli", "cumulus", "replay", "--schema"]
             + [str(tmp_path / "schema.sql"), "--view", "s=SELECT SUM(a * b) AS s FROM t"]
             + ["--stream", str(stream), "--out", str(tmp_path / "o"), "--check"],
             capture_output=True,

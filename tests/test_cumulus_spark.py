@@ -16,12 +16,12 @@ pytest.importorskip("pyspark")  # before the project's Spark modules are importe
 from test_cumulus_replay import config, dashboard_stream  # noqa: E402
 from test_cumulus_runtime import _program, interpreted, random_stream  # noqa: E402
 
+from aggspark.dw_stage import spark_nodes, task_slots  # noqa: E402
 from aggview import errors  # noqa: E402
 from coordinator.catalog import table_from_create  # noqa: E402
 from cumulus.m3.printer import print_program  # noqa: E402
 from cumulus.runtime.grpc_host import GrpcRuntime  # noqa: E402
 from cumulus.runtime.replay import replay  # noqa: E402
-from cumulus.spark.dw_stage import spark_nodes, task_slots  # noqa: E402
 
 
 def test_two_dw_nodes_as_a_barrier_stage_give_the_interpreters_maps(spark: Any) -> None:

@@ -31,12 +31,12 @@ from test_views_differential import (
     view_specs,
 )
 
+from aggclient import Client
+from aggclient.bulk_client import BulkClient
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.schema import TableSchema
 from aggview.values import encode_entry
-from coordinator import Client
-from coordinator.bulk_client import BulkClient
 from cumulus.m3.compiler import compile_program
 from cumulus.plan import ViewPlan
 
@@ -242,7 +242,7 @@ def test_a_view_on_spark_tasks_is_exact_at_every_epoch(tmp_path: Path) -> None:
     session; preloaded from a snapshot, then fed changes (deletes and group moves), each epoch
     equals the base tables at its timestamp."""
     pytest.importorskip("pyspark")
-    from coordinator.bulk_client import BulkClient
+    from aggclient.bulk_client import BulkClient
 
     rng = random.Random(9)
     select = "SELECT g, SUM(v) AS s, COUNT(*) AS n, MIN(x) AS low FROM ev GROUP BY g"

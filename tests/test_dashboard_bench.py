@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from polling import wait_for
 
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster, free_port
-from coordinator import Client
+from aggview.processes import free_port
 from loadgen import dashboard, dashboard_bench
 from loadgen.consistency import Ledger, Verdict, judge
 
@@ -226,7 +227,7 @@ def test_ctrl_c_stops_cleanly_and_writes_what_was_measured(tmp_path: Path) -> No
         [
             sys.executable,
             "-m",
-            "aggview.cli",
+            "aggcli.cli",
             "bench",
             "dashboard",
             "--modes",

@@ -20,15 +20,15 @@ import grpc
 import pytest
 from polling import wait_for
 
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.partition_map import decision_log_id
 from aggview.rowcodec import decode_row
 from aggview.status import add_service
 from aggview.wal import WriteAheadLog
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
-from coordinator import Client
 from coordinator.decision_log import DecisionLog
 from loadgen import transfers
 from ltm import replication

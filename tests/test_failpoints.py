@@ -43,10 +43,11 @@ from typing import Any
 
 import pytest
 
+from aggclient import Client, ConditionFailed
+from agglauncher.cluster import LocalCluster
 from aggview import errors, failpoints
-from aggview.cluster import LocalCluster, Server
+from aggview.processes import Server
 from aggview.wal import WriteAheadLog
-from coordinator import Client, ConditionFailed
 from coordinator.catalog import CATALOG_TABLE
 from loadgen import transfers
 from ltm.store import open_store

@@ -28,13 +28,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from profiles import examples
 
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview import errors, frames
-from aggview.cluster import LocalCluster
 from aggview.partition_map import partition_of
 from aggview.schema import Column, ColumnType, TableSchema
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
-from coordinator import Client
 from cumulus.aggstate import ViewState
 from cumulus.compiler import CreateView, compile_view, parse_view_statement
 from cumulus.plan import ViewPlan

@@ -24,7 +24,7 @@ from store_contract import StoreContract
 from test_store_hbase import check_after_restart, run_view_workload
 from thriftpy2.thrift import TException
 
-from aggview.cli import build_parser
+from aggcli.cli import build_parser
 
 HBASE_IMAGE = "dajobe/hbase"
 THRIFT_PORT = 9090

@@ -14,9 +14,10 @@ import pytest
 from polling import wait_for
 from starting import StartingThread
 
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
-from coordinator import Client, leadership
+from coordinator import leadership
 from coordinator.clock import Clock
 from coordinator.leadership import Leadership, Lease
 from coordinator.timestamp_oracle import TimestampOracle

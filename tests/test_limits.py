@@ -16,12 +16,12 @@ import pytest
 from inflight import burst, scan_of
 from polling import wait_for
 
+from aggclient import Client
+from aggclient.client import AsyncClient
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.wire import client_pb2 as pb
 from aggview.wire.client_pb2_grpc import AggviewStub
-from coordinator import Client
-from coordinator.client import AsyncClient
 from coordinator.convert import Limits
 
 LIMITS = {
@@ -214,7 +214,7 @@ def test_coordinator_refuses_a_bad_limit_flag(tmp_path: Path) -> None:
 
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(
-        [sys.executable, "-m", "aggview.cli", "start", "--insecure", "--data", str(tmp_path)]
+        [sys.executable, "-m", "aggcli.cli", "start", "--insecure", "--data", str(tmp_path)]
         + ["--limit", "max_veiws=3"],
         capture_output=True,
         text=True,

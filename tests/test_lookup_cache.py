@@ -21,11 +21,11 @@ import duckdb
 import pytest
 from conftest import own_cluster
 
+from aggclient import Client
+from aggclient.bulk_client import BulkClient
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.schema import TableSchema
-from coordinator import Client
-from coordinator.bulk_client import BulkClient
 from coordinator.clock import Clock, Notice, Writes
 from coordinator.lookup_cache import ENTRY_OVERHEAD, LookupCache
 from coordinator.timestamp_oracle import TimestampOracle
@@ -301,7 +301,7 @@ def bulk_load_once(client: Client, ids: range) -> None:
     described = bulk.describe("lc_p")
     assert described.schema is not None
     schema = TableSchema.from_json(described.schema)
-    from cumulus.spark.source import stage_rows, staging_name
+    from aggspark.source import stage_rows, staging_name
 
     staging = staging_name()
     store = open_store(described.store_url)

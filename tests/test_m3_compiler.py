@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import sqlglot
 
+from aggcli.cli import main
 from aggview import errors
-from aggview.cli import main
 from aggview.schema import TableSchema
 from coordinator.catalog import table_from_create
 from cumulus.aggregates import Kind

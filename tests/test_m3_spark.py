@@ -9,9 +9,9 @@ import math
 import random
 from typing import Any
 
+from aggspark.m3_init import definition_sql, initial_maps, initial_relations
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
-from cumulus.spark.m3_init import definition_sql, initial_maps, initial_relations
 from tests.test_m3_differential import COLUMNS, TRICKY, programs_for
 from tests.test_views_differential import random_row
 

@@ -40,8 +40,10 @@ from test_views_differential import (  # noqa: F401
     test_views_equal_recomputation as test_members_views_equal_recomputation,
 )
 
+from aggclient import AsyncClient, Client
+from aggclient.routing import UNREACHABLE_FOR, Router
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.frames import FramedCall
 from aggview.partition_map import standby_of
 from aggview.schema import Column, ColumnType, TableSchema
@@ -50,9 +52,7 @@ from aggview.wire import client_pb2 as cpb
 from aggview.wire import client_pb2_grpc as cpb_grpc
 from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc as lpb_grpc
-from coordinator import AsyncClient, Client
 from coordinator.clock import Clock
-from coordinator.routing import UNREACHABLE_FOR, Router
 from coordinator.timestamp_oracle import TimestampOracle
 from loadgen import transfers
 

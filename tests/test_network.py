@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from aggview.cluster import LocalCluster
-from coordinator import Client
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from tests.chaos_proxy import ChaosProxy
 from tests.test_failpoints import (
     BOUND,

@@ -19,9 +19,9 @@ from test_views_differential import (  # noqa: F401
     test_views_equal_recomputation as test_one_process_views_equal_recomputation,
 )
 
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview import errors, failpoints
-from aggview.cluster import LocalCluster
-from coordinator import Client
 from loadgen import transfers
 
 

@@ -7,7 +7,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from aggview.cluster import LocalCluster
+from agglauncher.cluster import LocalCluster
 from coordinator.quorum import Prober, Reachability, majority_heard
 
 

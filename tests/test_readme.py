@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import own_cluster
 
-from aggview.cluster import LocalCluster, free_port
-from coordinator import Client
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
+from aggview.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -58,7 +59,7 @@ def run(command: str, cwd: Path, address: str) -> subprocess.CompletedProcess[st
     words = shlex.split(command.replace(ADDRESS, address), comments=True)
     assert words[0] == "aggview"
     return subprocess.run(
-        [sys.executable, "-m", "aggview.cli", *words[1:]],
+        [sys.executable, "-m", "aggcli.cli", *words[1:]],
         capture_output=True,
         text=True,
         env=ENV,
@@ -123,7 +124,7 @@ def test_readme_command_lines_run(tmp_path: Path) -> None:
                 port = str(free_port())
                 words = shlex.split(command.replace("7070", port), comments=True)
                 started = subprocess.Popen(
-                    [sys.executable, "-m", "aggview.cli", *words[1:]],
+                    [sys.executable, "-m", "aggcli.cli", *words[1:]],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     text=True,

@@ -21,11 +21,11 @@ from polling import wait_for
 from store_contract import StoreContract
 from test_store_hbase import check_after_restart, run_view_workload
 
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.keycodec import encode_key
 from aggview.schema import ColumnType
-from coordinator import Client
 from loadgen import transfers
 from ltm.store import open_store
 from ltm.store.hbase import HBaseStore
@@ -63,7 +63,7 @@ def test_cluster_on_real_hbase_keeps_a_sync_view_exact_across_a_restart(
 def test_views_bulk_load_bulk_init_and_verify_through_spark_on_real_hbase(
     spark: Any, real_hbase: StandaloneHBase, tmp_path: Path
 ) -> None:
-    from cumulus.spark import jobs
+    from aggspark import jobs
 
     url = store_url(real_hbase, table_prefix=fresh_prefix())
     with LocalCluster(tmp_path / "data", ltms=2, checkpoint_interval=0.3, store=url) as cluster:
@@ -272,7 +272,7 @@ def test_the_readme_commands_run_a_cluster_on_real_hbase(
     import sys
 
     url = store_url(real_hbase, table_prefix=fresh_prefix())
-    cli = [sys.executable, "-m", "aggview.cli"]
+    cli = [sys.executable, "-m", "aggcli.cli"]
     server = subprocess.Popen(
         [*cli, "start", "--data", str(tmp_path / "data"), "--ltms", "2", "--store", url]
         + ["--insecure"],
@@ -308,7 +308,7 @@ def test_hbase_commands_name_what_is_missing(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    cli = [sys.executable, "-m", "aggview.cli", "hbase"]
+    cli = [sys.executable, "-m", "aggcli.cli", "hbase"]
     stop = subprocess.run(
         [*cli, "stop", "--dir", str(tmp_path)], capture_output=True, text=True, timeout=60
     )

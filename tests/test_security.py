@@ -21,15 +21,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from inflight import burst, scan_of
 
+from aggclient import AsyncClient, Client
+from agglauncher.cluster import LocalCluster
 from aggview import certs, errors
 from aggview.certs import FILES, MEMBER_NAME
-from aggview.cluster import LocalCluster
 from aggview.frames import FramedCall
 from aggview.security import MEMBER_HEADER, TlsDir, load_tokens, token_for
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
 from aggview.wire import ltm_pb2_grpc as lpb_grpc
-from coordinator import AsyncClient, Client
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -85,7 +85,7 @@ def assert_unchanged(cluster: LocalCluster) -> None:
 def test_certs_command_makes_loadable_certificates(tmp_path: Path) -> None:
     target = tmp_path / "tls"
     done = subprocess.run(
-        [sys.executable, "-m", "aggview.cli", "certs", str(target), "--host", "db.example"],
+        [sys.executable, "-m", "aggcli.cli", "certs", str(target), "--host", "db.example"],
         capture_output=True,
         text=True,
         env=ENV,
@@ -117,7 +117,7 @@ def test_certs_command_makes_loadable_certificates(tmp_path: Path) -> None:
     assert {t.role for t in load_tokens(target / "tokens").values()} == {"read", "write", "admin"}
 
     again = subprocess.run(
-        [sys.executable, "-m", "aggview.cli", "certs", str(target)],
+        [sys.executable, "-m", "aggcli.cli", "certs", str(target)],
         capture_output=True,
         text=True,
         env=ENV,
@@ -404,7 +404,7 @@ def test_clients_transact_on_the_framed_ports_with_their_token(
 
 def _aggview(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "aggview.cli", *args],
+        [sys.executable, "-m", "aggcli.cli", *args],
         capture_output=True,
         text=True,
         env=ENV,
@@ -427,7 +427,7 @@ def test_start_with_tls_dir_and_sql_command(tmp_path: Path) -> None:
     tls = tmp_path / "tls"
     assert _aggview("certs", str(tls)).returncode == 0
     process = subprocess.Popen(
-        [sys.executable, "-m", "aggview.cli", "start", "--data", str(tmp_path / "data")]
+        [sys.executable, "-m", "aggcli.cli", "start", "--data", str(tmp_path / "data")]
         + ["--ltms", "1", "--tls-dir", str(tls)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -507,7 +507,7 @@ def test_the_command_line_names_its_own_options_and_fails_fast(
 ) -> None:
     """A plaintext ``aggview watch`` of a TLS cluster fails at once, its hint naming the
     command's options (not the Python client's ``ca=``); with --tls-dir it runs."""
-    command = [sys.executable, "-m", "aggview.cli"]
+    command = [sys.executable, "-m", "aggcli.cli"]
     started = time.monotonic()
     done = subprocess.run(
         [*command, "watch", secure.address, "total"],

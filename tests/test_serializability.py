@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from aggview.cluster import LocalCluster
-from coordinator import Client
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from loadgen import transfers
 
 ACCOUNTS = 24

@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 from polling import wait_for
 
+from aggclient import Client
+from aggclient.client import Transaction
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.wire import ltm_pb2 as lpb
-from coordinator import Client
-from coordinator.client import Transaction
 from coordinator.service import _outcomes
 from loadgen import transfers
 from tests.test_failover import member_logs_copied, paused, replicated_cluster

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
+from aggclient import Client
+from aggclient.client import AsyncClient
 from aggview import errors
-from coordinator import Client
-from coordinator.client import AsyncClient
 
 
 def test_reads_in_a_snapshot_agree_while_writers_go_on(client: Client, table_name: str) -> None:

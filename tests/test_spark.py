@@ -17,12 +17,12 @@ pytest.importorskip("pyspark")  # before the project's Spark modules are importe
 
 from polling import wait_for  # noqa: E402
 
+from aggclient import Client
+from aggclient.bulk_client import BulkClient
+from agglauncher.cluster import LocalCluster
+from aggspark import jobs
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.schema import TableSchema
-from coordinator import Client
-from coordinator.bulk_client import BulkClient
-from cumulus.spark import jobs
 from ltm.store import open_store
 
 
@@ -140,7 +140,7 @@ def test_data_source_prunes_columns_and_narrows_key_ranges(
     from pyspark.sql.datasource import GreaterThanOrEqual, LessThan
     from pyspark.sql.types import StructType
 
-    from cumulus.spark.source import AggviewReader
+    from aggspark.source import AggviewReader
 
     described = BulkClient(client).describe(table_name)
     reader = AggviewReader({"address": cluster.address}, described, StructType())
@@ -327,7 +327,7 @@ def test_load_on_the_command_line_from_elsewhere_with_another_python_on_path(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "VIRTUAL_ENV"))}
     env.update(PATH=path, AGGVIEW_SPARK_LOG=str(tmp_path / "spark.log"))
     script = Path(sys.executable).parent / "aggview"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "aggview.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "aggcli.cli"]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     done = subprocess.run(
@@ -353,7 +353,7 @@ def test_bulk_load_retries_timestamp_order_aborts_while_clients_write_its_table(
     older inserts lose to them (timestamp order): the load runs again at a new timestamp, as a
     transaction is retried, instead of failing the job with TooLate. (Under writes that never
     stop, a load of many rows keeps losing: the writers stop during the load's retries.)"""
-    from cumulus.spark.source import stage_rows, staging_name
+    from aggspark.source import stage_rows, staging_name
 
     client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, n INT NOT NULL)")
     rows = 10_000  # two prepare rounds

@@ -10,11 +10,11 @@ from typing import Any
 
 from hbase_thrift_fixture import HBaseThriftFixture
 
-from aggview.cluster import LocalCluster
-from coordinator import Client
-from coordinator.bulk_client import BulkClient
-from cumulus.spark import jobs
-from cumulus.spark.source import AggviewReader
+from aggclient import Client
+from aggclient.bulk_client import BulkClient
+from agglauncher.cluster import LocalCluster
+from aggspark import jobs
+from aggspark.source import AggviewReader
 
 
 def test_data_source_and_bulk_load_over_hbase(spark: Any, tmp_path: Path) -> None:

@@ -20,13 +20,13 @@ pytest.importorskip("pyspark")  # before the project's Spark modules are importe
 from polling import wait_for  # noqa: E402
 from test_views import as_tuples, recompute  # noqa: E402
 
+from aggclient import Client
+from aggclient.bulk_client import BulkClient
+from agglauncher.cluster import LocalCluster
+from aggspark import jobs
+from aggspark.compute import compute_states
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.rowcodec import decode_stored, encode_stored
-from coordinator import Client
-from coordinator.bulk_client import BulkClient
-from cumulus.spark import jobs
-from cumulus.spark.compute import compute_states
 from loadgen import dashboard
 from ltm.store import open_store
 
@@ -250,7 +250,7 @@ def test_an_abandoned_initialization_is_undone_when_its_lease_lapses(
 
 
 def test_a_missing_or_old_java_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from cumulus.spark.session import _java_major, check_java
+    from aggspark.session import _java_major, check_java
 
     assert _java_major('openjdk version "17.0.15" 2025-04-15') == 17
     assert _java_major('java version "1.8.0_392"') == 8

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from profiles import examples
 
+from aggclient import Client
 from aggview import errors
-from coordinator import Client
 
 GROUPS = ["a", "b", "c"]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from polling import wait_for
 
+from aggclient import Client
 from aggview import errors
-from coordinator import Client
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def started(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(said, "w") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "aggview.cli", "start", "--data", str(tmp_path / "data")]
+            [sys.executable, "-m", "aggcli.cli", "start", "--data", str(tmp_path / "data")]
             + ["--ltms", "2", "--processes", "2", "--insecure"],
             stdout=subprocess.PIPE,
             stderr=err,

@@ -22,9 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hbase_thrift_fixture import HBaseThriftFixture
 from store_contract import StoreContract
 
-from aggview.cluster import LocalCluster, free_port
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview.errors import InvalidArgument, Unavailable
-from coordinator import Client
+from aggview.processes import free_port
 from ltm.store import open_store
 from ltm.store.base import GuardFailed
 from ltm.store.hbase import HBaseStore

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from polling import wait_for
 
+from aggclient import Client
+from aggclient.client import AsyncClient
+from aggclient.subscriptions import Changes, Watch
 from aggview import errors
-from coordinator import Client
-from coordinator.client import AsyncClient
-from coordinator.subscriptions import Changes, Watch
 
 
 def _view_at(history: list[tuple[int, str, int, str, int]], ts: int) -> dict[tuple[Any], dict]:

@@ -20,10 +20,11 @@ import duckdb
 import pytest
 from rich.console import Console
 
+from aggclient import Client
+from aggclient.bulk_client import BulkClient
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster, free_port
-from coordinator import Client
-from coordinator.bulk_client import BulkClient
+from aggview.processes import free_port
 from loadgen import modes_bench, tpcw, tpcw_bench
 
 pytest.importorskip("pyspark")

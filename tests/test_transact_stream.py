@@ -11,12 +11,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from aggclient import Client
+from aggclient.client import AsyncClient
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.values import to_row
 from aggview.wire import client_pb2 as pb
-from coordinator import Client
-from coordinator.client import AsyncClient
 
 
 async def _outcomes(address: str, table: str) -> list[object]:

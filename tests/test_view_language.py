@@ -20,7 +20,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from aggview.cli import main
+from aggcli.cli import main
 from aggview.merge import combine
 from aggview.schema import Column, ColumnType, TableSchema, to_storage
 from cumulus.aggstate import ViewState

@@ -29,9 +29,9 @@ from test_views_differential import (
     view_specs,
 )
 
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
-from coordinator import Client
 
 _runs = itertools.count()
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from profiles import examples
 from test_sql_writes import each_refused
 
+from aggclient import Client
 from aggview import errors
-from coordinator import Client
 
 AGGREGATES = {  # view column -> its SQL over the base table
     "s": "SUM(x)",

@@ -12,12 +12,12 @@ import duckdb
 import pytest
 from lookup_check import lookup_mismatches
 
+from aggclient import Client
+from aggclient.bulk_client import BulkClient
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
 from aggview.merge import gather
 from aggview.partition_map import group_of, partial_key, partition_of
-from coordinator import Client
-from coordinator.bulk_client import BulkClient
 from loadgen import dashboard
 
 SMALL = dashboard.Scale(shops=5, products=40, categories=4)

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from profiles import examples
 
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
-from coordinator import Client
 
 _names = itertools.count()
 GROUPS = ["a", "b", "c", None]

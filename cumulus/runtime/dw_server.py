@@ -6,7 +6,7 @@ link, as the protocol assumes. Messages wait in one inbox and one task feeds the
 so the state machine never runs twice at once; what it sends goes out batched per stream.
 
 The same ``NodeHost`` runs in a process of its own (``aggview cumulus node``) and inside a
-Spark task (``cumulus/spark/dw_stage.py``).
+Spark task (``aggspark/dw_stage.py``).
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 
 from aggview import errors
-from aggview.cluster import Server, free_port
 from aggview.net import GRPC_OPTIONS
+from aggview.processes import Server, free_port
 from aggview.security import TlsDir, member_metadata
 from aggview.wire import cumulus_pb2 as pb
 from aggview.wire import cumulus_pb2_grpc as pb_grpc

@@ -228,7 +228,7 @@ def _value(where: str, column: str, kind: str, text: str) -> Any:
     return text
 
 
-# Spark's DW node stage (cumulus.spark.dw_stage.spark_nodes), given by the caller: this layer
+# Spark's DW node stage (aggspark.dw_stage.spark_nodes), given by the caller: this layer
 # does not import Spark. (program text, nodes, switches, mode) -> a context of node addresses.
 SparkNodes = Callable[[str, int, int, str], AbstractContextManager[list[str]]]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from aggview import errors
-from aggview.cluster import free_port, log_tail
+from aggview.processes import free_port, log_tail
 
 POM = Path(__file__).with_name("hbase_pom.xml")
 SPLIT_TOOL = Path(__file__).with_name("hbase_tools") / "SplitTable.java"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from aggspark.source import spark_type
 from aggview.schema import Column, ColumnType, to_storage
 from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState, sum_state
-from cumulus.spark.source import spark_type
 from cumulus.typerules import TEXT, accumulator_type
 
 State = dict[bytes, Row]

@@ -181,7 +181,7 @@ def _client_options(args: argparse.Namespace) -> dict[str, Any]:
 def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """A blocking client for ``args.address`` with the security flags of the command, whose
     hints name those flags."""
-    from coordinator.client import Client
+    from aggclient.client import Client
 
     client = Client(args.address, **_client_options(args))
     client.tls_settings = CLI_TLS_SETTINGS
@@ -266,7 +266,7 @@ def _register_view_hosts() -> None:
     from coordinator import cumulus_hosts
 
     def spark(*args: Any) -> Any:
-        from cumulus.spark.view_host import SparkStageNodes
+        from aggspark.view_host import SparkStageNodes
 
         return SparkStageNodes(*args)
 
@@ -330,7 +330,7 @@ def _run_ltm(args: argparse.Namespace) -> None:
 
 
 def _run_start(args: argparse.Namespace) -> None:
-    from aggview.cluster import LocalCluster, Restarts, checked_processes
+    from agglauncher.cluster import LocalCluster, Restarts, checked_processes
 
     if args.ltms < 1:
         raise errors.InvalidArgument("--ltms must be at least 1")
@@ -444,7 +444,7 @@ def _run_watch(args: argparse.Namespace) -> None:
     """Prints a view's changes as they come, until Ctrl-C. A server that cannot be reached (or
     that speaks TLS to a plaintext client) fails it at once with the reason, not a silent
     wait: one read of the view's first row first."""
-    from coordinator.subscriptions import Changes, Watch
+    from aggclient.subscriptions import Changes, Watch
 
     def show(changes: Changes, watch: Watch) -> None:
         if changes.reset:
@@ -510,8 +510,8 @@ def _run_cumulus_replay(args: argparse.Namespace) -> None:
     from cumulus.runtime.replay import run_replay
 
     def spark_nodes(program_text: str, nodes: int, switches: int, mode: str) -> Any:
-        from cumulus.spark.dw_stage import spark_nodes
-        from cumulus.spark.session import spark_session
+        from aggspark.dw_stage import spark_nodes
+        from aggspark.session import spark_session
 
         return spark_nodes(spark_session(), program_text, nodes, switches=switches, mode=mode)
 
@@ -542,7 +542,7 @@ def _run_cumulus_node(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from aggview.cluster import PROCESSES_HELP
+    from agglauncher.cluster import PROCESSES_HELP
 
     parser = _Parser(prog="aggview", description=DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -666,7 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
     hbase_stop.add_argument("--dir", required=True, help="the --dir it was started with")
     hbase_stop.set_defaults(run=_run_hbase_stop)
 
-    from cumulus.spark.commands import add_spark_commands
+    from aggspark.commands import add_spark_commands
     from loadgen.commands import add_bench_commands
 
     add_spark_commands(sub, _add_client_security, _client_options)

@@ -1,5 +1,5 @@
 """A cumulus view's DW nodes hosted by Spark (``host = 'spark'``): the nodes are the tasks of
-one barrier stage of process 0's local Spark session (``cumulus.spark.dw_stage``), driven over
+one barrier stage of process 0's local Spark session (``aggspark.dw_stage``), driven over
 gRPC by the runtime's switch and epoch coordinator in process 0, as the ``grpc`` host's node
 processes are. The stage ends when the runtime closes its streams.
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from aggspark.dw_stage import spark_nodes
+from aggspark.session import spark_session
 from aggview.security import TlsDir
 from cumulus.m3.printer import print_program
 from cumulus.m3.program import Program
 from cumulus.plan import ViewPlan
 from cumulus.runtime.grpc_host import NO_TIMED_EPOCHS_MS, GrpcRuntime
-from cumulus.spark.dw_stage import spark_nodes
-from cumulus.spark.session import spark_session
 
 
 class SparkStageNodes(GrpcRuntime):

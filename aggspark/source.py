@@ -32,14 +32,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from aggclient.bulk_client import BulkClient, Described
+from aggclient.client import Client
 from aggview import errors
 from aggview.keycodec import encode_key, prefix_end
 from aggview.merge import gather
 from aggview.partition_map import is_partials
 from aggview.rowcodec import decode_row, encode_row
 from aggview.schema import ColumnType, TableSchema, from_storage, to_storage
-from coordinator.bulk_client import BulkClient, Described
-from coordinator.client import Client
 from cumulus.aggstate import ViewState
 from cumulus.plan import ViewPlan
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from rich.console import Console
 
+from aggspark.progress import spark_status
 from aggview import errors
-from cumulus.spark.progress import spark_status
 
 AddSecurity = Callable[[argparse.ArgumentParser], None]
 ClientOptions = Callable[[argparse.Namespace], dict[str, Any]]
@@ -53,14 +53,14 @@ def add_spark_commands(sub: Any, add_security: AddSecurity, client_options: Clie
 
 
 def _spark(console: Console) -> Any:
-    from cumulus.spark.session import spark_log, spark_session
+    from aggspark.session import spark_log, spark_session
 
     with console.status(f"starting Spark (its own log: {spark_log()})"):
         return spark_session()
 
 
 def _run_load(args: argparse.Namespace, options: dict[str, Any]) -> None:
-    from cumulus.spark.jobs import load_files
+    from aggspark.jobs import load_files
 
     console = Console(stderr=True)
     spark = _spark(console)
@@ -83,7 +83,7 @@ def _run_load(args: argparse.Namespace, options: dict[str, Any]) -> None:
 
 
 def _run_init(args: argparse.Namespace, options: dict[str, Any]) -> None:
-    from cumulus.spark.jobs import init_view
+    from aggspark.jobs import init_view
 
     console = Console(stderr=True)
     spark = _spark(console)
@@ -107,7 +107,7 @@ def _run_init(args: argparse.Namespace, options: dict[str, Any]) -> None:
 
 
 def _run_verify(args: argparse.Namespace, options: dict[str, Any]) -> None:
-    from cumulus.spark.jobs import verify_views
+    from aggspark.jobs import verify_views
 
     console = Console(stderr=True)
     spark = _spark(console)

@@ -20,6 +20,9 @@ from typing import Any
 
 import grpc
 
+from aggclient import subscriptions
+from aggclient.routing import Router
+from aggclient.subscriptions import Changes, Watch
 from aggview import errors
 from aggview.frames import FramedCall
 from aggview.net import GRPC_OPTIONS
@@ -31,9 +34,6 @@ from aggview.values import from_row, to_row, to_value
 from aggview.wire import client_pb2 as pb
 from aggview.wire import client_pb2_grpc as pb_grpc
 from aggview.wire.ltm_pb2 import ExchangeHello
-from coordinator import subscriptions
-from coordinator.routing import Router
-from coordinator.subscriptions import Changes, Watch
 
 _COMPARISONS = {"==": pb.EQ, "!=": pb.NE, "<": pb.LT, "<=": pb.LE, ">": pb.GT, ">=": pb.GE}
 Require = Mapping[str, tuple[str, Any]]

@@ -16,19 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aggclient.bulk_client import BulkClient
+from aggclient.client import Client
+from aggspark.compute import State, compute_states, needed_columns
+from aggspark.m3_init import initial_maps
+from aggspark.source import encode_staged, staging_name, view_states
 from aggview import errors
 from aggview.merge import normalized
 from aggview.rowcodec import encode_row
 from aggview.schema import TableSchema
 from aggview.values import encode_entry
-from coordinator.bulk_client import BulkClient
-from coordinator.client import Client
 from cumulus.aggstate import Row, ViewState
 from cumulus.m3.compiler import compile_program
 from cumulus.plan import ViewPlan
-from cumulus.spark.compute import State, compute_states, needed_columns
-from cumulus.spark.m3_init import initial_maps
-from cumulus.spark.source import encode_staged, staging_name, view_states
 
 Progress = Callable[[str], None]
 MAX_REPORTED = 20  # bad rows named in an error message
@@ -148,7 +148,7 @@ def _cumulus_maps(
     spark: Any, address: str, state: ViewState, snapshot: int, options: dict[str, Any]
 ) -> list[tuple[bytes, bytes]]:
     """A cumulus view's program, compiled here as the coordinator compiles it, and every
-    map's entries over the snapshot (``cumulus.spark.m3_init``), as FinishView sends them.
+    map's entries over the snapshot (``aggspark.m3_init``), as FinishView sends them.
     The program's relations carry every column of their tables, so all are read."""
     plan = state.plan
     schemas = {t: state.schemas[plan.aliases_of(t)[0]] for t in plan.base_tables()}

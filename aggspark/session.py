@@ -3,7 +3,7 @@
 Spark's Python workers run on the interpreter that runs aggview (``sys.executable``), not on
 whatever ``python3`` comes first on PATH, unless the user set ``PYSPARK_PYTHON``. The JVM's own
 output (its warnings, log4j, the Python workers' stderr) goes to a log file (:func:`spark_log`),
-not into the user's terminal; the project shows job progress itself (``cumulus.spark.progress``).
+not into the user's terminal; the project shows job progress itself (``aggspark.progress``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
-from aggview.cluster import log_tail
+from aggview.processes import log_tail
 
 _session: Any = None
 
@@ -111,7 +111,7 @@ def spark_session(master: str | None = None) -> Any:
         raise errors.FailedPrecondition(
             "the Spark layer needs PySpark 4: pip install 'pyspark>=4.0' pyarrow"
         ) from None
-    from cumulus.spark.source import AggviewDataSource
+    from aggspark.source import AggviewDataSource
 
     master = master or os.environ.get("AGGVIEW_SPARK_MASTER", "local[2]")
     _use_this_interpreter()

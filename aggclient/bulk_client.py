@@ -1,5 +1,5 @@
 """The client side of bulk access (see ``coordinator.bulk``): what Spark jobs call, over the
-same channel, credentials and error mapping as :class:`coordinator.client.Client`."""
+same channel, credentials and error mapping as :class:`aggclient.client.Client`."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 
 import grpc
 
+from aggclient.client import Client
 from aggview.rowcodec import decode_row
 from aggview.schema import TableSchema, from_storage
 from aggview.status import error_from_rpc
 from aggview.wire import client_pb2 as pb
-from coordinator.client import Client
 
 JOB_SECONDS = 3600  # the deadline of calls that last as long as a bulk job
 

@@ -1,7 +1,7 @@
 """Bulk initialization of an M3 program's maps with Spark SQL: every map's definition
 ``AggSum([keys], R(..) * S(..) * guards * values)`` evaluated over a snapshot of the relations,
 so a program can start over tables that already hold rows (DBToaster's ``SYSTEM READY``), as
-views can (``cumulus.spark.compute``, whose rendering of plan expressions this reuses).
+views can (``aggspark.compute``, whose rendering of plan expressions this reuses).
 
 A variable becomes the first column it occurs in; each further occurrence is an equality; a
 lifted variable is its expression. Sums are taken in DECIMAL(38, s) (DOUBLE for FLOAT), so they
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from aggspark.compute import quote, render
+from aggspark.source import spark_type
 from aggview import errors
 from aggview.schema import ColumnType
 from cumulus.m3.exprs import is_predicate
 from cumulus.m3.program import AggSum, Expr, Guard, Lift, Program, Rel, Value, part_refs
-from cumulus.spark.compute import quote, render
-from cumulus.spark.source import spark_type
 from cumulus.typerules import accumulator_type
 
 Key = tuple[Any, ...]
