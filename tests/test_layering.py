@@ -122,7 +122,7 @@ def test_every_import_follows_the_layering() -> None:
 
 def test_every_module_belongs_to_a_layer() -> None:
     """A new package, or a module outside the layers, fails here rather than going unchecked;
-    and what pyproject.toml ships is exactly the layered packages."""
+    and what pyproject.toml ships and the image copies is exactly the layered packages."""
     assert set(packages(ROOT)) == {layer.split(".")[0] for layer in ALLOWED}
     unplaced = [m for m in project_modules() if layer_of(m) is None]
     assert unplaced == []
@@ -130,6 +130,8 @@ def test_every_module_belongs_to_a_layer() -> None:
     shipped = config["tool"]["setuptools"]["packages"]["find"]["include"]
     assert {p.rstrip("*") for p in shipped} == set(packages(ROOT))
     assert config["project"]["scripts"]["aggview"] == "aggcli.cli:main"
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    assert [p for p in packages(ROOT) if f"COPY {p} ./{p}\n" not in dockerfile] == []
 
 
 def test_the_layers_are_ordered() -> None:
