@@ -1190,9 +1190,7 @@ class ViewManager:
         compiled = view.compiled
         view_query.check(compiled, name, conditions, keep)
         if view.plan.mode == "cumulus" or view.state != "live":  # a runtime serves it
-            return await self._read_runtime(
-                view, conditions, keep, at, tentative, forward, counted
-            )
+            return await self._read_runtime(view, conditions, keep, at, tentative, forward, counted)
         for condition in conditions:  # type checks, each with a clear error
             group = next((g for g in view.plan.group_by if g.name == condition.column), None)
             if group is None or condition.op == "is null":

@@ -987,8 +987,7 @@ def projected_groups(select: exp.Select, scope: Scope) -> list[_Group]:
         if item.key in found:
             shown = str(item.ref) if item.ref is not None else node.sql()
             raise errors.InvalidArgument(
-                f"{shown} appears twice in the SELECT of a view without aggregates; select it "
-                "once"
+                f"{shown} appears twice in the SELECT of a view without aggregates; select it once"
             )
         found[item.key] = item
     return list(found.values())
