@@ -1,11 +1,13 @@
 """The view compiler: materialized-view DDL -> statements, and a view's SELECT -> ``ViewPlan``.
 
 Compilation is a sequence of small passes, each a function testable on its own (after sqlglot's
-optimizer): ``parse_select`` -> ``check_supported`` -> ``resolve_tables`` -> ``plan_where``
-(resolve and type every column, split the conjunction into join edges and filters) ->
-``check_connected`` -> ``plan_group_by`` -> ``plan_select`` (aggregates and output names) ->
-``plan_having`` (hidden aggregates). Anything outside the supported subset is refused at CREATE
-with an ``InvalidArgument`` that names the construct; type errors are ``TypeMismatch``.
+optimizer): ``parse_select`` -> ``check_supported`` -> ``resolve_tables`` -> ``expand_stars``
+(``*`` and ``alias.*``) -> ``plan_where`` (resolve and type every column, split the conjunction
+into join edges and filters) -> ``check_connected`` -> ``view_shape`` (aggregate, bag or
+distinct) -> ``plan_group_by`` (a bag or SELECT DISTINCT: ``projected_groups``, every item) ->
+``plan_select`` (aggregates and output names) -> ``plan_having`` (hidden aggregates). Anything
+outside the supported subset is refused at CREATE with an ``InvalidArgument`` that names the
+construct; type errors are ``TypeMismatch``.
 
 Type rules (view maintenance, M3 and Spark must agree with them): arithmetic, SUM and AVG in
 ``cumulus.typerules``, every aggregate's result type in ``cumulus.aggregates``; and
