@@ -25,7 +25,7 @@ from aggview.schema import TableSchema, from_storage
 from cumulus.m3.compiler import compile_program
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
-from cumulus.m3.readout import maps_read, read_view
+from cumulus.m3.readout import expand, maps_read, read_view
 from cumulus.plan import ViewPlan
 from cumulus.runtime.reads import roll_up
 from cumulus.runtime.simulator import Simulator, Update, holding
@@ -99,7 +99,7 @@ class CumulusView:
 
     def _install(self, reference: Interpreter, ts: int) -> None:
         self.runtime.preload({name: store.data for name, store in reference.maps.items()})
-        self._last = (read_view(reference, self.shape), ts)
+        self._last = (read_view(reference, self.shape, counted=True), ts)
         self.fed_at = ts
         self._count()
 
@@ -134,7 +134,7 @@ class CumulusView:
         self._last = (self._rows(maps), ts)
 
     def tentative(
-        self, conditions: Sequence[Any], keep: Sequence[str] | None
+        self, conditions: Sequence[Any], keep: Sequence[str] | None, counted: bool = False
     ) -> tuple[list[Row], int]:
         """The newest values (``query``'s shape): every change fed, as far as the nodes have
         applied it, corrections still on their way included; the rows may mix timestamps.
@@ -148,12 +148,12 @@ class CumulusView:
                 rows = self._rows(self.runtime.maps())
                 newest = self._newest = (rows, self.fed_at, time.monotonic() + LIVE_READ_EVERY)
         assert newest is not None
-        return self._shaped(newest[0], conditions, keep), newest[1]
+        return self._shaped(newest[0], conditions, keep, counted), newest[1]
 
     def _rows(self, maps: Mapping[str, Mapping[Any, Any]]) -> list[Row]:
         """The view's rows from the maps it reads."""
         read = {name: entries for name, entries in maps.items() if name in self._read}
-        return read_view(holding(self.program, read), self.shape)
+        return read_view(holding(self.program, read), self.shape, counted=True)
 
     def counts(self) -> dict[str, Any]:
         """What the runtime did since it was loaded, as of the last epoch (read on the event
@@ -188,18 +188,29 @@ class CumulusView:
         schema = self.schemas[table]
         return {c.name: from_storage(c.type, stored.get(c.name)) for c in schema.columns}
 
-    def query(self, conditions: Sequence[Any], keep: Sequence[str] | None) -> tuple[list[Row], int]:
+    def query(
+        self, conditions: Sequence[Any], keep: Sequence[str] | None, counted: bool = False
+    ) -> tuple[list[Row], int]:
         """The last committed epoch's rows whose group columns meet ``conditions``
         (``view_query.Condition``), rolled up to ``keep`` (None: the view's own groups), and
-        the epoch's timestamp."""
+        the epoch's timestamp. A bag view's row comes as often as it counts (``counted``:
+        once, with its ``__count``); rolled up, a bag or distinct view gives the distinct
+        values of the kept columns (``view_query.answer``)."""
         rows, ts = self._last
-        return self._shaped(rows, conditions, keep), ts
+        return self._shaped(rows, conditions, keep, counted), ts
 
     def _shaped(
-        self, rows: list[Row], conditions: Sequence[Any], keep: Sequence[str] | None
+        self,
+        rows: list[Row],
+        conditions: Sequence[Any],
+        keep: Sequence[str] | None,
+        counted: bool = False,
     ) -> list[Row]:
         groups = [g.name for g in self.plan.group_by]
         rows = [dict(r) for r in rows if all(c.holds(r.get(c.column)) for c in conditions)]
+        if keep is not None and self.plan.shape != "aggregate":
+            kept = {tuple(r[c] for c in keep): {c: r[c] for c in keep} for r in rows}
+            return list(kept.values())
         if keep is not None and list(keep) != groups:
             rows = roll_up(self.shape, rows, list(keep))
-        return rows
+        return rows if counted else expand(rows)

@@ -19,6 +19,7 @@ from typing import Any
 from aggview import errors
 from aggview.merge import combine
 from cumulus.aggstate import Row, ViewState
+from cumulus.plan import MULTIPLICITY, ViewPlan
 
 MAX_LOOKUPS = 1000  # prefixes an IN list may expand to before the view is read by range
 
@@ -102,12 +103,16 @@ def answer(
     groups: Mapping[bytes, Row],
     conditions: Sequence[Condition],
     keep: Sequence[str] | None,
+    counted: bool = False,
 ) -> list[dict[str, Any]]:
     """The rows of the view's groups that meet ``conditions``, rolled up to ``keep`` (None:
     the view's own groups), in the view's column order with the dropped group columns left
-    out."""
+    out. A bag view's row comes as many times as it counts (``counted``: once, with its
+    count as ``MULTIPLICITY``); rolled up, a bag or distinct view's rows are the distinct
+    values of the kept columns, as SQL's GROUP BY of them."""
     group_names = [g.name for g in state.plan.group_by]
     kept = group_names if keep is None else list(keep)
+    bag = state.plan.shape == "bag"
     on_groups = [c for c in conditions if c.column in group_names]
     on_values = [c for c in conditions if c.column not in group_names]
     rolled: dict[tuple[Any, ...], tuple[bytes, Row]] = {}
@@ -127,5 +132,27 @@ def answer(
         if row is None or not all(c.holds(row.get(c.column)) for c in on_values):
             continue
         row.update(zip(kept, coarse, strict=True))
-        out.append({n: v for n, v in row.items() if n in kept or n not in group_names})
+        row = {n: v for n, v in row.items() if n in kept or n not in group_names}
+        copies = int(total.get("_count", 0)) if bag and keep is None else 1
+        if counted and bag and keep is None:
+            out.append({**row, MULTIPLICITY: copies})
+        else:
+            out += [dict(row) for _ in range(copies)]
     return sorted(out, key=lambda r: [(r[n] is None, 0 if r[n] is None else r[n]) for n in kept])
+
+
+def counted_rows(
+    plan: ViewPlan, rows: Sequence[dict[str, Any]], keep: Sequence[str] | None
+) -> list[dict[str, Any]]:
+    """Rows as read (a bag view's repeated) -> as a counted read gives them: a bag view's
+    equal rows once, with their number as ``MULTIPLICITY``."""
+    if plan.shape != "bag" or keep is not None:
+        return list(rows)
+    counts: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        key = tuple(row.items())
+        if key in counts:
+            counts[key][MULTIPLICITY] += 1
+        else:
+            counts[key] = {**row, MULTIPLICITY: 1}
+    return list(counts.values())

@@ -42,7 +42,7 @@ from coordinator.cumulus_hosts import start_runtime
 from coordinator.cumulus_view import CumulusView
 from coordinator.leader_views import LeaderReads
 from coordinator.transactions import Transaction, TransactionManager
-from coordinator.view_query import Condition
+from coordinator.view_query import Condition, counted_rows
 from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState
 from cumulus.compiler import (
     AlterView,
@@ -1087,11 +1087,15 @@ class ViewManager:
         at: int,
         tentative: bool,
         forward: bool,
+        counted: bool = False,
     ) -> tuple[list[dict[str, Any]], int, bool]:
         runtime = self.runtimes.get(view.name)
         leader = self.manager.leader
         if runtime is None and leader is not None and forward and not at:
-            return await self.leader_reads.read(leader, view.name, conditions, keep, tentative)
+            rows, ts, ahead = await self.leader_reads.read(
+                leader, view.name, conditions, keep, tentative
+            )
+            return (counted_rows(view.plan, rows, keep) if counted else rows), ts, ahead
         if runtime is None:
             where = leader or "this process, once its runtime is loaded again"
             raise errors.FailedPrecondition(
@@ -1103,9 +1107,9 @@ class ViewManager:
                 "last committed epoch, not at a held snapshot"
             )
         if tentative:
-            rows, ts = await asyncio.to_thread(runtime.tentative, conditions, keep)
+            rows, ts = await asyncio.to_thread(runtime.tentative, conditions, keep, counted)
         else:
-            rows, ts = runtime.query(conditions, keep)
+            rows, ts = runtime.query(conditions, keep, counted)
         assert view.compiled is not None
         if keep is None:  # in key order, as the stored views' rows are
             names = [g.name for g in view.plan.group_by]
@@ -1150,14 +1154,20 @@ class ViewManager:
     # ------------------------------------------------------------------ reads
 
     async def read(
-        self, name: str, where: dict[str, Any], at: int = 0, *, tentative: bool = False
+        self,
+        name: str,
+        where: dict[str, Any],
+        at: int = 0,
+        *,
+        tentative: bool = False,
+        counted: bool = False,
     ) -> tuple[list[dict[str, Any]], int, bool]:
         """Rows of a view from one snapshot (now, or ``at``, a held one), the timestamp they
         are consistent at (for an async view: its last refresh), and whether they are a
         cumulus view's tentative values instead. A where on leading GROUP BY columns is a
-        lookup."""
+        lookup. ``counted``: a bag view's rows once each, with their multiplicity."""
         conditions = [Condition(column, "=", value) for column, value in where.items()]
-        return await self.query(name, conditions, at=at, tentative=tentative)
+        return await self.query(name, conditions, at=at, tentative=tentative, counted=counted)
 
     async def query(
         self,
@@ -1167,6 +1177,7 @@ class ViewManager:
         at: int = 0,
         tentative: bool = False,
         forward: bool = True,
+        counted: bool = False,
     ) -> tuple[list[dict[str, Any]], int, bool]:
         """The view's groups that meet ``conditions``, rolled up to the group columns ``keep``
         (None: the view's own), from one snapshot (see ``coordinator.view_query``), and the
@@ -1179,7 +1190,7 @@ class ViewManager:
         compiled = view.compiled
         view_query.check(compiled, name, conditions, keep)
         if view.plan.mode == "cumulus" or view.state != "live":  # a runtime serves it
-            return await self._read_runtime(view, conditions, keep, at, tentative, forward)
+            return await self._read_runtime(view, conditions, keep, at, tentative, forward, counted)
         for condition in conditions:  # type checks, each with a clear error
             group = next((g for g in view.plan.group_by if g.name == condition.column), None)
             if group is None or condition.op == "is null":
@@ -1198,7 +1209,8 @@ class ViewManager:
         groups = view.groups(rows)
         if not view.plan.group_by and not groups:
             groups = {NO_GROUP_KEY: {}}  # SQL: an aggregate without GROUP BY has one row
-        return view_query.answer(compiled, groups, conditions, keep), consistent_at, False
+        rows = view_query.answer(compiled, groups, conditions, keep, counted)
+        return rows, consistent_at, False
 
     async def _readable(self, name: str) -> View:
         """The view, once it can be read: live, or switching from cumulus (its runtime serves

@@ -8,6 +8,9 @@ message, and the first after a reconnect, is the whole view marked ``reset`` (it
 copy): row versions between the copy's timestamp and now may be gone, and a whole state is the
 one way to lose nothing and count nothing twice.
 
+A bag view's (a view without aggregates) equal rows are one group: its row carries their number
+as ``__count`` (``cumulus.plan.MULTIPLICITY``), the copy holding each row once with it.
+
 A subscriber that does not take a message within the ``watch_stall_seconds`` limit is dropped
 with RESOURCE_EXHAUSTED saying so: the server holds one message per subscriber (beyond what
 HTTP/2 flow control lets the transport hold), never more.
@@ -62,7 +65,7 @@ async def watch(
     previous: Rows | None = None
     last_ts = 0
     while True:
-        rows, ts, ahead = await views.read(name, dict(where), tentative=tentative)
+        rows, ts, ahead = await views.read(name, dict(where), tentative=tentative, counted=True)
         current = {tuple(row[g] for g in groups): row for row in rows}
         if previous is None:
             found = changes({}, current, groups)

@@ -1,11 +1,13 @@
 """The view compiler: materialized-view DDL -> statements, and a view's SELECT -> ``ViewPlan``.
 
 Compilation is a sequence of small passes, each a function testable on its own (after sqlglot's
-optimizer): ``parse_select`` -> ``check_supported`` -> ``resolve_tables`` -> ``plan_where``
-(resolve and type every column, split the conjunction into join edges and filters) ->
-``check_connected`` -> ``plan_group_by`` -> ``plan_select`` (aggregates and output names) ->
-``plan_having`` (hidden aggregates). Anything outside the supported subset is refused at CREATE
-with an ``InvalidArgument`` that names the construct; type errors are ``TypeMismatch``.
+optimizer): ``parse_select`` -> ``check_supported`` -> ``resolve_tables`` -> ``expand_stars``
+(``*`` and ``alias.*``) -> ``plan_where`` (resolve and type every column, split the conjunction
+into join edges and filters) -> ``check_connected`` -> ``view_shape`` (aggregate, bag or
+distinct) -> ``plan_group_by`` (a bag or SELECT DISTINCT: ``projected_groups``, every item) ->
+``plan_select`` (aggregates and output names) -> ``plan_having`` (hidden aggregates). Anything
+outside the supported subset is refused at CREATE with an ``InvalidArgument`` that names the
+construct; type errors are ``TypeMismatch``.
 
 Type rules (view maintenance, M3 and Spark must agree with them): arithmetic, SUM and AVG in
 ``cumulus.typerules``, every aggregate's result type in ``cumulus.aggregates``; and
@@ -418,10 +420,11 @@ _ALLOWED = (
     exp.Or, exp.Case, exp.If, exp.Coalesce, exp.Like, exp.Is,
     *_COMPARISONS, *_ARITHMETIC, *AGGREGATES,
 )  # fmt: skip
-_SELECT_CLAUSES = frozenset({"expressions", "from_", "joins", "where", "group", "having"})
+_SELECT_CLAUSES = frozenset(
+    {"expressions", "from_", "joins", "where", "group", "having", "distinct"}
+)
 _CLAUSE_NAMES = {
     "with_": "WITH (common table expressions)",
-    "distinct": "SELECT DISTINCT (write GROUP BY its columns, with an aggregate such as COUNT(*))",
     "order": "ORDER BY",
     "limit": "LIMIT",
     "offset": "OFFSET",
@@ -496,10 +499,15 @@ def check_supported(select: exp.Select) -> None:
             raise _refuse(_CLAUSE_NAMES.get(key, key.upper()))
     if not select.args.get("from_"):
         raise errors.InvalidArgument("a materialized view needs a FROM clause")
+    distinct = select.args.get("distinct")
+    if distinct is not None and distinct.args.get("on") is not None:
+        raise _refuse("SELECT DISTINCT ON")
     for node in select.walk():
         if isinstance(node, exp.Join):
             _check_join(node)
-        elif isinstance(node, exp.Star) and isinstance(node.parent, exp.Count):
+        elif isinstance(node, exp.Star) and (
+            isinstance(node.parent, exp.Count) or _star_item(node) is not None
+        ):
             continue
         elif isinstance(node, exp.Select) and node is not select:
             raise _unsupported_node(node)
@@ -522,6 +530,12 @@ def check_supported(select: exp.Select) -> None:
         extra = [k for k, v in group.args.items() if v and k != "expressions"]
         if extra:
             raise _refuse(f"GROUP BY {extra[0].upper().replace('_', ' ')}")
+
+
+def _star_item(node: exp.Star) -> exp.Expression | None:
+    """The SELECT item a ``*`` is (``*`` or ``alias.*``), or None where it is anything else."""
+    item = node.parent if isinstance(node.parent, exp.Column) else node
+    return item if isinstance(item.parent, exp.Select) and item.arg_key == "expressions" else None
 
 
 def _check_aggregate(node: exp.Expression) -> None:
@@ -892,6 +906,95 @@ def check_connected(tables: tuple[TableRef, ...], edges: tuple[JoinEdge, ...]) -
         )
 
 
+# === pass 6b: SELECT * and the view's shape =====================================================
+
+
+def expand_stars(select: exp.Select, tables: tuple[TableRef, ...], scope: Scope) -> exp.Select:
+    """``*`` and ``alias.*`` -> the columns, in FROM and table order. A column name that two of
+    the expanded aliases have (a join's key, a self-join) is qualified: ``alias_column``."""
+    stars = [i for i in select.expressions if isinstance(i, exp.Star) or _is_alias_star(i)]
+    if not stars:
+        return select
+    if select.find(*AGGREGATES) is not None or select.args.get("group") is not None:
+        shown = stars[0].sql()
+        raise errors.InvalidArgument(
+            f"SELECT {shown} is not supported in a view with GROUP BY or aggregates; name the "
+            "columns (SELECT * is for views without aggregates)"
+        )
+    expanded: list[list[str]] = []  # per item: the aliases it expands to
+    for item in select.expressions:
+        if isinstance(item, exp.Star):
+            expanded.append([t.alias for t in tables])
+        elif _is_alias_star(item):
+            alias = identifier(item.args["table"], "table alias")
+            if alias not in scope.tables:
+                raise errors.UnknownColumn(
+                    f"unknown table alias {alias!r} in {item.sql()} "
+                    f"(tables in scope: {', '.join(scope.tables)})"
+                )
+            expanded.append([alias])
+        else:
+            expanded.append([])
+    seen: dict[str, set[str]] = {}
+    for aliases in expanded:
+        for alias in aliases:
+            for column in scope.tables[alias].columns:
+                seen.setdefault(column.name, set()).add(alias)
+    items: list[exp.Expression] = []
+    for item, aliases in zip(select.expressions, expanded, strict=True):
+        if not aliases:
+            items.append(item.copy())
+            continue
+        for alias in aliases:
+            for column in scope.tables[alias].columns:
+                node: exp.Expression = exp.Column(
+                    this=exp.Identifier(this=column.name, quoted=True),
+                    table=exp.Identifier(this=alias, quoted=True),
+                )
+                if len(seen[column.name]) > 1:
+                    qualified = exp.Identifier(this=f"{alias}_{column.name}", quoted=True)
+                    node = exp.Alias(this=node, alias=qualified)
+                items.append(node)
+    out = select.copy()
+    out.set("expressions", items)
+    return out
+
+
+def _is_alias_star(item: exp.Expression) -> bool:
+    return isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+
+
+def view_shape(select: exp.Select) -> str:
+    """``aggregate`` (aggregates: one row per group), ``distinct`` (SELECT DISTINCT, or GROUP BY
+    without aggregates: one row per group) or ``bag`` (neither: each row as often as the join
+    gives it). See ``cumulus.plan``."""
+    if select.find(*AGGREGATES) is not None:
+        return "aggregate"
+    if select.args.get("having") is not None:
+        raise errors.InvalidArgument(
+            "HAVING without an aggregate is not supported in a materialized view (write the "
+            "condition in WHERE)"
+        )
+    if select.args.get("distinct") is not None or select.args.get("group") is not None:
+        return "distinct"
+    return "bag"
+
+
+def projected_groups(select: exp.Select, scope: Scope) -> list[_Group]:
+    """A view without aggregates or GROUP BY is grouped by every SELECT item (its rows are
+    the groups, counted); an item given twice is refused, naming it."""
+    found: dict[str, _Group] = {}
+    for _, node in _select_items(select):
+        item = _group_item(node, scope, [])
+        if item.key in found:
+            shown = str(item.ref) if item.ref is not None else node.sql()
+            raise errors.InvalidArgument(
+                f"{shown} appears twice in the SELECT of a view without aggregates; select it once"
+            )
+        found[item.key] = item
+    return list(found.values())
+
+
 # === pass 7: GROUP BY ==========================================================================
 
 
@@ -1200,17 +1303,25 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
     select = parse_select(create.select_sql)
     check_supported(select)
     tables, scope, ons = resolve_tables(select, table)
+    select = expand_stars(select, tables, scope)
     edges, filters = plan_where(select, scope, ons)
     check_connected(tables, edges)
-    groups = plan_group_by(select, scope)
+    shape = view_shape(select)
+    if shape == "aggregate" or select.args.get("group") is not None:
+        groups = plan_group_by(select, scope)
+    else:  # a bag, or SELECT DISTINCT: grouped by every item
+        groups = projected_groups(select, scope)
     columns, aggregates, output, names, pending = plan_select(select, scope, groups)
     derived, aggregates = plan_derived(pending, scope, columns, aggregates, names)
     having, aggregates = plan_having(select, scope, columns, aggregates, names, derived)
-    if not aggregates:
-        raise errors.InvalidArgument(
-            f"view {create.name} computes no aggregate; a materialized view needs at least one "
-            "(COUNT, SUM, AVG, MIN, MAX)"
-        )
+    if shape == "aggregate" and select.args.get("distinct") is not None:
+        hidden = [c.name for c in columns if c.name not in output]
+        if hidden or not columns:
+            raise errors.InvalidArgument(
+                "SELECT DISTINCT over aggregates is supported only when the SELECT shows every "
+                "GROUP BY column (each row is distinct then); "
+                + (f"{', '.join(hidden)} is not shown" if hidden else "there is no GROUP BY")
+            )
     return ViewPlan(
         name=create.name,
         sql=create.select_sql,
@@ -1228,6 +1339,7 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
         having=having,
         output=tuple(output),
         derived=tuple(derived),
+        shape=shape,
     )
 
 

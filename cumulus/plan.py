@@ -17,6 +17,12 @@ the Spark layer read the same thing after a restart. Expressions and predicates 
   ``{"case": [[p, e], ...], "else": e, "type": T}`` (no "else": NULL) and
   ``{"coalesce": [e, ...], "type": T}``, T their result type (``typerules.common_type``).
 
+A view's ``shape`` says what its rows are. ``aggregate``: one row per group, its aggregates'
+values. ``bag`` (a SELECT without aggregates): a multiset of rows, kept as a GROUP BY over every
+projected column with the group's row count (``_count``, the multiplicity: pg_ivm's
+``__ivm_count__``, DBToaster's map value), a row read as many times as it counts. ``distinct``
+(SELECT DISTINCT, or a GROUP BY without aggregates): the same groups, each read once.
+
 A GROUP BY item is a column (``ref``) or an expression of the row (``expr``). A SELECT item that
 is neither a group column nor an aggregate is a *derived* column: an expression over view
 columns (``{"out": name}``: group columns and aggregates, hidden ones made for it), finished when
@@ -41,6 +47,10 @@ SPECULATION = ("speculative", "conservative")  # how a Cumulus view's runtime ru
 # where its DW nodes run: in the coordinating process, processes of their own, Spark tasks
 HOSTS = ("local", "grpc", "spark")
 PLAN_FORMAT = 1
+SHAPES = ("aggregate", "bag", "distinct")
+# a bag view row's multiplicity, as a counted read (a subscription) shows it; ``_`` names are
+# the view's own, never a user's
+MULTIPLICITY = "__count"
 
 
 def _field(data: object, key: str, kinds: type | tuple[type, ...], what: str) -> Any:
@@ -270,6 +280,7 @@ class ViewPlan:
     # tentative values run ahead of the last epoch); 0: only at each epoch
     feed_ms: int = 0
     derived: tuple[Derived, ...] = ()  # SELECT items computed from the columns when read
+    shape: str = "aggregate"  # or "bag" (rows with duplicates) or "distinct" (see above)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -292,6 +303,15 @@ class ViewPlan:
         elif self.nodes or self.speculation or self.host or self.feed_ms:
             raise InvalidArgument(
                 f"view {self.name}: nodes, mode, host and feed_ms are for cumulus views"
+            )
+        if self.shape not in SHAPES:
+            raise InvalidArgument(f"view {self.name}: shape must be {', '.join(SHAPES)}")
+        if self.shape != "aggregate" and (
+            self.aggregates or self.derived or self.having or not self.group_by
+        ):
+            raise InvalidArgument(
+                f"view {self.name}: a {self.shape} view has columns, and no aggregate, derived "
+                "column or HAVING"
             )
         aliases = [t.alias for t in self.tables]
         if not aliases or len(set(aliases)) != len(aliases):
@@ -385,6 +405,7 @@ class ViewPlan:
                 else {}
             ),
             **({"derived": [d.to_json() for d in self.derived]} if self.derived else {}),
+            **({"shape": self.shape} if self.shape != "aggregate" else {}),
         }
 
     @classmethod
@@ -422,4 +443,5 @@ class ViewPlan:
                 Derived.from_json(d)
                 for d in (_field(data, "derived", list, what) if "derived" in data else [])  # type: ignore[operator]
             ),
+            shape=_field(data, "shape", str, what) if "shape" in data else "aggregate",  # type: ignore[operator]
         )

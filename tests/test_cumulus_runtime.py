@@ -6,6 +6,7 @@ switches' messages overtake each other."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -363,13 +364,18 @@ def test_seed_000_figure_5_a_late_put_corrects_every_later_read() -> None:
 
 
 @st.composite
-def compiled_cases(draw: st.DrawFn) -> tuple[Program, list[Update], int, int, int | None]:
-    """A random view (the views' own generator) compiled to M3, a random stream of inserts,
-    deletes and updates (a delete and an insert) over its tables, and a schedule."""
-    spec = draw(view_specs())
+def compiled_cases(
+    draw: st.DrawFn,
+    specs: st.SearchStrategy[dict[str, Any]] | None = None,
+    select: Callable[[dict[str, Any], list[str]], str] = view_select,
+) -> tuple[Program, list[Update], int, int, int | None]:
+    """A random view (the views' own generator, or ``specs`` written by ``select``) compiled
+    to M3, a random stream of inserts, deletes and updates (a delete and an insert) over its
+    tables, and a schedule."""
+    spec = draw(specs if specs is not None else view_specs())
     names = [f"t{i}" for i in range(spec["tables"])]
     depth = draw(st.sampled_from([None, 1]))
-    program = programs_for(view_select(spec, names), names)[depth]
+    program = programs_for(select(spec, names), names)[depth]
     rng = random.Random(spec["seed"])
     names = [s.name for s in program.sources]  # a self-join reads fewer tables than drawn
     rows: dict[str, dict[int, dict[str, Any]]] = {n: {} for n in names}

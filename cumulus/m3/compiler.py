@@ -57,9 +57,10 @@ from cumulus.m3.program import (
     View,
     ViewColumn,
 )
-from cumulus.plan import Aggregate, ViewPlan
+from cumulus.plan import MULTIPLICITY, Aggregate, ViewPlan
 
 TableLookup = Callable[[str], TableSchema]
+INT_TYPE = ColumnType("INT")
 
 
 @dataclass
@@ -193,6 +194,8 @@ class _Compiler:
             )
         ordered = [columns[name] if name in columns else ViewColumn(name) for name in plan.output]
         ordered += [columns[a.name] for a in plan.aggregates if a.hidden]
+        if plan.shape == "bag":  # the multiplicity: a row is read as often as it counts
+            ordered.append(ViewColumn(MULTIPLICITY, Kind.COUNT, (rows,), None, INT_TYPE))
         having = from_plan(plan.having, lambda a, c: c) if plan.having else None
         keys = tuple((g.name, ColumnType.parse(g.type)) for g in plan.group_by)
         return View(plan.name, keys, rows, tuple(ordered), having)

@@ -5,7 +5,10 @@
 - COUNT reads its map; SUM and AVG the sum of their monomial maps and their count map; MIN, MAX
   and COUNT(DISTINCT) the per-group count map cnt[g, v] as the multiset of the values v;
 - a derived column (an expression over aggregates and group keys) is evaluated from them;
-- HAVING is applied last, over the view's columns (hidden aggregates included).
+- HAVING is applied last, over the view's columns (hidden aggregates included);
+- a bag view (no aggregates) has one column, ``__count``: its group's COUNT(*), the row's
+  multiplicity (DBToaster's bag: the map's value); the row is read that many times. A distinct
+  view has none: each group is read once.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from cumulus.aggregates import RULES, M, N, S
 from cumulus.expressions import add
 from cumulus.m3.exprs import compile_guard, compile_value
 from cumulus.m3.program import MapRef, Part, View, ViewColumn
+from cumulus.plan import MULTIPLICITY
 
 if TYPE_CHECKING:
     from cumulus.m3.interpreter import Interpreter, Key
@@ -62,8 +66,9 @@ def maps_read(view: View) -> set[str]:
     return found
 
 
-def read_view(interp: Interpreter, view: View) -> list[dict[str, Any]]:
-    """The view's rows, each a dict in output order (hidden columns left out)."""
+def read_view(interp: Interpreter, view: View, counted: bool = False) -> list[dict[str, Any]]:
+    """The view's rows, each a dict in output order (hidden columns left out); a bag view's
+    row as many times as it counts (``counted``: once, with its ``__count``)."""
     names = [k for k, _ in view.keys]
     rows = _project(interp.evaluate(view.rows), view.rows, names)
     groups = [g for g, count in rows.items() if count > 0]
@@ -85,6 +90,18 @@ def read_view(interp: Interpreter, view: View) -> list[dict[str, Any]]:
         if having is not None and not having(env):
             continue
         out.append({c.name: env[c.name] for c in view.columns if not c.hidden})
+    return out if counted else expand(out)
+
+
+def expand(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Counted rows (a bag view's, with ``__count``) -> each as many times as it counts."""
+    out = []
+    for row in rows:
+        if MULTIPLICITY not in row:
+            out.append(row)
+            continue
+        plain = {k: v for k, v in row.items() if k != MULTIPLICITY}
+        out += [dict(plain) for _ in range(row[MULTIPLICITY])]
     return out
 
 

@@ -67,8 +67,10 @@ SELECT shop_id, count(*) FROM events GROUP BY shop_id ORDER BY shop_id;
 SELECT shop_id, count(*) FROM events GROUP BY shop_id LIMIT 10;
 -- InvalidArgument: OFFSET
 SELECT shop_id, count(*) FROM events GROUP BY shop_id OFFSET 10;
--- InvalidArgument: SELECT DISTINCT
-SELECT DISTINCT shop_id, count(*) FROM events GROUP BY shop_id;
+-- InvalidArgument: SELECT DISTINCT over aggregates is supported only when the SELECT shows every GROUP BY column
+SELECT DISTINCT count(*) FROM events GROUP BY shop_id;
+-- InvalidArgument: SELECT DISTINCT ON
+SELECT DISTINCT ON (shop_id) shop_id, cost FROM events;
 -- InvalidArgument: UNION
 SELECT count(*) FROM events UNION SELECT count(*) FROM products;
 -- InvalidArgument: UNION
@@ -79,8 +81,8 @@ SELECT count(*) FROM events INTERSECT SELECT count(*) FROM products;
 SELECT count(*) FROM events EXCEPT SELECT count(*) FROM products;
 -- InvalidArgument: WITH (common table expressions)
 WITH x AS (SELECT * FROM events) SELECT count(*) FROM x;
--- InvalidArgument: SELECT *
-SELECT * FROM events;
+-- InvalidArgument: SELECT * is not supported in a view with GROUP BY or aggregates
+SELECT *, count(*) FROM events;
 -- InvalidArgument: SELECT e.*
 SELECT e.*, count(*) FROM events e;
 -- InvalidArgument: needs a FROM clause
@@ -167,10 +169,10 @@ SELECT p.name, count(*) FROM events e JOIN products p ON e.prod_id = p.prod_id;
 SELECT p.name, count(*) FROM events e JOIN products p ON e.prod_id = p.prod_id GROUP BY p.cat_id;
 -- InvalidArgument: column e.cost in HAVING must appear in GROUP BY or be aggregated
 SELECT shop_id, count(*) FROM events e GROUP BY shop_id HAVING e.cost > 1;
--- InvalidArgument: computes no aggregate
-SELECT shop_id FROM events GROUP BY shop_id;
--- InvalidArgument: computes no aggregate
-SELECT shop_id, prod_id FROM events GROUP BY shop_id, prod_id;
+-- InvalidArgument: HAVING without an aggregate
+SELECT shop_id FROM events GROUP BY shop_id HAVING shop_id > 1;
+-- InvalidArgument: events.shop_id appears twice in the SELECT of a view without aggregates
+SELECT shop_id, shop_id FROM events;
 -- InvalidArgument: column events.cost in a SELECT expression must appear in GROUP BY or be aggregated
 SELECT cost + sum(cost) FROM events;
 -- InvalidArgument: a condition cannot be used as a value: SUM(cost) > 0
