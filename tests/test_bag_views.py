@@ -28,9 +28,9 @@ from test_cumulus_views import create_tables
 from test_m3_differential import replay, schemas_for
 from test_view_language import SCHEMA
 
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.cluster import LocalCluster
-from coordinator import Client
 from cumulus.compiler import compile_sql
 from cumulus.m3.program import Program
 from cumulus.m3.readout import read_view
