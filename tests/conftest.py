@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from profiles import PROFILE
 
 from aggclient import Client
 from agglauncher.cluster import AS_START, LocalCluster
-from aggview.processes import PORT_RANGE
+from aggview.processes import PORT_RANGE, process_tree_cpu_seconds
 
 # Every cluster a test starts checks each answer of the coordinator's lookup cache against the
 # LTMs; a difference anywhere fails the session (see pytest_sessionfinish).
@@ -64,6 +65,25 @@ LONGEST_FIRST = (
     "test_cli.py",
     "test_crash.py",
 )
+
+
+# ``AGGVIEW_TEST_CPU=FILE``: each test file's CPU seconds (the worker, its live descendants
+# and the children it reaped: clusters, Spark's JVM, HBase) appended to FILE, to see where the
+# suite's time goes (its floor on two cores is its CPU over two).
+_CPU_LOG = os.environ.get("AGGVIEW_TEST_CPU")
+_cpu_mark: list[float] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if _CPU_LOG and not _cpu_mark:
+        _cpu_mark[:] = [process_tree_cpu_seconds(os.getpid()), time.monotonic()]
+    yield
+    if _CPU_LOG and (nextitem is None or nextitem.path != item.path):
+        cpu, wall = process_tree_cpu_seconds(os.getpid()), time.monotonic()
+        with open(_CPU_LOG, "a") as log:
+            log.write(f"{item.path.name}\t{cpu - _cpu_mark[0]:.1f}\t{wall - _cpu_mark[1]:.1f}\n")
+        _cpu_mark[:] = [cpu, wall]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
