@@ -66,6 +66,11 @@ from ltm.store import open_store, ownership
 
 ACCOUNTS, LEDGER, VIEW = "accounts", "ledger", "moved"
 ACCOUNT_COUNT = 30
+# One-row writes, one thread per key, each key on one partition: while a member is cut off,
+# the others' keys say whether the rest of the cluster kept committing its own partitions'
+# transactions (the transfers touch three or four partitions, so nearly all wait for the cut one).
+PROBES, PROBE_KEYS, PROBE_EVERY = "probes", 6, 0.05
+_FAULTED = re.compile(r"member (\d+)")
 VIEW_SQL = (
     f"CREATE MATERIALIZED VIEW {VIEW} WITH (refresh = 'sync') AS SELECT dst, COUNT(*) AS n, "
     f"SUM(amount) AS total FROM {LEDGER} GROUP BY dst"
@@ -137,6 +142,8 @@ class History:
     # every transfer: (start, end, outcome: "ok", "refused" or the error's class, the member
     # the client sent it to: None for the address it was given)
     calls: list[tuple[float, float, str, int | None]] = field(default_factory=list)
+    # every acknowledged probe write: (key, when acknowledged, the member the client sent it to)
+    probes: list[tuple[int, float, int | None]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -179,6 +186,10 @@ class Workload:
             for i in range(clients)
         ]
         self.threads.append(threading.Thread(target=self._scans, daemon=True))
+        self.threads += [
+            threading.Thread(target=self._probes, args=(key,), daemon=True)
+            for key in range(PROBE_KEYS)
+        ]
 
     def start(self) -> Workload:
         for thread in self.threads:
@@ -218,6 +229,17 @@ class Workload:
                     history.calls.append((start, time.monotonic(), outcome, client.last_member))
                 if outcome not in ("ok", "refused"):
                     time.sleep(0.05)
+
+    def _probes(self, key: int) -> None:
+        with Client(self.address, timeout=10) as client:
+            while not self.stop.wait(PROBE_EVERY):
+                try:
+                    with client.transaction() as tx:
+                        tx.add(PROBES, {"id": key}, {"n": 1})
+                except errors.AggviewError:
+                    continue
+                with self.history.lock:
+                    self.history.probes.append((key, time.monotonic(), client.last_member))
 
     def _scans(self) -> None:
         history = self.history
@@ -628,6 +650,7 @@ def analyse(
             stop,
         ]
         rows[i]["unavailable s"] = max(b - a for a, b in zip(points, points[1:], strict=False))
+        rows[i]["others s"] = others_gap(history.probes, fault, stop)
         rows[i]["settled s"] = None if fault.settled is None else fault.settled - fault.healed
 
     balances = {r["id"]: r["balance"] for r in final["balances"]}
@@ -683,6 +706,28 @@ COUNTS = (
 )
 
 
+def others_gap(
+    probes: list[tuple[int, float, int | None]], fault: Fault, stop: float
+) -> float | None:
+    """For a fault of one member: the longest gap, from the fault's start to ``stop``, between
+    acknowledged one-row writes on the partitions the other members served before it (None
+    for faults of several members or a link)."""
+    found = _FAULTED.search(fault.detail)
+    if found is None or "members" in fault.detail:
+        return None
+    faulted = int(found.group(1))
+    served: dict[int, int | None] = {}  # each key's member before the fault
+    for key, at, member in probes:
+        if at < fault.start:
+            served[key] = member
+    keys = {key for key, member in served.items() if member is not None and member != faulted}
+    acks = sorted(at for key, at, _ in probes if key in keys and fault.start <= at < stop)
+    if not keys:
+        return None
+    points = [fault.start, *acks, stop]
+    return max(b - a for a, b in zip(points, points[1:], strict=False))
+
+
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per kind: sums of the counts, and the unavailability's p50 and max."""
     kinds: dict[str, list[dict[str, Any]]] = {}
@@ -691,6 +736,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     summary = []
     for kind, group in kinds.items():
         gaps = [r["unavailable s"] for r in group]
+        others = [r["others s"] for r in group if r.get("others s") is not None]
         summary.append(
             {
                 "kind": kind,
@@ -698,6 +744,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 **{name: sum(r[name] for r in group) for name in COUNTS},
                 "unavailable p50 s": statistics.median(gaps),
                 "unavailable max s": max(gaps),
+                "others p50 s": statistics.median(others) if others else None,
+                "others max s": max(others) if others else None,
             }
         )
     return summary
@@ -726,7 +774,15 @@ def safety_failures(report: dict[str, Any]) -> list[str]:
 
 def table(report: dict[str, Any]) -> str:
     """The per-kind table, as text."""
-    header = ["kind", "injected", *COUNTS, "unavail p50 s", "unavail max s"]
+    header = [
+        "kind",
+        "injected",
+        *COUNTS,
+        "unavail p50 s",
+        "unavail max s",
+        "others p50 s",
+        "others max s",
+    ]
     lines = [header]
     for row in report["kinds"]:
         lines.append(
@@ -736,6 +792,10 @@ def table(report: dict[str, Any]) -> str:
                 *(str(row[name]) for name in COUNTS),
                 f"{row['unavailable p50 s']:.1f}",
                 f"{row['unavailable max s']:.1f}",
+                *(
+                    "-" if row.get(name) is None else f"{row[name]:.1f}"
+                    for name in ("others p50 s", "others max s")
+                ),
             ]
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -783,6 +843,10 @@ def run(config: Config, data: Path, say: Callable[[str], None] = print) -> dict[
         with Client(cluster.client_address, timeout=30) as client:
             transfers.create(client, ACCOUNTS, LEDGER, ACCOUNT_COUNT)
             client.sql(VIEW_SQL)
+            client.sql(f"CREATE TABLE {PROBES} (id INT PRIMARY KEY, n INT NOT NULL)")
+            with client.transaction() as tx:
+                for key in range(PROBE_KEYS):
+                    tx.insert(PROBES, {"id": key, "n": 0})
         workload = Workload(cluster.client_address, history, config.clients, config.seed).start()
         nemesis = Nemesis(cluster, history, rng).start()
         try:

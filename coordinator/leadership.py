@@ -33,8 +33,11 @@ from ltm.store.base import Guard, Store
 
 META_TABLE = "_meta"
 _KEY = b"leader"
-LEASE = 2.0  # seconds a confirmation of the record lets the leader grant
-RENEW_EVERY = 0.25
+# Seconds a confirmation of the record lets the leader grant. The successor waits this long
+# after its write, so it is part of every leader failover; renewed five times per lease, by a
+# thread of the leader's own (a pool busy with store writes must not let it lapse).
+LEASE = 1.0
+RENEW_EVERY = 0.2
 
 
 class Deposed(errors.FailedPrecondition):

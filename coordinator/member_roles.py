@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
 import grpc
@@ -196,17 +197,25 @@ class MemberRoles:
         at once (its grants already stopped when the lease ran out)."""
         clock = self.manager.clock
         assert isinstance(clock, LeaderClock) and clock.lease is not None
+        reader = ThreadPoolExecutor(1, thread_name_prefix="lease")
+        try:
+            await self._renew(lead, clock.lease, reader)
+        finally:
+            reader.shutdown(wait=False)
+
+    async def _renew(self, lead: Leadership, lease: Lease, reader: ThreadPoolExecutor) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             started = time.monotonic()
             try:
-                now = await asyncio.to_thread(leadership.read, self.store)
+                now = await loop.run_in_executor(reader, leadership.read, self.store)
             except Exception as exc:
                 log.warning("reading the leadership record failed: %s", exc)
                 now = lead
             else:
                 if now != lead:
                     _deposed(now, self.manager.member)
-                clock.lease.confirmed(started)
+                lease.confirmed(started)
             await asyncio.sleep(leadership.RENEW_EVERY)
 
     # ------------------------------------------------------------------ a follower

@@ -29,7 +29,9 @@ import asyncio
 import contextlib
 import itertools
 import random
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -430,6 +432,27 @@ def _server_cpu(cluster: LocalCluster | None) -> float | None:
     return sum(server.cpu_seconds() for server in cluster.servers)
 
 
+@contextlib.contextmanager
+def _ctrl_c() -> Iterator[threading.Event]:
+    """Ctrl-C raises KeyboardInterrupt as usual and is also remembered: asyncio.run's own
+    handler turns it into a cancellation, which a point's clients may absorb (a run then went
+    on as if never interrupted, under load)."""
+    pressed = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        pressed.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_benchmark(
     config: Settings, options: dict[str, Any], console: Console | None = None
 ) -> RunReport:
@@ -453,10 +476,13 @@ def run_benchmark(
     status = Text("starting")
     try:
         with (
+            _ctrl_c() as pressed,
             tempfile.TemporaryDirectory(prefix="aggview-bench-") as tmp,
             Live(status, console=console, transient=True),
         ):
             for mode in config.modes:
+                if pressed.is_set():
+                    raise KeyboardInterrupt
                 status.plain = f"{mode.label}: setting up"
                 with _cluster(config, mode, Path(tmp)) as cluster:
                     address = cluster.address if cluster is not None else config.address
@@ -464,6 +490,8 @@ def run_benchmark(
                     _setup(address, mode, config.scale, options)
                     ledger = _ledger(address, options) if mode.kind != "none" else None
                     for k in config.sizes:
+                        if pressed.is_set():
+                            raise KeyboardInterrupt
                         status.plain = f"{mode.label}: {k} events per transaction"
 
                         async def point(
@@ -539,6 +567,7 @@ def run_benchmark(
                             row["verified"] = ok
                     if not ok:
                         raise errors.FailedPrecondition(f"view {VIEW} ({mode.label}) drifted")
+        report.interrupted = pressed.is_set()
     except KeyboardInterrupt:
         report.interrupted = True
     return report

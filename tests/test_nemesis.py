@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench import nemesis
-from bench.nemesis import Commit, Scan
+from bench.nemesis import Commit, Fault, Scan
 from bench.netns import PREFIX, Network, listening_socket_in, unavailable
 
 
@@ -28,6 +28,19 @@ def test_realtime_order_flags_a_timestamp_below_an_acknowledged_one() -> None:
     scans = [Scan(4.0, 4.5, 99, False, False, False, 0), Scan(4.0, 4.5, 100, *[False] * 3, 0)]
     found = nemesis.realtime_violations(commits, scans)
     assert [text.split()[0] for _, text in found] == ["transfer", "snapshot"], found
+
+
+def test_the_others_gap_counts_only_the_partitions_the_faulted_member_did_not_serve() -> None:
+    """Keys 0 and 1 were served by member 2 (cut off at 10 s), key 2 by member 0: only key 2's
+    writes measure how long the rest of the cluster stopped; a fault of two members has none."""
+    probes = [(0, 9.0, 2), (1, 9.5, 2), (2, 9.8, 0)]
+    probes += [(2, 10.0 + 0.1 * i, 0) for i in range(1, 11)] + [(2, 12.5, 0), (0, 16.0, 2)]
+    cut = Fault("follower-cut", 10.0, detail="follower member 2 cut off 6.0s")
+    assert nemesis.others_gap(probes, cut, stop=13.0) == pytest.approx(1.5)
+    two = Fault("two-lost", 10.0, detail="members 1 and 2 killed 0.5s apart, restarted")
+    assert nemesis.others_gap(probes, two, stop=13.0) is None
+    nobody_else = Fault("kill", 10.0, detail="member 0 killed, restarted after 1.0s")
+    assert nemesis.others_gap([(0, 9.0, 0)], nobody_else, stop=13.0) is None
 
 
 def test_a_snapshot_check_sees_a_half_applied_or_missing_transfer() -> None:

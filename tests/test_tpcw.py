@@ -44,7 +44,8 @@ def arguments(**overrides: Any) -> argparse.Namespace:
 
 @pytest.fixture(scope="module")
 def shop(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[dict[str, Any]]:
-    """A populated cluster after one 3-second ordering run: its address and the report."""
+    """A populated cluster after one 5-second ordering run (3 s reached no Buy Confirm on a
+    loaded machine): its address and the report."""
     base = tmp_path_factory.mktemp("tpcw")
     cluster = LocalCluster(base / "data", ltms=3, fsync=False)
     try:
@@ -53,7 +54,7 @@ def shop(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[dict[
         args = arguments(
             address=cluster.address,
             mix="ordering",
-            seconds=3.0,
+            seconds=5.0,
             view_mode="mixed",
             interval_ms=200,
             out=str(out),
