@@ -208,6 +208,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+METRICS_HELP = (
+    "serve Prometheus metrics over HTTP at /metrics on this port (0: a free one, printed at "
+    "start; unauthenticated and plaintext even with --tls-dir). Default: none (off)"
+)
+
+
 def _add_member_options(parser: argparse.ArgumentParser) -> None:
     """What a coordinating process takes: its place among the members, its partitions'
     checkpoints and cache, and failover."""
@@ -233,6 +239,7 @@ def _add_member_options(parser: argparse.ArgumentParser) -> None:
         help="the port this member serves framed TCP on (default: its --member-exchange's)",
     )
     parser.add_argument("--member", type=int, default=0, help="which member this is")
+    parser.add_argument("--metrics-port", type=int, default=None, help=METRICS_HELP)
     parser.add_argument(
         "--take-lead",
         action="store_true",
@@ -307,6 +314,8 @@ def _run_ltm(args: argparse.Namespace) -> None:
     tls_dir = _server_tls_dir(args)
     tokens = _tokens_path(args, tls_dir)
     _refuse_taken_port(args.host, args.port)
+    if args.metrics_port is not None:
+        _refuse_taken_port(args.host, args.metrics_port)
     config = CoordinatorConfig(
         store_url=args.store,
         log_dir=Path(args.log_dir),
@@ -325,6 +334,7 @@ def _run_ltm(args: argparse.Namespace) -> None:
         exchanges=args.member_exchange,
         exchange_port=exchange_port or 0,
         take_lead=args.take_lead,
+        metrics_port=args.metrics_port,
     )
     asyncio.run(serve(config))
 
@@ -342,6 +352,9 @@ def _run_start(args: argparse.Namespace) -> None:
     tokens = _tokens_path(args, tls_dir)
     limits = Limits.parse(args.limit)  # checked here: a bad flag fails before anything starts
     _refuse_taken_port("127.0.0.1", args.port)
+    if args.metrics_port:  # member m serves on metrics_port + m
+        for m in range(min(args.processes, args.ltms)):
+            _refuse_taken_port("127.0.0.1", args.metrics_port + m)
     if tls_dir is not None:
         TlsDir.load(tls_dir)
         load_tokens(tokens or tls_dir / "tokens")
@@ -365,6 +378,7 @@ def _run_start(args: argparse.Namespace) -> None:
         limits={k: v for k, v in asdict(limits).items() if v != asdict(Limits())[k]},
         replicate=args.replicate,
         processes=args.processes,
+        metrics_port=args.metrics_port,
     )
     try:
         cluster.start()
@@ -372,6 +386,9 @@ def _run_start(args: argparse.Namespace) -> None:
         raise errors.Unavailable(str(exc)) from None
     try:
         print(f"aggview listening on {cluster.address}", flush=True)
+        for m, url in enumerate(cluster.metrics_urls):
+            if url:
+                print(f"member {m} metrics on {url}", flush=True)
         restarts = Restarts(cluster.servers, say=_say)
         while not signalled:
             time.sleep(0.2)
@@ -469,6 +486,30 @@ def _run_watch(args: argparse.Namespace) -> None:
             while watch.error is None:
                 time.sleep(0.2)
             raise watch.error
+
+
+def _run_status(args: argparse.Namespace) -> None:
+    """Each member's role, partitions, views and lag, as the cluster says (aggclient.status)."""
+    import json
+
+    from aggclient.status import cluster_status, render_text
+
+    options = _client_options(args)
+    secret = None
+    if args.client_tls_dir and (Path(args.client_tls_dir) / "cluster.secret").exists():
+        secret = (Path(args.client_tls_dir) / "cluster.secret").read_text().strip()
+    status = cluster_status(
+        args.address,
+        ca=options["ca"],
+        token=options["token"],
+        secret=secret,
+        timeout=args.timeout,
+        tls_settings=CLI_TLS_SETTINGS,
+    )
+    if args.format == "json":
+        print(json.dumps(status.to_json(), indent=2))
+    else:
+        print(render_text(status))
 
 
 def _run_hbase_start(args: argparse.Namespace) -> None:
@@ -570,6 +611,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-fsync", action="store_true", help="skip fsync of logs (tests and demos only)"
     )
     start.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help=METRICS_HELP.replace("this port", "this port + M for member M").replace(
+            "0: a free one", "0: a free one each"
+        ),
+    )
+    start.add_argument(
         "--replicate",
         action="store_true",
         help="each process's logs are copied to the next process, which takes its partitions "
@@ -638,6 +687,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_client_security(watch)
     watch.set_defaults(run=_run_watch)
+
+    status = sub.add_parser(
+        "status",
+        help="each member of a running cluster: role, term, partitions, reachable members, "
+        "up/down, views with their mode and lag",
+        description="Asks ADDRESS for the cluster's members, then each member for its status. "
+        "In a secure cluster, --tls-dir DIR also gives the cluster's secret (DIR/cluster.secret), "
+        "which each member's details need; with --ca and --token alone members show up or down.",
+    )
+    status.add_argument("address", type=_address, help="a server of the cluster, HOST:PORT")
+    status.add_argument("--format", choices=["text", "json"], default="text", help="output")
+    status.add_argument(
+        "--timeout",
+        type=float,
+        default=3.0,
+        help="seconds a member may take to answer before it counts as down",
+    )
+    _add_client_security(status)
+    status.set_defaults(run=_run_status)
 
     certs = sub.add_parser("certs", help="make a development CA, certificates and tokens")
     certs.add_argument("dir", help="where to write them (created if missing)")

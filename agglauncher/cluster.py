@@ -95,6 +95,9 @@ class LocalCluster:
     processes: int = AS_START
     # The checkout the servers run (default: this one); benchmarks compare an older one.
     code: Path = CHECKOUT
+    # Each member serves /metrics (``--metrics-port``): member m on metrics_port + m, or, with
+    # 0, on a free port each (``Server.metrics_url`` says where); None: none does.
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.processes == AS_START:
@@ -137,6 +140,16 @@ class LocalCluster:
             return {}
         assert self.tokens_path is not None
         return {"ca": self.tls_dir / "ca.pem", "token": token_for(self.tokens_path, role)}
+
+    def _metrics_flags(self, member: int) -> list[str]:
+        if self.metrics_port is None:
+            return []
+        return ["--metrics-port", str(self.metrics_port + member if self.metrics_port else 0)]
+
+    @property
+    def metrics_urls(self) -> list[str]:
+        """Each member's /metrics, in member order ('' for one that serves none)."""
+        return [server.metrics_url for server in self.servers]
 
     def _security_flags(self) -> tuple[list[str], list[str]]:
         """Flags for the LTMs and for the coordinator."""
@@ -220,6 +233,7 @@ class LocalCluster:
                     str(self.checkpoint_interval),
                     "--cache-rows",
                     str(self.cache_rows),
+                    *self._metrics_flags(0),
                 ]
             coordinator = Server(
                 "coordinator",
@@ -284,6 +298,7 @@ class LocalCluster:
                         "--cache-rows",
                         str(self.cache_rows),
                         *(["--failover-after", str(self.failover_after)] if self.replicate else []),
+                        *self._metrics_flags(m),
                         *common,
                         *security,
                     ],

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
+_METRICS = re.compile(r"metrics on http://(\S+):(\d+)/metrics")  # said before it listens
 CHECKOUT = Path(__file__).resolve().parents[1]  # whose code a started process runs
 
 
@@ -135,10 +136,16 @@ class Server:
     code: Path = CHECKOUT  # the checkout whose code the process runs (benchmarks: an old one)
     # what the command runs under, e.g. ``ip netns exec HOST`` (bench.netns: a member per host)
     prefix: list[str] = field(default_factory=list)
+    metrics_port: int = 0  # where it serves /metrics, as it said at its start (0: nowhere)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Its ``/metrics`` ('' when it serves none)."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else ""
 
     def start(
         self, timeout: float = 30.0, env: dict[str, str] | None = None, once: Sequence[str] = ()
@@ -178,9 +185,12 @@ class Server:
         while time.monotonic() < deadline:
             with open(self.log_path, "rb") as log:
                 log.seek(offset)
-                match = _LISTENING.search(log.read().decode(errors="replace"))
+                said = log.read().decode(errors="replace")
+            match = _LISTENING.search(said)
             if match:
                 self.port = int(match.group(2))
+                metrics = _METRICS.search(said)
+                self.metrics_port = int(metrics.group(2)) if metrics else 0
                 return
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.role} exited at start:\n{self.tail()}")

@@ -22,6 +22,7 @@ import pickle
 import queue
 import struct
 import threading
+import time
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -55,9 +56,17 @@ class Shipper(Protocol):
 
 
 class WriteAheadLog:
-    def __init__(self, directory: Path, *, fsync: bool = True) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        fsync: bool = True,
+        observe: Callable[[float], None] | None = None,
+    ) -> None:
+        """``observe``: called with each flush's seconds, on the log's thread (metrics)."""
         self.directory = directory
         self.fsync = fsync
+        self.observe = observe
         directory.mkdir(parents=True, exist_ok=True)
         segments = self.segments()
         self._segment = segments[-1] + 1 if segments else 1
@@ -282,6 +291,7 @@ class WriteAheadLog:
             _settle(waiter, error)
 
     def _write_and_sync(self, fd: int, chunk: bytes, retired: list[int]) -> None:
+        started = time.perf_counter() if self.observe is not None else 0.0
         for old in retired:  # records written there before the switch must be durable too
             if self.fsync:
                 os.fdatasync(old)
@@ -289,6 +299,8 @@ class WriteAheadLog:
         write_all(fd, chunk)
         if self.fsync:
             os.fdatasync(fd)
+        if self.observe is not None:
+            self.observe(time.perf_counter() - started)
 
     @property
     def segment(self) -> int:

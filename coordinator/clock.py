@@ -102,6 +102,7 @@ class Clock:
         # another adopted its decision log (``forget``).
         self._members = [_Member(reported=m == leader) for m in range(members)]
         self._seq = 0
+        self.grants = 0  # grants made (metrics)
         self.epoch = 0
         self.configuration = b"{}"
 
@@ -116,6 +117,7 @@ class Clock:
         it has reads waiting; ``writes``: what those transactions write in cached tables."""
         held = self._members[member]
         self._seq += 1
+        self.grants += 1
         read_ts = self.oracle.current() if read else 0
         if read:
             held.reads[self._seq] = read_ts

@@ -11,6 +11,7 @@ alive). ``reconcile`` forgets them once the adopter says which commits its copy 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,15 @@ COMPACT_BYTES = 4 * 1024 * 1024
 
 
 class DecisionLog:
-    def __init__(self, directory: Path, *, fsync: bool = True) -> None:
-        self.wal = WriteAheadLog(directory, fsync=fsync)
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        fsync: bool = True,
+        observe: Callable[[float], None] | None = None,
+    ) -> None:
+        """``observe``: called with each flush's seconds (metrics)."""
+        self.wal = WriteAheadLog(directory, fsync=fsync, observe=observe)
         self.committed: dict[int, list[int]] = {}  # ts -> participants not yet acknowledged
         self.reconciled = 0  # the newest adoption of this log reconciled with (an epoch)
         for record in self.wal.replay():

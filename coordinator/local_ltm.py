@@ -74,6 +74,7 @@ class LocalPartitions:
         tls: TlsDir | None = None,
         may_drop: Callable[[], bool] = lambda: True,
         silent: Callable[[int], bool] = lambda ltm: False,
+        wal_observe: Callable[[float], None] | None = None,
     ) -> None:
         """``may_drop()``: whether a copy that does not answer may be dropped (only while
         this member reaches a majority: ``coordinator.quorum``); ``silent(ltm)``: whether
@@ -94,6 +95,7 @@ class LocalPartitions:
                 tls=tls,
                 backup="" if standby is None else self.members[standby % len(self.members)],
                 standby=standby,
+                wal_observe=wal_observe,
             )
 
         self.hostings = {
@@ -196,6 +198,16 @@ class LocalLtm:
         """The participants stop with ``LocalPartitions.stop``."""
 
 
+def view_statuses(manager: Any) -> list[pb.ViewStatus]:
+    """Each view's mode and state, and how long ago this member last refreshed it."""
+    lags = manager.metrics.lags()
+    views = manager.views.views.values() if manager.views is not None else []
+    return [
+        pb.ViewStatus(name=v.name, mode=v.plan.mode, state=v.state, lag_seconds=lags.get(v.name))
+        for v in sorted(views, key=lambda v: v.name)
+    ]
+
+
 class MemberLtmServicer(LtmServicer):
     """Other members' streams and calls to the partitions this member hosts."""
 
@@ -228,6 +240,10 @@ class MemberLtmServicer(LtmServicer):
                 clock_replies=getattr(clock, "replies", 0),
                 refreshes=self.manager.refreshes,
                 reaches=sorted(self.reach.reachable()) if self.reach is not None else [],
+                leader=self.manager.leader_member,
+                term=self.manager.lead.term if self.manager.lead is not None else 0,
+                views=view_statuses(self.manager),
+                metrics_port=self.manager.metrics.metrics_port,
             )
         hosting = self.local.serving(partition) or self.local.hostings.get(partition)
         if hosting is None:

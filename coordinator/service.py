@@ -18,6 +18,7 @@ import grpc
 from aggview import errors
 from aggview.frames import Answer, FramedServer, answering
 from aggview.keycodec import encode_key, prefix_end
+from aggview.metrics import MemberState, Metrics, ViewState
 from aggview.net import (
     CONTROL_OPTIONS,
     GRPC_OPTIONS,
@@ -430,6 +431,9 @@ class CoordinatorConfig:
     # member order, and the port this one listens on; none: the streams go over gRPC.
     exchanges: list[str] = field(default_factory=list)
     exchange_port: int = 0
+    # Where /metrics is served (``--metrics-port``; 0: a free port); None: not served. The
+    # series are kept either way (a counter's increment costs next to nothing).
+    metrics_port: int | None = None
 
     @property
     def replicates(self) -> bool:
@@ -472,7 +476,10 @@ def build_manager(
             f"this data was written by {partitions} LTMs; start with {partitions} "
             f"(got {count}): repartitioning is not supported"
         )
-    decisions = DecisionLog(config.log_dir, fsync=config.fsync)
+    metrics = Metrics()
+    decisions = DecisionLog(
+        config.log_dir, fsync=config.fsync, observe=metrics.wal_observer("decisions")
+    )
     may_drop = reach.has_majority if reach is not None else lambda: True
     in_flight = InFlight()
     clock: MemberClock
@@ -512,7 +519,8 @@ def build_manager(
         )
         if reach is not None:
             clock.silent = reach.silent
-    manager = TransactionManager(catalog, clock, decisions, limits=config.limits)
+    manager = TransactionManager(catalog, clock, decisions, limits=config.limits, metrics=metrics)
+    metrics.watch(functools.partial(member_state, manager))
     if reach is not None:
         manager.ltm_silent = lambda ltm: reach.silent(ltm % len(config.members))
     manager.leader_member = leader
@@ -539,6 +547,7 @@ def build_manager(
         tls=config.tls,
         may_drop=may_drop,
         silent=manager.ltm_silent,
+        wal_observe=metrics.wal_observer("partition"),
     )
     manager.channels = [None] * count  # below: local, or where the record says
     if config.replicates:
@@ -579,6 +588,38 @@ def build_manager(
             manager.channels[p].silent = manager.ltm_silent
     ViewManager(manager, runtime_dir=config.log_dir / "cumulus", tls=config.tls)
     return manager
+
+
+def member_state(manager: TransactionManager) -> MemberState:
+    """What the member is now, for a scrape of its metrics (on the HTTP server's thread: the
+    containers are copied before they are walked, and a walk that met a change is redone)."""
+    for _ in range(10):
+        try:
+            return _member_state(manager)
+        except RuntimeError:  # changed size during iteration: the loop moved on meanwhile
+            continue
+    return _member_state(manager)
+
+
+def _member_state(manager: TransactionManager) -> MemberState:
+    hostings = list(manager.local.hostings.values()) if manager.local is not None else []
+    views = list(manager.views.views.values()) if manager.views is not None else []
+    clock = getattr(manager.clock, "clock", None)  # a leader's pure clock
+    copies: dict[int, bool] = {}
+    for hosting in hostings:
+        for partition, shipper in list(hosting.shippers.items()):
+            copies[partition] = bool(shipper.in_sync)
+    return MemberState(
+        member=manager.member,
+        leader=manager.leader is None,
+        term=manager.lead.term if manager.lead is not None else 0,
+        partitions=sum(len(hosting.served()) for hosting in hostings),
+        lookup_hits=manager.lookups.hits,
+        lookup_misses=manager.lookups.misses,
+        clock_grants=clock.grants if isinstance(clock, Clock) else 0,
+        views=[ViewState(v.name, v.plan.mode, v.state) for v in views],
+        copies_in_sync=copies,
+    )
 
 
 def _leadership(config: CoordinatorConfig, store: Store) -> tuple[int, Leadership | None]:
@@ -774,6 +815,10 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
             services.append(lpb.DESCRIPTOR.services_by_name["Clock"])
     add_health(server)
     add_reflection(server, [service.full_name for service in services])
+    if config.metrics_port is not None:
+        port = manager.metrics.serve(config.host, config.metrics_port)
+        # before the line the cluster harness waits for (``aggview.processes.Server``)
+        print(f"member {config.member} metrics on http://{config.host}:{port}/metrics", flush=True)
     credentials = config.tls.server_credentials(members_only=False) if config.tls else None
     framed = None
     if config.exchanges:  # other members' streams to our partitions, on framed TCP
@@ -814,3 +859,4 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     await manager.local.stop()
     await manager.decisions.close()
     manager.catalog.store.close()
+    manager.metrics.close()

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aggview import errors, failpoints
+from aggview.metrics import Metrics
 from aggview.partition_map import partition_of
 from aggview.retry import RetryPolicy, retry_on
 from aggview.wire import client_pb2 as cpb
@@ -83,6 +85,8 @@ class Transaction:
     # under the new: a view changing mode can cut its history at a timestamp.
     catalog_bound: bool = False
     maintained: bool = False  # extensions already ran on images predicted from its inserts
+    system: bool = False  # the system's own (a refresh, an initialization), not a client's
+    started: float = field(default_factory=time.perf_counter)  # at its grant (metrics)
     images: list[lpb.RowImage] = field(default_factory=list)  # every row image seen so far
 
 
@@ -97,8 +101,10 @@ class TransactionManager:
         clock: MemberClock,
         decisions: DecisionLog,
         limits: Limits | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.catalog = catalog
+        self.metrics = metrics or Metrics()
         self.clock = clock
         self.in_flight = clock.in_flight
         self.decisions = decisions
@@ -241,7 +247,7 @@ class TransactionManager:
 
         async def once(committing: Callable[[], None]) -> int:
             ts, epoch = await self.clock.next()
-            tx = Transaction(ts, epoch=self.epoch)
+            tx = Transaction(ts, epoch=self.epoch, system=True)
             try:
                 await self.clock.wait_decided(ts - 1)
                 ops = await build(ts)
@@ -297,7 +303,7 @@ class TransactionManager:
 
         async def once(committing: Callable[[], None]) -> int:
             ts, epoch = await self.clock.next()
-            tx = Transaction(ts, epoch=self.epoch)
+            tx = Transaction(ts, epoch=self.epoch, system=True)
 
             async def rounds() -> None:
                 await self.clock.wait_decided(tx.ts - 1)
@@ -344,8 +350,8 @@ class TransactionManager:
                 )
             if failpoints.ARMED:
                 failpoints.hit(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED)
-        except BaseException:
-            self._aborted(tx)
+        except BaseException as exc:
+            self._aborted(tx, exc)
             raise
         # The decision point: once the commit record is queued the transaction commits, even
         # if the caller goes away (a cancelled RPC must not turn into aborts at the LTMs). So
@@ -358,12 +364,13 @@ class TransactionManager:
         decided.add_done_callback(self._committing.discard)
         return await outcome
 
-    def _aborted(self, tx: Transaction) -> None:
+    def _aborted(self, tx: Transaction, exc: BaseException) -> None:
         """Before its decision: the transaction aborts everywhere (presumed abort), and reads
         at its timestamp go on."""
         self.in_flight.decided(tx.ts)
         self.lookups.aborted(tx.ts)
         self.aborted += 1
+        self.metrics.aborted_by(exc)
         for partition in tx.participants:
             self._send_abort(partition, tx.ts)
 
@@ -380,12 +387,13 @@ class TransactionManager:
                 if failpoints.ARMED:
                     failpoints.hit(failpoints.COORDINATOR_LOCAL_FLUSH)
                 await asyncio.gather(*(self.channels[p].flush() for p in local))
-            except BaseException:  # a vote not durable: nothing decided yet, so abort
-                self._aborted(tx)
+            except BaseException as exc:  # a vote not durable: nothing decided yet, so abort
+                self._aborted(tx, exc)
                 raise
             return await self._commit(tx)
         await self._decided(tx, self.channels[participants[0]].decide(tx.ts, True))
         self.committed += 1
+        self.metrics.committed(tx.system, tx.started)
         return tx.ts
 
     async def _decided(self, tx: Transaction, durable: Awaitable[None]) -> None:
@@ -414,6 +422,7 @@ class TransactionManager:
         if failpoints.ARMED:
             failpoints.hit(failpoints.COORDINATOR_AFTER_DECISION_LOGGED)
         self.committed += 1
+        self.metrics.committed(tx.system, tx.started)
         self._deliver_later(ts, participants)
         return ts
 

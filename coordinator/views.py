@@ -809,7 +809,9 @@ class ViewManager:
             if not relevant:
                 continue
             assert view.compiled is not None
+            started = time.perf_counter()
             delta = await view_delta(view.compiled, relevant, self._rows_where(tx.ts))
+            self.manager.metrics.maintained(view.name, time.perf_counter() - started)
             ops.extend(view.merge(key, d, home) for key, d in delta.items())
         return [op for op in ops if op is not None]
 
@@ -959,9 +961,12 @@ class ViewManager:
                 ops.append(_meta(view, refreshed_at=ts))
             return ops
 
+        started = time.perf_counter()
         async with failpoints.scope("refresh"):
             ts = await self.manager.system_transaction(drain)
         self.manager.refreshes += 1
+        if view.plan.mode == "async":  # not a sync view's catch-up after its initialization
+            self.manager.metrics.refreshed(view.name, time.perf_counter() - started)
         return ts
 
     # ------------------------------------------------------------------ cumulus views
@@ -1065,6 +1070,7 @@ class ViewManager:
             ops, drained[:] = await self._take_changes(view, ts)
             return [*ops, _meta(view, refreshed_at=ts)]
 
+        started = time.perf_counter()
         ts = await self.manager.system_transaction(drain)
         in_order = sorted(drained, key=lambda change: (change[1][-8:], change[1]))
         changes = [(table, before, after) for table, _, before, after in in_order]
@@ -1077,6 +1083,8 @@ class ViewManager:
             asyncio.get_running_loop().create_task(self._reload_runtime(view))
             raise
         self.manager.refreshes += 1
+        if commit:
+            self.manager.metrics.refreshed(view.name, time.perf_counter() - started)
         return ts
 
     async def _read_runtime(

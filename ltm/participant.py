@@ -102,14 +102,16 @@ class Participant:
         fsync: bool = True,
         outcome_query: OutcomeQuery | None = None,
         ownership: Ownership | None = None,
+        wal_observe: Callable[[float], None] | None = None,
     ) -> None:
+        """``wal_observe``: called with each flush's seconds by its log (metrics)."""
         self.store = store
         # Checkpoints are written under this ownership's fence: once a newer epoch owns the
         # partition, the store refuses them, and this copy stops serving.
         self.ownership = ownership
         self.fenced: str | None = None
         self.settings = settings or Settings()
-        self.wal = WriteAheadLog(log_dir, fsync=fsync)
+        self.wal = WriteAheadLog(log_dir, fsync=fsync, observe=wal_observe)
         self.outcome_query = outcome_query
         self.rows = RowCache()
         self.loading: dict[RowId, asyncio.Future[None]] = {}

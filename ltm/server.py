@@ -93,6 +93,7 @@ class Hosting:
             fsync=self.config.fsync,
             outcome_query=self._outcome_query,
             ownership=record,
+            wal_observe=self.config.wal_observe,
         )
         await participant.start()
         if standby is not None and standby != self.me:
@@ -434,3 +435,5 @@ class LtmConfig:
     tls: TlsDir | None = None  # None: plaintext and no member check (``--insecure``)
     backup: str = ""  # the next LTM's address: this partition's log is replicated there
     standby: int | None = None  # the LTM (partition) at ``backup``; default: the next one
+    # called with each flush's seconds by the partitions' logs (a member's metrics)
+    wal_observe: Callable[[float], None] | None = None

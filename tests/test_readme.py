@@ -140,6 +140,8 @@ def test_readme_command_lines_run(tmp_path: Path) -> None:
             done = run(command, tmp_path, address)
             assert done.returncode == 0, (command, done.stdout, done.stderr)
             ran += 1
+            if command.startswith("aggview status"):  # the secret of --tls-dir: details
+                assert "  up  leader  partitions " in done.stdout, done.stdout
             if "SELECT * FROM accounts" in command:
                 assert done.stdout.splitlines()[0] == "id\towner\tbalance", done.stdout
             if command.startswith("aggview cumulus replay"):
@@ -156,7 +158,10 @@ def test_readme_command_lines_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", commands())
 def test_every_readme_command_is_run_or_said_why_not(command: str) -> None:
     runs = command.startswith(("aggview certs", "aggview start --data ./data --ltms")) or (
-        command.startswith(("aggview sql --tls-dir", "aggview m3 ", "aggview cumulus replay --"))
+        command.startswith(
+            ("aggview sql --tls-dir", "aggview status --tls-dir", "aggview m3 ")
+            + ("aggview cumulus replay --",)
+        )
     )
     skipped = [why for prefix, why in NOT_RUN.items() if command.startswith(prefix)]
     assert runs != bool(skipped), f"place {command!r}: run it here, or say in NOT_RUN why not"

@@ -179,7 +179,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("index", "partitions", "cached_rows", "dirty_rows", "prepared", "checkpoints", "log_bytes", "epoch", "replicas", "replicated", "serving", "coordinated", "clock_requests", "clock_replies", "refreshes", "reaches")
+    __slots__ = ("index", "partitions", "cached_rows", "dirty_rows", "prepared", "checkpoints", "log_bytes", "epoch", "replicas", "replicated", "serving", "coordinated", "clock_requests", "clock_replies", "refreshes", "reaches", "leader", "term", "views", "metrics_port")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     CACHED_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,10 @@ class StatusReply(_message.Message):
     CLOCK_REPLIES_FIELD_NUMBER: _ClassVar[int]
     REFRESHES_FIELD_NUMBER: _ClassVar[int]
     REACHES_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
     index: int
     partitions: int
     cached_rows: int
@@ -212,7 +216,23 @@ class StatusReply(_message.Message):
     clock_replies: int
     refreshes: int
     reaches: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, index: _Optional[int] = ..., partitions: _Optional[int] = ..., cached_rows: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., prepared: _Optional[int] = ..., checkpoints: _Optional[int] = ..., log_bytes: _Optional[int] = ..., epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., replicated: _Optional[bool] = ..., serving: _Optional[_Iterable[int]] = ..., coordinated: _Optional[int] = ..., clock_requests: _Optional[int] = ..., clock_replies: _Optional[int] = ..., refreshes: _Optional[int] = ..., reaches: _Optional[_Iterable[int]] = ...) -> None: ...
+    leader: int
+    term: int
+    views: _containers.RepeatedCompositeFieldContainer[ViewStatus]
+    metrics_port: int
+    def __init__(self, index: _Optional[int] = ..., partitions: _Optional[int] = ..., cached_rows: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., prepared: _Optional[int] = ..., checkpoints: _Optional[int] = ..., log_bytes: _Optional[int] = ..., epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., replicated: _Optional[bool] = ..., serving: _Optional[_Iterable[int]] = ..., coordinated: _Optional[int] = ..., clock_requests: _Optional[int] = ..., clock_replies: _Optional[int] = ..., refreshes: _Optional[int] = ..., reaches: _Optional[_Iterable[int]] = ..., leader: _Optional[int] = ..., term: _Optional[int] = ..., views: _Optional[_Iterable[_Union[ViewStatus, _Mapping]]] = ..., metrics_port: _Optional[int] = ...) -> None: ...
+
+class ViewStatus(_message.Message):
+    __slots__ = ("name", "mode", "state", "lag_seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAG_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    mode: str
+    state: str
+    lag_seconds: float
+    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., state: _Optional[str] = ..., lag_seconds: _Optional[float] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
     __slots__ = ("partition", "epoch", "reset", "chunks", "drop_before")

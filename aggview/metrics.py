@@ -1,0 +1,265 @@
+"""A member's metrics, in Prometheus's text format on ``/metrics`` (``--metrics-port``).
+
+Every series is defined here, in one place. Each member has its own ``Metrics`` and with it its
+own ``CollectorRegistry`` (never prometheus-client's global one), so several members in one
+process (tests) keep their series apart. Two kinds of series:
+
+* events counted where they happen (commits, aborts, WAL flushes, view maintenance and
+  refreshes): a counter's ``inc`` or a histogram's ``observe``, nothing more on the hot path;
+* state the member keeps anyway (its role, its partitions, the lookup cache's and the clock's
+  counts, its views): read when Prometheus scrapes, from a ``MemberState`` the coordinator
+  builds then (``Metrics.watch``), at no cost between scrapes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+# Commits take from a fraction of a millisecond (one partition, in process) to seconds (a
+# member failing over); a WAL flush is one write and fdatasync.
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+# A refresh drains a view's captured changes: milliseconds to many seconds.
+REFRESH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# What an abort counts as when it is not one of ours (aggview.errors IDENTITIES name the rest).
+CANCELLED = "CANCELLED"
+INTERNAL = "INTERNAL"
+
+
+@dataclass
+class ViewState:
+    name: str
+    mode: str  # sync, async or cumulus
+    state: str  # initializing, draining or live
+
+
+@dataclass
+class MemberState:
+    """What a member is now, read at each scrape."""
+
+    member: int
+    leader: bool
+    term: int  # the leadership term (replicated clusters; 0: none)
+    partitions: int  # partitions served here, taken over ones included
+    lookup_hits: int
+    lookup_misses: int
+    clock_grants: int  # grants of timestamps this member's clock made (the leader's)
+    views: list[ViewState] = field(default_factory=list)
+    # partition -> its log reaches an in-sync copy (replicated clusters)
+    copies_in_sync: dict[int, bool] = field(default_factory=dict)
+
+
+class Metrics:
+    """One member's series on its own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        committed = Counter(
+            "aggview_transactions_committed",
+            "Transactions this member coordinated that committed, by kind (client: a client's "
+            "or a bulk load; system: a view refresh or epoch, an initialization, DDL)",
+            ["kind"],
+            registry=r,
+        )
+        self.client_committed = committed.labels("client")
+        self.system_committed = committed.labels("system")
+        self.aborted = Counter(
+            "aggview_transactions_aborted",
+            "Transactions this member coordinated that aborted after their first prepare, by "
+            "the reason their error travels with (aggview.errors IDENTITIES; CANCELLED: the "
+            "caller went away). A system transaction's retries count each attempt",
+            ["reason"],
+            registry=r,
+        )
+        self.commit_latency = Histogram(
+            "aggview_commit_latency_seconds",
+            "From a transaction's timestamp grant to its durable commit (every committed one)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._wal_flushes = Counter(
+            "aggview_wal_flushes",
+            "Group flushes (write and fdatasync) of this member's logs, by log (partition: "
+            "the partitions' logs; decisions: its decision log)",
+            ["log"],
+            registry=r,
+        )
+        self._wal_flush_seconds = Histogram(
+            "aggview_wal_flush_seconds",
+            "How long one group flush of a log took, on the log's thread",
+            ["log"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._maintenance = Counter(
+            "aggview_view_maintenance_seconds",
+            "Seconds this member's transactions spent computing a sync view's deltas "
+            "(wall-clock, lookups of dimension rows included)",
+            ["view"],
+            registry=r,
+        )
+        self._refresh = Histogram(
+            "aggview_view_refresh_seconds",
+            "How long one refresh of an async view, or one epoch of a cumulus view, took here",
+            ["view"],
+            buckets=REFRESH_BUCKETS,
+            registry=r,
+        )
+        self._refreshed: dict[str, float] = {}  # view -> when its last refresh here ended
+        self.metrics_port = 0  # where ``serve`` listens (0: not serving)
+
+    # ----------------------------------------------------------- events, where they happen
+
+    def committed(self, system: bool, started: float) -> None:
+        """A transaction committed; ``started``: ``time.perf_counter()`` at its grant."""
+        self.commit_latency.observe(time.perf_counter() - started)
+        (self.system_committed if system else self.client_committed).inc()
+
+    def aborted_by(self, exc: BaseException) -> None:
+        reason = getattr(exc, "reason", None)
+        if not isinstance(reason, str):
+            reason = INTERNAL if isinstance(exc, Exception) else CANCELLED
+        self.aborted.labels(reason).inc()
+
+    def wal_observer(self, log: str) -> Callable[[float], None]:
+        """What a write-ahead log calls after each flush, with its seconds (any thread)."""
+        flushes, seconds = self._wal_flushes.labels(log), self._wal_flush_seconds.labels(log)
+
+        def flushed(took: float) -> None:
+            flushes.inc()
+            seconds.observe(took)
+
+        return flushed
+
+    def maintained(self, view: str, seconds: float) -> None:
+        self._maintenance.labels(view).inc(seconds)
+
+    def refreshed(self, view: str, seconds: float) -> None:
+        self._refresh.labels(view).observe(seconds)
+        self._refreshed[view] = time.monotonic()
+
+    def lags(self) -> dict[str, float]:
+        """Seconds since each view's last refresh (or epoch) here."""
+        now = time.monotonic()
+        return {view: now - at for view, at in dict(self._refreshed).items()}
+
+    # ----------------------------------------------------------- state, read at a scrape
+
+    def watch(self, state: Callable[[], MemberState]) -> None:
+        """Reports ``state()`` at every scrape (called on the HTTP server's thread)."""
+        self.registry.register(_StateCollector(state, self.lags))
+
+    def serve(self, host: str, port: int) -> int:
+        """Serves ``/metrics`` on a thread of its own; returns the port (``port`` 0: a free
+        one)."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        self.metrics_port = int(server.server_port)
+        return self.metrics_port
+
+    def close(self) -> None:
+        server = getattr(self, "_server", None)
+        if server is not None:
+            threading.Thread(target=server.shutdown, daemon=True).start()
+            server.server_close()
+
+
+class _StateCollector(Collector):
+    def __init__(
+        self, state: Callable[[], MemberState], lags: Callable[[], dict[str, float]]
+    ) -> None:
+        self.state = state
+        self.lags = lags
+
+    def describe(self) -> list[Any]:
+        return []  # unknown until a scrape: the registry then asks collect() each time
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.state()
+        role = GaugeMetricFamily(
+            "aggview_member_role",
+            "1 for the role this member has now (leader: it keeps the clock and the catalog)",
+            labels=["role"],
+        )
+        role.add_metric(["leader"], 1 if s.leader else 0)
+        role.add_metric(["follower"], 0 if s.leader else 1)
+        yield role
+        yield GaugeMetricFamily(
+            "aggview_member_term", "The leadership term (replicated clusters; 0: none)", s.term
+        )
+        yield GaugeMetricFamily(
+            "aggview_partitions_held",
+            "Partitions this member serves now, taken over ones included",
+            s.partitions,
+        )
+        yield CounterMetricFamily(
+            "aggview_lookup_cache_hits", "Dimension-row lookups the cache answered", s.lookup_hits
+        )
+        yield CounterMetricFamily(
+            "aggview_lookup_cache_misses",
+            "Dimension-row lookups the cache could not answer (read from the partitions)",
+            s.lookup_misses,
+        )
+        yield CounterMetricFamily(
+            "aggview_clock_grants",
+            "Grants of timestamps this member's clock made (the leader's; 0 at a follower)",
+            s.clock_grants,
+        )
+        info = GaugeMetricFamily(
+            "aggview_view_info",
+            "1 per view, with its mode (sync, async, cumulus)",
+            labels=["view", "mode"],
+        )
+        live = GaugeMetricFamily(
+            "aggview_view_live",
+            "1 when the view is readable, 0 while it initializes",
+            labels=["view"],
+        )
+        lag = GaugeMetricFamily(
+            "aggview_view_lag_seconds",
+            "Seconds since this member last refreshed the async view (a cumulus view: ran an "
+            "epoch of it); absent until it has once",
+            labels=["view"],
+        )
+        lags = self.lags()
+        for view in s.views:
+            info.add_metric([view.name, view.mode], 1)
+            live.add_metric([view.name], 1 if view.state == "live" else 0)
+            if view.name in lags:
+                lag.add_metric([view.name], lags[view.name])
+        yield info
+        yield live
+        yield lag
+        copies = GaugeMetricFamily(
+            "aggview_log_copy_in_sync",
+            "1 when a partition served here has its log copied to an in-sync backup "
+            "(replicated clusters)",
+            labels=["partition"],
+        )
+        for partition, in_sync in sorted(s.copies_in_sync.items()):
+            copies.add_metric([str(partition)], 1 if in_sync else 0)
+        yield copies
