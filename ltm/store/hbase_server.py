@@ -269,7 +269,10 @@ class StandaloneHBase:
         return [
             _tool("java", "HBase is a Java program: Java 17 or newer"),
             f"-Xmx{heap}",
-            "-XX:+UseG1GC",
+            # a standalone HBase serves development and tests: short runs, where the C1
+            # compiler alone and the serial collector use far less CPU than C2 and G1
+            "-XX:TieredStopAtLevel=1",
+            "-XX:+UseSerialGC",
             *JAVA_MODULE_FLAGS,
             f"-Djava.io.tmpdir={self.directory / 'tmp'}",
             f"-Dlog4j.configuration={(conf / 'log4j.properties').as_uri()}",
