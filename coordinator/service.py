@@ -586,7 +586,8 @@ def build_manager(
                 exchanges=config.exchange_addresses(count),
             )
             manager.channels[p].silent = manager.ltm_silent
-    ViewManager(manager, runtime_dir=config.log_dir / "cumulus", tls=config.tls)
+    views = ViewManager(manager, runtime_dir=config.log_dir / "cumulus", tls=config.tls)
+    manager.views = manager.view_hooks = views  # the service's; and every transaction's hooks
     return manager
 
 

@@ -2,7 +2,7 @@
 
 A one-shot transaction gets a timestamp, is split by partition into sub-transactions, and is
 prepared at every participant; the votes carry row images. Between the votes and the decision
-the transaction may grow (``Extension``: view maintenance adds refresh sub-transactions there).
+the transaction may grow (``ViewHooks.maintain``: view maintenance adds sub-transactions there).
 A commit decision is durable in the decision log before anyone hears of it; phase two is then
 delivered in the background until every participant has acknowledged it.
 
@@ -39,6 +39,7 @@ from coordinator.convert import (
 from coordinator.decision_log import DecisionLog
 from coordinator.lookup_cache import LookupCache
 from coordinator.member_clock import MemberClock
+from coordinator.view_hooks import NO_VIEWS, ViewHooks
 
 log = logging.getLogger(__name__)
 Vote = lpb.Vote
@@ -84,14 +85,10 @@ class Transaction:
     # timestamp granted before a catalog change ran under the old catalog, every later one
     # under the new: a view changing mode can cut its history at a timestamp.
     catalog_bound: bool = False
-    maintained: bool = False  # extensions already ran on images predicted from its inserts
+    maintained: bool = False  # maintenance already ran on images predicted from its inserts
     system: bool = False  # the system's own (a refresh, an initialization), not a client's
     started: float = field(default_factory=time.perf_counter)  # at its grant (metrics)
     images: list[lpb.RowImage] = field(default_factory=list)  # every row image seen so far
-
-
-# Called after every round of yes votes; returns more row operations to prepare (none: done).
-Extension = Callable[[Transaction, list[lpb.RowImage]], Awaitable[list[lpb.RowOp]]]
 
 
 class TransactionManager:
@@ -114,17 +111,16 @@ class TransactionManager:
         self.channels: list[Any] = []
         self.local: Any = None  # the partitions hosted in this process
         self.replication: Any = None  # members' decision logs copied (``--replicate``)
-        self.extensions: list[Extension] = []
-        # Called on a transaction's operations before the first prepare (change capture).
-        self.decorators: list[Callable[[list[lpb.RowOp]], None]] = []
-        self.epoch = 0  # bumped when views change; extensions refuse an older transaction
-        self.views: Any = None  # the view manager, once one is attached
-        # Which store tables' changes the extensions need (row images on the votes).
-        self.watched: Callable[[str], bool] = lambda table_id: False
-        # Which store tables view maintenance looks up by primary key (cached here).
-        self.lookup_tables: Callable[[], set[str]] = set
+        # What the transaction path calls on views: change capture before the first prepare,
+        # maintenance after every round of yes votes, which tables need row images, which are
+        # looked up by key (cached here): the view manager once one is attached, else nothing.
+        self.view_hooks: ViewHooks = NO_VIEWS
+        self.epoch = 0  # bumped when views change; maintenance refuses an older transaction
+        # the view manager, once one is attached (``coordinator.service.build_manager``): for
+        # the service's DDL, reads and refreshes; the transaction path calls ``view_hooks``
+        self.views: Any = None
         self.lookups = LookupCache(
-            lambda: self.lookup_tables(),
+            lambda: self.view_hooks.lookup_tables(),
             lambda: self.epoch,
             lambda: self.clock.issued(),  # the clock object changes on a takeover
             warm=self._warm,
@@ -211,8 +207,7 @@ class TransactionManager:
 
     def _row_ops(self, operations: list[cpb.Operation]) -> list[lpb.RowOp]:
         ops = [row_op(op, self.catalog.table, self.limits) for op in operations]
-        for decorate in self.decorators:
-            decorate(ops)
+        self.view_hooks.capture(ops)
         return ops
 
     async def catch_up(self) -> None:
@@ -232,8 +227,7 @@ class TransactionManager:
 
         async def rounds() -> None:
             async for ops in chunks:
-                for decorate in self.decorators:
-                    decorate(ops)
+                self.view_hooks.capture(ops)
                 self.lookups.writing(ts, _row_keys(ops))
                 await self._prepare_rounds(tx, ops, extend=True)
 
@@ -319,25 +313,23 @@ class TransactionManager:
         return await self._decide(tx, self._prepare_rounds(tx, ops, extend))
 
     async def _prepare_rounds(self, tx: Transaction, ops: list[lpb.RowOp], extend: bool) -> None:
-        """Prepares ``ops``, then what the extensions add on their votes, until none do."""
+        """Prepares ``ops``, then what view maintenance adds on their votes, until it adds none."""
         round_ops = ops
         predicted = self._predicted_images(ops) if extend else None
         maintained = tx.maintained
         if predicted:
             # Only inserts of new rows: their images are known before any vote, so the
-            # extensions run now and their operations join the first round (one round
+            # maintenance runs now and its operations join the first round (one round
             # instead of two, e.g. for a fact-table insert under a sync view).
             tx.maintained = True
             tx.images.extend(predicted)
-            for extension in self.extensions:
-                round_ops = round_ops + await extension(tx, predicted)
+            round_ops = round_ops + await self.view_hooks.maintain(tx, predicted)
         while round_ops:
             images = await self._prepare_round(tx, round_ops)
             tx.images.extend(images)
             round_ops = []
             if images and extend and not tx.maintained:
-                for extension in self.extensions:
-                    round_ops.extend(await extension(tx, images))
+                round_ops.extend(await self.view_hooks.maintain(tx, images))
         tx.maintained = maintained
 
     async def _decide(self, tx: Transaction, prepared: Awaitable[None]) -> int:
@@ -431,8 +423,9 @@ class TransactionManager:
         (a failed insert aborts the whole transaction, so the prediction cannot be wrong)."""
         images = []
         seen = set()
+        watches = self.view_hooks.watches
         for op in ops:
-            if not self.watched(op.table):
+            if not watches(op.table):
                 continue
             if op.kind != lpb.RowOp.INSERT or (op.table, op.key) in seen:
                 return None
@@ -442,12 +435,13 @@ class TransactionManager:
 
     async def _prepare_round(self, tx: Transaction, ops: list[lpb.RowOp]) -> list[lpb.RowImage]:
         by_partition: dict[int, lpb.SubTransaction] = {}
+        watches = self.view_hooks.watches
         for op in ops:
             partition = partition_of(op.table, op.key, self.partitions)
             sub = by_partition.get(partition)
             if sub is None:
                 sub = by_partition[partition] = lpb.SubTransaction(ts=tx.ts)
-            if not sub.want_images and not tx.maintained and self.watched(op.table):
+            if not sub.want_images and not tx.maintained and watches(op.table):
                 sub.want_images = True
             sub.ops.append(op)
         tx.participants.update(by_partition)

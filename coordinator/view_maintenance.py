@@ -1,0 +1,182 @@
+"""Sync maintenance inside the writing transaction (Algorithm 5.1, §5.3.1) and change capture:
+the hooks the transaction path calls (``coordinator.view_hooks.ViewHooks``). The hot path: it
+works on the view manager's own state, with no indirection per row."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from typing import Any
+
+from aggview import errors
+from aggview.keycodec import encode_key, prefix_end
+from aggview.partition_map import partition_of
+from aggview.rowcodec import decode_row, encode_row
+from aggview.schema import TableSchema
+from aggview.wire import ltm_pb2 as lpb
+from coordinator.transactions import Transaction
+from coordinator.view_model import ViewsShared, touching
+from cumulus.aggstate import Row
+from cumulus.delta import Changes, view_delta
+
+
+class ViewMaintenance(ViewsShared):
+    """The view manager's hooks in every transaction (a part of ``ViewManager``)."""
+
+    # ------------------------------------------------------------------ maintenance
+
+    def watches(self, table_id: str) -> bool:
+        """Whether writes to a store table need row images: it has an index, or a sync view
+        maintained in the transaction uses it."""
+        epoch, ids = self._watched
+        if epoch != self.manager.epoch:
+            names = {table for table, _ in self.indexes}
+            for view in self.views.values():
+                if view.plan.mode == "sync" and view.state != "initializing":
+                    names.update(view.plan.base_tables())
+            ids = {self.catalog.tables[n].table_id for n in names if n in self.catalog.tables}
+            self._watched = (self.manager.epoch, ids)
+        return table_id in ids
+
+    def lookup_tables(self) -> set[str]:
+        """Tables that view maintenance joins on their whole primary key (dimension rows,
+        looked up by key in every writing transaction of a sync view and in every refresh of
+        an async one): the coordinator caches them."""
+        ids = set()
+        for view in self.views.values():
+            if view.state == "initializing":
+                continue
+            for table, column in view.plan.join_columns():
+                schema = self.catalog.table(table)
+                if schema.primary_key == (column,):
+                    ids.add(schema.table_id)
+        return ids
+
+    def capture(self, ops: list[lpb.RowOp]) -> None:
+        """Asks the LTMs to append change rows for views that are async or initializing."""
+        capturing = [v for v in self.views.values() if v.captures]
+        if not capturing:
+            return
+        for op in ops:
+            schema = self.catalog.by_id.get(op.table)
+            if schema is None:
+                continue
+            for view in capturing:
+                if schema.name in view.plan.base_tables():
+                    op.changes_tables.append(view.changes_id(schema))
+
+    async def maintain(self, tx: Transaction, images: list[lpb.RowImage]) -> list[lpb.RowOp]:
+        """The extension of §5.3.1: index entries and sync view deltas for a round's images."""
+        changes: Changes = {}
+        for image in images:
+            schema = self.catalog.by_id.get(image.table)
+            if schema is not None:
+                changes.setdefault(schema.name, {})[image.key] = (
+                    decode_row(image.before),
+                    decode_row(image.after),
+                )
+        if not changes:
+            return []
+        if tx.epoch != self.manager.epoch:
+            raise errors.TooLate("views or indexes changed during the transaction; retry it")
+        # partial view rows go with the first changed row: no participant added
+        home = partition_of(images[0].table, images[0].key, self.manager.partitions)
+        ops: list[lpb.RowOp] = []
+        for table, rows in changes.items():
+            schema = self.catalog.table(table)
+            for (indexed_table, column), _ in self.indexes.items():
+                if indexed_table != table:
+                    continue
+                for key, (before, after) in rows.items():
+                    old = before.get(column) if before else None
+                    new = after.get(column) if after else None
+                    if old == new:
+                        continue
+                    if old is not None:
+                        ops.append(self._index_op(schema, column, key, old, erase=True))
+                    if new is not None:
+                        ops.append(self._index_op(schema, column, key, new))
+        for view in self.views.values():
+            if view.plan.mode != "sync" or view.state == "initializing":
+                continue
+            relevant = touching(view.plan, changes)
+            if not relevant:
+                continue
+            assert view.compiled is not None
+            started = time.perf_counter()
+            delta = await view_delta(view.compiled, relevant, self._rows_where(tx.ts))
+            self.manager.metrics.maintained(view.name, time.perf_counter() - started)
+            ops.extend(view.merge(key, d, home) for key, d in delta.items())
+        return [op for op in ops if op is not None]
+
+    def _home(self, group_key: bytes) -> int:
+        """Where a group's partial row goes when no partition is better than another."""
+        return zlib.crc32(group_key) % self.manager.partitions
+
+    def _index_op(
+        self, schema: TableSchema, column: str, key: bytes, value: Any, *, erase: bool = False
+    ) -> lpb.RowOp | None:
+        if value is None:
+            return None
+        index_id = self.indexes[(schema.name, column)]
+        prefix = encode_key([schema.column(column).type], [value])
+        return lpb.RowOp(
+            kind=lpb.RowOp.PUT,
+            table=index_id,
+            key=prefix + key,
+            values=b"" if erase else encode_row({}),
+        )
+
+    def _rows_where(self, ts: int):  # type: ignore[no-untyped-def]
+        """Reads of transaction ``ts`` itself: rows of a table whose column equals one of
+        some values, in as few calls as the access path allows."""
+        manager = self.manager
+
+        async def rows_where(
+            table: str, column: str, values: list[Any]
+        ) -> dict[Any, list[tuple[bytes, Row]]]:
+            schema = self.catalog.table(table)
+            column_type = schema.column(column).type
+            prefixes = {encode_key([column_type], [v]): v for v in values}
+            if column == schema.primary_key[0] and len(schema.primary_key) == 1:
+                found = await manager.lookup_keys_at(schema.table_id, list(prefixes), ts)
+                return {prefixes[k]: [(k, decode_row(v) or {})] for k, v in found.items()}
+            if column == schema.primary_key[0]:
+                table_id, path = schema.table_id, None
+            elif (table, column) in self.indexes:
+                table_id, path = self.indexes[(table, column)], schema.table_id
+            else:  # no index (async views only): one scan of the table for all the values
+                # only refreshes get here (system transactions: every older one is decided)
+                pages = manager.read_pages(schema.table_id, b"", b"", ts)
+                rows = [row async for page in pages for row in page]
+                wanted = set(values)
+                out: dict[Any, list[tuple[bytes, Row]]] = {}
+                for key, data in rows:
+                    row = decode_row(data) or {}
+                    if row.get(column) in wanted:
+                        out.setdefault(row[column], []).append((key, row))
+                return out
+            ranges = await asyncio.gather(
+                *(
+                    manager.read_range_at(table_id, p, prefix_end(p) or b"", ts, own=True)
+                    for p in prefixes
+                )
+            )
+            out = {}
+            if path is None:  # a leading part of the primary key: the rows themselves
+                for value, rows in zip(prefixes.values(), ranges, strict=True):
+                    out[value] = [(k, decode_row(v) or {}) for k, v in rows]
+                return out
+            base_keys = {
+                entry[len(prefix) :]: value
+                for (prefix, value), entries in zip(prefixes.items(), ranges, strict=True)
+                for entry, _ in entries
+            }
+            if base_keys:
+                found = await manager.read_keys_at(path, list(base_keys), ts, own=True)
+                for key, data in found.items():
+                    out.setdefault(base_keys[key], []).append((key, decode_row(data) or {}))
+            return out
+
+        return rows_where
