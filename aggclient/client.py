@@ -156,6 +156,8 @@ class _AsyncClientTransaction(Transaction):
 # slow the commit, is waited for. Two seconds each: at 1 s, members of a cluster starved of
 # CPU (four test workers on two cores) missed both and clients gave up on healthy members.
 SILENT_AFTER = 2.0
+# the codes of a call nobody answered (an error the server sent back is an answer)
+SILENT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 CONSISTENCY = ("committed", "tentative")
 
@@ -466,8 +468,7 @@ class Client:
         try:
             stub.Members(pb.MembersRequest(), timeout=self._probe_timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            silent = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-            return exc.code() not in silent
+            return exc.code() not in SILENT_CODES
         return True
 
     def _watched(self, stub: Any, request: pb.CommitRequest) -> Any:

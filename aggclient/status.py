@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from aggclient.client import CaSource, _explain, _open_channel
+from aggclient.client import SILENT_CODES, CaSource, _explain, _open_channel
 from aggview import errors
 from aggview.security import MEMBER_HEADER
 from aggview.wire import client_pb2 as cpb
@@ -25,7 +25,6 @@ from aggview.wire import ltm_pb2_grpc as lpb_grpc
 # How long one member may take to answer before it counts as down (and the address asked
 # first as unreachable).
 STATUS_TIMEOUT = 3.0
-_SILENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 @dataclass
@@ -122,7 +121,7 @@ def _member(
             )
         except grpc.RpcError as exc:
             code = exc.code()  # type: ignore[attr-defined]
-            if code in _SILENT:
+            if code in SILENT_CODES:
                 info.note = "does not answer"
                 return info
             info.up = True

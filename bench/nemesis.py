@@ -644,12 +644,7 @@ def analyse(
     acks = sorted(c.end for c in history.commits)
     for i, fault in enumerate(faults):
         stop = starts[i + 1] if i + 1 < len(faults) else end
-        points = [
-            fault.start,
-            *acks[bisect.bisect_right(acks, fault.start) : bisect.bisect_left(acks, stop)],
-            stop,
-        ]
-        rows[i]["unavailable s"] = max(b - a for a, b in zip(points, points[1:], strict=False))
+        rows[i]["unavailable s"] = longest_gap(fault.start, acks, stop)
         rows[i]["others s"] = others_gap(history.probes, fault, stop)
         rows[i]["settled s"] = None if fault.settled is None else fault.settled - fault.healed
 
@@ -721,10 +716,16 @@ def others_gap(
         if at < fault.start:
             served[key] = member
     keys = {key for key, member in served.items() if member is not None and member != faulted}
-    acks = sorted(at for key, at, _ in probes if key in keys and fault.start <= at < stop)
     if not keys:
         return None
-    points = [fault.start, *acks, stop]
+    return longest_gap(fault.start, sorted(at for key, at, _ in probes if key in keys), stop)
+
+
+def longest_gap(start: float, acks: list[float], stop: float) -> float:
+    """The longest time from ``start`` to ``stop`` without an acknowledgement (``acks``
+    sorted; those outside the window are ignored)."""
+    inside = acks[bisect.bisect_right(acks, start) : bisect.bisect_left(acks, stop)]
+    points = [start, *inside, stop]
     return max(b - a for a, b in zip(points, points[1:], strict=False))
 
 
