@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_cli import cli
 
 from aggclient import Client
 from agglauncher.cluster import LocalCluster
@@ -48,17 +49,6 @@ def value(samples: dict, name: str, **labels: str) -> float | None:
 
 def labelled(samples: dict, name: str) -> list[dict[str, str]]:
     return [dict(labels) for (n, labels) in samples if n == name]
-
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "aggcli.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture(scope="module")
