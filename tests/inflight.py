@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 from collections.abc import Awaitable, Callable
+
+from pausing import paused
 
 from aggclient.client import AsyncClient
 from agglauncher.cluster import LocalCluster
@@ -26,12 +26,12 @@ async def burst(
     member 1. ``act`` must need member 1 (a scan does; so does a write to a row it hosts);
     the clients do not route, so member 0 coordinates and counts every call."""
     options = {**cluster.client_options(role), "route": False}
-    pid = cluster.member(1).process.pid  # type: ignore[union-attr]
+    victim = cluster.member(1).process
+    assert victim is not None
     async with contextlib.AsyncExitStack() as stack:
         reader = await stack.enter_async_context(AsyncClient(cluster.address, **options))  # type: ignore[arg-type]
         tasks = []
-        os.kill(pid, signal.SIGSTOP)
-        try:
+        with paused(victim, cluster=cluster):
             tasks = [asyncio.ensure_future(act(reader)) for _ in range(calls)]
             if other_role is not None:
                 other = await stack.enter_async_context(
@@ -40,8 +40,6 @@ async def burst(
                 tasks.append(asyncio.ensure_future(act(other)))
             await asyncio.sleep(1.0)  # refusals are immediate; the rest wait for member 1
             pending = [not task.done() for task in tasks]
-        finally:
-            os.kill(pid, signal.SIGCONT)
         results = await asyncio.gather(*tasks, return_exceptions=True)
     outcomes: list[object] = list(results[:calls])
     if other_role is not None:

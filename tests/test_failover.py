@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from pausing import paused
 from polling import wait_for
 
 from aggclient import Client
@@ -617,16 +615,6 @@ def _check_transfers_and_view(cluster: LocalCluster, outcomes: transfers.Outcome
         assert {r["dst"]: (r["n"], r["total"]) for r in client.view("moved")} == expected
 
 
-@contextlib.contextmanager
-def paused(process: subprocess.Popen[bytes]) -> Iterator[None]:
-    """``process`` stopped (SIGSTOP) for the block, then resumed, whatever the block does."""
-    os.kill(process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(process.pid, signal.SIGCONT)
-
-
 def answered(call: Callable[[], object]) -> bool:
     """Whether ``call`` is answered rather than refused as unavailable."""
     try:
@@ -801,7 +789,7 @@ def test_a_member_declared_dead_while_alive_stops_and_rejoins(
     assert victim is not None
     with transfers_running(cluster, clients=6, view=VIEW) as outcomes:
         wait_for("transfers", lambda: len(outcomes.committed) > 50)
-        with paused(victim):
+        with paused(victim, cluster=cluster):
             wait_for("member 2 to serve partition 1", lambda: 1 in status(cluster, 2).serving, 30)
             wait_for("member 2 to hold member 1's log", lambda: decision_log(cluster, 1).owner == 2)
         wait_for("member 1 to stop", lambda: victim.poll() is not None, 10)

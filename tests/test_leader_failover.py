@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pausing import paused
 from polling import wait_for
 from starting import StartingThread
 
@@ -31,7 +32,6 @@ from tests.test_failover import (
     decision_log,
     member_logs_copied,
     nothing_prepared,
-    paused,
     replicated_cluster,
     serving_members,
     status,
@@ -226,7 +226,7 @@ def test_a_paused_leader_is_deposed_and_stops(three_members: LocalCluster) -> No
     assert leader is not None
     try:
         wait_for("transfers", lambda: len(outcomes.committed) > 50)
-        with paused(leader):
+        with paused(leader, cluster=cluster):
             wait_for("member 1 to lead", lambda: leader_record(cluster).member == 1, 30)
             wait_for("member 0's partition to move", lambda: serving_members(cluster)[0] != 0, 30)
         wait_for("member 0 to stop", lambda: leader.poll() is not None, 10)
@@ -269,7 +269,7 @@ def test_a_member_restarted_without_a_majority_leaves_its_records_alone(
     starting = StartingThread(member)
     started = starting.outcome
     try:
-        with paused(others[0]), paused(others[1]):  # type: ignore[arg-type]
+        with paused(*others, cluster=cluster):  # type: ignore[arg-type]
             member.kill()
             starting.start()
             # it waits: for a majority, or (having written its records) for the leader

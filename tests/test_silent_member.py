@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pausing import paused
 from polling import wait_for
 
 from aggclient import Client
@@ -32,7 +33,7 @@ from aggview import errors
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.service import _outcomes
 from loadgen import transfers
-from tests.test_failover import member_logs_copied, paused, replicated_cluster
+from tests.test_failover import member_logs_copied, replicated_cluster
 
 ACCOUNTS = 30
 
@@ -95,7 +96,7 @@ def test_a_client_gives_up_on_a_silent_member_and_routes_around_it(
     with loaded(cluster) as client:
         on_2, on_0 = account_on(client, 2), account_on(client, 0)
         touch(client, on_2)  # the channel to member 2 is open
-        with paused(process_of(cluster, 2)):
+        with paused(process_of(cluster, 2), cluster=cluster):
             unavailable_within(8.0, lambda: touch(client, on_2), match="did not answer")
             started = time.monotonic()
             touch(client, on_0)
@@ -115,7 +116,7 @@ def test_prepares_to_a_silent_members_partition_fail_once_the_prober_hears_it_si
     with loaded(cluster) as client:
         on_0, on_2 = account_on(client, 0), account_on(client, 2)
         touch(client, on_2)  # the streams to member 2 are open
-        with paused(process_of(cluster, 2)):
+        with paused(process_of(cluster, 2), cluster=cluster):
             # on a tie the first row's member coordinates
             unavailable_within(6.0, lambda: touch(client, on_0, on_2))
             assert client.last_member == 0
@@ -137,7 +138,7 @@ def test_a_followers_clock_stream_to_a_silent_leader_fails_and_comes_back(
     with loaded(cluster) as client:
         on_2 = account_on(client, 2)
         touch(client, on_2)
-        with paused(process_of(cluster, 0)):
+        with paused(process_of(cluster, 0), cluster=cluster):
             unavailable_within(6.0, lambda: touch(client, on_2))
         wait_for("member 2 granting again", lambda: _touched(client, on_2), 30)
 
