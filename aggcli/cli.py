@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
+from aggview.processes import die_with_parent
 
 DESCRIPTION = (
     "aggview: transactional aggregate views over key-value stores. Start a cluster (start, "
@@ -775,6 +776,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()  # a server a test or ``aggview start`` started
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

@@ -112,10 +112,26 @@ def process_tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-def _die_with_parent() -> None:
-    """Children get SIGTERM when the process that started them dies, even by kill -9."""
+PARENT_ENV = "AGGVIEW_DIE_WITH"  # set by ``Server.launch``: the pid that started the server
+
+
+def die_with_parent() -> None:
+    """In a server ``Server`` started: SIGTERM when the process that started it dies, even
+    by kill -9. Asked for here, after exec, and not in a ``preexec_fn``: that forces a plain
+    fork() in the starting process, whose gRPC at-fork handlers restarted gRPC's poller in the
+    child; the child then closed its descriptors before exec and the poller aborted it
+    ("epoll_wait error: Bad file descriptor"; a restarted member died so about once in twelve
+    restarts under load). Without one, Python starts the child by vfork, which runs no
+    handlers."""
+    parent = os.environ.pop(PARENT_ENV, "")
+    if not parent:
+        return
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    try:
+        os.kill(int(parent), 0)
+    except ProcessLookupError:  # it died before the request above took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def cli_module(code: Path) -> str:
@@ -163,6 +179,7 @@ class Server:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         extra_env, env = env, dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.code), env.get("PYTHONPATH")]))
+        env[PARENT_ENV] = str(os.getpid())  # see ``die_with_parent``
         env.update(extra_env or {})
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -174,7 +191,6 @@ class Server:
                 # ``-m`` looks in the working directory first: another checkout's code runs
                 # from its own (this one's would shadow it when started from here)
                 cwd=None if self.code == CHECKOUT else self.code,
-                preexec_fn=_die_with_parent,
             )
         return offset
 
