@@ -3,6 +3,7 @@ when it cannot start at first), and `kill -USR1` of the parent reaches the membe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -146,3 +147,38 @@ def test_usr1_of_the_parent_reaches_each_members_log_and_stops_nothing(
     with Client(address, timeout=30) as client:
         client.sql("CREATE TABLE u (id INT PRIMARY KEY)")
         assert client.scan("u") == []
+
+
+def test_kill_9_of_aggview_start_leaves_no_member_behind(tmp_path: Path) -> None:
+    """Each member asks, once started, for SIGTERM when its parent dies
+    (``aggview.processes.die_with_parent``), so kill -9 of ``aggview start`` stops them too.
+    (It was asked in a ``preexec_fn``, which made gRPC abort restarted members under load.)"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aggcli.cli", "start", "--data", str(tmp_path / "data")]
+        + ["--ltms", "2", "--processes", "2", "--insecure"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("aggview listening on")
+        members = [member_pid(process.pid, m) for m in (0, 1)]
+    finally:
+        process.kill()
+        process.communicate(timeout=30)
+    try:
+        wait_for("the members to exit", lambda: all(_gone(pid) for pid in members), 20)
+    finally:  # none left behind, even when this fails
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return zombie(pid)
+    except FileNotFoundError:
+        return True
