@@ -36,7 +36,7 @@ With several coordinating members, each caches, and writers elsewhere reach it a
 clock's notices (``coordinator.clock``), in the step before any timestamp granted after them:
 a notice's rows (or tables) are pending until the cluster has decided every transaction it
 covers (``decided``); then its rows are unknown here and are read again from the LTMs, and a
-notice for whole tables drops their entries. A new clock stream (the leader restarted, the
+notice for whole tables drops their entries (raising the floor above them). A new clock stream (the leader restarted, the
 network failed) may have lost notices: the cache starts over above everything issued before.
 """
 
@@ -173,10 +173,16 @@ class LookupCache:
                         del self._pending[row_key]
                 self._install(row_key, UNKNOWN, notice.last + 1)
             if notice.everything or notice.tables:
+                # Entries are dropped whatever their age, so the floor rises above the newest
+                # of them, as for an eviction: an entry newer than the notice may be the only
+                # record of a later write (a commit's image), and a slow read from before
+                # that write (a warm-up's snapshot) must not come back in its place.
                 scope = None if notice.everything else set(notice.tables)
-                for row_key in [k for k in self._entries if scope is None or k[0] in scope]:
-                    self._drop(row_key, self._entries[row_key])
                 self.floor = max(self.floor, notice.last)
+                for row_key in [k for k in self._entries if scope is None or k[0] in scope]:
+                    entry = self._entries[row_key]
+                    self._drop(row_key, entry)
+                    self.floor = max(self.floor, entry[1])
         self._remote = kept
 
     def start_over(self, issued: int) -> None:

@@ -216,6 +216,22 @@ def test_another_members_write_to_whole_tables_drops_their_entries() -> None:
     assert h.cache.lookup(P, 32) == (False, None)
 
 
+def test_a_notice_for_whole_tables_keeps_a_slow_snapshot_from_undoing_a_later_commit() -> None:
+    """Found after a leader's restart under load: a member of the old catalog epoch wrote
+    (a notice for every table); this member committed a write to P at 30; the notice was
+    settled, dropping every entry, P's newer one too; then the warm-up's snapshot, read at 20
+    before the write, was installed and answered the next lookups with P's old row."""
+    h = Harness()  # floor 10
+    h.cache.remote(Notice(12, 13, everything=True))
+    h.cache.writing(30, [P])
+    h.cache.committed(30, [Image(P, b"new")])
+    h.cache.decided(31)  # the notice settles: P's entry of 31 is dropped
+    h.cache.offer(P, b"old", 21)  # the warm-up's read at 20, offered late
+    assert h.cache.lookup(P, 40) == (False, None)
+    h.cache.offer(P, b"new", 40)
+    assert h.cache.lookup(P, 41) == (True, b"new")
+
+
 def test_a_new_clock_stream_starts_over_above_what_was_issued() -> None:
     h = Harness()
     h.cache.offer(P, b"v", 11)
