@@ -36,8 +36,9 @@ With several coordinating members, each caches, and writers elsewhere reach it a
 clock's notices (``coordinator.clock``), in the step before any timestamp granted after them:
 a notice's rows (or tables) are pending until the cluster has decided every transaction it
 covers (``decided``); then its rows are unknown here and are read again from the LTMs, and a
-notice for whole tables drops their entries (raising the floor above them). A new clock stream (the leader restarted, the
-network failed) may have lost notices: the cache starts over above everything issued before.
+notice for whole tables drops their entries (raising the floor above them). A new clock
+stream (the leader restarted, the network failed) may have lost notices: the cache starts over
+above everything issued before.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ from typing import Any
 import duckdb
 import pytest
 from conftest import own_cluster
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from profiles import examples
 
 from aggclient import Client
 from aggclient.bulk_client import BulkClient
@@ -230,6 +233,124 @@ def test_a_notice_for_whole_tables_keeps_a_slow_snapshot_from_undoing_a_later_co
     assert h.cache.lookup(P, 40) == (False, None)
     h.cache.offer(P, b"new", 40)
     assert h.cache.lookup(P, 41) == (True, b"new")
+
+
+class CacheModel:
+    """The truth a cache answer must match: every transaction's timestamp, writes and fate,
+    the LTMs' timestamp order (a read registered at ``t`` refuses older writers; a younger
+    committed write refuses older ones), and the cluster's decided watermark."""
+
+    def __init__(self, cache: LookupCache, first: int) -> None:
+        self.cache = cache
+        self.issued = first
+        self.history: dict[bytes, list[tuple[int, bytes | None]]] = {}  # key -> commits
+        self.rts: dict[bytes, int] = {}
+        self.undecided: dict[int, tuple[tuple[bytes, ...], bool]] = {}  # ts -> (keys, own)
+        self.watermark = first
+
+    def grant(self) -> int:
+        self.issued += 1
+        return self.issued
+
+    def before(self, key: bytes, ts: int) -> bytes | None:
+        """The committed state of ``key`` as a transaction at ``ts`` reads it."""
+        older = [value for at, value in self.history.get(key, []) if at < ts]
+        return older[-1] if older else None
+
+    def held(self, key: bytes, ts: int) -> bool:
+        """Whether an undecided transaction older than ``ts`` writes ``key`` (an LTM read at
+        ``ts`` would wait for it; a cache answer must not be given)."""
+        return any(t < ts and key in keys for t, (keys, _) in self.undecided.items())
+
+    def may_commit(self, ts: int, keys: tuple[bytes, ...]) -> bool:
+        return all(
+            self.rts.get(k, 0) <= ts and all(at < ts for at, _ in self.history.get(k, []))
+            for k in keys
+        )
+
+    def decide(self, ts: int, commit: bool, values: dict[bytes, bytes | None]) -> bool:
+        keys, _ = self.undecided.pop(ts)
+        commit = commit and self.may_commit(ts, keys)
+        if commit:
+            for key in keys:
+                self.history.setdefault(key, []).append((ts, values[key]))
+        return commit
+
+    def settle_watermark(self) -> None:
+        watermark = min(self.undecided, default=self.issued + 1) - 1
+        if watermark > self.watermark:
+            self.watermark = watermark
+            self.cache.decided(watermark)
+
+
+@settings(max_examples=examples(200, 2000), deadline=None)
+@given(st.data())
+def test_every_cache_answer_is_the_committed_state_under_random_histories(
+    data: st.DataObject,
+) -> None:
+    """Model-based: own and other members' writers (by row, or for every table) decided in
+    any order, their images known or not, outcomes unknown, the LTMs' timestamp order, own
+    reads offered at once, warm-up snapshots offered late, the watermark settling notices;
+    every answer the cache gives equals the committed state before the reader."""
+    h = Harness(max_rows=data.draw(st.sampled_from([3, 100]), label="max_rows"))
+    model = CacheModel(h.cache, h.now)
+    keys = [b"k0", b"k1", b"k2"]
+    late: list[tuple[bytes, bytes | None, int]] = []  # warm-up offers not yet delivered
+    draw_keys = st.lists(st.sampled_from(keys), min_size=1, max_size=2, unique=True)
+    for step in range(data.draw(st.integers(10, 80), label="steps")):
+        action = data.draw(
+            st.sampled_from(
+                ["own", "remote", "decide", "decide", "read", "warm", "deliver", "lookup"]
+            )
+        )
+        if action == "own":
+            written = tuple(data.draw(draw_keys))
+            ts = model.grant()
+            model.undecided[ts] = (written, True)
+            h.cache.writing(ts, [("p", k) for k in written])
+        elif action == "remote":
+            written = tuple(data.draw(draw_keys))
+            ts = model.grant()
+            model.undecided[ts] = (written, False)
+            every = data.draw(st.sampled_from([False, False, True]), label="every table")
+            rows = () if every else tuple(("p", k) for k in written)
+            h.cache.remote(Notice(ts, ts, rows=rows, everything=every))
+        elif action == "decide" and model.undecided:
+            ts = data.draw(st.sampled_from(sorted(model.undecided)))
+            written, own = model.undecided[ts]
+            values = {k: data.draw(st.sampled_from([None, b"a%d" % step, b"b"])) for k in written}
+            outcome = data.draw(st.sampled_from(["commit", "abort", "unknown"]))
+            committed = model.decide(ts, outcome != "abort", values)
+            if own and outcome == "unknown":
+                h.cache.unknown(ts)
+            elif own and committed:
+                shown = data.draw(st.booleans(), label="images known")
+                images = [Image(("p", k), values[k] or b"") for k in written if shown]
+                h.cache.committed(ts, images)
+            elif own:
+                h.cache.aborted(ts)
+        elif action == "read":  # a transaction reads at the LTM (registered) and offers it
+            key = data.draw(st.sampled_from(keys))
+            ts = model.grant()
+            if not model.held(key, ts):
+                model.rts[key] = max(model.rts.get(key, 0), ts)
+                h.cache.offer(("p", key), model.before(key, ts), ts)
+        elif action == "warm":  # a snapshot, taken earlier, is read now that it is decided
+            snapshot = data.draw(st.integers(h.now, model.watermark), label="snapshot")
+            for key in keys:
+                late.append((key, model.before(key, snapshot + 1), snapshot + 1))
+        elif action == "deliver":  # the late offers come back, in any order
+            for key, value, visible in data.draw(st.permutations(late), label="order"):
+                h.cache.offer(("p", key), value, visible)
+            late.clear()
+        elif action == "lookup":  # a reader looks every row up
+            ts = model.grant()
+            for key in keys:
+                known, row = h.cache.lookup(("p", key), ts)
+                if known:
+                    assert not model.held(key, ts), f"answered for {key!r} at {ts} past a writer"
+                    assert row == model.before(key, ts), f"stale {key!r} at {ts}"
+        model.settle_watermark()
 
 
 def test_a_new_clock_stream_starts_over_above_what_was_issued() -> None:
