@@ -134,6 +134,23 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Returns once every thread of ``pid`` is stopped (``kill`` returns before they are)."""
+    deadline = time.monotonic() + timeout
+    tasks = Path(f"/proc/{pid}/task")
+    while True:
+        states = []
+        for task in tasks.iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+                # the state follows the command name, which is in parentheses
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        if all(state in ("T", "t") for state in states):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {pid} did not stop: thread states {states}")
+        time.sleep(0.005)
+
+
 def cli_module(code: Path) -> str:
     """The module of the ``aggview`` command in the checkout ``code``: ``aggcli.cli``, or
     ``aggview.cli`` in a checkout from before the packages were the layers (a benchmark

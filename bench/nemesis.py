@@ -59,10 +59,12 @@ from typing import Any
 
 from aggclient import Client, ConditionFailed
 from aggview import errors
+from aggview.processes import wait_stopped
 from bench.netns import HostCluster, unavailable
 from coordinator import leadership
 from loadgen import transfers
 from ltm.store import open_store, ownership
+from ltm.store.sqlite import writer_lock
 
 ACCOUNTS, LEDGER, VIEW = "accounts", "ledger", "moved"
 ACCOUNT_COUNT = 30
@@ -398,7 +400,14 @@ class Nemesis:
     def pause(self) -> str:
         m = self.leader() if self.rng.random() < 0.5 else self.rng.randrange(self.cluster.members)
         was = "leader " if m == self.leader() else ""
-        self.signal(m, signal.SIGSTOP)
+        # outside a store write: a member stopped inside one would stop every member's
+        # writes to the shared embedded store (HBase, a server of its own, has no such lock)
+        with writer_lock(self.cluster.data / "store.db"):
+            self.signal(m, signal.SIGSTOP)
+            process = self.cluster.servers[m].process
+            if process is not None:
+                with contextlib.suppress(FileNotFoundError, TimeoutError):
+                    wait_stopped(process.pid)
         try:
             time.sleep(2.5 * self.delay)
         finally:

@@ -79,6 +79,23 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "locked" in text or "busy" in text
 
 
+@contextmanager
+def writer_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """The file's writer lock, held for the block. A process stopped (SIGSTOP) inside a write
+    holds it, and every other process's writes wait for it: tests and the nemesis stop a member
+    while holding it themselves, so the pause is the member's and not the store's."""
+    connection = sqlite3.connect(os.fspath(path), timeout=BUSY_TIMEOUT_MS / 1000)
+    connection.isolation_level = None
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            connection.execute("ROLLBACK")
+    finally:
+        connection.close()
+
+
 def _unknown(table: str) -> UnknownTable:
     return UnknownTable(f"store table {table!r} does not exist")
 
