@@ -862,23 +862,28 @@ def run(config: Config, data: Path, say: Callable[[str], None] = print) -> dict[
         try:
             nemesis.wait_settled(config.settle_timeout)
             time.sleep(config.warmup)
-            for n, kind in enumerate(schedule(config.kinds, config.faults, rng)):
-                fault = Fault(kind, time.monotonic())
-                faults.append(fault)
-                try:
-                    fault.detail = nemesis.inject(kind)
-                finally:
-                    nemesis.heal_all()
-                    fault.healed = time.monotonic()
-                fault.settled = nemesis.wait_settled(config.settle_timeout)
-                settled = "not settled" if fault.settled is None else "settled"
-                with history.lock:
-                    acked = len(history.commits)
-                say(
-                    f"fault {n + 1}/{config.faults}: {kind}: {fault.detail}; {settled}; "
-                    f"{acked} acknowledged so far"
-                )
-                time.sleep(config.calm)
+            try:
+                for n, kind in enumerate(schedule(config.kinds, config.faults, rng)):
+                    fault = Fault(kind, time.monotonic())
+                    faults.append(fault)
+                    try:
+                        fault.detail = nemesis.inject(kind)
+                    finally:
+                        nemesis.heal_all()
+                        fault.healed = time.monotonic()
+                    fault.settled = nemesis.wait_settled(config.settle_timeout)
+                    settled = "not settled" if fault.settled is None else "settled"
+                    with history.lock:
+                        acked = len(history.commits)
+                    say(
+                        f"fault {n + 1}/{config.faults}: {kind}: {fault.detail}; {settled}; "
+                        f"{acked} acknowledged so far"
+                    )
+                    time.sleep(config.calm)
+            except KeyboardInterrupt:  # a long run stopped early is still checked and reported
+                say(f"interrupted after {len(faults)} faults: checking what ran")
+                if faults and faults[-1].settled is None:
+                    faults[-1].settled = nemesis.wait_settled(config.settle_timeout)
             nemesis.heal_all()
             end = time.monotonic()
             nemesis.wait_settled(config.settle_timeout)
