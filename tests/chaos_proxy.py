@@ -49,12 +49,15 @@ class ChaosProxy:
             writer.transport.abort()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            await self._open.wait()
-            if self.delay:
-                await asyncio.sleep(self.delay)
-            writer.write(data)
-            await writer.drain()
+        try:
+            while data := await reader.read(65536):
+                await self._open.wait()
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass  # a peer reset (or a cut): this direction ends
         writer.transport.abort()
 
     # --- trouble, from any thread
@@ -86,6 +89,11 @@ class ChaosProxy:
             self._server.close()
             for writer in list(self._writers):
                 writer.transport.abort()
+            # every connection's task ends here, not destroyed pending when the loop stops
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         self._call(shut()).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
