@@ -584,11 +584,59 @@ def _run_cumulus_node(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agglauncher.cluster import PROCESSES_HELP
-
     parser = _Parser(prog="aggview", description=DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_server_commands(sub)
+    _add_client_commands(sub)
+    certs = sub.add_parser("certs", help="make a development CA, certificates and tokens")
+    certs.add_argument("dir", help="where to write them (created if missing)")
+    certs.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        help="another name or IP address the servers are reached at (localhost, 127.0.0.1 "
+        "and ::1 are always in)",
+    )
+    certs.add_argument("--days", type=int, default=365, help="validity of the certificates")
+    certs.add_argument("--force", action="store_true", help="replace files already there")
+    certs.set_defaults(run=_run_certs)
+
+    hbase = sub.add_parser("hbase", help="a real standalone HBase on this machine (Java, Maven)")
+    hbase_actions = hbase.add_subparsers(dest="action", required=True)
+    hbase_start = hbase_actions.add_parser(
+        "start", help="resolve HBase's jars (once), start HBase and its Thrift server"
+    )
+    hbase_start.add_argument("--dir", required=True, help="its files, logs and tables go here")
+    hbase_start.add_argument(
+        "--port", type=int, default=9090, help="the Thrift server's port (0: a free one)"
+    )
+    hbase_start.set_defaults(run=_run_hbase_start)
+    hbase_stop = hbase_actions.add_parser("stop", help="stop the HBase started from --dir")
+    hbase_stop.add_argument("--dir", required=True, help="the --dir it was started with")
+    hbase_stop.set_defaults(run=_run_hbase_stop)
+
+    from aggspark.commands import add_spark_commands
+    from loadgen.commands import add_bench_commands
+
+    add_spark_commands(sub, _add_client_security, _client_options)
+    add_bench_commands(sub, _add_client_security, _client_options)
+    _add_cumulus_commands(sub)
+
+    demo = sub.add_parser("demo", help="the main job: a local cluster, a workload, a report")
+    demo.add_argument("--data", help="keep the cluster's data here (default: a temp dir)")
+    demo.add_argument("--ltms", type=int, default=3, help="partitions of the local cluster")
+    demo.add_argument("--out", default="aggview-report", help="where the report and plots go")
+    demo.add_argument(
+        "--quick", action="store_true", help="every step at a small size (a few minutes)"
+    )
+    demo.set_defaults(run=_run_demo)
+    return parser
+
+
+def _add_server_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``aggview start`` (a whole cluster here) and ``aggview ltm`` (one member)."""
+    from agglauncher.cluster import PROCESSES_HELP
 
     start = sub.add_parser(
         "start",
@@ -648,6 +696,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_security(ltm, clients=True)
     ltm.set_defaults(run=_run_ltm)
 
+
+def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that talk to a running cluster: ``sql``, ``watch``, ``status``."""
     sql = sub.add_parser(
         "sql",
         help="run SQL against a cluster: statements given, a file, or an interactive shell",
@@ -708,39 +759,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_security(status)
     status.set_defaults(run=_run_status)
 
-    certs = sub.add_parser("certs", help="make a development CA, certificates and tokens")
-    certs.add_argument("dir", help="where to write them (created if missing)")
-    certs.add_argument(
-        "--host",
-        action="append",
-        default=[],
-        help="another name or IP address the servers are reached at (localhost, 127.0.0.1 "
-        "and ::1 are always in)",
-    )
-    certs.add_argument("--days", type=int, default=365, help="validity of the certificates")
-    certs.add_argument("--force", action="store_true", help="replace files already there")
-    certs.set_defaults(run=_run_certs)
 
-    hbase = sub.add_parser("hbase", help="a real standalone HBase on this machine (Java, Maven)")
-    hbase_actions = hbase.add_subparsers(dest="action", required=True)
-    hbase_start = hbase_actions.add_parser(
-        "start", help="resolve HBase's jars (once), start HBase and its Thrift server"
-    )
-    hbase_start.add_argument("--dir", required=True, help="its files, logs and tables go here")
-    hbase_start.add_argument(
-        "--port", type=int, default=9090, help="the Thrift server's port (0: a free one)"
-    )
-    hbase_start.set_defaults(run=_run_hbase_start)
-    hbase_stop = hbase_actions.add_parser("stop", help="stop the HBase started from --dir")
-    hbase_stop.add_argument("--dir", required=True, help="the --dir it was started with")
-    hbase_stop.set_defaults(run=_run_hbase_stop)
-
-    from aggspark.commands import add_spark_commands
-    from loadgen.commands import add_bench_commands
-
-    add_spark_commands(sub, _add_client_security, _client_options)
-    add_bench_commands(sub, _add_client_security, _client_options)
-
+def _add_cumulus_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``aggview m3`` and ``aggview cumulus`` (replay, and one DW node)."""
     from cumulus.m3.command import add_m3_command
     from cumulus.runtime.replay import add_cumulus_commands
 
@@ -763,16 +784,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(node)
     _add_server_security(node, clients=False)
     node.set_defaults(run=_run_cumulus_node)
-
-    demo = sub.add_parser("demo", help="the main job: a local cluster, a workload, a report")
-    demo.add_argument("--data", help="keep the cluster's data here (default: a temp dir)")
-    demo.add_argument("--ltms", type=int, default=3, help="partitions of the local cluster")
-    demo.add_argument("--out", default="aggview-report", help="where the report and plots go")
-    demo.add_argument(
-        "--quick", action="store_true", help="every step at a small size (a few minutes)"
-    )
-    demo.set_defaults(run=_run_demo)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> None:

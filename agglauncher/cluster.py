@@ -173,14 +173,24 @@ class LocalCluster:
         self.data.mkdir(parents=True, exist_ok=True)
         self._claim_layout()
         coordinator_port = self.port or free_port()
-        coordinator_address = f"127.0.0.1:{coordinator_port}"
         common = [] if self.fsync else ["--no-fsync"]
         ltm_security, coordinator_security = self._security_flags()
         if self.replicate and min(self.processes, self.ltms) == 1:
             raise ValueError("replication needs two or more processes to copy logs between")
         if self.processes >= 2:
             self._start_members(common, coordinator_security, coordinator_port)
-            return self
+        else:
+            self._start_ltms_and_coordinator(
+                common, ltm_security, coordinator_security, coordinator_port
+            )
+        return self
+
+    def _start_ltms_and_coordinator(
+        self, common: list[str], ltm_security: list[str], security: list[str], port: int
+    ) -> None:
+        """One process per LTM and a coordinator (an older checkout's layout), or with one
+        process, one member holding every partition."""
+        coordinator_address = f"127.0.0.1:{port}"
         # an older checkout's replicated LTMs each need the next one's address before it starts
         ports = [free_port() if self.replicate else 0 for _ in range(self.ltms)]
         for i in range(self.ltms if self.processes != 1 else 0):
@@ -245,10 +255,10 @@ class LocalCluster:
                     str(self.data / "coordinator"),
                     *(["--failover-after", str(self.failover_after)] if self.replicate else []),
                     *common,
-                    *coordinator_security,
+                    *security,
                 ],
                 self.data / "logs" / "coordinator.log",
-                port=coordinator_port,
+                port=port,
                 flags=["-v"] if self.verbose else [],
                 code=self.code,
             )
@@ -257,7 +267,6 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
-        return self
 
     def _start_members(self, common: list[str], security: list[str], port: int) -> None:
         """P members over the partitions; member 0 (the clock, the catalog) starts first."""

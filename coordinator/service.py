@@ -468,58 +468,21 @@ def build_manager(
     store = open_store(config.store_url)
     catalog = Catalog(store)
     count = config.partitions
-    partitions = catalog.meta("partitions")
-    if partitions is None:
-        catalog.set_meta("partitions", str(count))
-    elif int(partitions) != count:
-        raise errors.FailedPrecondition(
-            f"this data was written by {partitions} LTMs; start with {partitions} "
-            f"(got {count}): repartitioning is not supported"
-        )
+    _check_partitions(catalog, count)
     metrics = Metrics()
     decisions = DecisionLog(
         config.log_dir, fsync=config.fsync, observe=metrics.wal_observer("decisions")
     )
     may_drop = reach.has_majority if reach is not None else lambda: True
     in_flight = InFlight()
-    clock: MemberClock
     read_at = time.monotonic()  # a lease runs from the start of the read that gave it
     leader, lead = _leadership(config, store)
     if lead is not None:  # this member leads a replicated cluster: guarded, with a lease
         catalog.guard = lambda: leadership.guard(store, lead)
-    if leader == config.member:
-        oracle = TimestampOracle(catalog.meta, catalog.set_meta)
-        lease = None
-        if lead is not None:
-            lease = Lease()
-            lease.confirmed(read_at)  # renewed from the record once serving
-        clock = LeaderClock(
-            Clock(oracle, max(1, len(config.members)), leader=leader), in_flight, lease
-        )
-    else:
-
-        async def locate() -> tuple[int, str] | None:
-            """Where the clock is now (after the leader's stream failed)."""
-            record = await asyncio.to_thread(leadership.read, store)
-            if record.member == config.member:
-                return None  # this member is taking the lead
-            manager.leader = config.members[record.member]
-            manager.leader_member = record.member
-            return record.member, config.members[record.member]
-
-        clock = FollowerClock(
-            config.member,
-            in_flight,
-            config.members[leader],
-            config.tls,
-            lambda epoch, configuration: manager.views.install(epoch, configuration),
-            locate if config.replicates else None,
-            leader_member=leader,
-            exchanges=config.exchanges,
-        )
-        if reach is not None:
-            clock.silent = reach.silent
+    built: list[TransactionManager] = []  # the follower clock's callbacks need the manager
+    clock = _member_clock(config, store, catalog, in_flight, reach, leader, lead, read_at, built)
     manager = TransactionManager(catalog, clock, decisions, limits=config.limits, metrics=metrics)
+    built.append(manager)
     metrics.watch(functools.partial(member_state, manager))
     if reach is not None:
         manager.ltm_silent = lambda ltm: reach.silent(ltm % len(config.members))
@@ -529,27 +492,7 @@ def build_manager(
     else:
         manager.epoch = catalog.first_epoch()
     manager.lead = lead
-    others = [
-        (m, _outcome_stub(address, config.tls))
-        for m, address in enumerate(config.members)
-        if m != config.member
-    ]
-    manager.local = LocalPartitions(
-        store,
-        config.log_dir / "partitions",
-        count,
-        lambda timestamps: _outcomes(manager, others, timestamps),
-        fsync=config.fsync,
-        cache_rows=config.cache_rows,
-        checkpoint_interval=config.checkpoint_interval,
-        hosted=config.hosted(count),
-        members=config.members if config.replicates else None,
-        tls=config.tls,
-        may_drop=may_drop,
-        silent=manager.ltm_silent,
-        wal_observe=metrics.wal_observer("partition"),
-    )
-    manager.channels = [None] * count  # below: local, or where the record says
+    manager.local = _local_partitions(config, store, manager, may_drop)
     if config.replicates:
         manager.replication = MemberDecisions(
             store,
@@ -568,27 +511,130 @@ def build_manager(
     manager.members = list(config.members)
     manager.member = config.member
     manager.transact_addresses = list(config.exchanges)
-    addresses = config.addresses(count)
-    for p in range(count):  # after a failover, a partition lives elsewhere
-        record = ownership.read(store, p)
-        if record.owner in manager.local.hostings:
-            manager.channels[p] = LocalLtm(
-                p, manager.local.hostings[record.owner], manager._watermarks, record.epoch
-            )
-        else:
-            manager.channels[p] = LtmChannel(
-                p,
-                addresses[record.owner],
-                manager._watermarks,
-                config.tls,
-                owner=record.owner,
-                epoch=record.epoch,
-                exchanges=config.exchange_addresses(count),
-            )
-            manager.channels[p].silent = manager.ltm_silent
+    manager.channels = _partition_channels(config, store, manager)
     views = ViewManager(manager, runtime_dir=config.log_dir / "cumulus", tls=config.tls)
     manager.views = manager.view_hooks = views  # the service's; and every transaction's hooks
     return manager
+
+
+def _check_partitions(catalog: Catalog, count: int) -> None:
+    """The data's number of partitions is fixed when it is first written."""
+    partitions = catalog.meta("partitions")
+    if partitions is None:
+        catalog.set_meta("partitions", str(count))
+    elif int(partitions) != count:
+        raise errors.FailedPrecondition(
+            f"this data was written by {partitions} LTMs; start with {partitions} "
+            f"(got {count}): repartitioning is not supported"
+        )
+
+
+def _member_clock(
+    config: CoordinatorConfig,
+    store: Store,
+    catalog: Catalog,
+    in_flight: InFlight,
+    reach: Reachability | None,
+    leader: int,
+    lead: Leadership | None,
+    read_at: float,
+    built: list[TransactionManager],
+) -> MemberClock:
+    """The leader's clock here, or a follower's stream to it. ``built`` holds the manager
+    once it exists (the follower clock calls back into it)."""
+    if leader == config.member:
+        oracle = TimestampOracle(catalog.meta, catalog.set_meta)
+        lease = None
+        if lead is not None:
+            lease = Lease()
+            lease.confirmed(read_at)  # renewed from the record once serving
+        return LeaderClock(
+            Clock(oracle, max(1, len(config.members)), leader=leader), in_flight, lease
+        )
+
+    async def locate() -> tuple[int, str] | None:
+        """Where the clock is now (after the leader's stream failed)."""
+        record = await asyncio.to_thread(leadership.read, store)
+        if record.member == config.member:
+            return None  # this member is taking the lead
+        manager = built[0]
+        manager.leader = config.members[record.member]
+        manager.leader_member = record.member
+        return record.member, config.members[record.member]
+
+    clock = FollowerClock(
+        config.member,
+        in_flight,
+        config.members[leader],
+        config.tls,
+        lambda epoch, configuration: built[0].views.install(epoch, configuration),
+        locate if config.replicates else None,
+        leader_member=leader,
+        exchanges=config.exchanges,
+    )
+    if reach is not None:
+        clock.silent = reach.silent
+    return clock
+
+
+def _local_partitions(
+    config: CoordinatorConfig,
+    store: Store,
+    manager: TransactionManager,
+    may_drop: Callable[[], bool],
+) -> LocalPartitions:
+    """The partitions this member hosts, in process; they ask the other members about the
+    transactions they coordinated."""
+    others = [
+        (m, _outcome_stub(address, config.tls))
+        for m, address in enumerate(config.members)
+        if m != config.member
+    ]
+    count = config.partitions
+    return LocalPartitions(
+        store,
+        config.log_dir / "partitions",
+        count,
+        lambda timestamps: _outcomes(manager, others, timestamps),
+        fsync=config.fsync,
+        cache_rows=config.cache_rows,
+        checkpoint_interval=config.checkpoint_interval,
+        hosted=config.hosted(count),
+        members=config.members if config.replicates else None,
+        tls=config.tls,
+        may_drop=may_drop,
+        silent=manager.ltm_silent,
+        wal_observe=manager.metrics.wal_observer("partition"),
+    )
+
+
+def _partition_channels(
+    config: CoordinatorConfig, store: Store, manager: TransactionManager
+) -> list[Any]:
+    """Each partition's channel: in process if this member serves it, else to the member the
+    ownership record names (after a failover, a partition lives elsewhere)."""
+    count = config.partitions
+    addresses = config.addresses(count)
+    channels: list[Any] = []
+    for p in range(count):
+        record = ownership.read(store, p)
+        if record.owner in manager.local.hostings:
+            channels.append(
+                LocalLtm(p, manager.local.hostings[record.owner], manager._watermarks, record.epoch)
+            )
+            continue
+        channel = LtmChannel(
+            p,
+            addresses[record.owner],
+            manager._watermarks,
+            config.tls,
+            owner=record.owner,
+            epoch=record.epoch,
+            exchanges=config.exchange_addresses(count),
+        )
+        channel.silent = manager.ltm_silent
+        channels.append(channel)
+    return channels
 
 
 def member_state(manager: TransactionManager) -> MemberState:
@@ -761,15 +807,7 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
     manager = build_manager(config, reach)
     if prober is not None:
         prober.on_silent.append(functools.partial(member_silent, manager))
-    await manager.local.start()
-    if manager.replication is not None:  # before re-delivery: it may adopt a log to deliver
-        await manager.replication.start()
-    if isinstance(manager.clock, FollowerClock):
-        await manager.clock.start()  # its first answer brings the catalog
-    await manager.start()
-    for channel in manager.channels:  # before anyone else's message: see Participant.observe
-        if isinstance(channel, LocalLtm):
-            channel.participant.observe(*manager._watermarks())
+    await _start_manager(manager)
     roles = MemberRoles(
         manager,
         config.addresses(manager.partitions),
@@ -785,6 +823,44 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
         secret=config.tls.secret if config.tls is not None else None,
         limits=config.limits,
     )
+    server, servicer, clock = _grpc_server(config, manager, gate, reach)
+    if config.metrics_port is not None:
+        port = manager.metrics.serve(config.host, config.metrics_port)
+        # before the line the cluster harness waits for (``aggview.processes.Server``)
+        print(f"member {config.member} metrics on http://{config.host}:{port}/metrics", flush=True)
+    credentials = config.tls.server_credentials(members_only=False) if config.tls else None
+    framed = await _framed_server(config, manager, gate, clock) if config.exchanges else None
+    await run_until_signalled(
+        server, config.host, config.port, f"member {config.member}", ready, credentials=credentials
+    )
+    if framed is not None:
+        await framed.close()
+    await roles.stop()
+    await servicer.bulk.leases.close()
+    await _stop_manager(manager)
+
+
+async def _start_manager(manager: TransactionManager) -> None:
+    """The member's parts, in the order each needs the one before."""
+    await manager.local.start()
+    if manager.replication is not None:  # before re-delivery: it may adopt a log to deliver
+        await manager.replication.start()
+    if isinstance(manager.clock, FollowerClock):
+        await manager.clock.start()  # its first answer brings the catalog
+    await manager.start()
+    for channel in manager.channels:  # before anyone else's message: see Participant.observe
+        if isinstance(channel, LocalLtm):
+            channel.participant.observe(*manager._watermarks())
+
+
+def _grpc_server(
+    config: CoordinatorConfig,
+    manager: TransactionManager,
+    gate: ClientGate,
+    reach: Reachability | None,
+) -> tuple[grpc.aio.Server, AggviewServicer, ClockServicer | None]:
+    """The member's gRPC server with its services: clients', outcome questions, and with
+    other members the partitions' and (where a member may lead) the clock's."""
     server = grpc.aio.server(
         interceptors=[gate],
         options=[  # first: gRPC takes the first of two values of one option
@@ -816,32 +892,34 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
             services.append(lpb.DESCRIPTOR.services_by_name["Clock"])
     add_health(server)
     add_reflection(server, [service.full_name for service in services])
-    if config.metrics_port is not None:
-        port = manager.metrics.serve(config.host, config.metrics_port)
-        # before the line the cluster harness waits for (``aggview.processes.Server``)
-        print(f"member {config.member} metrics on http://{config.host}:{port}/metrics", flush=True)
-    credentials = config.tls.server_credentials(members_only=False) if config.tls else None
-    framed = None
-    if config.exchanges:  # other members' streams to our partitions, on framed TCP
-        streams = {}
-        if clock is not None:  # and the followers' clock streams
-            streams["clock"] = lambda hello: clock.framed()
-        if manager.transact_addresses:  # and clients' transactions (see build_manager)
-            streams["transact"] = functools.partial(framed_transactions, manager, gate)
-        welcome = framed_exchange(
-            manager.local.participant,
-            config.tls.secret if config.tls else None,
-            streams,
-            client_streams=frozenset({"transact"}),
-        )
-        framed = await FramedServer(
-            welcome, config.tls.frames_server_ssl if config.tls else None
-        ).start(config.host, config.exchange_port)
-    await run_until_signalled(
-        server, config.host, config.port, f"member {config.member}", ready, credentials=credentials
+    return server, servicer, clock
+
+
+async def _framed_server(
+    config: CoordinatorConfig,
+    manager: TransactionManager,
+    gate: ClientGate,
+    clock: ClockServicer | None,
+) -> FramedServer:
+    """Other members' streams to our partitions on framed TCP, with the followers' clock
+    streams and clients' transactions."""
+    streams = {}
+    if clock is not None:
+        streams["clock"] = lambda hello: clock.framed()
+    if manager.transact_addresses:  # see build_manager
+        streams["transact"] = functools.partial(framed_transactions, manager, gate)
+    welcome = framed_exchange(
+        manager.local.participant,
+        config.tls.secret if config.tls else None,
+        streams,
+        client_streams=frozenset({"transact"}),
     )
-    if framed is not None:
-        await framed.close()
+    return await FramedServer(welcome, config.tls.frames_server_ssl if config.tls else None).start(
+        config.host, config.exchange_port
+    )
+
+
+async def _stop_manager(manager: TransactionManager) -> None:
     for channel in manager.channels:
         log.info(
             "LTM %d: %d decisions in %d calls",
@@ -849,8 +927,6 @@ async def serve(config: CoordinatorConfig, ready: asyncio.Event | None = None) -
             channel.decisions.items,
             channel.decisions.calls,
         )
-    await roles.stop()
-    await servicer.bulk.leases.close()
     await manager.views.stop()
     await manager.close()
     if isinstance(manager.clock, FollowerClock):
