@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from polling import wait_for
@@ -22,20 +23,24 @@ from aggview import errors
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def aggview_start(data: Path, stderr: Any) -> subprocess.Popen[str]:
+    """A real ``aggview start`` of two members on ``data``, its stdout a pipe."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "aggcli.cli", "start", "--data", str(data)]
+        + ["--ltms", "2", "--processes", "2", "--insecure"],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
 @pytest.fixture
 def started(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
     """A real ``aggview start`` of two members, its address, and the file of its stderr."""
     said = tmp_path / "start.err"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(said, "w") as err:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "aggcli.cli", "start", "--data", str(tmp_path / "data")]
-            + ["--ltms", "2", "--processes", "2", "--insecure"],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=env,
-        )
+        process = aggview_start(tmp_path / "data", err)
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -153,15 +158,7 @@ def test_kill_9_of_aggview_start_leaves_no_member_behind(tmp_path: Path) -> None
     """Each member asks, once started, for SIGTERM when its parent dies
     (``aggview.processes.die_with_parent``), so kill -9 of ``aggview start`` stops them too.
     (It was asked in a ``preexec_fn``, which made gRPC abort restarted members under load.)"""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "aggcli.cli", "start", "--data", str(tmp_path / "data")]
-        + ["--ltms", "2", "--processes", "2", "--insecure"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-    )
+    process = aggview_start(tmp_path / "data", subprocess.DEVNULL)
     try:
         assert process.stdout is not None
         assert process.stdout.readline().startswith("aggview listening on")
