@@ -292,9 +292,7 @@ class Participant:
             for change_id, row_id in captured.items():
                 after[change_id] = {"b": tx.before[row_id], "a": after[row_id]}
         except VoteNo as no:
-            for row_id in taken:
-                tx.before.pop(row_id, None)
-                self.rows[row_id].release()
+            self._release(tx, taken)
             if no.outcome == Outcome.CONDITION_FAILED:
                 for _, row_id in ops:  # the condition read the row at ts
                     state = self.rows[row_id]
@@ -302,38 +300,47 @@ class Participant:
             table, key = no.row or ("", b"")
             return pb.Vote(ts=ts, outcome=no.outcome, message=str(no), table=table, key=key)
         except BaseException:  # store failure, cancellation: never leave a row held
-            for row_id in taken:
-                tx.before.pop(row_id, None)
-                self.rows[row_id].release()
+            self._release(tx, taken)
             raise
         finally:
             self._unpin(pinned)
         changed = {row_id: after[row_id] for row_id in exclusive if row_id not in superseded}
+        await self._log_prepared(tx, changed, deltas, durable)
+        if failpoints.ARMED:
+            failpoints.hit(failpoints.LTM_AFTER_PREPARE_LOGGED)
+        vote = pb.Vote(ts=ts, outcome=Outcome.YES)
+        if sub.want_images:
+            _add_images(vote, tx, [r for _, r in ops if r not in superseded])
+        return vote
+
+    async def _log_prepared(
+        self,
+        tx: Prepared,
+        changed: dict[RowId, Row | None],
+        deltas: list[tuple[RowId, Row]],
+        durable: bool,
+    ) -> None:
+        """Takes this round's rows and view deltas into the transaction and logs its
+        PREPARED record (flushed now, or by the caller's commit record or flush)."""
         tx.after.update(changed)
         merged: dict[RowId, Row] = {}
         for row_id, delta in deltas:
             merged[row_id] = combine(tx.merges.get(row_id, {}), delta)
             tx.merges[row_id] = merged[row_id]
-            self.rows[row_id].merges[ts] = merged[row_id]
-        self.prepared[ts] = tx
+            self.rows[row_id].merges[tx.ts] = merged[row_id]
+        self.prepared[tx.ts] = tx
         if durable:
             tx.lsn = await self.wal.append(tx.record(changed, merged))
             tx.durable = True
         else:
             tx.lsn = self.wal.write(tx.record(changed, merged), flush=False)
             tx.durable = False
-        if failpoints.ARMED:
-            failpoints.hit(failpoints.LTM_AFTER_PREPARE_LOGGED)
-        vote = pb.Vote(ts=ts, outcome=Outcome.YES)
-        if sub.want_images:
-            for table, key in dict.fromkeys(r for _, r in ops if r not in superseded):
-                vote.images.add(
-                    table=table,
-                    key=key,
-                    before=encode_row(tx.before[(table, key)]),
-                    after=encode_row(tx.after[(table, key)]),
-                )
-        return vote
+
+    def _release(self, tx: Prepared, taken: dict[RowId, None]) -> None:
+        """A refused or failed round gives back the rows it took (earlier rounds keep theirs)."""
+        for row_id in taken:
+            tx.before.pop(row_id, None)
+            self.rows[row_id].release()
 
     def _in_younger_range_read(self, row_id: RowId, ts: int) -> bool:
         table, key = row_id
@@ -912,3 +919,14 @@ def _check_conditions(
             # structured, so the coordinator can show the values as the user typed them
             detail = encode_json([column, op, value, actual]).decode()
             raise VoteNo(Outcome.CONDITION_FAILED, detail, row_id)
+
+
+def _add_images(vote: pb.Vote, tx: Prepared, row_ids: list[RowId]) -> None:
+    """Each written row's image before and after the transaction, for view maintenance."""
+    for table, key in dict.fromkeys(row_ids):
+        vote.images.add(
+            table=table,
+            key=key,
+            before=encode_row(tx.before[(table, key)]),
+            after=encode_row(tx.after[(table, key)]),
+        )
