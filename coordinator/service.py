@@ -479,10 +479,11 @@ def build_manager(
     leader, lead = _leadership(config, store)
     if lead is not None:  # this member leads a replicated cluster: guarded, with a lease
         catalog.guard = lambda: leadership.guard(store, lead)
-    built: list[TransactionManager] = []  # the follower clock's callbacks need the manager
-    clock = _member_clock(config, store, catalog, in_flight, reach, leader, lead, read_at, built)
+    # the follower clock calls back into the manager, made below with the clock
+    clock = _member_clock(
+        config, store, catalog, in_flight, reach, leader, lead, read_at, lambda: manager
+    )
     manager = TransactionManager(catalog, clock, decisions, limits=config.limits, metrics=metrics)
-    built.append(manager)
     metrics.watch(functools.partial(member_state, manager))
     if reach is not None:
         manager.ltm_silent = lambda ltm: reach.silent(ltm % len(config.members))
@@ -538,9 +539,9 @@ def _member_clock(
     leader: int,
     lead: Leadership | None,
     read_at: float,
-    built: list[TransactionManager],
+    manager_of: Callable[[], TransactionManager],
 ) -> MemberClock:
-    """The leader's clock here, or a follower's stream to it. ``built`` holds the manager
+    """The leader's clock here, or a follower's stream to it. ``manager_of()``: the manager,
     once it exists (the follower clock calls back into it)."""
     if leader == config.member:
         oracle = TimestampOracle(catalog.meta, catalog.set_meta)
@@ -557,7 +558,7 @@ def _member_clock(
         record = await asyncio.to_thread(leadership.read, store)
         if record.member == config.member:
             return None  # this member is taking the lead
-        manager = built[0]
+        manager = manager_of()
         manager.leader = config.members[record.member]
         manager.leader_member = record.member
         return record.member, config.members[record.member]
@@ -567,7 +568,7 @@ def _member_clock(
         in_flight,
         config.members[leader],
         config.tls,
-        lambda epoch, configuration: built[0].views.install(epoch, configuration),
+        lambda epoch, configuration: manager_of().views.install(epoch, configuration),
         locate if config.replicates else None,
         leader_member=leader,
         exchanges=config.exchanges,
