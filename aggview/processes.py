@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,11 +135,14 @@ def die_with_parent() -> None:
 
 
 def wait_stopped(pid: int, timeout: float = 10.0) -> None:
-    """Returns once every thread of ``pid`` is stopped (``kill`` returns before they are)."""
+    """Returns once every thread of ``pid`` is stopped (``kill`` returns before they are), or
+    it is gone."""
     deadline = time.monotonic() + timeout
     tasks = Path(f"/proc/{pid}/task")
     while True:
         states = []
+        if not tasks.exists():
+            return  # it exited: nothing of it runs
         for task in tasks.iterdir():
             with contextlib.suppress(FileNotFoundError):  # a thread that just ended
                 # the state follows the command name, which is in parentheses
@@ -149,6 +152,32 @@ def wait_stopped(pid: int, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"process {pid} did not stop: thread states {states}")
         time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def paused(
+    pids: Sequence[int], held: contextlib.AbstractContextManager[object] | None = None
+) -> Iterator[None]:
+    """``pids`` stopped (SIGSTOP) for the block, as a GC pause or a frozen VM would stop them,
+    then resumed whatever the block does (one that exited meanwhile is skipped). ``held``: a
+    lock the processes must not hold while stopped, taken around the stop and released once
+    every thread of them has stopped (``ltm.store.sqlite.writer_lock``: a member stopped
+    inside a write to the embedded store would stop every member's writes, which HBase, a
+    server of its own, would not)."""
+    with held if held is not None else contextlib.nullcontext():
+        _signal(pids, signal.SIGSTOP)
+        for pid in pids:
+            wait_stopped(pid)
+    try:
+        yield
+    finally:
+        _signal(pids, signal.SIGCONT)
+
+
+def _signal(pids: Sequence[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 def cli_module(code: Path) -> str:

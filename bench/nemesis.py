@@ -59,7 +59,7 @@ from typing import Any
 
 from aggclient import Client, ConditionFailed
 from aggview import errors
-from aggview.processes import wait_stopped
+from aggview.processes import paused
 from bench.netns import HostCluster, unavailable
 from coordinator import leadership
 from loadgen import transfers
@@ -400,18 +400,10 @@ class Nemesis:
     def pause(self) -> str:
         m = self.leader() if self.rng.random() < 0.5 else self.rng.randrange(self.cluster.members)
         was = "leader " if m == self.leader() else ""
-        # outside a store write: a member stopped inside one would stop every member's
-        # writes to the shared embedded store (HBase, a server of its own, has no such lock)
-        with writer_lock(self.cluster.data / "store.db"):
-            self.signal(m, signal.SIGSTOP)
-            process = self.cluster.servers[m].process
-            if process is not None:
-                with contextlib.suppress(FileNotFoundError, TimeoutError):
-                    wait_stopped(process.pid)
-        try:
+        process = self.cluster.servers[m].process
+        pids = [process.pid] if process is not None else []
+        with paused(pids, writer_lock(self.cluster.data / "store.db")):  # outside a write
             time.sleep(2.5 * self.delay)
-        finally:
-            self.signal(m, signal.SIGCONT)
         return f"{was}member {m} paused {2.5 * self.delay:.1f}s"
 
     def two_lost(self) -> str:

@@ -81,11 +81,11 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 
 @contextmanager
 def writer_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """The file's writer lock, held for the block. A process stopped (SIGSTOP) inside a write
-    holds it, and every other process's writes wait for it: tests and the nemesis stop a member
-    while holding it themselves, so the pause is the member's and not the store's."""
-    connection = sqlite3.connect(os.fspath(path), timeout=BUSY_TIMEOUT_MS / 1000)
-    connection.isolation_level = None
+    """The file's writer lock, held for the block (``aggview.processes.paused`` stops a member
+    while holding it, so that the member is not stopped inside a write)."""
+    connection = sqlite3.connect(
+        os.fspath(path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None
+    )
     try:
         connection.execute("BEGIN IMMEDIATE")
         try:
