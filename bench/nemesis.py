@@ -855,23 +855,7 @@ def run(config: Config, data: Path, say: Callable[[str], None] = print) -> dict[
             nemesis.wait_settled(config.settle_timeout)
             time.sleep(config.warmup)
             try:
-                for n, kind in enumerate(schedule(config.kinds, config.faults, rng)):
-                    fault = Fault(kind, time.monotonic())
-                    faults.append(fault)
-                    try:
-                        fault.detail = nemesis.inject(kind)
-                    finally:
-                        nemesis.heal_all()
-                        fault.healed = time.monotonic()
-                    fault.settled = nemesis.wait_settled(config.settle_timeout)
-                    settled = "not settled" if fault.settled is None else "settled"
-                    with history.lock:
-                        acked = len(history.commits)
-                    say(
-                        f"fault {n + 1}/{config.faults}: {kind}: {fault.detail}; {settled}; "
-                        f"{acked} acknowledged so far"
-                    )
-                    time.sleep(config.calm)
+                inject_faults(config, nemesis, history, rng, faults, say)
             except KeyboardInterrupt:  # a long run stopped early is still checked and reported
                 say(f"interrupted after {len(faults)} faults: checking what ran")
                 if faults and faults[-1].settled is None:
@@ -914,6 +898,35 @@ def run(config: Config, data: Path, say: Callable[[str], None] = print) -> dict[
     report["safety_failures"] = safety_failures(report)
     report["liveness_failures"] = stuck
     return report
+
+
+def inject_faults(
+    config: Config,
+    nemesis: Nemesis,
+    history: History,
+    rng: random.Random,
+    faults: list[Fault],
+    say: Callable[[str], None],
+) -> None:
+    """The scheduled faults one after the other, each healed and waited out; each goes into
+    ``faults`` as it starts (an interrupted run keeps those that ran)."""
+    for n, kind in enumerate(schedule(config.kinds, config.faults, rng)):
+        fault = Fault(kind, time.monotonic())
+        faults.append(fault)
+        try:
+            fault.detail = nemesis.inject(kind)
+        finally:
+            nemesis.heal_all()
+            fault.healed = time.monotonic()
+        fault.settled = nemesis.wait_settled(config.settle_timeout)
+        settled = "not settled" if fault.settled is None else "settled"
+        with history.lock:
+            acked = len(history.commits)
+        say(
+            f"fault {n + 1}/{config.faults}: {kind}: {fault.detail}; {settled}; "
+            f"{acked} acknowledged so far"
+        )
+        time.sleep(config.calm)
 
 
 @contextlib.contextmanager
