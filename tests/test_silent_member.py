@@ -33,7 +33,7 @@ from aggview import errors
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.service import _outcomes
 from loadgen import transfers
-from tests.test_failover import member_logs_copied, replicated_cluster
+from tests.test_failover import member_logs_copied, replicated_cluster, status
 
 ACCOUNTS = 30
 
@@ -47,11 +47,19 @@ def quiet_failover(tmp_path: Path) -> Iterator[LocalCluster]:
 
 @contextlib.contextmanager
 def loaded(cluster: LocalCluster) -> Iterator[Client]:
-    """A client (20 s deadline) of a cluster with the transfer tables, every log copied."""
+    """A client (20 s deadline) of a cluster with the transfer tables, every log copied, every
+    member heard by the others' probers (silence is only noticed in a member heard once: on a
+    busy machine a member up for less than a second may not have been yet)."""
     with Client(cluster.address, timeout=20) as client:
         transfers.create(client, "accounts", "ledger", ACCOUNTS)
         wait_for("every log copied", lambda: member_logs_copied(cluster, [0, 1, 2]))
+        wait_for("every member heard by the others", lambda: all_heard(cluster))
         yield client
+
+
+def all_heard(cluster: LocalCluster) -> bool:
+    members = set(range(cluster.processes))
+    return all(set(status(cluster, m).reaches) == members for m in members)
 
 
 def process_of(cluster: LocalCluster, member: int) -> subprocess.Popen[bytes]:
@@ -77,7 +85,9 @@ def touch(client: Client, *accounts: int) -> None:
             tx.add("accounts", {"id": account}, {"balance": 0})
 
 
-def unavailable_within(seconds: float, call: Callable[[], object], match: str = "") -> None:
+def unavailable_within(
+    seconds: float, call: Callable[[], object], match: str | None = None
+) -> None:
     """``call`` fails as unavailable, and within ``seconds`` (a silent member's doing)."""
     started = time.monotonic()
     with pytest.raises(errors.Unavailable, match=match):
