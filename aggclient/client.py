@@ -28,7 +28,7 @@ from aggview.frames import FramedCall
 from aggview.net import GRPC_OPTIONS
 from aggview.retry import RetryPolicy
 from aggview.security import client_credentials, client_ssl
-from aggview.status import CODE_BY_NUMBER, error_from_rpc, error_from_status
+from aggview.status import CODE_BY_NUMBER, error_from_rpc, error_from_status, silent_members
 from aggview.streams import AskEach
 from aggview.values import from_row, to_row, to_value
 from aggview.wire import client_pb2 as pb
@@ -156,6 +156,11 @@ class _AsyncClientTransaction(Transaction):
 # slow the commit, is waited for. Two seconds each: at 1 s, members of a cluster starved of
 # CPU (four test workers on two cores) missed both and clients gave up on healthy members.
 SILENT_AFTER = 2.0
+# Sooner than that, and again every half second, another member is asked whether its prober
+# hears the coordinating member silent (a member cut off is heard so by the others about a
+# second into the cut): the cluster's view, not a guess from one slow call.
+ASK_OTHERS_AFTER = 1.0
+ASK_OTHERS_EVERY = 0.5
 # the codes of a call nobody answered (an error the server sent back is an answer)
 SILENT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -471,26 +476,76 @@ class Client:
             return exc.code() not in SILENT_CODES
         return True
 
-    def _watched(self, stub: Any, request: pb.CommitRequest) -> Any:
-        """``stub.Commit(request)``, given up on (``Unavailable``) when the member stops
-        answering altogether while it runs (see ``silent_after``)."""
+    def _watched(self, stub: Any, request: pb.CommitRequest, member: int | None = None) -> Any:
+        """``stub.Commit(request)`` sent to ``member`` (None: the address given), given up on
+        (``Unavailable``) when the member stops answering altogether while it runs (see
+        ``silent_after``), or when another member says it hears it silent."""
         if self.silent_after is None:
             return self._call(stub.Commit, request)
         call = stub.Commit.future(request, timeout=self.timeout, metadata=self._metadata)
+        now = time.monotonic()
+        ask_at, probe_at = now + ASK_OTHERS_AFTER, now + self.silent_after
         try:
             while True:
                 try:
-                    return call.result(timeout=self.silent_after)
+                    reply = call.result(timeout=max(0.0, min(ask_at, probe_at) - now))
+                    self._heard_silent(call.trailing_metadata())
+                    return reply
                 except grpc.FutureTimeoutError:
                     pass
-                if not self._answers(stub):
-                    call.cancel()
-                    raise _Silent(
-                        f"the member coordinating this transaction did not answer for "
-                        f"{self.silent_after + self._probe_timeout:g}s: its outcome is unknown"
-                    )
+                now = time.monotonic()
+                if now >= ask_at:
+                    ask_at = now + ASK_OTHERS_EVERY
+                    if self._others_hear_silent(member):
+                        call.cancel()
+                        raise _Silent(
+                            f"member {member}, coordinating this transaction, did not answer "
+                            "and the others hear it silent: its outcome is unknown"
+                        )
+                if now >= probe_at:
+                    if not self._answers(stub):
+                        call.cancel()
+                        raise _Silent(
+                            "the member coordinating this transaction did not answer for "
+                            f"{self.silent_after + self._probe_timeout:g}s: its outcome is "
+                            "unknown"
+                        )
+                    now = time.monotonic()
+                    probe_at = now + self.silent_after
         except grpc.RpcError as exc:
+            self._heard_silent(exc.trailing_metadata())  # type: ignore[attr-defined]
             raise _explain(exc, self._plaintext, self.tls_settings) from None
+
+    def _others_hear_silent(self, member: int | None) -> bool:
+        """Whether another member's prober hears ``member`` silent (asked of the first other
+        member not avoided; False when there is none or it does not answer either)."""
+        router = self._router
+        if member is None or router is None or not router.routes:
+            return False
+        now = time.monotonic()
+        others = [m for m in range(len(router.members)) if m != member]
+        other = next((m for m in others if not router.avoided(m, now)), None)
+        if other is None:
+            return False
+        try:
+            reply = self._member(other).Members(
+                pb.MembersRequest(), timeout=ASK_OTHERS_EVERY * 2, metadata=self._metadata
+            )
+        except grpc.RpcError:
+            return False
+        if member in reply.silent:
+            router.unreachable(member, time.monotonic())
+            return True
+        return False
+
+    def _heard_silent(self, metadata: Any) -> None:
+        """The answering member said which members its prober hears silent: the next
+        transactions are routed around them (``Router.unreachable``)."""
+        members = silent_members(metadata)
+        if members and self._router is not None:
+            now = time.monotonic()
+            for member in members:
+                self._router.unreachable(member, now)
 
     def _member(self, member: int | None) -> Any:
         """The stub of a member (None: the address this client was given)."""
@@ -536,7 +591,9 @@ class Client:
         stub = self._member(member)
         self.last_member = member
         try:
-            return self.retry.run(lambda: self._watched(stub, request).timestamp, self._retried)
+            return self.retry.run(
+                lambda: self._watched(stub, request, member).timestamp, self._retried
+            )
         except errors.Unavailable as exc:
             # avoided only if it does not answer: one that answers unavailable (a participant
             # of this transaction is) coordinates the next ones as well as any other, and

@@ -99,10 +99,32 @@ def rich_status(exc: errors.AggviewError) -> grpc.Status:
 
 
 async def abort(context: grpc.aio.ServicerContext, exc: errors.AggviewError) -> NoReturn:
-    """Ends the call with ``exc``'s status (what every server-side error boundary does)."""
+    """Ends the call with ``exc``'s status (what every server-side error boundary does),
+    keeping the trailing metadata the method set (``tell_silent``)."""
     status = rich_status(exc)
-    await context.abort(status.code, status.details, status.trailing_metadata)
+    metadata = (*(context.trailing_metadata() or ()), *status.trailing_metadata)
+    await context.abort(status.code, status.details, metadata)
     raise AssertionError("unreachable")  # abort raises
+
+
+# Trailing metadata of a commit's answer, ok or not: the members the answering member's
+# prober hears silent ("2" or "0,2"). A client routes its next transactions around them at
+# once, instead of sending one to a member cut off and waiting out its silence itself.
+SILENT_MEMBERS_KEY = "aggview-silent-members"
+
+
+def tell_silent(context: Any, members: list[int]) -> None:
+    """Tells the client of this call which members are silent (nothing when none is)."""
+    if members:
+        context.set_trailing_metadata(((SILENT_MEMBERS_KEY, ",".join(map(str, members))),))
+
+
+def silent_members(metadata: Any) -> list[int]:
+    """The members a call's trailing metadata says are silent (``tell_silent``)."""
+    for key, value in metadata or ():
+        if key == SILENT_MEMBERS_KEY:
+            return [int(m) for m in value.split(",") if m.isdigit()]
+    return []
 
 
 def reason_of(metadata: Any) -> str:

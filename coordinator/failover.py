@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 # A process never heard from yet is still starting (a cluster starts its processes one by
 # one, each a second or more under load): it is declared dead only after this long.
 START_GRACE = 15.0
+# the last, fresh probe of a member silent for the whole delay: a live one on the network
+# answers a connect and a Status well within it
+LAST_PROBE = 0.3
 HAND_BACK_EVERY = 1.0  # seconds between looks for partitions to give back to their home
 
 Follow = Callable[[Any, ownership.Ownership], Awaitable[None]]
@@ -121,13 +124,17 @@ class Failover:
         """Once ``ltm`` left a probe unanswered, it is probed on a new connection each time
         (``_answers_afresh``), so the probe that finds it silent long enough is one already:
         a last probe after the delay cost a second more on a cut host."""
-        if ltm in self._down_since:
-            return await self._answers_afresh(ltm)
-        return await self._answers(self._stubs[ltm])
+        since = self._down_since.get(ltm)
+        if since is None:
+            return await self._answers(self._stubs[ltm])
+        # silent for the whole delay already (a leader that took over from it said so): the
+        # last probe is a short one, else the failover waits a probe's timeout more
+        overdue = time.monotonic() - since >= self.after and ltm in self._heard
+        return await self._answers_afresh(ltm, LAST_PROBE if overdue else PROBE_TIMEOUT)
 
-    async def _answers(self, stub: pb_grpc.LtmStub) -> bool:
+    async def _answers(self, stub: pb_grpc.LtmStub, timeout: float = PROBE_TIMEOUT) -> bool:
         try:
-            await stub.Status(pb.StatusRequest(), timeout=PROBE_TIMEOUT, metadata=self._metadata)
+            await stub.Status(pb.StatusRequest(), timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError:
             return False
         return True
@@ -189,12 +196,12 @@ class Failover:
             return
         self._log_epochs[member] = record.epoch
 
-    async def _answers_afresh(self, ltm: int) -> bool:
+    async def _answers_afresh(self, ltm: int, timeout: float) -> bool:
         """A last probe on a new connection before declaring ``ltm`` dead: a connection cut
         by the network may still be waiting out a connect attempt after the member is back."""
         channel = member_channel(self.addresses[ltm], self._tls, CONTROL_OPTIONS)  # its own
         try:
-            return await self._answers(pb_grpc.LtmStub(channel))
+            return await self._answers(pb_grpc.LtmStub(channel), timeout)
         finally:
             await channel.close()
 

@@ -36,8 +36,8 @@ _KEY = b"leader"
 # Seconds a confirmation of the record lets the leader grant. The successor waits this long
 # after its write, so it is part of every leader failover; renewed five times per lease, by a
 # thread of the leader's own (a pool busy with store writes must not let it lapse).
-LEASE = 1.0
-RENEW_EVERY = 0.2
+LEASE = 0.5
+RENEW_EVERY = 0.1
 
 
 class Deposed(errors.FailedPrecondition):

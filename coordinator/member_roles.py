@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 DEPOSED_EXIT = 87  # a leader that finds another member's term in the record stops at once
 # a member whose decision log another member took over (declared dead while alive) stops
 DECLARED_DEAD_EXIT = 88
+MIN_PROBE = 0.05  # the shortest probe of a silent leader (the failover delay's last moment)
 
 
 class MemberRoles:
@@ -245,8 +246,13 @@ class MemberRoles:
                     )
                     stub, watched, silent_since = pb_grpc.LtmStub(channel), leader, None
                 sent = time.monotonic()
+                # a probe of a leader already silent ends when the failover delay does, so
+                # the takeover does not wait for the probe's own timeout past it
+                timeout = PROBE_TIMEOUT
+                if silent_since is not None:
+                    timeout = min(timeout, max(MIN_PROBE, silent_since + self.after - sent))
                 try:
-                    await stub.Status(pb.StatusRequest(), timeout=PROBE_TIMEOUT, metadata=metadata)
+                    await stub.Status(pb.StatusRequest(), timeout=timeout, metadata=metadata)
                     silent_since = None
                     continue
                 except grpc.aio.AioRpcError:

@@ -76,6 +76,10 @@ class Reachability:
             return False
         return self._failed.get(member, 0.0) > heard and heard < self._now() - self.window
 
+    def silent_members(self) -> list[int]:
+        """The members silent to this one (``silent``), in order."""
+        return [m for m in range(self.members) if self.silent(m)]
+
     def reported(self, member: int) -> frozenset[int]:
         """Whom ``member`` said it hears, in its last answer (empty: it never said)."""
         return self._reports.get(member, frozenset())

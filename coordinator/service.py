@@ -30,7 +30,7 @@ from aggview.net import (
 from aggview.rowcodec import decode_row
 from aggview.schema import prefix_to_storage
 from aggview.security import TlsDir, Token, member_channel, member_metadata
-from aggview.status import Malformed, add_service, grpc_method
+from aggview.status import Malformed, add_service, grpc_method, tell_silent
 from aggview.streams import AnswerEach
 from aggview.values import decode_entries, from_row, to_row
 from aggview.wire import client_pb2 as cpb
@@ -160,7 +160,10 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
 
     @grpc_method
     async def Commit(self, request: cpb.CommitRequest, context: object) -> cpb.CommitReply:
-        ts = await self.manager.commit(list(request.operations))
+        try:
+            ts = await self.manager.commit(list(request.operations))
+        finally:  # with an error too: a participant's silence is why a commit fails
+            tell_silent(context, self.manager.silent_members())
         return cpb.CommitReply(timestamp=ts)
 
     @grpc_method
@@ -243,6 +246,7 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
             transact_addresses=self.manager.transact_addresses,
             partitions=self.manager.partitions,
             leader=self.manager.leader_member,
+            silent=self.manager.silent_members(),
         )
 
     @grpc_method
@@ -487,6 +491,7 @@ def build_manager(
     metrics.watch(functools.partial(member_state, manager))
     if reach is not None:
         manager.ltm_silent = lambda ltm: reach.silent(ltm % len(config.members))
+        manager.silent_members = reach.silent_members
     manager.leader_member = leader
     if leader != config.member:
         manager.leader = config.members[leader]

@@ -143,6 +143,8 @@ class TransactionManager:
         # whether the member serving LTM ``ltm`` fell silent to this one's prober
         # (``coordinator.quorum``; replicated clusters): calls to it then fail at once
         self.ltm_silent: Callable[[int], bool] = lambda ltm: False
+        # the members silent to this one's prober, told to clients with their answers
+        self.silent_members: Callable[[], list[int]] = lambda: []
         self.refreshes = 0  # async-view refreshes committed here
 
     def at_leader(self, what: str) -> None:

@@ -433,23 +433,22 @@ def test_a_flush_stops_waiting_for_a_copy_whose_member_the_prober_hears_silent(
     asyncio.run(scenario())
 
 
-def test_a_silent_ltm_fails_over_after_the_delay_counted_from_its_first_unanswered_probe(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every probe of LTM 0 times out (a cut host: each costs ``PROBE_TIMEOUT``). Its
-    failover comes one probe after ``after`` seconds counted from the first unanswered
-    probe's send, that probe on a new connection: about 2.4 s with ``after`` 2. It came at
-    4.5 s in the nemesis's follower cuts: the silence was counted from the first probe's
-    timeout (a second late) and a last probe on a new connection came after the delay (one
-    more)."""
+def silent_ltm_failover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, silent_for: float | None = None
+) -> tuple[float, list[str]]:
+    """A ``Failover`` (delay 2 s) of one LTM whose every probe times out (a cut host: each
+    costs its timeout): how long it took to fail it over, and the probes sent ("kept" on
+    the kept connection, "new" on a fresh one, "short" a fresh one given less than a full
+    timeout). ``silent_for``: the LTM was silent that long already (a leader that took over
+    from it said so)."""
     from coordinator import failover as failover_module
     from coordinator.failover import Failover
 
     probes: list[str] = []
 
-    async def times_out(kind: str) -> bool:
-        probes.append(kind)
-        await asyncio.sleep(failover_module.PROBE_TIMEOUT)
+    async def times_out(kind: str, timeout: float = failover_module.PROBE_TIMEOUT) -> bool:
+        probes.append(kind if timeout >= failover_module.PROBE_TIMEOUT else "short")
+        await asyncio.sleep(timeout)
         return False
 
     async def scenario() -> float:
@@ -457,8 +456,12 @@ def test_a_silent_ltm_fails_over_after_the_delay_counted_from_its_first_unanswer
             channel = type("Channel", (), {"index": 0, "owner": 0, "epoch": 0})()
             watcher = Failover([channel], store, ["127.0.0.1:1"], None, 2.0)  # type: ignore[list-item]
             watcher._heard.add(0)  # it answered once: not a process still starting
+            if silent_for is not None:
+                watcher._down_since[0] = time.monotonic() - silent_for
             monkeypatch.setattr(watcher, "_answers", lambda stub: times_out("kept"))
-            monkeypatch.setattr(watcher, "_answers_afresh", lambda ltm: times_out("new"))
+            monkeypatch.setattr(
+                watcher, "_answers_afresh", lambda ltm, timeout: times_out("new", timeout)
+            )
             moved = asyncio.get_running_loop().create_future()
 
             async def fail_over(channel: object) -> bool:
@@ -473,9 +476,32 @@ def test_a_silent_ltm_fails_over_after_the_delay_counted_from_its_first_unanswer
             finally:
                 await watcher.stop()
 
-    took = asyncio.run(scenario())
-    assert probes[-1] == "new"  # the probe that found it silent long enough was a fresh one
+    return asyncio.run(scenario()), probes
+
+
+def test_a_silent_ltm_fails_over_after_the_delay_counted_from_its_first_unanswered_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its failover comes one probe after ``after`` seconds counted from the first
+    unanswered probe's send, that probe on a new connection: about 2.4 s with ``after`` 2.
+    It came at 4.5 s in the nemesis's follower cuts: the silence was counted from the first
+    probe's timeout (a second late) and a last probe on a new connection came after the
+    delay (one more)."""
+    took, probes = silent_ltm_failover(tmp_path, monkeypatch)
+    assert probes[-1] in ("new", "short")  # the probe that found it silent was a fresh one
     assert took < 3.2, f"failed over {took:.1f}s into the silence (delay 2 s)"
+
+
+def test_an_ltm_silent_for_the_whole_delay_already_fails_over_after_one_short_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader that took over from a silent member starts its failover with the silence
+    it saw (2.5 s here): the one last probe on a new connection is a short one, so the
+    partitions move about half a second after the takeover, not a whole probe timeout (1 s)
+    later (the nemesis's leader cuts: the moves came 1.1 s after the new leader led)."""
+    took, probes = silent_ltm_failover(tmp_path, monkeypatch, silent_for=2.5)
+    assert probes == ["short"]
+    assert took < 0.9, f"failed over {took:.1f}s after the takeover"
 
 
 async def wait_async(condition: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -101,13 +101,15 @@ def test_a_client_gives_up_on_a_silent_member_and_routes_around_it(
 ) -> None:
     """Member 2 is paused (its kernel still accepts the connection: the call just hangs, as
     with a host cut off). A commit routed to it fails as unavailable within a few seconds,
-    not at the 20 s deadline; the same client then commits through the others at once."""
+    not at the 20 s deadline, once another member says its prober hears member 2 silent
+    (before that: once member 2 left a probe of the client's own unanswered, seconds later);
+    the same client then commits through the others at once."""
     cluster = quiet_failover
     with loaded(cluster) as client:
         on_2, on_0 = account_on(client, 2), account_on(client, 0)
         touch(client, on_2)  # the channel to member 2 is open
         with paused(process_of(cluster, 2), cluster=cluster):
-            unavailable_within(8.0, lambda: touch(client, on_2), match="did not answer")
+            unavailable_within(6.0, lambda: touch(client, on_2), match="others hear it silent")
             started = time.monotonic()
             touch(client, on_0)
             assert time.monotonic() - started < 2.0
@@ -121,7 +123,9 @@ def test_prepares_to_a_silent_members_partition_fail_once_the_prober_hears_it_si
     """Member 0 coordinates a transaction with a row on member 2 (paused): its prepare to
     partition 2 fails as unavailable about a second into the silence, so the client hears
     "unavailable" within seconds; before, the prepare waited on the stream until the
-    client's 20 s deadline (on loopback TCP never gives up on a stopped process)."""
+    client's 20 s deadline (on loopback TCP never gives up on a stopped process). The
+    answers name member 2 as silent, so the client sends its next transaction on member 2's
+    row elsewhere."""
     cluster = quiet_failover
     with loaded(cluster) as client:
         on_0, on_2 = account_on(client, 0), account_on(client, 2)
@@ -133,6 +137,11 @@ def test_prepares_to_a_silent_members_partition_fail_once_the_prober_hears_it_si
             started = time.monotonic()
             touch(client, on_0)  # member 0's own partition is not held by it
             assert time.monotonic() - started < 2.0
+            # member 0's answers said member 2 is silent: a transaction on member 2's row
+            # goes to another member and fails there at once, instead of waiting out member
+            # 2's silence in the client (seconds)
+            unavailable_within(2.0, lambda: touch(client, on_2), match="does not answer probes")
+            assert client.last_member != 2
         wait_for("member 2 answering again", lambda: _touched(client, on_2), 30)
 
 

@@ -426,16 +426,18 @@ class MembersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MembersReply(_message.Message):
-    __slots__ = ("addresses", "partitions", "leader", "transact_addresses")
+    __slots__ = ("addresses", "partitions", "leader", "transact_addresses", "silent")
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     TRANSACT_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    SILENT_FIELD_NUMBER: _ClassVar[int]
     addresses: _containers.RepeatedScalarFieldContainer[str]
     partitions: int
     leader: int
     transact_addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, addresses: _Optional[_Iterable[str]] = ..., partitions: _Optional[int] = ..., leader: _Optional[int] = ..., transact_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    silent: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, addresses: _Optional[_Iterable[str]] = ..., partitions: _Optional[int] = ..., leader: _Optional[int] = ..., transact_addresses: _Optional[_Iterable[str]] = ..., silent: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("view", "where", "since", "interval_ms", "tentative")
