@@ -233,6 +233,9 @@ class Workload:
                     time.sleep(0.05)
 
     def _probes(self, key: int) -> None:
+        """One-row writes on ``key``, each noted with the member whose partition holds the
+        row (its home, as the client routes it when no member is avoided; not the member it
+        went to, which is another while the client routes around a silent one)."""
         with Client(self.address, timeout=10) as client:
             while not self.stop.wait(PROBE_EVERY):
                 try:
@@ -240,8 +243,9 @@ class Workload:
                         tx.add(PROBES, {"id": key}, {"n": 1})
                 except errors.AggviewError:
                     continue
+                home = client._routing().member_for(tx.operations)
                 with self.history.lock:
-                    self.history.probes.append((key, time.monotonic(), client.last_member))
+                    self.history.probes.append((key, time.monotonic(), home))
 
     def _scans(self) -> None:
         history = self.history
@@ -706,13 +710,13 @@ def others_gap(
     probes: list[tuple[int, float, int | None]], fault: Fault, stop: float
 ) -> float | None:
     """For a fault of one member: the longest gap, from the fault's start to ``stop``, between
-    acknowledged one-row writes on the partitions the other members served before it (None
-    for faults of several members or a link)."""
+    acknowledged one-row writes on the partitions whose home is another member (None for
+    faults of several members or a link)."""
     found = _FAULTED.search(fault.detail)
     if found is None or "members" in fault.detail:
         return None
     faulted = int(found.group(1))
-    served: dict[int, int | None] = {}  # each key's member before the fault
+    served: dict[int, int | None] = {}  # each key's home member
     for key, at, member in probes:
         if at < fault.start:
             served[key] = member

@@ -39,6 +39,9 @@ SILENCE_POLL = 0.1  # seconds between looks at the prober's verdict while a flus
 RESYNC_EVERY = 1.0
 HOLD_BACK_POLL = 0.1  # seconds between looks for a majority while a flush waits for one
 RESYNC_TIMEOUT = 30.0  # per request of a resync
+# per request of the part of a resync sent under the log's flush lock, while every flush
+# waits: a copy that stops answering then holds the log back no longer than this
+LOCKED_TIMEOUT = 5.0
 CHUNK_BYTES = 4 << 20
 
 
@@ -310,7 +313,10 @@ class LogShipper:
 
     async def _resync_loop(self) -> None:
         while True:
-            if not self.in_sync:
+            # not to a copy whose member is silent: the part of a resync under the flush lock
+            # would hold every flush back until the request timed out (a follower's cut
+            # stopped its leader's commits until the heal)
+            if not self.in_sync and not self.silent(self.backup):
                 try:
                     await self.resync()
                 except grpc.aio.AioRpcError as exc:
@@ -339,7 +345,7 @@ class LogShipper:
             rest = [s for s in self.wal.segments() if s not in copied]
             for segment in rest or [self.wal.segment]:
                 data = await asyncio.to_thread(self.wal.read_segment, segment) if rest else b""
-                await self._send(segment, data, reset=reset)
+                await self._send(segment, data, reset=reset, timeout=LOCKED_TIMEOUT)
                 reset = False
             await self._set_in_sync(True)
         log.info(

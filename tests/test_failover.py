@@ -433,6 +433,51 @@ def test_a_flush_stops_waiting_for_a_copy_whose_member_the_prober_hears_silent(
     asyncio.run(scenario())
 
 
+def test_a_resync_to_a_copy_that_stops_answering_holds_the_flushes_back_briefly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy dropped as silent is not resynced while it stays silent, and a resync that
+    meets a copy not yet heard silent gives up on the part it sends under the log's flush
+    lock after ``LOCKED_TIMEOUT``: in a nemesis's follower cut, the leader's decision-log
+    resync to the cut member held every flush of that log (so every commit it coordinated)
+    until the cut healed, 4 s."""
+    monkeypatch.setattr(replication, "RESYNC_EVERY", 0.05)
+    monkeypatch.setattr(replication, "LOCKED_TIMEOUT", 0.5)
+
+    async def timed_append(wal: WriteAheadLog, ts: int) -> float:
+        started = time.monotonic()
+        await asyncio.wait_for(wal.append({"kind": "prepared", "ts": ts, "after": {}}), 10)
+        return time.monotonic() - started
+
+    async def scenario() -> None:
+        with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+            silent = False
+            server, servicer, wal, shipper = await shipping_to_a_backup(
+                tmp_path, store, lambda: True, lambda backup: silent and backup == 1
+            )
+            await wait_async(lambda: shipper.in_sync)
+
+            async def hang(request: pb.ReplicateRequest) -> None:
+                await asyncio.Event().wait()  # connected, never answering: a cut host
+
+            servicer._replicate = hang  # type: ignore[method-assign]
+            silent = True
+            await timed_append(wal, 1)  # drops the copy
+            assert not shipper.in_sync
+            # silent: no resync starts, every flush goes at once
+            slowest = max([await timed_append(wal, ts) for ts in range(2, 12)])
+            assert slowest < 0.3, f"a flush waited {slowest:.1f}s beside a silent copy"
+            silent = False  # not heard silent (yet): a resync starts and meets no answer
+            await asyncio.sleep(0.2)
+            slowest = max([await timed_append(wal, ts) for ts in range(12, 16)])
+            assert slowest < 1.5, f"a flush waited {slowest:.1f}s behind a resync"
+            await shipper.close()
+            await wal.close()
+            await server.stop(None)
+
+    asyncio.run(scenario())
+
+
 def silent_ltm_failover(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, silent_for: float | None = None
 ) -> tuple[float, list[str]]:
