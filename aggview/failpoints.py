@@ -47,6 +47,8 @@ COORDINATOR_MID_COMMIT_FANOUT = "coordinator.mid_commit_fanout"
 COORDINATOR_LOCAL_FLUSH = "coordinator.local_flush"
 # An async view's drain transaction prepared everywhere, its decision not yet logged.
 MID_REFRESH = f"refresh:{COORDINATOR_BEFORE_DECISION_LOGGED}"
+# The member found its decision log taken over by another, and is about to stop.
+COORDINATOR_SUPERSEDED = "coordinator.superseded"
 
 POINTS = (
     LTM_AFTER_PREPARE_LOGGED,
@@ -57,6 +59,7 @@ POINTS = (
     COORDINATOR_MID_COMMIT_FANOUT,
     COORDINATOR_LOCAL_FLUSH,
     MID_REFRESH,
+    COORDINATOR_SUPERSEDED,
 )
 
 

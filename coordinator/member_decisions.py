@@ -21,6 +21,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from aggview import failpoints
 from aggview.partition_map import decision_log_id, standby_of
 from aggview.security import TlsDir
 from aggview.wire import ltm_pb2 as pb
@@ -151,6 +152,8 @@ class MemberDecisions:
                 log.warning("reading member %d's log record failed: %s", self.member, exc)
                 continue
             if (now.owner, now.epoch) != (mine.owner, mine.epoch):
+                if failpoints.ARMED:
+                    failpoints.hit(failpoints.COORDINATOR_SUPERSEDED)
                 self._on_superseded(
                     ownership.Superseded(
                         f"member {self.member}'s decision log is owned by LTM {now.owner} at "

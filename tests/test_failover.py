@@ -808,7 +808,9 @@ def test_a_commit_logged_after_the_log_was_taken_over_is_forgotten(
         assert not [row for row in client.scan("ledger") if row["id"] == "stalled"]
 
 
-STALL_BEFORE_DECISION = "coordinator.before_decision_logged=sleep:6"
+# the second stall keeps member 1 from stopping on its own watch of its log's record before
+# its log's thread wrote the stalled commit (what the test is about); both stall the loop
+STALL_BEFORE_DECISION = "coordinator.before_decision_logged=sleep:6;coordinator.superseded=sleep:1"
 
 
 def log_back(cluster: LocalCluster, member: int) -> bool:
