@@ -398,6 +398,7 @@ VIEWS = {
     "FROM lc_e e JOIN lc_p p ON e.pid = p.id GROUP BY p.cat",
 }
 PRODUCTS = 12  # ids 0..11 exist at first
+INSERTS = 40  # events per inserter and round (four inserters, two rounds, four layouts)
 LOADED = range(PRODUCTS, PRODUCTS + 500)  # arrive by a bulk load while events for them go in
 NAMES = ["red", "green", "blue"]
 
@@ -538,7 +539,7 @@ def test_views_stay_exact_while_their_cached_rows_change(
             inserters = [
                 threading.Thread(
                     target=insert_events,
-                    args=(fresh_cluster.address, 10 * round_number + s + 1, 60, failures),
+                    args=(fresh_cluster.address, 10 * round_number + s + 1, INSERTS, failures),
                 )
                 for s in range(4)
             ]

@@ -114,14 +114,14 @@ def churning(addresses: list[str]) -> Iterator[list[list[int]]]:
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "cumulus"])
-def test_bulk_init_while_four_clients_write_then_view_equals_recomputation(
+def test_bulk_init_while_clients_write_then_view_equals_recomputation(
     spark: Any, dashboard_cluster: LocalCluster, mode: str
 ) -> None:
     """Spark computes the view at a snapshot (a cumulus view: its M3 program's maps, from
-    their definitions) while four writers insert, move and delete events; the cluster
+    their definitions) while two writers insert, move and delete events; the cluster
     installs it and applies what was captured after the snapshot."""
     address = dashboard_cluster.address
-    with churning([address] * 4) as counts:
+    with churning([address] * 2) as counts:
         before = sum(c[0] for c in counts)
         result = jobs.init_view(
             spark, address, sql=dashboard.view_ddl("shop_totals", SHOP_TOTALS, mode, 200)
@@ -166,12 +166,12 @@ def test_verify_checks_a_cumulus_view_at_an_epoch_while_writers_go_on(
 ) -> None:
     """A cumulus view keeps no states: verify forces an epoch inside its held snapshot, reads
     the view's rows at it and compares them with Spark's recomputation at that timestamp,
-    while four writers insert, move and delete events. A row changed on the way (as a wrong
+    while two writers insert, move and delete events. A row changed on the way (as a wrong
     runtime would give it) is a difference naming its group and both values."""
     address = dashboard_cluster.address
     with Client(address) as client:
         client.sql(dashboard.view_ddl("shop_totals", SHOP_TOTALS, "cumulus", 100, 2, "speculative"))
-    with churning([address] * 4):
+    with churning([address] * 2):
         [result] = jobs.verify_views(spark, address, ["shop_totals"])
     assert result.ok and result.groups == SMALL.shops and result.timestamp > 0
     with Client(address) as client:
