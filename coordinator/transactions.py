@@ -46,6 +46,8 @@ Vote = lpb.Vote
 SYSTEM_RETRIES = 50  # timestamp-order aborts a system transaction absorbs before giving up
 # a system transaction's retries: 1, 2, 4 ... 100 ms, no jitter
 SYSTEM_RETRY = RetryPolicy(attempts=SYSTEM_RETRIES + 1, spread=(1.0, 1.0))
+# how long a read waits for a partition that moved to be found where it went (see _read)
+MOVED_READ_WAIT = 5.0
 # a commit decision an LTM missed: sent again after 0.05 s, then every 0.1, 0.2 ... 1 s, until
 # it is delivered
 REDELIVERY_FIRST = 0.05
@@ -605,13 +607,26 @@ class TransactionManager:
             by_partition.setdefault(partition_of(table_id, key, self.partitions), []).append(key)
         replies = await asyncio.gather(
             *(
-                self.channels[p].read(
-                    lpb.ReadRequest(ts=ts, table=table_id, keys=ks, register_read=own)
-                )
+                self._read(p, lpb.ReadRequest(ts=ts, table=table_id, keys=ks, register_read=own))
                 for p, ks in by_partition.items()
             )
         )
         return {kv.key: kv.row for reply in replies for kv in reply.rows}
+
+    async def _read(self, partition: int, request: lpb.ReadRequest) -> lpb.ReadReply:
+        """A read of one partition; one that moved meanwhile (handed back home, failed over)
+        is read again from where its channel points next (replaced within a poll of the
+        ownership records), for up to ``MOVED_READ_WAIT`` seconds: a read at a timestamp
+        reads the same rows anywhere."""
+        deadline = time.monotonic() + MOVED_READ_WAIT
+        while True:
+            channel = self.channels[partition]
+            try:
+                return await channel.read(request)
+            except errors.FailedPrecondition as exc:
+                if "does not serve partition" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.05)
 
     async def lookup_keys_at(self, table_id: str, keys: list[bytes], ts: int) -> dict[bytes, bytes]:
         """Rows by primary key as transaction ``ts`` reads them (``own``), from the lookup
@@ -695,7 +710,7 @@ class TransactionManager:
         request = lpb.ReadRequest(
             ts=ts, table=table_id, scan=True, start=start, stop=stop, limit=limit, register_read=own
         )
-        replies = await asyncio.gather(*(ch.read(request) for ch in self.channels))
+        replies = await asyncio.gather(*(self._read(p, request) for p in range(len(self.channels))))
         rows = sorted((kv.key, kv.row) for reply in replies for kv in reply.rows)
         return rows[:limit] if limit else rows
 

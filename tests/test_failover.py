@@ -879,3 +879,33 @@ def test_a_member_declared_dead_while_alive_stops_and_rejoins(
         wait_for("commits after the rejoin", lambda: len(outcomes.committed) > before + 50)
     wait_for("every transaction decided", lambda: nothing_prepared(cluster), 30)
     check_transfers_and_view(cluster, outcomes)
+
+
+def test_a_read_of_a_partition_that_moved_meanwhile_is_read_again_where_it_went() -> None:
+    """A scan met a partition just handed back home ("LTM 0 does not serve partition 2", in
+    a CI run's check after restarts): the read waits for the partition's channel to point to
+    its new home and reads there. Any other refusal is the read's answer at once."""
+    from coordinator.transactions import TransactionManager
+
+    class Moved:
+        async def read(self, request: pb.ReadRequest) -> pb.ReadReply:
+            raise errors.FailedPrecondition("LTM 0 does not serve partition 2")
+
+    class Refusing:
+        async def read(self, request: pb.ReadRequest) -> pb.ReadReply:
+            raise errors.FailedPrecondition("snapshot too old")
+
+    class Home:
+        async def read(self, request: pb.ReadRequest) -> pb.ReadReply:
+            return pb.ReadReply(rows=[pb.KeyValue(key=b"k", row=b"r")])
+
+    manager = object.__new__(TransactionManager)  # a read needs only its channels
+    manager.channels = [Home(), Refusing(), Moved()]  # type: ignore[list-item]
+
+    async def scenario() -> pb.ReadReply:
+        asyncio.get_running_loop().call_later(0.2, manager.channels.__setitem__, 2, Home())
+        return await manager._read(2, pb.ReadRequest())
+
+    assert [kv.key for kv in asyncio.run(scenario()).rows] == [b"k"]
+    with pytest.raises(errors.FailedPrecondition, match="too old"):
+        asyncio.run(manager._read(1, pb.ReadRequest()))
