@@ -186,7 +186,8 @@ def test_cumulus_view_epochs_run_on_their_own_and_survive_a_restart(tmp_path: Pa
             for name in ("fast", "slow"):
                 epoch = client.refresh(name)
                 rows = client.view(name)
-                assert rows.timestamp == epoch
+                # the fast view's own next epoch (50 ms) may come between the two calls
+                assert rows.timestamp == epoch or (name == "fast" and rows.timestamp > epoch)
                 with client.snapshot() as snapshot:
                     expected = snapshot.sql(select)
                 key = lambda r: repr(r["g"])  # noqa: E731
