@@ -40,6 +40,7 @@ from coordinator.decision_log import DecisionLog
 from coordinator.lookup_cache import LookupCache
 from coordinator.member_clock import MemberClock
 from coordinator.view_hooks import NO_VIEWS, ViewHooks
+from ltm.server import NotServed
 
 log = logging.getLogger(__name__)
 Vote = lpb.Vote
@@ -623,8 +624,8 @@ class TransactionManager:
             channel = self.channels[partition]
             try:
                 return await channel.read(request)
-            except errors.FailedPrecondition as exc:
-                if "does not serve partition" not in str(exc) or time.monotonic() > deadline:
+            except NotServed:
+                if time.monotonic() > deadline:
                     raise
             await asyncio.sleep(0.05)
 

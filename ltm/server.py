@@ -26,6 +26,11 @@ from ltm.store.base import Store
 log = logging.getLogger(__name__)
 
 
+class NotServed(errors.FailedPrecondition):
+    """The partition asked for is not served here (it moved: handed back home, failed over);
+    a read at a timestamp may be sent again to where it went."""
+
+
 class Hosting:
     """The partitions one LTM process serves (its own, and any it took over as their backup)
     and the logs it mirrors for other LTMs."""
@@ -188,7 +193,7 @@ class Hosting:
         partition = int(metadata.get(ownership.PARTITION_HEADER, self.me))
         participant = self.participants.get(partition)
         if participant is None:
-            raise errors.FailedPrecondition(f"LTM {self.me} does not serve partition {partition}")
+            raise NotServed(f"LTM {self.me} does not serve partition {partition}")
         epoch = metadata.get(ownership.EPOCH_HEADER)
         if epoch is not None and int(epoch) != self.records[partition].epoch:
             raise errors.FailedPrecondition(

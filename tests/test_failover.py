@@ -32,7 +32,7 @@ from loadgen import transfers
 from ltm import replication
 from ltm.participant import Participant, Settings
 from ltm.replication import LogShipper, Mirror
-from ltm.server import Hosting, LtmConfig, LtmServicer
+from ltm.server import Hosting, LtmConfig, LtmServicer, NotServed
 from ltm.store import open_store, ownership
 from ltm.store.base import Store
 from tests.test_crash import wait_until_serving
@@ -889,7 +889,7 @@ def test_a_read_of_a_partition_that_moved_meanwhile_is_read_again_where_it_went(
 
     class Moved:
         async def read(self, request: pb.ReadRequest) -> pb.ReadReply:
-            raise errors.FailedPrecondition("LTM 0 does not serve partition 2")
+            raise NotServed("LTM 0 does not serve partition 2")
 
     class Refusing:
         async def read(self, request: pb.ReadRequest) -> pb.ReadReply:
