@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
-from aggview.processes import CHECKOUT, Server, free_port
+from aggview.processes import CHECKOUT, Server, free_port, preload_servers
 from aggview.security import token_for
 
 LAYOUT_FILE = "layout.json"  # the layout of the last run, and whether it stopped cleanly
@@ -36,6 +36,8 @@ def default_processes(ltms: int, replicate: bool) -> int:
     return processes
 
 
+# What a member imports before it serves: a fork server holds them imported (aggview.processes)
+MEMBER_MODULES = ("aggcli.cli", "coordinator.service", "coordinator.cumulus_hosts")
 AS_START = -1  # LocalCluster(processes=AS_START): the layout ``aggview start`` runs
 
 
@@ -171,6 +173,8 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         self.data.mkdir(parents=True, exist_ok=True)
+        if self.code == CHECKOUT:
+            preload_servers(MEMBER_MODULES)
         self._claim_layout()
         coordinator_port = self.port or free_port()
         common = [] if self.fsync else ["--no-fsync"]

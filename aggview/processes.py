@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aggview.forking import ForkedProcess, ForkServer
+
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 _METRICS = re.compile(r"metrics on http://(\S+):(\d+)/metrics")  # said before it listens
 CHECKOUT = Path(__file__).resolve().parents[1]  # whose code a started process runs
@@ -187,6 +189,27 @@ def cli_module(code: Path) -> str:
     return "aggcli.cli" if (code / "aggcli").is_dir() else "aggview.cli"
 
 
+# A fork server (aggview.forking) with a server's modules imported, once ``preload_servers``
+# started it: ``Server.launch`` forks this checkout's servers from it when their environment is
+# the one it imported them under. ``AGGVIEW_FORK_SERVER=0`` turns it off.
+_fork_server: list[ForkServer] = []
+
+
+def preload_servers(modules: Sequence[str]) -> None:
+    """Starts this process's fork server (once) with ``modules`` imported."""
+    if _fork_server or os.environ.get("AGGVIEW_FORK_SERVER", "1") == "0":
+        return
+    _fork_server.append(ForkServer(modules, _server_env(), {"PYTHONPATH", PARENT_ENV}))
+
+
+def _server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A server's environment: this process's, the checkout's code first on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), env.get("PYTHONPATH")]))
+    env.update(extra or {})
+    return env
+
+
 @dataclass
 class Server:
     role: str
@@ -194,7 +217,7 @@ class Server:
     log_path: Path
     port: int = 0
     flags: list[str] = field(default_factory=list)
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | ForkedProcess | None = None
     code: Path = CHECKOUT  # the checkout whose code the process runs (benchmarks: an old one)
     # what the command runs under, e.g. ``ip netns exec HOST`` (bench.netns: a member per host)
     prefix: list[str] = field(default_factory=list)
@@ -227,6 +250,12 @@ class Server:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.code), env.get("PYTHONPATH")]))
         env[PARENT_ENV] = str(os.getpid())  # see ``die_with_parent``
         env.update(extra_env or {})
+        forker = _fork_server[0] if _fork_server else None
+        if self.code == CHECKOUT and not self.prefix and forker and forker.forkable(env):
+            self.log_path.touch()  # waited on at once, before the fork opens it
+            module = cli_module(self.code)
+            self.process = forker.launch(module, [*self.flags, *args], env, str(self.log_path))
+            return offset
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [*self.prefix, sys.executable, "-m", cli_module(self.code), *self.flags, *args],

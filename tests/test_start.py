@@ -56,26 +56,28 @@ def started(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]
 
 
 def member_pid(parent: int, member: int) -> int:
-    """The pid of the parent's child that runs ``--member <member>``."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if (
-            ppid == parent
-            and b"--member" in argv
-            and argv[argv.index(b"--member") + 1] == b"%d" % member
-        ):
-            return int(entry.name)
+    """The pid of the process under ``parent`` (a child, or a child of its fork server) that
+    runs ``--member <member>``, found by its command line as ``pgrep -f`` would."""
+    below = {parent}
+    for _ in range(2):
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").split()
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid not in below:
+                continue
+            below.add(int(entry.name))
+            if b"--member" in argv and argv[argv.index(b"--member") + 1] == b"%d" % member:
+                return int(entry.name)
     raise AssertionError(f"no member {member} under {parent}")
 
 
 def member_port(pid: int) -> int:
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
     return int(argv[argv.index(b"--port") + 1])
 
 
