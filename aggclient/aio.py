@@ -1,13 +1,19 @@
 """``AsyncClient``: the client's API for asyncio programs (load generators), a shell over the
 same ``aggclient.core.ClientCore`` as the blocking ``Client``, with its transactions on one
 ``Transact`` stream per member (framed when the member has a framed port).
+
+A stream's replies carry no trailing metadata, so a transaction answered on one cannot say
+which members the answering member hears silent, as a ``Commit`` answer does: when such a
+transaction fails as unavailable, the member that answered is asked (``Members``, as
+``Client`` asks it whether it answers at all) and its ``silent`` list is heard instead. An
+answer that committed says nothing; a transaction too big for a stream message goes by
+``Commit`` and is heard like ``Client``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -15,7 +21,7 @@ import grpc
 
 from aggclient import rows, subscriptions
 from aggclient.base import CaSource, ClientBase
-from aggclient.core import Answer, Ask, Describe, Done, Plan, step
+from aggclient.core import Answer, Ask, CommitWatch, Describe, Done, Plan, step
 from aggclient.routing import Router
 from aggclient.subscriptions import Changes
 from aggview import errors
@@ -73,7 +79,9 @@ async def _grpc_status_tasks_done(limit: float = 1.0) -> None:
 
 class AsyncClient(ClientBase):
     """The same API for asyncio: ``async with client.transaction() as tx``, ``await get(...)``.
-    Takes the same security and routing arguments as :class:`Client`."""
+    Takes the same security, routing and ``silent_after`` arguments as :class:`Client`, and
+    gives up on a silent member as it does (see this module's docstring for what a stream's
+    answer cannot say)."""
 
     channels = grpc.aio
 
@@ -87,7 +95,8 @@ class AsyncClient(ClientBase):
         self._routing_lock = asyncio.Lock()
         # member -> (channel, stub, its Transact stream)
         self._members: dict[int, tuple[Any, Any, Stream]] = {}
-        self._relearn_after = 0.0
+        # questions in flight, shared by the commits that ask the same at once
+        self._asking: dict[tuple[Ask, Any], asyncio.Future[Answer]] = {}
 
     def _stream(self, stub: Any, framed: str = "") -> Stream:
         """The Transact stream of ``stub``'s server, or at ``framed``, the same stream on
@@ -135,20 +144,9 @@ class AsyncClient(ClientBase):
     async def _relearn(self) -> None:
         """As ``Client._relearn``: who leads now, and the leader in place of a dead address
         given (its calls and its transaction stream)."""
-        router, now = self._core.router, time.monotonic()
-        if router is None or not router.routes or now < self._relearn_after:
-            return
-        self._relearn_after = now + 1.0
-        for member in [None, *range(len(router.members))]:
-            stub, _ = await self._member(member)
-            try:
-                reply = await stub.Members(pb.MembersRequest(), timeout=2, metadata=self._metadata)
-            except grpc.RpcError:
-                continue
-            router.leader = reply.leader
-            if member is not None:  # the address given did not answer
-                self._stub, self._transactions = await self._member(reply.leader)
-            return
+        leader = await self._drive(self._core.relearn())
+        if leader is not None:
+            self._stub, self._transactions = await self._member(leader)
 
     async def _drive(self, plan: Plan[T], pinned: Mapping[int | None, Any] | None = None) -> T:
         """As ``Client._drive``: runs a core plan, each question answered by a call."""
@@ -165,8 +163,17 @@ class AsyncClient(ClientBase):
                 )
             except errors.AggviewError:
                 return None
-        stub = pinned.get(question.member) or (await self._member(question.member))[0]
-        return await self._members_answer(stub, question.timeout)
+        if question.member in pinned:
+            stub = pinned[question.member]
+        else:
+            stub = (await self._member(question.member))[0]
+        # the commits in flight that ask the same member the same at once share one call
+        key = (question, stub)
+        if key not in self._asking:
+            asking = asyncio.ensure_future(self._members_answer(stub, question.timeout))
+            self._asking[key] = asking
+            asking.add_done_callback(lambda _: self._asking.pop(key, None))
+        return await asyncio.shield(self._asking[key])
 
     async def _members_answer(self, stub: Any, timeout: float) -> Answer:
         try:
@@ -218,23 +225,65 @@ class AsyncClient(ClientBase):
 
     async def commit(self, operations: list[pb.Operation]) -> int:
         """On the client's Transact stream; a transaction too big to share a message goes
-        by its own Commit call."""
+        by its own Commit call. Given up on as ``Client.commit`` gives up (see
+        ``silent_after``)."""
         request = pb.CommitRequest(operations=operations)
         alone = request.ByteSize() + 8 > STREAM_MESSAGE_BYTES
         member = await self._routed(operations)
         stub, stream = await self._member(member)
+        self.last_member = member
 
         async def once() -> int:
+            watch = self._core.watch(member)
+            if watch is None:  # as before silent members: the call's deadline alone
+                if alone:
+                    return (await self._call(stub.Commit, request)).timestamp
+                return await self._transact(stream, request)
             if alone:
-                return (await self._call(stub.Commit, request)).timestamp
-            return await self._transact(stream, request)
+                call = stub.Commit(request, timeout=self.timeout, metadata=self._metadata)
+                answer = self._committed(call)
+            else:
+                answer = self._transact(stream, request)
+            return await self._watched(asyncio.ensure_future(answer), watch, {member: stub})
 
         try:
             return await self.retry.arun(once, self._retried)
-        except errors.Unavailable:
-            (await self._routing()).unreachable(member, time.monotonic())
+        except errors.Unavailable as exc:
+            await self._drive(
+                self._core.gave_up(member, exc, verdict_carried=alone), {member: stub}
+            )
             await self._relearn()
             raise
+
+    async def _watched(
+        self, answer: asyncio.Future[int], watch: CommitWatch, pinned: Mapping[int | None, Any]
+    ) -> int:
+        """``answer`` (a commit in flight), given up on (``OutcomeUnknown``) when the core's
+        checks say so (``core.CommitWatch``); the commit is cancelled then (its outcome is
+        unknown: it may have reached the member)."""
+        try:
+            while True:
+                done, _ = await asyncio.wait({answer}, timeout=watch.wait())
+                if done:
+                    return answer.result()
+                error = await self._drive(watch.checks(), pinned)
+                if error is not None:
+                    raise error
+        finally:
+            answer.cancel()
+
+    async def _committed(self, call: Any) -> int:
+        """A ``Commit`` call's timestamp; its answer's verdict on silent members is heard,
+        ok or not."""
+        try:
+            reply = await call
+        except grpc.RpcError as exc:
+            self._core.heard_verdict(exc.trailing_metadata())  # type: ignore[attr-defined]
+            raise self._explained(exc) from None
+        finally:
+            call.cancel()  # a no-op once answered; ends the call when given up on
+        self._core.heard_verdict(await call.trailing_metadata())
+        return reply.timestamp  # type: ignore[no-any-return]
 
     async def _transact(self, stream: Stream, request: pb.CommitRequest) -> int:
         reply = await stream.ask(
