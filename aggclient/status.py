@@ -14,7 +14,8 @@ from typing import Any
 
 import grpc
 
-from aggclient.client import SILENT_CODES, CaSource, _explain, _open_channel
+from aggclient.base import CaSource, _explain, _open_channel
+from aggclient.core import SILENT_CODES
 from aggview import errors
 from aggview.security import MEMBER_HEADER
 from aggview.wire import client_pb2 as cpb

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import pytest
 from pausing import paused
 from polling import wait_for
 
-from aggclient import Client
+from aggclient import AsyncClient, Client
 from aggclient.client import Transaction
 from agglauncher.cluster import LocalCluster
 from aggview import errors
@@ -168,6 +168,102 @@ def _touched(client: Client, account: int) -> bool:
     except errors.Unavailable:
         return False
     return True
+
+
+async def touch_async(client: AsyncClient, *accounts: int) -> None:
+    async with client.transaction() as tx:
+        for account in accounts:
+            tx.add("accounts", {"id": account}, {"balance": 0})
+
+
+async def unavailable_within_async(
+    seconds: float, call: Callable[[], Awaitable[object]], match: str | None = None
+) -> None:
+    """As :func:`unavailable_within`, for an ``AsyncClient``'s call."""
+    started = time.monotonic()
+    with pytest.raises(errors.Unavailable, match=match):
+        await call()
+    waited = time.monotonic() - started
+    assert waited < seconds, f"waited {waited:.1f}s for a silent member"
+
+
+async def answering_again(client: AsyncClient, account: int, timeout: float = 30.0) -> None:
+    """Polls a transaction on ``account`` until it commits (the member resumed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await touch_async(client, account)
+            return
+        except errors.Unavailable:
+            assert time.monotonic() < deadline, "timed out waiting for the member to answer"
+            await asyncio.sleep(0.05)
+
+
+def with_member_paused(
+    cluster: LocalCluster, member: int, warm: int, body: Callable[[AsyncClient], Awaitable[None]]
+) -> None:
+    """``body(client)`` with an ``AsyncClient`` (20 s deadline) whose streams are open (a
+    transaction on account ``warm`` first), ``member`` paused; then ``warm`` commits again."""
+
+    async def run() -> None:
+        async with AsyncClient(cluster.address, timeout=20) as client:
+            await touch_async(client, warm)
+            with paused(process_of(cluster, member), cluster=cluster):
+                await body(client)
+            await answering_again(client, warm)
+
+    asyncio.run(run())
+
+
+async def commits_at_once(client: AsyncClient, account: int, member: int) -> None:
+    """A transaction on ``account`` commits within 2 s, coordinated by ``member``."""
+    started = time.monotonic()
+    await touch_async(client, account)
+    assert time.monotonic() - started < 2.0
+    assert client.last_member == member
+
+
+def test_an_async_client_gives_up_on_a_silent_member_and_routes_around_it(
+    quiet_failover: LocalCluster,
+) -> None:
+    """As :func:`test_a_client_gives_up_on_a_silent_member_and_routes_around_it`, with an
+    ``AsyncClient``, whose transactions go on a stream per member: a transaction on the
+    stream to paused member 2 fails as unavailable within seconds, once another member says
+    it hears member 2 silent (not at the 20 s deadline), and the next goes to member 0."""
+    cluster = quiet_failover
+    with loaded(cluster) as setup:
+        on_2, on_0 = account_on(setup, 2), account_on(setup, 0)
+
+    async def body(client: AsyncClient) -> None:
+        await unavailable_within_async(
+            6.0, lambda: touch_async(client, on_2), match="others hear it silent"
+        )
+        await commits_at_once(client, on_0, member=0)
+
+    with_member_paused(cluster, 2, on_2, body)
+
+
+def test_an_async_client_routes_around_a_member_a_failed_answer_hears_silent(
+    quiet_failover: LocalCluster,
+) -> None:
+    """As :func:`test_prepares_to_a_silent_members_partition_fail_once_the_prober_hears_it_silent`,
+    with an ``AsyncClient``: its stream's answer carries no trailing metadata, so the client
+    asks the member that answered "unavailable" (``Members``) which members it hears silent,
+    and sends the next transaction on member 2's row elsewhere, where it fails at once."""
+    cluster = quiet_failover
+    with loaded(cluster) as setup:
+        on_0, on_2 = account_on(setup, 0), account_on(setup, 2)
+
+    async def body(client: AsyncClient) -> None:
+        await unavailable_within_async(6.0, lambda: touch_async(client, on_0, on_2))
+        assert client.last_member == 0
+        await commits_at_once(client, on_0, member=0)
+        await unavailable_within_async(
+            2.0, lambda: touch_async(client, on_2), match="does not answer probes"
+        )
+        assert client.last_member != 2
+
+    with_member_paused(cluster, 2, on_2, body)
 
 
 class _Manager:
