@@ -68,23 +68,18 @@ from aggclient.bulk_client import BulkClient
 from aggclient.client import AsyncClient
 from agglauncher.cluster import AS_START, LocalCluster
 from aggview import errors
-from bench.transactions import (
+from bench.clusters import hbase_store, interrupt, old_code, running_cluster, settle
+from bench.load import Ledger, measure_window
+from bench.measurements import (
     MEASURE_COLUMNS,
     CpuMeter,
-    Ledger,
     Result,
-    _cpu,
-    _interrupt,
-    _ms,
-    _per_process,
+    cpu_cell,
     err,
-    hbase_store,
-    measure_window,
-    old_code,
+    ms_cell,
     out,
+    per_process_cpu,
     percentile,
-    running_cluster,
-    settle,
 )
 from loadgen import dashboard
 
@@ -387,8 +382,8 @@ async def verify(
 def report_point(p: Point) -> None:
     err.print(
         f"  {p.case}, {p.workload}, {p.clients} client(s): {p.tps:.0f} tx/s, p50 "
-        f"{_ms(p.p50_ms)} ms, p99 {_ms(p.p99_ms)} ms, {p.retries_per_s:.1f} retries/s, "
-        f"errors {p.errors or 0}, CPU coord/LTMs/client/other % {_cpu(p)}" + _per_process(p)
+        f"{ms_cell(p.p50_ms)} ms, p99 {ms_cell(p.p99_ms)} ms, {p.retries_per_s:.1f} retries/s, "
+        f"errors {p.errors or 0}, CPU coord/LTMs/client/other % {cpu_cell(p)}" + per_process_cpu(p)
     )
 
 
@@ -411,8 +406,8 @@ async def bench_case(
         if reads_here:  # at the preloaded size, before the workload adds events
             reads = await point_reads(cluster, client, args.reads)
             err.print(
-                f"  point reads at {reads.events} events: p50 {_ms(reads.p50_ms)} ms, "
-                f"p99 {_ms(reads.p99_ms)} ms"
+                f"  point reads at {reads.events} events: p50 {ms_cell(reads.p50_ms)} ms, "
+                f"p99 {ms_cell(reads.p99_ms)} ms"
             )
             reads.recompute_s = round(await verify(client, case, ledger, args.events, report), 3)
             report.reads.append(reads)
@@ -453,7 +448,8 @@ async def bench_case(
             report.reads.append(big)
             err.print(
                 f"  loaded {more} events in {load_s:.1f}s ({more / load_s:.0f}/s); point reads "
-                f"at {big.events} events: p50 {_ms(big.p50_ms)} ms, p99 {_ms(big.p99_ms)} ms"
+                f"at {big.events} events: p50 {ms_cell(big.p50_ms)} ms, "
+                f"p99 {ms_cell(big.p99_ms)} ms"
             )
         recompute_s = await verify(client, case, ledger, args.events, report)
         if big is not None:
@@ -681,12 +677,12 @@ def print_report(report: Report, found: list[dict[str, Any]], fsync: bool) -> No
             str(p.clients),
             str(p.pass_index + 1),
             f"{p.tps:.0f}",
-            _ms(p.p50_ms),
-            _ms(p.p99_ms),
-            _ms(p.max_ms),
+            ms_cell(p.p50_ms),
+            ms_cell(p.p99_ms),
+            ms_cell(p.max_ms),
             f"{p.retries_per_s:.1f}",
             str(sum(p.errors.values())),
-            _cpu(p),
+            cpu_cell(p),
         )
     out.print(table)
 
@@ -740,9 +736,9 @@ def print_report(report: Report, found: list[dict[str, Any]], fsync: bool) -> No
                 f"{r.events:,}",
                 loaded,
                 str(r.reads),
-                _ms(r.p50_ms),
-                _ms(r.p99_ms),
-                _ms(r.max_ms),
+                ms_cell(r.p50_ms),
+                ms_cell(r.p99_ms),
+                ms_cell(r.max_ms),
                 "-" if r.recompute_s is None else f"{r.recompute_s:.2f}",
                 "/".join(
                     f"{r.cpu.get(k, 0):.0f}" for k in ("coordinator", "ltms", "client", "other")
@@ -867,7 +863,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--intervals must be positive")
     # clean up as on Ctrl-C, also when started in the background (where SIGINT is ignored)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     meta = {
         "argv": sys.argv[1:] if argv is None else argv,
         "python": platform.python_version(),
