@@ -198,79 +198,88 @@ class LocalCluster:
         # an older checkout's replicated LTMs each need the next one's address before it starts
         ports = [free_port() if self.replicate else 0 for _ in range(self.ltms)]
         for i in range(self.ltms if self.processes != 1 else 0):
-            backup = (
-                ["--backup", f"127.0.0.1:{ports[(i + 1) % self.ltms]}"]
-                if self.replicate and self.ltms > 1
-                else []
-            )
             self.servers.append(
-                Server(
-                    f"ltm-{i}",
-                    [
-                        "ltm",
-                        "--store",
-                        self.store_url,
-                        "--log-dir",
-                        str(self.data / f"ltm-{i}"),
-                        "--partition",
-                        str(i),
-                        "--partitions",
-                        str(self.ltms),
-                        "--coordinator",
-                        coordinator_address,
-                        "--checkpoint-interval",
-                        str(self.checkpoint_interval),
-                        "--cache-rows",
-                        str(self.cache_rows),
-                        *backup,
-                        *common,
-                        *ltm_security,
-                    ],
-                    self.data / "logs" / f"ltm-{i}.log",
-                    port=ports[i],
-                    flags=["-v"] if self.verbose else [],
-                    code=self.code,
-                )
+                self._ltm_server(i, ports, coordinator_address, [*common, *ltm_security])
             )
         try:
             for server in self.servers:
                 server.start()
-            route = self.member_route or (lambda i, address: address)
-            addresses = [route(i, server.address) for i, server in enumerate(self.servers)]
-            role = ["coordinator", *(arg for a in addresses for arg in ("--ltm", a))]
-            if self.processes == 1:  # one coordinating LTM alone: every partition in it
-                role = [
-                    "ltm",
-                    "--partitions",
-                    str(self.ltms),
-                    "--checkpoint-interval",
-                    str(self.checkpoint_interval),
-                    "--cache-rows",
-                    str(self.cache_rows),
-                    *self._metrics_flags(0),
-                ]
-            coordinator = Server(
-                "coordinator",
-                [
-                    *role,
-                    "--store",
-                    self.store_url,
-                    "--log-dir",
-                    str(self.data / "coordinator"),
-                    *(["--failover-after", str(self.failover_after)] if self.replicate else []),
-                    *common,
-                    *security,
-                ],
-                self.data / "logs" / "coordinator.log",
-                port=port,
-                flags=["-v"] if self.verbose else [],
-                code=self.code,
-            )
+            coordinator = self._coordinator_server([*common, *security], port)
             self.servers.append(coordinator)
             coordinator.start()
         except BaseException:
             self.stop()
             raise
+
+    def _ltm_server(
+        self, i: int, ports: list[int], coordinator_address: str, extra: list[str]
+    ) -> Server:
+        """LTM ``i`` of an older checkout's layout (not started)."""
+        backup = (
+            ["--backup", f"127.0.0.1:{ports[(i + 1) % self.ltms]}"]
+            if self.replicate and self.ltms > 1
+            else []
+        )
+        return Server(
+            f"ltm-{i}",
+            [
+                "ltm",
+                "--store",
+                self.store_url,
+                "--log-dir",
+                str(self.data / f"ltm-{i}"),
+                "--partition",
+                str(i),
+                "--partitions",
+                str(self.ltms),
+                "--coordinator",
+                coordinator_address,
+                "--checkpoint-interval",
+                str(self.checkpoint_interval),
+                "--cache-rows",
+                str(self.cache_rows),
+                *backup,
+                *extra,
+            ],
+            self.data / "logs" / f"ltm-{i}.log",
+            port=ports[i],
+            flags=["-v"] if self.verbose else [],
+            code=self.code,
+        )
+
+    def _coordinator_server(self, extra: list[str], port: int) -> Server:
+        """The coordinator over the LTMs started so far, or with one process, the one member
+        holding every partition (not started)."""
+        route = self.member_route or (lambda i, address: address)
+        addresses = [route(i, server.address) for i, server in enumerate(self.servers)]
+        role = ["coordinator", *(arg for a in addresses for arg in ("--ltm", a))]
+        if self.processes == 1:  # one coordinating LTM alone: every partition in it
+            role = [
+                "ltm",
+                "--partitions",
+                str(self.ltms),
+                "--checkpoint-interval",
+                str(self.checkpoint_interval),
+                "--cache-rows",
+                str(self.cache_rows),
+                *self._metrics_flags(0),
+            ]
+        return Server(
+            "coordinator",
+            [
+                *role,
+                "--store",
+                self.store_url,
+                "--log-dir",
+                str(self.data / "coordinator"),
+                *(["--failover-after", str(self.failover_after)] if self.replicate else []),
+                *extra,
+            ],
+            self.data / "logs" / "coordinator.log",
+            port=port,
+            flags=["-v"] if self.verbose else [],
+            code=self.code,
+        )
 
     def _start_members(self, common: list[str], security: list[str], port: int) -> None:
         """P members over the partitions; member 0 (the clock, the catalog) starts first."""

@@ -37,7 +37,7 @@ from aggclient.client import AsyncClient
 from agglauncher.cluster import LocalCluster
 from aggspark import jobs
 from aggspark.session import spark_session
-from bench.transactions import hbase_store
+from bench.clusters import hbase_store
 from loadgen import dashboard
 
 SCALE = dashboard.Scale()

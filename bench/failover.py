@@ -27,15 +27,9 @@ from pathlib import Path
 from aggclient.client import AsyncClient
 from agglauncher.cluster import LocalCluster
 from aggview import errors
-from bench.transactions import (
-    CREATE,
-    Ledger,
-    check_sum,
-    err,
-    out,
-    preload,
-    transaction,
-)
+from bench.clusters import check_sum, preload
+from bench.load import CREATE, Ledger, transaction
+from bench.measurements import err, out
 from coordinator import leadership
 from ltm.store import Store, open_store, ownership
 

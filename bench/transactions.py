@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import math
 import os
 import platform
 import random
@@ -34,508 +32,29 @@ import signal
 import sys
 import tempfile
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from aggclient.client import AsyncClient
-from agglauncher.cluster import AS_START, LocalCluster
+from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.net import GRPC_OPTIONS
-from aggview.processes import process_cpu_seconds
 from aggview.retry import RetryPolicy, retry_on
-from aggview.security import TlsDir, member_channel, member_metadata
-from aggview.wire import ltm_pb2 as lpb
-from aggview.wire import ltm_pb2_grpc
-from ltm.store import ownership
-
-TABLE = "bench"
-CREATE = f"CREATE TABLE {TABLE} (id INT PRIMARY KEY, v INT NOT NULL)"
-
-out = Console(width=None if sys.stdout.isatty() else 132)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 132)
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-# --------------------------------------------------------------------------- measurements
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile of already sorted values (None for no values)."""
-    if not values:
-        return None
-    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
-
-
-@dataclass
-class Result:
-    ltms: int
-    rows: int  # rows per transaction
-    mode: str  # "closed" or "open"
-    clients: int  # closed loop: concurrent tasks
-    channels: int
-    offered: float | None  # open loop: arrivals per second
-    seconds: float
-    committed: int = 0
-    retries: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-    unfinished: int = 0  # open loop: still running when the drain timeout ran out
-    tps: float = 0.0
-    mean_ms: float | None = None
-    p50_ms: float | None = None
-    p90_ms: float | None = None
-    p99_ms: float | None = None
-    p999_ms: float | None = None
-    max_ms: float | None = None
-    lag_p99_ms: float | None = None  # open loop: scheduled arrival -> commit call started
-    cpu: dict[str, float] = field(default_factory=dict)  # role -> % of one core
-    # coordinating members: "coordinated <role>" -> transactions it committed in the window;
-    # "clock messages", "follower transactions" (clock requests and replies of the followers)
-    members: dict[str, int] = field(default_factory=dict)
-    setup: str = "plain"  # "tls": TLS everywhere, tokens, member checks; "replicated": LTM logs;
-    # "hbase": the store on a real HBase
-
-    @property
-    def retries_per_s(self) -> float:
-        return self.retries / self.seconds
-
-    def summarize(self, latencies: list[float], lags: list[float] | None = None) -> None:
-        latencies.sort()
-        ms = [x * 1000 for x in latencies]
-        self.mean_ms = sum(ms) / len(ms) if ms else None
-        self.p50_ms = percentile(ms, 0.50)
-        self.p90_ms = percentile(ms, 0.90)
-        self.p99_ms = percentile(ms, 0.99)
-        self.p999_ms = percentile(ms, 0.999)
-        self.max_ms = ms[-1] if ms else None
-        if lags is not None:
-            self.lag_p99_ms = percentile(sorted(x * 1000 for x in lags), 0.99)
-
-
-def _machine_busy_seconds() -> float:
-    """CPU seconds every process on the machine has used (all cores), from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / _CLOCK_TICKS
-
-
-PROCESS = "process "  # CpuMeter's key prefix for one server process's own figure
-
-
-class CpuMeter:
-    """CPU use of the coordinator, the LTMs (summed), this client and everything else on the
-    machine ("other": other people's processes skew the figures) over a window; and of each
-    server process on its own (``PROCESS`` + its role, e.g. "process member-1")."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        self.cluster = cluster
-        self._start = self._sample()
-
-    def _sample(self) -> tuple[float, dict[str, float]]:
-        roles: dict[str, float] = {"client": time.process_time(), "coordinator": 0.0, "ltms": 0.0}
-        for server in self.cluster.servers:
-            if server.process is not None:
-                # members coordinate (and host partitions): counted with the coordinator
-                role = "ltms" if server.role.startswith("ltm") else "coordinator"
-                used = process_cpu_seconds(server.process.pid)
-                roles[role] += used
-                roles[PROCESS + server.role] = used
-        busy = sum(v for k, v in roles.items() if not k.startswith(PROCESS))
-        roles["other"] = _machine_busy_seconds() - busy
-        return time.perf_counter(), roles
-
-    def stop(self) -> dict[str, float]:
-        (t0, a), (t1, b) = self._start, self._sample()
-        used = {role: round(100 * (b[role] - a.get(role, 0)) / (t1 - t0), 1) for role in b}
-        # the machine's total is sampled at clock ticks, the processes' use is exact: over a
-        # window of a second or two the total can come out below their sum
-        used["other"] = max(0.0, used["other"])
-        return used
-
-
-# --------------------------------------------------------------------------- clients and load
-
-
-async def open_clients(cluster: LocalCluster, count: int) -> list[AsyncClient]:
-    """``count`` clients, each on its own TCP connection (and, on a secure cluster, with TLS
-    and a write token).
-
-    gRPC shares one connection between channels whose arguments are equal, so AsyncClient
-    instances made with the same address would all go over one connection: every client after
-    the first gets a private subchannel pool."""
-    security = cluster.client_options("write")
-    private = [("grpc.use_local_subchannel_pool", 1)]
-    return [
-        AsyncClient(cluster.address, options=private if i else (), **security) for i in range(count)
-    ]
-
-
-def total_retries(clients: Sequence[AsyncClient]) -> int:
-    return sum(client.retries for client in clients)
-
-
-# failures that tell the transaction did not commit (others, like a timeout, may hide a commit)
-_DEFINITE = (
-    errors.TooLate,
-    errors.ConditionFailed,
-    errors.InvalidArgument,
-    errors.RowNotFound,
-    errors.AlreadyExists,
-    errors.LimitExceeded,
+from bench.clusters import (
+    check_sum,
+    hbase_store,
+    interrupt,
+    old_code,
+    preload,
+    replicas_in_sync,
+    running_cluster,
+    settle,
 )
-
-
-class Ledger:
-    """Every transaction's fate over a whole cluster's life, for the final consistency check."""
-
-    def __init__(self) -> None:
-        self.row_updates = 0  # sum of k over committed transactions
-        self.ambiguous = 0  # sum of k over those that failed without telling whether they did
-
-    def failed(self, exc: BaseException, rows: int) -> str:
-        if not isinstance(exc, _DEFINITE):
-            self.ambiguous += rows
-        return type(exc).__name__
-
-
-async def member_counts(cluster: LocalCluster) -> dict[str, int]:
-    """Each coordinating member's committed transactions, and the followers' clock messages
-    (none when no process is a member)."""
-    members = [s for s in cluster.servers if s.role.startswith("member")]
-    if len(members) < 2:
-        return {}
-    counts: dict[str, int] = {"clock messages": 0, "follower transactions": 0}
-    async with statuses(cluster, [m.address for m in members]) as ask:
-        replies = await ask()
-    for server, status in zip(members, replies, strict=True):
-        counts[f"coordinated {server.role}"] = status.coordinated
-        if server.role != "member-0":
-            counts["clock messages"] += status.clock_requests + status.clock_replies
-            counts["follower transactions"] += status.coordinated
-    return counts
-
-
-async def measure_window(
-    cluster: LocalCluster, clients: Sequence[AsyncClient], start: float, end: float
-) -> tuple[int, dict[str, float], dict[str, int]]:
-    """Retries, CPU use and the members' counts between two perf_counter instants."""
-    await asyncio.sleep(max(0.0, start - time.perf_counter()))
-    retries, meter = total_retries(clients), CpuMeter(cluster)
-    counts = await member_counts(cluster)
-    await asyncio.sleep(max(0.0, end - time.perf_counter()))
-    cpu, after = meter.stop(), await member_counts(cluster)
-    return total_retries(clients) - retries, cpu, {k: v - counts[k] for k, v in after.items()}
-
-
-async def transaction(client: AsyncClient, keys: Sequence[int]) -> None:
-    async with client.transaction() as tx:
-        for key in keys:
-            tx.add(TABLE, {"id": key}, {"v": 1})
-
-
-async def run_closed(
-    cluster: LocalCluster,
-    clients: Sequence[AsyncClient],
-    ledger: Ledger,
-    *,
-    ltms: int,
-    rows: int,
-    table_rows: int,
-    tasks: int,
-    seconds: float,
-    warmup: float,
-) -> Result:
-    result = Result(ltms, rows, "closed", tasks, len(clients), None, seconds)
-    latencies: list[float] = []
-    failures: Counter[str] = Counter()
-    population = range(table_rows)
-    start = time.perf_counter()
-    measure_from, end = start + warmup, start + warmup + seconds
-
-    async def worker(client: AsyncClient) -> None:
-        perf_counter, sample = time.perf_counter, random.sample
-        while perf_counter() < end:
-            keys = sample(population, rows)
-            t0 = perf_counter()
-            try:
-                await transaction(client, keys)
-            except errors.AggviewError as exc:
-                name = ledger.failed(exc, rows)
-                if measure_from <= perf_counter() <= end:
-                    failures[name] += 1
-                continue
-            t1 = perf_counter()
-            ledger.row_updates += rows
-            if measure_from <= t1 <= end:
-                latencies.append(t1 - t0)
-
-    meter_task = asyncio.create_task(measure_window(cluster, clients, measure_from, end))
-
-    await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(tasks)))
-    result.retries, result.cpu, result.members = await meter_task
-    result.committed = len(latencies)
-    result.tps = len(latencies) / seconds
-    result.errors = dict(failures)
-    result.summarize(latencies)
-    return result
-
-
-async def run_open(
-    cluster: LocalCluster,
-    clients: Sequence[AsyncClient],
-    ledger: Ledger,
-    *,
-    ltms: int,
-    rows: int,
-    table_rows: int,
-    rate: float,
-    poisson: bool,
-    seconds: float,
-    warmup: float,
-    drain: float,
-) -> Result:
-    result = Result(ltms, rows, "open", 0, len(clients), round(rate, 1), seconds)
-    latencies: list[float] = []  # scheduled arrival -> committed
-    lags: list[float] = []  # scheduled arrival -> commit call started
-    failures: Counter[str] = Counter()
-    completed_in_window = 0
-    population = range(table_rows)
-    running: set[asyncio.Task[None]] = set()
-    start = time.perf_counter()
-    measure_from, end = start + warmup, start + warmup + seconds
-
-    async def one(client: AsyncClient, scheduled: float) -> None:
-        nonlocal completed_in_window
-        keys = random.sample(population, rows)
-        t0 = time.perf_counter()
-        measured = scheduled >= measure_from
-        try:
-            await transaction(client, keys)
-        except errors.AggviewError as exc:
-            name = ledger.failed(exc, rows)
-            if measured:
-                failures[name] += 1
-            return
-        except asyncio.CancelledError:  # given up on after --drain: it may still commit
-            ledger.ambiguous += rows
-            raise
-        t1 = time.perf_counter()
-        ledger.row_updates += rows
-        if measured:
-            latencies.append(t1 - scheduled)
-            lags.append(t0 - scheduled)
-        if measure_from <= t1 <= end:
-            completed_in_window += 1
-
-    meter_task = asyncio.create_task(measure_window(cluster, clients, measure_from, end))
-
-    interval = 1.0 / rate
-    arrival, n = start, 0
-    while arrival < end:
-        delay = arrival - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        now = time.perf_counter()
-        while arrival <= now and arrival < end:  # catch up on arrivals the loop slept past
-            task = asyncio.create_task(one(clients[n % len(clients)], arrival))
-            running.add(task)
-            task.add_done_callback(running.discard)
-            n += 1
-            arrival += random.expovariate(rate) if poisson else interval
-    result.retries, result.cpu, result.members = await meter_task
-    if running:
-        _, pending = await asyncio.wait(set(running), timeout=drain)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        result.unfinished = len(pending)
-    result.committed = completed_in_window
-    result.tps = completed_in_window / seconds
-    result.errors = dict(failures)
-    result.summarize(latencies, lags)
-    return result
-
-
-# --------------------------------------------------------------------------- cluster set-up
-
-
-async def preload(client: AsyncClient, rows: int, batch: int, concurrency: int = 4) -> None:
-    """Inserts rows 0..rows-1 with v = 0, in transactions of ``batch`` rows."""
-    batches = iter(range(0, rows, batch))
-
-    async def worker() -> None:
-        for first in batches:
-            async with client.transaction() as tx:
-                for i in range(first, min(first + batch, rows)):
-                    tx.insert(TABLE, {"id": i, "v": 0})
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-
-
-async def settle(cluster: LocalCluster, timeout: float = 30.0) -> None:
-    """Waits until every LTM has checkpointed its dirty rows and holds nothing prepared, so
-    one case's checkpoint does not land in the next case's window. A one-process cluster shows
-    no LTM status: there, two checkpoint intervals pass instead."""
-    if cluster.processes >= 1:
-        await asyncio.sleep(2 * cluster.checkpoint_interval)
-        return
-    if not await ltms_until(cluster, lambda r: r.dirty_rows == 0 and r.prepared == 0, timeout):
-        err.print(f"[yellow]LTMs still busy after {timeout:.0f}s; going on[/]")
-
-
-async def replicas_in_sync(cluster: LocalCluster, timeout: float = 30.0) -> None:
-    """Measures start once every LTM's log reaches its backup (a resync follows the start)."""
-    if cluster.processes >= 2:
-        synced = await partitions_until(cluster, lambda r: r.replicated, timeout)
-    else:
-        synced = await ltms_until(cluster, lambda r: r.replicated, timeout)
-    if not synced:
-        raise RuntimeError("the LTMs' logs did not reach their backups in time")
-
-
-async def partitions_until(
-    cluster: LocalCluster, done: Callable[[lpb.StatusReply], bool], timeout: float
-) -> bool:
-    """Polls each partition's status at the member hosting it until ``done`` holds for all."""
-    members = min(cluster.processes, cluster.ltms)
-    tls = TlsDir.load(cluster.tls_dir) if cluster.tls_dir is not None else None
-    channels = [member_channel(s.address, tls, GRPC_OPTIONS) for s in cluster.servers]
-    stubs = [ltm_pb2_grpc.LtmStub(channel) for channel in channels]
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            replies = await asyncio.gather(
-                *(
-                    stubs[p % members].Status(
-                        lpb.StatusRequest(),
-                        timeout=5,
-                        metadata=(*member_metadata(tls), (ownership.PARTITION_HEADER, str(p))),
-                    )
-                    for p in range(cluster.ltms)
-                )
-            )
-            if all(done(r) for r in replies):
-                return True
-            await asyncio.sleep(0.1)
-        return False
-    finally:
-        for channel in channels:
-            await channel.close()
-
-
-async def ltms_until(
-    cluster: LocalCluster, done: Callable[[lpb.StatusReply], bool], timeout: float
-) -> bool:
-    """Polls every LTM's status until ``done`` holds for all of them (False: timed out)."""
-    deadline = time.monotonic() + timeout
-    addresses = [cluster.member(i).address for i in range(cluster.ltms)]
-    async with statuses(cluster, addresses) as ask:
-        while time.monotonic() < deadline:
-            if all(done(r) for r in await ask()):
-                return True
-            await asyncio.sleep(0.1)
-        return False
-
-
-@contextlib.asynccontextmanager
-async def statuses(
-    cluster: LocalCluster, addresses: Sequence[str]
-) -> AsyncIterator[Callable[[], Awaitable[list[lpb.StatusReply]]]]:
-    """Asks the servers at ``addresses`` for their ``Status`` (as a cluster member: the
-    LTM API is members-only), over channels kept open for the block."""
-    tls = TlsDir.load(cluster.tls_dir) if cluster.tls_dir is not None else None
-    channels = [member_channel(address, tls, GRPC_OPTIONS) for address in addresses]
-    stubs = [ltm_pb2_grpc.LtmStub(channel) for channel in channels]
-    metadata = member_metadata(tls)
-
-    async def ask() -> list[lpb.StatusReply]:
-        return list(
-            await asyncio.gather(
-                *(stub.Status(lpb.StatusRequest(), timeout=5, metadata=metadata) for stub in stubs)
-            )
-        )
-
-    try:
-        yield ask
-    finally:
-        for channel in channels:
-            await channel.close()
-
-
-async def check_sum(cluster: LocalCluster, expected: int, ambiguous: int) -> str:
-    """Compares sum(v) with the row updates of every transaction that reported a commit."""
-    async with AsyncClient(cluster.address, **cluster.client_options("read")) as client:
-        rows = await client.scan(TABLE)
-    total = sum(row["v"] for row in rows)
-    if total == expected:
-        return f"consistency check: sum(v) = {total} as expected"
-    if expected < total <= expected + ambiguous:
-        return (
-            f"consistency check: sum(v) = {total}, {total - expected} above the {expected} "
-            f"reported committed; {ambiguous} row updates failed without a clear outcome"
-        )
-    return f"[bold red]CONSISTENCY CHECK FAILED[/]: sum(v) = {total}, expected {expected}"
-
-
-def setup_processes(setup: str, processes: int = AS_START) -> int:
-    """The --processes of a setup: ``old`` runs the servers of --old (code from before
-    members) in their separate layout (0: a coordinator and a process per LTM), ``old-`` + a
-    layout in that layout; plain, tls, replicated and hbase run ``processes``."""
-    layout = setup.removeprefix("old").removeprefix("-").removeprefix("replicated-")
-    if layout == "tls":  # old-tls: older code in the default layout, secure
-        return processes
-    if layout == "one-process":
-        return 1
-    if layout.startswith("processes-"):
-        return int(layout.removeprefix("processes-"))
-    return 0 if setup.startswith("old") else processes
-
-
-@contextlib.contextmanager
-def running_cluster(
-    data: Path,
-    ltms: int,
-    fsync: bool,
-    setup: str = "plain",
-    store: str = "",
-    processes: int = AS_START,
-    code: Path | None = None,
-) -> Iterator[LocalCluster]:
-    """A started cluster that is stopped cleanly on the way out, even on Ctrl-C or SIGTERM:
-    once an exception (such as the KeyboardInterrupt of Ctrl-C) unwinds through here, further
-    Ctrl-C and SIGTERM are ignored so they cannot cut the clean stop or the removal of the
-    data directory short (``LocalCluster.stop`` kills what does not stop within 20 s)."""
-    cluster = LocalCluster(
-        data,
-        ltms=ltms,
-        fsync=fsync,
-        secure=setup.removeprefix("old-") == "tls",
-        replicate="replicated" in setup,
-        store=store,
-        processes=setup_processes(setup, processes),
-        **({"code": code} if code is not None else {}),
-    )
-    try:
-        with cluster:
-            try:
-                yield cluster
-            except BaseException:
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                err.print("stopping the cluster...")
-                raise
-    finally:
-        cluster.kill()  # anything still running (a failed start, or a signal during stop)
-
+from bench.load import CREATE, TABLE, Ledger, open_clients, run_closed, run_open, transaction
+from bench.measurements import MEASURE_COLUMNS, Result, cpu_cell, err, ms_cell, out, per_process_cpu
 
 # --------------------------------------------------------------------------- modes
 
@@ -605,51 +124,11 @@ def report_line(r: Result) -> None:
     load = f"{r.clients} clients" if r.mode == "closed" else f"{r.offered:g}/s offered"
     err.print(
         f"  {r.setup}: {r.ltms} LTM(s), {r.rows} row(s)/tx, {r.channels} channel(s), {load}: "
-        f"{r.tps:.0f} tx/s, p50 {_ms(r.p50_ms)} ms, p99 {_ms(r.p99_ms)} ms, "
-        f"{r.retries_per_s:.1f} retries/s, errors {r.errors or 0}, CPU % {_cpu(r)}"
-        + (f", arrival lag p99 {_ms(r.lag_p99_ms)} ms" if r.mode == "open" else "")
-        + _per_process(r)
+        f"{r.tps:.0f} tx/s, p50 {ms_cell(r.p50_ms)} ms, p99 {ms_cell(r.p99_ms)} ms, "
+        f"{r.retries_per_s:.1f} retries/s, errors {r.errors or 0}, CPU % {cpu_cell(r)}"
+        + (f", arrival lag p99 {ms_cell(r.lag_p99_ms)} ms" if r.mode == "open" else "")
+        + per_process_cpu(r)
     )
-
-
-def _per_process(r: Result) -> str:
-    """Each coordinating process's CPU (% of a core), its share per committed transaction of
-    the whole cluster and per transaction it coordinated, when there are several (flat as
-    processes are added: no process does work that grows with the cluster's total); and the
-    followers' clock messages per transaction they coordinated (falling as load rises: the
-    timestamp requests are batched)."""
-    shares = {k.removeprefix(PROCESS): v for k, v in r.cpu.items() if k.startswith(PROCESS)}
-    if len(shares) < 2 or not r.tps:
-        return ""
-
-    def own(name: str, pct: float) -> str:
-        coordinated = r.members.get(f"coordinated {name}", 0) / r.seconds
-        return f" {10 * pct / coordinated:.2f} ms per own tx" if coordinated else ""
-
-    text = "; per process " + ", ".join(
-        f"{name} {pct:.0f}% ({10 * pct / r.tps:.2f} ms/tx{own(name, pct)})"
-        for name, pct in sorted(shares.items())
-    )
-    if r.members.get("follower transactions"):
-        per = r.members["clock messages"] / r.members["follower transactions"]
-        text += f"; clock messages per follower tx {per:.2f}"
-    return text
-
-
-def _cpu(r: Result) -> str:
-    return "/".join(f"{r.cpu.get(k, 0):.0f}" for k in ("coordinator", "ltms", "client", "other"))
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-def hbase_store(url: str | None) -> str:
-    """The HBase URL with a table prefix of its own, so each case starts on empty tables."""
-    if not url:
-        raise SystemExit("--setup hbase needs --hbase hbase://HOST:PORT (aggview hbase start)")
-    prefix = f"b{os.getpid()}x{time.monotonic_ns() % 10**9}"
-    return url + ("&" if "?" in url else "?") + f"table_prefix={prefix}"
 
 
 def run_load(args: argparse.Namespace) -> list[Result]:
@@ -670,13 +149,6 @@ def run_load(args: argparse.Namespace) -> list[Result]:
     return results
 
 
-def old_code(args: argparse.Namespace) -> Path:
-    """The checkout --setup old runs (a ``git worktree`` of an older commit)."""
-    if not args.old or not (Path(args.old) / "aggview" / "cli.py").exists():
-        raise SystemExit("--setup old needs --old DIR, a checkout of aggview (git worktree add)")
-    return Path(args.old).resolve()
-
-
 def setup_ratios(results: Sequence[Result]) -> list[str]:
     """Every setup against its baseline, for every case measured both ways: the old code in
     the same layout (old-<setup>) when it was measured, else the old code (--setup old), else
@@ -694,8 +166,8 @@ def setup_ratios(results: Sequence[Result]) -> list[str]:
             lines.append(
                 f"{r.setup} against {baseline}: {r.ltms} LTM(s), {r.rows} row(s)/tx, {r.mode}, "
                 f"{r.clients} clients: {r.tps:.0f} vs {base.tps:.0f} tx/s, ratio "
-                f"{r.tps / base.tps:.2f}; p50 {_ms(r.p50_ms)} vs {_ms(base.p50_ms)} ms; server "
-                f"CPU {_server_cpu_ms(r):.2f} vs {_server_cpu_ms(base):.2f} ms/tx"
+                f"{r.tps / base.tps:.2f}; p50 {ms_cell(r.p50_ms)} vs {ms_cell(base.p50_ms)} ms; "
+                f"server CPU {_server_cpu_ms(r):.2f} vs {_server_cpu_ms(base):.2f} ms/tx"
             )
     return lines
 
@@ -709,18 +181,6 @@ def _server_cpu_ms(r: Result) -> float:
 
 def _case(r: Result) -> tuple[object, ...]:
     return (r.ltms, r.rows, r.mode, r.clients, r.channels, r.offered)
-
-
-# The measured columns every benchmark table shares (see the rows each adds).
-MEASURE_COLUMNS = (
-    "committed tx/s",
-    "p50 ms",
-    "p99 ms",
-    "max ms",
-    "retries/s",
-    "errors",
-    "CPU coord/LTMs/client/other",
-)
 
 
 def print_table(results: Sequence[Result], fsync: bool) -> None:
@@ -742,12 +202,12 @@ def print_table(results: Sequence[Result], fsync: bool) -> None:
             load,
             str(r.channels),
             f"{r.tps:.0f}",
-            _ms(r.p50_ms),
-            _ms(r.p99_ms),
-            _ms(r.max_ms),
+            ms_cell(r.p50_ms),
+            ms_cell(r.p99_ms),
+            ms_cell(r.max_ms),
             f"{r.retries_per_s:.1f}",
             str(sum(r.errors.values())),
-            _cpu(r),
+            cpu_cell(r),
         )
     out.print(table)
 
@@ -917,10 +377,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.rate and args.load_fraction:
@@ -931,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--rows cannot exceed --preload")
     # clean up as on Ctrl-C, also when started in the background (where SIGINT is ignored)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     meta = {
         "argv": sys.argv[1:] if argv is None else argv,
         "python": platform.python_version(),

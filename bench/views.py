@@ -50,336 +50,39 @@ import platform
 import random
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
-
-import duckdb
-from rich.table import Table
 
 from aggclient import Client
-from aggclient.bulk_client import BulkClient
 from aggclient.client import AsyncClient
 from agglauncher.cluster import AS_START, LocalCluster
-from aggview import errors
-from bench.transactions import (
-    MEASURE_COLUMNS,
-    CpuMeter,
-    Ledger,
-    Result,
-    _cpu,
-    _interrupt,
-    _ms,
-    _per_process,
+from bench.clusters import interrupt, old_code, running_cluster, settle
+from bench.load import Ledger
+from bench.measurements import (
+    cpu_cell,
     err,
-    hbase_store,
-    measure_window,
-    old_code,
+    ms_cell,
     out,
-    percentile,
-    running_cluster,
-    settle,
+    per_process_cpu,
 )
+from bench.views_cases import (
+    OLD,
+    RECOMPUTE_TABLES,
+    SCALE,
+    Case,
+    Point,
+    Report,
+    in_processes,
+    layouts,
+    store_cases,
+)
+from bench.views_report import print_report, ratios
+from bench.views_workload import insert_events, make_event, point_reads, run_inserts, verify
 from loadgen import dashboard
-
-SCALE = dashboard.Scale()  # the thesis: 50 shops, 5,000 products, 20 categories
-
-CATEGORY_VIEW = "cost_by_category"
-CATEGORY_SQL = (
-    "SELECT c.name, SUM(e.cost), COUNT(*) FROM events e JOIN products p ON e.prod_id = p.id "
-    "JOIN categories c ON p.cat_id = c.id GROUP BY c.name"
-)
-PGIVM_VIEW = "cost_by_cat_id"
-PGIVM_SQL = (
-    "SELECT p.cat_id, SUM(e.cost), COUNT(*) FROM events e JOIN products p ON e.prod_id = p.id "
-    "GROUP BY p.cat_id"
-)
-POINT_READ = {"name": "category 3"}
-# pg_ivm's figures from the issue: clients -> (tx/s with the view, tx/s without)
-PGIVM_REFERENCE = {1: (1771, 5661), 8: (1831, 16571)}
-# the tables the views read, loaded into duckdb for the recomputation
-RECOMPUTE_TABLES = ("categories", "products", "events")
-
-
-ON_HBASE = " @hbase"
-ONE_PROCESS = " @1 process"
-OLD = " @old"
-
-
-def in_processes(processes: int) -> str:
-    """The suffix of a case run in ``processes`` coordinating processes."""
-    return ONE_PROCESS if processes == 1 else f" @{processes} processes"
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str  # "none", "sync", "async 500ms", "pg_ivm SQL"
-    view: str | None = None
-    select: str | None = None
-    mode: str = "sync"
-    interval_ms: int = 500
-
-    @property
-    def ddl(self) -> str:
-        assert self.view is not None and self.select is not None
-        return dashboard.view_ddl(self.view, self.select, self.mode, self.interval_ms)
-
-
-@dataclass
-class Point(Result):
-    """One closed-loop measurement (Result's figures, plus what ran)."""
-
-    case: str = ""
-    workload: str = "spread"  # "spread": random products; "hot": products of category 0 only
-    view_mode: str | None = None
-    interval_ms: int | None = None
-    pass_index: int = 0  # which pass over the cases (--repeat)
-
-
-@dataclass
-class Reads:
-    events: int  # rows in the events table when read
-    reads: int
-    p50_ms: float | None
-    p99_ms: float | None
-    mean_ms: float | None
-    max_ms: float | None
-    load_s: float | None  # seconds it took to load the events up to this size (None: preload)
-    load_events_per_s: float | None
-    recompute_s: float | None = None  # scan + duckdb recomputation of the whole view
-    cpu: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Report:
-    base: dict[str, Any] = field(default_factory=dict)
-    points: list[Point] = field(default_factory=list)
-    reads: list[Reads] = field(default_factory=list)
-    checks: list[dict[str, Any]] = field(default_factory=list)
-    view_create_s: dict[str, float] = field(default_factory=dict)
-
-    def point(
-        self, case: str, clients: int, workload: str = "spread", pass_index: int = 0
-    ) -> Point | None:
-        wanted = (case, clients, workload, pass_index)
-        for p in self.points:
-            if (p.case, p.clients, p.workload, p.pass_index) == wanted:
-                return p
-        return None
-
-    @property
-    def verified(self) -> bool:
-        return all(c["ok"] for c in self.checks)
-
-
-# --------------------------------------------------------------------------- events
-
-
-def hot_products(scale: dashboard.Scale) -> list[int]:
-    """Products of category 0 (``dashboard.populate`` puts product i in category i % n)."""
-    return [p for p in range(scale.products) if p % scale.categories == 0]
-
-
-def make_event(rng: random.Random, event_id: int, products: Sequence[int] | None) -> dict[str, Any]:
-    row = dashboard.event(rng, event_id, SCALE)
-    if products is not None:
-        row["prod_id"] = rng.choice(products)
-        row["shop_id"] = row["prod_id"] % SCALE.shops
-    return row
-
-
-async def insert_events(
-    client: AsyncClient, rows: Iterable[dict[str, Any]], batch: int, concurrency: int = 4
-) -> int:
-    """Inserts rows ``batch`` per transaction from ``concurrency`` tasks; returns how many."""
-    pending = iter(rows)
-    done = 0
-
-    async def worker() -> None:
-        nonlocal done
-        while chunk := list(itertools.islice(pending, batch)):
-            async with client.transaction() as tx:
-                for row in chunk:
-                    tx.insert("events", row)
-            done += len(chunk)
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return done
-
-
-async def run_inserts(
-    cluster: LocalCluster,
-    client: AsyncClient,
-    ledger: Ledger,
-    ids: Iterator[int],
-    *,
-    case: Case,
-    workload: str,
-    tasks: int,
-    args: argparse.Namespace,
-) -> Point:
-    """Closed loop: ``tasks`` tasks on one client, one new event per transaction."""
-    point = Point(
-        cluster.ltms,
-        1,
-        "closed",
-        tasks,
-        1,
-        None,
-        args.seconds,
-        case=case.name,
-        workload=workload,
-        view_mode=case.mode if case.view else None,
-        interval_ms=case.interval_ms if case.view and case.mode == "async" else None,
-    )
-    products = hot_products(SCALE) if workload == "hot" else None
-    latencies: list[float] = []
-    failures: Counter[str] = Counter()
-    start = time.perf_counter()
-    measure_from, end = start + args.warmup, start + args.warmup + args.seconds
-
-    async def worker(task: int) -> None:
-        # the same event sequences in every case, so "none" and "sync" insert the same rows
-        rng = random.Random(f"{args.seed}:{workload}:{tasks}:{task}")
-        perf_counter = time.perf_counter
-        while perf_counter() < end:
-            row = make_event(rng, next(ids), products)
-            t0 = perf_counter()
-            try:
-                async with client.transaction() as tx:
-                    tx.insert("events", row)
-            except errors.AggviewError as exc:
-                name = ledger.failed(exc, 1)
-                if measure_from <= perf_counter() <= end:
-                    failures[name] += 1
-                continue
-            t1 = perf_counter()
-            ledger.row_updates += 1
-            if measure_from <= t1 <= end:
-                latencies.append(t1 - t0)
-
-    meter = asyncio.create_task(measure_window(cluster, [client], measure_from, end))
-    await asyncio.gather(*(worker(i) for i in range(tasks)))
-    point.retries, point.cpu, point.members = await meter
-    point.committed = len(latencies)
-    point.tps = len(latencies) / args.seconds
-    point.errors = dict(failures)
-    point.summarize(latencies)
-    return point
-
-
-# --------------------------------------------------------------------------- reads, checks
-
-
-async def point_reads(cluster: LocalCluster, client: AsyncClient, count: int) -> Reads:
-    """``count`` sequential point lookups by the full group key (after 50 unmeasured ones)."""
-    for _ in range(min(50, count)):
-        await client.view(CATEGORY_VIEW, POINT_READ)
-    meter = CpuMeter(cluster)
-    latencies = []
-    for _ in range(count):
-        t0 = time.perf_counter()
-        rows = await client.view(CATEGORY_VIEW, POINT_READ)
-        latencies.append(time.perf_counter() - t0)
-        if len(rows) != 1 or rows[0]["name"] != POINT_READ["name"]:
-            raise RuntimeError(f"point read of {POINT_READ} returned {list(rows)}")
-    cpu = meter.stop()
-    ms = sorted(x * 1000 for x in latencies)
-    everything = await client.view(CATEGORY_VIEW)
-    return Reads(
-        events=sum(row["count"] for row in everything),
-        reads=count,
-        p50_ms=percentile(ms, 0.50),
-        p99_ms=percentile(ms, 0.99),
-        mean_ms=sum(ms) / len(ms) if ms else None,
-        max_ms=ms[-1] if ms else None,
-        load_s=None,
-        load_events_per_s=None,
-        cpu=cpu,
-    )
-
-
-def _load_duckdb(con: duckdb.DuckDBPyConnection, table: str, rows: Sequence[dict]) -> None:
-    """Column-wise: one list per column, unnested and cast to the column's type (fast)."""
-    if not rows:
-        return
-    types = {name: kind for name, kind, *_ in con.execute(f"DESCRIBE {table}").fetchall()}
-    columns = list(rows[0])
-    values = [[None if r[c] is None else str(r[c]) for r in rows] for c in columns]
-    selects = ", ".join(f"CAST(unnest(?::VARCHAR[]) AS {types[c]})" for c in columns)
-    con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {selects}", values)
-
-
-async def recompute(client: AsyncClient, select: str) -> tuple[list[tuple], int]:
-    """The view's SELECT run by duckdb over the tables it reads, all read page by page at one
-    held snapshot (10^6 events do not fit one scan reply), and the number of events read."""
-    tables = await asyncio.to_thread(snapshot_rows, client.address, RECOMPUTE_TABLES)
-    con = duckdb.connect()
-    try:
-        for ddl in dashboard.TABLES:
-            con.execute(ddl.replace("PRIMARY KEY", ""))
-        for table, rows in tables.items():
-            _load_duckdb(con, table, rows)
-        return sorted(con.execute(select).fetchall()), len(tables["events"])
-    finally:
-        con.close()
-
-
-def snapshot_rows(address: str, tables: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    with Client(address, timeout=60) as client:
-        bulk = BulkClient(client)
-        lease, ts = bulk.hold_snapshot()
-        try:
-            return {table: list(bulk.table_rows(table, ts)) for table in tables}
-        finally:
-            bulk.release_snapshot(lease)
-
-
-async def verify(
-    client: AsyncClient, case: Case, ledger: Ledger, preloaded: int, report: Report
-) -> float:
-    """Checks the view against a recomputation and the events against the commits; returns
-    the seconds the recomputation took."""
-    t0 = time.perf_counter()
-    expected, events = await recompute(client, case.select or "SELECT 1")
-    recompute_s = time.perf_counter() - t0
-    low = preloaded + ledger.row_updates
-    high = low + ledger.ambiguous
-    ok = low <= events <= high
-    report.checks.append(
-        {
-            "case": case.name,
-            "check": "events",
-            "ok": ok,
-            "detail": f"{events} events; {preloaded} preloaded + {ledger.row_updates} "
-            f"committed" + (f" (+ up to {ledger.ambiguous} unclear)" if ledger.ambiguous else ""),
-        }
-    )
-    if case.view:
-        if case.mode == "async":
-            await client.refresh(case.view)
-        rows = await client.view(case.view)
-        got = sorted(tuple(row.values()) for row in rows)
-        same = got == expected
-        detail = f"{len(got)} rows equal duckdb's over {events} events"
-        if not same:
-            missing = [r for r in expected if r not in got][:3]
-            extra = [r for r in got if r not in expected][:3]
-            detail = f"DIFFERS: view has {extra} not recomputed; recomputed {missing} not in view"
-        report.checks.append(
-            {"case": case.name, "check": f"view {case.view}", "ok": same, "detail": detail}
-        )
-    for check in report.checks[-2 if case.view else -1 :]:
-        mark = "[green]ok[/]" if check["ok"] else "[bold red]FAILED[/]"
-        err.print(f"  check {check['case']} / {check['check']}: {mark}, {check['detail']}")
-    return recompute_s
-
 
 # --------------------------------------------------------------------------- cases
 
@@ -387,8 +90,8 @@ async def verify(
 def report_point(p: Point) -> None:
     err.print(
         f"  {p.case}, {p.workload}, {p.clients} client(s): {p.tps:.0f} tx/s, p50 "
-        f"{_ms(p.p50_ms)} ms, p99 {_ms(p.p99_ms)} ms, {p.retries_per_s:.1f} retries/s, "
-        f"errors {p.errors or 0}, CPU coord/LTMs/client/other % {_cpu(p)}" + _per_process(p)
+        f"{ms_cell(p.p50_ms)} ms, p99 {ms_cell(p.p99_ms)} ms, {p.retries_per_s:.1f} retries/s, "
+        f"errors {p.errors or 0}, CPU coord/LTMs/client/other % {cpu_cell(p)}" + per_process_cpu(p)
     )
 
 
@@ -411,8 +114,8 @@ async def bench_case(
         if reads_here:  # at the preloaded size, before the workload adds events
             reads = await point_reads(cluster, client, args.reads)
             err.print(
-                f"  point reads at {reads.events} events: p50 {_ms(reads.p50_ms)} ms, "
-                f"p99 {_ms(reads.p99_ms)} ms"
+                f"  point reads at {reads.events} events: p50 {ms_cell(reads.p50_ms)} ms, "
+                f"p99 {ms_cell(reads.p99_ms)} ms"
             )
             reads.recompute_s = round(await verify(client, case, ledger, args.events, report), 3)
             report.reads.append(reads)
@@ -453,7 +156,8 @@ async def bench_case(
             report.reads.append(big)
             err.print(
                 f"  loaded {more} events in {load_s:.1f}s ({more / load_s:.0f}/s); point reads "
-                f"at {big.events} events: p50 {_ms(big.p50_ms)} ms, p99 {_ms(big.p99_ms)} ms"
+                f"at {big.events} events: p50 {ms_cell(big.p50_ms)} ms, "
+                f"p99 {ms_cell(big.p99_ms)} ms"
             )
         recompute_s = await verify(client, case, ledger, args.events, report)
         if big is not None:
@@ -505,45 +209,6 @@ def build_base(
     )
 
 
-def cases(args: argparse.Namespace) -> list[Case]:
-    parts = set(args.parts)
-    chosen: list[Case] = []
-    if parts & {1, 4}:
-        chosen.append(Case("none"))
-    if parts & {1, 2, 3}:
-        chosen.append(Case("sync", CATEGORY_VIEW, CATEGORY_SQL))
-    if 1 in parts:
-        chosen.extend(
-            Case(f"async {ms}ms", CATEGORY_VIEW, CATEGORY_SQL, "async", ms) for ms in args.intervals
-        )
-    if 4 in parts:
-        chosen.append(Case("pg_ivm SQL", PGIVM_VIEW, PGIVM_SQL))
-    return chosen
-
-
-def layouts(args: argparse.Namespace) -> list[int]:
-    """The --processes layouts each case also runs in (--one-process is --processes 1)."""
-    return sorted({*args.processes, *([1] if args.one_process else [])})
-
-
-def store_cases(args: argparse.Namespace) -> list[tuple[Case, str]]:
-    """Every case on the embedded store, then (with --one-process) each again with the whole
-    cluster in one process, named ``<case> @1 process``, then (with --hbase) each again on
-    HBase, named ``<case> @hbase``."""
-    chosen = [(case, "") for case in cases(args)]
-    if args.old:
-        chosen += [(replace(case, name=f"{case.name}{OLD}"), "") for case in cases(args)]
-    for processes in layouts(args):
-        suffix = in_processes(processes)
-        chosen += [(replace(case, name=f"{case.name}{suffix}"), "") for case in cases(args)]
-    if args.hbase:
-        chosen += [
-            (replace(case, name=f"{case.name}{ON_HBASE}"), hbase_store(args.hbase))
-            for case in cases(args)
-        ]
-    return chosen
-
-
 def run(args: argparse.Namespace, report: Report, pids: list[int]) -> None:
     # One event loop for the whole run: gRPC's poller thread may still call into the loop of
     # a finished asyncio.run, which then logs "Event loop is closed" tracebacks.
@@ -581,192 +246,6 @@ def run_on(
                     pids.extend(s.process.pid for s in cluster.servers if s.process is not None)
                     loop.run_until_complete(bench_case(cluster, case, args, report, pass_index))
                 shutil.rmtree(data)
-
-
-# --------------------------------------------------------------------------- report
-
-
-def ratios(report: Report, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """tx/s and p50 of each case against its baseline, per client count: with --repeat, the
-    median of the ratios of each pass (a case against its baseline of the same pass)."""
-    found = []
-
-    def add(
-        name: str,
-        clients: int,
-        num: tuple[str, str],
-        den: tuple[str, str],
-        **extra: Any,
-    ) -> None:
-        tps, p50s = [], []
-        for r in range(args.repeat):
-            a = report.point(num[0], clients, num[1], r)
-            b = report.point(den[0], clients, den[1], r)
-            if a is None or b is None or not b.tps:
-                continue
-            tps.append(a.tps / b.tps)
-            if a.p50_ms and b.p50_ms:
-                p50s.append(a.p50_ms / b.p50_ms)
-        if not tps:
-            return
-        found.append(
-            {
-                "ratio": name,
-                "clients": clients,
-                "tps": round(statistics.median(tps), 3),
-                "p50": round(statistics.median(p50s), 3) if p50s else None,
-                "tps_per_pass": [round(t, 3) for t in tps],
-                **extra,
-            }
-        )
-
-    for clients in args.clients:
-        none, sync = ("none", "spread"), ("sync", "spread")
-        add("sync/none", clients, sync, none)
-        for ms in args.intervals:
-            add(f"async {ms}ms/none", clients, (f"async {ms}ms", "spread"), none)
-        add("hot/spread (sync)", clients, ("sync", "hot"), sync)
-    for processes in layouts(args):
-        suffix = in_processes(processes)
-        for clients in args.clients:
-            for case in cases(args):
-                layout = (f"{case.name}{suffix}", "spread")
-                add(f"{case.name}:{suffix}/default", clients, layout, (case.name, "spread"))
-    if args.old:
-        for suffix in ["", *(in_processes(p) for p in layouts(args))]:
-            for clients in args.clients:
-                for case in cases(args):
-                    new, old = (f"{case.name}{suffix}", "spread"), (f"{case.name}{OLD}", "spread")
-                    add(f"{case.name}{suffix or ' (default)'}/old", clients, new, old)
-    if args.hbase:
-        for clients in args.clients:
-            for case in cases(args):
-                on_hbase = (f"{case.name}{ON_HBASE}", "spread")
-                add(f"{case.name}: hbase/embedded", clients, on_hbase, (case.name, "spread"))
-    for clients in args.clients:
-        reference = PGIVM_REFERENCE.get(clients)
-        extra = {}
-        if reference:
-            extra = {
-                "pg_ivm_view_tps": reference[0],
-                "pg_ivm_none_tps": reference[1],
-                "pg_ivm_ratio": round(reference[0] / reference[1], 3),
-            }
-        add("pg_ivm view/none", clients, ("pg_ivm SQL", "spread"), ("none", "spread"), **extra)
-    return found
-
-
-def print_report(report: Report, found: list[dict[str, Any]], fsync: bool) -> None:
-    base = report.base
-    table = Table(
-        title=f"aggview views: one-row event inserts, {base['ltms']} LTMs, {base['events']} "
-        f"events preloaded, {base['products']} products in {base['categories']} categories "
-        f"({'fsync' if fsync else 'no fsync'})",
-        caption="spread: random products; hot: products of category 0 only (one view row). "
-        "CPU: % of one core used by the coordinating processes (the coordinator, or every "
-        "member), the LTMs, this client and other processes",
-    )
-    for name in ("case", "view", "workload", "clients", "pass", *MEASURE_COLUMNS):
-        table.add_column(name, justify="right")
-    for p in report.points:
-        view = {
-            None: "-",
-            "sync": "sync",
-            "async": f"async {p.interval_ms} ms",
-        }[p.view_mode]
-        table.add_row(
-            p.case,
-            view,
-            p.workload,
-            str(p.clients),
-            str(p.pass_index + 1),
-            f"{p.tps:.0f}",
-            _ms(p.p50_ms),
-            _ms(p.p99_ms),
-            _ms(p.max_ms),
-            f"{p.retries_per_s:.1f}",
-            str(sum(p.errors.values())),
-            _cpu(p),
-        )
-    out.print(table)
-
-    if found:
-        table = Table(
-            title="ratios (committed tx/s and p50 latency of a case over its baseline)",
-            caption="pg_ivm: the issue's figures (tx/s with the view / without, and their ratio)",
-        )
-        passes = any(len(r["tps_per_pass"]) > 1 for r in found)
-        columns = ["ratio", "clients", "tx/s ratio", "p50 ratio", "pg_ivm view/none tx/s"]
-        for name in columns + (["tx/s ratio of each pass"] if passes else []):
-            table.add_column(name, justify="right")
-        for r in found:
-            reference = (
-                f"{r['pg_ivm_view_tps']:,} / {r['pg_ivm_none_tps']:,} = {r['pg_ivm_ratio']:.2f}"
-                if "pg_ivm_ratio" in r
-                else ""
-            )
-            p50 = "-" if r["p50"] is None else f"{r['p50']:.2f}"
-            each = [", ".join(f"{t:.2f}" for t in r["tps_per_pass"])] if passes else []
-            table.add_row(r["ratio"], str(r["clients"]), f"{r['tps']:.2f}", p50, reference, *each)
-        out.print(table)
-
-    if report.reads:
-        table = Table(
-            title=f"point reads of {CATEGORY_VIEW} (sync) by its full group key {POINT_READ}",
-            caption="sequential, one AsyncClient; loaded in: the events' load through "
-            f"{base['batch']}-row transactions; recompute: the whole view by duckdb over "
-            "snapshot scans of the tables",
-        )
-        for name in (
-            "events",
-            "loaded in",
-            "reads",
-            "p50 ms",
-            "p99 ms",
-            "max ms",
-            "recompute s",
-            "CPU coord/LTMs/client/other",
-        ):
-            table.add_column(name, justify="right")
-        for r in report.reads:
-            if r.load_s is None:  # the base's preload, before any view existed
-                loaded = (
-                    f"preload: {base['preload_s']:.1f}s "
-                    f"({base['preload_events_per_s']:,}/s, no view)"
-                )
-            else:
-                loaded = f"{r.load_s:.1f}s ({r.load_events_per_s:,}/s, sync view)"
-            table.add_row(
-                f"{r.events:,}",
-                loaded,
-                str(r.reads),
-                _ms(r.p50_ms),
-                _ms(r.p99_ms),
-                _ms(r.max_ms),
-                "-" if r.recompute_s is None else f"{r.recompute_s:.2f}",
-                "/".join(
-                    f"{r.cpu.get(k, 0):.0f}" for k in ("coordinator", "ltms", "client", "other")
-                ),
-            )
-        out.print(table)
-
-    others = [p.cpu.get("other", 0.0) for p in report.points]
-    if others:
-        out.print(
-            f"CPU used by other processes while measuring: mean "
-            f"{sum(others) / len(others):.0f}%, max {max(others):.0f}% of one core "
-            f"({os.cpu_count()} cores)"
-        )
-    failed = [c for c in report.checks if not c["ok"]]
-    if failed:
-        for c in failed:
-            out.print(f"[bold red]CHECK FAILED[/]: {c['case']} / {c['check']}: {c['detail']}")
-    else:
-        views = sum(1 for c in report.checks if c["check"].startswith("view"))
-        out.print(
-            f"verification: every view equals its recomputation ({views} checks) and every "
-            "case's events match the commits the client saw"
-        )
 
 
 # --------------------------------------------------------------------------- command line
@@ -867,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--intervals must be positive")
     # clean up as on Ctrl-C, also when started in the background (where SIGINT is ignored)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     meta = {
         "argv": sys.argv[1:] if argv is None else argv,
         "python": platform.python_version(),

@@ -25,7 +25,7 @@ from aggview.security import (
 from coordinator.convert import Limits, check_sql_size
 from coordinator.dml import CONTROL, WRITES
 from coordinator.sql import read_only_block
-from cumulus.compiler import parse_view_statement
+from cumulus.ddl import parse_view_statement
 from cumulus.sqltext import parse_statements
 
 CLIENT_SERVICE = "aggview.v1.Aggview"

@@ -14,14 +14,8 @@ from aggview.keycodec import encoded_width
 from aggview.partition_map import index_table
 from coordinator.view_model import View, ViewsShared
 from cumulus.aggstate import ViewState
-from cumulus.compiler import (
-    AlterView,
-    CreateView,
-    DropView,
-    altered_plan,
-    compile_view,
-    parse_view_statement,
-)
+from cumulus.compiler import compile_view
+from cumulus.ddl import AlterView, CreateView, DropView, altered_plan, parse_view_statement
 from cumulus.plan import ViewPlan
 
 log = logging.getLogger("coordinator.views")  # the view manager's log, as before the split

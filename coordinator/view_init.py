@@ -13,10 +13,7 @@ from aggview.rowcodec import decode_row
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.view_model import ExternalInit, View, ViewsShared, meta_row
 from cumulus.aggstate import Row
-from cumulus.compiler import (
-    CreateView,
-    parse_view_statement,
-)
+from cumulus.ddl import CreateView, parse_view_statement
 from cumulus.delta import from_scratch
 
 

@@ -28,15 +28,14 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import random
 import signal
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -47,10 +46,11 @@ from aggclient.client import AsyncClient
 from agglauncher.cluster import PROCESSES_HELP, LocalCluster, checked_processes
 from aggview import errors
 from loadgen import dashboard
-from loadgen.consistency import Ledger, Totals, judge
-from loadgen.report import RunReport, line_figure, percentiles, save_figure
+from loadgen.consistency import Ledger, judge
+from loadgen.dashboard_load import VIEW, Point, measure
+from loadgen.dashboard_report import ratios, write_outputs
+from loadgen.report import RunReport, percentiles
 
-VIEW = "sql1"
 MODES = ("none", "sync", "async", "cumulus")
 MODE_USAGE = (
     "none, sync, async:<interval ms> (e.g. async:500) or "
@@ -59,9 +59,6 @@ MODE_USAGE = (
     "tentative reads measured too)"
 )
 HOSTS = ("local", "grpc", "spark")
-
-if TYPE_CHECKING:  # matplotlib is imported only where a plot is drawn
-    from matplotlib.figure import Figure
 
 
 @dataclass(frozen=True)
@@ -204,126 +201,6 @@ def check_reachable(address: str, options: dict[str, Any]) -> None:
     except errors.AggviewError as exc:
         if isinstance(exc, errors.Unavailable):
             raise errors.Unavailable(f"cluster at {address} is not reachable: {exc}") from None
-
-
-@dataclass
-class Point:
-    committed: int
-    events: int
-    aborted: int
-    latencies: list[float]
-    seconds: float
-    freshness: list[float]  # seconds from a probe's commit to a read that holds it
-    probes: int  # probe transactions committed (one event each, beside the load's)
-    reads: list[tuple[int, Totals]]  # whole-view reads: (consistent at, groups)
-    # a cumulus view fed between epochs: the same for its tentative reads (their timestamp:
-    # the last change fed, at which they should be exact)
-    tentative_freshness: list[float] = field(default_factory=list)
-    tentative_reads: list[tuple[int, Totals]] = field(default_factory=list)
-
-
-async def measure(
-    client: AsyncClient,
-    k: int,
-    seconds: float,
-    clients: int,
-    scale: dashboard.Scale,
-    ids: Any,
-    ledger: Ledger | None = None,
-    hot: bool = False,
-    tentative: bool = False,
-) -> Point:
-    """``clients`` closed loops committing transactions of k new events for ``seconds``; with
-    a view (``ledger``: every commit is recorded there), one loop measuring how soon the view
-    holds a commit and one reading it whole, for the consistency verdict; ``tentative``: both
-    for a cumulus view's tentative reads too."""
-    latencies: list[float] = []
-    freshness: list[float] = []
-    reads: list[tuple[int, Totals]] = []
-    tentative_freshness: list[float] = []
-    tentative_reads: list[tuple[int, Totals]] = []
-    aborted = probed = 0
-    deadline = time.perf_counter() + seconds
-
-    def committed(ts: int, events: list[dict[str, Any]]) -> None:
-        if ledger is not None:
-            for event in events:
-                ledger.add(ts, dashboard.group_of(event, scale), event["cost"])
-
-    def failed(exc: errors.AggviewError) -> None:
-        if ledger is not None and isinstance(exc, errors.Unavailable):
-            ledger.unknown += 1  # it may have committed: the verdict says so
-
-    async def reader() -> None:
-        while time.perf_counter() < deadline:
-            with contextlib.suppress(errors.AggviewError):
-                rows = await client.view(VIEW)
-                reads.append((rows.timestamp, dashboard.view_totals(rows)))
-                if tentative:
-                    rows = await client.view(VIEW, consistency="tentative")
-                    tentative_reads.append((rows.timestamp, dashboard.view_totals(rows)))
-            await asyncio.sleep(0.05)
-
-    async def probes() -> None:
-        nonlocal probed
-        rng = random.Random(-1)
-        while time.perf_counter() < deadline:
-            try:
-                async with client.transaction() as tx:
-                    event = dashboard.event(rng, next(ids), scale, hot)
-                    tx.insert("events", event)
-            except errors.AggviewError as exc:
-                failed(exc)  # an aborted probe measures nothing
-                continue
-            acknowledged = time.perf_counter()
-            probed += 1
-            committed(tx.timestamp, [event])
-            shop = f"shop {event['shop_id']}"
-            with contextlib.suppress(errors.AggviewError):
-                if tentative:  # fed (its tentative read comes first), then committed
-                    while (
-                        await client.view(VIEW, {"shop": shop}, consistency="tentative")
-                    ).timestamp < tx.timestamp:
-                        await asyncio.sleep(0.005)
-                    tentative_freshness.append(time.perf_counter() - acknowledged)
-                while (await client.view(VIEW, {"shop": shop})).timestamp < tx.timestamp:
-                    await asyncio.sleep(0.005)
-                freshness.append(time.perf_counter() - acknowledged)
-            await asyncio.sleep(0.02)
-
-    async def loop(seed: int) -> None:
-        nonlocal aborted
-        rng = random.Random(seed)
-        while time.perf_counter() < deadline:
-            started = time.perf_counter()
-            events = [dashboard.event(rng, next(ids), scale, hot) for _ in range(k)]
-            try:
-                async with client.transaction() as tx:
-                    for event in events:
-                        tx.insert("events", event)
-            except errors.AggviewError as exc:
-                aborted += 1
-                failed(exc)
-                continue
-            latencies.append(time.perf_counter() - started)
-            committed(tx.timestamp, events)
-
-    started = time.perf_counter()
-    watchers = [probes(), reader()] if ledger is not None else []
-    await asyncio.gather(*(loop(next(ids)) for _ in range(clients)), *watchers)
-    elapsed = time.perf_counter() - started
-    return Point(
-        len(latencies),
-        len(latencies) * k,
-        aborted,
-        latencies,
-        elapsed,
-        freshness,
-        probed,
-        reads,
-        tentative_freshness,
-        tentative_reads,
-    )
 
 
 def _setup(address: str, mode: Mode, scale: dashboard.Scale, options: dict[str, Any]) -> None:
@@ -484,307 +361,121 @@ def run_benchmark(
                 if pressed.is_set():
                     raise KeyboardInterrupt
                 status.plain = f"{mode.label}: setting up"
-                with _cluster(config, mode, Path(tmp)) as cluster:
-                    address = cluster.address if cluster is not None else config.address
-                    assert address is not None
-                    _setup(address, mode, config.scale, options)
-                    ledger = _ledger(address, options) if mode.kind != "none" else None
-                    for k in config.sizes:
-                        if pressed.is_set():
-                            raise KeyboardInterrupt
-                        status.plain = f"{mode.label}: {k} events per transaction"
-
-                        async def point(
-                            k: int = k,
-                            ledger: Ledger | None = ledger,
-                            address: str = address,
-                            tentative: bool = mode.feed_ms > 0,
-                        ) -> Point:
-                            async with AsyncClient(address, **options) as client:
-                                return await measure(
-                                    client,
-                                    k,
-                                    config.seconds,
-                                    config.clients,
-                                    config.scale,
-                                    ids,
-                                    ledger,
-                                    hot=config.hot,
-                                    tentative=tentative,
-                                )
-
-                        cpu_before = _server_cpu(cluster)
-                        counts_before = _runtime_counts(address, mode, options)
-                        p = asyncio.run(point())
-                        cpu_after = _server_cpu(cluster)
-                        runtime = runtime_costs(
-                            counts_before, _runtime_counts(address, mode, options)
-                        )
-                        cpu_ms = None
-                        if cpu_before is not None and cpu_after is not None:
-                            events = max(p.events + p.probes, 1)
-                            cpu_ms = (cpu_after - cpu_before) * 1000 / events
-                        lat = percentiles([s * 1000 for s in p.latencies])
-                        fresh = percentiles([s * 1000 for s in p.freshness])
-                        ahead = percentiles([s * 1000 for s in p.tentative_freshness])
-                        verdict = judge(ledger, p.reads) if ledger is not None else None
-                        tentative = (
-                            judge(ledger, p.tentative_reads)
-                            if ledger is not None and p.tentative_reads
-                            else None
-                        )
-                        report.add(
-                            mode=mode.label,
-                            k=k,
-                            tx_per_s=p.committed / p.seconds,
-                            events_per_s=p.events / p.seconds,
-                            committed=p.committed,
-                            aborted=p.aborted,
-                            p50_ms=lat["p50"],
-                            p99_ms=lat["p99"],
-                            fresh_p50_ms=fresh["p50"],
-                            fresh_p99_ms=fresh["p99"],
-                            tentative_fresh_p50_ms=ahead["p50"],
-                            tentative_consistent=tentative.share if tentative else None,
-                            tentative_max_error=float(tentative.max_cost_error)
-                            if tentative
-                            else None,
-                            probes=p.probes,
-                            reads=verdict.reads if verdict else 0,
-                            consistent=verdict.share if verdict else None,
-                            max_error=float(verdict.max_cost_error) if verdict else None,
-                            unknown=ledger.unknown if ledger else 0,
-                            cpu_ms_per_event=cpu_ms,
-                            interval_ms=mode.interval_ms or None,
-                            feed_ms=mode.feed_ms or None,
-                            **runtime,
-                            verified=None,
-                        )
-                    status.plain = f"{mode.label}: verifying"
-                    ok = verify(address, mode, options)
-                    for row in report.rows:
-                        if row["mode"] == mode.label:
-                            row["verified"] = ok
-                    if not ok:
-                        raise errors.FailedPrecondition(f"view {VIEW} ({mode.label}) drifted")
+                mode_run = _ModeRun(config, mode, options, ids, status, pressed)
+                mode_run.measure_sizes(report, Path(tmp))
         report.interrupted = pressed.is_set()
     except KeyboardInterrupt:
         report.interrupted = True
     return report
 
 
-def ratios(report: RunReport) -> list[dict[str, Any]]:
-    """Throughput of each mode over no view, per update size (measured in this run)."""
-    base = {r["k"]: r["tx_per_s"] for r in report.rows if r["mode"] == "none"}
-    out = []
-    for row in report.rows:
-        if row["mode"] != "none" and base.get(row["k"]):
-            out.append(
-                {"mode": row["mode"], "k": row["k"], "ratio": row["tx_per_s"] / base[row["k"]]}
+@dataclass
+class _ModeRun:
+    """One mode of a benchmark run: its cluster, a point per update size, the check after."""
+
+    config: Settings
+    mode: Mode
+    options: dict[str, Any]
+    ids: Iterator[int]
+    status: Text  # the live display's line
+    pressed: threading.Event  # Ctrl-C
+
+    def measure_sizes(self, report: RunReport, tmp: Path) -> None:
+        """A row per update size into ``report``, then the view verified (every row of the
+        mode says whether it was); a view that drifted fails the run."""
+        config, mode, options = self.config, self.mode, self.options
+        with _cluster(config, mode, tmp) as cluster:
+            address = cluster.address if cluster is not None else config.address
+            assert address is not None
+            _setup(address, mode, config.scale, options)
+            ledger = _ledger(address, options) if mode.kind != "none" else None
+            for k in config.sizes:
+                if self.pressed.is_set():
+                    raise KeyboardInterrupt
+                self.status.plain = f"{mode.label}: {k} events per transaction"
+                report.add(**self.point_row(cluster, address, k, ledger))
+            self.status.plain = f"{mode.label}: verifying"
+            ok = verify(address, mode, options)
+            for row in report.rows:
+                if row["mode"] == mode.label:
+                    row["verified"] = ok
+            if not ok:
+                raise errors.FailedPrecondition(f"view {VIEW} ({mode.label}) drifted")
+
+    def point_row(
+        self, cluster: LocalCluster | None, address: str, k: int, ledger: Ledger | None
+    ) -> dict[str, Any]:
+        """Measures one point, with the servers' CPU and the runtime's counts around it."""
+        mode, options = self.mode, self.options
+        cpu_before = _server_cpu(cluster)
+        counts_before = _runtime_counts(address, mode, options)
+        p = asyncio.run(self.point(address, k, ledger))
+        cpu_after = _server_cpu(cluster)
+        runtime = runtime_costs(counts_before, _runtime_counts(address, mode, options))
+        cpu_ms = None
+        if cpu_before is not None and cpu_after is not None:
+            events = max(p.events + p.probes, 1)
+            cpu_ms = (cpu_after - cpu_before) * 1000 / events
+        return _row(mode, k, p, ledger, cpu_ms, runtime)
+
+    async def point(self, address: str, k: int, ledger: Ledger | None) -> Point:
+        config = self.config
+        async with AsyncClient(address, **self.options) as client:
+            return await measure(
+                client,
+                k,
+                config.seconds,
+                config.clients,
+                config.scale,
+                self.ids,
+                ledger,
+                hot=config.hot,
+                tentative=self.mode.feed_ms > 0,
             )
-    return out
 
 
-# a plot per column, a line per mode (modes without the column left out)
-PER_MODE_PLOTS = (
-    ("fresh_p50_ms", "Freshness: from a commit to the first read holding it (p50)", "ms"),
-    ("cpu_ms_per_event", "Server CPU per event", "ms"),
-    ("messages_per_1k", "Cumulus runtime messages per 1,000 updates", "messages"),
-    ("corrective_per_1k", "Cumulus corrective updates per 1,000 updates", "corrective updates"),
-)
-TENTATIVE_PLOT = "dashboard_tentative_fresh_p50_ms.png"
-ASYNC_PLOT = "dashboard_async_interval.png"
-MIN_INTERVALS = 3  # fewer async intervals draw no curve worth a plot
-
-# What each file shows and how to read it, for the report's README.md (a file's entry is
-# written when the run wrote the file).
-GUIDE = {
-    "dashboard.json": "Every measured point (one row per mode and update size) with the "
-    "run's settings and machine. `dashboard.csv`: the same rows as a table.",
-    "dashboard_throughput_vs_update_size.png": "Committed transactions per second (y) for "
-    "each update size, the events one transaction inserts (x), one line per mode: `none` "
-    "(no view), `sync` (the view updated in each transaction), `async N ms` (refreshed every "
-    "N ms), `cumulus ...` (maintained by a Cumulus runtime in epochs). Higher is better; the "
-    "gap between `none` and a mode is what maintaining that view costs writers.",
-    ASYNC_PLOT: "Throughput of async views (y) against their refresh interval (x), one line "
-    "per update size: how much a longer interval (staler reads) gives back to writers. Drawn "
-    f"only when {MIN_INTERVALS} or more intervals were measured.",
-    "dashboard_fresh_p50_ms.png": "Freshness (y, median ms): from a probe transaction's "
-    "acknowledgment to the first read of the view that holds it, per update size (x). Lower "
-    "is fresher: sync is fresh at once, an async view waits for its next refresh, a Cumulus "
-    "view for its next committed epoch.",
-    TENTATIVE_PLOT: "For each Cumulus view fed between epochs: the freshness (median ms) of "
-    "its tentative reads (which hold a commit once its change is fed to the runtime) beside "
-    "that of its committed reads (once the epoch holding it commits). The tentative line "
-    "should lie below the committed one; see the note below on this run.",
-    "dashboard_cpu_ms_per_event.png": "CPU of every server process (ms) per event committed; "
-    "only for local clusters (`aggview demo` runs on one cluster of its own, whose "
-    "processes also serve its other steps, so it draws none).",
-    "dashboard_messages_per_1k.png": "Messages the Cumulus runtime sent per 1,000 updates it "
-    "was fed (y from 0): its network cost per update, per update size (x).",
-    "dashboard_corrective_per_1k.png": "Corrective updates per 1,000 updates: speculation "
-    "that had to be undone. 0 means every speculative update held.",
-    "dashboard_latency_p99.png": "The 99th percentile of a transaction's latency (ms), from "
-    "its start to its acknowledgment, per update size (x), one line per mode.",
-}
-
-
-def _per_mode(
-    rows: list[dict[str, Any]], column: str, suffix: str = ""
-) -> dict[str, list[tuple[float, float]]]:
-    """A line per mode of ``column`` against the update size (modes without it left out)."""
-    series: dict[str, list[tuple[float, float]]] = {}
-    for row in rows:
-        if row.get(column) is not None:
-            series.setdefault(row["mode"] + suffix, []).append((row["k"], row[column]))
-    return series
-
-
-def plots(report: RunReport) -> dict[str, Figure]:
-    """Every plot the report's rows make, by the file name it is written to."""
-    drawn = {
-        "dashboard_throughput_vs_update_size.png": line_figure(
-            "Throughput vs update size",
-            "events per transaction",
-            "transactions/s",
-            _per_mode(report.rows, "tx_per_s"),
-            logx=True,
-        )
-    }
-    intervals: dict[str, list[tuple[float, float]]] = {}
-    for row in report.rows:
-        if row["mode"].startswith("async"):
-            interval = float(row["mode"].split()[1])
-            intervals.setdefault(f"k={row['k']}", []).append((interval, row["tx_per_s"]))
-    if len({x for points in intervals.values() for x, _ in points}) >= MIN_INTERVALS:
-        drawn[ASYNC_PLOT] = line_figure(
-            "Async throughput vs refresh interval",
-            "refresh interval (ms)",
-            "transactions/s",
-            intervals,
-            logx=True,
-        )
-    for column, title, unit in PER_MODE_PLOTS:
-        if series := _per_mode(report.rows, column):
-            drawn[f"dashboard_{column}.png"] = line_figure(
-                title, "events per transaction", unit, series, logx=True
-            )
-    fed = [row for row in report.rows if row.get("tentative_fresh_p50_ms") is not None]
-    if fed:
-        series = {
-            **_per_mode(fed, "tentative_fresh_p50_ms", " tentative"),
-            **_per_mode(fed, "fresh_p50_ms", " committed"),
-        }
-        drawn[TENTATIVE_PLOT] = line_figure(
-            "Cumulus freshness: tentative against committed reads (p50)",
-            "events per transaction",
-            "ms",
-            dict(sorted(series.items())),
-            logx=True,
-        )
-    drawn["dashboard_latency_p99.png"] = line_figure(
-        "p99 latency vs update size",
-        "events per transaction",
-        "ms",
-        _per_mode(report.rows, "p99_ms", " p99"),
-        logx=True,
+def _row(
+    mode: Mode,
+    k: int,
+    p: Point,
+    ledger: Ledger | None,
+    cpu_ms: float | None,
+    runtime: dict[str, float | int | None],
+) -> dict[str, Any]:
+    """A point's row of the report: throughput, latency, freshness, the consistency verdicts
+    of its reads, and its costs."""
+    lat = percentiles([s * 1000 for s in p.latencies])
+    fresh = percentiles([s * 1000 for s in p.freshness])
+    ahead = percentiles([s * 1000 for s in p.tentative_freshness])
+    verdict = judge(ledger, p.reads) if ledger is not None else None
+    tentative = (
+        judge(ledger, p.tentative_reads) if ledger is not None and p.tentative_reads else None
     )
-    return drawn
-
-
-def write_outputs(report: RunReport, out: Path) -> list[Path]:
-    """The report's JSON and CSV, its plots, and a README.md saying how to read them."""
-    written = report.write(out)
-    written += [save_figure(figure, out / name) for name, figure in plots(report).items()]
-    written.append(write_guide(report, out, written))
-    return written
-
-
-def write_guide(report: RunReport, out: Path, written: list[Path]) -> Path:
-    """``README.md`` beside the plots: what the run measured, what each file shows and how
-    to read it, and whether Cumulus's tentative reads were fresher (and if not, why)."""
-    settings = report.settings
-    lines = [
-        "# The dashboard benchmark",
-        "",
-        f"Modes {', '.join(settings.get('modes', []))}; update sizes (events per "
-        f"transaction) {', '.join(map(str, settings.get('sizes', [])))}; "
-        f"{settings.get('clients')} clients committing for {settings.get('seconds')} s per "
-        "point, while one more client probes the view's freshness and another reads it whole "
-        "(`consistent`: the share of those reads that were exact at their timestamp).",
-        "",
-    ]
-    if report.interrupted:
-        lines += ["**Interrupted**: the files hold what was measured until then.", ""]
-    names = {path.name for path in written}
-    for name, text in GUIDE.items():
-        if name in names:
-            lines += [f"- `{name}`: {text}", ""]
-    lines += tentative_note(report)
-    path = out / "README.md"
-    path.write_text("\n".join(lines))
-    return path
-
-
-FRESHER = 2.0  # how many times sooner tentative reads must hold a commit to look fresher
-
-
-def tentative_note(report: RunReport) -> list[str]:
-    """Per Cumulus mode fed between epochs: its tentative and committed freshness, and when
-    the tentative reads were not clearly fresher, what in this run kept them close."""
-    rows = report.rows
-    modes = list(dict.fromkeys(r["mode"] for r in rows if r.get("tentative_fresh_p50_ms")))
-    lines = ["## Cumulus: tentative against committed reads", ""] if modes else []
-    for mode in modes:
-        mine = [r for r in rows if r["mode"] == mode and r.get("fresh_p50_ms")]
-        measured = "; ".join(
-            f"{r['k']} event{'' if r['k'] == 1 else 's'}: {r['tentative_fresh_p50_ms']:.0f} ms "
-            f"against {r['fresh_p50_ms']:.0f} ms"
-            for r in mine
-        )
-        if all(r["fresh_p50_ms"] >= FRESHER * r["tentative_fresh_p50_ms"] for r in mine):
-            lines += [
-                f"**{mode}**: tentative reads held a commit at least {FRESHER:g} times sooner "
-                f"than committed reads (p50, tentative against committed: {measured}).",
-                "",
-            ]
-            continue
-        lines += [
-            f"**{mode}**: tentative reads were not clearly fresher in this run (p50, tentative "
-            f"against committed: {measured}). A tentative read holds a commit once its change "
-            "is fed to the runtime (every feed interval) and applied by the DW nodes; a "
-            "committed read once the epoch that holds it commits. Here:",
-            "",
-            *(f"- {reason}" for reason in _close_because(report, mine)),
-            "",
-            "With fewer writers and a longer run they come apart, e.g. `aggview bench "
-            "dashboard --modes cumulus:500:2:feed50 --clients 1 --seconds 5`.",
-            "",
-        ]
-    return lines
-
-
-def _close_because(report: RunReport, rows: list[dict[str, Any]]) -> list[str]:
-    """What in a run keeps a Cumulus view's tentative reads about as stale as committed ones."""
-    epoch, feed = rows[0].get("interval_ms"), rows[0].get("feed_ms")
-    slowest = max(r["fresh_p50_ms"] for r in rows)
-    probes = min(r["probes"] for r in rows)
-    reasons = []
-    if epoch and slowest > 2 * epoch:
-        reasons.append(
-            f"committed reads waited up to {slowest:.0f} ms, over twice the {epoch} ms epoch: "
-            f"the runtime was behind the load of {report.settings.get('clients')} clients, "
-            "and a tentative read waits for that same runtime to apply what it is fed, so "
-            "both waited for it to catch up;"
-        )
-    if epoch and feed and 2 * feed > epoch:
-        reasons.append(f"the feed interval ({feed} ms) is close to the epoch ({epoch} ms);")
-    if probes < 10:
-        reasons.append(
-            f"a point had only {probes} probe(s) (each waits for its commit to be read), so "
-            "the medians are rough;"
-        )
-    return reasons or ["an epoch often closed soon after the probe's commit;"]
+    return dict(
+        mode=mode.label,
+        k=k,
+        tx_per_s=p.committed / p.seconds,
+        events_per_s=p.events / p.seconds,
+        committed=p.committed,
+        aborted=p.aborted,
+        p50_ms=lat["p50"],
+        p99_ms=lat["p99"],
+        fresh_p50_ms=fresh["p50"],
+        fresh_p99_ms=fresh["p99"],
+        tentative_fresh_p50_ms=ahead["p50"],
+        tentative_consistent=tentative.share if tentative else None,
+        tentative_max_error=float(tentative.max_cost_error) if tentative else None,
+        probes=p.probes,
+        reads=verdict.reads if verdict else 0,
+        consistent=verdict.share if verdict else None,
+        max_error=float(verdict.max_cost_error) if verdict else None,
+        unknown=ledger.unknown if ledger else 0,
+        cpu_ms_per_event=cpu_ms,
+        interval_ms=mode.interval_ms or None,
+        feed_ms=mode.feed_ms or None,
+        **runtime,
+        verified=None,
+    )
 
 
 def run(args: argparse.Namespace, options: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from rich.table import Table
 from aggclient import Client
 from agglauncher.cluster import LocalCluster
 from aggview import errors
-from loadgen import dashboard, dashboard_bench, transfers
+from loadgen import dashboard, dashboard_bench, dashboard_report, transfers
 from loadgen.report import print_whole
 
 ACCOUNTS = 60
@@ -278,7 +278,7 @@ def run_bench(address: str, console: Console, size: DemoSize, out: Path) -> None
         out=out,
     )
     report = dashboard_bench.run_benchmark(config, {}, console)
-    written = dashboard_bench.write_outputs(report, out)
+    written = dashboard_report.write_outputs(report, out)
     report.print(
         [
             "mode",
@@ -292,7 +292,7 @@ def run_bench(address: str, console: Console, size: DemoSize, out: Path) -> None
         ],
         console,
     )
-    for r in dashboard_bench.ratios(report):
+    for r in dashboard_report.ratios(report):
         console.print(f"{r['mode']} / no view at {r['k']} events per transaction: {r['ratio']:.2f}")
     console.print("wrote " + ", ".join(str(p) for p in written))
     console.print(f"{out / 'README.md'} says what each plot shows and how to read it")

@@ -37,8 +37,10 @@ from aggclient import AsyncClient, Client
 from aggclient.bulk_client import BulkClient
 from agglauncher.cluster import PROCESSES_HELP, LocalCluster, checked_processes
 from aggview import errors
-from loadgen import tpcw
+from loadgen import tpcw, tpcw_interactions
 from loadgen.report import RunReport, bar_plot, percentiles
+from loadgen.tpcw_checks import consistency, snapshot, verify
+from loadgen.tpcw_setup import check_population, load_population, population_meta, prepare_views
 
 GRACE_SECONDS = 15.0  # after the deadline, how long in-flight interactions may take
 MAX_LTMS = 32
@@ -173,166 +175,10 @@ def probe(address: str, client_options: dict[str, Any]) -> tuple[list[str], list
         raise errors.Unavailable(f"cannot reach an aggview cluster at {address}: {exc}") from None
 
 
-# ----------------------------------------------------------------------------- preparing
-
-
-def population_meta(client: Client, tables: list[str]) -> dict[str, int] | None:
-    """The sizes of the population the cluster holds, None if it holds none; a partial one
-    (an interrupted load) is refused."""
-    present = [t for t in tpcw.TABLES if t in tables]
-    if not present:
-        return None
-    meta = (
-        {row["name"]: row["value"] for row in client.scan("tpcw_meta")}
-        if "tpcw_meta" in tables
-        else {}
-    )
-    if "items" not in meta or len(present) != len(tpcw.TABLES):
-        raise errors.FailedPrecondition(
-            "the cluster holds TPC-W tables without a complete population (an interrupted "
-            f"load?): {', '.join(present)}; drop them or use a fresh cluster"
-        )
-    return meta
-
-
-def check_population(meta: dict[str, int], scale: tpcw.Scale) -> None:
-    if meta["items"] != scale.items or meta["customers"] != scale.customers:
-        raise errors.InvalidArgument(
-            f"the cluster holds a TPC-W population of {meta['items']:,} items and "
-            f"{meta['customers']:,} customers; this run asks for {scale.items:,} items and "
-            f"{scale.customers:,} ({scale.browsers} browsers x {scale.customers_per_browser}): "
-            "run with matching sizes, or against a fresh cluster"
-        )
-
-
-def load_population(
-    spark: Any,
-    address: str,
-    scale: tpcw.Scale,
-    seed: int,
-    workdir: Path,
-    today: datetime.date,
-    client_options: dict[str, Any],
-    say: Any,
-) -> dict[str, int]:
-    """The population as CSV files, each loaded by one Spark bulk load (one transaction per
-    table); the meta rows are written last, so a cluster without them is known unfinished."""
-    say(f"writing the population of {scale.customers:,} customers and {scale.items:,} items")
-    files = tpcw.write_population(scale, workdir / "population", seed, today)
-    from aggspark import jobs
-
-    loaded = {}
-    for table, (path, rows) in files.items():
-        say(f"loading {rows:,} rows into {table}")
-        result = jobs.load_files(spark, address, table, [str(path)], client_options=client_options)
-        loaded[table] = result.rows
-    with Client(address, **client_options) as client, client.transaction() as tx:
-        for name, value in scale.meta().items():
-            tx.insert("tpcw_meta", {"name": name, "value": value})
-    return loaded
-
-
-def prepare_views(
-    client: Client,
-    spark: Any,
-    address: str,
-    wanted: dict[str, str],
-    interval_ms: int,
-    populated: bool,
-    client_options: dict[str, Any],
-    say: Any,
-) -> None:
-    """Makes the cluster's TPC-W views what the run asks for. On empty tables a view is just
-    declared (the bulk load then maintains it); over a population it is initialized by Spark
-    from a snapshot (a cumulus view's runtime loads its snapshot itself); an existing view in
-    another mode or interval is switched live (ALTER ... SET)."""
-    views = set(BulkClient(client).list()[1])
-    for name in tpcw.VIEWS:
-        mode = wanted.get(name)
-        if name in views:
-            plan = BulkClient(client).describe(name).plan or {}
-            if mode is None:
-                say(f"dropping view {name} ({plan.get('mode')})")
-                client.sql(f"DROP MATERIALIZED VIEW {name}")
-            elif plan.get("mode") != mode or (
-                mode != "sync" and plan.get("interval_ms") != interval_ms
-            ):
-                say(f"switching view {name} from {plan.get('mode')} to {mode}")
-                options = tpcw.view_options(mode, interval_ms)
-                client.sql(f"ALTER MATERIALIZED VIEW {name} SET ({options})")
-            continue
-        if mode is None:
-            continue
-        ddl = tpcw.view_ddl(name, mode, interval_ms)
-        if populated and mode != "cumulus":
-            from aggspark import jobs
-
-            say(f"initializing view {name} ({mode}) with Spark")
-            jobs.init_view(spark, address, sql=ddl, client_options=client_options)
-        else:
-            client.sql(ddl)
-
-
-@dataclass
-class Snapshot:
-    """Row counts and stock before or after the load, for the consistency checks."""
-
-    rows: dict[str, int]
-    stock: dict[int, int]
-
-
-def snapshot(client: Client) -> Snapshot:
-    counted = ("orders", "order_line", "cc_xacts", "customer", "address", "shopping_cart")
-    return Snapshot(
-        rows={table: len(client.scan(table)) for table in counted},
-        stock={row["i_id"]: row["i_stock"] for row in client.scan("item")},
-    )
-
-
-def consistency(before: Snapshot, after: Snapshot, written: tpcw.Written) -> dict[str, Any]:
-    """Whether every committed write interaction's rows are there, and nothing else: new rows
-    per table against the commits the browsers saw, and each item's stock change against the
-    orders and restocks that touched it. Assumes no other writer ran meanwhile."""
-    expected = {
-        "orders": written.orders,
-        "order_line": written.order_lines,
-        "cc_xacts": written.orders,
-        "customer": written.customers,
-        "address": written.addresses,
-        "shopping_cart": written.carts,
-    }
-    checks: dict[str, Any] = {}
-    for table, want in expected.items():
-        new = after.rows[table] - before.rows[table]
-        checks[table] = {"new_rows": new, "committed": want, "ok": new == want}
-    changed = {
-        i_id: after.stock.get(i_id, 0) - stock
-        for i_id, stock in before.stock.items()
-        if after.stock.get(i_id, 0) != stock
-    }
-    wanted = {i_id: delta for i_id, delta in written.stock.items() if delta}
-    wrong = sorted(set(changed) | set(wanted), key=str)
-    wrong = [i for i in wrong if changed.get(i, 0) != wanted.get(i, 0)]
-    checks["stock"] = {
-        "items_changed": len(changed),
-        "net_change": sum(changed.values()),
-        "ordered_units": written.units,
-        "restocks": written.restocks,
-        "expected_net_change": tpcw.RESTOCK * written.restocks - written.units,
-        "items_wrong": wrong[:20],
-        "ok": not wrong,
-    }
-    checks["unknown_outcomes"] = written.unknown
-    checks["ok"] = all(c["ok"] for c in checks.values() if isinstance(c, dict)) and not (
-        written.unknown
-    )
-    return checks
-
-
 # ----------------------------------------------------------------------------- the load
 
 
-def _progress(shop: tpcw.Shop, elapsed: float, seconds: float, mix: str) -> Group:
+def _progress(shop: tpcw_interactions.Shop, elapsed: float, seconds: float, mix: str) -> Group:
     total = sum(t.done for t in shop.tallies.values())
     aborts = sum(t.condition_failures for t in shop.tallies.values())
     failed = sum(sum(t.errors.values()) for t in shop.tallies.values())
@@ -364,12 +210,12 @@ async def drive(
     views: dict[str, str],
     block: int,
     console: Console,
-) -> tuple[tpcw.Shop, float, bool]:
+) -> tuple[tpcw_interactions.Shop, float, bool]:
     """Runs the browsers until ``seconds`` pass or SIGINT; returns the shop (its tallies),
     the seconds measured (until the last browser stopped) and whether it was interrupted."""
     count = settings.clients or min(settings.browsers, 4)
     clients = [AsyncClient(address, **client_options) for _ in range(count)]
-    shop = tpcw.Shop(clients, scale, views, block)
+    shop = tpcw_interactions.Shop(clients, scale, views, block)
     stop = asyncio.Event()
     interrupts = 0
     loop = asyncio.get_running_loop()
@@ -385,9 +231,11 @@ async def drive(
         handled = True
     started = time.monotonic()
     deadline = started + settings.seconds
-    browsers = [tpcw.Browser(shop, i, settings.seed) for i in range(settings.browsers)]
+    browsers = [tpcw_interactions.Browser(shop, i, settings.seed) for i in range(settings.browsers)]
     tasks = [
-        asyncio.create_task(tpcw.browse(b, settings.mix, stop, deadline, settings.think_ms))
+        asyncio.create_task(
+            tpcw_interactions.browse(b, settings.mix, stop, deadline, settings.think_ms)
+        )
         for b in browsers
     ]
     stopped_at = deadline
@@ -423,14 +271,14 @@ async def drive(
     return shop, elapsed, interrupts > 0
 
 
-def interaction_rows(shop: tpcw.Shop, elapsed: float) -> list[dict[str, Any]]:
+def interaction_rows(shop: tpcw_interactions.Shop, elapsed: float) -> list[dict[str, Any]]:
     """One row per interaction, then the whole mix: rates and latency percentiles (ms)."""
     rows = []
     every: list[float] = []
     for name, tally in shop.tallies.items():
         every.extend(tally.latencies)
         rows.append(_row(name, tally.done, tally, tally.latencies, elapsed))
-    whole = tpcw.Tally(
+    whole = tpcw_interactions.Tally(
         done=sum(t.done for t in shop.tallies.values()),
         committed=sum(t.committed for t in shop.tallies.values()),
         condition_failures=sum(t.condition_failures for t in shop.tallies.values()),
@@ -444,7 +292,7 @@ def interaction_rows(shop: tpcw.Shop, elapsed: float) -> list[dict[str, Any]]:
 def _row(
     name: str,
     count: int,
-    tally: tpcw.Tally,
+    tally: tpcw_interactions.Tally,
     latencies: list[float],
     elapsed: float,
     retries: int | None = None,
@@ -467,33 +315,6 @@ def _row(
     if retries is not None:
         row["retries"] = retries
     return row
-
-
-# ----------------------------------------------------------------------------- verify, write
-
-
-def verify(
-    spark: Any, address: str, views: list[str], client_options: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """Each view against a Spark recomputation at a timestamp it is exact at."""
-    from aggspark import jobs
-
-    out = []
-    for result in jobs.verify_views(spark, address, views, client_options=client_options):
-        out.append(
-            {
-                "view": result.view,
-                "ok": result.ok,
-                "groups": result.groups,
-                "timestamp": result.timestamp,
-                "differences": len(result.differences),
-                "examples": [
-                    {"group": d.group, "expected": d.expected, "actual": d.actual}
-                    for d in result.differences[:3]
-                ],
-            }
-        )
-    return out
 
 
 def write_report(report: RunReport, results: dict[str, Any], out: Path) -> list[Path]:
@@ -625,7 +446,7 @@ def _run(
             )
             phases["load_s"] = time.time() - started
         results["scale"] = scale.meta()
-        block = tpcw.claim_run_block(client)
+        block = tpcw_interactions.claim_run_block(client)
         results["id_block"] = block
         before = snapshot(client)
     say(

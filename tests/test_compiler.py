@@ -17,20 +17,20 @@ import pytest
 
 from aggview import errors
 from aggview.schema import Column, ColumnType, TableSchema
-from cumulus import compiler, typerules
+from cumulus import typerules
 from cumulus.aggregates import RULES, Kind
-from cumulus.compiler import (
+from cumulus.compiler import compile_sql, compile_view
+from cumulus.ddl import (
     DEFAULT_ASYNC_INTERVAL_MS,
     DEFAULT_EPOCH_MS,
     AlterView,
     CreateView,
     DropView,
     altered_plan,
-    compile_sql,
-    compile_view,
     parse_view_statement,
 )
 from cumulus.expressions import compile_predicate
+from cumulus.passes import check_support, plan_joins, resolve_tables
 from cumulus.plan import Aggregate, ColumnRef, GroupColumn, JoinEdge, TableRef, ViewPlan
 
 FIXTURES = Path(__file__).parent / "compiler_fixtures"
@@ -590,14 +590,16 @@ def test_refusals(error: str, fragment: str, select: str) -> None:
 
 
 def test_check_supported_alone() -> None:
-    compiler.check_supported(compiler.parse_select(DASHBOARD))
+    check_support.check_supported(check_support.parse_select(DASHBOARD))
     with pytest.raises(errors.InvalidArgument, match="window function"):
-        compiler.check_supported(compiler.parse_select("SELECT sum(x) OVER () FROM nowhere_needed"))
+        check_support.check_supported(
+            check_support.parse_select("SELECT sum(x) OVER () FROM nowhere_needed")
+        )
 
 
 def test_resolve_tables_gives_each_on_clause_its_scope() -> None:
-    select = compiler.parse_select(DASHBOARD)
-    refs, scope, ons = compiler.resolve_tables(select, table)
+    select = check_support.parse_select(DASHBOARD)
+    refs, scope, ons = resolve_tables.resolve_tables(select, table)
     assert [r.alias for r in refs] == ["e", "p", "c"]
     assert [list(s.tables) for _, s in ons] == [["e", "p"], ["e", "p", "c"]]
     assert scope.tables["c"] is CATALOG["categories"]
@@ -611,21 +613,21 @@ def test_unknown_table_from_a_dict_lookup() -> None:
 
 
 def test_plan_where_and_check_connected_alone() -> None:
-    select = compiler.parse_select(
+    select = check_support.parse_select(
         "SELECT count(*) FROM events e, products p, shops s "
         "WHERE e.prod_id = p.prod_id AND e.cost > p.price"
     )
-    refs, scope, ons = compiler.resolve_tables(select, table)
-    edges, filters = compiler.plan_where(select, scope, ons)
+    refs, scope, ons = resolve_tables.resolve_tables(select, table)
+    edges, filters = plan_joins.plan_where(select, scope, ons)
     assert len(edges) == 1 and len(filters) == 1
     with pytest.raises(errors.InvalidArgument, match=r"tables e, p \| s"):
-        compiler.check_connected(refs, edges)
-    compiler.check_connected(refs[:2], edges)
+        plan_joins.check_connected(refs, edges)
+    plan_joins.check_connected(refs[:2], edges)
 
 
 def test_arithmetic_and_aggregate_type_rules_alone() -> None:
     dec = ColumnType.parse
-    node = compiler.parse_select("SELECT 1").expressions[0]
+    node = check_support.parse_select("SELECT 1").expressions[0]
     assert typerules.arithmetic_type("+", dec("INT"), dec("INT"), node) == dec("INT")
     assert typerules.arithmetic_type("-", dec("DECIMAL(5,1)"), dec("DECIMAL(10,3)"), node) == dec(
         "DECIMAL(38,3)"

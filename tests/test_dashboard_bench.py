@@ -17,7 +17,7 @@ from aggclient import Client
 from agglauncher.cluster import LocalCluster
 from aggview import errors
 from aggview.processes import free_port
-from loadgen import dashboard, dashboard_bench
+from loadgen import dashboard, dashboard_bench, dashboard_report
 from loadgen.consistency import Ledger, Verdict, judge
 
 TINY = dashboard.Scale(shops=3, products=30, categories=3)
@@ -81,7 +81,7 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
     assert all(r["verified"] for r in report.rows)
     assert events == sum(r["committed"] * r["k"] + r["probes"] for r in report.rows)
     assert all(r["aborted"] == 0 and r["tx_per_s"] > 0 for r in report.rows)
-    written = dashboard_bench.write_outputs(report, tmp_path / "out")
+    written = dashboard_report.write_outputs(report, tmp_path / "out")
     names = {p.name for p in written}
     assert {
         "dashboard.json",
@@ -91,7 +91,7 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
         "dashboard_messages_per_1k.png",
     } <= names
     assert all(p.stat().st_size > 0 for p in written)
-    ratios = dashboard_bench.ratios(report)
+    ratios = dashboard_report.ratios(report)
     assert {(r["mode"], r["k"]) for r in ratios} == {(m, k) for m in modes[1:] for k in (1, 4)}
 
 

@@ -36,7 +36,8 @@ from aggview.schema import Column, ColumnType, TableSchema
 from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
 from cumulus.aggstate import ViewState
-from cumulus.compiler import CreateView, compile_view, parse_view_statement
+from cumulus.compiler import compile_view
+from cumulus.ddl import CreateView, parse_view_statement
 from cumulus.plan import ViewPlan
 from ltm.store import open_store, ownership
 

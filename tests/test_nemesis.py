@@ -14,19 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from bench import nemesis
-from bench.nemesis import Commit, Fault, Scan
+from bench import nemesis, nemesis_checker, nemesis_faults, nemesis_workload
+from bench.nemesis_faults import Fault
+from bench.nemesis_workload import Commit, Scan
 from bench.netns import PREFIX, Network, listening_socket_in, unavailable
+from loadgen import transfers
 
 
 def test_realtime_order_flags_a_timestamp_below_an_acknowledged_one() -> None:
     """The symptom of two members granting timestamps: a transaction that started after another
     was acknowledged gets a smaller timestamp; a snapshot misses an acknowledged timestamp."""
     commits = [Commit(0.0, 1.0, 100, "a"), Commit(0.5, 1.5, 90, "overlaps a: fine")]
-    assert nemesis.realtime_violations(commits, []) == []
+    assert nemesis_checker.realtime_violations(commits, []) == []
     commits.append(Commit(2.0, 3.0, 95, "after a, below it"))
     scans = [Scan(4.0, 4.5, 99, False, False, False, 0), Scan(4.0, 4.5, 100, *[False] * 3, 0)]
-    found = nemesis.realtime_violations(commits, scans)
+    found = nemesis_checker.realtime_violations(commits, scans)
     assert [text.split()[0] for _, text in found] == ["transfer", "snapshot"], found
 
 
@@ -36,24 +38,29 @@ def test_the_others_gap_counts_only_the_partitions_the_faulted_member_did_not_se
     probes = [(0, 9.0, 2), (1, 9.5, 2), (2, 9.8, 0)]
     probes += [(2, 10.0 + 0.1 * i, 0) for i in range(1, 11)] + [(2, 12.5, 0), (0, 16.0, 2)]
     cut = Fault("follower-cut", 10.0, detail="follower member 2 cut off 6.0s")
-    assert nemesis.others_gap(probes, cut, stop=13.0) == pytest.approx(1.5)
+    assert nemesis_checker.others_gap(probes, cut, stop=13.0) == pytest.approx(1.5)
     two = Fault("two-lost", 10.0, detail="members 1 and 2 killed 0.5s apart, restarted")
-    assert nemesis.others_gap(probes, two, stop=13.0) is None
+    assert nemesis_checker.others_gap(probes, two, stop=13.0) is None
     nobody_else = Fault("kill", 10.0, detail="member 0 killed, restarted after 1.0s")
-    assert nemesis.others_gap([(0, 9.0, 0)], nobody_else, stop=13.0) is None
+    assert nemesis_checker.others_gap([(0, 9.0, 0)], nobody_else, stop=13.0) is None
 
 
 def test_a_snapshot_check_sees_a_half_applied_or_missing_transfer() -> None:
-    start = nemesis.transfers.INITIAL
-    balances = [{"id": i, "balance": start} for i in range(nemesis.ACCOUNT_COUNT)]
+    start = transfers.INITIAL
+    balances = [{"id": i, "balance": start} for i in range(nemesis_workload.ACCOUNT_COUNT)]
     ledger = [{"id": "t1", "src": 0, "dst": 1, "amount": 5}]
     view = [{"dst": 1, "n": 1, "total": 5}]
     balances[0]["balance"] -= 5
     balances[1]["balance"] += 5
-    assert nemesis.check_scan(balances, ledger, view, ["t1"]) == (False, False, False, 0)
-    assert nemesis.check_scan(balances, [], [], ["t1"]) == (False, True, False, 1)  # row lost
+    assert nemesis_workload.check_scan(balances, ledger, view, ["t1"]) == (False, False, False, 0)
+    assert nemesis_workload.check_scan(balances, [], [], ["t1"]) == (
+        False,
+        True,
+        False,
+        1,
+    )  # row lost
     balances[1]["balance"] -= 5  # only the debit applied
-    assert nemesis.check_scan(balances, ledger, [], []) == (True, True, True, 0)
+    assert nemesis_workload.check_scan(balances, ledger, [], []) == (True, True, True, 0)
 
 
 needs_hosts = pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "")
@@ -90,14 +97,19 @@ def test_every_fault_kind_once_keeps_every_safety_check(tmp_path: Path) -> None:
     # two transfer threads, not the command's four: every check runs the same, at about two
     # thirds of the CPU (the suite's budget; the long run is the command's)
     config = nemesis.Config(
-        faults=len(nemesis.KINDS), seed=45, warmup=2.0, calm=0.5, settle_timeout=8.0, clients=2
+        faults=len(nemesis_faults.KINDS),
+        seed=45,
+        warmup=2.0,
+        calm=0.5,
+        settle_timeout=8.0,
+        clients=2,
     )
     try:
         report = nemesis.run(config, tmp_path / "data")
     finally:
         assert not _ours(), "namespaces left behind"
     (tmp_path / "nemesis.json").write_text(json.dumps(report, indent=1, default=str))
-    print(nemesis.table(report))  # the availability figures: reported, not asserted
+    print(nemesis_checker.table(report))  # the availability figures: reported, not asserted
     print("liveness failures (every member restarted to read):", report["liveness_failures"])
     failures = report["safety_failures"]
     evidence = report["final"]["evidence"]

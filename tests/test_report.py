@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pytest
 from rich.console import Console
 
-from loadgen import dashboard_bench
+from loadgen import dashboard_report
 from loadgen.report import RunReport
 
 SIZES = (1, 10, 50)
@@ -44,7 +44,7 @@ def report(*modes: str, **cumulus: Any) -> RunReport:
 
 @pytest.fixture
 def drawn() -> Iterator[dict[str, Any]]:
-    figures = dashboard_bench.plots(
+    figures = dashboard_report.plots(
         report(
             "none",
             "sync",
@@ -74,17 +74,17 @@ def test_every_plot_ticks_exactly_the_measured_sizes_from_a_y_of_zero(
 def test_the_tentative_plot_sets_tentative_reads_beside_committed_ones(
     drawn: dict[str, Any],
 ) -> None:
-    axes = drawn[dashboard_bench.TENTATIVE_PLOT].axes[0]
+    axes = drawn[dashboard_report.TENTATIVE_PLOT].axes[0]
     lines = {line.get_label(): list(line.get_ydata()) for line in axes.get_lines()}
     mode = "cumulus spec 500 ms x2 feed 50 ms"
     assert lines == {f"{mode} committed": [400.0] * 3, f"{mode} tentative": [30.0] * 3}
 
 
 def test_async_intervals_are_plotted_from_three_on() -> None:
-    one = dashboard_bench.plots(report("none", "async 500 ms"))
-    three = dashboard_bench.plots(report("async 50 ms", "async 500 ms", "async 5000 ms"))
-    assert dashboard_bench.ASYNC_PLOT not in one
-    axes = three[dashboard_bench.ASYNC_PLOT].axes[0]
+    one = dashboard_report.plots(report("none", "async 500 ms"))
+    three = dashboard_report.plots(report("async 50 ms", "async 500 ms", "async 5000 ms"))
+    assert dashboard_report.ASYNC_PLOT not in one
+    axes = three[dashboard_report.ASYNC_PLOT].axes[0]
     assert list(axes.get_xticks()) == [50, 500, 5000]
     for figure in [*one.values(), *three.values()]:
         plt.close(figure)
@@ -92,13 +92,13 @@ def test_async_intervals_are_plotted_from_three_on() -> None:
 
 def test_the_readme_says_how_to_read_each_file_written(tmp_path: Path) -> None:
     run = report("none", "sync", "async 500 ms", tentative_fresh_p50_ms=30.0, fresh_p50_ms=400.0)
-    written = dashboard_bench.write_outputs(run, tmp_path)
+    written = dashboard_report.write_outputs(run, tmp_path)
     readme = (tmp_path / "README.md").read_text()
     assert tmp_path / "README.md" in written
     for path in written:
         if path.suffix == ".png":
             assert f"`{path.name}`" in readme, path.name
-    assert dashboard_bench.ASYNC_PLOT not in readme  # not drawn: one interval
+    assert dashboard_report.ASYNC_PLOT not in readme  # not drawn: one interval
     assert "tentative reads held a commit at least 2 times sooner" in readme
 
 
@@ -106,7 +106,7 @@ def test_the_readme_says_why_tentative_reads_were_not_fresher() -> None:
     behind = report(
         tentative_fresh_p50_ms=1800.0, fresh_p50_ms=1900.0, interval_ms=500, feed_ms=50, probes=3
     )
-    note = "\n".join(dashboard_bench.tentative_note(behind))
+    note = "\n".join(dashboard_report.tentative_note(behind))
     assert "were not clearly fresher in this run" in note
     assert "1 event: 1800 ms against 1900 ms; 10 events: 1800 ms" in note
     assert "over twice the 500 ms epoch: the runtime was behind the load of 8 clients" in note

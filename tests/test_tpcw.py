@@ -25,7 +25,7 @@ from aggclient.bulk_client import BulkClient
 from agglauncher.cluster import LocalCluster
 from aggview import errors
 from aggview.processes import free_port
-from loadgen import modes_bench, tpcw, tpcw_bench
+from loadgen import modes_bench, tpcw, tpcw_bench, tpcw_population
 
 pytest.importorskip("pyspark")
 
@@ -100,7 +100,7 @@ def test_committed_interactions_match_the_rows_written(shop: dict[str, Any]) -> 
     # stock: each item lost what the new lines ordered and gained 21 per restock (TPC-W)
     initial = {
         row["i_id"]: row["i_stock"]
-        for table, row in tpcw.population(scale, SMALL["seed"], data_day(shop))
+        for table, row in tpcw_population.population(scale, SMALL["seed"], data_day(shop))
         if table == "item"
     }
     ordered = Counter()

@@ -26,18 +26,13 @@ Grammar (keywords in any case; ``--`` starts a comment, so the section banners a
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from sqlglot import exp
-
-from aggview import errors
 from aggview.schema import Column, ColumnType
 from cumulus.aggregates import RULES, Kind
 from cumulus.m3.exprs import MINUS_ONE, is_predicate, vars_of
+from cumulus.m3.predicates import PredicateParser
 from cumulus.m3.program import (
     VIEW_KINDS,
     AggSum,
-    Expr,
     Factor,
     Guard,
     Lift,
@@ -54,90 +49,21 @@ from cumulus.m3.program import (
     View,
     ViewColumn,
 )
-from cumulus.m3.tokens import Token, tokenize
-from cumulus.sqltext import date_literal, literal, negated_literal
+from cumulus.m3.tokens import Token
+from cumulus.sqltext import negated_literal
 from cumulus.typerules import NUMERIC
 
-_TYPE_NAMES = {"string": "TEXT", "double": "FLOAT", "long": "INT", "integer": "INT"}
-_COMPARISONS = {"=": "=", "<>": "<>", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 
+class _Parser(PredicateParser):
+    """The statements of a program; the predicates inside braces are PredicateParser's."""
 
-class _Parser:
     def __init__(self, text: str) -> None:
-        self.tokens = tokenize(text)
-        self.pos = 0
+        super().__init__(text)
         self.sources: dict[str, Source] = {}
         self.maps: dict[str, MapDecl] = {}
         self.queries: list[Query] = []
         self.views: list[View] = []
         self.triggers: list[Trigger] = []
-
-    # --- tokens ----------------------------------------------------------------------------------
-
-    def peek(self, ahead: int = 0) -> Token:
-        return self.tokens[min(self.pos + ahead, len(self.tokens) - 1)]
-
-    def take(self) -> Token:
-        token = self.peek()
-        self.pos += 1
-        return token
-
-    def fail(self, message: str, token: Token | None = None) -> errors.InvalidArgument:
-        token = token or self.peek()
-        return errors.InvalidArgument(f"M3 text, {token.where()}: {message}")
-
-    def is_op(self, op: str, ahead: int = 0) -> bool:
-        token = self.peek(ahead)
-        return token.kind == "op" and token.text == op
-
-    def is_word(self, word: str, ahead: int = 0) -> bool:
-        token = self.peek(ahead)
-        return token.kind == "word" and token.text.upper() == word
-
-    def op(self, op: str, what: str = "") -> Token:
-        if not self.is_op(op):
-            raise self.fail(f"expected {op!r}{what}, found {self.peek().shown()}")
-        return self.take()
-
-    def word(self, word: str) -> Token:
-        if not self.is_word(word):
-            raise self.fail(f"expected {word}, found {self.peek().shown()}")
-        return self.take()
-
-    def accept_op(self, op: str) -> bool:
-        if self.is_op(op):
-            self.pos += 1
-            return True
-        return False
-
-    def name(self, what: str) -> tuple[str, Token]:
-        token = self.peek()
-        if token.kind not in ("word", "name"):
-            raise self.fail(f"expected {what}, found {token.shown()}")
-        self.pos += 1
-        return token.text, token
-
-    def names(self, close: str, what: str) -> list[tuple[str, Token]]:
-        found: list[tuple[str, Token]] = []
-        while not self.accept_op(close):
-            if found:
-                self.op(",", f" or {close!r}")
-            found.append(self.name(what))
-        return found
-
-    def type(self) -> ColumnType:
-        text, token = self.name("a type")
-        if self.is_op("("):
-            self.take()
-            args = [self.take().text]
-            while self.accept_op(","):
-                args.append(self.take().text)
-            self.op(")")
-            text += f"({','.join(args)})"
-        try:
-            return ColumnType.parse(_TYPE_NAMES.get(text.lower(), text))
-        except errors.InvalidArgument:
-            raise self.fail(f"unknown type {text!r}", token) from None
 
     # --- program ---------------------------------------------------------------------------------
 
@@ -506,146 +432,6 @@ class _Parser:
         if len(keys) != len(decl.keys):
             raise self.fail(f"map {map_name} has {len(decl.keys)} keys, not {len(keys)}", token)
         return MapRef(map_name, keys)
-
-    # --- expressions (inside braces) -------------------------------------------------------------
-
-    def pred(self) -> Expr:
-        return self.chain("OR", self.conjunction)
-
-    def conjunction(self) -> Expr:
-        return self.chain("AND", self.negation)
-
-    def chain(self, word: str, operand: Callable[[], Expr]) -> Expr:
-        """``a word b word c``: one {word: [a, b, c]} (one operand: itself)."""
-        parts = [operand()]
-        while self.is_word(word):
-            self.take()
-            parts.append(operand())
-        return parts[0] if len(parts) == 1 else {word.lower(): parts}
-
-    def negation(self) -> Expr:
-        if self.is_word("NOT"):
-            self.take()
-            return {"not": self.negation()}
-        return self.comparison()
-
-    def comparison(self) -> Expr:
-        left = self.arith()
-        token = self.peek()
-        if token.kind == "op" and token.text in _COMPARISONS:
-            self.take()
-            return {"cmp": _COMPARISONS[token.text], "args": [left, self.arith()]}
-        if self.is_word("IN"):
-            self.take()
-            self.op("(")
-            values = [self.arith()]
-            while self.accept_op(","):
-                values.append(self.arith())
-            self.op(")")
-            return {"in": left, "values": values}
-        if self.is_word("BETWEEN"):
-            self.take()
-            low = self.arith()
-            self.word("AND")
-            return {"between": left, "low": low, "high": self.arith()}
-        if self.is_word("IS"):
-            self.take()
-            self.word("NOT")
-            self.word("NULL")
-            return {"notnull": left}
-        if self.is_word("LIKE"):
-            self.take()
-            pattern = self.take()
-            if pattern.kind != "string":
-                raise self.fail("LIKE takes a quoted pattern", pattern)
-            return {"like": left, "pattern": pattern.text[1:-1].replace("''", "'")}
-        return left
-
-    def arith(self) -> Expr:
-        left = self.term()
-        while self.is_op("+") or self.is_op("-"):
-            op = self.take().text
-            left = {"op": op, "args": [left, self.term()]}
-        return left
-
-    def term(self) -> Expr:
-        left = self.unary()
-        while self.is_op("*") or self.is_op("/"):
-            op = self.take().text
-            left = {"op": op, "args": [left, self.unary()]}
-        return left
-
-    def unary(self) -> Expr:
-        if self.accept_op("-"):
-            inner = self.unary()
-            if "lit" in inner and ColumnType.parse(inner["type"]).kind in NUMERIC:
-                return negated_literal(inner, ColumnType.parse(inner["type"]))
-            return {"neg": inner}
-        return self.primary()
-
-    def primary(self) -> Expr:
-        token = self.take()
-        if token.kind == "number":
-            return literal(exp.Literal.number(token.text))[0]
-        if token.kind == "string":
-            return literal(exp.Literal.string(token.text[1:-1].replace("''", "'")))[0]
-        if token.kind == "op" and token.text == "(":
-            inner = self.pred()
-            self.op(")")
-            return inner
-        if token.kind == "word" and token.text.upper() in ("TRUE", "FALSE"):
-            return {"lit": token.text.upper() == "TRUE", "type": "BOOL"}
-        if token.kind == "word" and token.text.upper() == "NULL":
-            return {"null": True}
-        if token.kind == "word" and token.text.upper() == "CAST" and self.is_op("("):
-            return self.typed_branches()
-        if token.kind == "word" and token.text.upper() == "DATE" and self.is_op("("):
-            self.take()
-            text = self.take()
-            if text.kind != "string":
-                raise self.fail("DATE takes a quoted 'YYYY-MM-DD'", text)
-            self.op(")")
-            try:
-                return date_literal(text.text[1:-1], exp.Literal.string(text.text[1:-1]))
-            except errors.InvalidArgument as exc:
-                raise self.fail(str(exc), text) from None
-        if token.kind in ("word", "name"):
-            return {"var": token.text}
-        raise self.fail(f"expected a value, found {token.shown()}", token)
-
-    def typed_branches(self) -> Expr:
-        """``CAST(CASE WHEN p THEN e ... [ELSE e] END AS type)`` or ``CAST(COALESCE(e, ...) AS
-        type)``: the forms the printer gives CASE and COALESCE, with their result type."""
-        self.op("(")
-        token = self.take()
-        expr: Expr
-        if token.kind == "word" and token.text.upper() == "CASE":
-            branches = []
-            while self.is_word("WHEN"):
-                self.take()
-                when = self.pred()
-                self.word("THEN")
-                branches.append([when, self.pred()])
-            if not branches:
-                raise self.fail("CASE needs WHEN ... THEN ...", token)
-            expr = {"case": branches}
-            if self.is_word("ELSE"):
-                self.take()
-                expr["else"] = self.pred()
-            self.word("END")
-        elif token.kind == "word" and token.text.upper() == "COALESCE":
-            self.op("(")
-            args = [self.pred()]
-            while self.accept_op(","):
-                args.append(self.pred())
-            self.op(")")
-            expr = {"coalesce": args}
-        else:
-            raise self.fail("CAST takes a CASE or a COALESCE", token)
-        self.word("AS")
-        expr["type"] = str(self.type())
-        self.op(")")
-        return expr
 
 
 def parse_program(text: str) -> Program:

@@ -79,6 +79,43 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 )
 
 
+def _check_options(
+    table_prefix: str | None,
+    transport: str,
+    protocol: str,
+    *,
+    pool_size: int,
+    timeout_ms: int,
+    scan_batch_size: int,
+    max_row_bytes: int | None,
+    batch_size: int,
+    retry_seconds: float,
+    connect_timeout: float,
+) -> None:
+    """Refuses, naming it, an option of the store's URL that cannot work, before any connect."""
+    if table_prefix is not None and not _PREFIX_RE.fullmatch(table_prefix):
+        raise InvalidArgument(
+            f"hbase table_prefix must be letters, digits, '_', '.' or '-' (optionally "
+            f"after 'namespace:'); got {table_prefix!r}"
+        )
+    if transport not in ("buffered", "framed"):
+        raise InvalidArgument(f"hbase transport must be buffered or framed; got {transport!r}")
+    if protocol not in ("binary", "compact"):
+        raise InvalidArgument(f"hbase protocol must be binary or compact; got {protocol!r}")
+    for what, value in (
+        ("pool_size", pool_size),
+        ("timeout_ms", timeout_ms),
+        ("scan_batch_size", scan_batch_size),
+        *((("max_row_bytes", max_row_bytes),) if max_row_bytes is not None else ()),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidArgument(f"hbase {what} must be a positive int; got {value!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+        raise InvalidArgument(f"hbase batch_size must be an int >= 0; got {batch_size!r}")
+    if retry_seconds < 0 or connect_timeout <= 0:
+        raise InvalidArgument("hbase retry_seconds must be >= 0 and connect_timeout > 0")
+
+
 class HBaseStore(Store):
     """Store tables as HBase tables, reached through HBase's Thrift server.
 
@@ -109,27 +146,18 @@ class HBaseStore(Store):
         self.host = host
         self.port = port
         self.address = f"{host}:{port}"
-        if table_prefix is not None and not _PREFIX_RE.fullmatch(table_prefix):
-            raise InvalidArgument(
-                f"hbase table_prefix must be letters, digits, '_', '.' or '-' (optionally "
-                f"after 'namespace:'); got {table_prefix!r}"
-            )
-        if transport not in ("buffered", "framed"):
-            raise InvalidArgument(f"hbase transport must be buffered or framed; got {transport!r}")
-        if protocol not in ("binary", "compact"):
-            raise InvalidArgument(f"hbase protocol must be binary or compact; got {protocol!r}")
-        for what, value in (
-            ("pool_size", pool_size),
-            ("timeout_ms", timeout_ms),
-            ("scan_batch_size", scan_batch_size),
-            *((("max_row_bytes", max_row_bytes),) if max_row_bytes is not None else ()),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgument(f"hbase {what} must be a positive int; got {value!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
-            raise InvalidArgument(f"hbase batch_size must be an int >= 0; got {batch_size!r}")
-        if retry_seconds < 0 or connect_timeout <= 0:
-            raise InvalidArgument("hbase retry_seconds must be >= 0 and connect_timeout > 0")
+        _check_options(
+            table_prefix,
+            transport,
+            protocol,
+            pool_size=pool_size,
+            timeout_ms=timeout_ms,
+            scan_batch_size=scan_batch_size,
+            max_row_bytes=max_row_bytes,
+            batch_size=batch_size,
+            retry_seconds=retry_seconds,
+            connect_timeout=connect_timeout,
+        )
         self.max_row_bytes = max_row_bytes or DEFAULT_MAX_ROW_BYTES[transport]
         self.table_prefix = table_prefix or None
         self.transport = transport
@@ -151,6 +179,15 @@ class HBaseStore(Store):
         )
         self._acquire_timeout = max(timeout_ms / 1000, retry_seconds, 1.0)
         self._name_prefix = (self.table_prefix + "_").encode() if self.table_prefix else b""
+        self._pool = self._open_pool(pool_size, timeout_ms, connect_timeout)
+
+    def _open_pool(
+        self, pool_size: int, timeout_ms: int, connect_timeout: float
+    ) -> happybase.ConnectionPool:
+        """The connection pool, once a Thrift call through it succeeded: a store that cannot
+        be reached fails here, with its address, not at first use."""
+        host, port = self.host, self.port
+        transport, protocol = self.transport, self.protocol
 
         # A plain TCP connect first: a host that drops packets fails within connect_timeout
         # (happybase would wait for the whole socket timeout), with the address in the error.
@@ -159,7 +196,7 @@ class HBaseStore(Store):
         except OSError as exc:
             raise self._unreachable(exc) from exc
         try:
-            self._pool = happybase.ConnectionPool(
+            pool = happybase.ConnectionPool(
                 pool_size,
                 host=host,
                 port=port,
@@ -170,10 +207,11 @@ class HBaseStore(Store):
             )
             # A real Thrift call, not just a socket: a wrong transport or protocol, or a
             # Thrift server without HBase behind it, fails here rather than at first use.
-            with self._pool.connection(timeout=self._acquire_timeout) as conn:
+            with pool.connection(timeout=self._acquire_timeout) as conn:
                 conn.client.getTableNames()
         except (TException, OSError, EOFError) as exc:
             raise self._unreachable(exc) from exc
+        return pool
 
     @classmethod
     def from_url(cls, url: str) -> HBaseStore:

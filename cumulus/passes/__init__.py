@@ -1,0 +1,1 @@
+"""The view compiler's passes, one module each, in the order ``cumulus.compiler`` runs them."""

@@ -1,0 +1,169 @@
+"""Passes 1-2: parse a view's SELECT and refuse, naming it, every construct a view cannot
+maintain, before any name is resolved (so the error names the construct, not a symptom).
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from aggview import errors
+from cumulus.sqltext import parse_sql
+
+AGGREGATES: tuple[type[exp.Expression], ...] = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+COMPARISONS: dict[type[exp.Expression], str] = {
+    exp.EQ: "=",
+    exp.NEQ: "<>",
+    exp.LT: "<",
+    exp.LTE: "<=",
+    exp.GT: ">",
+    exp.GTE: ">=",
+}
+ARITHMETIC: dict[type[exp.Expression], str] = {
+    exp.Add: "+",
+    exp.Sub: "-",
+    exp.Mul: "*",
+    exp.Div: "/",
+}
+_ALLOWED = (
+    exp.Select, exp.From, exp.Join, exp.Table, exp.TableAlias, exp.Identifier, exp.Column,
+    exp.Alias, exp.Where, exp.Group, exp.Having, exp.Literal, exp.Boolean, exp.Neg, exp.Paren,
+    exp.Not, exp.And, exp.In, exp.Between, exp.Distinct, exp.Cast, exp.DataType, exp.Null,
+    exp.Or, exp.Case, exp.If, exp.Coalesce, exp.Like, exp.Is,
+    *COMPARISONS, *ARITHMETIC, *AGGREGATES,
+)  # fmt: skip
+_SELECT_CLAUSES = frozenset(
+    {"expressions", "from_", "joins", "where", "group", "having", "distinct"}
+)
+_CLAUSE_NAMES = {
+    "with_": "WITH (common table expressions)",
+    "order": "ORDER BY",
+    "limit": "LIMIT",
+    "offset": "OFFSET",
+    "qualify": "QUALIFY",
+    "windows": "WINDOW",
+    "laterals": "LATERAL",
+}
+_NAMED_NODES: dict[type[exp.Expression], str] = {
+    exp.Subquery: "subquery",
+    exp.Exists: "EXISTS subquery",
+    exp.Window: "window function",
+    exp.Star: "SELECT *",
+    exp.ILike: "ILIKE (LIKE is supported)",
+    exp.Escape: "LIKE ... ESCAPE",
+    exp.Mod: "operator %",
+    exp.DPipe: "operator ||",
+    exp.Filter: "aggregate FILTER",
+    exp.Lateral: "LATERAL",
+    exp.Union: "UNION",
+    exp.Intersect: "INTERSECT",
+    exp.Except: "EXCEPT",
+    exp.Xor: "XOR",
+}
+
+
+def refuse(construct: str, node: exp.Expression | None = None) -> errors.InvalidArgument:
+    where = f": {node.sql()}" if node is not None else ""
+    return errors.InvalidArgument(f"{construct} is not supported in a materialized view{where}")
+
+
+def parse_select(select_sql: str) -> exp.Select:
+    statement = parse_sql(select_sql)
+    if isinstance(statement, exp.SetOperation):
+        raise refuse(statement.key.upper())
+    if not isinstance(statement, exp.Select):
+        raise errors.InvalidArgument(f"a materialized view needs a SELECT, not {statement.key}")
+    return statement
+
+
+def unsupported_node(node: exp.Expression) -> errors.InvalidArgument:
+    for kind, name in _NAMED_NODES.items():
+        if isinstance(node, kind):
+            if isinstance(node, exp.Star) and isinstance(node.parent, exp.Column):
+                name = f"SELECT {node.parent.sql()}"
+            return refuse(name, None if isinstance(node, exp.Star) else node)
+    if isinstance(node, exp.Select):
+        return refuse("subquery", node)
+    if isinstance(node, exp.Func):
+        name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+        return errors.InvalidArgument(f"unsupported function {name.upper()} in {node.sql()}")
+    return refuse(node.key.upper(), node)
+
+
+def _check_join(join: exp.Join) -> None:
+    side, kind = join.side.upper(), join.kind.upper()
+    if side:
+        raise refuse(f"{side} OUTER JOIN (only inner joins)")
+    if kind == "CROSS":
+        raise refuse("CROSS JOIN (a cross product)")
+    if kind not in ("", "INNER"):
+        raise refuse(f"{kind} JOIN")
+    if join.method:
+        raise refuse(f"{join.method.upper()} JOIN")
+    if join.args.get("using"):
+        raise refuse("JOIN ... USING (write ON a.x = b.x)")
+
+
+def check_supported(select: exp.Select) -> None:
+    """Refuse, naming it, every construct outside the supported subset, before any resolution."""
+    for key, value in select.args.items():
+        if value and key not in _SELECT_CLAUSES:
+            raise refuse(_CLAUSE_NAMES.get(key, key.upper()))
+    if not select.args.get("from_"):
+        raise errors.InvalidArgument("a materialized view needs a FROM clause")
+    distinct = select.args.get("distinct")
+    if distinct is not None and distinct.args.get("on") is not None:
+        raise refuse("SELECT DISTINCT ON")
+    for node in select.walk():
+        if isinstance(node, exp.Join):
+            _check_join(node)
+        elif isinstance(node, exp.Star) and (
+            isinstance(node.parent, exp.Count) or _star_item(node) is not None
+        ):
+            continue
+        elif isinstance(node, exp.Select) and node is not select:
+            raise unsupported_node(node)
+        elif not isinstance(node, _ALLOWED):
+            raise unsupported_node(node)
+        elif isinstance(node, exp.Cast) and not (
+            node.to.is_type(exp.DataType.Type.DATE)
+            and isinstance(node.this, exp.Literal)
+            and node.this.is_string
+        ):
+            raise refuse("CAST (only DATE 'YYYY-MM-DD' literals)", node)
+        elif isinstance(node, AGGREGATES):
+            _check_aggregate(node)
+        elif isinstance(node, exp.Between) and node.args.get("symmetric"):
+            raise refuse("BETWEEN SYMMETRIC")
+        elif isinstance(node, exp.In) and not node.expressions and not node.args.get("query"):
+            raise refuse("IN without a list of values", node)
+    group = select.args.get("group")
+    if group is not None:
+        extra = [k for k, v in group.args.items() if v and k != "expressions"]
+        if extra:
+            raise refuse(f"GROUP BY {extra[0].upper().replace('_', ' ')}")
+
+
+def _star_item(node: exp.Star) -> exp.Expression | None:
+    """The SELECT item a ``*`` is (``*`` or ``alias.*``), or None where it is anything else."""
+    item = node.parent if isinstance(node.parent, exp.Column) else node
+    return item if isinstance(item.parent, exp.Select) and item.arg_key == "expressions" else None
+
+
+def _check_aggregate(node: exp.Expression) -> None:
+    outer = node.find_ancestor(*AGGREGATES)
+    if outer is not None:
+        raise errors.InvalidArgument(f"aggregate nested in an aggregate: {outer.sql()}")
+    clause = node.find_ancestor(exp.Where, exp.Join, exp.Group)
+    if clause is not None:
+        where = {"where": "WHERE", "join": "JOIN ... ON", "group": "GROUP BY"}[clause.key]
+        raise errors.InvalidArgument(
+            f"aggregate {node.sql()} in {where} is not allowed (use HAVING for conditions)"
+        )
+    arg = node.this
+    if arg is None:
+        raise errors.InvalidArgument(f"{node.sql()} needs an argument")
+    if isinstance(arg, exp.Distinct):
+        if len(arg.expressions) != 1:
+            raise refuse(f"{node.key.upper()}(DISTINCT with several arguments)", node)
+        if isinstance(node, exp.Sum | exp.Avg):
+            raise refuse(f"{node.key.upper()}(DISTINCT ...)", node)
