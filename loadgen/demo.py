@@ -210,6 +210,9 @@ def run_dashboard(cluster: LocalCluster, console: Console, size: DemoSize) -> No
             client.sql(f"DROP MATERIALIZED VIEW {name}")
 
 
+CHURN_PACE = 0.1
+
+
 def _churn(
     address: str,
     scale: dashboard.Scale,
@@ -218,7 +221,9 @@ def _churn(
     stop: threading.Event,
     counts: list[int],
 ) -> None:
-    """Transactions of 1-20 new events, corrections of an event's cost and product, deletes."""
+    """Transactions of 1-20 new events, corrections of an event's cost and product, deletes:
+    one every ``CHURN_PACE`` s (clients at a web application's pace, not flat out: the
+    benchmark step measures throughput; flat out they slowed Spark's jobs two-fold)."""
     rng = random.Random(seed)
     done = 0
     mine: list[int] = []
@@ -241,6 +246,7 @@ def _churn(
             except errors.AggviewError:
                 continue
             done += 1
+            stop.wait(CHURN_PACE)
     counts.append(done)
 
 

@@ -70,8 +70,13 @@ def dashboard_cluster(tmp_path: Path) -> Any:
         cluster.kill()
 
 
+PACE = 0.05  # seconds between a writer's transactions
+
+
 def churn(address: str, seed: int, stop: threading.Event, count: list[int]) -> None:
-    """Inserts, updates (moving events between products, so between groups) and deletes."""
+    """Inserts, updates (moving events between products, so between groups) and deletes, a
+    transaction every 50 ms: writes in every phase of a Spark job, without the CPU of writing
+    flat out while it runs (which slowed the job and the rest of the suite)."""
     rng = random.Random(seed)
     with Client(address) as client:
         mine: list[int] = []
@@ -89,6 +94,7 @@ def churn(address: str, seed: int, stop: threading.Event, count: list[int]) -> N
                 else:
                     tx.delete("events", {"id": mine.pop(rng.randrange(len(mine)))})
             count[0] += 1
+            stop.wait(PACE)
 
 
 @contextlib.contextmanager

@@ -216,3 +216,63 @@ def test_a_ratio_is_null_by_zero_in_every_mode() -> None:
     want = [{"g": "zero", "r": None}, {"g": "four", "r": 0.75}, {"g": "none", "r": None}]
     assert sorted(map(repr, finished)) == sorted(map(repr, want))
     assert sorted(map(repr, interp.view("q"))) == sorted(map(repr, want))
+
+
+# === JOIN ... USING and NATURAL JOIN =============================================================
+
+ORDERS = TableSchema(
+    "orders",
+    "t2",
+    (
+        Column("id", ColumnType("INT"), nullable=False),
+        Column("x", ColumnType("INT")),
+        Column("qty", ColumnType("INT")),
+    ),
+    ("id",),
+)
+JOINED = {"t": SCHEMA, "orders": ORDERS}
+
+
+def joined(select: str) -> Any:
+    return compile_sql(f"CREATE MATERIALIZED VIEW v AS {select}", JOINED.__getitem__)
+
+
+def test_using_and_natural_join_are_the_equalities_they_stand_for() -> None:
+    on = joined(
+        "SELECT t.x, COUNT(*) AS n FROM t JOIN orders o ON t.id = o.id AND t.x = o.x GROUP BY t.x"
+    )
+    natural = joined("SELECT x, COUNT(*) AS n FROM t NATURAL JOIN orders GROUP BY x")
+    using = joined("SELECT x, COUNT(*) AS n FROM t JOIN orders USING (id, x) GROUP BY x")
+    assert natural.edges == using.edges  # id and x: the columns t and orders both have
+    assert {(e.left.column, e.right.column) for e in natural.edges} == {("id", "id"), ("x", "x")}
+    assert natural.group_by[0].ref == on.group_by[0].ref  # bare x: the first table's
+    # SELECT * shows a merged column once, where the first table has it (as SQL does); the
+    # others that both tables have are qualified
+    assert joined("SELECT * FROM t JOIN orders USING (x)").output == (
+        "t_id", "x", "g", "v", "f", "orders_id", "qty",
+    )  # fmt: skip
+    assert joined("SELECT orders.* FROM t JOIN orders USING (x)").output == ("id", "x", "qty")
+
+
+@pytest.mark.parametrize(
+    ("select", "message"),
+    [
+        ("SELECT * FROM t JOIN orders USING (qty)", "USING (qty): no table before orders"),
+        ("SELECT * FROM t JOIN orders USING (g)", "table orders has no column 'g'"),
+        ("SELECT * FROM t NATURAL LEFT JOIN orders", "LEFT OUTER JOIN"),
+        # the third table's x is not merged: a bare x would name two columns
+        (
+            "SELECT x FROM t JOIN orders USING (x) JOIN t AS u ON u.id = t.id",
+            "column x is ambiguous",
+        ),
+        (
+            "SELECT COUNT(*) FROM t JOIN orders o ON o.id = t.id JOIN t AS u USING (x)",
+            "USING (x) is ambiguous: t.x, o.x",
+        ),
+    ],
+)
+def test_a_using_join_that_names_no_single_column_is_refused_naming_it(
+    select: str, message: str
+) -> None:
+    with pytest.raises(Exception, match=re.escape(message)):
+        joined(select)

@@ -125,6 +125,8 @@ def view_specs(draw: st.DrawFn) -> dict[str, Any]:
         "aggregates": aggregates,
         "where": where,
         "having": having,
+        # the first join, when it is a0.k = a1.k, written JOIN ... USING (k) (issue #41)
+        "using": draw(st.booleans()),
         "seed": draw(st.integers(0, 2**32)),
     }
 
@@ -135,9 +137,11 @@ def view_select(spec: dict[str, Any], names: list[str]) -> str:
     sql = f"SELECT {', '.join(parts)} FROM {names[spec['table_of'][0]]} a0"
     for left, right, kind in spec["joins"]:
         lcol, rcol = kind.split("=")
-        sql += (
-            f" JOIN {names[spec['table_of'][right]]} a{right} ON a{left}.{lcol} = a{right}.{rcol}"
-        )
+        table = f"{names[spec['table_of'][right]]} a{right}"
+        if spec.get("using") and (left, right, kind) == (0, 1, "k=k"):
+            sql += f" JOIN {table} USING (k)"
+        else:
+            sql += f" JOIN {table} ON a{left}.{lcol} = a{right}.{rcol}"
     if spec["where"]:
         sql += f" WHERE {spec['where']}"
     if spec["group"]:

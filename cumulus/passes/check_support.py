@@ -97,10 +97,12 @@ def _check_join(join: exp.Join) -> None:
         raise refuse("CROSS JOIN (a cross product)")
     if kind not in ("", "INNER"):
         raise refuse(f"{kind} JOIN")
-    if join.method:
+    if join.method and join.method.upper() != "NATURAL":
         raise refuse(f"{join.method.upper()} JOIN")
-    if join.args.get("using"):
-        raise refuse("JOIN ... USING (write ON a.x = b.x)")
+    if join.method and (join.args.get("using") or join.args.get("on")):
+        raise errors.InvalidArgument(f"NATURAL JOIN takes no ON or USING: {join.sql()}")
+    if join.args.get("using") and join.args.get("on"):
+        raise errors.InvalidArgument(f"a join takes ON or USING, not both: {join.sql()}")
 
 
 def check_supported(select: exp.Select) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from aggview import errors
+from aggview.schema import Column
 from cumulus.passes.check_support import AGGREGATES
 from cumulus.passes.resolve_tables import Scope
 from cumulus.plan import TableRef
@@ -40,9 +41,9 @@ def expand_stars(select: exp.Select, tables: tuple[TableRef, ...], scope: Scope)
         else:
             expanded.append([])
     seen: dict[str, set[str]] = {}
-    for aliases in expanded:
+    for item, aliases in zip(select.expressions, expanded, strict=True):
         for alias in aliases:
-            for column in scope.tables[alias].columns:
+            for column in _columns(scope, alias, isinstance(item, exp.Star)):
                 seen.setdefault(column.name, set()).add(alias)
     items: list[exp.Expression] = []
     for item, aliases in zip(select.expressions, expanded, strict=True):
@@ -50,7 +51,7 @@ def expand_stars(select: exp.Select, tables: tuple[TableRef, ...], scope: Scope)
             items.append(item.copy())
             continue
         for alias in aliases:
-            for column in scope.tables[alias].columns:
+            for column in _columns(scope, alias, isinstance(item, exp.Star)):
                 node: exp.Expression = exp.Column(
                     this=exp.Identifier(this=column.name, quoted=True),
                     table=exp.Identifier(this=alias, quoted=True),
@@ -62,6 +63,16 @@ def expand_stars(select: exp.Select, tables: tuple[TableRef, ...], scope: Scope)
     out = select.copy()
     out.set("expressions", items)
     return out
+
+
+def _columns(scope: Scope, alias: str, whole: bool) -> list[Column]:
+    """The columns ``alias`` contributes: under a bare ``*``, a column USING or NATURAL JOIN
+    merged is shown once, by the first table that has it (as SQL shows it)."""
+    return [
+        column
+        for column in scope.tables[alias].columns
+        if not whole or scope.merged.get(column.name, (alias,))[0] == alias
+    ]
 
 
 def _is_alias_star(item: exp.Expression) -> bool:

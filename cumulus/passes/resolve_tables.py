@@ -5,7 +5,7 @@ clause sees only the tables joined so far, as SQL has it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlglot import exp
 
@@ -18,9 +18,12 @@ from cumulus.sqltext import Typed, identifier
 
 @dataclass(frozen=True)
 class Scope:
-    """The aliases a clause can see, in FROM order, with their schemas."""
+    """The aliases a clause can see, in FROM order, with their schemas. ``merged``: a column
+    that ``JOIN ... USING`` or ``NATURAL JOIN`` made one (its aliases, the first one's value
+    standing for all, which an inner join makes equal): named bare, it is not ambiguous."""
 
     tables: dict[str, TableSchema]
+    merged: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def resolve(self, column: exp.Column) -> tuple[ColumnRef, ColumnType]:
         if column.args.get("db") or column.args.get("catalog"):
@@ -43,6 +46,8 @@ class Scope:
         matches = [alias for alias, schema in self.tables.items() if schema.has_column(name)]
         if not matches:
             raise errors.UnknownColumn(f"unknown column {name} (not in {', '.join(self.tables)})")
+        if len(matches) > 1 and set(matches) <= set(self.merged.get(name, ())):
+            matches = [self.merged[name][0]]
         if len(matches) > 1:
             raise errors.InvalidArgument(
                 f"column {name} is ambiguous: {', '.join(f'{a}.{name}' for a in matches)}"
@@ -77,6 +82,7 @@ def resolve_tables(
     """FROM and JOINs -> table refs, the full scope, and each ON clause with the scope it sees."""
     refs: list[TableRef] = []
     scope: dict[str, TableSchema] = {}
+    merged: dict[str, tuple[str, ...]] = {}
     ons: list[tuple[exp.Expression, Scope]] = []
     items = [select.args["from_"].this, *(j.this for j in select.args.get("joins") or [])]
     joins = [None, *(select.args.get("joins") or [])]
@@ -86,11 +92,56 @@ def resolve_tables(
             raise errors.InvalidArgument(
                 f"table alias {ref.alias} is used twice; give each occurrence its own alias"
             )
+        on = join.args.get("on") if join is not None else None
+        if join is not None and (join.args.get("using") or join.method):
+            on = _using_condition(join, ref.alias, schema, scope, merged)
         refs.append(ref)
         scope[ref.alias] = schema
-        if join is not None and join.args.get("on") is not None:
-            ons.append((join.args["on"], Scope(dict(scope))))
-    return tuple(refs), Scope(scope), ons
+        if on is not None:
+            ons.append((on, Scope(dict(scope))))
+    return tuple(refs), Scope(scope, merged), ons
+
+
+def _using_condition(
+    join: exp.Join,
+    alias: str,
+    schema: TableSchema,
+    before: dict[str, TableSchema],
+    merged: dict[str, tuple[str, ...]],
+) -> exp.Expression | None:
+    """``JOIN t USING (x, ...)`` or ``NATURAL JOIN t`` as the ON condition it stands for: each
+    column equal to the same column of the tables before (the first that has it; a column
+    merged before is one already). None for a NATURAL JOIN with no column in common, which SQL
+    makes a cross product (refused later, naming the tables)."""
+    if join.method:
+        earlier = before.values()
+        names = [c.name for c in schema.columns if any(t.has_column(c.name) for t in earlier)]
+    else:
+        names = [identifier(c, "column") for c in join.args["using"]]
+    equalities = []
+    for name in names:
+        if not schema.has_column(name):
+            raise errors.UnknownColumn(
+                f"USING ({name}): table {schema.name} has no column {name!r}"
+            )
+        having = [a for a, s in before.items() if s.has_column(name)]
+        if not having:
+            raise errors.UnknownColumn(
+                f"USING ({name}): no table before {alias} has a column {name!r}"
+            )
+        group = merged.get(name, (having[0],))
+        if len(having) > 1 and not set(having) <= set(group):
+            raise errors.InvalidArgument(
+                f"USING ({name}) is ambiguous: {', '.join(f'{a}.{name}' for a in having)}"
+            )
+        merged[name] = (*group, alias)
+        equalities.append(
+            exp.EQ(
+                this=exp.column(name, table=group[0], quoted=True),
+                expression=exp.column(name, table=alias, quoted=True),
+            )
+        )
+    return exp.and_(*equalities) if equalities else None
 
 
 def typed_column(node: exp.Column, scope: Scope) -> Typed:

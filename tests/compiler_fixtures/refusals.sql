@@ -13,10 +13,14 @@ SELECT count(*) FROM events e RIGHT JOIN products p ON e.prod_id = p.prod_id;
 SELECT count(*) FROM events e FULL OUTER JOIN products p ON e.prod_id = p.prod_id;
 -- InvalidArgument: CROSS JOIN
 SELECT count(*) FROM events e CROSS JOIN products p;
--- InvalidArgument: NATURAL JOIN
-SELECT count(*) FROM events NATURAL JOIN products;
--- InvalidArgument: USING
-SELECT count(*) FROM events JOIN products USING (prod_id);
+-- InvalidArgument: cross product is not supported: no equality joins the tables events | categories
+SELECT count(*) FROM events NATURAL JOIN categories;
+-- UnknownColumn: USING (cat_id): no table before products has a column 'cat_id'
+SELECT count(*) FROM events JOIN products USING (cat_id);
+-- InvalidArgument: USING (name) is ambiguous: p.name, s.name
+SELECT count(*) FROM events e JOIN products p ON e.prod_id = p.prod_id JOIN shops s ON e.shop_id = s.shop_id JOIN categories USING (name);
+-- InvalidArgument: NATURAL JOIN takes no ON or USING
+SELECT count(*) FROM events NATURAL JOIN products USING (prod_id);
 -- InvalidArgument: SEMI JOIN
 SELECT count(*) FROM events e SEMI JOIN products p ON e.prod_id = p.prod_id;
 -- InvalidArgument: cross product is not supported: no equality joins the tables e | p
