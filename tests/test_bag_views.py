@@ -64,8 +64,8 @@ def bag_specs(draw: st.DrawFn) -> dict[str, Any]:
         projection = draw(st.lists(st.sampled_from(_items(aliases)), min_size=1, max_size=3))
         projection = list(dict.fromkeys(projection))
         width = len(projection)
-    elif form == "*":
-        projection, width = ["*"], WIDTH * aliases
+    elif form == "*":  # a column JOIN ... USING merged is shown once
+        projection, width = ["*"], WIDTH * aliases - differential.merged_columns(spec)
     else:
         projection, width = [f"a{draw(st.integers(0, aliases - 1))}.*"], WIDTH
     kinds = ["bag", "bag", "distinct"] + (["group by"] if form == "items" else [])

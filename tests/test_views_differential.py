@@ -131,6 +131,16 @@ def view_specs(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+def written_with_using(spec: dict[str, Any], join: tuple[int, int, str]) -> bool:
+    """Whether ``view_select`` writes this join as ``USING (k)``: the first, when a0.k = a1.k."""
+    return bool(spec.get("using")) and join == (0, 1, "k=k")
+
+
+def merged_columns(spec: dict[str, Any]) -> int:
+    """Columns that USING merged (``SELECT *`` shows each once)."""
+    return sum(written_with_using(spec, join) for join in spec["joins"])
+
+
 def view_select(spec: dict[str, Any], names: list[str]) -> str:
     parts = [f"{c} AS g{i}" for i, c in enumerate(spec["group"])]
     parts += [f"{a} AS agg{i}" for i, a in enumerate(spec["aggregates"])]
@@ -138,7 +148,7 @@ def view_select(spec: dict[str, Any], names: list[str]) -> str:
     for left, right, kind in spec["joins"]:
         lcol, rcol = kind.split("=")
         table = f"{names[spec['table_of'][right]]} a{right}"
-        if spec.get("using") and (left, right, kind) == (0, 1, "k=k"):
+        if written_with_using(spec, (left, right, kind)):
             sql += f" JOIN {table} USING (k)"
         else:
             sql += f" JOIN {table} ON a{left}.{lcol} = a{right}.{rcol}"
