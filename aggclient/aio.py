@@ -92,6 +92,8 @@ class AsyncClient(ClientBase):
         # Why a stream: per transaction, a Python gRPC server spends far less CPU on a share
         # of a stream message than on a call.
         self._transactions = self._stream(self._stub)
+        # streams to the address given that a leader's stream replaced (``_relearn``)
+        self._replaced: list[Stream] = []
         self._routing_lock = asyncio.Lock()
         # member -> (channel, stub, its Transact stream)
         self._members: dict[int, tuple[Any, Any, Stream]] = {}
@@ -123,6 +125,8 @@ class AsyncClient(ClientBase):
         await self.close()
 
     async def close(self) -> None:
+        for stream in self._replaced:
+            await stream.close()
         await self._transactions.close()
         for channel, _, stream in self._members.values():
             await stream.close()
@@ -146,7 +150,10 @@ class AsyncClient(ClientBase):
         given (its calls and its transaction stream)."""
         leader = await self._drive(self._core.relearn())
         if leader is not None:
+            given = self._transactions
             self._stub, self._transactions = await self._member(leader)
+            if given is not self._transactions:  # closed with the client, not lost
+                self._replaced.append(given)
 
     async def _drive(self, plan: Plan[T], pinned: Mapping[int | None, Any] | None = None) -> T:
         """As ``Client._drive``: runs a core plan, each question answered by a call."""
