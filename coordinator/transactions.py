@@ -110,7 +110,7 @@ class TransactionManager:
         self.decisions = decisions
         self.limits = limits or Limits()
         # Each partition's participant: hosted here (``LocalLtm``) or at another member
-        # (``LtmChannel``); set by ``coordinator.service.build_manager``.
+        # (``LtmChannel``); set by ``coordinator.member_wiring.build_manager``.
         self.channels: list[Any] = []
         self.local: Any = None  # the partitions hosted in this process
         self.replication: Any = None  # members' decision logs copied (``--replicate``)
@@ -119,7 +119,7 @@ class TransactionManager:
         # looked up by key (cached here): the view manager once one is attached, else nothing.
         self.view_hooks: ViewHooks = NO_VIEWS
         self.epoch = 0  # bumped when views change; maintenance refuses an older transaction
-        # the view manager, once one is attached (``coordinator.service.build_manager``): for
+        # the view manager, once one is attached (``coordinator.member_wiring.build_manager``): for
         # the service's DDL, reads and refreshes; the transaction path calls ``view_hooks``
         self.views: Any = None
         self.lookups = LookupCache(
