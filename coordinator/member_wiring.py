@@ -29,7 +29,7 @@ from coordinator.member_roles import declared_dead
 from coordinator.outcomes import ask_outcomes, outcome_stub
 from coordinator.quorum import Reachability
 from coordinator.timestamp_oracle import TimestampOracle
-from coordinator.transactions import TransactionManager
+from coordinator.transactions import Membership, TransactionManager
 from coordinator.views import ViewManager
 from ltm.store import open_store, ownership
 from ltm.store.base import Store
@@ -110,7 +110,10 @@ def build_manager(
     clock = _member_clock(
         config, store, catalog, in_flight, reach, leader, lead, read_at, lambda: manager
     )
-    manager = TransactionManager(catalog, clock, decisions, limits=config.limits, metrics=metrics)
+    membership = Membership(list(config.members), config.member, list(config.exchanges))
+    manager = TransactionManager(
+        catalog, clock, decisions, limits=config.limits, metrics=metrics, membership=membership
+    )
     metrics.watch(functools.partial(member_state, manager))
     if reach is not None:
         manager.ltm_silent = lambda ltm: reach.silent(ltm % len(config.members))
@@ -137,9 +140,6 @@ def build_manager(
             may_drop=may_drop,
             silent=manager.ltm_silent,
         )
-    manager.members = list(config.members)
-    manager.member = config.member
-    manager.transact_addresses = list(config.exchanges)
     manager.channels = _partition_channels(config, store, manager)
     views = ViewManager(manager, runtime_dir=config.log_dir / "cumulus", tls=config.tls)
     manager.views = manager.view_hooks = views  # the service's; and every transaction's hooks
