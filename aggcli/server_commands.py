@@ -34,7 +34,8 @@ def run_ltm(args: argparse.Namespace) -> None:
     coordinates the transactions sent to it."""
     from aggview.security import TlsDir, load_tokens
     from coordinator.convert import Limits
-    from coordinator.service import CoordinatorConfig, serve
+    from coordinator.member_wiring import CoordinatorConfig
+    from coordinator.service import serve
 
     _register_view_hosts()
     if len(args.member_address) == 1:  # one member: the whole cluster in this process

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 from aggview.wire import ltm_pb2 as lpb
 
 if TYPE_CHECKING:
-    from coordinator.transactions import Transaction
+    from coordinator.commits import Transaction
 
 
 class ViewHooks(Protocol):

@@ -15,7 +15,7 @@ from aggview.partition_map import partition_of
 from aggview.rowcodec import decode_row, encode_row
 from aggview.schema import TableSchema
 from aggview.wire import ltm_pb2 as lpb
-from coordinator.transactions import Transaction
+from coordinator.commits import Transaction
 from coordinator.view_model import ViewsShared, touching
 from cumulus.aggstate import Row
 from cumulus.delta import Changes, view_delta

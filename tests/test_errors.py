@@ -14,7 +14,7 @@ import pytest
 
 from aggview import errors, frames
 from aggview.status import CODE_BY_NUMBER, error_from_rpc, error_from_status, grpc_method
-from coordinator.service import _failed
+from coordinator.client_service import _failed
 
 SERVICE = "aggview.test.Errors"
 CLASSES = list(errors.IDENTITIES)

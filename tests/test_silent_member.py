@@ -31,7 +31,7 @@ from aggclient.client import Transaction
 from agglauncher.cluster import LocalCluster
 from aggview import errors
 from aggview.wire import ltm_pb2 as lpb
-from coordinator.service import _outcomes
+from coordinator.outcomes import ask_outcomes
 from loadgen import transfers
 from tests.test_failover import member_logs_copied, replicated_cluster, status
 
@@ -267,7 +267,7 @@ def test_an_async_client_routes_around_a_member_a_failed_answer_hears_silent(
 
 
 class _Manager:
-    """What ``_outcomes`` reads of a member: member 1, holding member 0's decision log."""
+    """What ``ask_outcomes`` reads of a member: member 1, holding member 0's decision log."""
 
     member = 1
     members = ["m0", "m1", "m2"]
@@ -299,7 +299,7 @@ def test_an_outcome_question_skips_a_member_whose_log_is_held_here() -> None:
     ]
 
     async def run() -> list[bool | None]:
-        return await asyncio.wait_for(_outcomes(_Manager(), others, [7]), 2)  # type: ignore[arg-type]
+        return await asyncio.wait_for(ask_outcomes(_Manager(), others, [7]), 2)  # type: ignore[arg-type]
 
     assert asyncio.run(run()) == [False]
     assert asked == [2]

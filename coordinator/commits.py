@@ -1,0 +1,295 @@
+"""The commit path: a transaction split by partition into sub-transactions, prepared round by
+round (view maintenance adds rounds on the votes), then decided: one-phase where its one
+participant is in this process, otherwise a commit record in the decision log first."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+
+from aggview import errors, failpoints
+from aggview.partition_map import partition_of
+from aggview.wire import client_pb2 as cpb
+from aggview.wire import ltm_pb2 as lpb
+from coordinator.convert import check_operation_count, describe_condition, describe_key, row_op
+from coordinator.decision_delivery import DecisionDelivery
+
+log = logging.getLogger("coordinator.transactions")  # the manager's log, as before the split
+Vote = lpb.Vote
+
+
+@dataclass
+class Transaction:
+    ts: int
+    participants: set[int] = field(default_factory=set)  # partitions prepared so far
+    epoch: int = 0  # the catalog epoch its timestamp was granted under
+    # A client's writes: converted, captured for views and maintained under the catalog of
+    # ``epoch``, so it commits only while that catalog is still the current one. Then every
+    # timestamp granted before a catalog change ran under the old catalog, every later one
+    # under the new: a view changing mode can cut its history at a timestamp.
+    catalog_bound: bool = False
+    maintained: bool = False  # maintenance already ran on images predicted from its inserts
+    system: bool = False  # the system's own (a refresh, an initialization), not a client's
+    started: float = field(default_factory=time.perf_counter)  # at its grant (metrics)
+    images: list[lpb.RowImage] = field(default_factory=list)  # every row image seen so far
+
+
+class Commits(DecisionDelivery):
+    """The transaction manager's commit path (a part of ``TransactionManager``, over its state)."""
+
+    # ----------------------------------------------------------------- writes
+
+    async def commit(self, operations: list[cpb.Operation]) -> int:
+        """Runs one one-shot transaction; returns its commit timestamp or raises why not."""
+        check_operation_count(len(operations), self.limits)
+        try:
+            ops, epoch = self._row_ops(operations), self.epoch
+        except errors.UnknownTable:
+            if self.leader is None:
+                raise
+            await self.catch_up()  # a follower's catalog may be older than the client's
+            ops, epoch = self._row_ops(operations), self.epoch
+        writes = self.lookups.writes(row_keys(ops), (), epoch)
+        ts, granted = await self.clock.next(writes)
+        if self.epoch != epoch:  # the catalog changed meanwhile: convert under the new one
+            try:
+                ops = self._row_ops(operations)
+            except BaseException:
+                self.in_flight.decided(ts)
+                self.lookups.aborted(ts)
+                raise
+            self.lookups.writing(ts, row_keys(ops))
+        tx = Transaction(ts, epoch=granted, catalog_bound=True)
+        return await self._run(tx, ops)
+
+    def _row_ops(self, operations: list[cpb.Operation]) -> list[lpb.RowOp]:
+        ops = [row_op(op, self.catalog.table, self.limits) for op in operations]
+        self.view_hooks.capture(ops)
+        return ops
+
+    async def catch_up(self) -> None:
+        """Takes the catalog as of now (at a follower: one round trip to the clock)."""
+        ts = await self.clock.read_timestamp()
+        self.in_flight.stop_reading(ts)
+
+    async def bulk_transaction(
+        self, chunks: AsyncIterator[list[lpb.RowOp]], tables: set[str]
+    ) -> int:
+        """One transaction too big for one message (a bulk load into the store ``tables``):
+        its operations arrive in chunks, each prepared as another round at the same
+        timestamp, so every row becomes visible at once when it commits, and an LTM never
+        spends long on one message."""
+        ts, epoch = await self.clock.next(self.lookups.writes((), tables, self.epoch))
+        tx = Transaction(ts, epoch=epoch, catalog_bound=True)
+
+        async def rounds() -> None:
+            async for ops in chunks:
+                self.view_hooks.capture(ops)
+                self.lookups.writing(ts, row_keys(ops))
+                await self._prepare_rounds(tx, ops, extend=True)
+
+        return await self._decide(tx, rounds())
+
+    async def _run(self, tx: Transaction, ops: list[lpb.RowOp], extend: bool = True) -> int:
+        return await self._decide(tx, self._prepare_rounds(tx, ops, extend))
+
+    async def _prepare_rounds(self, tx: Transaction, ops: list[lpb.RowOp], extend: bool) -> None:
+        """Prepares ``ops``, then what view maintenance adds on their votes, until it adds none."""
+        round_ops = ops
+        predicted = self._predicted_images(ops) if extend else None
+        maintained = tx.maintained
+        if predicted:
+            # Only inserts of new rows: their images are known before any vote, so the
+            # maintenance runs now and its operations join the first round (one round
+            # instead of two, e.g. for a fact-table insert under a sync view).
+            tx.maintained = True
+            tx.images.extend(predicted)
+            round_ops = round_ops + await self.view_hooks.maintain(tx, predicted)
+        while round_ops:
+            images = await self._prepare_round(tx, round_ops)
+            tx.images.extend(images)
+            round_ops = []
+            if images and extend and not tx.maintained:
+                round_ops.extend(await self.view_hooks.maintain(tx, images))
+        tx.maintained = maintained
+
+    async def _decide(self, tx: Transaction, prepared: Awaitable[None]) -> int:
+        """Commits once every round in ``prepared`` voted yes; aborts everywhere otherwise."""
+        try:
+            await prepared
+            if tx.catalog_bound and tx.epoch != self.epoch:
+                raise errors.TooLate(
+                    "tables, views or indexes changed during the transaction; retry it"
+                )
+            if failpoints.ARMED:
+                failpoints.hit(failpoints.COORDINATOR_BEFORE_DECISION_LOGGED)
+        except BaseException as exc:
+            self._aborted(tx, exc)
+            raise
+        # The decision point: once the commit record is queued the transaction commits, even
+        # if the caller goes away (a cancelled RPC must not turn into aborts at the LTMs). So
+        # it runs as a task of its own, which tells the caller through a future (the caller's
+        # cancellation cancels only that future). Unlike ``asyncio.shield``, the caller resumes
+        # in the very next pass of the loop.
+        outcome: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        decided = asyncio.ensure_future(settle(outcome, self._commit_local(tx)))
+        self._committing.add(decided)
+        decided.add_done_callback(self._committing.discard)
+        return await outcome
+
+    def _aborted(self, tx: Transaction, exc: BaseException) -> None:
+        """Before its decision: the transaction aborts everywhere (presumed abort), and reads
+        at its timestamp go on."""
+        self.in_flight.decided(tx.ts)
+        self.lookups.aborted(tx.ts)
+        self.aborted += 1
+        self.metrics.aborted_by(exc)
+        for partition in tx.participants:
+            self._send_abort(partition, tx.ts)
+
+    async def _commit_local(self, tx: Transaction) -> int:
+        """Some participants are in this process and their votes are not on disk yet. One
+        participant, here: one-phase commit, its prepare and commit records flushed together, no
+        decision record (a crash before that flush leaves a prepare alone, which the
+        participant's question about it then aborts: presumed abort). Several: their prepares
+        flushed, then two-phase commit as across processes."""
+        participants = sorted(tx.participants)
+        local = [p for p in participants if hasattr(self.channels[p], "flush")]
+        if len(participants) != 1 or not local:  # across processes: two-phase commit
+            try:
+                if failpoints.ARMED:
+                    failpoints.hit(failpoints.COORDINATOR_LOCAL_FLUSH)
+                await asyncio.gather(*(self.channels[p].flush() for p in local))
+            except BaseException as exc:  # a vote not durable: nothing decided yet, so abort
+                self._aborted(tx, exc)
+                raise
+            return await self._commit(tx)
+        await self._decided(tx, self.channels[participants[0]].decide(tx.ts, True))
+        self.committed += 1
+        self.metrics.committed(tx.system, tx.started)
+        return tx.ts
+
+    async def _decided(self, tx: Transaction, durable: Awaitable[None]) -> None:
+        """Awaits what makes the commit durable; then the transaction is decided (reads at
+        its timestamp may go on) and the lookup cache learns its outcome, or that it is
+        unknown if the write failed."""
+        try:
+            await durable
+        except BaseException:
+            self.lookups.unknown(tx.ts)
+            raise
+        else:
+            self.lookups.committed(tx.ts, tx.images)
+        finally:
+            self.in_flight.decided(tx.ts)
+
+    async def _commit(self, tx: Transaction) -> int:
+        ts, participants = tx.ts, sorted(tx.participants)
+        try:
+            await self._decided(tx, self.decisions.commit(ts, participants))
+        except BaseException:
+            # Not known to be logged, yet its record may be on this member's disk, and a
+            # restart would deliver it: never answer "aborted" for it from here.
+            self.unlogged.add(ts)
+            raise
+        if failpoints.ARMED:
+            failpoints.hit(failpoints.COORDINATOR_AFTER_DECISION_LOGGED)
+        self.committed += 1
+        self.metrics.committed(tx.system, tx.started)
+        self._deliver_later(ts, participants)
+        return ts
+
+    def _predicted_images(self, ops: list[lpb.RowOp]) -> list[lpb.RowImage] | None:
+        """Row images of a transaction whose every watched operation inserts a distinct row
+        (a failed insert aborts the whole transaction, so the prediction cannot be wrong)."""
+        images = []
+        seen = set()
+        watches = self.view_hooks.watches
+        for op in ops:
+            if not watches(op.table):
+                continue
+            if op.kind != lpb.RowOp.INSERT or (op.table, op.key) in seen:
+                return None
+            seen.add((op.table, op.key))
+            images.append(lpb.RowImage(table=op.table, key=op.key, after=op.values))
+        return images or None
+
+    async def _prepare_round(self, tx: Transaction, ops: list[lpb.RowOp]) -> list[lpb.RowImage]:
+        by_partition: dict[int, lpb.SubTransaction] = {}
+        watches = self.view_hooks.watches
+        for op in ops:
+            partition = partition_of(op.table, op.key, self.partitions)
+            sub = by_partition.get(partition)
+            if sub is None:
+                sub = by_partition[partition] = lpb.SubTransaction(ts=tx.ts)
+            if not sub.want_images and not tx.maintained and watches(op.table):
+                sub.want_images = True
+            sub.ops.append(op)
+        tx.participants.update(by_partition)
+        if len(by_partition) == 1:  # awaited in this task: gather would add loop passes
+            ((p, sub),) = by_partition.items()
+            votes = [await self.channels[p].prepare(sub)]
+        else:
+            votes = await asyncio.gather(
+                *(self.channels[p].prepare(sub) for p, sub in by_partition.items())
+            )
+        self._raise_for_votes(votes)
+        return [image for vote in votes for image in vote.images]
+
+    def _raise_for_votes(self, votes: list[lpb.Vote]) -> None:
+        """The most telling no vote becomes the transaction's error: a failed condition or a
+        missing row is the answer at this timestamp; too-late and unavailable are retryable."""
+        order = [
+            Vote.CONDITION_FAILED,
+            Vote.NOT_FOUND,
+            Vote.ALREADY_EXISTS,
+            Vote.INVALID,
+            Vote.UNAVAILABLE,
+            Vote.TOO_LATE,
+        ]
+        no = [v for v in votes if v.outcome != Vote.YES]
+        if not no:
+            return
+        vote = min(no, key=lambda v: order.index(v.outcome))
+        schema = self.catalog.by_id.get(vote.table)
+        where = (
+            f"table {schema.name}, row {describe_key(schema, vote.key)}"
+            if schema
+            else ("a participant")
+        )
+        if vote.outcome == Vote.CONDITION_FAILED:
+            detail = describe_condition(schema, vote.message) if schema else vote.message
+            raise errors.ConditionFailed(f"condition failed: {where}: {detail}")
+        if vote.outcome == Vote.NOT_FOUND:
+            raise errors.RowNotFound(f"{where}: {vote.message}")
+        if vote.outcome == Vote.ALREADY_EXISTS:
+            raise errors.AlreadyExists(f"{where}: {vote.message}")
+        if vote.outcome == Vote.INVALID:
+            raise errors.InvalidArgument(f"{where}: {vote.message}")
+        if vote.outcome == Vote.UNAVAILABLE:
+            raise errors.Unavailable(vote.message)
+        raise errors.TooLate(f"transaction aborted by timestamp order at {where}; retry it")
+
+
+async def settle(outcome: asyncio.Future[int], work: Awaitable[int]) -> None:
+    """Runs ``work`` to its end and puts its result (or error) into ``outcome``, unless
+    whoever waited for it has gone."""
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        outcome.cancel()
+        raise
+    except Exception as exc:
+        if not outcome.done():
+            outcome.set_exception(exc)
+    else:
+        if not outcome.done():
+            outcome.set_result(result)
+
+
+def row_keys(ops: list[lpb.RowOp]) -> list[tuple[str, bytes]]:
+    """The rows ``ops`` write, as the lookup cache names them."""
+    return [(op.table, op.key) for op in ops]

@@ -1,0 +1,116 @@
+"""The decision path: a commit or abort logged and applied, and transactions in doubt asked
+about."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aggview import failpoints
+from ltm.participant.state import PartitionState, Prepared
+
+log = logging.getLogger("ltm.participant")  # the participant's log, as before the split
+
+
+class Decisions(PartitionState):
+    """A participant's decisions (a part of ``Participant``)."""
+
+    async def decide(self, ts: int, commit: bool) -> None:
+        """Applies the coordinator's decision. Unknown timestamps are already decided here
+        (decisions are retried), so they are acknowledged without effect, but only while
+        this copy serves the partition: a fenced one may have forgotten a transaction its
+        successor holds prepared, and an acknowledgment from it would let the coordinator
+        forget a commit the successor still has to apply."""
+        self._check_serving()
+        tx = self.prepared.get(ts)
+        if tx is None:
+            return
+        if commit and not tx.durable:
+            # One-phase commit (one participant, in the coordinator's process): no decision
+            # record exists anywhere else, so this commit record is the decision, and what the
+            # transaction wrote must not be seen before it is on disk: a crash in between
+            # takes the transaction back, after another member's transaction read it (a
+            # lookup, cached there) and built on it. Its rows stay held and its view deltas
+            # pending meanwhile.
+            lsn = self.wal.write({"kind": "commit", "ts": ts})
+            self._committing.add(ts)  # logged at ``lsn``, applied only after the flush
+            try:
+                await self.wal.flush()
+            finally:  # a failed flush: applied anyway, as before (its outcome is unknown)
+                self._committing.discard(ts)
+                if self.prepared.pop(ts, None) is tx:
+                    self._apply_commit(ts, tx, lsn)
+            if failpoints.ARMED:
+                failpoints.hit(failpoints.LTM_AFTER_COMMIT_APPLIED)
+            return
+        del self.prepared[ts]
+        if not commit:
+            for row_id in tx.after:
+                self.rows[row_id].release()
+            for row_id in tx.merges:
+                self.rows[row_id].drop_merge(ts)
+                self.touched.add(row_id)  # dropping a delta can settle a partial sum
+            self.wal.write({"kind": "abort", "ts": ts}, flush=False)  # presumed abort
+            return
+        self._apply_commit(ts, tx, self.wal.write({"kind": "commit", "ts": ts}))
+        await self.wal.flush()
+        if failpoints.ARMED:
+            failpoints.hit(failpoints.LTM_AFTER_COMMIT_APPLIED)
+
+    async def flush_prepared(self) -> None:
+        """Every prepare record so far is on disk (a coordinator in this process, before it
+        logs the decision of a transaction with several participants): their commits then
+        need no flush before they are seen."""
+        upto = self.wal.lsn
+        await self.wal.flush()
+        for tx in self.prepared.values():
+            if tx.lsn <= upto:
+                tx.durable = True
+
+    def _apply_commit(self, ts: int, tx: Prepared, lsn: int) -> None:
+        for row_id, after in tx.after.items():
+            state = self.rows[row_id]
+            if row_id[0] not in self.dropped:
+                state.commit(ts, after, self.low_watermark, lsn)
+            state.release()
+        for row_id, delta in tx.merges.items():
+            state = self.rows[row_id]
+            if row_id[0] in self.dropped:
+                state.drop_merge(ts)
+                continue
+            try:
+                state.commit_merge(ts, delta, self.low_watermark, lsn)
+            except TypeError as exc:  # only a malformed request makes one (see _delta)
+                log.error("view delta of %d does not fit row %r: %s; dropped", ts, row_id, exc)
+                state.drop_merge(ts)
+        self.commits_since_checkpoint += len(tx.after) + len(tx.merges)
+        self.touched.update(tx.after)
+        self.touched.update(tx.merges)
+
+    async def _outcome_loop(self) -> None:
+        """Asks the coordinator about transactions prepared here for too long: it may have
+        crashed, or its decision may not have reached us."""
+        while True:
+            await asyncio.sleep(self.settings.outcome_query_after / 2)
+            if self.outcome_query is None:
+                continue
+            now = time.monotonic()
+            stale = [
+                ts
+                for ts, tx in self.prepared.items()
+                if now - tx.since > self.settings.outcome_query_after
+            ]
+            if not stale:
+                continue
+            try:
+                outcomes = await self.outcome_query(stale)
+            except Exception as exc:  # coordinator down: ask again later
+                log.info("outcome query failed: %s", exc)
+                continue
+            for ts, outcome in zip(stale, outcomes, strict=True):
+                if outcome is not None:
+                    try:
+                        await self.decide(ts, outcome)
+                    except Exception:
+                        log.exception("applying the outcome of %d failed; asking again", ts)

@@ -1,0 +1,199 @@
+"""What a participant's parts share: its settings, a prepared transaction, a refused vote,
+and the rows of its partition in memory (loaded from the store, pinned, evicted)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aggview import errors
+from aggview.partition_map import is_partials, partition_of
+from aggview.rowcodec import decode_stored
+from aggview.wal import WriteAheadLog
+from ltm.participant.operations import Outcome, RowId, VoteNo
+from ltm.rows import Row, RowCache, RowState
+from ltm.store.base import Store
+from ltm.store.ownership import Ownership
+
+
+@dataclass
+class Prepared:
+    ts: int
+    after: dict[RowId, Row | None] = field(default_factory=dict)  # rows held exclusively
+    before: dict[RowId, Row | None] = field(default_factory=dict)
+    merges: dict[RowId, Row] = field(default_factory=dict)  # view deltas (not held)
+    since: float = field(default_factory=time.monotonic)
+    segment: int = 0  # the log segment of its first record (0: unknown, e.g. recovered)
+    # Whether its prepare records are known to be on disk: not after ``prepare(durable=False)``
+    # until ``flush_prepared``; ``lsn``, its last prepare record's.
+    durable: bool = True
+    lsn: int = 0
+
+    def record(self, after: dict[RowId, Row | None], merges: dict[RowId, Row]) -> dict[str, Any]:
+        return {"kind": "prepared", "ts": self.ts, "after": after, "merges": merges}
+
+
+@dataclass
+class Settings:
+    partition: int = 0
+    partitions: int = 1
+    cache_rows: int = 1_000_000
+    checkpoint_interval: float = 2.0
+    checkpoint_dirty_rows: int = 50_000
+    lock_wait_timeout: float = 5.0
+    outcome_query_after: float = 1.0
+
+
+OutcomeQuery = Callable[[list[int]], Awaitable[list[bool | None]]]  # None: still undecided
+
+
+class PartitionState:
+    """The state of one partition's participant that its parts share (``Participant`` is
+    built of them: ``Recovery``, ``Prepares``, ``Decisions``, ``Reads``, ``Checkpoints``), and
+    the rows in memory they all reach through."""
+
+    def __init__(
+        self,
+        store: Store,
+        log_dir: Path,
+        settings: Settings | None = None,
+        *,
+        fsync: bool = True,
+        outcome_query: OutcomeQuery | None = None,
+        ownership: Ownership | None = None,
+        wal_observe: Callable[[float], None] | None = None,
+    ) -> None:
+        """``wal_observe``: called with each flush's seconds by its log (metrics)."""
+        self.store = store
+        # Checkpoints are written under this ownership's fence: once a newer epoch owns the
+        # partition, the store refuses them, and this copy stops serving.
+        self.ownership = ownership
+        self.fenced: str | None = None
+        self.settings = settings or Settings()
+        self.wal = WriteAheadLog(log_dir, fsync=fsync, observe=wal_observe)
+        self.outcome_query = outcome_query
+        self.rows = RowCache()
+        self.loading: dict[RowId, asyncio.Future[None]] = {}
+        self.prepared: dict[int, Prepared] = {}
+        self.dropped: set[str] = set()
+        self.low_watermark = 0
+        self.evicted_floor = 0  # youngest timestamp forgotten by eviction (see _load)
+        self.contacted = False
+        self.commits_since_checkpoint = 0
+        self.touched: set[RowId] = set()  # rows changed since the last checkpoint's snapshot
+        # one-phase commits whose record is logged and whose changes wait for its flush
+        self._committing: set[int] = set()
+        self.scans_running = 0
+        # Key ranges read by read/write transactions: (start, stop or None, ts) per table. An
+        # older transaction may not write a key into such a range (no phantoms).
+        self.range_reads: dict[str, list[tuple[bytes, bytes | None, int]]] = {}
+        self.checkpoints = 0
+        self._background: list[asyncio.Task[None]] = []
+        self._checkpoint_lock = asyncio.Lock()
+
+    def _check_serving(self) -> None:
+        if self.fenced:  # a newer epoch owns the partition: its rows here may be stale
+            raise errors.FailedPrecondition(self.fenced)
+
+    def _check_owned(self, row_id: RowId) -> None:
+        if row_id[0] in self.dropped:
+            raise VoteNo(Outcome.INVALID, f"table id {row_id[0]} was dropped", row_id)
+        owner = partition_of(row_id[0], row_id[1], self.settings.partitions)
+        if owner != self.settings.partition:
+            raise VoteNo(
+                Outcome.INVALID,
+                f"row belongs to partition {owner}, not {self.settings.partition}",
+                row_id,
+            )
+
+    async def _pin(self, row_ids: Iterable[RowId]) -> list[RowState]:
+        """Loads rows and keeps them in memory until :meth:`_unpin`: a checkpoint may evict
+        clean rows while a request that loaded them waits for another row."""
+        wanted = list(dict.fromkeys(row_ids))
+        while True:
+            await self._load(wanted)
+            if all(row_id in self.rows for row_id in wanted):  # none evicted meanwhile
+                break
+        states = [self.rows[row_id] for row_id in wanted]
+        for state in states:
+            state.pins += 1
+        return states
+
+    @staticmethod
+    def _unpin(states: list[RowState]) -> None:
+        for state in states:
+            state.pins -= 1
+
+    async def _load(self, row_ids: Iterable[RowId]) -> None:
+        """Brings rows into memory from the store, once each even under concurrent callers."""
+        wanted: dict[str, dict[bytes, None]] = {}  # ordered sets: a bulk load asks for many
+        waits = []
+        for row_id in row_ids:
+            if row_id in self.rows:
+                continue
+            if row_id in self.loading:
+                waits.append(self.loading[row_id])
+                continue
+            wanted.setdefault(row_id[0], {})[row_id[1]] = None
+        missing = {table: list(keys) for table, keys in wanted.items()}
+        if missing:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            for table, keys in missing.items():
+                for key in keys:
+                    self.loading[(table, key)] = future
+            try:
+                if self.store.fast_point_reads:
+                    found = self._get_many(missing)
+                else:
+                    found = await asyncio.to_thread(self._get_many, missing)
+                for table, keys in missing.items():
+                    for key in keys:
+                        data = found.get((table, key))
+                        ts, row, lsn = decode_stored(data) if data else (0, None, 0)
+                        # rts and older versions were forgotten on eviction: assume the worst.
+                        self.rows[(table, key)] = RowState(
+                            versions=[(ts, row)],
+                            rts=self.evicted_floor,
+                            lsn=lsn,
+                            partial=is_partials(table),
+                        )
+                future.set_result(None)
+            except BaseException as exc:
+                future.set_exception(exc)
+                future.exception()  # mark retrieved; waiters re-raise it
+                raise
+            finally:
+                for table, keys in missing.items():
+                    for key in keys:
+                        self.loading.pop((table, key), None)
+        for wait in waits:
+            await wait
+
+    def _get_many(self, missing: dict[str, list[bytes]]) -> dict[RowId, bytes]:
+        out: dict[RowId, bytes] = {}
+        for table, keys in missing.items():
+            try:
+                found = self.store.get_many(table, keys)
+            except errors.UnknownTable:
+                found = {}  # a table created but never checkpointed into is empty
+            for key, value in found.items():
+                out[(table, key)] = value
+        return out
+
+    def _maybe_evict(self) -> None:
+        excess = len(self.rows) - self.settings.cache_rows
+        if excess <= 0 or self.scans_running:
+            return
+        victims = []
+        for row_id, state in self.rows.items():
+            if not (state.dirty or state.busy()) and state.last_ts <= self.low_watermark:
+                victims.append(row_id)
+                if len(victims) >= excess:
+                    break
+        for row_id in victims:
+            state = self.rows.pop(row_id)
+            self.evicted_floor = max(self.evicted_floor, state.rts, state.last_ts)
