@@ -82,8 +82,12 @@ def member_port(pid: int) -> int:
 
 
 def zombie(pid: int) -> bool:
-    """Whether a process has exited and waits for its parent to reap it."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    """Whether a process has exited: it waits for its parent to reap it, or was reaped (by
+    the fork server it was forked from, which the stopped ``aggview start`` is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def counts(path: Path, text: str) -> int:
