@@ -252,6 +252,11 @@ def test_using_and_natural_join_are_the_equalities_they_stand_for() -> None:
         "t_id", "x", "g", "v", "f", "orders_id", "qty",
     )  # fmt: skip
     assert joined("SELECT orders.* FROM t JOIN orders USING (x)").output == ("id", "x", "qty")
+    # a third table's x, joined by ON, is its own column (a CI run's shrinking found it lost)
+    assert joined("SELECT * FROM t JOIN orders USING (x) JOIN t AS u ON u.id = t.id").output == (
+        "t_id", "t_x", "t_g", "t_v", "t_f", "orders_id", "qty",
+        "u_id", "u_x", "u_g", "u_v", "u_f",
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -71,7 +71,7 @@ def _columns(scope: Scope, alias: str, whole: bool) -> list[Column]:
     return [
         column
         for column in scope.tables[alias].columns
-        if not whole or scope.merged.get(column.name, (alias,))[0] == alias
+        if not whole or alias not in scope.merged.get(column.name, ())[1:]
     ]
 
 
