@@ -199,14 +199,14 @@ def preload_servers(modules: Sequence[str]) -> None:
     """Starts this process's fork server (once) with ``modules`` imported."""
     if _fork_server or os.environ.get("AGGVIEW_FORK_SERVER", "1") == "0":
         return
-    _fork_server.append(ForkServer(modules, _server_env(), {"PYTHONPATH", PARENT_ENV}))
+    env = _server_env(CHECKOUT)
+    _fork_server.append(ForkServer(modules, env, {"PYTHONPATH", PARENT_ENV}))
 
 
-def _server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """A server's environment: this process's, the checkout's code first on the path."""
+def _server_env(code: Path) -> dict[str, str]:
+    """A server's environment: this process's, the code it runs first on the path."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), env.get("PYTHONPATH")]))
-    env.update(extra or {})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH")]))
     return env
 
 
@@ -246,8 +246,7 @@ class Server:
         args = [*self.args, *once, "--port", str(self.port)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        extra_env, env = env, dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.code), env.get("PYTHONPATH")]))
+        extra_env, env = env, _server_env(self.code)
         env[PARENT_ENV] = str(os.getpid())  # see ``die_with_parent``
         env.update(extra_env or {})
         forker = _fork_server[0] if _fork_server else None

@@ -94,11 +94,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _cpu_mark[:] = [cpu, wall]
 
 
-# The project's packages as they are imported from the checkout (an editable install).
-PACKAGES = ("aggview", "aggclient", "aggcli", "agglauncher", "aggspark", "coordinator", "cumulus")
-PACKAGES += ("ltm", "loadgen", "bench")
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """Compile the checkout's modules once, before any worker starts: with
     PYTHONDONTWRITEBYTECODE set (as on CI's machine) no import writes a ``.pyc``, so every
@@ -107,8 +102,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: its controller compiled them
         return
     root = Path(__file__).resolve().parents[1]
-    for package in PACKAGES:
-        compileall.compile_dir(root / package, quiet=1)
+    for package in root.iterdir():  # the checkout's top-level packages
+        if (package / "__init__.py").exists():
+            compileall.compile_dir(package, quiet=1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
