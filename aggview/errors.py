@@ -59,6 +59,11 @@ class FailedPrecondition(AggviewError):
     """The request is well formed but the system state forbids it (e.g. a restart with other N)."""
 
 
+class NotServed(FailedPrecondition):
+    """The partition asked for is not served where it was asked (it moved: handed back home,
+    failed over): a read at a timestamp may be sent again to where it went."""
+
+
 class TooLate(AggviewError):
     """Timestamp-order abort: a younger transaction got to a row first. Retried by the client."""
 
@@ -105,6 +110,7 @@ IDENTITIES: dict[type[AggviewError], Identity] = {
     AlreadyExists: Identity(_C.ALREADY_EXISTS, "ALREADY_EXISTS"),
     FailedPrecondition: Identity(_C.FAILED_PRECONDITION, "FAILED_PRECONDITION"),
     ConditionFailed: Identity(_C.FAILED_PRECONDITION, "CONDITION_FAILED"),
+    NotServed: Identity(_C.FAILED_PRECONDITION, "NOT_SERVED"),
     TooLate: Identity(_C.ABORTED, "TOO_LATE"),
     LimitExceeded: Identity(_C.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"),
     Unauthenticated: Identity(_C.UNAUTHENTICATED, "UNAUTHENTICATED"),

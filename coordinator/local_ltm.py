@@ -115,7 +115,7 @@ class LocalPartitions:
         partition = int(metadata.get(ownership.PARTITION_HEADER, -1))
         hosting = self.serving(partition)
         if hosting is None:
-            raise errors.FailedPrecondition(f"partition {partition} is not served here")
+            raise errors.NotServed(f"partition {partition} is not served here")
         return hosting.participant(metadata)
 
     def copying(self, partition: int) -> Hosting:

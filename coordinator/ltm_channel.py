@@ -215,6 +215,8 @@ class LtmChannel:
             ),
         )
         if reply.HasField("error"):
+            if reply.error_reason == errors.identity(errors.NotServed).reason:
+                raise errors.NotServed(f"LTM {self.index}: {reply.error}")
             raise errors.Unavailable(f"LTM {self.index}: {reply.error}")
         return reply
 
@@ -225,8 +227,12 @@ class LtmChannel:
         with contextlib.suppress(TimeoutError, grpc.aio.UsageError):
             await asyncio.wait_for(self._channel.channel_ready(), grace)
 
-    def _unavailable(self, exc: BaseException | None) -> errors.Unavailable:
-        """What waiters hear when the stream ends (the LTM restarted, the network failed)."""
+    def _unavailable(self, exc: BaseException | None) -> errors.AggviewError:
+        """What waiters hear when the stream ends (the LTM restarted, the network failed), or
+        is refused because the partition is not served there (it moved: ``NotServed``)."""
+        refused = error_from_rpc(exc) if isinstance(exc, grpc.aio.AioRpcError) else exc
+        if isinstance(refused, errors.NotServed):
+            return errors.NotServed(f"LTM {self.index} at {self.address}: {refused}")
         detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
         return errors.Unavailable(f"LTM {self.index} at {self.address} is unavailable: {detail}")
 

@@ -9,10 +9,10 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from aggview import errors
 from aggview.partition_map import partition_of
 from aggview.wire import ltm_pb2 as lpb
 from coordinator import lookup_cache
-from ltm.server import NotServed
 
 log = logging.getLogger("coordinator.transactions")  # the manager's log, as before the split
 # how long a read waits for a partition that moved to be found where it went (see _read)
@@ -80,7 +80,7 @@ class SnapshotReads:
             channel = self.channels[partition]
             try:
                 return await channel.read(request)
-            except NotServed:
+            except errors.NotServed:
                 if time.monotonic() > deadline:
                     raise
             await asyncio.sleep(0.05)

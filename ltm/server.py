@@ -26,11 +26,6 @@ from ltm.store.base import Store
 log = logging.getLogger(__name__)
 
 
-class NotServed(errors.FailedPrecondition):
-    """The partition asked for is not served here (it moved: handed back home, failed over);
-    a read at a timestamp may be sent again to where it went."""
-
-
 class Hosting:
     """The partitions one LTM process serves (its own, and any it took over as their backup)
     and the logs it mirrors for other LTMs."""
@@ -193,7 +188,7 @@ class Hosting:
         partition = int(metadata.get(ownership.PARTITION_HEADER, self.me))
         participant = self.participants.get(partition)
         if participant is None:
-            raise NotServed(f"LTM {self.me} does not serve partition {partition}")
+            raise errors.NotServed(f"LTM {self.me} does not serve partition {partition}")
         epoch = metadata.get(ownership.EPOCH_HEADER)
         if epoch is not None and int(epoch) != self.records[partition].epoch:
             raise errors.FailedPrecondition(
@@ -201,7 +196,7 @@ class Hosting:
                 f"{self.records[partition].epoch}, not {epoch}"
             )
         if participant.fenced:
-            raise errors.FailedPrecondition(participant.fenced)
+            raise errors.NotServed(participant.fenced)
         return participant
 
     async def replicate(self, request: pb.ReplicateRequest) -> None:
@@ -332,7 +327,9 @@ def exchange(participant: Participant) -> AnswerEach[pb.LtmRequest | Malformed, 
             participant.observe(decide.low_watermark, 0)
             await asyncio.gather(*(participant.decide(d.ts, d.commit) for d in decide.decisions))
             return pb.LtmReply(id=request.id, decided=pb.DecideReply())
-        except (errors.AggviewError, VoteNo) as exc:  # e.g. a row held too long, not ours
+        except errors.AggviewError as exc:  # e.g. not ours, or no more (handed over)
+            return pb.LtmReply(id=request.id, error=str(exc), error_reason=exc.reason)
+        except VoteNo as exc:  # e.g. a row held too long
             return pb.LtmReply(id=request.id, error=str(exc))
         except Exception as exc:  # the stream and the server stay up
             log.exception("request %d on the stream failed", request.id)

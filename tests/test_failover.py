@@ -32,7 +32,7 @@ from loadgen import transfers
 from ltm import replication
 from ltm.participant import Participant, Settings
 from ltm.replication import LogShipper, Mirror
-from ltm.server import Hosting, LtmConfig, LtmServicer, NotServed
+from ltm.server import Hosting, LtmConfig, LtmServicer
 from ltm.store import open_store, ownership
 from ltm.store.base import Store
 from tests.test_crash import wait_until_serving
@@ -623,6 +623,40 @@ def test_a_handover_is_refused_without_loss_unless_the_copy_is_at_the_new_owner(
     asyncio.run(scenario())
 
 
+def test_a_partition_handed_over_is_refused_as_not_served_on_every_path(tmp_path: Path) -> None:
+    """A read of a partition handed over meanwhile is refused as ``NotServed`` (which a read
+    retries where the partition went), not as unavailable or a plain precondition: on a
+    stream opened before the handover, on a stream opened after it, and in process. A CI run's
+    check after restarts failed on each of the last two."""
+    from coordinator.local_ltm import LocalLtm
+    from coordinator.ltm_channel import LtmChannel
+
+    async def scenario() -> None:
+        with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+            hosting, participant = await hosting_with_a_row(store, tmp_path)
+            server = grpc.aio.server()
+            add_service(server, pb.DESCRIPTOR.services_by_name["Ltm"], LtmServicer(hosting))
+            address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+            await server.start()
+            request = pb.ReadRequest(ts=30, table=TABLE, keys=[b"k"])
+            opened_before = LtmChannel(0, address, lambda: (0, 0))
+            local = LocalLtm(0, hosting, lambda: (0, 0))
+            assert len((await opened_before.read(request)).rows) == 1
+            assert len((await local.read(request)).rows) == 1
+            participant.fenced = "partition 0 is handed over to LTM 1"
+            opened_after = LtmChannel(0, address, lambda: (0, 0))
+            for channel in (opened_before, opened_after, local):
+                with pytest.raises(errors.NotServed, match="handed over to LTM 1"):
+                    await channel.read(request)
+            for channel in (opened_before, opened_after):
+                await channel.close()
+            await server.stop(None)
+            participant.fenced = None
+            await hosting.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_log_closed_to_writes_refuses_records(tmp_path: Path) -> None:
     """Once a handover's final flush starts, a record written late would never reach the
     new owner: the log refuses it instead of losing it silently."""
@@ -889,7 +923,7 @@ def test_a_read_of_a_partition_that_moved_meanwhile_is_read_again_where_it_went(
 
     class Moved:
         async def read(self, request: pb.ReadRequest) -> pb.ReadReply:
-            raise NotServed("LTM 0 does not serve partition 2")
+            raise errors.NotServed("LTM 0 does not serve partition 2")
 
     class Refusing:
         async def read(self, request: pb.ReadRequest) -> pb.ReadReply:

@@ -307,18 +307,20 @@ class LtmRequest(_message.Message):
     def __init__(self, id: _Optional[int] = ..., prepare: _Optional[_Union[PrepareRequest, _Mapping]] = ..., decide: _Optional[_Union[DecideRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ...) -> None: ...
 
 class LtmReply(_message.Message):
-    __slots__ = ("id", "vote", "decided", "error", "rows")
+    __slots__ = ("id", "vote", "decided", "error", "rows", "error_reason")
     ID_FIELD_NUMBER: _ClassVar[int]
     VOTE_FIELD_NUMBER: _ClassVar[int]
     DECIDED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_REASON_FIELD_NUMBER: _ClassVar[int]
     id: int
     vote: Vote
     decided: DecideReply
     error: str
     rows: ReadReply
-    def __init__(self, id: _Optional[int] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., decided: _Optional[_Union[DecideReply, _Mapping]] = ..., error: _Optional[str] = ..., rows: _Optional[_Union[ReadReply, _Mapping]] = ...) -> None: ...
+    error_reason: str
+    def __init__(self, id: _Optional[int] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., decided: _Optional[_Union[DecideReply, _Mapping]] = ..., error: _Optional[str] = ..., rows: _Optional[_Union[ReadReply, _Mapping]] = ..., error_reason: _Optional[str] = ...) -> None: ...
 
 class LtmRequests(_message.Message):
     __slots__ = ("requests",)

@@ -97,7 +97,7 @@ class PartitionState:
 
     def _check_serving(self) -> None:
         if self.fenced:  # a newer epoch owns the partition: its rows here may be stale
-            raise errors.FailedPrecondition(self.fenced)
+            raise errors.NotServed(self.fenced)
 
     def _check_owned(self, row_id: RowId) -> None:
         if row_id[0] in self.dropped:
