@@ -77,7 +77,8 @@ LONGEST_FIRST = (  # by wall time on a quiet CI run (AGGVIEW_TEST_CPU's third co
 
 # ``AGGVIEW_TEST_CPU=FILE``: each test file's CPU seconds (the worker, its live descendants
 # and the children it reaped: clusters, Spark's JVM, HBase) appended to FILE, to see where the
-# suite's time goes (its floor on two cores is its CPU over two).
+# suite's time goes (its floor on two cores is its CPU over two); then its wall seconds, the
+# xdist worker and the time it ended, to see how the workers were packed.
 _CPU_LOG = os.environ.get("AGGVIEW_TEST_CPU")
 _cpu_mark: list[float] = []
 
@@ -90,7 +91,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if _CPU_LOG and (nextitem is None or nextitem.path != item.path):
         cpu, wall = process_tree_cpu_seconds(os.getpid()), time.monotonic()
         with open(_CPU_LOG, "a") as log:
-            log.write(f"{item.path.name}\t{cpu - _cpu_mark[0]:.1f}\t{wall - _cpu_mark[1]:.1f}\n")
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
+            log.write(
+                f"{item.path.name}\t{cpu - _cpu_mark[0]:.1f}\t{wall - _cpu_mark[1]:.1f}"
+                f"\t{worker}\t{time.time():.0f}\n"
+            )
         _cpu_mark[:] = [cpu, wall]
 
 
