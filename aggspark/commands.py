@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 
@@ -15,6 +15,7 @@ from aggview import errors
 
 AddSecurity = Callable[[argparse.ArgumentParser], None]
 ClientOptions = Callable[[argparse.Namespace], dict[str, Any]]
+T = TypeVar("T")
 
 
 def add_spark_commands(sub: Any, add_security: AddSecurity, client_options: ClientOptions) -> None:
@@ -59,62 +60,59 @@ def _spark(console: Console) -> Any:
         return spark_session()
 
 
-def _run_load(args: argparse.Namespace, options: dict[str, Any]) -> None:
-    from aggspark.jobs import load_files
-
+def _run_job(label: str, job: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, float]:
+    """Starts Spark and runs ``job(spark, *args, progress=..., **kwargs)`` under a live status
+    line saying ``label``: its result, and the seconds it took (Spark's start not counted)."""
     console = Console(stderr=True)
     spark = _spark(console)
     started = time.monotonic()
-    with spark_status(console, spark, f"loading {args.table}") as progress:
-        result = load_files(
-            spark,
-            args.address,
-            args.table,
-            args.files,
-            file_format=args.format,
-            header=not args.no_header,
-            progress=progress,
-            client_options=options,
-        )
+    with spark_status(console, spark, label) as progress:
+        result = job(spark, *args, progress=progress, **kwargs)
+    return result, time.monotonic() - started
+
+
+def _run_load(args: argparse.Namespace, options: dict[str, Any]) -> None:
+    from aggspark.jobs import load_files
+
+    result, seconds = _run_job(
+        f"loading {args.table}",
+        load_files,
+        args.address,
+        args.table,
+        args.files,
+        file_format=args.format,
+        header=not args.no_header,
+        client_options=options,
+    )
     print(
         f"loaded {result.rows} rows into {result.table} at timestamp {result.timestamp} "
-        f"in {time.monotonic() - started:.1f} s"
+        f"in {seconds:.1f} s"
     )
 
 
 def _run_init(args: argparse.Namespace, options: dict[str, Any]) -> None:
     from aggspark.jobs import init_view
 
-    console = Console(stderr=True)
-    spark = _spark(console)
-    started = time.monotonic()
     target = args.view.strip()
     is_sql = target.split(None, 1)[0].upper() == "CREATE" if target else False
-    with spark_status(console, spark, "initializing") as progress:
-        result = init_view(
-            spark,
-            args.address,
-            sql=target if is_sql else "",
-            view="" if is_sql else target,
-            progress=progress,
-            client_options=options,
-        )
-    computed = f"{result.entries} map entries" if result.entries else f"{result.groups} groups"
-    print(
-        f"{result.message}: {computed}, written at {result.timestamp}, "
-        f"in {time.monotonic() - started:.1f} s"
+    result, seconds = _run_job(
+        "initializing",
+        init_view,
+        args.address,
+        sql=target if is_sql else "",
+        view="" if is_sql else target,
+        client_options=options,
     )
+    computed = f"{result.entries} map entries" if result.entries else f"{result.groups} groups"
+    print(f"{result.message}: {computed}, written at {result.timestamp}, in {seconds:.1f} s")
 
 
 def _run_verify(args: argparse.Namespace, options: dict[str, Any]) -> None:
     from aggspark.jobs import verify_views
 
-    console = Console(stderr=True)
-    spark = _spark(console)
-    with spark_status(console, spark, "verifying") as progress:
-        results = verify_views(
-            spark, args.address, args.views or None, progress=progress, client_options=options
-        )
+    results, _ = _run_job(
+        "verifying", verify_views, args.address, args.views or None, client_options=options
+    )
     wrong = 0
     for result in results:
         if result.ok:

@@ -183,5 +183,12 @@ def old_code(args: argparse.Namespace) -> Path:
     return Path(args.old).resolve()
 
 
-def interrupt(signum: int, frame: object) -> None:
+def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def stop_clusters_on_signals() -> None:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt, so a benchmark stops its clusters as on
+    Ctrl-C, also when started in the background (where SIGINT is ignored)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.console import Console
 
@@ -19,6 +21,18 @@ from aggview.processes import process_cpu_seconds
 out = Console(width=None if sys.stdout.isatty() else 132)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 132)
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def run_facts(argv: list[str] | None, **settings: Any) -> dict[str, Any]:
+    """What a benchmark's JSON report says about its run: the command line (``argv``, or this
+    process's), the machine, ``settings`` and when it started, so two reports can be compared."""
+    return {
+        "argv": sys.argv[1:] if argv is None else argv,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        **settings,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -25,10 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
-import signal
 import sys
 import tempfile
 import time
@@ -46,15 +43,24 @@ from aggview.retry import RetryPolicy, retry_on
 from bench.clusters import (
     check_sum,
     hbase_store,
-    interrupt,
     old_code,
     preload,
     replicas_in_sync,
     running_cluster,
     settle,
+    stop_clusters_on_signals,
 )
 from bench.load import CREATE, TABLE, Ledger, open_clients, run_closed, run_open, transaction
-from bench.measurements import MEASURE_COLUMNS, Result, cpu_cell, err, ms_cell, out, per_process_cpu
+from bench.measurements import (
+    MEASURE_COLUMNS,
+    Result,
+    cpu_cell,
+    err,
+    ms_cell,
+    out,
+    per_process_cpu,
+    run_facts,
+)
 
 # --------------------------------------------------------------------------- modes
 
@@ -385,15 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--ltms, --rows, --channels and --clients must be at least 1")
     if max(args.rows) > args.preload:
         raise SystemExit("--rows cannot exceed --preload")
-    # clean up as on Ctrl-C, also when started in the background (where SIGINT is ignored)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, interrupt)
-    meta = {
-        "argv": sys.argv[1:] if argv is None else argv,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    stop_clusters_on_signals()
+    meta = run_facts(argv)
     try:
         if args.restart:
             report: dict[str, Any] = {**meta, "restart": run_restart(args)}

@@ -45,11 +45,8 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
-import platform
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -60,7 +57,7 @@ from pathlib import Path
 from aggclient import Client
 from aggclient.client import AsyncClient
 from agglauncher.cluster import AS_START, LocalCluster
-from bench.clusters import interrupt, old_code, running_cluster, settle
+from bench.clusters import old_code, running_cluster, settle, stop_clusters_on_signals
 from bench.load import Ledger
 from bench.measurements import (
     cpu_cell,
@@ -68,6 +65,7 @@ from bench.measurements import (
     ms_cell,
     out,
     per_process_cpu,
+    run_facts,
 )
 from bench.views_cases import (
     OLD,
@@ -344,16 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--ltms, --clients, --events and --reads must be at least 1")
     if min(args.intervals) < 1:
         raise SystemExit("--intervals must be positive")
-    # clean up as on Ctrl-C, also when started in the background (where SIGINT is ignored)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, interrupt)
-    meta = {
-        "argv": sys.argv[1:] if argv is None else argv,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "fsync": not args.no_fsync,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    stop_clusters_on_signals()
+    meta = run_facts(argv, fsync=not args.no_fsync)
     report, pids = Report(), []
     t0 = time.perf_counter()
     try:

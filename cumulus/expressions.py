@@ -150,6 +150,18 @@ def _args(node: Mapping[str, Any], count: int) -> list[Any]:
     return args
 
 
+def _operator_node(
+    node: Mapping[str, Any], key: str, operators: Mapping[str, Callable[[Any, Any], Any]], what: str
+) -> Evaluator:
+    """An arithmetic (``op``) or comparison (``cmp``) node: the operator ``node[key]`` names in
+    ``operators`` over its two operands, which are value expressions either way."""
+    op = operators.get(node[key])
+    if op is None:
+        raise InvalidArgument(f"unknown {what} {node[key]!r}")
+    left, right = (compile_expr(a) for a in _args(node, 2))
+    return _binary(op, left, right)
+
+
 def compile_expr(expr: Mapping[str, Any]) -> Evaluator:
     """Compile a value expression once; the result maps a lookup to a value (None for NULL)."""
     if not isinstance(expr, Mapping):
@@ -169,11 +181,7 @@ def compile_expr(expr: Mapping[str, Any]) -> Evaluator:
         value = literal_value(expr)
         return lambda get: value
     if "op" in expr:
-        op = _ARITHMETIC.get(expr["op"])
-        if op is None:
-            raise InvalidArgument(f"unknown operator {expr['op']!r}")
-        left, right = (compile_expr(a) for a in _args(expr, 2))
-        return _binary(op, left, right)
+        return _operator_node(expr, "op", _ARITHMETIC, "operator")
     if "neg" in expr:
         inner = compile_expr(expr["neg"])
 
@@ -338,11 +346,7 @@ def _predicate3(pred: Mapping[str, Any]) -> Evaluator:
     if not isinstance(pred, Mapping):
         raise InvalidArgument(f"predicate must be an object; got {pred!r}")
     if "cmp" in pred:
-        op = _COMPARE.get(pred["cmp"])
-        if op is None:
-            raise InvalidArgument(f"unknown comparison {pred['cmp']!r}")
-        left, right = (compile_expr(a) for a in _args(pred, 2))
-        return _binary(op, left, right)
+        return _operator_node(pred, "cmp", _COMPARE, "comparison")
     if "in" in pred:
         values = pred.get("values")
         if not isinstance(values, list) or not values:
