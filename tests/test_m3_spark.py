@@ -99,6 +99,8 @@ THETA = [  # issue #41: a band join, a cross product, a theta join beside an equ
     "GROUP BY a1.g",
     "SELECT a0.k AS g0, COUNT(*) AS agg0 FROM t0 a0 JOIN t1 a1 ON a0.k = a1.id "
     "JOIN t2 a2 ON a2.x <> a1.x GROUP BY a0.k",
+    # an equi-join's multiset query: GROUP BY v was ambiguous (both tables have a column v)
+    "SELECT a0.g AS g0, MIN(a1.x) AS agg0 FROM t0 a0 JOIN t1 a1 ON a0.k = a1.k GROUP BY a0.g",
 ]
 
 
