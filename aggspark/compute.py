@@ -98,11 +98,9 @@ def state_queries(state: ViewState, tables: dict[str, str]) -> tuple[str, list[t
     """The main query (groups, counts, sums) and one query per multiset aggregate."""
     plan = state.plan
     groups = [f"{render(g.source())} AS g{i}" for i, g in enumerate(plan.group_by)]
-    group_by = (
-        " GROUP BY " + ", ".join(f"g{i}" for i in range(len(plan.group_by)))
-        if plan.group_by
-        else ""
-    )
+    # by position: a name (g0, v) could also be a column of a joined table, which Spark
+    # resolves first (two tables with a column v made GROUP BY v ambiguous)
+    group_by = group_by_position(len(plan.group_by))
     body = _from_where(state, tables)
     items = [*groups, "COUNT(*) AS `_count`"]
     multisets = []
@@ -118,12 +116,15 @@ def state_queries(state: ViewState, tables: dict[str, str]) -> tuple[str, list[t
             items.append(f"SUM(CAST({arg} AS {spark_type(accumulator_type(arg_type))})) AS s{i}")
         if rule.keeps_values:
             keys = [*groups, f"{arg} AS v"]
-            keys_by = ", ".join([*(f"g{j}" for j in range(len(plan.group_by))), "v"])
             present = _from_where(state, tables, f"({arg}) IS NOT NULL")
-            multisets.append(
-                (i, f"SELECT {', '.join(keys)}, COUNT(*) AS c {present} GROUP BY {keys_by}")
-            )
+            keys_by = group_by_position(len(keys))
+            multisets.append((i, f"SELECT {', '.join(keys)}, COUNT(*) AS c {present}{keys_by}"))
     return f"SELECT {', '.join(items)} {body}{group_by}", multisets
+
+
+def group_by_position(width: int) -> str:
+    """``GROUP BY 1, 2, ...`` over the first ``width`` items (none: no GROUP BY)."""
+    return " GROUP BY " + ", ".join(str(n) for n in range(1, width + 1)) if width else ""
 
 
 def compute_states(spark: Any, state: ViewState, tables: dict[str, str]) -> State:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aggspark.compute import quote, render
+from aggspark.compute import group_by_position, quote, render
 from aggspark.source import spark_type
 from aggview import errors
 from aggview.schema import ColumnType
@@ -82,7 +82,7 @@ def definition_sql(
     product = " * ".join(values) if values else "1"
     measure = f"SUM(CAST({product} AS {spark_type(accumulator_type(value_type))})) AS value"
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-    group = " GROUP BY " + ", ".join(f"k{i}" for i in range(len(keys))) if definition.keys else ""
+    group = group_by_position(len(keys))  # a name k0 could be a joined table's column
     return f"SELECT {', '.join([*keys, measure])} FROM {', '.join(items)}{where}{group}"
 
 

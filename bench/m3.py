@@ -204,8 +204,11 @@ class _Tables:
             self.rows[table][key] = new
 
     async def rows_where(
-        self, table: str, column: str, values: list[Any]
+        self, table: str, column: str | None, values: list[Any]
     ) -> dict[Any, list[tuple[bytes, dict[str, Any]]]]:
+        if column is None:  # a scan step
+            self.read += len(self.rows[table])
+            return {None: list(self.rows[table].items())}
         index = self.index[(table, column)]
         found = {v: list(index.get(v, {}).items()) for v in values}
         self.read += sum(len(rows) for rows in found.values())

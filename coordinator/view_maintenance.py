@@ -130,13 +130,17 @@ class ViewMaintenance(ViewsShared):
 
     def _rows_where(self, ts: int):  # type: ignore[no-untyped-def]
         """Reads of transaction ``ts`` itself: rows of a table whose column equals one of
-        some values, in as few calls as the access path allows."""
+        some values (or every row: column None), in as few calls as the access path allows."""
         manager = self.manager
 
         async def rows_where(
-            table: str, column: str, values: list[Any]
+            table: str, column: str | None, values: list[Any]
         ) -> dict[Any, list[tuple[bytes, Row]]]:
             schema = self.catalog.table(table)
+            if column is None:  # a scan step (theta join, cross product): the whole table,
+                # marked read, so no older writer can add or change a row of it afterwards
+                rows = await manager.read_range_at(schema.table_id, b"", b"", ts, own=True)
+                return {None: [(k, decode_row(v) or {}) for k, v in rows]}
             column_type = schema.column(column).type
             prefixes = {encode_key([column_type], [v]): v for v in values}
             if column == schema.primary_key[0] and len(schema.primary_key) == 1:

@@ -87,9 +87,6 @@ class ViewState:
 
         return value
 
-    def passes(self, lookup: Lookup) -> bool:
-        return all(check(lookup) for check in self.filters)
-
     def group_key(self, lookup: Lookup) -> bytes:
         return self.encode_group([group(lookup) for group in self.groups])
 

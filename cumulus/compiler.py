@@ -5,7 +5,8 @@ the DDL around the SELECT is parsed by ``cumulus.ddl``.
 ``check_support.parse_select`` -> ``check_support.check_supported`` ->
 ``resolve_tables.resolve_tables`` -> ``expand_stars.expand_stars`` (``*`` and ``alias.*``) ->
 ``plan_joins.plan_where`` (resolve and type every column, split the conjunction into join edges
-and filters) -> ``plan_joins.check_connected`` -> ``plan_groups.view_shape`` (aggregate, bag or
+and filters; a filter over several tables is a theta join predicate, and tables no equality
+connects are a cross product) -> ``plan_groups.view_shape`` (aggregate, bag or
 distinct) -> ``plan_groups.plan_group_by`` (a bag or SELECT DISTINCT:
 ``plan_groups.projected_groups``, every item) -> ``plan_select.plan_select`` (aggregates and
 output names) -> ``plan_having.plan_derived`` and ``plan_having.plan_having`` (hidden
@@ -33,7 +34,7 @@ from cumulus.passes.check_support import check_supported, parse_select
 from cumulus.passes.expand_stars import expand_stars
 from cumulus.passes.plan_groups import plan_group_by, projected_groups, view_shape
 from cumulus.passes.plan_having import plan_derived, plan_having
-from cumulus.passes.plan_joins import check_connected, plan_where
+from cumulus.passes.plan_joins import plan_where
 from cumulus.passes.plan_select import plan_select
 from cumulus.passes.resolve_tables import resolve_tables
 from cumulus.plan import ViewPlan
@@ -47,7 +48,6 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
     tables, scope, ons = resolve_tables(select, table)
     select = expand_stars(select, tables, scope)
     edges, filters = plan_where(select, scope, ons)
-    check_connected(tables, edges)
     shape = view_shape(select)
     if shape == "aggregate" or select.args.get("group") is not None:
         groups = plan_group_by(select, scope)

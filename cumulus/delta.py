@@ -21,59 +21,75 @@ from typing import Any
 from aggview.merge import combine
 from aggview.schema import Column, to_storage
 from cumulus.aggstate import Row, ViewState
-from cumulus.plan import ViewPlan
+from cumulus.plan import ViewPlan, expr_columns
 
 # table name -> encoded primary key -> (row before, row after), storage form; None = absent
 Changes = dict[str, dict[bytes, tuple[Row | None, Row | None]]]
 # (table name, column, storage values) -> {value: [(key, row)]} of the snapshot; one call per
-# join step, so the lookups of a whole batch of changes travel together
-RowsWhere = Callable[[str, str, list[Any]], Awaitable[dict[Any, list[tuple[bytes, Row]]]]]
+# join step, so the lookups of a whole batch of changes travel together. A column of None asks
+# for every row of the table (a scan step), answered as {None: [(key, row), ...]}.
+RowsWhere = Callable[[str, str | None, list[Any]], Awaitable[dict[Any, list[tuple[bytes, Row]]]]]
+# an alias a join binds and its equalities with aliases bound before it, as (its column, bound
+# alias, bound column); no equality: a scan step, every row of its table
+Step = tuple[str, list[tuple[str, str, str]]]
+Binding = tuple[int, dict[str, Row]]  # (sign, alias -> row) of one partial joined tuple
 
 
-async def no_rows(table: str, column: str, values: list[Any]) -> dict[Any, list[tuple[bytes, Row]]]:
+async def no_rows(
+    table: str, column: str | None, values: list[Any]
+) -> dict[Any, list[tuple[bytes, Row]]]:
     return {}
 
 
-def join_order(plan: ViewPlan, start: int) -> list[tuple[str, list[tuple[str, str, str]]]]:
-    """Aliases in the order a join starting at ``start`` binds them, each with the edges to
-    aliases bound before it as (its column, bound alias, bound column)."""
+def join_order(plan: ViewPlan, start: int) -> list[Step]:
+    """Aliases in the order a join starting at ``start`` binds them. An alias an equality
+    reaches is looked up by index; only when none is left does a scan step bind one (a theta
+    join or a cross product), preferring one a filter links to the aliases bound so far, so
+    that scans come after lookups and their filter applies at once."""
     bound = [plan.tables[start].alias]
-    order: list[tuple[str, list[tuple[str, str, str]]]] = []
+    order: list[Step] = []
     remaining = [t.alias for i, t in enumerate(plan.tables) if i != start]
+    linked = [{alias for alias, _ in expr_columns(f)} for f in plan.filters]
     while remaining:
-        for alias in remaining:
-            edges = []
-            for edge in plan.edges:
-                if edge.left.alias == alias and edge.right.alias in bound:
-                    edges.append((edge.left.column, edge.right.alias, edge.right.column))
-                elif edge.right.alias == alias and edge.left.alias in bound:
-                    edges.append((edge.right.column, edge.left.alias, edge.left.column))
-            if edges:
-                order.append((alias, edges))
-                bound.append(alias)
-                remaining.remove(alias)
-                break
-        else:
-            raise ValueError(f"view {plan.name}: tables {remaining} are not joined")
+        steps = [(alias, _edges_to(plan, alias, bound)) for alias in remaining]
+        step = next((s for s in steps if s[1]), None)
+        if step is None:
+            theta = [a for a in remaining if any(a in ls and ls & set(bound) for ls in linked)]
+            step = ((theta or remaining)[0], [])
+        order.append(step)
+        bound.append(step[0])
+        remaining.remove(step[0])
     return order
 
 
+def _edges_to(plan: ViewPlan, alias: str, bound: list[str]) -> list[tuple[str, str, str]]:
+    edges = []
+    for edge in plan.edges:
+        if edge.left.alias == alias and edge.right.alias in bound:
+            edges.append((edge.left.column, edge.right.alias, edge.right.column))
+        elif edge.right.alias == alias and edge.left.alias in bound:
+            edges.append((edge.right.column, edge.left.alias, edge.left.column))
+    return edges
+
+
 class _Side:
-    """Rows of one table matching column = value, before or after the changes."""
+    """Rows of one table matching column = value (or all of them), before or after the
+    changes."""
 
     def __init__(self, changes: Changes, rows_where: RowsWhere) -> None:
         self.changes = changes
         self.rows_where = rows_where
-        self._snapshot: dict[tuple[str, str, Any], list[Row]] = {}
+        self._snapshot: dict[tuple[str, str | None, Any], list[Row]] = {}
         self._changed: dict[tuple[str, str, bool], dict[Any, list[Row]]] = {}
 
-    async def fetch(self, table: str, column: str, values: set[Any]) -> None:
-        """Reads the snapshot rows for every value not read yet, in one call."""
+    async def fetch(self, table: str, column: str | None, values: set[Any]) -> None:
+        """Reads the snapshot rows for every value not read yet, in one call (column None:
+        the whole table, once)."""
         missing = [v for v in values if (table, column, v) not in self._snapshot]
         if not missing:
             return
         changed = self.changes.get(table, {})
-        found = await self.rows_where(table, column, missing)
+        found = await self.rows_where(table, column, [] if column is None else missing)
         for value in missing:
             rows = found.get(value, [])
             self._snapshot[(table, column, value)] = [r for k, r in rows if k not in changed]
@@ -81,6 +97,12 @@ class _Side:
     def rows(self, table: str, column: str, value: Any, new: bool) -> list[Row]:
         snapshot = self._snapshot[(table, column, value)]
         return snapshot + self._changed_rows(table, column, new).get(value, [])
+
+    def every_row(self, table: str, new: bool) -> list[Row]:
+        """The whole table (after ``fetch(table, None, {None})``), this side of the changes."""
+        changed = self.changes.get(table, {}).values()
+        side = [after if new else before for before, after in changed]
+        return self._snapshot[(table, None, None)] + [r for r in side if r is not None]
 
     def _changed_rows(self, table: str, column: str, new: bool) -> dict[Any, list[Row]]:
         index = self._changed.get((table, column, new))
@@ -96,7 +118,8 @@ class _Side:
 
 async def view_delta(view: ViewState, changes: Changes, rows_where: RowsWhere) -> dict[bytes, Row]:
     """The merge delta of every group the changes touch (groups whose delta is zero included:
-    merging them is harmless)."""
+    merging them is harmless). Each filter applies as soon as the aliases it reads are bound,
+    so a theta join's predicate prunes the rows its scan step brings."""
     plan = view.plan
     aliases = [t.alias for t in plan.tables]
     side = _Side(changes, rows_where)
@@ -105,40 +128,91 @@ async def view_delta(view: ViewState, changes: Changes, rows_where: RowsWhere) -
         table_changes = changes.get(table_ref.table)
         if not table_changes:
             continue
-        partial: list[tuple[int, dict[str, Row]]] = []
+        partial: list[Binding] = []
         for old, new in table_changes.values():
             if new is not None:
                 partial.append((1, {table_ref.alias: new}))
             if old is not None:
                 partial.append((-1, {table_ref.alias: old}))
+        pending, bound = _Filters(view), {table_ref.alias}
+        partial = pending.apply(partial, bound)
         for alias, edges in join_order(plan, i):
             j = aliases.index(alias)
-            table = plan.tables[j].table
-            column, bound_alias, bound_column = edges[0]
-            target = Column(column, view.column_type(alias, column))
-            wanted: list[tuple[int, dict[str, Row], Any]] = []
-            for sign, binding in partial:
-                value = view.lookup(binding)(bound_alias, bound_column)
-                if value is None:
-                    continue
-                try:
-                    wanted.append((sign, binding, to_storage(target, value, table=table)))
-                except Exception:
-                    continue  # e.g. 2.5 never equals an INT column
-            await side.fetch(table, column, {stored for _, _, stored in wanted})
-            extended: list[tuple[int, dict[str, Row]]] = []
-            for sign, binding, stored in wanted:
-                for row in side.rows(table, column, stored, new=j < i):
-                    candidate = {**binding, alias: row}
-                    if all(_equal(view, candidate, alias, c, a, b) for c, a, b in edges[1:]):
-                        extended.append((sign, candidate))
-            partial = extended
+            if edges:
+                partial = await _lookup_step(view, side, partial, alias, edges, new=j < i)
+            else:
+                partial = await _scan_step(plan, side, partial, alias, new=j < i)
+            bound.add(alias)
+            partial = pending.apply(partial, bound)
         for sign, binding in partial:
             lookup = view.lookup(binding)
-            if view.passes(lookup):
-                key = view.group_key(lookup)
-                out[key] = combine(out.get(key, {}), view.tuple_delta(lookup, sign))
+            key = view.group_key(lookup)
+            out[key] = combine(out.get(key, {}), view.tuple_delta(lookup, sign))
     return out
+
+
+class _Filters:
+    """The view's filters not applied yet to one join's partial tuples."""
+
+    def __init__(self, view: ViewState) -> None:
+        self.view = view
+        self.left = [
+            (check, {alias for alias, _ in expr_columns(tree)})
+            for check, tree in zip(view.filters, view.plan.filters, strict=True)
+        ]
+
+    def apply(self, partial: list[Binding], bound: set[str]) -> list[Binding]:
+        """Keeps the tuples every filter over bound aliases only passes (TRUE, not NULL)."""
+        ready = [check for check, needs in self.left if needs <= bound]
+        if not ready or not partial:
+            return partial
+        self.left = [(check, needs) for check, needs in self.left if not needs <= bound]
+        lookup = self.view.lookup
+        return [(s, b) for s, b in partial if all(check(lookup(b)) for check in ready)]
+
+
+async def _lookup_step(
+    view: ViewState,
+    side: _Side,
+    partial: list[Binding],
+    alias: str,
+    edges: list[tuple[str, str, str]],
+    new: bool,
+) -> list[Binding]:
+    """Extends each partial tuple by the rows of ``alias`` its equalities find (by index)."""
+    table = view.plan.table_of(alias)
+    column, bound_alias, bound_column = edges[0]
+    target = Column(column, view.column_type(alias, column))
+    wanted: list[tuple[int, dict[str, Row], Any]] = []
+    for sign, binding in partial:
+        value = view.lookup(binding)(bound_alias, bound_column)
+        if value is None:
+            continue
+        try:
+            wanted.append((sign, binding, to_storage(target, value, table=table)))
+        except Exception:
+            continue  # e.g. 2.5 never equals an INT column
+    await side.fetch(table, column, {stored for _, _, stored in wanted})
+    extended: list[Binding] = []
+    for sign, binding, stored in wanted:
+        for row in side.rows(table, column, stored, new=new):
+            candidate = {**binding, alias: row}
+            if all(_equal(view, candidate, alias, c, a, b) for c, a, b in edges[1:]):
+                extended.append((sign, candidate))
+    return extended
+
+
+async def _scan_step(
+    plan: ViewPlan, side: _Side, partial: list[Binding], alias: str, new: bool
+) -> list[Binding]:
+    """Extends each partial tuple by every row of ``alias``'s table (read once per delta, at
+    the snapshot): a cross product, which the filters then prune."""
+    if not partial:
+        return partial
+    table = plan.table_of(alias)
+    await side.fetch(table, None, {None})
+    rows = side.every_row(table, new=new)
+    return [(sign, {**binding, alias: row}) for sign, binding in partial for row in rows]
 
 
 def _equal(

@@ -612,17 +612,19 @@ def test_unknown_table_from_a_dict_lookup() -> None:
         )
 
 
-def test_plan_where_and_check_connected_alone() -> None:
+def test_plan_where_alone() -> None:
+    """Equalities of two tables' columns are edges; any other condition, in ON or WHERE and
+    over one table or several (a theta join), is a filter; shops, linked by nothing, is a cross
+    product."""
     select = check_support.parse_select(
-        "SELECT count(*) FROM events e, products p, shops s "
-        "WHERE e.prod_id = p.prod_id AND e.cost > p.price"
+        "SELECT count(*) FROM events e JOIN products p ON e.prod_id + 1 = p.prod_id "
+        "AND e.shop_id < p.prod_id, shops s WHERE e.prod_id = p.prod_id AND e.cost > p.price"
     )
     refs, scope, ons = resolve_tables.resolve_tables(select, table)
     edges, filters = plan_joins.plan_where(select, scope, ons)
-    assert len(edges) == 1 and len(filters) == 1
-    with pytest.raises(errors.InvalidArgument, match=r"tables e, p \| s"):
-        plan_joins.check_connected(refs, edges)
-    plan_joins.check_connected(refs[:2], edges)
+    assert [(str(e.left), str(e.right)) for e in edges] == [("e.prod_id", "p.prod_id")]
+    assert [next(iter(f)) for f in filters] == ["cmp", "cmp", "cmp"]
+    assert [f["cmp"] for f in filters] == ["=", "<", ">"]
 
 
 def test_arithmetic_and_aggregate_type_rules_alone() -> None:

@@ -23,10 +23,9 @@ from profiles import examples
 from test_views_differential import (
     Model,
     assert_same,
-    random_row,
+    create_tables,
     recompute,
     run_round,
-    table_ddl,
     view_select,
     view_specs,
 )
@@ -41,17 +40,6 @@ from cumulus.m3.compiler import compile_program
 from cumulus.plan import ViewPlan
 
 _runs = itertools.count()
-
-
-def create_tables(client: Client, names: list[str], model: Model, rng: random.Random) -> None:
-    for name in names:
-        client.sql(table_ddl(name))
-    with client.transaction() as tx:  # rows before the view: the runtime loads a snapshot
-        for name in names:
-            for _ in range(rng.randint(0, 6)):
-                row_id = next(model.next_id)
-                tx.insert(name, random_row(rng, row_id))
-                model.ids[name].add(row_id)
 
 
 @settings(

@@ -23,6 +23,7 @@ from cumulus.m3.canonical import canonical
 from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.parser import parse_program
+from cumulus.m3.printer import print_program
 from cumulus.m3.program import AggSum, MapRef, Program, Rel
 
 TABLES = [
@@ -169,7 +170,10 @@ def test_min_max_distinct_avg_and_having_read_like_the_view_path() -> None:
             "LEFT OUTER JOIN",
         ),
         ("SELECT COUNT(*) FROM t WHERE x IN (SELECT x FROM t)", "subquery"),
-        ("SELECT COUNT(*) FROM orders o, customer c", "cross product"),
+        (
+            "SELECT COUNT(*) FROM orders o FULL JOIN customer c ON o.custkey < c.custkey",
+            "FULL OUTER JOIN",
+        ),
         ("SELECT g FROM t GROUP BY g HAVING g > 'a'", "HAVING without an aggregate"),
     ],
 )
@@ -192,3 +196,29 @@ def test_the_m3_command_prints_the_program(tmp_path: Path, capsys: Any) -> None:
         main(["m3", "--schema", str(schema), "SELECT COUNT(*) FROM a"])
     assert exited.value.code == 2
     assert "the schema holds CREATE TABLE statements only" in capsys.readouterr().err
+
+
+def test_a_theta_join_is_a_guard_and_a_cross_product_a_product_of_maps() -> None:
+    """The band join's delta loops over the other table's rows counted by the one column the
+    guard reads (seed 003's m_o with a mixed condition); a cross product's delta multiplies
+    the group's map by a map with no key (the other table's count or sum)."""
+    band = compiled(
+        "SELECT c.name, COUNT(*) AS n FROM customer c JOIN orders o "
+        "ON o.custkey BETWEEN c.custkey - 2 AND c.custkey + 2 GROUP BY c.name"
+    )
+    assert [m.name for m in band.maps] == ["q_rows", "q_rows_customer", "q_rows_orders"]
+    assert len(list(band.statements())) == 8
+    text = print_program(band)
+    assert (
+        "q_rows(int)[][name] += q_rows_customer(int)[][custkey_o] * "
+        "{custkey_o BETWEEN custkey - 2 AND custkey + 2};"
+    ) in text
+    assert "DECLARE MAP q_rows_customer(int)[][custkey_o:int] :=" in text
+    cross = compiled(
+        "SELECT c.name, SUM(o.sprior) AS s FROM customer c CROSS JOIN orders o GROUP BY c.name"
+    )
+    text = print_program(cross)
+    assert "DECLARE MAP q_rows_customer(int)[][] :=" in text
+    assert "q_s(int)[][name] += q_s_customer(int)[][];" in text
+    assert relation_reads(band) == relation_reads(cross) == 0  # no statement scans a relation
+    assert parse_program(text) == cross

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from profiles import examples
-from test_cumulus_views import create_tables
 from test_views_differential import (
     Model,
     assert_same,
+    create_tables,
     recompute,
     run_round,
     view_select,

@@ -93,12 +93,12 @@ def _check_join(join: exp.Join) -> None:
     side, kind = join.side.upper(), join.kind.upper()
     if side:
         raise refuse(f"{side} OUTER JOIN (only inner joins)")
-    if kind == "CROSS":
-        raise refuse("CROSS JOIN (a cross product)")
-    if kind not in ("", "INNER"):
+    if kind not in ("", "INNER", "CROSS"):
         raise refuse(f"{kind} JOIN")
     if join.method and join.method.upper() != "NATURAL":
         raise refuse(f"{join.method.upper()} JOIN")
+    if kind == "CROSS" and (join.method or join.args.get("using") or join.args.get("on")):
+        raise errors.InvalidArgument(f"CROSS JOIN takes no ON or USING: {join.sql()}")
     if join.method and (join.args.get("using") or join.args.get("on")):
         raise errors.InvalidArgument(f"NATURAL JOIN takes no ON or USING: {join.sql()}")
     if join.args.get("using") and join.args.get("on"):

@@ -112,7 +112,7 @@ def _using_condition(
     """``JOIN t USING (x, ...)`` or ``NATURAL JOIN t`` as the ON condition it stands for: each
     column equal to the same column of the tables before (the first that has it; a column
     merged before is one already). None for a NATURAL JOIN with no column in common, which SQL
-    makes a cross product (refused later, naming the tables)."""
+    makes a cross product."""
     if join.method:
         earlier = before.values()
         names = [c.name for c in schema.columns if any(t.has_column(c.name) for t in earlier)]
