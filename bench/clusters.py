@@ -178,7 +178,9 @@ def hbase_store(url: str | None) -> str:
 
 def old_code(args: argparse.Namespace) -> Path:
     """The checkout --setup old runs (a ``git worktree`` of an older commit)."""
-    if not args.old or not (Path(args.old) / "aggview" / "cli.py").exists():
+    if not args.old or not any(
+        (Path(args.old) / cli).exists() for cli in ("aggcli/cli.py", "aggview/cli.py")
+    ):
         raise SystemExit("--setup old needs --old DIR, a checkout of aggview (git worktree add)")
     return Path(args.old).resolve()
 

@@ -75,6 +75,37 @@ LONGEST_FIRST = (  # by wall time on a quiet CI run (AGGVIEW_TEST_CPU's third co
 )
 
 
+# The files that start a Spark session (the ``spark`` fixture, one JVM per worker that runs
+# any of them), in two groups of about equal wall time: each group goes to one worker as one
+# unit, so two JVMs start instead of one per worker (a start costs about 12 CPU-s, and four
+# starting together at the run's beginning starved everything else).
+SPARK_GROUPS = {
+    "test_real_hbase.py": "spark-a",
+    "test_spark_views.py": "spark-a",
+    "test_m3_spark.py": "spark-a",
+    "test_spark_hbase.py": "spark-a",
+    "test_tpcw.py": "spark-b",
+    "test_spark.py": "spark-b",
+    "test_cumulus_spark.py": "spark-b",
+    "test_dashboard_bench.py": "spark-b",
+}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the Spark files in their ``SPARK_GROUPS`` (each group one unit,
+    its files in collection order); any other distribution is xdist's own."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SparkGroupedScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SPARK_GROUPS.get(Path(path).name, path)
+
+    return SparkGroupedScheduling(config, log)
+
+
 # ``AGGVIEW_TEST_CPU=FILE``: each test file's CPU seconds (the worker, its live descendants
 # and the children it reaped: clusters, Spark's JVM, HBase) appended to FILE, to see where the
 # suite's time goes (its floor on two cores is its CPU over two); then its wall seconds, the
