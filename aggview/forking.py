@@ -26,7 +26,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import setproctitle
@@ -43,14 +45,26 @@ class ForkedProcess:
 
     @property
     def returncode(self) -> int | None:
-        return self._server.ended.get(self.pid)
+        """Its exit status as the fork server reported it; once the fork server is gone (its
+        servers got SIGTERM: ``die_with_parent``), ``-SIGTERM`` as soon as it no longer runs,
+        since nobody is left to say how it ended."""
+        code = self._server.ended.get(self.pid)
+        if code is None and self._server.gone and not _running(self.pid):
+            code = self._server.ended.setdefault(self.pid, -signal.SIGTERM)
+        return code
 
     def poll(self) -> int | None:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        """As ``Popen.wait``; also returns (does not hang) when the fork server died."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._server.changed:
-            self._server.changed.wait_for(lambda: self.pid in self._server.ended, timeout)
+            self._server.changed.wait_for(
+                lambda: self.pid in self._server.ended or self._server.gone, timeout
+            )
+        while self.returncode is None and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.02)  # the fork server is gone: its servers end by their SIGTERM
         code = self.returncode
         if code is None:
             raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
@@ -68,6 +82,14 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its new parent to reap it does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 class ForkServer:
     """The starting side: launches servers through the fork server process."""
 
@@ -75,6 +97,7 @@ class ForkServer:
         self.environment = env  # what the fork server imported its modules under
         self.per_launch = per_launch  # variables a launch may set: read only after the fork
         self.ended: dict[int, int] = {}
+        self.gone = False  # its output ended: it died (or is dying)
         self.changed = threading.Condition()
         self._answers: list[int] = []
         self._lock = threading.Lock()  # one launch at a time: answers come in launch order
@@ -122,6 +145,7 @@ class ForkServer:
                     self.ended[message["ended"]] = message["code"]
                 self.changed.notify_all()
         with self.changed:  # it died: its servers got SIGTERM (die_with_parent)
+            self.gone = True
             self.changed.notify_all()
 
 

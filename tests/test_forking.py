@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -69,6 +70,25 @@ def test_a_forked_server_runs_its_launch_and_its_exit_status_is_reported(
     sleeper.kill()
     assert sleeper.wait(10) == -signal.SIGKILL
     sleeper.kill()  # ended: nothing is signalled (its pid may belong to another process now)
+
+
+def test_waiting_for_a_server_whose_fork_server_died_returns(
+    program: dict[str, str], tmp_path: Path
+) -> None:
+    """Only the fork server can say how its servers ended: once it is gone (its servers get
+    SIGTERM), a wait without a timeout returns when the server no longer runs, not never."""
+    env = {**program, PARENT_ENV: str(os.getpid())}
+    server = ForkServer(["forked_program"], env, set())
+    sleeper = server.launch("forked_program", ["sleep", "0"], env, str(tmp_path / "s.log"))
+    titled(sleeper.pid, "sleep 0")
+    server._process.kill()
+    ended: list[int] = []
+    waiter = threading.Thread(target=lambda: ended.append(sleeper.wait()), daemon=True)
+    waiter.start()
+    waiter.join(15)
+    assert ended == [-signal.SIGTERM]
+    assert sleeper.poll() == -signal.SIGTERM
+    server._process.wait()
 
 
 def test_only_a_launch_in_the_fork_servers_environment_may_be_forked(
