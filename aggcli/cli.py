@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +26,7 @@ from aggcli.server_commands import (
     run_ltm,
     run_start,
 )
-from aggview import errors
+from aggview import errors, logformat
 from aggview.processes import die_with_parent
 
 DESCRIPTION = (
@@ -83,6 +82,13 @@ def _run_cumulus_replay(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="aggview", description=DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument(
+        "--log-format",
+        choices=logformat.FORMATS,
+        default=logformat.default_format(),
+        help="how servers log: text, or one JSON object per line for a log collector "
+        "(default: $AGGVIEW_LOG_FORMAT, else text)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_server_commands(sub)
     _add_client_commands(sub)
@@ -286,10 +292,7 @@ def _add_cumulus_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 def main(argv: list[str] | None = None) -> None:
     die_with_parent()  # a server a test or ``aggview start`` started
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    logformat.configure(args.verbose, args.log_format)
     try:
         args.run(args)
     except errors.AggviewError as exc:

@@ -129,6 +129,8 @@ def run_start(args: argparse.Namespace) -> None:
         replicate=args.replicate,
         processes=args.processes,
         metrics_port=args.metrics_port,
+        verbose=args.verbose,
+        log_format=args.log_format,
     )
     try:
         cluster.start()

@@ -72,6 +72,7 @@ class LocalCluster:
     checkpoint_interval: float = 2.0
     cache_rows: int = 1_000_000
     verbose: bool = False
+    log_format: str = "text"  # or "json": every server's log lines (aggview.logformat)
     # Security: plaintext and no authentication unless tls_dir is given or secure is set (then
     # a development CA and tokens are made in data/tls on first start); see aggview.security.
     tls_dir: Path | None = None
@@ -243,9 +244,15 @@ class LocalCluster:
             ],
             self.data / "logs" / f"ltm-{i}.log",
             port=ports[i],
-            flags=["-v"] if self.verbose else [],
+            flags=self._log_flags(),
             code=self.code,
         )
+
+    def _log_flags(self) -> list[str]:
+        """The command-line flags every server gets for its logging (none by default: an older
+        checkout, which a benchmark may run, knows no --log-format)."""
+        flags = ["-v"] if self.verbose else []
+        return flags + (["--log-format", "json"] if self.log_format == "json" else [])
 
     def _coordinator_server(self, extra: list[str], port: int) -> Server:
         """The coordinator over the LTMs started so far, or with one process, the one member
@@ -277,7 +284,7 @@ class LocalCluster:
             ],
             self.data / "logs" / "coordinator.log",
             port=port,
-            flags=["-v"] if self.verbose else [],
+            flags=self._log_flags(),
             code=self.code,
         )
 
@@ -326,7 +333,7 @@ class LocalCluster:
                     ],
                     self.data / "logs" / f"member-{m}.log",
                     port=ports[m],
-                    flags=["-v"] if self.verbose else [],
+                    flags=self._log_flags(),
                     code=self.code,
                 )
             )

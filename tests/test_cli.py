@@ -298,3 +298,49 @@ def test_every_option_shows_its_default_and_help_reads_without_the_source() -> N
             assert not re.search(banned, text), f"{name}: {banned} in {text}"
     load = dict(parsers)["aggview load"].format_help()
     assert "coordinator" not in load and "HOST:PORT" in load
+
+
+def test_servers_log_one_json_object_per_line_when_asked(tmp_path: Path) -> None:
+    """``--log-format json`` (here through ``aggview start``'s launcher): every log line of a
+    member is a JSON object with its time, level, logger and message; only the readiness line
+    that launchers wait for stays plain."""
+    with LocalCluster(tmp_path / "data", ltms=2, verbose=True, log_format="json") as cluster:
+        with Client(cluster.address) as client:
+            client.sql("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+            client.sql("INSERT INTO t VALUES (1, 2)")
+    logs = sorted((tmp_path / "data" / "logs").glob("*.log"))
+    assert logs
+    for log in logs:
+        lines = [line for line in log.read_text().splitlines() if line]
+        records = [json.loads(line) for line in lines if "listening on" not in line]
+        assert records, log
+        for record in records:
+            assert {"time", "level", "logger", "pid", "message"} <= record.keys(), record
+            assert record["time"].endswith("Z")
+
+
+def test_a_json_log_line_carries_the_traceback() -> None:
+    import logging
+
+    from aggview.logformat import JsonFormatter
+
+    try:
+        raise ValueError("bad value")
+    except ValueError:
+        record = logging.getLogger("x").makeRecord(
+            "x", logging.ERROR, __file__, 1, "failed %s", ("here",), sys.exc_info()
+        )
+    line = json.loads(JsonFormatter().format(record))
+    assert line["message"] == "failed here" and line["level"] == "ERROR"
+    assert "ValueError: bad value" in line["exception"]
+
+
+def test_an_unknown_log_format_is_refused() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "aggcli.cli", "--log-format", "xml", "status", "x:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "invalid choice: 'xml'" in result.stderr
