@@ -87,7 +87,7 @@ SPARK_GROUPS = {
     "test_tpcw.py": "spark-b",
     "test_spark.py": "spark-b",
     "test_cumulus_spark.py": "spark-b",
-    "test_dashboard_bench.py": "spark-b",
+    "test_demo.py": "spark-b",
 }
 
 
