@@ -18,6 +18,7 @@ test run, cannot allow.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import json
 import os
@@ -80,6 +81,15 @@ class ForkedProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def end_when_parent_ends(parent: int) -> None:
+    """SIGTERM to this process when its parent dies, even by kill -9 (``PR_SET_PDEATHSIG``);
+    at once if ``parent`` is already gone (it died before the request took effect)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _running(pid: int) -> bool:
@@ -163,6 +173,7 @@ def serve() -> None:
     selector.register(0, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
     pending = b""
+    me = os.getpid()
     while True:
         for key, _ in selector.select():
             if key.fileobj == wake_r:
@@ -178,6 +189,7 @@ def serve() -> None:
                 line, pending = pending.split(b"\n", 1)
                 pid = os.fork()
                 if pid == 0:
+                    end_when_parent_ends(me)  # before anything: the fork server may die now
                     selector.close()
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
