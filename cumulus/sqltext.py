@@ -186,3 +186,19 @@ def column_value(node: exp.Expression, column_type: ColumnType) -> Any:
     if kind == "DATE" and type_.kind == "TEXT":
         return literal_value(date_literal(value, node))
     return value
+
+
+def divided_as_views_divide(select: str) -> str:
+    """``select`` in duckdb's dialect with ``/`` as a view computes it: FLOAT division, NULL by
+    a zero divisor (duckdb gives inf for ``1 / 0``, which a view never does). For a
+    recomputation by duckdb that must mean what the view means."""
+
+    def divide(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.Div):
+            return node
+        right = exp.Nullif(
+            this=exp.cast(node.expression, "DOUBLE"), expression=exp.Literal.number(0)
+        )
+        return exp.Div(this=exp.cast(node.this, "DOUBLE"), expression=right)
+
+    return sqlglot.parse_one(select).transform(divide).sql(dialect="duckdb")

@@ -196,3 +196,24 @@ def test_the_check_holds_64_bit_ints(tmp_path: Path) -> None:
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert "DIFFERS: s: duckdb cannot recompute it: Out of Range Error" in done.stdout
     assert json.loads((tmp_path / "o" / "stats.json").read_text())["differences"]
+
+
+def test_the_check_divides_as_views_divide(tmp_path: Path) -> None:
+    """A view's ``/`` is NULL by a zero divisor, where duckdb gives inf: the check asks duckdb
+    for the view's meaning (a CI run's random view ``SUM(v) / SUM(k)`` was reported wrong)."""
+    (tmp_path / "schema.sql").write_text(
+        "CREATE TABLE t (id INT PRIMARY KEY, g INT, a INT, b INT);"
+    )
+    stream = tmp_path / "updates.csv"
+    stream.write_text("+,t,1,1,5,0\n+,t,2,2,-3,0\n+,t,3,2,4,2\n+,t,4,3,0,0\n")
+    result = replay(
+        ReplayConfig(
+            (tmp_path / "schema.sql").read_text(),
+            [("q", "SELECT g, SUM(a) / SUM(b) AS r FROM t GROUP BY g")],
+            stream,
+            tmp_path / "out",
+            check=True,
+        ),
+        table_from_create,
+    )
+    assert result.differences == []

@@ -18,7 +18,6 @@ from typing import Any
 
 import duckdb
 import pytest
-import sqlglot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from profiles import examples
@@ -26,6 +25,7 @@ from profiles import examples
 from aggclient import Client
 from agglauncher.cluster import LocalCluster
 from aggview import errors
+from cumulus.sqltext import divided_as_views_divide
 
 _names = itertools.count()
 GROUPS = ["a", "b", "c", None]
@@ -183,20 +183,8 @@ def view_select(spec: dict[str, Any], names: list[str]) -> str:
 
 
 def reference(select: str) -> str:
-    """The view's SELECT as duckdb must run it to mean what the view means: ``/`` is FLOAT
-    division, NULL by zero (duckdb gives inf for 1/0.0, which the view never does)."""
-
-    def divide(node: sqlglot.exp.Expression) -> sqlglot.exp.Expression:
-        if not isinstance(node, sqlglot.exp.Div):
-            return node
-        left = sqlglot.exp.cast(node.this, "DOUBLE")
-        right = sqlglot.exp.Nullif(
-            this=sqlglot.exp.cast(node.expression, "DOUBLE"),
-            expression=sqlglot.exp.Literal.number(0),
-        )
-        return sqlglot.exp.Div(this=left, expression=right)
-
-    return sqlglot.parse_one(select).transform(divide).sql(dialect="duckdb")
+    """The view's SELECT as duckdb must run it to mean what the view means."""
+    return divided_as_views_divide(select)
 
 
 def recompute(client: Client, names: list[str], select: str) -> list[tuple[Any, ...]]:
