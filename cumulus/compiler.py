@@ -38,6 +38,11 @@ from cumulus.passes.plan_joins import plan_where
 from cumulus.passes.plan_select import plan_select
 from cumulus.passes.resolve_tables import resolve_tables
 from cumulus.plan import ViewPlan
+from cumulus.view_rows import is_view_rows
+
+CUMULUS_REFUSAL = (
+    "subqueries and views over views are maintained in refresh = 'sync' or 'async', not 'cumulus'"
+)
 
 
 def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> ViewPlan:
@@ -46,6 +51,8 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
     select = parse_select(create.select_sql)
     check_supported(select)
     tables, scope, ons = resolve_tables(select, table)
+    if create.mode == "cumulus" and any(map(is_view_rows, scope.tables.values())):
+        raise errors.InvalidArgument(CUMULUS_REFUSAL)
     select = expand_stars(select, tables, scope)
     edges, filters = plan_where(select, scope, ons)
     shape = view_shape(select)

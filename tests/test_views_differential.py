@@ -199,13 +199,19 @@ def reference(select: str) -> str:
     return sqlglot.parse_one(select).transform(divide).sql(dialect="duckdb")
 
 
-def recompute(client: Client, names: list[str], select: str) -> list[tuple[Any, ...]]:
+def recompute(
+    client: Client, names: list[str], select: str, views: tuple[tuple[str, str], ...] = ()
+) -> list[tuple[Any, ...]]:
+    """``select`` run by duckdb over the tables as ``client`` reads them, ``views`` (name,
+    SELECT) defined over them first (a view over views)."""
     con = duckdb.connect()
     for name in names:
         con.execute(table_ddl(name).replace("FLOAT", "DOUBLE"))  # duckdb's FLOAT is 32-bit
         rows = [(r["id"], r["k"], r["g"], r["v"], r["x"], r["f"]) for r in client.scan(name)]
         if rows:
             con.executemany(f"INSERT INTO {name} VALUES (?, ?, ?, ?, ?, ?)", rows)
+    for name, view_select in views:
+        con.execute(f"CREATE VIEW {name} AS {reference(view_select)}")
     return con.execute(reference(select)).fetchall()
 
 
