@@ -17,8 +17,9 @@ from aggview.schema import TableSchema
 from coordinator.view_model import View, ViewsShared
 from coordinator.view_stack import check_inner, dependents, read_by_view, relation
 from cumulus.aggstate import ViewState
-from cumulus.compiler import compile_view
+from cumulus.compiler import compile_views
 from cumulus.ddl import AlterView, CreateView, DropView, altered_plan, parse_view_statement
+from cumulus.passes.lift_subqueries import HIDDEN_PREFIX
 from cumulus.plan import ViewPlan
 
 log = logging.getLogger("coordinator.views")  # the view manager's log, as before the split
@@ -46,26 +47,46 @@ class ViewDdl(ViewsShared):
     async def _create(self, create: CreateView) -> str:
         if create.name in self.views and create.if_not_exists:
             return f"materialized view {create.name} already exists"
-        view, new_indexes = self._declare(create)
+        if create.name.startswith(HIDDEN_PREFIX):
+            raise errors.InvalidArgument(
+                f"view names starting with {HIDDEN_PREFIX} are the hidden views of subqueries"
+            )
+        # every plan first (a refusal creates nothing), then each view, hidden views first
+        plans = compile_views(create, self._relation_for(create.name))
+        made: list[View] = []
         try:
-            await self._initialize(view, fresh=True, new_indexes=new_indexes)
+            for plan in plans:
+                view, new_indexes = self._declare(create, plan)
+                made.append(view)
+                await self._initialize(view, fresh=True, new_indexes=new_indexes)
         except BaseException:
-            await self._forget(view)
+            for view in reversed(made):
+                await self._forget(view)
             raise
         return f"created materialized view {view.name} ({view.plan.mode})"
 
-    def _declare(self, create: CreateView) -> tuple[View, list[tuple[str, str]]]:
-        """Registers a new view, initializing: from here on every commit captures its changes."""
-        if create.name in self.views:
-            raise errors.AlreadyExists(f"materialized view {create.name} already exists")
-        if create.name in self.catalog.tables:
-            raise errors.AlreadyExists(f"{create.name} is already the name of a table")
+    def _declare(
+        self, create: CreateView, plan: ViewPlan | None = None
+    ) -> tuple[View, list[tuple[str, str]]]:
+        """Registers a new view (``plan``, compiled already: the view or a hidden view of its
+        subqueries), initializing: from here on every commit captures its changes."""
+        if plan is None:
+            plans = compile_views(create, self._relation_for(create.name))
+            if len(plans) > 1:
+                raise errors.InvalidArgument(
+                    f"materialized view {create.name} has subqueries: Spark initializes views "
+                    "over base tables only (CREATE it through the coordinator)"
+                )
+            plan = plans[0]
+        if plan.name in self.views:
+            raise errors.AlreadyExists(f"materialized view {plan.name} already exists")
+        if plan.name in self.catalog.tables:
+            raise errors.AlreadyExists(f"{plan.name} is already the name of a table")
         if len(self.views) >= self.manager.limits.max_views:
             raise errors.LimitExceeded(
                 f"{len(self.views)} materialized views exist; the limit is "
                 f"{self.manager.limits.max_views} (max_views)"
             )
-        plan = compile_view(create, self._relation_for(create.name))
         view = View(plan, self.catalog.next_number(), "initializing", partials=True)
         store = self.catalog.store
         for table_id in (view.view_id, view.meta_id, *self._changes_ids(view)):
@@ -126,6 +147,8 @@ class ViewDdl(ViewsShared):
                 f"{'it' if len(readers) == 1 else 'them'} first"
             )
         await self._forget(view)
+        for hidden in reversed(view.plan.hidden):  # its subqueries' views, and theirs
+            await self._drop(DropView(hidden, if_exists=True))
         return f"dropped materialized view {drop.name}"
 
     async def _forget(self, view: View) -> None:

@@ -15,14 +15,13 @@ import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_view_language import _theta_batch, theta_tables
+from test_view_language import _theta_batch, stored_changes, theta_tables
 
-from aggview.keycodec import encode_key
 from aggview.merge import combine
-from aggview.schema import ColumnType, TableSchema, from_storage, row_to_storage
+from aggview.schema import ColumnType, TableSchema, from_storage
 from cumulus.aggstate import Row, ViewState
 from cumulus.cascade import cascade
-from cumulus.compiler import compile_sql
+from cumulus.compiler import compile_sql, compile_sql_views
 from cumulus.delta import Changes
 from cumulus.plan import ViewPlan
 from cumulus.view_rows import row_schema, rows_id, view_rows, with_views
@@ -41,12 +40,13 @@ class Stack:
         self.states: dict[str, ViewState] = {}
         self.groups: dict[str, dict[bytes, Row]] = {}
         self.numbers: dict[str, int] = {}
-        for number, (name, select) in enumerate(views):
-            plan = compile_sql(f"CREATE MATERIALIZED VIEW {name} AS {select}", self.relation)
-            self.plans[name] = plan
-            self.states[name] = ViewState(plan, self.relation)
-            self.groups[name] = {}
-            self.numbers[name] = number
+        for name, select in views:  # each with its subqueries' hidden views before it
+            sql = f"CREATE MATERIALIZED VIEW {name} AS {select}"
+            for plan in compile_sql_views(sql, self.relation):
+                self.numbers[plan.name] = len(self.plans)
+                self.plans[plan.name] = plan
+                self.states[plan.name] = ViewState(plan, self.relation)
+                self.groups[plan.name] = {}
 
     def relation(self, name: str) -> TableSchema:
         if name in self.plans:
@@ -122,19 +122,14 @@ def check_against_duckdb(views: list[tuple[str, str]], seed: int, batches: int =
     live: dict[str, dict[int, Any]] = {name: {} for name in TABLES}
     for _ in range(batches):
         batch = _theta_batch(rng, live, ids)
-        changes: Changes = {}
-        for (name, row_id), (old, new) in batch.items():
-            schema = TABLES[name]
-            key = encode_key(schema.key_types, [row_id])
-            stored = [row_to_storage(schema, r) if r else None for r in (old, new)]
-            changes.setdefault(name, {})[key] = (stored[0], stored[1])
+        for (name, row_id), (_, new) in batch.items():
             con.execute(f"DELETE FROM {name} WHERE id = ?", [row_id])
             if new is None:
                 live[name].pop(row_id)
             else:
                 live[name][row_id] = new
                 con.execute(f"INSERT INTO {name} VALUES (?, ?, ?, ?, ?, ?)", list(new.values()))
-        stack.apply(changes)
+        stack.apply(stored_changes(TABLES, batch))
         for name, _ in views:
             want = sorted(shown_row(r) for r in con.execute(f"SELECT * FROM {name}").fetchall())
             assert stack.view(name) == want, name
@@ -202,4 +197,99 @@ def test_a_view_reads_a_views_columns_as_a_read_gives_them() -> None:
             "CREATE MATERIALIZED VIEW c WITH (refresh = 'cumulus') AS "
             "SELECT g, COUNT(*) FROM inner_v GROUP BY g",
             stack.relation,
+        )
+
+
+# === subqueries ==================================================================================
+
+SUBQUERIES = {
+    "derived table": "SELECT s.g, MAX(s.n) AS top, SUM(s.t) AS t, COUNT(*) AS c FROM "
+    "(SELECT g, k, COUNT(*) AS n, SUM(v) AS t FROM a GROUP BY g, k) s GROUP BY s.g",
+    "derived bag joined": "SELECT a.g, COUNT(*) AS n FROM a JOIN (SELECT k, x FROM b WHERE x > 0) "
+    "s ON a.k = s.k GROUP BY a.g",
+    "IN": "SELECT a.g, COUNT(*) AS n, SUM(a.v) AS s FROM a WHERE a.x IN "
+    "(SELECT b.k FROM b WHERE b.v > 0) GROUP BY a.g",
+    "IN correlated": "SELECT a.g, COUNT(*) AS n FROM a WHERE a.x IN "
+    "(SELECT b.x FROM b WHERE b.k = a.k) GROUP BY a.g",
+    "IN grouped": "SELECT a.k, a.g FROM a WHERE a.x IN (SELECT COUNT(*) FROM b GROUP BY b.k)",
+    "EXISTS": "SELECT a.g, COUNT(*) AS n FROM a WHERE EXISTS "
+    "(SELECT 1 FROM b WHERE b.k = a.k AND b.x > 1) GROUP BY a.g",
+    "EXISTS uncorrelated": "SELECT a.g, COUNT(*) AS n FROM a WHERE EXISTS "
+    "(SELECT * FROM b WHERE b.x = 3) GROUP BY a.g",
+    "scalar": "SELECT a.g, COUNT(*) AS n FROM a WHERE a.v > (SELECT AVG(b.v) FROM b) GROUP BY a.g",
+    "scalar COUNT": "SELECT a.k, a.x FROM a WHERE a.x < (SELECT COUNT(*) FROM b WHERE b.x > 1)",
+    "correlated scalar": "SELECT a.g, COUNT(*) AS n, SUM(a.v) AS s FROM a "
+    "WHERE a.v >= (SELECT MAX(b.v) FROM b WHERE b.k = a.k) GROUP BY a.g",
+    "nested": "SELECT a.g, COUNT(*) AS n FROM a WHERE a.k IN (SELECT b.k FROM b WHERE b.v < "
+    "(SELECT AVG(c.v) FROM a c WHERE c.k = b.k))  GROUP BY a.g",
+}
+
+
+@pytest.mark.parametrize("shape", SUBQUERIES)
+def test_subqueries_maintained_by_the_refresh_operator_equal_duckdb(shape: str) -> None:
+    check_against_duckdb([("q", SUBQUERIES[shape])], seed=len(shape), batches=40)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.sampled_from(sorted(SUBQUERIES)), seed=st.integers(0, 10**6))
+def test_subquery_cascades_equal_duckdb_after_every_batch(shape: str, seed: int) -> None:
+    check_against_duckdb([("q", SUBQUERIES[shape])], seed, batches=15)
+
+
+def _compiled(select: str) -> list[ViewPlan]:
+    return compile_sql_views(f"CREATE MATERIALIZED VIEW q AS {select}", TABLES.__getitem__)
+
+
+def _edges(plan: ViewPlan) -> list[str]:
+    return [f"{e.left} = {e.right}" for e in plan.edges]
+
+
+def test_each_subquery_becomes_a_hidden_view_the_query_joins() -> None:
+    derived, outer = _compiled(SUBQUERIES["derived table"])
+    assert (derived.name, derived.shape, derived.mode) == ("__sub_q_1", "aggregate", "sync")
+    assert outer.hidden == ("__sub_q_1",) and outer.sql == SUBQUERIES["derived table"]
+    assert [(t.alias, t.table) for t in outer.tables] == [("s", "__sub_q_1")]
+
+    semi, outer = _compiled(SUBQUERIES["IN correlated"])
+    assert semi.shape == "distinct"  # a semi-join: each outer row counts once
+    assert semi.output == ("v0", "c0")
+    assert _edges(outer) == ["a.x = __sub_q_1.v0", "a.k = __sub_q_1.c0"]
+
+    exists, outer = _compiled(SUBQUERIES["EXISTS"])
+    assert (exists.shape, exists.output, len(exists.filters)) == ("distinct", ("c0",), 1)
+    assert _edges(outer) == ["a.k = __sub_q_1.c0"]
+
+    counted, outer = _compiled(SUBQUERIES["EXISTS uncorrelated"])
+    assert [a.kind.value for a in counted.aggregates] == ["count_star"]
+    assert outer.edges == () and outer.filters == (
+        {"cmp": ">", "args": [{"col": ["__sub_q_1", "v0"]}, {"lit": 0, "type": "INT"}]},
+    )
+
+    one_row, outer = _compiled(SUBQUERIES["scalar"])
+    assert one_row.group_by == () and outer.edges == ()  # a cross join with its one row
+    assert outer.filters == (
+        {"cmp": ">", "args": [{"col": ["a", "v"]}, {"col": ["__sub_q_1", "v0"]}]},
+    )
+
+    grouped, outer = _compiled(SUBQUERIES["correlated scalar"])
+    assert [g.name for g in grouped.group_by] == ["c0"]
+    assert _edges(outer) == ["a.k = __sub_q_1.c0"]
+
+    inner, distinct, outer = _compiled(SUBQUERIES["IN grouped"])  # a DISTINCT over a GROUP BY
+    assert (inner.name, distinct.name, distinct.hidden) == (
+        "__sub_q_2",
+        "__sub_q_1",
+        ("__sub_q_2",),
+    )
+    assert [t.table for t in distinct.tables] == ["__sub_q_2"]
+
+    *hidden, outer = _compiled(SUBQUERIES["nested"])
+    assert [p.name for p in hidden] == ["__sub_q_2", "__sub_q_1"]
+
+
+def test_hidden_views_of_a_cumulus_view_are_refused_by_name() -> None:
+    with pytest.raises(Exception, match="refresh = 'sync' or 'async'"):
+        compile_sql_views(
+            "CREATE MATERIALIZED VIEW q WITH (refresh = 'cumulus') AS " + SUBQUERIES["IN"],
+            TABLES.__getitem__,
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from test_views_differential import (
 )
 
 from aggclient import Client
+from aggclient.bulk_client import BulkClient
 from agglauncher.cluster import LocalCluster
 from aggview import errors
 
@@ -157,3 +159,60 @@ def test_concurrent_writers_of_one_inner_group_keep_the_outer_view_exact(client:
     assert list(client.view(f"{run}_o")) == [want]
     client.sql(f"DROP MATERIALIZED VIEW {run}_o")
     client.sql(f"DROP MATERIALIZED VIEW {run}_i")
+
+
+# each shape of subquery (issue #41), over tables {0} and {1}: duckdb runs the same SELECT
+SUBQUERIES = {
+    "derived table": "SELECT s.g AS g0, MAX(s.n) AS agg0, SUM(s.t) AS agg1, COUNT(*) AS agg2 "
+    "FROM (SELECT g, k, COUNT(*) AS n, SUM(v) AS t FROM {0} GROUP BY g, k) s GROUP BY s.g",
+    "derived table joined": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a JOIN "
+    "(SELECT k, SUM(v) AS s FROM {1} GROUP BY k) b ON a.k = b.k WHERE a.v < b.s GROUP BY a.g",
+    "IN": "SELECT a.g AS g0, COUNT(*) AS agg0, SUM(a.v) AS agg1 FROM {0} a "
+    "WHERE a.x IN (SELECT b.k FROM {1} b WHERE b.v > 0) GROUP BY a.g",
+    "EXISTS": "SELECT a.g AS g0, COUNT(*) AS agg0, SUM(a.v) AS agg1 FROM {0} a "
+    "WHERE EXISTS (SELECT 1 FROM {1} b WHERE b.k = a.k AND b.x > 2) GROUP BY a.g",
+    "uncorrelated scalar": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a "
+    "WHERE a.v > (SELECT AVG(b.v) FROM {1} b WHERE b.x IS NOT NULL) GROUP BY a.g",
+    "correlated scalar": "SELECT a.g AS g0, COUNT(*) AS agg0, SUM(a.v) AS agg1 FROM {0} a "
+    "WHERE a.v >= (SELECT MAX(b.v) FROM {1} b WHERE b.k = a.k) GROUP BY a.g",
+}
+
+
+@pytest.mark.parametrize("shape", SUBQUERIES)
+def test_subqueries_equal_recomputation_in_sync_and_async(
+    cluster: LocalCluster, shape: str
+) -> None:
+    outer = SUBQUERIES[shape]
+    spec = {"group": ["g0"], "aggregates": ["exact"] * outer.count(" AS agg")}
+    sizes = modes_equal_recomputation(cluster, 2, [], outer, spec, seed=len(shape))
+    assert any(sizes)
+
+
+def test_hidden_views_live_and_die_with_their_view(client: Client) -> None:
+    """A subquery's hidden view is listed under its reserved name, readable, never dropped
+    alone, and dropped with its view; a user cannot name a view so."""
+    run = f"hid{next(_runs)}"
+    client.sql(f"CREATE TABLE {run}_t (id INT PRIMARY KEY, k INT, v INT)")
+    with client.transaction() as tx:
+        for i in range(6):
+            tx.insert(f"{run}_t", {"id": i, "k": i % 3, "v": i})
+    client.sql(
+        f"CREATE MATERIALIZED VIEW {run}_v AS SELECT COUNT(*) AS n FROM {run}_t t "
+        f"WHERE t.v > (SELECT AVG(u.v) FROM {run}_t u)"
+    )
+    hidden = f"__sub_{run}_v_1"
+    assert hidden in BulkClient(client).list()[1]
+    assert [dict(r) for r in client.view(hidden)] == [{"v0": Decimal("2.5")}]
+    assert list(client.view(f"{run}_v")) == [{"n": 3}]
+    with pytest.raises(errors.FailedPrecondition, match=f"read by {run}_v"):
+        client.sql(f"DROP MATERIALIZED VIEW {hidden}")
+    with pytest.raises(errors.InvalidArgument, match="hidden views of subqueries"):
+        client.sql(f"CREATE MATERIALIZED VIEW __sub_{run} AS SELECT COUNT(*) FROM {run}_t")
+    with pytest.raises(errors.InvalidArgument, match="refresh = 'sync' or 'async'"):
+        client.sql(
+            f"CREATE MATERIALIZED VIEW {run}_c WITH (refresh = 'cumulus') AS SELECT COUNT(*) "
+            f"AS n FROM {run}_t t WHERE t.k IN (SELECT u.k FROM {run}_t u WHERE u.v > 3)"
+        )
+    client.sql(f"DROP MATERIALIZED VIEW {run}_v")
+    assert not [v for v in BulkClient(client).list()[1] if v.startswith(f"__sub_{run}")]
+    client.sql(f"DROP TABLE {run}_t")  # nothing reads it any more

@@ -75,10 +75,7 @@ class Prepares(PartitionState):
                 if change_id not in self.rows:
                     self.rows[change_id] = RowState(versions=[(0, None)], rts=self.evicted_floor)
             pinned = await self._pin(exclusive + [r for r, _ in merges])
-            for row_id in guarded:  # a younger transaction read it as its own: saw no delta
-                if self.rows[row_id].rts > ts or self._in_younger_range_read(row_id, ts):
-                    message = "a younger transaction read the view row"
-                    raise VoteNo(Outcome.TOO_LATE, message, row_id)
+            self._check_guarded(guarded, ts)
             for row_id in exclusive:
                 if row_id in tx.after or row_id in taken:
                     continue
@@ -148,6 +145,14 @@ class Prepares(PartitionState):
         for row_id in taken:
             tx.before.pop(row_id, None)
             self.rows[row_id].release()
+
+    def _check_guarded(self, guarded: list[RowId], ts: int) -> None:
+        """A guarded merge into a row a younger transaction read as its own is too late:
+        that reader saw the row without this delta."""
+        for row_id in guarded:
+            if self.rows[row_id].rts > ts or self._in_younger_range_read(row_id, ts):
+                message = "a younger transaction read the view row"
+                raise VoteNo(Outcome.TOO_LATE, message, row_id)
 
     def _in_younger_range_read(self, row_id: RowId, ts: int) -> bool:
         table, key = row_id
