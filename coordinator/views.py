@@ -90,7 +90,9 @@ class ViewManager(ViewDdl, ViewInit, ViewMaintenance, ViewRefresh, ViewReads):
     async def start(self) -> None:
         for entry in self.catalog.entries("index"):
             self.indexes[(entry["table"], entry["column"])] = entry["index_id"]
-        for entry in self.catalog.entries("view"):
+        # in number order: a view is registered after the views it reads (its compiled
+        # state reads their row schemas)
+        for entry in sorted(self.catalog.entries("view"), key=lambda e: e["number"]):
             view = View(
                 ViewPlan.from_json(entry["plan"]),
                 entry["number"],
