@@ -29,6 +29,7 @@ from aggview.values import encode_entry
 from cumulus.aggstate import Row, ViewState
 from cumulus.m3.compiler import compile_program
 from cumulus.plan import ViewPlan
+from cumulus.view_rows import is_view_rows
 
 Progress = Callable[[str], None]
 MAX_REPORTED = 20  # bad rows named in an error message
@@ -83,6 +84,13 @@ def _view_state(plan_json: str | dict[str, Any], schemas: Iterable[Any]) -> View
     for schema in schemas:
         data = json.loads(schema) if isinstance(schema, str) else schema
         by_name[data["name"]] = TableSchema.from_json(data)
+    inner = [name for name, schema in by_name.items() if is_view_rows(schema)]
+    if inner:
+        raise errors.InvalidArgument(
+            f"materialized view {plan.name} reads materialized view {', '.join(inner)}: Spark "
+            "initializes and verifies views over base tables only (the coordinator "
+            "initializes views over views and subqueries)"
+        )
     return ViewState(plan, by_name.__getitem__)
 
 

@@ -19,6 +19,7 @@ from aggview.rowcodec import decode_row
 from aggview.schema import TableSchema, from_storage
 from coordinator.transactions import TransactionManager
 from cumulus.aggstate import ViewState
+from cumulus.passes.lift_subqueries import HIDDEN_PREFIX
 from cumulus.sqltext import identifier
 
 
@@ -68,7 +69,11 @@ async def run(
                 )
             loaded[name] = (columns, values)
     columns, rows = await asyncio.to_thread(_execute, statement, loaded)
-    over = [v for v, view in views.items() if set(view.plan.base_tables()) == set(names)]
+    over = [
+        v
+        for v, view in views.items()
+        if set(view.plan.base_tables()) == set(names) and not v.startswith(HIDDEN_PREFIX)
+    ]
     note = f"computed over {limit - budget} rows read"
     if over:
         note += f"; materialized view {', '.join(sorted(over))} reads the same tables"

@@ -27,6 +27,7 @@ from coordinator.convert import key_bytes, wire_row
 from coordinator.gate import ADMIT, CLIENT_SERVICE, ClientGate
 from coordinator.sql import run_sql
 from coordinator.transactions import TransactionManager
+from coordinator.view_stack import relation
 from coordinator.watch import watch
 
 log = logging.getLogger("coordinator.service")  # the member's log, as before the split
@@ -355,7 +356,9 @@ class AggviewServicer(cpb_grpc.AggviewServicer):
 
 
 def _base_schemas(manager: TransactionManager, tables: list[str]) -> list[str]:
-    return [json.dumps(manager.catalog.table(t).to_json()) for t in tables]
+    """The schemas of a view's tables (a view it reads: its rows as a table)."""
+    views = manager.views.views if manager.views is not None else {}
+    return [json.dumps(relation(views, manager.catalog, t).to_json()) for t in tables]
 
 
 def _state_row(data: bytes, view: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aggview import errors, failpoints
 from aggview.partition_map import partition_of
@@ -35,6 +36,9 @@ class Transaction:
     system: bool = False  # the system's own (a refresh, an initialization), not a client's
     started: float = field(default_factory=time.perf_counter)  # at its grant (metrics)
     images: list[lpb.RowImage] = field(default_factory=list)  # every row image seen so far
+    # view deltas it merged into views other views read, by view and group: a later round's
+    # cascade starts from the rows as this transaction left them (``cumulus.cascade``)
+    merged: dict[str, dict[bytes, dict[str, Any]]] = field(default_factory=dict)
 
 
 class Commits(DecisionDelivery):

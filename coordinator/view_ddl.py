@@ -7,15 +7,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from aggview import errors
 from aggview.keycodec import encoded_width
 from aggview.partition_map import index_table
+from aggview.schema import TableSchema
 from coordinator.view_model import View, ViewsShared
+from coordinator.view_stack import check_inner, dependents, read_by_view, relation
 from cumulus.aggstate import ViewState
-from cumulus.compiler import compile_view
+from cumulus.compiler import compile_views
 from cumulus.ddl import AlterView, CreateView, DropView, altered_plan, parse_view_statement
+from cumulus.passes.lift_subqueries import HIDDEN_PREFIX
 from cumulus.plan import ViewPlan
 
 log = logging.getLogger("coordinator.views")  # the view manager's log, as before the split
@@ -43,26 +47,46 @@ class ViewDdl(ViewsShared):
     async def _create(self, create: CreateView) -> str:
         if create.name in self.views and create.if_not_exists:
             return f"materialized view {create.name} already exists"
-        view, new_indexes = self._declare(create)
+        if create.name.startswith(HIDDEN_PREFIX):
+            raise errors.InvalidArgument(
+                f"view names starting with {HIDDEN_PREFIX} are the hidden views of subqueries"
+            )
+        # every plan first (a refusal creates nothing), then each view, hidden views first
+        plans = compile_views(create, self._relation_for(create.name))
+        made: list[View] = []
         try:
-            await self._initialize(view, fresh=True, new_indexes=new_indexes)
+            for plan in plans:
+                view, new_indexes = self._declare(create, plan)
+                made.append(view)
+                await self._initialize(view, fresh=True, new_indexes=new_indexes)
         except BaseException:
-            await self._forget(view)
+            for view in reversed(made):
+                await self._forget(view)
             raise
         return f"created materialized view {view.name} ({view.plan.mode})"
 
-    def _declare(self, create: CreateView) -> tuple[View, list[tuple[str, str]]]:
-        """Registers a new view, initializing: from here on every commit captures its changes."""
-        if create.name in self.views:
-            raise errors.AlreadyExists(f"materialized view {create.name} already exists")
-        if create.name in self.catalog.tables:
-            raise errors.AlreadyExists(f"{create.name} is already the name of a table")
+    def _declare(
+        self, create: CreateView, plan: ViewPlan | None = None
+    ) -> tuple[View, list[tuple[str, str]]]:
+        """Registers a new view (``plan``, compiled already: the view or a hidden view of its
+        subqueries), initializing: from here on every commit captures its changes."""
+        if plan is None:
+            plans = compile_views(create, self._relation_for(create.name))
+            if len(plans) > 1:
+                raise errors.InvalidArgument(
+                    f"materialized view {create.name} has subqueries: Spark initializes views "
+                    "over base tables only (CREATE it through the coordinator)"
+                )
+            plan = plans[0]
+        if plan.name in self.views:
+            raise errors.AlreadyExists(f"materialized view {plan.name} already exists")
+        if plan.name in self.catalog.tables:
+            raise errors.AlreadyExists(f"{plan.name} is already the name of a table")
         if len(self.views) >= self.manager.limits.max_views:
             raise errors.LimitExceeded(
                 f"{len(self.views)} materialized views exist; the limit is "
                 f"{self.manager.limits.max_views} (max_views)"
             )
-        plan = compile_view(create, self.catalog.table)
         view = View(plan, self.catalog.next_number(), "initializing", partials=True)
         store = self.catalog.store
         for table_id in (view.view_id, view.meta_id, *self._changes_ids(view)):
@@ -74,13 +98,25 @@ class ViewDdl(ViewsShared):
         self._register(view)
         return view, new_indexes
 
+    def _relation_for(self, outer: str) -> Callable[[str], TableSchema]:
+        """Names in a new view's FROM: tables, and live sync views (``view_stack``)."""
+
+        def table(name: str) -> TableSchema:
+            check_inner(self.views, name, outer)
+            return relation(self.views, self.catalog, name)
+
+        return table
+
     def _changes_ids(self, view: View) -> list[str]:
-        return [view.changes_id(self.catalog.table(t)) for t in view.plan.base_tables()]
+        tables = view.plan.base_tables()
+        return [view.changes_id(relation(self.views, self.catalog, t)) for t in tables]
 
     def _declare_indexes(self, plan: ViewPlan) -> list[tuple[str, str]]:
         """A secondary index for every join column that is not the first key column."""
         created = []
         for table, column in plan.join_columns():
+            if table in self.views:  # a view read as a table: read by group key
+                continue
             schema = self.catalog.table(table)
             if column == schema.primary_key[0] or (table, column) in self.indexes:
                 continue
@@ -104,7 +140,15 @@ class ViewDdl(ViewsShared):
             if drop.if_exists:
                 return f"no materialized view {drop.name}"
             raise errors.UnknownTable(f"unknown materialized view {drop.name!r}")
+        readers = dependents(self.views, view.name)
+        if readers:
+            raise errors.FailedPrecondition(
+                f"materialized view {view.name} is read by {', '.join(readers)}; drop "
+                f"{'it' if len(readers) == 1 else 'them'} first"
+            )
         await self._forget(view)
+        for hidden in reversed(view.plan.hidden):  # its subqueries' views, and theirs
+            await self._drop(DropView(hidden, if_exists=True))
         return f"dropped materialized view {drop.name}"
 
     async def _forget(self, view: View) -> None:
@@ -149,6 +193,12 @@ class ViewDdl(ViewsShared):
         if view.state != "live":
             raise errors.FailedPrecondition(f"materialized view {view.name} is still initializing")
         plan = altered_plan(view.plan, alter)
+        layered = dependents(self.views, view.name) or read_by_view(self.views, view)
+        if plan.mode != view.plan.mode and layered:
+            raise errors.FailedPrecondition(
+                f"materialized view {view.name} reads or is read by another view: switching "
+                "the mode of views over views is not supported"
+            )
         if plan == view.plan:
             return f"materialized view {view.name} is already {_describe(plan)}"
         old, old_snapshot = view.plan, view.snapshot
@@ -259,7 +309,7 @@ class ViewDdl(ViewsShared):
 
     def _replan(self, view: View, plan: ViewPlan) -> None:
         view.plan = plan
-        view.compiled = ViewState(plan, self.catalog.table)
+        view.compiled = ViewState(plan, lambda t: relation(self.views, self.catalog, t))
 
     def views_on(self, table: str) -> list[str]:
         return [v.name for v in self.views.values() if table in v.plan.base_tables()]

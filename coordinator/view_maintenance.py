@@ -16,9 +16,12 @@ from aggview.rowcodec import decode_row, encode_row
 from aggview.schema import TableSchema
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.commits import Transaction
-from coordinator.view_model import ViewsShared, touching
+from coordinator.view_model import ViewsShared
+from coordinator.view_stack import captured_rows, group_reader, in_order, read_by
 from cumulus.aggstate import Row
-from cumulus.delta import Changes, view_delta
+from cumulus.cascade import cascade
+from cumulus.delta import Changes, RowsWhere
+from cumulus.view_rows import with_views
 
 
 class ViewMaintenance(ViewsShared):
@@ -48,6 +51,8 @@ class ViewMaintenance(ViewsShared):
             if view.state == "initializing":
                 continue
             for table, column in view.plan.join_columns():
+                if table in self.views:  # a view read as a table: read by group key
+                    continue
                 schema = self.catalog.table(table)
                 if schema.primary_key == (column,):
                     ids.add(schema.table_id)
@@ -97,18 +102,47 @@ class ViewMaintenance(ViewsShared):
                         ops.append(self._index_op(schema, column, key, old, erase=True))
                     if new is not None:
                         ops.append(self._index_op(schema, column, key, new))
-        for view in self.views.values():
-            if view.plan.mode != "sync" or view.state == "initializing":
-                continue
-            relevant = touching(view.plan, changes)
-            if not relevant:
-                continue
-            assert view.compiled is not None
-            started = time.perf_counter()
-            delta = await view_delta(view.compiled, relevant, self._rows_where(tx.ts))
-            self.manager.metrics.maintained(view.name, time.perf_counter() - started)
-            ops.extend(view.merge(key, d, home) for key, d in delta.items())
+        ops.extend(await self._maintain_views(tx, changes, home))
         return [op for op in ops if op is not None]
+
+    async def _maintain_views(
+        self, tx: Transaction, changes: Changes, home: int
+    ) -> list[lpb.RowOp]:
+        """Each sync view's delta, inner views first: an inner view's row changes are the
+        input changes of the views over it (their merges guarded: a younger transaction's
+        read of those rows keeps this one's merge off them), and the change rows of async
+        views over it."""
+        maintained = [
+            v.compiled
+            for v in in_order(self.views.values())
+            if v.plan.mode == "sync" and v.state != "initializing" and v.compiled is not None
+        ]
+        inner = read_by(self.views)
+        started = time.perf_counter()
+
+        def measured(name: str) -> None:
+            nonlocal started
+            now = time.perf_counter()
+            self.manager.metrics.maintained(name, now - started)
+            started = now
+
+        deltas, moved = await cascade(
+            maintained,
+            changes,
+            self._rows_where(tx.ts),
+            group_reader(self.manager, self.views, tx.ts),
+            inner,
+            tx.merged,
+            measured,
+        )
+        ops = []
+        for name, delta in deltas.items():
+            view = self.views[name]
+            for key, d in delta.items():
+                op = view.merge(key, d, home)
+                op.guarded = name in inner
+                ops.append(op)
+        return ops + captured_rows(self.views, moved, tx.ts)
 
     def _home(self, group_key: bytes) -> int:
         """Where a group's partial row goes when no partition is better than another."""
@@ -128,9 +162,16 @@ class ViewMaintenance(ViewsShared):
             values=b"" if erase else encode_row({}),
         )
 
-    def _rows_where(self, ts: int):  # type: ignore[no-untyped-def]
-        """Reads of transaction ``ts`` itself: rows of a table whose column equals one of
-        some values (or every row: column None), in as few calls as the access path allows."""
+    def _rows_where(self, ts: int) -> RowsWhere:
+        """Reads of transaction ``ts`` itself: rows of a table (or of a view read as one)
+        whose column equals one of some values (or every row: column None)."""
+        views = {name: self.views[name].compiled for name in read_by(self.views)}
+        reader = group_reader(self.manager, self.views, ts)
+        return with_views(self._table_rows_where(ts), views, reader)  # type: ignore[arg-type]
+
+    def _table_rows_where(self, ts: int) -> RowsWhere:
+        """Rows of a table whose column equals one of some values, read as transaction
+        ``ts``'s own, in as few calls as the access path allows."""
         manager = self.manager
 
         async def rows_where(

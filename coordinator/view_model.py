@@ -14,7 +14,6 @@ from aggview.rowcodec import decode_row, encode_row
 from aggview.schema import TableSchema
 from aggview.wire import ltm_pb2 as lpb
 from cumulus.aggstate import Row, ViewState
-from cumulus.delta import Changes
 from cumulus.plan import ViewPlan
 
 if TYPE_CHECKING:
@@ -107,27 +106,6 @@ class ExternalInit:
 
     snapshot: int
     created: bool  # a new view (forgotten if the job fails) or an existing one recomputed
-
-
-def touching(plan: ViewPlan, changes: Changes) -> Changes:
-    """The changes to the view's tables that move a column it reads: an update of other
-    columns (a stock level under a sales view) changes no group, so it costs no join."""
-    out: Changes = {}
-    for table in plan.base_tables():
-        rows = changes.get(table)
-        if not rows:
-            continue
-        columns = {c for alias in plan.aliases_of(table) for c in plan.columns_of(alias)}
-        kept = {
-            key: (before, after)
-            for key, (before, after) in rows.items()
-            if before is None
-            or after is None
-            or any(before.get(c) != after.get(c) for c in columns)
-        }
-        if kept:
-            out[table] = kept
-    return out
 
 
 def meta_row(view: View, *, refreshed_at: int) -> lpb.RowOp:

@@ -15,10 +15,12 @@ from aggview.rowcodec import decode_row
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.cumulus_hosts import start_runtime
 from coordinator.cumulus_view import CumulusView
-from coordinator.view_model import View, ViewsShared, meta_row, touching
+from coordinator.view_model import View, ViewsShared, meta_row
+from coordinator.view_stack import group_reader, relation
 from cumulus.aggstate import Row
-from cumulus.delta import Changes, view_delta
+from cumulus.delta import Changes, touching, view_delta
 from cumulus.plan import ViewPlan
+from cumulus.view_rows import view_rows
 
 log = logging.getLogger("coordinator.views")  # the view manager's log, as before the split
 
@@ -234,6 +236,11 @@ class ViewRefresh(ViewsShared):
         pages stay as read."""
         tables: dict[str, dict[bytes, Row]] = {}
         for table in view.plan.base_tables():
+            if table in self.views:  # a view read as a table: its rows as a read gives them
+                inner = self.views[table]
+                groups = await group_reader(self.manager, self.views, ts)(table, None)
+                tables[table] = view_rows(inner.compiled, groups)  # type: ignore[arg-type]
+                continue
             pages = self.manager.read_pages(self.catalog.table(table).table_id, b"", b"", ts)
             rows = [row async for page in pages for row in page]
             tables[table] = {key: decode_row(data) or {} for key, data in rows}
@@ -247,7 +254,7 @@ class ViewRefresh(ViewsShared):
         per table (base key, then commit timestamp). Those at or below the snapshot are in
         it already (the initial computation, or the runtime's load)."""
         tables = view.plan.base_tables()
-        ids = [view.changes_id(self.catalog.table(table)) for table in tables]
+        ids = [view.changes_id(relation(self.views, self.catalog, table)) for table in tables]
         found = await asyncio.gather(
             *(self.manager.read_range_at(i, b"", b"", ts, own=True) for i in ids)
         )

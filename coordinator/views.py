@@ -40,10 +40,12 @@ from coordinator.transactions import TransactionManager
 from coordinator.view_ddl import ViewDdl
 from coordinator.view_init import ViewInit
 from coordinator.view_maintenance import ViewMaintenance
-from coordinator.view_model import META_KEY, ExternalInit, View, touching
+from coordinator.view_model import META_KEY, ExternalInit, View
 from coordinator.view_reads import SWITCH_WAIT_S, ViewReads
 from coordinator.view_refresh import ViewRefresh
+from coordinator.view_stack import compile_all, relation
 from cumulus.aggstate import ViewState
+from cumulus.delta import touching
 from cumulus.plan import ViewPlan
 
 __all__ = ["META_KEY", "SWITCH_WAIT_S", "ExternalInit", "View", "ViewManager", "touching"]
@@ -88,7 +90,9 @@ class ViewManager(ViewDdl, ViewInit, ViewMaintenance, ViewRefresh, ViewReads):
     async def start(self) -> None:
         for entry in self.catalog.entries("index"):
             self.indexes[(entry["table"], entry["column"])] = entry["index_id"]
-        for entry in self.catalog.entries("view"):
+        # in number order: a view is registered after the views it reads (its compiled
+        # state reads their row schemas)
+        for entry in sorted(self.catalog.entries("view"), key=lambda e: e["number"]):
             view = View(
                 ViewPlan.from_json(entry["plan"]),
                 entry["number"],
@@ -157,8 +161,8 @@ class ViewManager(ViewDdl, ViewInit, ViewMaintenance, ViewRefresh, ViewReads):
         await self.leader_reads.close()
 
     def _register(self, view: View) -> None:
-        view.compiled = ViewState(view.plan, self.catalog.table)
         self.views[view.name] = view
+        view.compiled = ViewState(view.plan, lambda t: relation(self.views, self.catalog, t))
         self.catalog.view_names.add(view.name)
         self.publish()
 
@@ -196,11 +200,11 @@ class ViewManager(ViewDdl, ViewInit, ViewMaintenance, ViewRefresh, ViewReads):
                 switching=entry.get("switching", False),
                 also_captures=entry.get("also_captures", False),
             )
-            view.compiled = ViewState(view.plan, catalog.table)
             before = self.views.get(view.name)
             if before is not None and before.number == view.number:
                 view.lock, view.refresher = before.lock, before.refresher  # the same view
             views[view.name] = view
+        compile_all(views, catalog)
         for name, before in self.views.items():  # dropped, or now refreshed elsewhere
             if before.refresher is not None and (
                 name not in views or views[name].refresher is not before.refresher

@@ -21,7 +21,7 @@ from aggview.keycodec import decode_key, encode_key
 from aggview.schema import Column, ColumnType, TableSchema, from_storage, to_storage
 from cumulus.aggregates import RULES, Kind, M, N, S
 from cumulus.expressions import compile_expr, compile_predicate
-from cumulus.plan import ViewPlan
+from cumulus.plan import MULTIPLICITY, ViewPlan
 
 Row = dict[str, Any]
 Lookup = Callable[[str, str], Any]
@@ -69,6 +69,8 @@ class ViewState:
         self.groups = [compile_expr(g.source()) for g in plan.group_by]
         self.derived = [(d.name, compile_expr(d.expr)) for d in plan.derived]
         self._types: dict[tuple[str, str], ColumnType] = {}
+        # aliases of views read as tables (``cumulus.view_rows``): a row counts ``__count`` times
+        self.weighted = [a for a, s in self.schemas.items() if s.primary_key == (MULTIPLICITY,)]
 
     # ------------------------------------------------------------------ maintenance
 

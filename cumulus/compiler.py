@@ -2,6 +2,7 @@
 optimizer), one module each in ``cumulus.passes`` and each a function testable on its own;
 the DDL around the SELECT is parsed by ``cumulus.ddl``.
 
+``lift_subqueries.lift_subqueries`` (subqueries -> hidden views, ``compile_views``) ->
 ``check_support.parse_select`` -> ``check_support.check_supported`` ->
 ``resolve_tables.resolve_tables`` -> ``expand_stars.expand_stars`` (``*`` and ``alias.*``) ->
 ``plan_joins.plan_where`` (resolve and type every column, split the conjunction into join edges
@@ -25,19 +26,27 @@ Type rules (view maintenance, M3 and Spark must agree with them): arithmetic, SU
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from aggview import errors
 from aggview.schema import TableSchema
 from cumulus.ddl import CreateView, parse_view_statement
 from cumulus.passes.check_support import check_supported, parse_select
 from cumulus.passes.expand_stars import expand_stars
+from cumulus.passes.lift_subqueries import Lifter, lift_subqueries
 from cumulus.passes.plan_groups import plan_group_by, projected_groups, view_shape
 from cumulus.passes.plan_having import plan_derived, plan_having
 from cumulus.passes.plan_joins import plan_where
 from cumulus.passes.plan_select import plan_select
 from cumulus.passes.resolve_tables import resolve_tables
 from cumulus.plan import ViewPlan
+from cumulus.view_rows import is_view_rows, row_schema, rows_id
+
+CUMULUS_REFUSAL = (
+    "subqueries and views over views are maintained in refresh = 'sync' or 'async', not 'cumulus'"
+)
 
 
 def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> ViewPlan:
@@ -46,6 +55,8 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
     select = parse_select(create.select_sql)
     check_supported(select)
     tables, scope, ons = resolve_tables(select, table)
+    if create.mode == "cumulus" and any(map(is_view_rows, scope.tables.values())):
+        raise errors.InvalidArgument(CUMULUS_REFUSAL)
     select = expand_stars(select, tables, scope)
     edges, filters = plan_where(select, scope, ons)
     shape = view_shape(select)
@@ -85,9 +96,50 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
     )
 
 
+def compile_views(
+    create: CreateView,
+    table: Callable[[str], TableSchema],
+    numbers: Iterator[int] | None = None,
+    root: str = "",
+) -> list[ViewPlan]:
+    """A view and the hidden sync views its subqueries become (``lift_subqueries``), each
+    after the hidden views it reads and the view itself last; ``table(name)`` as for
+    ``compile_view``. The view's plan keeps its SELECT as written and names its hidden views
+    (``__sub_<root>_<n>``, n counted over the tree of them: ``numbers``)."""
+    numbers = itertools.count(1) if numbers is None else numbers
+    root = root or create.name
+    lifter = Lifter(root, numbers)
+    select = lift_subqueries(parse_select(create.select_sql), lifter)
+    if not lifter.hidden:
+        return [compile_view(create, table)]
+    if create.mode == "cumulus":
+        raise errors.InvalidArgument(CUMULUS_REFUSAL)
+    plans: list[ViewPlan] = []
+    known: dict[str, ViewPlan] = {}
+
+    def resolve(name: str) -> TableSchema:
+        plan = known.get(name)
+        return row_schema(plan, rows_id(0, name)) if plan is not None else table(name)
+
+    for hidden in lifter.hidden:
+        sub = CreateView(hidden.name, False, "sync", 0, hidden.select.sql())
+        for plan in compile_views(sub, resolve, numbers, root):
+            plans.append(plan)
+            known[plan.name] = plan
+    outer = compile_view(replace(create, select_sql=select.sql()), resolve)
+    hidden_names = tuple(h.name for h in lifter.hidden)
+    return [*plans, replace(outer, sql=create.select_sql, hidden=hidden_names)]
+
+
 def compile_sql(sql: str, table: Callable[[str], TableSchema]) -> ViewPlan:
-    """``CREATE MATERIALIZED VIEW ...`` text straight to a plan (tests, tools)."""
+    """``CREATE MATERIALIZED VIEW ...`` text straight to a plan (tests, tools); its hidden
+    views' plans are ``compile_sql_views``'s."""
+    return compile_sql_views(sql, table)[-1]
+
+
+def compile_sql_views(sql: str, table: Callable[[str], TableSchema]) -> list[ViewPlan]:
+    """A view's plan and its hidden views' (``compile_views``) from its DDL text."""
     statement = parse_view_statement(sql)
     if not isinstance(statement, CreateView):
         raise errors.InvalidArgument("expected CREATE MATERIALIZED VIEW ... AS SELECT ...")
-    return compile_view(statement, table)
+    return compile_views(statement, table)

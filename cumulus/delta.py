@@ -21,7 +21,7 @@ from typing import Any
 from aggview.merge import combine
 from aggview.schema import Column, to_storage
 from cumulus.aggstate import Row, ViewState
-from cumulus.plan import ViewPlan, expr_columns
+from cumulus.plan import MULTIPLICITY, ViewPlan, expr_columns
 
 # table name -> encoded primary key -> (row before, row after), storage form; None = absent
 Changes = dict[str, dict[bytes, tuple[Row | None, Row | None]]]
@@ -33,6 +33,29 @@ RowsWhere = Callable[[str, str | None, list[Any]], Awaitable[dict[Any, list[tupl
 # alias, bound column); no equality: a scan step, every row of its table
 Step = tuple[str, list[tuple[str, str, str]]]
 Binding = tuple[int, dict[str, Row]]  # (sign, alias -> row) of one partial joined tuple
+
+
+def touching(plan: ViewPlan, changes: Changes) -> Changes:
+    """The changes to the view's tables that move a column it reads: an update of other
+    columns (a stock level under a sales view) changes no group, so it costs no join. A
+    view's row read by a view over it also moves when its multiplicity does."""
+    out: Changes = {}
+    for table in plan.base_tables():
+        rows = changes.get(table)
+        if not rows:
+            continue
+        columns = {c for alias in plan.aliases_of(table) for c in plan.columns_of(alias)}
+        columns.add(MULTIPLICITY)
+        kept = {
+            key: (before, after)
+            for key, (before, after) in rows.items()
+            if before is None
+            or after is None
+            or any(before.get(c) != after.get(c) for c in columns)
+        }
+        if kept:
+            out[table] = kept
+    return out
 
 
 async def no_rows(
@@ -145,6 +168,8 @@ async def view_delta(view: ViewState, changes: Changes, rows_where: RowsWhere) -
             bound.add(alias)
             partial = pending.apply(partial, bound)
         for sign, binding in partial:
+            for alias in view.weighted:  # a view's row counts as often as it is there
+                sign *= binding[alias][MULTIPLICITY]
             lookup = view.lookup(binding)
             key = view.group_key(lookup)
             out[key] = combine(out.get(key, {}), view.tuple_delta(lookup, sign))

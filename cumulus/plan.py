@@ -281,6 +281,9 @@ class ViewPlan:
     feed_ms: int = 0
     derived: tuple[Derived, ...] = ()  # SELECT items computed from the columns when read
     shape: str = "aggregate"  # or "bag" (rows with duplicates) or "distinct" (see above)
+    # the hidden views its subqueries became (``cumulus.passes.lift_subqueries``), created and
+    # dropped with it
+    hidden: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -406,6 +409,7 @@ class ViewPlan:
             ),
             **({"derived": [d.to_json() for d in self.derived]} if self.derived else {}),
             **({"shape": self.shape} if self.shape != "aggregate" else {}),
+            **({"hidden": list(self.hidden)} if self.hidden else {}),
         }
 
     @classmethod
@@ -444,4 +448,5 @@ class ViewPlan:
                 for d in (_field(data, "derived", list, what) if "derived" in data else [])  # type: ignore[operator]
             ),
             shape=_field(data, "shape", str, what) if "shape" in data else "aggregate",  # type: ignore[operator]
+            hidden=tuple(_field(data, "hidden", list, what) if "hidden" in data else ()),  # type: ignore[operator]
         )

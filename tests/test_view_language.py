@@ -388,6 +388,19 @@ def _theta_batch(
     return batch
 
 
+def stored_changes(
+    tables: dict[str, TableSchema], batch: dict[tuple[str, int], tuple[Any, Any]]
+) -> Changes:
+    """A batch of (table, id) -> (old, new) rows as the refresh operator takes it."""
+    changes: Changes = {}
+    for (name, row_id), (old, new) in batch.items():
+        schema = tables[name]
+        key = encode_key(schema.key_types, [row_id])
+        stored = [row_to_storage(schema, r) if r else None for r in (old, new)]
+        changes.setdefault(name, {})[key] = (stored[0], stored[1])
+    return changes
+
+
 @pytest.mark.parametrize("select", THETA_VIEWS)
 def test_theta_joins_maintained_by_the_refresh_operator_and_m3_equal_duckdb(select: str) -> None:
     """After every batch of changes the refresh operator's states (``view_delta``: its scan
@@ -404,12 +417,7 @@ def test_theta_joins_maintained_by_the_refresh_operator_and_m3_equal_duckdb(sele
     states: dict[bytes, dict[str, Any]] = {}
     for _ in range(40):
         batch = _theta_batch(rng, live, ids)
-        changes: Changes = {}
-        for (name, row_id), (old, new) in batch.items():
-            schema = tables[name]
-            key = encode_key(schema.key_types, [row_id])
-            stored = [row_to_storage(schema, r) if r else None for r in (old, new)]
-            changes.setdefault(name, {})[key] = (stored[0], stored[1])
+        changes = stored_changes(tables, batch)
         for key, delta in asyncio.run(view_delta(state, changes, memory.rows_where)).items():
             states[key] = combine(states.get(key, {}), delta)
         for (name, row_id), (old, new) in batch.items():

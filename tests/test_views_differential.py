@@ -187,13 +187,19 @@ def reference(select: str) -> str:
     return divided_as_views_divide(select)
 
 
-def recompute(client: Client, names: list[str], select: str) -> list[tuple[Any, ...]]:
+def recompute(
+    client: Client, names: list[str], select: str, views: tuple[tuple[str, str], ...] = ()
+) -> list[tuple[Any, ...]]:
+    """``select`` run by duckdb over the tables as ``client`` reads them, ``views`` (name,
+    SELECT) defined over them first (a view over views)."""
     con = duckdb.connect()
     for name in names:
         con.execute(table_ddl(name).replace("FLOAT", "DOUBLE"))  # duckdb's FLOAT is 32-bit
         rows = [(r["id"], r["k"], r["g"], r["v"], r["x"], r["f"]) for r in client.scan(name)]
         if rows:
             con.executemany(f"INSERT INTO {name} VALUES (?, ?, ?, ?, ?, ?)", rows)
+    for name, view_select in views:
+        con.execute(f"CREATE VIEW {name} AS {reference(view_select)}")
     return con.execute(reference(select)).fetchall()
 
 
@@ -220,11 +226,12 @@ def assert_same(view_rows: list[dict[str, Any]], expected: list[tuple[Any, ...]]
 
 
 class Model:
-    """The ids each table holds, as the clients saw commits."""
+    """The ids each table holds, as the clients saw commits. Each table counts its ids from 0,
+    so joins of ``k`` (0-4) with ``id`` find rows (ids from 1000 up never matched one)."""
 
     def __init__(self, names: list[str]) -> None:
         self.ids: dict[str, set[int]] = {name: set() for name in names}
-        self.next_id = itertools.count(1000)
+        self.next_id = {name: itertools.count() for name in names}
         self.lock = threading.Lock()
 
 
@@ -235,7 +242,7 @@ def create_tables(client: Client, names: list[str], model: Model, rng: random.Ra
     with client.transaction() as tx:
         for name in names:
             for _ in range(rng.randint(0, 6)):
-                row_id = next(model.next_id)
+                row_id = next(model.next_id[name])
                 tx.insert(name, random_row(rng, row_id))
                 model.ids[name].add(row_id)
 
@@ -252,7 +259,7 @@ def random_transaction(client: Client, model: Model, rng: random.Random) -> None
                 existing = sorted(model.ids[table] - {i for t, i in touched if t == table})
             action = rng.choice(["insert", "delete", "update", "update"]) if existing else "insert"
             if action == "insert":
-                row_id = next(model.next_id)
+                row_id = next(model.next_id[table])
                 tx.insert(table, random_row(rng, row_id))
                 inserted.append((table, row_id))
             else:

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RowOp(_message.Message):
-    __slots__ = ("kind", "table", "key", "values", "require", "limits", "changes_tables")
+    __slots__ = ("kind", "table", "key", "values", "require", "limits", "changes_tables", "guarded")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         INSERT: _ClassVar[RowOp.Kind]
@@ -33,6 +33,7 @@ class RowOp(_message.Message):
     REQUIRE_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     CHANGES_TABLES_FIELD_NUMBER: _ClassVar[int]
+    GUARDED_FIELD_NUMBER: _ClassVar[int]
     kind: RowOp.Kind
     table: str
     key: bytes
@@ -40,7 +41,8 @@ class RowOp(_message.Message):
     require: bytes
     limits: bytes
     changes_tables: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, kind: _Optional[_Union[RowOp.Kind, str]] = ..., table: _Optional[str] = ..., key: _Optional[bytes] = ..., values: _Optional[bytes] = ..., require: _Optional[bytes] = ..., limits: _Optional[bytes] = ..., changes_tables: _Optional[_Iterable[str]] = ...) -> None: ...
+    guarded: bool
+    def __init__(self, kind: _Optional[_Union[RowOp.Kind, str]] = ..., table: _Optional[str] = ..., key: _Optional[bytes] = ..., values: _Optional[bytes] = ..., require: _Optional[bytes] = ..., limits: _Optional[bytes] = ..., changes_tables: _Optional[_Iterable[str]] = ..., guarded: _Optional[bool] = ...) -> None: ...
 
 class SubTransaction(_message.Message):
     __slots__ = ("ts", "ops", "want_images")

@@ -10,7 +10,7 @@ from aggview import errors
 from aggview.schema import Column
 from cumulus.passes.check_support import AGGREGATES
 from cumulus.passes.resolve_tables import Scope
-from cumulus.plan import TableRef
+from cumulus.plan import MULTIPLICITY, TableRef
 from cumulus.sqltext import identifier
 
 
@@ -67,11 +67,13 @@ def expand_stars(select: exp.Select, tables: tuple[TableRef, ...], scope: Scope)
 
 def _columns(scope: Scope, alias: str, whole: bool) -> list[Column]:
     """The columns ``alias`` contributes: under a bare ``*``, a column USING or NATURAL JOIN
-    merged is shown once, by the first table that has it (as SQL shows it)."""
+    merged is shown once, by the first table that has it (as SQL shows it); a view read as a
+    table does not show its rows' multiplicity (``__count``)."""
     return [
         column
         for column in scope.tables[alias].columns
-        if not whole or alias not in scope.merged.get(column.name, ())[1:]
+        if (not whole or alias not in scope.merged.get(column.name, ())[1:])
+        and column.name != MULTIPLICITY
     ]
 
 

@@ -46,8 +46,10 @@ class Prepares(PartitionState):
         ``flush_prepared`` before its decision.
 
         Ordinary operations take their rows in timestamp order; view deltas (MERGE) only
-        register as pending. A row of a table with asynchronous views also gets its change
-        row (before and after image) appended in the same transaction, on this LTM."""
+        register as pending (a guarded one is too late where a younger transaction read
+        the row as its own: views over views read their inner view's rows so). A row of a
+        table with asynchronous views also gets its change row (before and after image)
+        appended in the same transaction, on this LTM."""
         self._check_serving()
         ts = sub.ts
         tx = self.prepared.get(ts) or Prepared(ts, segment=self.wal.segment)
@@ -55,6 +57,7 @@ class Prepares(PartitionState):
         pinned: list[RowState] = []
         ops = [(op, (op.table, op.key)) for op in sub.ops if op.kind != pb.RowOp.MERGE]
         merges = [((op.table, op.key), op.values) for op in sub.ops if op.kind == pb.RowOp.MERGE]
+        guarded = [(op.table, op.key) for op in sub.ops if op.kind == pb.RowOp.MERGE and op.guarded]
         suffix = ts.to_bytes(8, "big")
         captured = {
             (changes, row_id[1] + suffix): row_id
@@ -72,6 +75,7 @@ class Prepares(PartitionState):
                 if change_id not in self.rows:
                     self.rows[change_id] = RowState(versions=[(0, None)], rts=self.evicted_floor)
             pinned = await self._pin(exclusive + [r for r, _ in merges])
+            self._check_guarded(guarded, ts)
             for row_id in exclusive:
                 if row_id in tx.after or row_id in taken:
                     continue
@@ -141,6 +145,14 @@ class Prepares(PartitionState):
         for row_id in taken:
             tx.before.pop(row_id, None)
             self.rows[row_id].release()
+
+    def _check_guarded(self, guarded: list[RowId], ts: int) -> None:
+        """A guarded merge into a row a younger transaction read as its own is too late:
+        that reader saw the row without this delta."""
+        for row_id in guarded:
+            if self.rows[row_id].rts > ts or self._in_younger_range_read(row_id, ts):
+                message = "a younger transaction read the view row"
+                raise VoteNo(Outcome.TOO_LATE, message, row_id)
 
     def _in_younger_range_read(self, row_id: RowId, ts: int) -> bool:
         table, key = row_id

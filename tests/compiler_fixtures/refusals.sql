@@ -27,8 +27,8 @@ SELECT count(*) FROM events e SEMI JOIN products p ON e.prod_id = p.prod_id;
 SELECT count(*) FROM events e CROSS JOIN products s WHERE e.shop_id < s.shop_id;
 -- TypeMismatch: cannot compare
 SELECT count(*) FROM events e JOIN products p ON e.prod_id < p.name;
--- InvalidArgument: subquery
-SELECT count(*) FROM events e CROSS JOIN (SELECT * FROM products) p;
+-- InvalidArgument: UNION in FROM
+SELECT count(*) FROM events e CROSS JOIN (SELECT prod_id FROM products UNION SELECT 1) p;
 -- InvalidArgument: LEFT OUTER JOIN
 SELECT count(*) FROM events e CROSS JOIN products p LEFT JOIN shops s ON e.shop_id < s.shop_id;
 -- UnknownColumn: unknown table alias 'c'
@@ -45,16 +45,44 @@ SELECT count(*) FROM shop.events;
 SELECT count(*) FROM events AS e(a, b);
 
 -- subqueries, set operations, clauses a view cannot have
--- InvalidArgument: subquery
-SELECT count(*) FROM (SELECT * FROM events) s;
--- InvalidArgument: subquery
-SELECT count(*) FROM events WHERE prod_id IN (SELECT prod_id FROM products);
--- InvalidArgument: EXISTS subquery
-SELECT count(*) FROM events e WHERE EXISTS (SELECT 1 FROM products p WHERE p.prod_id = e.prod_id);
--- InvalidArgument: subquery
+-- InvalidArgument: a subquery in FROM needs an alias
+SELECT count(*) FROM (SELECT * FROM events);
+-- InvalidArgument: column aliases on a subquery in FROM
+SELECT count(*) FROM (SELECT prod_id FROM events) AS s(p);
+-- InvalidArgument: NOT IN (SELECT ...) (an anti-join)
+SELECT count(*) FROM events WHERE prod_id NOT IN (SELECT prod_id FROM products);
+-- InvalidArgument: NOT EXISTS (an anti-join)
+SELECT count(*) FROM events e WHERE NOT EXISTS (SELECT 1 FROM products p WHERE p.prod_id = e.prod_id);
+-- InvalidArgument: IN (SELECT ...) under OR, NOT or an expression
+SELECT count(*) FROM events WHERE shop_id = 1 OR prod_id IN (SELECT prod_id FROM products);
+-- InvalidArgument: EXISTS under OR, NOT or an expression
+SELECT count(*) FROM events e WHERE shop_id = 1 OR EXISTS (SELECT 1 FROM products p WHERE p.prod_id = e.prod_id);
+-- InvalidArgument: a subquery correlated by a condition other than an equality
+SELECT count(*) FROM events e WHERE EXISTS (SELECT 1 FROM products p WHERE p.price < e.cost);
+-- InvalidArgument: a subquery correlated outside its WHERE
+SELECT count(*) FROM events e WHERE EXISTS (SELECT e.cost FROM products p WHERE p.prod_id = e.prod_id);
+-- InvalidArgument: EXISTS over a grouped subquery
+SELECT count(*) FROM events e WHERE EXISTS (SELECT cat_id FROM products p WHERE p.prod_id = e.prod_id GROUP BY cat_id);
+-- InvalidArgument: IN over a grouped subquery correlated with the outer query
+SELECT count(*) FROM events e WHERE e.cost IN (SELECT max(price) FROM products p WHERE p.prod_id = e.prod_id);
+-- InvalidArgument: IN (SELECT ...) needs a SELECT of one column
+SELECT count(*) FROM events e WHERE e.prod_id IN (SELECT prod_id, cat_id FROM products);
+-- InvalidArgument: a correlated COUNT subquery (over no rows it is 0, which needs an outer join)
+SELECT count(*) FROM events e WHERE e.shop_id < (SELECT count(*) FROM products p WHERE p.prod_id = e.prod_id);
+-- InvalidArgument: a correlated scalar subquery other than SUM, AVG, MIN or MAX
+SELECT count(*) FROM events e WHERE e.cost < (SELECT max(price) + 1 FROM products p WHERE p.prod_id = e.prod_id);
+-- InvalidArgument: a correlated scalar subquery outside a comparison in WHERE's conjunction
+SELECT count(*) FROM events e WHERE e.cost < 1 OR e.cost > (SELECT max(price) FROM products p WHERE p.prod_id = e.prod_id);
+-- InvalidArgument: a scalar subquery with GROUP BY or HAVING
+SELECT count(*) FROM events e WHERE e.cost > (SELECT max(price) FROM products GROUP BY cat_id);
+-- InvalidArgument: a scalar subquery without an aggregate (it may give more than one row)
+SELECT count(*) FROM events e WHERE e.cost > (SELECT price FROM products WHERE prod_id = 1);
+-- InvalidArgument: a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE)
 SELECT (SELECT count(*) FROM products), count(*) FROM events;
--- InvalidArgument: subquery
+-- InvalidArgument: a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE)
 SELECT count(*) FROM events HAVING count(*) > (SELECT count(*) FROM products);
+-- InvalidArgument: a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE)
+SELECT count(*) FROM events e JOIN products p ON p.prod_id = e.prod_id AND p.price > (SELECT avg(cost) FROM events);
 -- InvalidArgument: window function
 SELECT shop_id, sum(cost) OVER (PARTITION BY shop_id) FROM events;
 -- InvalidArgument: window function

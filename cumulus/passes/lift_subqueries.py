@@ -1,0 +1,356 @@
+"""Pass 0: subqueries -> hidden views, each a sync view the rewritten query joins as a table
+(views over views maintain them: ``cumulus.cascade``). Runs before every other pass, on the
+parsed SELECT; what it cannot rewrite is refused naming it, and anything it leaves is refused
+by ``check_support`` as before.
+
+- ``FROM (SELECT ...) s``: the subquery is a hidden view, joined as ``s``.
+- ``x IN (SELECT c FROM ...)`` and ``EXISTS (SELECT ... WHERE inner.a = outer.b AND ...)``, as
+  conjuncts of WHERE: a join with a hidden DISTINCT view of the matching columns (a semi-join:
+  each outer row counts once). An IN over a grouped subquery reads a DISTINCT view over it.
+  An uncorrelated EXISTS is a cross join with a hidden ``COUNT(*)`` row, kept while positive.
+- a scalar subquery in WHERE: uncorrelated, an aggregate without GROUP BY (one row, NULL or 0
+  over none, as SQL has it), a cross join with that hidden one-row view; correlated by
+  equalities, ``SUM``/``AVG``/``MIN``/``MAX`` as an operand of a comparison of WHERE's
+  conjunction (NULL over no rows, so the comparison is never TRUE then and an inner join with a
+  view grouped by the correlation columns means the same).
+
+A correlation is a column qualified by a table the subquery's FROM does not have; only
+equalities between such a column (or expression of them) and the subquery's own columns
+correlate. NOT IN and NOT EXISTS (anti-joins), other correlations, a grouped scalar subquery,
+a correlated COUNT, subqueries in SELECT, HAVING, ON or GROUP BY are refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+
+from aggview import errors
+from cumulus.passes.check_support import AGGREGATES, COMPARISONS, refuse
+from cumulus.sqltext import identifier
+
+HIDDEN_PREFIX = "__sub_"  # hidden views' names: never a user's (``_`` names are the system's)
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """A hidden view to create before the view that reads it: its name and its SELECT (which
+    may hold subqueries of its own, lifted in turn)."""
+
+    name: str
+    select: exp.Select
+
+
+@dataclass
+class Lifter:
+    """Names hidden views (``__sub_<view>_<n>``, n counted over a whole tree of them) and
+    collects them."""
+
+    view: str
+    numbers: Iterator[int]
+    hidden: list[Hidden] = field(default_factory=list)
+
+    def add(self, select: exp.Select) -> str:
+        name = f"{HIDDEN_PREFIX}{self.view[:40]}_{next(self.numbers)}"
+        self.hidden.append(Hidden(name, select))
+        return name
+
+
+def lift_subqueries(select: exp.Select, lifter: Lifter) -> exp.Select:
+    """``select`` (a copy) with its subqueries replaced by hidden views ``lifter`` collects."""
+    select = select.copy()
+    _lift_derived(select, lifter)
+    _lift_where(select, lifter)
+    left = select.find(exp.Subquery, exp.Exists)
+    if left is not None:
+        raise refuse("a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE)", left)
+    return select
+
+
+def _table(name: str, alias: str) -> exp.Table:
+    return exp.Table(
+        this=exp.to_identifier(name, quoted=True),
+        alias=exp.TableAlias(this=exp.to_identifier(alias, quoted=True)),
+    )
+
+
+def _join(select: exp.Select, table: exp.Table, on: exp.Expression | None) -> None:
+    join = exp.Join(this=table, on=on) if on is not None else exp.Join(this=table, kind="CROSS")
+    select.append("joins", join)
+
+
+def _column(alias: str, name: str) -> exp.Column:
+    return exp.column(name, table=alias, quoted=True)
+
+
+def _lift_derived(select: exp.Select, lifter: Lifter) -> None:
+    """``(SELECT ...) AS s`` in FROM or a JOIN -> the hidden view, as ``s``."""
+    for holder in [select.args.get("from_"), *(select.args.get("joins") or [])]:
+        node = holder.this if holder is not None else None
+        if not isinstance(node, exp.Subquery):
+            continue
+        inner = node.this
+        if not isinstance(inner, exp.Select):
+            raise refuse(f"{inner.key.upper()} in FROM", inner)
+        alias = node.args.get("alias")
+        if alias is None or alias.this is None:
+            raise errors.InvalidArgument(
+                f"a subquery in FROM needs an alias: ({inner.sql()}) AS name"
+            )
+        if alias.args.get("columns"):
+            raise refuse("column aliases on a subquery in FROM", node)
+        name = identifier(alias.this, "table alias")
+        holder.set("this", _table(lifter.add(inner), name))
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    return list(node.flatten()) if isinstance(node, exp.And) else [node]
+
+
+def _lift_where(select: exp.Select, lifter: Lifter) -> None:
+    """Each conjunct of WHERE with a subquery -> joins with hidden views."""
+    where = select.args.get("where")
+    if where is None or not where.find(exp.Subquery, exp.Exists):
+        return
+    kept: list[exp.Expression] = []
+    for conjunct in _conjuncts(where.this):
+        bare = conjunct.unnest()
+        if isinstance(bare, exp.In) and bare.args.get("query") is not None:
+            kept.extend(_semi_join_in(select, bare, lifter))
+        elif isinstance(bare, exp.Exists):
+            kept.extend(_semi_join_exists(select, bare, lifter))
+        else:
+            _refuse_negated(bare)
+            kept.append(_lift_scalars(select, conjunct, lifter))
+    select.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
+
+
+def _refuse_negated(node: exp.Expression) -> None:
+    for found in node.find_all(exp.In, exp.Exists):
+        if isinstance(found, exp.Exists) or found.args.get("query") is not None:
+            negated = isinstance(found.parent, exp.Not)
+            what = "EXISTS" if isinstance(found, exp.Exists) else "IN (SELECT ...)"
+            if negated:
+                raise refuse(f"NOT {what} (an anti-join)", found.parent)
+            raise refuse(f"{what} under OR, NOT or an expression (only as a conjunct of WHERE)")
+
+
+def _inner_aliases(sub: exp.Select) -> set[str]:
+    tables = [sub.args.get("from_"), *(sub.args.get("joins") or [])]
+    names = set()
+    for holder in tables:
+        node = holder.this if holder is not None else None
+        alias = node.args.get("alias") if node is not None else None
+        if alias is not None and alias.this is not None:
+            names.add(identifier(alias.this, "table alias"))
+        elif isinstance(node, exp.Table):
+            names.add(identifier(node.this, "table"))
+    return names
+
+
+def _outer_columns(node: exp.Expression, inner: set[str]) -> list[exp.Column]:
+    """Columns of ``node`` qualified by a table the subquery does not have: correlations (a
+    subquery nested in it has its own, lifted with the hidden view)."""
+    return [
+        c
+        for c in node.find_all(exp.Column)
+        if c.args.get("table") is not None
+        and identifier(c.args["table"], "alias") not in inner
+        and not _nested(c, node)
+    ]
+
+
+def _nested(column: exp.Column, top: exp.Expression) -> bool:
+    """Whether a subquery below ``top`` holds ``column`` (one of ``top``'s descendants)."""
+    node: exp.Expression | None = column
+    while node is not None and node is not top:
+        if isinstance(node, exp.Subquery | exp.Exists):
+            return True
+        node = node.parent
+    return False
+
+
+@dataclass
+class Correlation:
+    """A subquery's WHERE split: equalities (its own expression, the outer one), the rest."""
+
+    pairs: list[tuple[exp.Expression, exp.Expression]]
+    local: list[exp.Expression]
+
+
+def _correlation(sub: exp.Select) -> Correlation:
+    inner = _inner_aliases(sub)
+    for key in ("expressions", "joins", "group", "having"):
+        for part in sub.args.get(key) or []:
+            if isinstance(part, exp.Expression) and _outer_columns(part, inner):
+                raise refuse("a subquery correlated outside its WHERE", part)
+    where = sub.args.get("where")
+    found = Correlation([], [])
+    for conjunct in _conjuncts(where.this) if where is not None else []:
+        if not _outer_columns(conjunct, inner):
+            found.local.append(conjunct)
+            continue
+        bare = conjunct.unnest()
+        if isinstance(bare, exp.EQ):
+            left, right = bare.this, bare.expression
+            if not _outer_columns(left, inner) and _outer_only(right, inner):
+                found.pairs.append((left, right))
+                continue
+            if not _outer_columns(right, inner) and _outer_only(left, inner):
+                found.pairs.append((right, left))
+                continue
+        raise refuse("a subquery correlated by a condition other than an equality", conjunct)
+    return found
+
+
+def _outer_only(node: exp.Expression, inner: set[str]) -> bool:
+    """Whether ``node`` reads outer columns only (a column of the outer query)."""
+    columns = list(node.find_all(exp.Column))
+    return bool(columns) and len(_outer_columns(node, inner)) == len(columns)
+
+
+def _hidden_select(
+    sub: exp.Select, items: list[exp.Expression], local: list[exp.Expression]
+) -> exp.Select:
+    """``sub``'s FROM and joins with ``items`` as its SELECT and ``local`` as its WHERE."""
+    hidden = exp.Select(expressions=items)
+    hidden.set("from_", sub.args["from_"].copy())
+    if sub.args.get("joins"):
+        hidden.set("joins", [j.copy() for j in sub.args["joins"]])
+    if local:
+        hidden.set("where", exp.Where(this=exp.and_(*(c.copy() for c in local))))
+    return hidden
+
+
+def _grouped(sub: exp.Select) -> bool:
+    return bool(sub.args.get("group") or sub.args.get("having")) or any(
+        item.find(*AGGREGATES) for item in sub.expressions
+    )
+
+
+def _query(node: exp.Expression, what: str) -> exp.Select:
+    sub = node.this if isinstance(node, exp.Subquery | exp.Exists) else node
+    if not isinstance(sub, exp.Select):
+        raise refuse(f"{sub.key.upper()} in {what}", sub)
+    return sub
+
+
+def _single(sub: exp.Select, what: str) -> exp.Expression:
+    if len(sub.expressions) != 1 or isinstance(sub.expressions[0], exp.Star):
+        raise errors.InvalidArgument(f"{what} needs a SELECT of one column: {sub.sql()}")
+    return sub.expressions[0].unalias().copy()
+
+
+def _matching(name: str, pairs: list[tuple[exp.Expression, exp.Expression]]) -> list[exp.EQ]:
+    """Each correlation as an equality of the outer expression and the hidden view's column."""
+    return [
+        exp.EQ(this=outer.copy(), expression=_column(name, f"c{i}"))
+        for i, (_, outer) in enumerate(pairs)
+    ]
+
+
+def _semi_join_in(select: exp.Select, node: exp.In, lifter: Lifter) -> list[exp.Expression]:
+    """``x IN (SELECT c ...)`` -> a join with the DISTINCT values (and correlation columns)."""
+    sub = _query(node.args["query"], "IN (...)")
+    item = _single(sub, "IN (SELECT ...)")
+    if isinstance(node.this, exp.Tuple):
+        raise refuse("a row of values IN (SELECT ...)", node)
+    found = _correlation(sub)
+    if _grouped(sub):
+        if found.pairs:
+            raise refuse("IN over a grouped subquery correlated with the outer query", node)
+        inner = sub.copy()
+        inner.set("expressions", [exp.alias_(item, "v0", quoted=True)])
+        hidden = exp.Select(expressions=[_column("s", "v0")]).from_(
+            exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier("s")))
+        )
+    else:
+        items = [exp.alias_(item, "v0", quoted=True)]
+        items += [
+            exp.alias_(own.copy(), f"c{i}", quoted=True) for i, (own, _) in enumerate(found.pairs)
+        ]
+        hidden = _hidden_select(sub, items, found.local)
+    hidden.set("distinct", exp.Distinct())
+    name = lifter.add(hidden)
+    match = exp.EQ(this=node.this.copy(), expression=_column(name, "v0"))
+    _join(select, _table(name, name), exp.and_(match, *_matching(name, found.pairs)))
+    return []
+
+
+def _semi_join_exists(select: exp.Select, node: exp.Exists, lifter: Lifter) -> list[exp.Expression]:
+    """``EXISTS (SELECT ... WHERE inner.a = outer.b ...)`` -> a join with the DISTINCT
+    correlation values; uncorrelated, a cross join with its COUNT(*), kept while positive."""
+    sub = _query(node, "EXISTS (...)")
+    if _grouped(sub):
+        raise refuse("EXISTS over a grouped subquery", node)
+    found = _correlation(sub)
+    if not found.pairs:
+        count = exp.alias_(exp.Count(this=exp.Star()), "v0", quoted=True)
+        name = lifter.add(_hidden_select(sub, [count], found.local))
+        _join(select, _table(name, name), None)
+        return [exp.GT(this=_column(name, "v0"), expression=exp.Literal.number(0))]
+    items = [exp.alias_(own.copy(), f"c{i}", quoted=True) for i, (own, _) in enumerate(found.pairs)]
+    hidden = _hidden_select(sub, items, found.local)
+    hidden.set("distinct", exp.Distinct())
+    name = lifter.add(hidden)
+    _join(select, _table(name, name), exp.and_(*_matching(name, found.pairs)))
+    return []
+
+
+def _lift_scalars(select: exp.Select, conjunct: exp.Expression, lifter: Lifter) -> exp.Expression:
+    """Each scalar subquery of a WHERE conjunct -> a column of a hidden view joined to it."""
+    for node in list(conjunct.find_all(exp.Subquery)):
+        sub = _query(node, "a scalar subquery")
+        item = _single(sub, "a scalar subquery")
+        found = _correlation(sub)
+        if sub.args.get("group") or sub.args.get("having"):
+            raise refuse(
+                "a scalar subquery with GROUP BY or HAVING (more than one row, or none, is "
+                "an error or NULL in SQL)",
+                node,
+            )
+        if not found.pairs:
+            if not item.find(*AGGREGATES):
+                raise refuse(
+                    "a scalar subquery without an aggregate (it may give more than one row)", node
+                )
+            name = lifter.add(
+                _hidden_select(sub, [exp.alias_(item, "v0", quoted=True)], found.local)
+            )
+            _join(select, _table(name, name), None)
+        else:
+            _check_correlated_scalar(conjunct, node, item)
+            owns = [own for own, _ in found.pairs]
+            items = [exp.alias_(own.copy(), f"c{i}", quoted=True) for i, own in enumerate(owns)]
+            hidden = _hidden_select(sub, [*items, exp.alias_(item, "v0", quoted=True)], found.local)
+            hidden.set("group", exp.Group(expressions=[own.copy() for own in owns]))
+            name = lifter.add(hidden)
+            _join(select, _table(name, name), exp.and_(*_matching(name, found.pairs)))
+        column = _column(name, "v0")
+        if node is conjunct:
+            return column
+        node.replace(column)
+    return conjunct
+
+
+def _check_correlated_scalar(
+    conjunct: exp.Expression, node: exp.Subquery, item: exp.Expression
+) -> None:
+    """A correlated scalar is NULL over no rows only as SUM, AVG, MIN or MAX; as an operand
+    of a comparison that is a conjunct of WHERE, a NULL keeps no row, as the join does."""
+    if not isinstance(item, exp.Sum | exp.Avg | exp.Min | exp.Max):
+        if item.find(exp.Count):
+            raise refuse(
+                "a correlated COUNT subquery (over no rows it is 0, which needs an outer join)",
+                node,
+            )
+        raise refuse("a correlated scalar subquery other than SUM, AVG, MIN or MAX", node)
+    parent = node.parent
+    while isinstance(parent, exp.Paren):
+        parent = parent.parent
+    if not isinstance(parent, tuple(COMPARISONS)) or parent is not conjunct.unnest():
+        raise refuse(
+            "a correlated scalar subquery outside a comparison in WHERE's conjunction", node
+        )
