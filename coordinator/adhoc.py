@@ -16,7 +16,7 @@ from sqlglot import exp
 
 from aggview import errors
 from aggview.rowcodec import decode_row
-from aggview.schema import TableSchema, from_storage
+from aggview.schema import ColumnType, TableSchema, from_storage
 from coordinator.transactions import TransactionManager
 from cumulus.aggstate import ViewState
 from cumulus.passes.lift_subqueries import HIDDEN_PREFIX
@@ -84,6 +84,7 @@ def _view_columns(state: ViewState) -> list[tuple[str, str]]:
     """A view's output columns and their duckdb types, from its compiled plan."""
     types = dict(zip([g.name for g in state.plan.group_by], state.group_types, strict=True))
     types.update(zip([a.name for a in state.plan.aggregates], state.result_types, strict=True))
+    types.update((d.name, ColumnType.parse(d.type)) for d in state.plan.derived)
     return [(c, types[c].duckdb()) for c in state.plan.output]
 
 

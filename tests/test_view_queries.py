@@ -177,14 +177,12 @@ def test_adhoc_selects_equal_duckdb(client: Client, table_name: str) -> None:
         for target in (client.sql, db.execute):
             target(f"CREATE TABLE {name} {columns}")
             target(f"INSERT INTO {name} VALUES {', '.join(rows[name])}")
-    client.sql(
-        f"CREATE MATERIALIZED VIEW {table_name}_per_shop AS SELECT shop, SUM(amount) AS total "
+    per_shop = (
+        f"AS SELECT shop, SUM(amount) AS total, SUM(amount) / COUNT(*) AS mean "
         f"FROM {sales} GROUP BY shop"
     )
-    db.execute(
-        f"CREATE VIEW {table_name}_per_shop AS SELECT shop, SUM(amount) AS total "
-        f"FROM {sales} GROUP BY shop"
-    )
+    client.sql(f"CREATE MATERIALIZED VIEW {table_name}_per_shop {per_shop}")
+    db.execute(f"CREATE VIEW {table_name}_per_shop {per_shop}")
     queries = [
         f"SELECT s.city, COUNT(*) AS n, SUM(x.amount) AS total FROM {sales} x "
         f"JOIN {shops} s ON x.shop = s.id GROUP BY s.city ORDER BY s.city",
@@ -194,6 +192,8 @@ def test_adhoc_selects_equal_duckdb(client: Client, table_name: str) -> None:
         f"SELECT id, amount * 2 AS twice FROM {sales} WHERE id < 5 ORDER BY id",
         f"SELECT p.shop, p.total, s.city FROM {table_name}_per_shop p JOIN {shops} s "
         "ON p.shop = s.id ORDER BY p.shop",
+        f"SELECT p.shop, s.city FROM {table_name}_per_shop p JOIN {shops} s "
+        "ON p.shop = s.id WHERE p.mean > 4.5 ORDER BY p.shop",
     ]
     for sql in queries:
         got = client.sql(sql)
