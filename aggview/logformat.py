@@ -20,7 +20,8 @@ def default_format() -> str:
 
 class JsonFormatter(logging.Formatter):
     """A record as one line of JSON: time (UTC, ISO 8601 with milliseconds), level, logger,
-    process id, message, and the traceback of an exception when there is one."""
+    process id, message, the timestamp of the transaction it is about (``ts``, where the call
+    gives ``extra={"ts": ...}``), and the traceback of an exception when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
         line = {
@@ -30,6 +31,9 @@ class JsonFormatter(logging.Formatter):
             "pid": record.process,
             "message": record.getMessage(),
         }
+        ts = getattr(record, "ts", None)  # the transaction a line is about (extra={"ts": ...})
+        if ts is not None:
+            line["ts"] = ts
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False)

@@ -118,7 +118,9 @@ class SnapshotLeases:
             now = time.monotonic()
             for lease, held in list(self.leases.items()):
                 if held.expires <= now:
-                    log.warning("snapshot lease %d at %d expired", lease, held.ts)
+                    log.warning(
+                        "snapshot lease %d at %d expired", lease, held.ts, extra={"ts": held.ts}
+                    )
                     self.release(lease)
                     if held.on_expiry is not None:
                         with contextlib.suppress(Exception):

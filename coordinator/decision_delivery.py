@@ -56,7 +56,13 @@ class DecisionDelivery:
         self, ts: int, partition: int, pending: set[int], decisions: DecisionLog
     ) -> None:
         def undelivered(exc: BaseException, failed: int, wait: float) -> None:
-            log.info("commit %d to LTM %d not delivered (%s); retrying", ts, partition, exc)
+            log.info(
+                "commit %d to LTM %d not delivered (%s); retrying",
+                ts,
+                partition,
+                exc,
+                extra={"ts": ts},
+            )
 
         async def retry() -> None:
             await asyncio.sleep(REDELIVERY_FIRST)

@@ -422,7 +422,7 @@ async def prepare_one(
     except errors.AggviewError as exc:
         return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=str(exc))
     except Exception as exc:  # e.g. the store is down: this transaction aborts, we serve on
-        log.exception("prepare of %d failed", sub.ts)
+        log.exception("prepare of %d failed", sub.ts, extra={"ts": sub.ts})
         return pb.Vote(ts=sub.ts, outcome=pb.Vote.UNAVAILABLE, message=repr(exc))
 
 

@@ -330,8 +330,9 @@ def test_a_json_log_line_carries_the_traceback() -> None:
         record = logging.getLogger("x").makeRecord(
             "x", logging.ERROR, __file__, 1, "failed %s", ("here",), sys.exc_info()
         )
+    record.ts = 42  # as extra={"ts": 42} sets it
     line = json.loads(JsonFormatter().format(record))
-    assert line["message"] == "failed here" and line["level"] == "ERROR"
+    assert line["message"] == "failed here" and line["level"] == "ERROR" and line["ts"] == 42
     assert "ValueError: bad value" in line["exception"]
 
 

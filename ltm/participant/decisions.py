@@ -82,7 +82,13 @@ class Decisions(PartitionState):
             try:
                 state.commit_merge(ts, delta, self.low_watermark, lsn)
             except TypeError as exc:  # only a malformed request makes one (see _delta)
-                log.error("view delta of %d does not fit row %r: %s; dropped", ts, row_id, exc)
+                log.error(
+                    "view delta of %d does not fit row %r: %s; dropped",
+                    ts,
+                    row_id,
+                    exc,
+                    extra={"ts": ts},
+                )
                 state.drop_merge(ts)
         self.commits_since_checkpoint += len(tx.after) + len(tx.merges)
         self.touched.update(tx.after)
@@ -113,4 +119,6 @@ class Decisions(PartitionState):
                     try:
                         await self.decide(ts, outcome)
                     except Exception:
-                        log.exception("applying the outcome of %d failed; asking again", ts)
+                        log.exception(
+                            "applying the outcome of %d failed; asking again", ts, extra={"ts": ts}
+                        )
