@@ -5,7 +5,6 @@ Cumulus DW node, and a development HBase.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
 import time
 from dataclasses import asdict
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from aggcli.options import refuse_taken_port, say, server_tls_dir, tokens_path
-from aggview import errors
+from aggview import errors, loops
 
 
 def _register_view_hosts() -> None:
@@ -86,7 +85,7 @@ def run_ltm(args: argparse.Namespace) -> None:
         take_lead=args.take_lead,
         metrics_port=args.metrics_port,
     )
-    asyncio.run(serve(config))
+    loops.run(serve(config))
 
 
 def run_start(args: argparse.Namespace) -> None:
@@ -191,4 +190,4 @@ def run_cumulus_node(args: argparse.Namespace) -> None:
         port=args.port,
         tls=TlsDir.load(tls_dir) if tls_dir is not None else None,
     )
-    asyncio.run(serve(config))
+    loops.run(serve(config))
