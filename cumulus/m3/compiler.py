@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from aggview import errors
 from aggview.schema import ColumnType, TableSchema
 from cumulus.aggregates import RULES, Kind
-from cumulus.compiler import CreateView, compile_view, parse_view_statement
+from cumulus.compiler import OUTER_REFUSAL, CreateView, compile_view, parse_view_statement
 from cumulus.m3.canonical import canonical
 from cumulus.m3.delta import Types, delta_terms, fresh, substitute
 from cumulus.m3.exprs import (
@@ -171,6 +171,8 @@ class _Compiler:
     # --- views ---------------------------------------------------------------------------------
 
     def view(self, plan: ViewPlan) -> View:
+        if plan.outer:  # a NULL row where none matches is no product of maps
+            raise errors.InvalidArgument(OUTER_REFUSAL)
         for ref in plan.tables:
             if ref.table not in self.sources:
                 schema = self.table(ref.table)
