@@ -41,15 +41,11 @@ from cumulus.passes.plan_having import plan_derived, plan_having
 from cumulus.passes.plan_joins import outer_joins, plan_where
 from cumulus.passes.plan_select import plan_select
 from cumulus.passes.resolve_tables import resolve_tables
-from cumulus.plan import ViewPlan
+from cumulus.plan import OUTER_REFUSAL, ViewPlan
 from cumulus.view_rows import is_view_rows, row_schema, rows_id
 
 CUMULUS_REFUSAL = (
     "subqueries and views over views are maintained in refresh = 'sync' or 'async', not 'cumulus'"
-)
-
-OUTER_REFUSAL = (
-    "LEFT JOIN, NOT EXISTS and NOT IN are maintained in refresh = 'sync' or 'async', not 'cumulus'"
 )
 
 

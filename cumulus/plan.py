@@ -48,6 +48,10 @@ SPECULATION = ("speculative", "conservative")  # how a Cumulus view's runtime ru
 HOSTS = ("local", "grpc", "spark")
 PLAN_FORMAT = 1
 SHAPES = ("aggregate", "bag", "distinct")
+# an outer alias (LEFT JOIN, NOT EXISTS, NOT IN) in a cumulus view, or switched to one
+OUTER_REFUSAL = (
+    "LEFT JOIN, NOT EXISTS and NOT IN are maintained in refresh = 'sync' or 'async', not 'cumulus'"
+)
 # a bag view row's multiplicity, as a counted read (a subscription) shows it; ``_`` names are
 # the view's own, never a user's
 MULTIPLICITY = "__count"
@@ -335,6 +339,8 @@ class ViewPlan:
     def _check_outer(self, aliases: list[str]) -> None:
         """An outer alias is matched by equalities with inner aliases only (its NULL row
         depends on them alone, which makes the view linear in each other table)."""
+        if self.outer and self.mode == "cumulus":
+            raise InvalidArgument(OUTER_REFUSAL)
         for alias in self.outer:
             if alias not in aliases or alias == aliases[0]:
                 raise InvalidArgument(f"view {self.name}: outer alias {alias!r} is not joined")

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from test_subqueries import DUCK_COLUMNS, TABLES, Stack, check_against_duckdb, shown_row
 from test_view_language import stored_changes
 
+from aggview import errors
 from cumulus.compiler import compile_sql_views
+from cumulus.ddl import altered_plan, parse_view_statement
 from cumulus.plan import ViewPlan
 
 OUTER = {
@@ -169,7 +171,7 @@ def test_not_exists_is_a_left_join_with_the_distinct_correlation_values_kept_whe
 
 def test_not_in_reads_the_values_and_their_counts() -> None:
     values, counts, outer = _compiled(OUTER["NOT IN correlated"])
-    assert values.output == ("v0", "c0") and values.shape == "distinct"
+    assert values.output == ("c0", "v0") and values.shape == "distinct"
     assert counts.output == ("c0", "n", "nn")
     assert outer.outer == (values.name, counts.name)
 
@@ -183,6 +185,19 @@ def test_a_left_joins_where_equality_with_its_table_is_a_filter() -> None:
 def test_cumulus_refuses_outer_joins_by_name(shape: str) -> None:
     with pytest.raises(Exception, match="maintained in refresh = 'sync' or 'async'"):
         _compiled(OUTER[shape], "cumulus")
+
+
+def test_a_left_join_view_cannot_switch_to_cumulus() -> None:
+    (plan,) = _compiled(OUTER["LEFT JOIN counts"])
+    alter = parse_view_statement("ALTER MATERIALIZED VIEW q SET (refresh = 'cumulus')")
+    with pytest.raises(errors.InvalidArgument, match="maintained in refresh = 'sync' or 'async'"):
+        altered_plan(plan, alter)  # type: ignore[arg-type]
+    assert altered_plan(
+        plan,
+        parse_view_statement(  # type: ignore[arg-type]
+            "ALTER MATERIALIZED VIEW q SET (refresh = 'async')"
+        ),
+    ).outer == ("b",)
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from aggview import errors
 from aggview.schema import ColumnType, TableSchema
 from cumulus.aggregates import RULES, Kind
-from cumulus.compiler import OUTER_REFUSAL, CreateView, compile_view, parse_view_statement
+from cumulus.compiler import CreateView, compile_view, parse_view_statement
 from cumulus.m3.canonical import canonical
 from cumulus.m3.delta import Types, delta_terms, fresh, substitute
 from cumulus.m3.exprs import (
@@ -57,7 +57,7 @@ from cumulus.m3.program import (
     View,
     ViewColumn,
 )
-from cumulus.plan import MULTIPLICITY, Aggregate, ViewPlan
+from cumulus.plan import MULTIPLICITY, OUTER_REFUSAL, Aggregate, ViewPlan
 
 TableLookup = Callable[[str], TableSchema]
 INT_TYPE = ColumnType("INT")

@@ -341,12 +341,13 @@ def _anti_join_in(select: exp.Select, node: exp.In, lifter: Lifter) -> list[exp.
     ):
         raise refuse("NOT IN of an expression or correlated with one (only columns)", node)
     owns = [exp.alias_(own.copy(), f"c{i}", quoted=True) for i, (own, _) in enumerate(found.pairs)]
-    values = _hidden_select(sub, [exp.alias_(item, "v0", quoted=True), *owns], found.local)
+    # the correlation first: a lookup by a view's leading column reads those groups only
+    values = _hidden_select(sub, [*owns, exp.alias_(item, "v0", quoted=True)], found.local)
     values.set("distinct", exp.Distinct())
     name = lifter.add(values)
     on = exp.and_(
-        exp.EQ(this=node.this.copy(), expression=_column(name, "v0")),
         *_matching(name, found.pairs),
+        exp.EQ(this=node.this.copy(), expression=_column(name, "v0")),
     )
     select.append("joins", exp.Join(this=_table(name, name), on=on, side="LEFT"))
     counts = [
