@@ -95,7 +95,9 @@ def _from_where(state: ViewState, tables: dict[str, str], *extra: str) -> str:
         )
 
     inner = [t for t in plan.tables if t.alias not in plan.outer]
-    sources = " CROSS JOIN ".join(f"{tables[t.table]} AS {quote(t.alias)}" for t in inner)
+    # a LEFT JOIN's ON may read any inner table: crossed explicitly, a comma would bind looser
+    comma = " CROSS JOIN " if plan.outer else ", "
+    sources = comma.join(f"{tables[t.table]} AS {quote(t.alias)}" for t in inner)
     for alias in plan.outer:
         on = [equal(e) for e in plan.edges if alias in (e.left.alias, e.right.alias)]
         sources += f" LEFT JOIN {tables[plan.table_of(alias)]} AS {quote(alias)}"

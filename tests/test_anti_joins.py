@@ -51,6 +51,8 @@ OUTER = {
     "FROM a LEFT JOIN b ON a.k = b.k LEFT JOIN b c ON c.x = a.x GROUP BY a.g",
     "LEFT JOIN after inner": "SELECT a.g, COUNT(*) AS n, COUNT(c.id) AS nc FROM a "
     "JOIN b ON a.k = b.k LEFT JOIN a c ON c.x = b.x GROUP BY a.g",
+    "RIGHT JOIN": "SELECT b.g, COUNT(*) AS n, COUNT(a.x) AS nx, SUM(a.v) AS s FROM a "
+    "RIGHT OUTER JOIN b ON a.k = b.k AND a.x = b.x GROUP BY b.g",
     "LEFT JOIN subquery": "SELECT a.g, COUNT(*) AS n, SUM(s.t) AS t FROM a LEFT JOIN "
     "(SELECT k, SUM(v) AS t FROM b GROUP BY k) s ON s.k = a.k GROUP BY a.g",
 }
@@ -203,7 +205,11 @@ def test_a_left_join_view_cannot_switch_to_cumulus() -> None:
 @pytest.mark.parametrize(
     ("select", "named"),
     [
-        ("SELECT COUNT(*) FROM a RIGHT JOIN b ON a.k = b.k", "RIGHT OUTER JOIN"),
+        ("SELECT * FROM a RIGHT JOIN b ON a.k = b.k", "SELECT \\* over a RIGHT JOIN"),
+        (
+            "SELECT COUNT(*) FROM a JOIN b ON a.k = b.k RIGHT JOIN a c ON c.k = a.k",
+            "a RIGHT JOIN after another join",
+        ),
         ("SELECT COUNT(*) FROM a FULL JOIN b ON a.k = b.k", "FULL OUTER JOIN"),
         ("SELECT COUNT(*) FROM a LEFT JOIN b ON a.k < b.k", "a LEFT JOIN's ON other than"),
         (

@@ -37,6 +37,27 @@ def _edge(pred: Expr, scope: Scope, node: exp.Expression) -> JoinEdge | None:
     return JoinEdge(left, right)
 
 
+def mirror_right_join(select: exp.Select) -> exp.Select:
+    """``FROM a RIGHT JOIN b ON ...`` is ``FROM b LEFT JOIN a ON ...`` (a copy; ``select``
+    itself without a RIGHT JOIN). Only as the first join of one table, and without ``*``,
+    whose columns would come in the other order; else refused by name."""
+    joins = select.args.get("joins") or []
+    rights = [i for i, j in enumerate(joins) if j.side.upper() == "RIGHT"]
+    if not rights:
+        return select
+    if rights != [0]:
+        raise refuse("a RIGHT JOIN after another join (write it as a LEFT JOIN)", joins[rights[-1]])
+    if [star for star in select.find_all(exp.Star) if not isinstance(star.parent, exp.Count)]:
+        raise refuse("SELECT * over a RIGHT JOIN (write it as a LEFT JOIN)")
+    mirrored = select.copy()
+    first = mirrored.args["joins"][0]
+    left, right = mirrored.args["from_"].this, first.this
+    mirrored.args["from_"].set("this", right.copy())
+    first.set("this", left.copy())
+    first.set("side", "LEFT")
+    return mirrored
+
+
 def outer_joins(select: exp.Select) -> dict[int, str]:
     """Each LEFT JOIN's ON (by identity) -> the alias of the table it joins."""
     found: dict[int, str] = {}

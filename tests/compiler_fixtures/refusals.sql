@@ -13,8 +13,10 @@ SELECT count(*) FROM events e LEFT JOIN products p ON e.prod_id = p.prod_id LEFT
 SELECT count(*) FROM events e LEFT JOIN products p;
 -- InvalidArgument: LEFT JOIN ... USING or NATURAL LEFT JOIN
 SELECT count(*) FROM events e LEFT JOIN products p USING (prod_id);
--- InvalidArgument: RIGHT OUTER JOIN
-SELECT count(*) FROM events e RIGHT JOIN products p ON e.prod_id = p.prod_id;
+-- InvalidArgument: a RIGHT JOIN after another join (write it as a LEFT JOIN)
+SELECT count(*) FROM events e JOIN shops s ON e.shop_id = s.shop_id RIGHT JOIN products p ON e.prod_id = p.prod_id;
+-- InvalidArgument: SELECT * over a RIGHT JOIN
+SELECT * FROM events e RIGHT JOIN products p ON e.prod_id = p.prod_id;
 -- InvalidArgument: FULL OUTER JOIN
 SELECT count(*) FROM events e FULL OUTER JOIN products p ON e.prod_id = p.prod_id;
 -- InvalidArgument: CROSS JOIN takes no ON or USING
