@@ -51,6 +51,10 @@ OUTER = {
     "FROM a LEFT JOIN b ON a.k = b.k LEFT JOIN b c ON c.x = a.x GROUP BY a.g",
     "LEFT JOIN after inner": "SELECT a.g, COUNT(*) AS n, COUNT(c.id) AS nc FROM a "
     "JOIN b ON a.k = b.k LEFT JOIN a c ON c.x = b.x GROUP BY a.g",
+    "LEFT JOIN self": "SELECT a.k, COUNT(*) AS n, COUNT(c.id) AS nc FROM a LEFT JOIN a c "
+    "ON c.x = a.k GROUP BY a.k",
+    "LEFT JOIN off two tables": "SELECT a.g, COUNT(*) AS n, SUM(c.v) AS s FROM a JOIN b "
+    "ON a.k = b.k LEFT JOIN b c ON c.k = a.x AND c.x = b.x GROUP BY a.g",
     "RIGHT JOIN": "SELECT b.g, COUNT(*) AS n, COUNT(a.x) AS nx, SUM(a.v) AS s FROM a "
     "RIGHT OUTER JOIN b ON a.k = b.k AND a.x = b.x GROUP BY b.g",
     "LEFT JOIN subquery": "SELECT a.g, COUNT(*) AS n, SUM(s.t) AS t FROM a LEFT JOIN "
