@@ -399,14 +399,12 @@ class Node:
     def _owned(self, op: Operation) -> dict[Key, Any]:
         """The statement's result for the keys of its target this node holds."""
         step = self.compiled[op.trigger][op.statement]
-        env = self._env(op.trigger, op.args)
-        target, keys = step.step.target, step.step.target_keys
-        if self.placement.nodes == 1 or not keys or keys[0] in env:
-            return step.run(env, op.tables)  # one writer: the switch sent the PUT here alone
-        node_of = self.placement.node_of
+        if self.placement.nodes == 1 or step.single_writer:
+            return step.run(op.args, op.tables)  # one writer: the switch sent the PUT here alone
+        node_of, target = self.placement.node_of, step.step.target
         return {
             key: value
-            for key, value in step.run(env, op.tables).items()
+            for key, value in step.run(op.args, op.tables).items()
             if node_of(target, key) == self.number
         }
 
