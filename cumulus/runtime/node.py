@@ -71,7 +71,13 @@ class MapLog:
         self.indexes: dict[tuple[int, ...], dict[Key, list[Key]]] = {}
 
     def write(self, key: Key, delta: Any, ts: Timestamp) -> None:
-        bisect.insort(self.history.setdefault(key, []), (ts, delta), key=lambda e: e[0])
+        history = self.history.get(key)
+        if history is None:
+            self.history[key] = [(ts, delta)]
+        elif history[-1][0] <= ts:  # in timestamp order, as nearly every write is
+            history.append((ts, delta))
+        else:
+            bisect.insort(history, (ts, delta), key=lambda e: e[0])
         _accumulate(self.current, key, delta)
         latest = self.latest.get(key)
         if latest is None:
@@ -194,7 +200,10 @@ class Node:
         switches: int = 1,
         mode: str = "speculative",
         log_limit: int | None = None,
+        ordered: bool = False,
     ) -> None:
+        """``ordered``: the host delivers each switch's messages in the order sent (FIFO
+        links, as the simulator and the gRPC and Spark hosts do); the node then checks it."""
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
         self.placement = placement
@@ -202,9 +211,26 @@ class Node:
         self.switches = switches
         self.mode = mode
         self.log_limit = log_limit  # write-log entries past which the node asks for an epoch end
+        self.ordered = ordered
+        # A read is logged only where a later write can still revise it. With one switch whose
+        # messages arrive in order, every PUT below a FETCH is known when it is served, and the
+        # FETCH waits for those writing a map it reads; conservative mode waits for every
+        # earlier PUT. Either way no write is late, so no read is logged: only the newest read
+        # per map is kept, to refuse a late write loudly (``_unlogged``).
+        self.log_reads = mode == "speculative" and not (ordered and switches == 1)
+        self._newest_read: dict[str, Timestamp] = {}
+        self._last_dispatch: dict[int, Timestamp] = {}  # ordered: per switch, the newest
         program = placement.program
         self.compiled = [
             [CompiledStep(step, trigger.args) for step in steps]
+            for trigger, steps in zip(program.triggers, placement.steps, strict=True)
+        ]
+        # per trigger, per step: its reads, each with its pattern as a function of the values
+        self._reads = [
+            [
+                [(read, placement.pattern_of(read.keys, trigger.args)) for read in step.reads]
+                for step in steps
+            ]
             for trigger, steps in zip(program.triggers, placement.steps, strict=True)
         ]
         self.maps: dict[str, MapLog] = defaultdict(MapLog)
@@ -270,6 +296,14 @@ class Node:
             )
 
     def _dispatch(self, message: Dispatch) -> None:
+        if self.ordered:
+            last = self._last_dispatch.get(message.ts[1])
+            if last is not None and message.ts <= last:
+                raise ProtocolError(
+                    f"node {self.number} got the Dispatch for {message.ts} after {last} from the "
+                    "same switch: its host promised them in order"
+                )
+            self._last_dispatch[message.ts[1]] = message.ts
         steps = self.placement.steps[message.trigger]
         if message.puts and self.mode == "conservative":
             self._left[message.puts_before] = len(message.puts)
@@ -350,21 +384,26 @@ class Node:
     def _serve(self, work: list[tuple[Dispatch, Fetch]], out: Outbox) -> None:
         """PUSHes for the fetches of one update: one message per writer."""
         dispatch = work[0][0]
-        ts, steps = dispatch.ts, self.placement.steps[dispatch.trigger]
-        env = self._env(dispatch.trigger, dispatch.args)
+        ts, reads, args = dispatch.ts, self._reads[dispatch.trigger], dispatch.args
         by_writer: dict[int, tuple[list[int], list[Slice]]] = defaultdict(lambda: ([], []))
         for _, fetch in work:
-            step = steps[fetch.statement]
-            for read in step.reads:
+            for read, pattern_of in reads[fetch.statement]:
                 if read.factor not in fetch.factors:
                     continue
-                pattern = self.placement.pattern(read.keys, env)
+                pattern = pattern_of(args)
                 entries = tuple(self.maps[read.map].slice_before(pattern, ts).items())
-                log = self.reads[read.map]
+                piece = Slice(fetch.statement, read.factor, entries)
+                if self.log_reads:
+                    log = self.reads[read.map]
+                    for writer in fetch.writers:
+                        entry = _ReadEntry(ts, pattern, writer, fetch.statement, read.factor)
+                        bisect.insort(log, entry, key=lambda e: e.ts)
+                else:
+                    newest = self._newest_read.get(read.map)
+                    if newest is None or newest < ts:
+                        self._newest_read[read.map] = ts
                 for writer in fetch.writers:
-                    entry = _ReadEntry(ts, pattern, writer, fetch.statement, read.factor)
-                    bisect.insort(log, entry, key=lambda e: e.ts)
-                    by_writer[writer][1].append(Slice(fetch.statement, read.factor, entries))
+                    by_writer[writer][1].append(piece)
             for writer in fetch.writers:
                 by_writer[writer][0].append(fetch.statement)
         for writer, (statements, slices) in by_writer.items():
@@ -413,6 +452,9 @@ class Node:
     ) -> None:
         self.maps[map_name].write(key, delta, ts)
         self._log_entries += 1
+        if not self.log_reads:
+            self._unlogged(map_name, ts)
+            return
         log = self.reads.get(map_name)
         if not log or log[-1].ts <= ts:
             return  # no read of this map at a later timestamp was served yet
@@ -432,6 +474,15 @@ class Node:
                 self.number, ts, map_name, key, delta, tuple(reads), depth + 1, self._sent
             )
             out.append((writer, corrective))
+
+    def _unlogged(self, map_name: str, ts: Timestamp) -> None:
+        """A late write where reads are not logged breaks the rule that made them unneeded."""
+        newest = self._newest_read.get(map_name)
+        if newest is not None and ts < newest:
+            raise ProtocolError(
+                f"node {self.number}: a write to {map_name} at {ts} after a read of it at "
+                f"{newest}, with reads not logged (one switch, in order)"
+            )
 
     def _corrective(self, message: Corrective, out: Outbox) -> None:
         self.stats.corrective_received += 1
