@@ -17,6 +17,7 @@ raises an ``aggview.errors`` exception that names it and leaves every map as it 
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -146,17 +147,15 @@ class Interpreter:
 
     def check(self, sign: str, relation: str, row: Sequence[Any] | Mapping[str, Any]) -> Key:
         """The row's values, converted; an ``errors`` exception naming the row if it is bad."""
+        checker = self._checkers.get(relation)
+        if checker is not None and (sign, relation) in self._triggers:
+            return checker(row, lambda: f"stream row {sign}{relation}{_shown(row)}")
         shown = f"stream row {sign}{relation}{_shown(row)}"
         if sign not in ("+", "-"):
             raise errors.InvalidArgument(f"{shown}: the sign must be + or -")
-        checker = self._checkers.get(relation)
         if checker is None:
             raise errors.UnknownTable(f"{shown}: the program has no relation {relation!r}")
-        if (sign, relation) not in self._triggers:
-            raise errors.InvalidArgument(
-                f"{shown}: the program has no trigger ON {sign} {relation}"
-            )
-        return checker(row, shown)
+        raise errors.InvalidArgument(f"{shown}: the program has no trigger ON {sign} {relation}")
 
     def apply(self, sign: str, relation: str, row: Sequence[Any] | Mapping[str, Any]) -> None:
         values = self.check(sign, relation, row)
@@ -373,7 +372,8 @@ class Interpreter:
                 continue
             checker = self._checkers[relation]
             for row in rows:
-                store.add(checker(row, f"row {relation}{_shown(row)}"), 1)
+                shown_by = functools.partial(_named, relation, row)
+                store.add(checker(row, shown_by), 1)
 
     def sizes(self) -> dict[str, int]:
         return {name: len(store.data) for name, store in self.maps.items()}
@@ -407,35 +407,44 @@ def _lift(factor: Lift, value: Callable[[Env], Any], bound: bool, nxt: Step) -> 
     return bind
 
 
+def _named(relation: str, row: object) -> str:
+    return f"row {relation}{_shown(row)}"
+
+
 def _shown(row: object) -> str:
     text = repr(tuple(row) if isinstance(row, list) else row)
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _row_checker(source: Source) -> Callable[[Sequence[Any] | Mapping[str, Any], str], Key]:
+def _row_checker(
+    source: Source,
+) -> Callable[[Sequence[Any] | Mapping[str, Any], Callable[[], str]], Key]:
     """Checks and converts a row: arity, NOT NULL, types (exact DECIMAL scale, 64-bit INT)."""
     columns = source.columns
     names = source.column_names()
     converters = [_converter(source.name, column) for column in columns]
 
-    def check(row: Sequence[Any] | Mapping[str, Any], shown: str) -> Key:
+    def check(row: Sequence[Any] | Mapping[str, Any], shown_by: Callable[[], str]) -> Key:
+        """``shown_by()`` names the row in an error (written only when there is one)."""
         if isinstance(row, Mapping):
             unknown = [k for k in row if k not in names]
             if unknown:
-                raise errors.UnknownColumn(f"{shown}: {source.name} has no column {unknown[0]!r}")
+                raise errors.UnknownColumn(
+                    f"{shown_by()}: {source.name} has no column {unknown[0]!r}"
+                )
             values = [row.get(n) for n in names]
         elif isinstance(row, list | tuple):
             if len(row) != len(columns):
                 raise errors.InvalidArgument(
-                    f"{shown}: {source.name} has {len(columns)} columns, the row {len(row)}"
+                    f"{shown_by()}: {source.name} has {len(columns)} columns, the row {len(row)}"
                 )
             values = list(row)
         else:
-            raise errors.InvalidArgument(f"{shown}: a row is a tuple or a dict")
+            raise errors.InvalidArgument(f"{shown_by()}: a row is a tuple or a dict")
         try:
             return tuple(convert(v) for convert, v in zip(converters, values, strict=True))
         except errors.TypeMismatch as exc:
-            raise errors.TypeMismatch(f"{shown}: {exc}") from None
+            raise errors.TypeMismatch(f"{shown_by()}: {exc}") from None
 
     return check
 

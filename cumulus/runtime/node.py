@@ -407,7 +407,11 @@ class Node:
             for writer in fetch.writers:
                 by_writer[writer][0].append(fetch.statement)
         for writer, (statements, slices) in by_writer.items():
-            out.append((writer, Push(ts, self.number, tuple(statements), tuple(slices))))
+            push = Push(ts, self.number, tuple(statements), tuple(slices))
+            if writer == self.number:  # its own link: taken at once, as if it came back
+                self._push(push)
+            else:
+                out.append((writer, push))
 
     # --------------------------------------------------------------------------- writes
 
