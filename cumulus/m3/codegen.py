@@ -12,9 +12,10 @@ arithmetic functions (``cumulus.expressions.add``/``mul``/``ARITHMETIC``, exact 
 DECIMAL), SQL NULLs (an operand None makes a result None; a guard passes only TRUE; a NULL or
 zero value term skips the row; a lift binds NULL), the accumulator multiplied factor by factor
 from 1, each entry read counted. Variables, literals, ``+ - * /``, negation, comparisons and
-``IS NOT NULL`` are written inline; any other term (CASE, COALESCE, IN, BETWEEN, LIKE, AND, OR,
-NOT) is evaluated as a whole by the interpreter's own closure (``compile_value`` /
-``compile_guard``) over a dict of the variables it reads: never a second evaluator of those.
+``IS NOT NULL``, AND, OR, NOT (three-valued) and IN over constants are written inline; any
+other term (CASE, COALESCE, BETWEEN, LIKE, IN over expressions, or a guard containing one) is
+evaluated as a whole by the interpreter's own closure (``compile_value`` / ``compile_guard``)
+over a dict of the variables it reads: never a second evaluator of those.
 
 How a map factor is read is the caller's (``Access``): the interpreter reads whole maps and
 their secondary indexes (``cumulus.m3.interpreter``), a runtime writer the tables of entries it
@@ -105,34 +106,89 @@ def _value_code(gen: Gen, expr: Expr) -> str | None:
     if "op" in expr and expr["op"] in ARITHMETIC and len(expr.get("args", ())) == 2:
         return _binary(gen, expr["args"], gen.const(ARITHMETIC[expr["op"]], "op") + "({}, {})")
     if "neg" in expr:
-        inner = _value_code(gen, expr["neg"])
-        if inner is None:
-            return None
-        t = gen.temp()
-        return f"(None if ({t} := {inner}) is None else {gen.const(negate, 'neg')}({t}))"
+        return _unary(gen, _value_code(gen, expr["neg"]), gen.const(negate, "neg") + "({})")
     return None
+
+
+def _unary(gen: Gen, inner: str | None, template: str) -> str | None:
+    """NULL if the operand is, else ``template`` of it (None if the operand is not inline)."""
+    if inner is None:
+        return None
+    t = gen.temp()
+    return f"(None if ({t} := {inner}) is None else {template.format(t)})"
 
 
 def _binary(gen: Gen, args: Sequence[Expr], template: str) -> str | None:
     """NULL if either operand is (the right one is not evaluated when the left is NULL)."""
-    left, right = (_value_code(gen, a) for a in args)
-    if left is None or right is None:
+    codes = [_value_code(gen, a) for a in args]
+    if None in codes:
         return None
-    a, b = gen.temp(), gen.temp()
-    test = f"({a} := {left}) is None or ({b} := {right}) is None"
-    return f"(None if {test} else {template.format(a, b)})"
+    names, tests = [], []
+    for code in codes:
+        assert code is not None
+        if code.isidentifier():  # a local or a constant: read as it is
+            name = code
+        else:
+            name = gen.temp()
+            code = f"({name} := {code})"
+        names.append(name)
+        if gen.namespace.get(code, None) is None:  # a constant (never NULL) needs no test
+            tests.append(f"{code} is None")
+    if not tests:
+        return template.format(*names)
+    return f"(None if {' or '.join(tests)} else {template.format(*names)})"
 
 
 def _guard_code(gen: Gen, pred: Expr) -> str:
     """A guard as a Python condition, True only where the predicate is TRUE."""
-    code: str | None = None
     if "notnull" in pred:
         inner = _value_code(gen, pred["notnull"])
-        code = None if inner is None else f"{inner} is not None"
-    elif "cmp" in pred and pred["cmp"] in _COMPARE and len(pred.get("args", ())) == 2:
-        inner = _binary(gen, pred["args"], "{} " + _COMPARE[pred["cmp"]] + " {}")
-        code = None if inner is None else f"{inner} is True"
-    return code if code is not None else _fallback(gen, compile_guard(pred), pred)
+        if inner is not None:
+            return f"{inner} is not None"
+    code = _predicate_code(gen, pred)
+    return f"{code} is True" if code is not None else _fallback(gen, compile_guard(pred), pred)
+
+
+def _predicate_code(gen: Gen, pred: Expr) -> str | None:
+    """A predicate as a three-valued Python expression (True, False, None for NULL), as
+    ``cumulus.expressions`` evaluates it (AND and OR stop at their first deciding part); None
+    where it is not written inline (BETWEEN, LIKE, IN over non-constants)."""
+    if "cmp" in pred and pred["cmp"] in _COMPARE and len(pred.get("args", ())) == 2:
+        return _binary(gen, pred["args"], "{} " + _COMPARE[pred["cmp"]] + " {}")
+    if "notnull" in pred:
+        inner = _value_code(gen, pred["notnull"])
+        return None if inner is None else f"({inner} is not None)"
+    if "not" in pred:
+        return _unary(gen, _predicate_code(gen, pred["not"]), "not {}")
+    for key, decisive in (("and", False), ("or", True)):
+        if key in pred and isinstance(pred[key], list) and pred[key]:
+            parts = [_predicate_code(gen, p) for p in pred[key]]
+            return None if None in parts else _connective(gen, parts, decisive)
+    if "in" in pred and isinstance(pred.get("values"), list) and pred["values"]:
+        return _in_constants(gen, pred)
+    return None
+
+
+def _connective(gen: Gen, parts: list[str | None], decisive: bool) -> str:
+    """``decisive`` if a part is (the rest not evaluated), else NULL if a part is NULL, else
+    the other truth value."""
+    temps = [gen.temp() for _ in parts]
+    code = f"(None if {' or '.join(f'{t} is None' for t in temps)} else {not decisive})"
+    for t, part in reversed(list(zip(temps, parts, strict=True))):
+        code = f"({decisive} if ({t} := {part}) is {decisive} else {code})"
+    return code
+
+
+def _in_constants(gen: Gen, pred: Expr) -> str | None:
+    """``x IN (constants)``: TRUE, FALSE, or NULL when x is NULL or the list holds a NULL."""
+    values = pred["values"]
+    subject = _value_code(gen, pred["in"])
+    if subject is None or not all("lit" in v or "null" in v for v in values):
+        return None
+    constants = gen.const(frozenset(literal_value(v) for v in values if "lit" in v), "set")
+    miss = None if any("null" in v for v in values) else False
+    t = gen.temp()
+    return f"(None if ({t} := {subject}) is None else (({t} in {constants}) or {miss}))"
 
 
 def _term_code(gen: Gen, expr: Expr) -> str:
