@@ -15,7 +15,7 @@ It imports nothing of ``bench``, so the same file measures an older checkout too
 checkout's directory (its packages win)::
 
     python -m bench.cumulus_shapes --updates 20000
-    cd /tmp/old && python /path/to/bench/cumulus_shapes.py --updates 20000
+    cp bench/cumulus_shapes.py /tmp/ && cd /tmp/old && PYTHONPATH=. python /tmp/cumulus_shapes.py
 """
 
 from __future__ import annotations
