@@ -126,6 +126,10 @@ def _neg(a: Any) -> Any:
 
 
 _ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {"+": add, "-": _sub, "*": mul, "/": _div}
+# the operators by name, and negation, for code generated from plan trees (``cumulus.m3.codegen``):
+# the same functions, so generated code computes what these closures compute
+ARITHMETIC: Mapping[str, Callable[[Any, Any], Any]] = _ARITHMETIC
+negate = _neg
 
 
 def _binary(op: Callable[[Any, Any], Any], left: Evaluator, right: Evaluator) -> Evaluator:

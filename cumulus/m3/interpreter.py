@@ -17,6 +17,7 @@ raises an ``aggview.errors`` exception that names it and leaves every map as it 
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -24,7 +25,9 @@ from typing import Any
 from aggview import errors
 from aggview.schema import INT_MAX, INT_MIN, Column, from_storage, to_storage
 from cumulus.expressions import add, mul
-from cumulus.m3.exprs import Env, compile_guard, compile_value, vars_of
+from cumulus.m3.codegen import TriggerStatement, compile_trigger
+from cumulus.m3.exprs import Env, compile_guard, compile_value
+from cumulus.m3.order import plan_order, produced
 from cumulus.m3.program import (
     AggSum,
     Factor,
@@ -94,59 +97,13 @@ def key_getter(names: Sequence[str]) -> Callable[[Env], Key]:
     return operator.itemgetter(*names)  # type: ignore[return-value]
 
 
-def produced(factor: Factor) -> set[str]:
-    """Variables a factor binds."""
-    if isinstance(factor, MapRef):
-        return set(factor.keys)
-    if isinstance(factor, Rel):
-        return set(factor.args)
-    if isinstance(factor, Lift):
-        return {factor.var}
-    return set()
-
-
-def needed(factor: Factor) -> set[str]:
-    if isinstance(factor, Guard):
-        return set(vars_of(factor.pred))
-    if isinstance(factor, Value | Lift):
-        return set(vars_of(factor.expr))
-    return set()
-
-
-def plan_order(body: Sequence[Factor], bound: set[str], where: str) -> list[Factor]:
-    """The order to evaluate a product in: conditions and values as soon as their variables
-    are bound (guards first, they may stop early), then the lookup with most keys bound."""
-    remaining, order, bound = list(body), [], set(bound)
-    while remaining:
-        ready = [f for f in remaining if isinstance(f, Guard | Value | Lift) and needed(f) <= bound]
-        if ready:
-            pick = next((f for f in ready if isinstance(f, Guard)), ready[0])
-        else:
-            lookups = [f for f in remaining if isinstance(f, MapRef | Rel)]
-            if not lookups:
-                missing = sorted(set().union(*(needed(f) for f in remaining)) - bound)
-                raise errors.InvalidArgument(
-                    f"{where}: variable {missing[0]} is bound by no trigger argument, map or "
-                    "relation"
-                )
-
-            pick = max(lookups, key=lambda f, bound=bound: _rank(f, bound))
-        order.append(pick)
-        remaining.remove(pick)
-        bound |= produced(pick)
-    return order
-
-
-def _rank(factor: MapRef | Rel, bound: set[str]) -> tuple[bool, int]:
-    keys = factor.keys if isinstance(factor, MapRef) else factor.args
-    return all(k in bound for k in keys), sum(k in bound for k in keys)
-
-
 class Interpreter:
     """Sequential execution of one program. ``keep_relations`` keeps every relation's rows
     (needed to evaluate map definitions, ``verify``), not only those statements read."""
 
-    def __init__(self, program: Program, keep_relations: bool = False) -> None:
+    def __init__(
+        self, program: Program, keep_relations: bool = False, *, compiled: bool = True
+    ) -> None:
         self.program = program
         self.sources = {s.name: s for s in program.sources}
         self.maps = {m.name: Store() for m in program.maps}
@@ -161,8 +118,9 @@ class Interpreter:
         self.counter = [0]  # map entries read by triggers (a measure of per-update work)
         self._checkers = {name: _row_checker(source) for name, source in self.sources.items()}
         self._triggers: dict[tuple[str, str], Callable[[Key], None]] = {}
+        build = self._generate_trigger if compiled else self._compile_trigger
         for trigger in program.triggers:
-            self._triggers[(trigger.sign, trigger.relation)] = self._compile_trigger(
+            self._triggers[(trigger.sign, trigger.relation)] = build(
                 trigger.sign, trigger.relation, trigger.args, trigger.statements
             )
         self._parts: dict[AggSum, Callable[[], dict[Key, Any]]] = {}
@@ -189,17 +147,15 @@ class Interpreter:
 
     def check(self, sign: str, relation: str, row: Sequence[Any] | Mapping[str, Any]) -> Key:
         """The row's values, converted; an ``errors`` exception naming the row if it is bad."""
+        checker = self._checkers.get(relation)
+        if checker is not None and (sign, relation) in self._triggers:
+            return checker(row, lambda: f"stream row {sign}{relation}{_shown(row)}")
         shown = f"stream row {sign}{relation}{_shown(row)}"
         if sign not in ("+", "-"):
             raise errors.InvalidArgument(f"{shown}: the sign must be + or -")
-        checker = self._checkers.get(relation)
         if checker is None:
             raise errors.UnknownTable(f"{shown}: the program has no relation {relation!r}")
-        if (sign, relation) not in self._triggers:
-            raise errors.InvalidArgument(
-                f"{shown}: the program has no trigger ON {sign} {relation}"
-            )
-        return checker(row, shown)
+        raise errors.InvalidArgument(f"{shown}: the program has no trigger ON {sign} {relation}")
 
     def apply(self, sign: str, relation: str, row: Sequence[Any] | Mapping[str, Any]) -> None:
         values = self.check(sign, relation, row)
@@ -209,6 +165,27 @@ class Interpreter:
             store.add(values, 1 if sign == "+" else -1)
 
     # --- compilation of triggers and products --------------------------------------------------
+
+    def _generate_trigger(
+        self, sign: str, relation: str, args: tuple[str, ...], statements: tuple[Statement, ...]
+    ) -> Callable[[Key], None]:
+        """The trigger as generated Python (``cumulus.m3.codegen``); the closures of
+        ``_compile_trigger`` where Python cannot compile it (nested past its limits)."""
+        parts = []
+        for number, statement in enumerate(statements, 1):
+            where = f"statement {number} of ON {sign} {relation}"
+            _check_target(statement, args, where)
+            target = self.maps[statement.target.name]
+            parts.append(TriggerStatement(statement.body, statement.target.keys, target, where))
+        try:
+            return compile_trigger(args, parts, self._store_of, self.counter)
+        except (SyntaxError, RecursionError):
+            return self._compile_trigger(sign, relation, args, statements)
+
+    def _store_of(self, factor: MapRef | Rel) -> Store:
+        if isinstance(factor, MapRef):
+            return self.maps[factor.name]
+        return self.relations[factor.relation]
 
     def _compile_trigger(
         self, sign: str, relation: str, args: tuple[str, ...], statements: tuple[Statement, ...]
@@ -225,13 +202,7 @@ class Interpreter:
 
             where = f"statement {number} of ON {sign} {relation}"
             run = self._chain(statement.body, set(args), emit, where)
-            bound = set(args) | set().union(*(produced(f) for f in statement.body))
-            unbound = [k for k in statement.target.keys if k not in bound]
-            if unbound:
-                raise errors.InvalidArgument(
-                    f"{where}: key {unbound[0]} of {statement.target.name} is bound by no "
-                    "trigger argument or map on the right"
-                )
+            _check_target(statement, args, where)
             compiled.append((run, out, self.maps[statement.target.name]))
         names = list(args)
 
@@ -401,10 +372,21 @@ class Interpreter:
                 continue
             checker = self._checkers[relation]
             for row in rows:
-                store.add(checker(row, f"row {relation}{_shown(row)}"), 1)
+                shown_by = functools.partial(_named, relation, row)
+                store.add(checker(row, shown_by), 1)
 
     def sizes(self) -> dict[str, int]:
         return {name: len(store.data) for name, store in self.maps.items()}
+
+
+def _check_target(statement: Statement, args: tuple[str, ...], where: str) -> None:
+    bound = set(args) | set().union(*(produced(f) for f in statement.body))
+    unbound = [k for k in statement.target.keys if k not in bound]
+    if unbound:
+        raise errors.InvalidArgument(
+            f"{where}: key {unbound[0]} of {statement.target.name} is bound by no "
+            "trigger argument or map on the right"
+        )
 
 
 def _lift(factor: Lift, value: Callable[[Env], Any], bound: bool, nxt: Step) -> Step:
@@ -425,35 +407,44 @@ def _lift(factor: Lift, value: Callable[[Env], Any], bound: bool, nxt: Step) -> 
     return bind
 
 
+def _named(relation: str, row: object) -> str:
+    return f"row {relation}{_shown(row)}"
+
+
 def _shown(row: object) -> str:
     text = repr(tuple(row) if isinstance(row, list) else row)
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _row_checker(source: Source) -> Callable[[Sequence[Any] | Mapping[str, Any], str], Key]:
+def _row_checker(
+    source: Source,
+) -> Callable[[Sequence[Any] | Mapping[str, Any], Callable[[], str]], Key]:
     """Checks and converts a row: arity, NOT NULL, types (exact DECIMAL scale, 64-bit INT)."""
     columns = source.columns
     names = source.column_names()
     converters = [_converter(source.name, column) for column in columns]
 
-    def check(row: Sequence[Any] | Mapping[str, Any], shown: str) -> Key:
+    def check(row: Sequence[Any] | Mapping[str, Any], shown_by: Callable[[], str]) -> Key:
+        """``shown_by()`` names the row in an error (written only when there is one)."""
         if isinstance(row, Mapping):
             unknown = [k for k in row if k not in names]
             if unknown:
-                raise errors.UnknownColumn(f"{shown}: {source.name} has no column {unknown[0]!r}")
+                raise errors.UnknownColumn(
+                    f"{shown_by()}: {source.name} has no column {unknown[0]!r}"
+                )
             values = [row.get(n) for n in names]
         elif isinstance(row, list | tuple):
             if len(row) != len(columns):
                 raise errors.InvalidArgument(
-                    f"{shown}: {source.name} has {len(columns)} columns, the row {len(row)}"
+                    f"{shown_by()}: {source.name} has {len(columns)} columns, the row {len(row)}"
                 )
             values = list(row)
         else:
-            raise errors.InvalidArgument(f"{shown}: a row is a tuple or a dict")
+            raise errors.InvalidArgument(f"{shown_by()}: a row is a tuple or a dict")
         try:
             return tuple(convert(v) for convert, v in zip(converters, values, strict=True))
         except errors.TypeMismatch as exc:
-            raise errors.TypeMismatch(f"{shown}: {exc}") from None
+            raise errors.TypeMismatch(f"{shown_by()}: {exc}") from None
 
     return check
 

@@ -63,6 +63,7 @@ class NodeHost:
             switches=config.switches,
             mode=config.mode,
             log_limit=config.log_limit,
+            ordered=True,  # each Drive stream delivers one switch's messages in order
         )
         self.inbox: asyncio.Queue[Message] = asyncio.Queue()
         self.to_driver: asyncio.Queue[pb.Envelope | None] = asyncio.Queue()

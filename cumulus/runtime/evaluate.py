@@ -4,28 +4,96 @@ The same product the reference interpreter computes (same factor order, same gua
 exact arithmetic from ``cumulus.m3``), except that each map factor reads the table of entries
 received for it rather than a whole map: the collation of seed 001 ("a set of tables, one for
 each map reference ... the natural join"), with loop variables bound by the table's keys.
+
+Each step is compiled once into straight-line Python (``cumulus.m3.codegen``, with
+``TableAccess`` reading the received tables): ``CompiledStep.run``. ``walk`` is the same product
+by a walk over the factors, kept for a step Python cannot compile (nested past its limits) and
+as the oracle the generated code is tested against.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from cumulus.expressions import add, mul
+from cumulus.m3.codegen import (
+    INDENT,
+    Gen,
+    accumulate,
+    finish,
+    tuple_code,
+    unpack,
+    write_product,
+)
 from cumulus.m3.exprs import Env, compile_guard, compile_value
-from cumulus.m3.interpreter import plan_order, produced
-from cumulus.m3.program import Guard, Lift, MapRef, Value
+from cumulus.m3.order import plan_order, produced
+from cumulus.m3.program import Guard, Lift, MapRef, Rel, Value
 from cumulus.runtime.messages import Key
 from cumulus.runtime.placement import Step
 
 Tables = dict[int, dict[Key, Any]]  # factor position -> the entries received for it
 
 
+class TableAccess:
+    """Reads the tables a writer was pushed: a point is ``dict.get``; a slice scans its table
+    once (checking the bound positions), or, inside a loop, an index on the bound positions
+    built at its first use in the run."""
+
+    def prologue(self, gen: Gen, position: int, factor: MapRef | Rel) -> None:
+        gen.line(f"_tab{position} = _tables.get({position}, _EMPTY)")
+        gen.line(f"_tix{position} = None")
+
+    def point(self, gen: Gen, position: int, key: str, value: str) -> None:
+        gen.line(f"{value} = _tab{position}.get({key})")
+
+    def scan(
+        self, gen: Gen, position: int, bound: tuple[int, ...], values: list[str]
+    ) -> tuple[str, str]:
+        full, value = gen.temp("k"), gen.temp("x")
+        if not bound or not gen.in_loop:  # one pass needs no index
+            gen.line(f"for {full}, {value} in _tab{position}.items():")
+            for i, local in zip(bound, values, strict=True):
+                gen.line(f"{INDENT}if {full}[{i}] != {local}:")
+                gen.line(f"{INDENT * 2}continue")
+            return full, value
+        gen.line(f"if _tix{position} is None:")
+        gen.line(f"{INDENT}_tix{position} = _index(_tab{position}, {bound!r})")
+        gen.line(f"for {full}, {value} in _tix{position}.get({tuple_code(values)}, ()):")
+        return full, value
+
+
+@functools.lru_cache(maxsize=1024)
+def generate(step: Step, args: tuple[str, ...]) -> Callable[[Key, Tables], dict[Key, Any]]:
+    """``run(args, tables)``: the step as generated Python, compiled once per (step, args)."""
+    gen = Gen(namespace={"_EMPTY": {}, "_index": _index}, counting=False)
+    unpack(gen, args, "_args")
+    gen.line("_out = {}")
+
+    def emit(gen: Gen, acc: str) -> None:
+        accumulate(gen, "_out", gen.key(step.target_keys), acc)
+
+    where = f"statement {step.number} of {step.target}"
+    write_product(gen, step.body, args, TableAccess(), emit, where)
+    gen.line("return {k: v for k, v in _out.items() if v != 0}")
+    return finish(gen, "def run(_args, _tables):", "run")
+
+
 class CompiledStep:
-    """A step's product, planned once: ``run(args_env, tables)`` -> {target key: value}."""
+    """A step's product, planned and compiled once: ``run(args, tables)`` -> {target key: value}
+    (generated code; ``walk`` where Python cannot compile it)."""
 
     def __init__(self, step: Step, args: tuple[str, ...]) -> None:
         self.step = step
+        self.args = args
+        # one writer: the target's first key is an argument, so the switch sent the PUT only
+        # to the node holding it
+        self.single_writer = not step.target_keys or step.target_keys[0] in args
+        try:
+            self.run = generate(step, args)
+        except (SyntaxError, RecursionError):
+            self.run = self.walk
         order = plan_order(step.body, set(args), f"statement {step.number} of {step.target}")
         positions = [next(i for i, f in enumerate(step.body) if f is factor) for factor in order]
         seen = set(args)
@@ -41,7 +109,9 @@ class CompiledStep:
             seen |= produced(factor)
         self._target_keys = step.target_keys
 
-    def run(self, env: Env, tables: Tables) -> dict[Key, Any]:
+    def walk(self, args: Key, tables: Tables) -> dict[Key, Any]:
+        """The product by a walk over the planned factors (the pre-generation evaluator)."""
+        env = dict(zip(self.args, args, strict=True))
         out: dict[Key, Any] = {}
         body, plan, target_keys = self.step.body, self._plan, self._target_keys
 

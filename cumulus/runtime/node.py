@@ -23,15 +23,15 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cumulus.expressions import add
 from cumulus.runtime.evaluate import CompiledStep, Tables
+from cumulus.runtime.maplog import BEFORE_ALL, MapLog, accumulate
 from cumulus.runtime.messages import (
     COORDINATOR,
-    WILD,
     Corrective,
     Dispatch,
     EpochCommit,
@@ -50,95 +50,6 @@ from cumulus.runtime.messages import (
 from cumulus.runtime.placement import Placement, matches
 
 Outbox = list[tuple[int, Message]]
-
-
-_BEFORE_ALL: Timestamp = (0, -1)  # below every update's (counter >= 1, switch >= 0)
-
-
-class MapLog:
-    """One map's partition on this node: current values, the values at the last committed cut,
-    and the deltas written after that cut, by timestamp. Slices with open key positions are
-    answered from an index on the bound positions, built on first use."""
-
-    __slots__ = ("base", "current", "history", "indexes", "latest")
-
-    def __init__(self) -> None:
-        self.current: dict[Key, Any] = {}
-        self.base: dict[Key, Any] = {}  # every write up to the committed cut, coalesced
-        self.history: dict[Key, list[tuple[Timestamp, Any]]] = {}
-        self.latest: dict[Key, Timestamp] = {}  # every key ever written: its newest write
-        # bound positions -> their values -> the keys having them
-        self.indexes: dict[tuple[int, ...], dict[Key, list[Key]]] = {}
-
-    def write(self, key: Key, delta: Any, ts: Timestamp) -> None:
-        bisect.insort(self.history.setdefault(key, []), (ts, delta), key=lambda e: e[0])
-        _accumulate(self.current, key, delta)
-        latest = self.latest.get(key)
-        if latest is None:
-            for bound, index in self.indexes.items():
-                index.setdefault(tuple(key[i] for i in bound), []).append(key)
-        if latest is None or latest < ts:
-            self.latest[key] = ts
-
-    def value_before(self, key: Key, ts: Timestamp) -> Any:
-        if self.latest.get(key, (0, 0)) < ts:
-            return self.current.get(key, 0)
-        value: Any = self.base.get(key, 0)
-        for at, delta in self.history.get(key, ()):
-            if at >= ts:
-                break
-            value = add(value, delta)
-        return value
-
-    def value_at(self, key: Key, cut: int) -> Any:
-        """The value once every write with a timestamp counter up to ``cut`` is in."""
-        return self.value_before(key, (cut + 1, -1))
-
-    def keys(self) -> Iterable[Key]:
-        return self.latest.keys()
-
-    def slice_before(self, pattern: Key, ts: Timestamp) -> dict[Key, Any]:
-        if WILD not in pattern:  # a point read
-            value = self.value_before(pattern, ts)
-            return {pattern: value} if value != 0 else {}
-        bound = tuple(i for i, part in enumerate(pattern) if part is not WILD)
-        candidates: Iterable[Key] = self.latest
-        if bound:
-            index = self.indexes.get(bound)
-            if index is None:
-                index = self.indexes[bound] = {}
-                for key in self.latest:
-                    index.setdefault(tuple(key[i] for i in bound), []).append(key)
-            candidates = index.get(tuple(pattern[i] for i in bound), ())
-        found = {}
-        for key in candidates:
-            value = self.value_before(key, ts)
-            if value != 0:
-                found[key] = value
-        return found
-
-    def fold(self, cut: int) -> None:
-        """Garbage collection at a committed cut: the writes up to it become the base."""
-        for key in list(self.history):
-            entries = self.history[key]
-            split = bisect.bisect_left(entries, (cut + 1, -1), key=lambda e: e[0])
-            for _, delta in entries[:split]:
-                _accumulate(self.base, key, delta)
-            if split == len(entries):
-                del self.history[key]
-            elif split:
-                self.history[key] = entries[split:]
-
-    def entries(self) -> int:
-        return sum(len(h) for h in self.history.values())
-
-
-def _accumulate(values: dict[Key, Any], key: Key, delta: Any) -> None:
-    value = add(values.get(key, 0), delta)
-    if value != 0:
-        values[key] = value
-    else:
-        values.pop(key, None)
 
 
 @dataclass
@@ -194,7 +105,10 @@ class Node:
         switches: int = 1,
         mode: str = "speculative",
         log_limit: int | None = None,
+        ordered: bool = False,
     ) -> None:
+        """``ordered``: the host delivers each switch's messages in the order sent (FIFO
+        links, as the simulator and the gRPC and Spark hosts do); the node then checks it."""
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
         self.placement = placement
@@ -202,9 +116,26 @@ class Node:
         self.switches = switches
         self.mode = mode
         self.log_limit = log_limit  # write-log entries past which the node asks for an epoch end
+        self.ordered = ordered
+        # A read is logged only where a later write can still revise it. With one switch whose
+        # messages arrive in order, every PUT below a FETCH is known when it is served, and the
+        # FETCH waits for those writing a map it reads; conservative mode waits for every
+        # earlier PUT. Either way no write is late, so no read is logged: only the newest read
+        # per map is kept, to refuse a late write loudly (``_unlogged``).
+        self.log_reads = mode == "speculative" and not (ordered and switches == 1)
+        self._newest_read: dict[str, Timestamp] = {}
+        self._last_dispatch: dict[int, Timestamp] = {}  # ordered: per switch, the newest
         program = placement.program
         self.compiled = [
             [CompiledStep(step, trigger.args) for step in steps]
+            for trigger, steps in zip(program.triggers, placement.steps, strict=True)
+        ]
+        # per trigger, per step: its reads, each with its pattern as a function of the values
+        self._reads = [
+            [
+                [(read, placement.pattern_of(read.keys, trigger.args)) for read in step.reads]
+                for step in steps
+            ]
             for trigger, steps in zip(program.triggers, placement.steps, strict=True)
         ]
         self.maps: dict[str, MapLog] = defaultdict(MapLog)
@@ -270,6 +201,14 @@ class Node:
             )
 
     def _dispatch(self, message: Dispatch) -> None:
+        if self.ordered:
+            last = self._last_dispatch.get(message.ts[1])
+            if last is not None and message.ts <= last:
+                raise ProtocolError(
+                    f"node {self.number} got the Dispatch for {message.ts} after {last} from the "
+                    "same switch: its host promised them in order"
+                )
+            self._last_dispatch[message.ts[1]] = message.ts
         steps = self.placement.steps[message.trigger]
         if message.puts and self.mode == "conservative":
             self._left[message.puts_before] = len(message.puts)
@@ -350,25 +289,34 @@ class Node:
     def _serve(self, work: list[tuple[Dispatch, Fetch]], out: Outbox) -> None:
         """PUSHes for the fetches of one update: one message per writer."""
         dispatch = work[0][0]
-        ts, steps = dispatch.ts, self.placement.steps[dispatch.trigger]
-        env = self._env(dispatch.trigger, dispatch.args)
+        ts, reads, args = dispatch.ts, self._reads[dispatch.trigger], dispatch.args
         by_writer: dict[int, tuple[list[int], list[Slice]]] = defaultdict(lambda: ([], []))
         for _, fetch in work:
-            step = steps[fetch.statement]
-            for read in step.reads:
+            for read, pattern_of in reads[fetch.statement]:
                 if read.factor not in fetch.factors:
                     continue
-                pattern = self.placement.pattern(read.keys, env)
+                pattern = pattern_of(args)
                 entries = tuple(self.maps[read.map].slice_before(pattern, ts).items())
-                log = self.reads[read.map]
+                piece = Slice(fetch.statement, read.factor, entries)
+                if self.log_reads:
+                    log = self.reads[read.map]
+                    for writer in fetch.writers:
+                        entry = _ReadEntry(ts, pattern, writer, fetch.statement, read.factor)
+                        bisect.insort(log, entry, key=lambda e: e.ts)
+                else:
+                    newest = self._newest_read.get(read.map)
+                    if newest is None or newest < ts:
+                        self._newest_read[read.map] = ts
                 for writer in fetch.writers:
-                    entry = _ReadEntry(ts, pattern, writer, fetch.statement, read.factor)
-                    bisect.insort(log, entry, key=lambda e: e.ts)
-                    by_writer[writer][1].append(Slice(fetch.statement, read.factor, entries))
+                    by_writer[writer][1].append(piece)
             for writer in fetch.writers:
                 by_writer[writer][0].append(fetch.statement)
         for writer, (statements, slices) in by_writer.items():
-            out.append((writer, Push(ts, self.number, tuple(statements), tuple(slices))))
+            push = Push(ts, self.number, tuple(statements), tuple(slices))
+            if writer == self.number:  # its own link: taken at once, as if it came back
+                self._push(push)
+            else:
+                out.append((writer, push))
 
     # --------------------------------------------------------------------------- writes
 
@@ -399,14 +347,12 @@ class Node:
     def _owned(self, op: Operation) -> dict[Key, Any]:
         """The statement's result for the keys of its target this node holds."""
         step = self.compiled[op.trigger][op.statement]
-        env = self._env(op.trigger, op.args)
-        target, keys = step.step.target, step.step.target_keys
-        if self.placement.nodes == 1 or not keys or keys[0] in env:
-            return step.run(env, op.tables)  # one writer: the switch sent the PUT here alone
-        node_of = self.placement.node_of
+        if self.placement.nodes == 1 or step.single_writer:
+            return step.run(op.args, op.tables)  # one writer: the switch sent the PUT here alone
+        node_of, target = self.placement.node_of, step.step.target
         return {
             key: value
-            for key, value in step.run(env, op.tables).items()
+            for key, value in step.run(op.args, op.tables).items()
             if node_of(target, key) == self.number
         }
 
@@ -415,6 +361,9 @@ class Node:
     ) -> None:
         self.maps[map_name].write(key, delta, ts)
         self._log_entries += 1
+        if not self.log_reads:
+            self._unlogged(map_name, ts)
+            return
         log = self.reads.get(map_name)
         if not log or log[-1].ts <= ts:
             return  # no read of this map at a later timestamp was served yet
@@ -435,6 +384,15 @@ class Node:
             )
             out.append((writer, corrective))
 
+    def _unlogged(self, map_name: str, ts: Timestamp) -> None:
+        """A late write where reads are not logged breaks the rule that made them unneeded."""
+        newest = self._newest_read.get(map_name)
+        if newest is not None and ts < newest:
+            raise ProtocolError(
+                f"node {self.number}: a write to {map_name} at {ts} after a read of it at "
+                f"{newest}, with reads not logged (one switch, in order)"
+            )
+
     def _corrective(self, message: Corrective, out: Outbox) -> None:
         self.stats.corrective_received += 1
         cause = (message.source, message.seq)
@@ -451,7 +409,7 @@ class Node:
         touched: dict[tuple[Timestamp, int], Operation] = {}
         for read in message.reads:
             op = self.operations[(read.ts, read.statement)]
-            _accumulate(op.tables.setdefault(read.factor, {}), message.key, message.delta)
+            accumulate(op.tables.setdefault(read.factor, {}), message.key, message.delta)
             touched[(read.ts, read.statement)] = op
         for op in touched.values():
             if op.result is None:
@@ -532,7 +490,7 @@ class Node:
         for key, value in entries.items():
             if value != 0:
                 log.base[key] = log.current[key] = value
-                log.latest[key] = _BEFORE_ALL
+                log.latest[key] = BEFORE_ALL
 
     # --------------------------------------------------------------------------- reads
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -94,6 +95,25 @@ class Placement:
     @staticmethod
     def pattern(keys: tuple[str, ...], env: dict[str, Any]) -> Key:
         return tuple(env[k] if k in env else WILD for k in keys)
+
+    @staticmethod
+    def pattern_of(keys: tuple[str, ...], args: tuple[str, ...]) -> Callable[[Key], Key]:
+        """``pattern`` as a function of the trigger's argument values, planned once."""
+        where = [args.index(k) if k in args else -1 for k in keys]
+        if all(i >= 0 for i in where):
+            return lambda values: tuple([values[i] for i in where])
+        return lambda values: tuple([WILD if i < 0 else values[i] for i in where])
+
+    def route(
+        self, map_name: str, keys: tuple[str, ...], args: tuple[str, ...]
+    ) -> Callable[[Key], tuple[int, ...]]:
+        """``nodes_for`` the map's entries an update can touch, as a function of the trigger's
+        argument values, planned once: a constant unless the first key is an argument."""
+        if not self.key_counts.get(map_name) or self.nodes == 1 or keys[0] not in args:
+            fixed = self.nodes_for(map_name, (WILD,) * len(keys) if keys else ())
+            return lambda values: fixed
+        at = args.index(keys[0])
+        return lambda values: (self.node_of(map_name, (values[at],)),)
 
 
 def _step(number: int, statement: Statement, args: set[str]) -> Step:

@@ -15,7 +15,8 @@ seed 001's version numbers need every node's PUTs counted in one order before th
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aggview import errors
@@ -23,6 +24,16 @@ from cumulus.m3.exprs import compile_guard
 from cumulus.m3.interpreter import Interpreter
 from cumulus.runtime.messages import Dispatch, EpochEnd, Fetch, Timestamp
 from cumulus.runtime.placement import Placement
+
+
+@dataclass(frozen=True)
+class _Route:
+    """One step as the switch dispatches it."""
+
+    number: int
+    guards: list[Callable[[dict[str, Any]], bool]]
+    writers: Callable[[tuple[Any, ...]], tuple[int, ...]]
+    reads: list[tuple[int, Callable[[tuple[Any, ...]], tuple[int, ...]]]]
 
 
 class Clock:
@@ -41,10 +52,22 @@ class Switch:
         program = placement.program
         self._checker = Interpreter(program)  # checks and converts stream rows, names bad ones
         self._triggers = {(t.sign, t.relation): i for i, t in enumerate(program.triggers)}
-        self._guards = [
-            [[compile_guard(g.pred) for g in step.switch_guards] for step in steps]
-            for steps in placement.steps
-        ]
+        # per trigger, per step: its guards, its writers and each read's nodes as functions of
+        # the update's values (planned once: an update only hashes its first keys)
+        self._plans: list[list[_Route]] = []
+        for trigger, steps in zip(program.triggers, placement.steps, strict=True):
+            args = trigger.args
+            self._plans.append(
+                [
+                    _Route(
+                        step.number,
+                        [compile_guard(g.pred) for g in step.switch_guards],
+                        placement.route(step.target, step.target_keys, args),
+                        [(r.factor, placement.route(r.map, r.keys, args)) for r in step.reads],
+                    )
+                    for step in steps
+                ]
+            )
 
     def stamp(self) -> Timestamp:
         self.clock.counter += 1
@@ -76,22 +99,25 @@ class Switch:
     def dispatch(
         self, ts: Timestamp, trigger: int, values: tuple[Any, ...]
     ) -> list[tuple[int, Dispatch]]:
-        placement = self.placement
-        env = dict(zip(placement.program.triggers[trigger].args, values, strict=True))
+        env: dict[str, Any] | None = None
         puts: dict[int, list[tuple[int, int]]] = defaultdict(list)
         fetches: dict[int, list[Fetch]] = defaultdict(list)
-        for step, guards in zip(placement.steps[trigger], self._guards[trigger], strict=True):
-            if not all(guard(env) for guard in guards):
-                continue
-            writers = placement.nodes_for(step.target, placement.pattern(step.target_keys, env))
-            by_node: dict[int, list[int]] = defaultdict(list)
-            for read in step.reads:
-                for node in placement.nodes_for(read.map, placement.pattern(read.keys, env)):
-                    by_node[node].append(read.factor)
+        for route in self._plans[trigger]:
+            if route.guards:
+                if env is None:
+                    args = self.placement.program.triggers[trigger].args
+                    env = dict(zip(args, values, strict=True))
+                if not all(guard(env) for guard in route.guards):
+                    continue
+            writers = route.writers(values)
+            by_node: dict[int, list[int]] = {}
+            for factor, nodes_of in route.reads:
+                for node in nodes_of(values):
+                    by_node.setdefault(node, []).append(factor)
             for node, factors in by_node.items():
-                fetches[node].append(Fetch(step.number, tuple(factors), writers))
+                fetches[node].append(Fetch(route.number, tuple(factors), writers))
             for writer in writers:
-                puts[writer].append((step.number, len(by_node)))
+                puts[writer].append((route.number, len(by_node)))
         out = []
         for node in sorted(set(puts) | set(fetches)):
             before = self.clock.puts[node]
