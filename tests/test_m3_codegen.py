@@ -197,6 +197,10 @@ PREDICATES = [  # three-valued logic where a NULL inside decides the outcome und
     {"not": {"in": {"neg": _var("y")}, "values": [_lit(-1), _lit(-2)]}},
     {"and": [{"not": {"notnull": _var("y")}}, X_IS_0]},
     {"not": {"between": _var("x"), "low": _var("y"), "high": _lit(2)}},  # a fallback
+    # constants on both sides (``JOIN b ON 1 = 1``): written ``1 == 1 is True`` unparenthesized,
+    # Python chained the comparisons and the guard was never true (a CI run's theta view)
+    {"cmp": "=", "args": [_lit(1), _lit(1)]},
+    {"and": [{"cmp": "<", "args": [_lit(1), _lit(2)]}, X_GT_1]},
 ]
 
 

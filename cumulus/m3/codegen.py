@@ -134,8 +134,8 @@ def _binary(gen: Gen, args: Sequence[Expr], template: str) -> str | None:
         names.append(name)
         if gen.namespace.get(code, None) is None:  # a constant (never NULL) needs no test
             tests.append(f"{code} is None")
-    if not tests:
-        return template.format(*names)
+    if not tests:  # parenthesized: ``1 == 1 is True`` would chain the comparisons
+        return f"({template.format(*names)})"
     return f"(None if {' or '.join(tests)} else {template.format(*names)})"
 
 
@@ -146,7 +146,7 @@ def _guard_code(gen: Gen, pred: Expr) -> str:
         if inner is not None:
             return f"{inner} is not None"
     code = _predicate_code(gen, pred)
-    return f"{code} is True" if code is not None else _fallback(gen, compile_guard(pred), pred)
+    return f"({code}) is True" if code is not None else _fallback(gen, compile_guard(pred), pred)
 
 
 def _predicate_code(gen: Gen, pred: Expr) -> str | None:
