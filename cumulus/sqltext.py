@@ -201,4 +201,4 @@ def divided_as_views_divide(select: str) -> str:
         )
         return exp.Div(this=exp.cast(node.this, "DOUBLE"), expression=right)
 
-    return sqlglot.parse_one(select).transform(divide).sql(dialect="duckdb")
+    return parse_sql(select).transform(divide).sql(dialect="duckdb")
