@@ -78,9 +78,11 @@ LONGEST_FIRST = (  # by wall time on a quiet CI run (AGGVIEW_TEST_CPU's third co
 # The files that start a Spark session (the ``spark`` fixture, one JVM per worker that runs
 # any of them), in two groups of about equal wall time: each group goes to one worker as one
 # unit, so two JVMs start instead of one per worker (a start costs about 12 CPU-s, and four
-# starting together at the run's beginning starved everything else).
+# starting together at the run's beginning starved everything else). The files that start the
+# real HBase (the session's ``real_hbase``, another JVM: about 14 CPU-s) go with them.
 SPARK_GROUPS = {
     "test_real_hbase.py": "spark-a",
+    "test_ownership.py": "spark-a",
     "test_spark_views.py": "spark-a",
     "test_m3_spark.py": "spark-a",
     "test_spark_hbase.py": "spark-a",
