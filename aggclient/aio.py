@@ -276,6 +276,7 @@ class AsyncClient(ClientBase):
                 if done:
                     return answer.result()
                 checking = asyncio.ensure_future(self._drive(watch.checks(), pinned))
+                checking.add_done_callback(lambda task: task.cancelled() or task.exception())
                 try:
                     await asyncio.wait({answer, checking}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
