@@ -450,7 +450,22 @@ class LogShipper:
             await asyncio.sleep(RESYNC_EVERY)
 
     def _may_resync(self) -> bool:
-        return self.drop_rule is None or self.drop_rule.may_resync(time.monotonic())
+        rule = self.drop_rule
+        if rule is None:
+            return True
+        now = time.monotonic()
+        before = rule.wait(now)
+        if not rule.may_resync(now):
+            return False
+        if rule.wait(now) > before:
+            log.info(
+                "partition %d: its copy at LTM %d was slow, not gone: the next drop of it "
+                "waits %.1fs",
+                self.record.partition,
+                self.backup,
+                rule.wait(now),
+            )
+        return True
 
     async def resync(self) -> None:
         """The whole live log to the backup, then every flush again. Sealed segments (which
