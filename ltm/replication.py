@@ -11,8 +11,8 @@ majority of the members: cut off, it keeps the copy named in sync (the majority 
 it) and its flushes wait instead of going on alone.
 
 A flush stops waiting for a copy that leaves it unanswered after ``DROP_AFTER`` (0.3 s), not
-``SHIP_TIMEOUT``, when this member's prober shows the copy's member silent and the rest of the
-cluster heard since the flush went (``DropRule``): recording the copy out of sync is a
+``SHIP_TIMEOUT``, when the copy's member answers none of this member's probes sent since the
+flush went and a majority without it does (``DropRule``): recording the copy out of sync is a
 compare-and-set whose only cost is a resync later, and waiting longer stalled every commit on
 the log."""
 
@@ -44,9 +44,9 @@ log = logging.getLogger(__name__)
 
 SHIP_TIMEOUT = 2.0  # a backup slower than this is dropped (and resynced) rather than waited for
 SILENCE_POLL = 0.05  # seconds between looks at the prober's verdict while a flush waits
-# A flush unanswered this long stops waiting for its copy when the prober says the copy's
-# member is silent and the others are not (``DropRule``); doubled after each drop of a copy
-# that turned out only slow, up to SHIP_TIMEOUT, back after DROP_CALM seconds without one
+# A flush unanswered this long stops waiting for its copy when the copy's member answers no
+# probe and a majority without it does (``DropRule``); doubled after each drop of a copy that
+# turned out only slow, up to SHIP_TIMEOUT, back after DROP_CALM seconds without one
 DROP_AFTER = 0.3
 DROP_MARGIN = 0.1  # probes count from this long after the flush went
 DROP_CALM = 30.0
@@ -291,7 +291,7 @@ class LogShipper:
         self.may_drop = may_drop
         self.silent = silent
         self.drop_rule = None if hearing is None else DropRule(hearing, backup % hearing.members)
-        self._quick: float | None = None  # the send of the flush the drop rule gave up on
+        self._quick = 0.0  # when the flush the drop rule gave up on went (0: none did)
         # Why flushes wait now (None: they don't): the copy is unreachable and dropping it is
         # not allowed, so the record still names it in sync and nothing is acknowledged that
         # it lacks; the majority may fail the partition over to it meanwhile.
@@ -332,7 +332,7 @@ class LogShipper:
             return
         if self._flushes is None:
             self._flushes = FlushStream(self._stub, self._metadata)
-        self._quick = None
+        self._quick = 0.0
         started = time.monotonic()
         try:
             for request in self._requests(segment, data, drop_before=drop_before):
@@ -347,11 +347,11 @@ class LogShipper:
                 self.record.partition,
                 self.backup,
                 self.backup_address,
-                str(exc) or ("unanswered, its member silent" if self._quick else "no answer"),
+                str(exc) or ("no answer, nor to probes" if self._quick else "no answer"),
                 time.monotonic() - started,
             )
             await self._set_in_sync(False)
-            if self._quick is not None and self.drop_rule is not None:
+            if self._quick and self.drop_rule is not None:
                 self.drop_rule.dropped(self._quick, time.monotonic())
 
     def _give_up(self, sent: float) -> bool:
@@ -450,6 +450,8 @@ class LogShipper:
             await asyncio.sleep(RESYNC_EVERY)
 
     def _may_resync(self) -> bool:
+        """``DropRule.may_resync``, saying when a drop turned out to be of a copy only slow
+        (its next drop waits longer: churn under CPU starvation shows in the log)."""
         rule = self.drop_rule
         if rule is None:
             return True
