@@ -267,13 +267,24 @@ class AsyncClient(ClientBase):
     ) -> int:
         """``answer`` (a commit in flight), given up on (``OutcomeUnknown``) when the core's
         checks say so (``core.CommitWatch``); the commit is cancelled then (its outcome is
-        unknown: it may have reached the member)."""
+        unknown: it may have reached the member). A check's questions never hide the
+        answer: it is returned as soon as it comes, the check left unfinished (asking a cut
+        member waited out its timeout while the commit had been answered)."""
         try:
             while True:
                 done, _ = await asyncio.wait({answer}, timeout=watch.wait())
                 if done:
                     return answer.result()
-                error = await self._drive(watch.checks(), pinned)
+                checking = asyncio.ensure_future(self._drive(watch.checks(), pinned))
+                checking.add_done_callback(lambda task: task.cancelled() or task.exception())
+                try:
+                    await asyncio.wait({answer, checking}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if not checking.done():
+                        checking.cancel()
+                if answer.done():
+                    return answer.result()
+                error = checking.result()
                 if error is not None:
                     raise error
         finally:

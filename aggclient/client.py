@@ -10,6 +10,7 @@ number of attempts; every other error is raised as the matching ``aggview.errors
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -190,13 +191,43 @@ class Client(ClientBase):
                     return reply
                 except grpc.FutureTimeoutError:
                     pass
-                error = self._drive(watch.checks(), {member: stub})
+                error = self._check_during(watch.checks(), {member: stub}, call)
                 if error is not None:
                     call.cancel()
                     raise error
         except grpc.RpcError as exc:
             self._core.heard_verdict(exc.trailing_metadata())  # type: ignore[attr-defined]
             raise self._explained(exc) from None
+
+    def _check_during(
+        self, plan: Plan[_Silent | None], pinned: Mapping[int | None, Any], call: Any
+    ) -> _Silent | None:
+        """A commit's checks (``_drive``), each question asked while ``call`` is waited for
+        too: None as soon as the commit answers. A question waited out to its timeout (the
+        member asked is the cut one) hid a reply that had come meanwhile: the nemesis saw
+        commits at a healthy member answered within 1.2 s of a cut reach the client at 2 s."""
+        question = step(plan, None)
+        while not isinstance(question, Done):
+            if not isinstance(question, Ask):
+                question = step(plan, self._answer(question, pinned))
+                continue
+            stub = pinned.get(question.member) or self._member(question.member)
+            asked = stub.Members.future(
+                pb.MembersRequest(), timeout=question.timeout, metadata=self._metadata
+            )
+            either = threading.Event()
+            asked.add_done_callback(lambda _, done=either: done.set())
+            call.add_done_callback(lambda _, done=either: done.set())
+            either.wait()
+            if call.done():
+                asked.cancel()
+                return None
+            try:
+                answer: Answer = asked.result()
+            except grpc.RpcError as exc:
+                answer = exc.code()  # type: ignore[attr-defined]
+            question = step(plan, answer)
+        return question.value  # type: ignore[no-any-return]
 
     def _member(self, member: int | None) -> Any:
         """The stub of a member (None: the address this client was given)."""

@@ -153,6 +153,10 @@ def run(config: Config, data: Path, say: Callable[[str], None] = print) -> dict[
         (round(start - zero, 3), round(stop - zero, 3), outcome, member)
         for start, stop, outcome, member in history.calls
     ]
+    report["probe_calls"] = [  # the per-probe trace: key, start, end, outcome, home, sent to
+        (key, round(start - zero, 3), round(stop - zero, 3), outcome, home, member)
+        for key, start, stop, outcome, home, member in history.probe_calls
+    ]
     report["safety_failures"] = safety_failures(report)
     report["liveness_failures"] = stuck
     return report

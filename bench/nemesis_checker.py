@@ -191,6 +191,7 @@ def _measure_windows(windows: _Windows, faults: list[Fault], history: History, e
         stop = starts[i + 1] if i + 1 < len(faults) else end
         rows[i]["unavailable s"] = longest_gap(fault.start, acks, stop)
         rows[i]["others s"] = others_gap(history.probes, fault, stop)
+        rows[i]["worst other s"] = member_gap(history.probes, fault, stop)
         rows[i]["settled s"] = None if fault.settled is None else fault.settled - fault.healed
 
 
@@ -283,12 +284,11 @@ COUNTS = (
 )
 
 
-def others_gap(
-    probes: list[tuple[int, float, int | None]], fault: Fault, stop: float
-) -> float | None:
-    """For a fault of one member: the longest gap, from the fault's start to ``stop``, between
-    acknowledged one-row writes on the partitions whose home is another member (None for
-    faults of several members or a link)."""
+def _others_keys(
+    probes: list[tuple[int, float, int | None]], fault: Fault
+) -> dict[int, set[int]] | None:
+    """For a fault of one member: the probe keys of each other member (their home before
+    the fault); None for faults of several members or a link."""
     found = _FAULTED.search(fault.detail)
     if found is None or "members" in fault.detail:
         return None
@@ -297,10 +297,39 @@ def others_gap(
     for key, at, member in probes:
         if at < fault.start:
             served[key] = member
-    keys = {key for key, member in served.items() if member is not None and member != faulted}
+    homes: dict[int, set[int]] = {}
+    for key, member in served.items():
+        if member is not None and member != faulted:
+            homes.setdefault(member, set()).add(key)
+    return homes
+
+
+def others_gap(
+    probes: list[tuple[int, float, int | None]], fault: Fault, stop: float
+) -> float | None:
+    """For a fault of one member: the longest gap, from the fault's start to ``stop``, between
+    acknowledged one-row writes on the partitions whose home is another member (None for
+    faults of several members or a link)."""
+    homes = _others_keys(probes, fault)
+    keys = set().union(*homes.values()) if homes else set()
     if not keys:
         return None
     return longest_gap(fault.start, sorted(at for key, at, _ in probes if key in keys), stop)
+
+
+def member_gap(
+    probes: list[tuple[int, float, int | None]], fault: Fault, stop: float
+) -> float | None:
+    """As ``others_gap``, but each other member's own keys apart, the worst member's gap:
+    the union of the others' writes hides one member stalled while another goes on (a
+    member whose log copies are on the cut one waits for them; the other does not)."""
+    homes = _others_keys(probes, fault)
+    if not homes:
+        return None
+    return max(
+        longest_gap(fault.start, sorted(at for key, at, _ in probes if key in keys), stop)
+        for keys in homes.values()
+    )
 
 
 def longest_gap(start: float, acks: list[float], stop: float) -> float:
@@ -320,6 +349,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for kind, group in kinds.items():
         gaps = [r["unavailable s"] for r in group]
         others = [r["others s"] for r in group if r.get("others s") is not None]
+        worst = [r["worst other s"] for r in group if r.get("worst other s") is not None]
         summary.append(
             {
                 "kind": kind,
@@ -329,6 +359,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "unavailable max s": max(gaps),
                 "others p50 s": statistics.median(others) if others else None,
                 "others max s": max(others) if others else None,
+                "worst other p50 s": statistics.median(worst) if worst else None,
+                "worst other max s": max(worst) if worst else None,
             }
         )
     return summary
@@ -365,6 +397,8 @@ def table(report: dict[str, Any]) -> str:
         "unavail max s",
         "others p50 s",
         "others max s",
+        "worst other p50 s",
+        "worst other max s",
     ]
     lines = [header]
     for row in report["kinds"]:
@@ -377,7 +411,12 @@ def table(report: dict[str, Any]) -> str:
                 f"{row['unavailable max s']:.1f}",
                 *(
                     "-" if row.get(name) is None else f"{row[name]:.1f}"
-                    for name in ("others p50 s", "others max s")
+                    for name in (
+                        "others p50 s",
+                        "others max s",
+                        "worst other p50 s",
+                        "worst other max s",
+                    )
                 ),
             ]
         )

@@ -65,6 +65,11 @@ class History:
     calls: list[tuple[float, float, str, int | None]] = field(default_factory=list)
     # every acknowledged probe write: (key, when acknowledged, the member the client sent it to)
     probes: list[tuple[int, float, int | None]] = field(default_factory=list)
+    # every probe write tried: (key, start, end, outcome: "ok" or the error's class, its home
+    # member, the member the client sent it to): where a gap in the others' writes went
+    probe_calls: list[tuple[int, float, float, str, int | None, int | None]] = field(
+        default_factory=list
+    )
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -162,18 +167,27 @@ class Workload:
 
     def _probes(self, key: int) -> None:
         """One-row writes on ``key``, each noted with the member whose partition holds the
-        row (its home, as the client routes it when no member is avoided; not the member it
-        went to, which is another while the client routes around a silent one)."""
+        row (its home, as the client's routing places it; not the member it went to, which
+        is another while the client routes around a silent one)."""
         with Client(self.address, timeout=10) as client:
             while not self.stop.wait(PROBE_EVERY):
+                start, outcome = time.monotonic(), "ok"
                 try:
                     with client.transaction() as tx:
                         tx.add(PROBES, {"id": key}, {"n": 1})
-                except errors.AggviewError:
-                    continue
-                home = client._routing().member_for(tx.operations)
+                except errors.AggviewError as exc:
+                    outcome = type(exc).__name__
+                # the member hosting the row, not the one the client routes to while it
+                # avoids that member (the leader then): a cut member's keys counted as
+                # the others' after a previous fault's avoidance
+                home = client._routing()._hosting_most(tx.operations)
+                end = time.monotonic()
                 with self.history.lock:
-                    self.history.probes.append((key, time.monotonic(), home))
+                    if outcome == "ok":
+                        self.history.probes.append((key, end, home))
+                    self.history.probe_calls.append(
+                        (key, start, end, outcome, home, client.last_member)
+                    )
 
     def _scans(self) -> None:
         history = self.history

@@ -28,6 +28,7 @@ from aggview.wire import ltm_pb2 as pb
 from coordinator.member_decisions import MemberDecisions
 from coordinator.quorum import Reachability
 from ltm.participant import OutcomeQuery, Participant, VoteNo
+from ltm.replication import Hearing
 from ltm.server import (
     Hosting,
     LtmConfig,
@@ -75,10 +76,12 @@ class LocalPartitions:
         may_drop: Callable[[], bool] = lambda: True,
         silent: Callable[[int], bool] = lambda ltm: False,
         wal_observe: Callable[[float], None] | None = None,
+        hearing: Hearing | None = None,
     ) -> None:
         """``may_drop()``: whether a copy that does not answer may be dropped (only while
         this member reaches a majority: ``coordinator.quorum``); ``silent(ltm)``: whether
-        the member hosting LTM ``ltm`` fell silent to this member's prober."""
+        the member hosting LTM ``ltm`` fell silent to this member's prober; ``hearing``:
+        that prober's answers (a copy is dropped sooner: ``ltm.replication.DropRule``)."""
         self.store = store
         self.partitions = partitions
         self.members = members or []
@@ -99,7 +102,7 @@ class LocalPartitions:
             )
 
         self.hostings = {
-            p: Hosting(config(p), store, outcome_query, may_drop, silent)
+            p: Hosting(config(p), store, outcome_query, may_drop, silent, hearing)
             for p in (range(partitions) if hosted is None else hosted)
         }
 

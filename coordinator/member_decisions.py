@@ -26,7 +26,7 @@ from aggview.partition_map import decision_log_id, standby_of
 from aggview.security import TlsDir
 from aggview.wire import ltm_pb2 as pb
 from coordinator.decision_log import DecisionLog
-from ltm.replication import LogShipper, Mirror
+from ltm.replication import Hearing, LogShipper, Mirror
 from ltm.store import ownership
 from ltm.store.base import Store
 
@@ -51,12 +51,15 @@ class MemberDecisions:
         on_superseded: Callable[[ownership.Superseded], None] | None = None,
         may_drop: Callable[[], bool] = lambda: True,
         silent: Callable[[int], bool] = lambda standby: False,
+        hearing: Hearing | None = None,
     ) -> None:
         """``on_superseded``: told when another member took this member's log over (it was
         declared dead while alive, and can commit nothing any more); ``may_drop()``: whether
         a copy that does not answer may be dropped (``LogShipper``), ``silent(standby)``
-        whether the copy's member fell silent (dropped then without waiting out the timeout)."""
+        whether the copy's member fell silent (dropped then without waiting out the timeout),
+        ``hearing`` the prober's answers (dropped sooner: ``ltm.replication.DropRule``)."""
         self.store = store
+        self._hearing = hearing
         self._may_drop = may_drop
         self._silent = silent
         self.decisions = decisions
@@ -114,6 +117,7 @@ class MemberDecisions:
             self._tls,
             self._may_drop,
             self._silent,
+            self._hearing,
         )
         await self.shipper.start()
         if self._on_superseded is not None:

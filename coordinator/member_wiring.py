@@ -124,7 +124,7 @@ def build_manager(
     else:
         manager.epoch = catalog.first_epoch()
     manager.lead = lead
-    manager.local = _local_partitions(config, store, manager, may_drop)
+    manager.local = _local_partitions(config, store, manager, may_drop, reach)
     if config.replicates:
         manager.replication = MemberDecisions(
             store,
@@ -139,6 +139,7 @@ def build_manager(
             on_superseded=declared_dead,
             may_drop=may_drop,
             silent=manager.ltm_silent,
+            hearing=reach,
         )
     manager.channels = _partition_channels(config, store, manager)
     views = ViewManager(manager, runtime_dir=config.log_dir / "cumulus", tls=config.tls)
@@ -211,6 +212,7 @@ def _local_partitions(
     store: Store,
     manager: TransactionManager,
     may_drop: Callable[[], bool],
+    reach: Reachability | None = None,
 ) -> LocalPartitions:
     """The partitions this member hosts, in process; they ask the other members about the
     transactions they coordinated."""
@@ -234,6 +236,7 @@ def _local_partitions(
         may_drop=may_drop,
         silent=manager.ltm_silent,
         wal_observe=manager.metrics.wal_observer("partition"),
+        hearing=reach,
     )
 
 

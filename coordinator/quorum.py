@@ -76,6 +76,28 @@ class Reachability:
             return False
         return self._failed.get(member, 0.0) > heard and heard < self._now() - self.window
 
+    def answered_since(self, member: int, since: float) -> bool:
+        """Whether ``member`` answered a probe sent at or after ``since``."""
+        return self._heard.get(member, float("-inf")) >= since
+
+    def unanswered_since(self, member: int, since: float) -> bool:
+        """Whether a probe sent to ``member`` at or after ``since`` went unanswered."""
+        return self._failed.get(member, float("-inf")) >= since
+
+    def majority_since(self, since: float, without: int) -> bool:
+        """Whether this member and the members other than ``without`` that answered a probe
+        sent at or after ``since`` are a majority: the network around this member was whole
+        after ``since``, so what ``without`` leaves unanswered is its own silence, not this
+        member's isolation. Two members: always (the store arbitrates, as ``has_majority``)."""
+        if self.members <= 2:
+            return True
+        heard = 1 + sum(
+            1
+            for m in range(self.members)
+            if m not in (self.me, without) and self.answered_since(m, since)
+        )
+        return 2 * heard > self.members
+
     def silent_members(self) -> list[int]:
         """The members silent to this one (``silent``), in order."""
         return [m for m in range(self.members) if self.silent(m)]

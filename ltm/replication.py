@@ -8,7 +8,13 @@ over to it, and the partition waits for its primary instead of losing what was a
 A backup that falls out (a restart, a timeout) is brought back by a resync: the whole live log,
 then every flush again. A member may record its copy out of sync only while it reaches a
 majority of the members: cut off, it keeps the copy named in sync (the majority may fail over to
-it) and its flushes wait instead of going on alone."""
+it) and its flushes wait instead of going on alone.
+
+A flush stops waiting for a copy that leaves it unanswered after ``DROP_AFTER`` (0.3 s), not
+``SHIP_TIMEOUT``, when the copy's member answers none of this member's probes sent since the
+flush went and a majority without it does (``DropRule``): recording the copy out of sync is a
+compare-and-set whose only cost is a resync later, and waiting longer stalled every commit on
+the log."""
 
 from __future__ import annotations
 
@@ -17,8 +23,10 @@ import collections
 import contextlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
@@ -35,7 +43,13 @@ from ltm.store.ownership import Superseded
 log = logging.getLogger(__name__)
 
 SHIP_TIMEOUT = 2.0  # a backup slower than this is dropped (and resynced) rather than waited for
-SILENCE_POLL = 0.1  # seconds between looks at the prober's verdict while a flush waits
+SILENCE_POLL = 0.05  # seconds between looks at the prober's verdict while a flush waits
+# A flush unanswered this long stops waiting for its copy when the copy's member answers no
+# probe and a majority without it does (``DropRule``); doubled after each drop of a copy that
+# turned out only slow, up to SHIP_TIMEOUT, back after DROP_CALM seconds without one
+DROP_AFTER = 0.3
+DROP_MARGIN = 0.1  # probes count from this long after the flush went
+DROP_CALM = 30.0
 RESYNC_EVERY = 1.0
 HOLD_BACK_POLL = 0.1  # seconds between looks for a majority while a flush waits for one
 RESYNC_TIMEOUT = 30.0  # per request of a resync
@@ -103,6 +117,88 @@ class Mirror:
             sync_directory(self.directory)
 
 
+class Hearing(Protocol):
+    """What this member's prober heard, by member (``coordinator.quorum.Reachability``);
+    times are ``time.monotonic()`` of the probes' sending."""
+
+    members: int
+
+    def answered_since(self, member: int, since: float) -> bool: ...
+
+    def unanswered_since(self, member: int, since: float) -> bool: ...
+
+    def majority_since(self, since: float, without: int) -> bool: ...
+
+
+class DropRule:
+    """When a flush stops waiting for the copy at ``member`` before ``SHIP_TIMEOUT``, and
+    whether a copy so dropped may be resynced yet (pure over ``hearing`` and the times given).
+
+    A flush sent at ``sent`` gives up once it has waited ``wait`` seconds, the copy's member
+    answered no probe sent since ``sent + DROP_MARGIN``, and a majority without it (this
+    member included) did: the network around this member is whole, so the silence is the
+    copy's. A member cut off from the others hears no such majority and keeps waiting (held
+    back, as ``LogShipper`` says), so the majority may still fail its partition over to the
+    copy. The margin keeps a flush that was already waiting when a cut came from counting
+    the last probes before it.
+
+    A dropped copy is resynced only once its member answered a probe sent after the drop (a
+    resync to a cut member would hold the log's flushes under its lock). If none of its
+    probes since the flush went unanswered meanwhile, it was slow rather than gone (CPU
+    starvation, a slow disk): the next drop waits twice as long, up to ``longest``, so a slow
+    copy is not dropped and resynced over and over; ``calm`` seconds without such a drop
+    bring the wait back to ``base``."""
+
+    def __init__(
+        self,
+        hearing: Hearing,
+        member: int,
+        base: float = DROP_AFTER,
+        longest: float = SHIP_TIMEOUT,
+        calm: float = DROP_CALM,
+    ) -> None:
+        self.hearing = hearing
+        self.member = member
+        self.base, self.longest, self.calm = base, longest, calm
+        self._backed_off = base  # the wait after the last drop of a copy only slow
+        self._slow_at: float | None = None  # when that drop was found only slow
+        self._dropped: tuple[float, float] | None = None  # (flush sent, dropped) awaiting resync
+
+    def wait(self, now: float) -> float:
+        """How long a flush waits for the copy before this rule may give up on it."""
+        if self._slow_at is None or now - self._slow_at >= self.calm:
+            return self.base
+        return self._backed_off
+
+    def give_up(self, sent: float, now: float) -> bool:
+        """Whether a flush sent at ``sent`` and unanswered at ``now`` stops waiting."""
+        since = sent + DROP_MARGIN
+        return (
+            now - sent >= self.wait(now) - 1e-9  # (floating point: 100.3 - 100.0 < 0.3)
+            and not self.hearing.answered_since(self.member, since)
+            and self.hearing.majority_since(since, self.member)
+        )
+
+    def dropped(self, sent: float, now: float) -> None:
+        """The copy was recorded out of sync at ``now`` by this rule, for a flush sent at
+        ``sent``."""
+        self._dropped = (sent, now)
+
+    def may_resync(self, now: float) -> bool:
+        """Whether the copy may be resynced: always, unless this rule dropped it and its
+        member answered no probe since (then the drop is judged: only slow, or gone)."""
+        if self._dropped is None:
+            return True
+        sent, dropped = self._dropped
+        if not self.hearing.answered_since(self.member, dropped):
+            return False
+        if not self.hearing.unanswered_since(self.member, sent):  # slow, not gone
+            self._backed_off = min(2 * self.wait(now), self.longest)
+            self._slow_at = now
+        self._dropped = None
+        return True
+
+
 class FlushStream:
     """One ordered ``ReplicateStream`` to the backup: each flush is sent on it and answered in
     order once on the backup's disk. The first failure (an error from the backup, a broken
@@ -139,21 +235,23 @@ class FlushStream:
         self,
         request: pb.ReplicateRequest,
         timeout: float,
-        give_up: Callable[[], bool] = lambda: False,
+        give_up: Callable[[float], bool] = lambda sent: False,
     ) -> None:
         """Raises TimeoutError when unanswered in ``timeout`` seconds, or earlier once
-        ``give_up()`` says so (looked at every ``SILENCE_POLL`` seconds of the wait)."""
+        ``give_up(sent)`` says so (``sent``: ``time.monotonic()`` when the request went;
+        looked at every ``SILENCE_POLL`` seconds of the wait)."""
         if self.failure is not None:
             raise self.failure
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[None] = loop.create_future()
         self._waiting.append(answered)
+        sent = time.monotonic()
         self._outgoing.put_nowait(request)
         deadline = loop.time() + timeout
         try:
             while True:
                 left = deadline - loop.time()
-                if left <= 0 or give_up():
+                if left <= 0 or give_up(sent):
                     raise TimeoutError
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(answered), min(left, SILENCE_POLL))
@@ -181,15 +279,19 @@ class LogShipper:
         tls: TlsDir | None,
         may_drop: Callable[[], bool] = lambda: True,
         silent: Callable[[int], bool] = lambda backup: False,
+        hearing: Hearing | None = None,
     ) -> None:
         """``may_drop()``: whether this process may record its unreachable copy as out of
         sync and go on alone (a member must reach a majority of the members for that);
         ``silent(backup)``: whether the member hosting LTM ``backup`` fell silent to this
-        member's prober (``coordinator.quorum``)."""
+        member's prober (``coordinator.quorum``); ``hearing``: that prober's answers, for
+        dropping a copy sooner (``DropRule``; None: only ``silent`` and the timeout)."""
         self.store = store
         self.wal = wal
         self.may_drop = may_drop
         self.silent = silent
+        self.drop_rule = None if hearing is None else DropRule(hearing, backup % hearing.members)
+        self._quick = 0.0  # when the flush the drop rule gave up on went (0: none did)
         # Why flushes wait now (None: they don't): the copy is unreachable and dropping it is
         # not allowed, so the record still names it in sync and nothing is acknowledged that
         # it lacks; the majority may fail the partition over to it meanwhile.
@@ -230,21 +332,38 @@ class LogShipper:
             return
         if self._flushes is None:
             self._flushes = FlushStream(self._stub, self._metadata)
+        self._quick = 0.0
+        started = time.monotonic()
         try:
             for request in self._requests(segment, data, drop_before=drop_before):
-                await self._flushes.send(request, SHIP_TIMEOUT, self._gone)
+                await self._flushes.send(request, SHIP_TIMEOUT, self._give_up)
         except (errors.AggviewError, TimeoutError) as exc:
             await self._close_flushes()
             if not self.may_drop():
                 await self._hold_back(exc)
             log.warning(
-                "partition %d: backup LTM %d at %s fell out of sync (%s); serving without it",
+                "partition %d: backup LTM %d at %s fell out of sync (%s, %.2fs into a "
+                "flush); serving without it",
                 self.record.partition,
                 self.backup,
                 self.backup_address,
-                exc or "no answer in time",
+                str(exc) or ("no answer, nor to probes" if self._quick else "no answer"),
+                time.monotonic() - started,
             )
             await self._set_in_sync(False)
+            if self._quick and self.drop_rule is not None:
+                self.drop_rule.dropped(self._quick, time.monotonic())
+
+    def _give_up(self, sent: float) -> bool:
+        """Whether a flush sent at ``sent`` stops waiting for the copy: its member is
+        silent (``_gone``) or ``DropRule`` says so."""
+        if self._gone():
+            return True
+        rule = self.drop_rule
+        if rule is not None and self.may_drop() and rule.give_up(sent, time.monotonic()):
+            self._quick = sent
+            return True
+        return False
 
     def _gone(self) -> bool:
         """Whether a flush waiting for the copy stops waiting before ``SHIP_TIMEOUT``: its
@@ -316,7 +435,8 @@ class LogShipper:
             # not to a copy whose member is silent: the part of a resync under the flush lock
             # would hold every flush back until the request timed out (a follower's cut
             # stopped its leader's commits until the heal)
-            if not self.in_sync and not self.silent(self.backup):
+            # nor to a copy the drop rule dropped, before its member answers again
+            if not self.in_sync and not self.silent(self.backup) and self._may_resync():
                 try:
                     await self.resync()
                 except grpc.aio.AioRpcError as exc:
@@ -328,6 +448,26 @@ class LogShipper:
                 except Exception:
                     log.exception("resync of partition %d failed", self.record.partition)
             await asyncio.sleep(RESYNC_EVERY)
+
+    def _may_resync(self) -> bool:
+        """``DropRule.may_resync``, saying when a drop turned out to be of a copy only slow
+        (its next drop waits longer: churn under CPU starvation shows in the log)."""
+        rule = self.drop_rule
+        if rule is None:
+            return True
+        now = time.monotonic()
+        before = rule.wait(now)
+        if not rule.may_resync(now):
+            return False
+        if rule.wait(now) > before:
+            log.info(
+                "partition %d: its copy at LTM %d was slow, not gone: the next drop of it "
+                "waits %.1fs",
+                self.record.partition,
+                self.backup,
+                rule.wait(now),
+            )
+        return True
 
     async def resync(self) -> None:
         """The whole live log to the backup, then every flush again. Sealed segments (which

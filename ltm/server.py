@@ -19,7 +19,7 @@ from aggview.streams import AnswerEach
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from ltm.participant import OutcomeQuery, Participant, Settings, VoteNo
-from ltm.replication import LogShipper, Mirror, log_dir_of
+from ltm.replication import Hearing, LogShipper, Mirror, log_dir_of
 from ltm.store import ownership
 from ltm.store.base import Store
 
@@ -37,13 +37,16 @@ class Hosting:
         outcome_query: OutcomeQuery | None = None,
         may_drop: Callable[[], bool] = lambda: True,
         silent: Callable[[int], bool] = lambda backup: False,
+        hearing: Hearing | None = None,
     ) -> None:
         """``outcome_query``: how an in-doubt participant asks about a transaction (its
         coordinating member, or that member's successor); ``may_drop()``: whether a copy that
         does not answer may be dropped (``LogShipper``), ``silent(backup)`` whether its member
-        fell silent (the copy is then dropped without waiting out the timeout)."""
+        fell silent (the copy is then dropped without waiting out the timeout), ``hearing``
+        the prober's answers (dropped sooner: ``DropRule``)."""
         self.may_drop = may_drop
         self.silent = silent
+        self.hearing = hearing
         self.config = config
         self.store = store
         self.me = config.partition
@@ -106,6 +109,7 @@ class Hosting:
                 self.config.tls,
                 self.may_drop,
                 self.silent,
+                self.hearing,
             )
             await shipper.start()
             self.shippers[partition] = shipper

@@ -348,6 +348,7 @@ async def shipping_to_a_backup(
     store: Store,
     may_drop: Callable[[], bool],
     silent: Callable[[int], bool] = lambda backup: False,
+    hearing: replication.Hearing | None = None,
 ) -> tuple[grpc.aio.Server, LtmServicer, WriteAheadLog, LogShipper]:
     """A backup LTM server (partition 1, in this process) and partition 0's shipper to it,
     started (its first resync runs in the background)."""
@@ -358,7 +359,15 @@ async def shipping_to_a_backup(
     await server.start()
     wal = WriteAheadLog(tmp_path / "primary", fsync=False)
     shipper = LogShipper(
-        store, wal, ownership.Ownership(0, 0, 0), 1, f"127.0.0.1:{port}", None, may_drop, silent
+        store,
+        wal,
+        ownership.Ownership(0, 0, 0),
+        1,
+        f"127.0.0.1:{port}",
+        None,
+        may_drop,
+        silent,
+        hearing,
     )
     await shipper.start()
     return server, servicer, wal, shipper
@@ -426,6 +435,72 @@ def test_a_flush_stops_waiting_for_a_copy_whose_member_the_prober_hears_silent(
             waited = time.monotonic() - started
             assert waited < 1.0, f"a flush waited {waited:.1f}s for a silent copy"
             assert not shipper.in_sync and not ownership.read(store, 0).in_sync
+            await shipper.close()
+            await wal.close()
+            await server.stop(None)
+
+    asyncio.run(scenario())
+
+
+def test_a_flush_drops_a_copy_unanswered_briefly_while_the_rest_answer_probes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45's follower cut: the copy's member (1) answers nothing, the third member (2)
+    answers every probe. A flush waits ``DROP_AFTER`` (0.3 s) for the copy, not until the
+    prober calls its member silent (a second and more; before: ``SHIP_TIMEOUT``), and the
+    copy is not resynced until its member answers again (a resync under the log's lock
+    would hold every flush); then it is, and in sync once more."""
+    from coordinator.quorum import Reachability
+
+    monkeypatch.setattr(replication, "RESYNC_EVERY", 0.05)
+
+    async def scenario() -> None:
+        with open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+            reach = Reachability(3, me=0)
+            answering = {1: True, 2: True}
+
+            async def probes() -> None:
+                while True:
+                    for member, answers in answering.items():
+                        if answers:
+                            reach.heard(member)
+                        else:
+                            reach.failed(member)
+                    await asyncio.sleep(0.05)
+
+            prober = asyncio.ensure_future(probes())
+            server, servicer, wal, shipper = await shipping_to_a_backup(
+                tmp_path, store, lambda: True, hearing=reach
+            )
+            await wait_async(lambda: shipper.in_sync)
+            await wal.append({"kind": "prepared", "ts": 1, "after": {}})
+            replicate = servicer._replicate
+            resyncs = 0
+
+            async def hang(request: pb.ReplicateRequest) -> None:
+                nonlocal resyncs
+                resyncs += request.reset
+                await asyncio.Event().wait()  # connected, never answering: a cut host
+
+            servicer._replicate = hang  # type: ignore[method-assign]
+            answering[1] = False
+            started = time.monotonic()
+            await asyncio.wait_for(wal.append({"kind": "prepared", "ts": 2, "after": {}}), 10)
+            waited = time.monotonic() - started
+            assert waited < 0.8, f"a flush waited {waited:.1f}s for a copy its member's silence"
+            assert not shipper.in_sync and not ownership.read(store, 0).in_sync
+            for ts in range(3, 13):  # no resync meanwhile: every flush goes at once
+                started = time.monotonic()
+                await asyncio.wait_for(wal.append({"kind": "prepared", "ts": ts, "after": {}}), 10)
+                assert time.monotonic() - started < 0.3
+            assert resyncs == 0
+            servicer._replicate = replicate  # type: ignore[method-assign]
+            answering[1] = True
+            await wait_async(lambda: shipper.in_sync)
+            assert ownership.read(store, 0).in_sync
+            assert shipper.drop_rule is not None
+            assert shipper.drop_rule.wait(time.monotonic()) == replication.DROP_AFTER
+            prober.cancel()
             await shipper.close()
             await wal.close()
             await server.stop(None)

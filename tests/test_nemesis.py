@@ -45,6 +45,18 @@ def test_the_others_gap_counts_only_the_partitions_the_faulted_member_did_not_se
     assert nemesis_checker.others_gap([(0, 9.0, 0)], nobody_else, stop=13.0) is None
 
 
+def test_the_worst_other_gap_sees_one_member_stalled_while_another_goes_on() -> None:
+    """Member 2 cut off at 10 s; member 0's key (3) stalls 1.2 s waiting for its copy on
+    member 2 while member 1's key (2) goes on: the union of the others' writes shows no gap,
+    the worst other member's own writes do."""
+    probes = [(0, 9.0, 2), (2, 9.8, 1), (3, 9.9, 0)]
+    probes += [(2, 10.0 + 0.1 * i, 1) for i in range(1, 31)]
+    probes += [(3, 11.2 + 0.1 * i, 0) for i in range(19)]
+    cut = Fault("follower-cut", 10.0, detail="follower member 2 cut off 6.0s")
+    assert nemesis_checker.others_gap(probes, cut, stop=13.0) == pytest.approx(0.1)
+    assert nemesis_checker.member_gap(probes, cut, stop=13.0) == pytest.approx(1.2)
+
+
 def test_a_snapshot_check_sees_a_half_applied_or_missing_transfer() -> None:
     start = transfers.INITIAL
     balances = [{"id": i, "balance": start} for i in range(nemesis_workload.ACCOUNT_COUNT)]
