@@ -54,6 +54,7 @@ _port_slice()
 # tests, which put the one-test nemesis file last.)
 LONGEST_FIRST = (  # by wall time on a quiet CI run (AGGVIEW_TEST_CPU's third column)
     "test_real_hbase.py",
+    "test_ownership.py",  # short, but next to the other user of the real HBase (HBASE_FILES)
     "test_spark.py",
     "test_tpcw.py",
     "test_failpoints.py",
@@ -210,20 +211,63 @@ def spark() -> Any:
     stop_session()
 
 
-@pytest.fixture(scope="session")
-def real_hbase(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One real Apache HBase (standalone, jars from Maven Central) for the whole run, with its
-    Thrift server and a second one in framed mode. Skipped only where Java or Maven is absent."""
-    import shutil
+# The files whose tests use the real HBase (``real_hbase``), next to each other in their
+# group's order (``LONGEST_FIRST``): the HBase stops after the last test of them, as an idle
+# one costs a tenth of a core (50 CPU-s over the rest of its worker's run), and starts again
+# should a later test ask for it.
+HBASE_FILES = ("test_real_hbase.py", "test_ownership.py")
 
-    from ltm.store.hbase_server import StandaloneHBase
+
+class SessionHBase:
+    """The session's one real Apache HBase (standalone, jars from Maven Central), with its
+    Thrift server and a second one in framed mode: started on first use, stopped between
+    the runs of ``HBASE_FILES``."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self.factory = factory
+        self.hbase: Any = None
+
+    def running(self) -> Any:
+        if self.hbase is None:
+            from ltm.store.hbase_server import StandaloneHBase
+
+            hbase = StandaloneHBase(self.factory.mktemp("hbase"), port=0, framed_port=0)
+            hbase.start()
+            self.hbase = hbase
+        return self.hbase
+
+    def stop(self) -> None:
+        if self.hbase is not None:
+            hbase, self.hbase = self.hbase, None
+            hbase.stop()
+
+
+_session_hbase: list[SessionHBase] = []
+
+
+@pytest.fixture(scope="session")
+def session_hbase(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionHBase]:
+    """Skipped only where Java or Maven is absent."""
+    import shutil
 
     missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
     if missing:
         pytest.skip(f"a real HBase needs {' and '.join(missing)} on PATH")
-    hbase = StandaloneHBase(tmp_path_factory.mktemp("hbase"), port=0, framed_port=0)
-    hbase.start()
+    home = SessionHBase(tmp_path_factory)
+    _session_hbase.append(home)
     try:
-        yield hbase
+        yield home
     finally:
-        hbase.stop()
+        home.stop()
+
+
+@pytest.fixture
+def real_hbase(session_hbase: SessionHBase) -> Any:
+    """The session's real HBase, running (``SessionHBase``)."""
+    return session_hbase.running()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if _session_hbase and (nextitem is None or nextitem.path.name not in HBASE_FILES):
+        _session_hbase[0].stop()

@@ -1,13 +1,14 @@
 """The suite's own layout: every test file that starts one of the session's JVMs (Spark, the
 real HBase) is in a ``SPARK_GROUPS`` group, so that JVM starts once per group and not once per
-worker that happens to run the file (each start costs 10-15 CPU-s on two cores)."""
+worker that happens to run the file (each start costs 10-15 CPU-s on two cores); the real
+HBase's users run one after the other, so it stops after them (``HBASE_FILES``)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from conftest import SPARK_GROUPS
+from conftest import HBASE_FILES, LONGEST_FIRST, SPARK_GROUPS
 
 JVM_FIXTURES = {"spark", "real_hbase"}
 TESTS = Path(__file__).parent
@@ -51,3 +52,15 @@ def test_every_file_that_starts_a_jvm_is_in_a_group() -> None:
     }
     assert starting, "no test file uses the JVM fixtures: the detector is broken"
     assert starting - SPARK_GROUPS.keys() == set(), "add these files to conftest.SPARK_GROUPS"
+
+
+def test_the_real_hbase_users_are_named_and_run_one_after_the_other() -> None:
+    users = {
+        path.name
+        for path in TESTS.glob("test_*.py")
+        if path.name != Path(__file__).name and "real_hbase" in jvm_fixtures_used(path.read_text())
+    }
+    assert users == set(HBASE_FILES), "conftest.HBASE_FILES names the files that use real_hbase"
+    ranks = sorted(LONGEST_FIRST.index(name) for name in HBASE_FILES)
+    assert ranks == list(range(ranks[0], ranks[0] + len(ranks))), "next to each other"
+    assert len({SPARK_GROUPS[name] for name in HBASE_FILES}) == 1, "in one group"
