@@ -187,6 +187,7 @@ class Commits(DecisionDelivery):
             raise
         else:
             self.lookups.committed(tx.ts, tx.images)
+            self.view_hooks.committed(tx.ts, tx.images)  # to this member's switch
         finally:
             self.in_flight.decided(tx.ts)
 

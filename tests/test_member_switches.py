@@ -19,6 +19,8 @@ from profiles import examples
 from test_cumulus_runtime import PROGRAMS, _program, interpreted, random_stream
 
 from aggview import errors
+from aggview.wire import ltm_pb2 as lpb
+from coordinator.member_switch import CHUNK, MemberSwitch, cut_of, stamp
 from cumulus.m3.program import Program
 from cumulus.runtime.node import ProtocolError
 from cumulus.runtime.simulator import Network, Simulator, Update
@@ -175,3 +177,29 @@ def test_a_switch_refuses_a_counter_at_or_below_its_last() -> None:
     with pytest.raises(errors.FailedPrecondition):
         sim.feed_stamped(0, [(5, ("+", "r", row))])
     sim.feed_stamped(1, [(3, ("+", "r", row))])  # another switch: its own order
+
+
+def test_a_members_switch_releases_in_its_timestamp_order_and_ends_after_its_dispatches() -> None:
+    """The member side (``MemberSwitch``): a commit waits only for this member's older
+    undecided timestamps; an EPOCH END for T goes after every dispatch at or below T; a big
+    transaction goes in parts; batches stay until acknowledged."""
+    switch = MemberSwitch(1)
+    image = lpb.RowImage(table="t", key=b"k", after=b"{}")
+    switch.committed(12, [image])
+    switch.committed(10, [image])
+    assert switch.release(oldest=11) == [
+        lpb.SwitchRequest(member=1, seq=1, commits=[lpb.SwitchCommit(ts=10, changes=[image])])
+    ]
+    assert switch.ask(12, oldest=11) == []  # 12 is held behind 11, still undecided
+    out = switch.release(oldest=None)
+    assert [r.seq for r in out] == [2, 0] and out[1].epoch_end == 12
+    assert [c.ts for c in out[0].commits] == [12]
+    switch.committed(20, [image] * (CHUNK + 1))
+    parts = switch.release(oldest=None)
+    assert [(len(r.commits[0].changes), r.commits[0].more) for r in parts] == [
+        (CHUNK, True),
+        (1, False),
+    ]
+    switch.acked(3)
+    assert sorted(switch.unacked) == [4]
+    assert cut_of(12) >= stamp(12, 5) > cut_of(11)
