@@ -10,6 +10,7 @@ Views over views (subqueries' hidden views included) keep the drain into one swi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -54,6 +55,9 @@ class ViewSwitches(ViewsShared):
     # ------------------------------------------------------------------ member side
 
     def _dispatched_ids(self) -> set[str]:
+        """The store tables whose changes this member sends (under the current catalog);
+        its switch starts with the first (its stream also carries EPOCH ENDs: an epoch
+        waits for every member, committing or not)."""
         epoch, ids = self._sent_tables
         if epoch != self.manager.epoch:
             names = {
@@ -64,6 +68,9 @@ class ViewSwitches(ViewsShared):
             }
             ids = {self.catalog.tables[n].table_id for n in names if n in self.catalog.tables}
             self._sent_tables = (self.manager.epoch, ids)
+            if ids and self.switch_link is None:
+                with contextlib.suppress(RuntimeError):  # no event loop: at the next call
+                    self._link()
         return ids
 
     def committed(self, ts: int, images: list[lpb.RowImage]) -> None:
@@ -86,8 +93,8 @@ class ViewSwitches(ViewsShared):
                 self._deliver_local,
                 self.tls,
             )
-            manager.in_flight.released = link.release
             link.start()
+            manager.in_flight.released = link.release
             self.switch_link = link
         return self.switch_link
 

@@ -182,6 +182,7 @@ class ViewManager(ViewDdl, ViewInit, ViewMaintenance, ViewRefresh, ViewReads):
         tables, views and indexes as they are at this moment (other members get this very
         configuration with their next timestamps)."""
         self.manager.bump_epoch(self.configuration())
+        self._dispatched_ids()  # this member's switch, if a view now needs it
 
     def configuration(self) -> dict[str, Any]:
         """What a member needs to run transactions: tables, indexes, views and their state."""
@@ -226,6 +227,7 @@ class ViewManager(ViewDdl, ViewInit, ViewMaintenance, ViewRefresh, ViewReads):
         self.manager.epoch = epoch
         for view in views.values():  # this member's share of the async views' refreshes
             self._reconcile_refresher(view)
+        self._dispatched_ids()  # this member's switch, if a view now needs it
 
     def _persist(self, view: View) -> None:
         self.catalog.put_entry("view", view.name, view.to_json())
