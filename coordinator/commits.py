@@ -184,6 +184,7 @@ class Commits(DecisionDelivery):
             await durable
         except BaseException:
             self.lookups.unknown(tx.ts)
+            self.view_hooks.unknown(tx.ts, tx.images)
             raise
         else:
             self.lookups.committed(tx.ts, tx.images)

@@ -63,6 +63,8 @@ class MemberSwitch:
         self._seq = 0
         self.unacked: dict[int, pb.SwitchRequest] = {}  # by batch number, in order
         self._asked: list[int] = []  # cuts asked and not answered
+        # a commit's outcome is unknown: no cut is answered until the runtimes load again
+        self.broken: int | None = None
 
     def committed(self, ts: int, images: list[pb.RowImage]) -> None:
         heapq.heappush(self._held, (ts, images))
@@ -90,7 +92,7 @@ class MemberSwitch:
             self.unacked[self._seq] = batch
             out.append(batch)
         held = self._held[0][0] if self._held else None
-        for cut in list(self._asked):
+        for cut in [] if self.broken is not None else list(self._asked):
             if (oldest is None or oldest > cut) and (held is None or held > cut):
                 self._asked.remove(cut)
                 out.append(pb.SwitchRequest(member=self.member, epoch_end=cut))
@@ -102,6 +104,17 @@ class MemberSwitch:
         if cut not in self._asked:
             self._asked.append(cut)
         return self.release(oldest)
+
+    def outcome_unknown(self, ts: int) -> None:
+        """The transaction at ``ts`` may have committed, and is not sent: no cut is answered
+        (so no epoch past it closes) until ``reloaded``; the cuts asked are dropped, the
+        reloaded runtimes ask theirs again."""
+        self.broken = ts if self.broken is None else min(self.broken, ts)
+        self._asked.clear()
+
+    def reloaded(self) -> None:
+        """The runtimes this switch feeds load again from a snapshot taken after now."""
+        self.broken = None
 
     def acked(self, seq: int) -> None:
         for number in [n for n in self.unacked if n <= seq]:
@@ -128,8 +141,12 @@ class SwitchLink:
         leader: Callable[[], str | None],
         deliver: Deliver,
         tls: TlsDir | None,
+        reload: Callable[[str], None] = lambda why: None,
     ) -> None:
+        """``reload(why)``: when this member leads, makes every runtime it feeds load again
+        from a new snapshot (a member that follows asks for that with a fresh stream)."""
         self.switch = MemberSwitch(member)
+        self._reload = reload
         self._oldest = oldest
         self._leader = leader
         self._deliver = deliver
@@ -153,6 +170,20 @@ class SwitchLink:
 
     def committed(self, ts: int, images: list[pb.RowImage]) -> None:
         self.switch.committed(ts, images)
+
+    def outcome_unknown(self, ts: int) -> None:
+        """A commit of this member whose decision's write failed (``MemberSwitch``): the
+        runtimes load again, asked here when this member leads, else by a new stream that
+        says it is fresh (the leader reloads for a member it saw before)."""
+        log.warning("switch: the outcome of %d is unknown; cumulus views load again", ts)
+        self.switch.outcome_unknown(ts)
+        self.switch.fresh = True
+        if self._leader() is None:
+            self._reload(f"the outcome of {ts} is unknown")
+            self.switch.reloaded()
+            self.switch.fresh = False
+        else:
+            self._wake.set()  # the stream ends and a fresh one begins
 
     def release(self) -> None:
         """A timestamp of this member was decided: what it held back may go."""
@@ -223,13 +254,16 @@ class SwitchLink:
         channel = member_channel(leader, self._tls, GRPC_OPTIONS)
         try:
             call = pb_grpc.ClockStub(channel).Switch(metadata=member_metadata(self._tls))
-            await call.write(pb.SwitchRequest(member=self.switch.member, fresh=self.switch.fresh))
+            fresh = self.switch.fresh
+            await call.write(pb.SwitchRequest(member=self.switch.member, fresh=fresh))
+            if fresh:  # the leader reloads the runtimes this member fed (one it saw before)
+                self.switch.reloaded()
             for seq in sorted(self.switch.unacked):  # written to a stream that is gone
                 if seq <= self._written:
                     await call.write(self.switch.unacked[seq])
             reader = asyncio.get_running_loop().create_task(self._replies(call))
             try:
-                while self._leader() == leader and not reader.done():
+                while self._leader() == leader and not reader.done() and self.switch.broken is None:
                     try:
                         request = await self._next()
                     except _Idle:

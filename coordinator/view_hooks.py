@@ -34,6 +34,10 @@ class ViewHooks(Protocol):
         """At the commit decision: the changes cumulus views read go to this member's
         switch (``coordinator.view_switches``)."""
 
+    def unknown(self, ts: int, images: list[lpb.RowImage]) -> None:
+        """The commit decision's write failed: the transaction may have committed (a
+        restart or a takeover may deliver its record), so its changes cannot be sent."""
+
 
 class NoViews:
     """No views: nothing captured, maintained, watched or looked up."""
@@ -51,6 +55,9 @@ class NoViews:
         return set()
 
     def committed(self, ts: int, images: list[lpb.RowImage]) -> None:
+        pass
+
+    def unknown(self, ts: int, images: list[lpb.RowImage]) -> None:
         pass
 
 

@@ -83,6 +83,15 @@ class ViewSwitches(ViewsShared):
         if mine:
             self._link().committed(ts, mine)
 
+    def unknown(self, ts: int, images: list[lpb.RowImage]) -> None:
+        """A transaction of this member whose outcome is unknown (its decision's write
+        failed) may have changed tables cumulus views read: the runtimes load again from a
+        snapshot, which has it if it committed, before any epoch past it closes (sending
+        nothing for it and closing the epoch would drop it if it did commit)."""
+        ids = self._dispatched_ids()
+        if ids and any(image.table in ids for image in images):
+            self._link().outcome_unknown(ts)
+
     def _link(self) -> SwitchLink:
         if self.switch_link is None:
             manager = self.manager
@@ -92,6 +101,7 @@ class ViewSwitches(ViewsShared):
                 lambda: manager.leader,
                 self._deliver_local,
                 self.tls,
+                reload=lambda why: self._reload_switched(f"member {manager.member}: {why}"),
             )
             link.start()
             manager.in_flight.released = link.release

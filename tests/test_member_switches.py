@@ -203,3 +203,39 @@ def test_a_members_switch_releases_in_its_timestamp_order_and_ends_after_its_dis
     switch.acked(3)
     assert sorted(switch.unacked) == [4]
     assert cut_of(12) >= stamp(12, 5) > cut_of(11)
+
+
+def test_a_commit_of_unknown_outcome_closes_no_epoch_until_the_runtimes_reload() -> None:
+    """A transaction whose decision's write failed may have committed and is not sent: an
+    EPOCH END past it would close an epoch without it (a view that drifts), so none goes
+    until the runtimes load again from a snapshot, which has it if it committed."""
+    switch = MemberSwitch(0)
+    image = lpb.RowImage(table="t", key=b"k", after=b"{}")
+    switch.committed(5, [image])
+    assert [r.epoch_end for r in switch.ask(4, oldest=7)] == [0, 4]  # 5's batch, then END
+    switch.committed(8, [image])
+    switch.outcome_unknown(7)
+    assert [(r.seq, r.epoch_end) for r in switch.release(oldest=None)] == [(2, 0)]  # no END
+    assert switch.ask(9, oldest=None) == []
+    switch.reloaded()
+    assert switch.ask(9, oldest=None) == [lpb.SwitchRequest(member=0, epoch_end=9)]
+
+
+def test_a_leading_member_reloads_its_runtimes_when_a_commit_s_outcome_is_unknown() -> None:
+    """The leader's own switch asks for the reload in process; a follower's begins a fresh
+    stream (the leader reloads for a member it saw before)."""
+    from coordinator.member_switch import SwitchLink
+
+    reloads: list[str] = []
+    link = SwitchLink(0, lambda: None, lambda: None, _deliver_nothing, None, reload=reloads.append)
+    link.outcome_unknown(7)
+    assert reloads == ["the outcome of 7 is unknown"]
+    assert link.switch.broken is None and not link.switch.fresh
+    follower = SwitchLink(1, lambda: None, lambda: "10.0.0.1:1", _deliver_nothing, None)
+    follower.switch.fresh = False
+    follower.outcome_unknown(7)
+    assert follower.switch.broken == 7 and follower.switch.fresh
+
+
+async def _deliver_nothing(member: int, request: lpb.SwitchRequest) -> None:
+    pass
