@@ -27,7 +27,9 @@ has a larger timestamp (two members granting timestamps at once shows as a viola
 unknown to the client (the call failed mid-way) are allowed, counted, and must resolve
 consistently (the ledger row is there iff the balances moved: the ledger-balance check). Per
 fault it measures the unavailability window: the longest gap between acknowledged transfers from
-the fault's start to the next fault's.
+the fault's start to the next fault's; and "recovered s", the time from the heal until the
+transfers' rate is back (bench.nemesis_checker.recovered), for which the next fault waits at
+least ``--after-heal`` seconds from the heal.
 
     python -m bench.nemesis --faults 20 --kinds leader-cut follower-cut --json nemesis.json
 
