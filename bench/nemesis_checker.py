@@ -202,6 +202,8 @@ def _measure_windows(windows: _Windows, faults: list[Fault], history: History, e
         rate = calm_rate(acks, calm_from, fault.start)
         rows[i]["calm rate /s"] = rate
         rows[i]["recovered s"] = recovered(acks, rate, fault.healed, stop)
+        rows[i]["healed at s"] = fault.healed - starts[0]
+        rows[i]["per s after heal"] = per_second(acks, fault.healed, stop)
 
 
 def calm_rate(acks: list[float], calm_from: float, start: float) -> float:
@@ -231,6 +233,16 @@ def recovered(acks: list[float], rate: float, healed: float, stop: float) -> flo
         if bisect.bisect_left(acks, begin + RATE_WINDOW) - i >= need:
             return begin - healed
     return NOT_RECOVERED
+
+
+def per_second(acks: list[float], begin: float, stop: float) -> list[int]:
+    """Acknowledgements in each whole second from ``begin`` to ``stop``: what "recovered s"
+    does not say (a dip after the rate was first back) stays visible in the JSON."""
+    edges = [begin + k for k in range(int(stop - begin) + 1)]
+    return [
+        bisect.bisect_left(acks, b) - bisect.bisect_left(acks, a)
+        for a, b in zip(edges, edges[1:], strict=False)
+    ]
 
 
 def recovery_summary(values: list[float | str]) -> dict[str, Any]:
