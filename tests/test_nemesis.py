@@ -78,6 +78,7 @@ def test_recovered_is_the_time_from_the_heal_until_the_rate_is_back() -> None:
     never = calm + _steady(16.0, 25.0, 12) + _steady(25.0, 31.0, 20)
     assert nemesis_checker.recovered(never, rate, 16.0, 25.0) == nemesis_checker.NOT_RECOVERED
     assert nemesis_checker.recovered(never, rate, 16.0, 31.0) == pytest.approx(8.5, abs=0.1)
+    assert nemesis_checker.per_second(after_3, 16.0, 25.0) == [2, 2, 2, 20, 20, 20, 20, 20, 20]
     assert nemesis_checker.calm_rate(at_once[100:], 7.0, 10.0) == 0.0
     assert nemesis_checker.recovered(at_once, 0.0, 16.0, 25.0) == nemesis_checker.NO_CALM_RATE
 
