@@ -27,7 +27,9 @@ has a larger timestamp (two members granting timestamps at once shows as a viola
 unknown to the client (the call failed mid-way) are allowed, counted, and must resolve
 consistently (the ledger row is there iff the balances moved: the ledger-balance check). Per
 fault it measures the unavailability window: the longest gap between acknowledged transfers from
-the fault's start to the next fault's.
+the fault's start to the next fault's; and "recovered s", the time from the heal until the
+transfers' rate is back (bench.nemesis_checker.recovered), for which the next fault waits at
+least ``--after-heal`` seconds from the heal.
 
     python -m bench.nemesis --faults 20 --kinds leader-cut follower-cut --json nemesis.json
 
@@ -77,6 +79,9 @@ class Config:
     clients: int = 4
     warmup: float = 3.0  # load before the first fault
     calm: float = 1.0  # load between a fault's settling and the next fault
+    # the least time from a heal to the next fault: the checker's "recovered s" can only see
+    # a recovery that ends before the next fault (up to this less its 1 s window)
+    after_heal: float = 8.0
     settle_timeout: float = 20.0
     fsync: bool = True
     slow_pair: tuple[int, int] = (0, 1)
@@ -111,9 +116,10 @@ def run(config: Config, data: Path, say: Callable[[str], None] = print) -> dict[
         nemesis = Nemesis(cluster, history, rng).start()
         try:
             nemesis.wait_settled(config.settle_timeout)
+            calm_from = time.monotonic()
             time.sleep(config.warmup)
             try:
-                inject_faults(config, nemesis, history, rng, faults, say)
+                inject_faults(config, nemesis, history, rng, faults, say, calm_from)
             except KeyboardInterrupt:  # a long run stopped early is still checked and reported
                 say(f"interrupted after {len(faults)} faults: checking what ran")
                 if faults and faults[-1].settled is None:
@@ -169,11 +175,14 @@ def inject_faults(
     rng: random.Random,
     faults: list[Fault],
     say: Callable[[str], None],
+    calm_from: float,
 ) -> None:
-    """The scheduled faults one after the other, each healed and waited out; each goes into
-    ``faults`` as it starts (an interrupted run keeps those that ran)."""
+    """The scheduled faults one after the other, each healed and waited out, the next not
+    before ``config.after_heal`` from the heal (the recovery is measured in between); each goes
+    into ``faults`` as it starts (an interrupted run keeps those that ran). ``calm_from``: when
+    the load began before the first."""
     for n, kind in enumerate(schedule(config.kinds, config.faults, rng)):
-        fault = Fault(kind, time.monotonic())
+        fault = Fault(kind, time.monotonic(), calm_from=calm_from)
         faults.append(fault)
         try:
             fault.detail = nemesis.inject(kind)
@@ -188,7 +197,8 @@ def inject_faults(
             f"fault {n + 1}/{config.faults}: {kind}: {fault.detail}; {settled}; "
             f"{acked} acknowledged so far"
         )
-        time.sleep(config.calm)
+        calm_from = time.monotonic()
+        time.sleep(max(config.calm, fault.healed + config.after_heal - calm_from))
 
 
 @contextlib.contextmanager
@@ -210,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--failover-after", type=float, default=2.0)
     parser.add_argument("--clients", type=int, default=4, help="transfer threads")
     parser.add_argument("--settle-timeout", type=float, default=20.0)
+    parser.add_argument(
+        "--after-heal",
+        type=float,
+        default=Config.after_heal,
+        help="least seconds from a heal to the next fault (the recovery is measured within)",
+    )
     parser.add_argument("--slow-pair", type=int, nargs=2, default=[0, 1])
     parser.add_argument("--no-fsync", action="store_true")
     parser.add_argument("--data", help="keep the members' data and logs here (default: temp)")
@@ -227,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         failover_after=args.failover_after,
         clients=args.clients,
         settle_timeout=args.settle_timeout,
+        after_heal=args.after_heal,
         fsync=not args.no_fsync,
         slow_pair=(args.slow_pair[0], args.slow_pair[1]),
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import datetime
+import math
 import re
 import statistics
 import time
@@ -39,6 +40,10 @@ NOTABLE = re.compile(
 _LEADS = re.compile(r"member (\d+) leads \(term (\d+)\)")
 _TERM = re.compile(r"(?:leads|takes the lead|took the lead) \(term (\d+)\)")
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+# "recovered s": back to this share of the calm rate over a window this long; the calm rate
+# over at most the last CALM_WINDOW s before the fault
+RECOVERED_SHARE, RATE_WINDOW, CALM_WINDOW = 0.8, 1.0, 2.0
+NOT_RECOVERED, NO_CALM_RATE = "not recovered", "no calm rate"
 
 
 def realtime_violations(commits: list[Commit], scans: list[Scan]) -> list[tuple[float, str]]:
@@ -193,6 +198,68 @@ def _measure_windows(windows: _Windows, faults: list[Fault], history: History, e
         rows[i]["others s"] = others_gap(history.probes, fault, stop)
         rows[i]["worst other s"] = member_gap(history.probes, fault, stop)
         rows[i]["settled s"] = None if fault.settled is None else fault.settled - fault.healed
+        calm_from = fault.start - CALM_WINDOW if fault.calm_from is None else fault.calm_from
+        rate = calm_rate(acks, calm_from, fault.start)
+        rows[i]["calm rate /s"] = rate
+        rows[i]["recovered s"] = recovered(acks, rate, fault.healed, stop)
+        rows[i]["healed at s"] = fault.healed - starts[0]
+        rows[i]["per s after heal"] = per_second(acks, fault.healed, stop)
+
+
+def calm_rate(acks: list[float], calm_from: float, start: float) -> float:
+    """Acknowledged transfers per second in the calm before a fault: from ``calm_from`` (the
+    previous fault settled, or the wait for it was given up) to the fault's start, at most
+    its last CALM_WINDOW s (the harness's wait after a heal holds the previous recovery;
+    ``acks`` sorted)."""
+    begin = max(calm_from, start - CALM_WINDOW)
+    if start <= begin:
+        return 0.0
+    return (bisect.bisect_left(acks, start) - bisect.bisect_left(acks, begin)) / (start - begin)
+
+
+def recovered(acks: list[float], rate: float, healed: float, stop: float) -> float | str:
+    """Seconds from the heal to the first acknowledgement from which the next RATE_WINDOW s
+    (it included) hold at least RECOVERED_SHARE of ``rate`` (the calm rate) times the window:
+    when full throughput was back, at once (0.0) if it never left. The window must end by
+    ``stop`` (the next fault, or the run's end); if none does, NOT_RECOVERED, never a number;
+    NO_CALM_RATE if the calm rate was 0 (nothing to be back to). ``acks`` sorted."""
+    if rate <= 0:
+        return NO_CALM_RATE
+    need = RECOVERED_SHARE * rate * RATE_WINDOW
+    for i in range(bisect.bisect_left(acks, healed), len(acks)):
+        begin = acks[i]
+        if begin + RATE_WINDOW > stop:
+            break
+        if bisect.bisect_left(acks, begin + RATE_WINDOW) - i >= need:
+            return begin - healed
+    return NOT_RECOVERED
+
+
+def per_second(acks: list[float], begin: float, stop: float) -> list[int]:
+    """Acknowledgements in each whole second from ``begin`` to ``stop``: what "recovered s"
+    does not say (a dip after the rate was first back) stays visible in the JSON."""
+    edges = [begin + k for k in range(int(stop - begin) + 1)]
+    return [
+        bisect.bisect_left(acks, b) - bisect.bisect_left(acks, a)
+        for a, b in zip(edges, edges[1:], strict=False)
+    ]
+
+
+def recovery_summary(values: list[float | str]) -> dict[str, Any]:
+    """p50 and max of a kind's "recovered s" (NOT_RECOVERED counts as infinite, so a p50 or
+    max it reaches is said as such; faults without a calm rate are left out), and how many did
+    not recover."""
+    ranked = sorted(math.inf if isinstance(v, str) else v for v in values if v != NO_CALM_RATE)
+
+    def said(value: float | None) -> float | str | None:
+        return NOT_RECOVERED if value == math.inf else value
+
+    return {
+        "recovered p50 s": said(statistics.median(ranked)) if ranked else None,
+        "recovered max s": said(ranked[-1]) if ranked else None,
+        "not recovered": values.count(NOT_RECOVERED),
+        "no calm rate": values.count(NO_CALM_RATE),
+    }
 
 
 def _bad_times(
@@ -341,7 +408,8 @@ def longest_gap(start: float, acks: list[float], stop: float) -> float:
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per kind: sums of the counts, and the unavailability's p50 and max."""
+    """One row per kind: sums of the counts, the unavailability's p50 and max, and the time
+    back to full throughput after the heal (p50, max, how many never came back)."""
     kinds: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         kinds.setdefault(row["kind"], []).append(row)
@@ -361,6 +429,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "others max s": max(others) if others else None,
                 "worst other p50 s": statistics.median(worst) if worst else None,
                 "worst other max s": max(worst) if worst else None,
+                **recovery_summary([r["recovered s"] for r in group]),
             }
         )
     return summary
@@ -387,6 +456,13 @@ def safety_failures(report: dict[str, Any]) -> list[str]:
     return failures
 
 
+def _said(value: float | str | None) -> str:
+    """A table cell: "-" for nothing, "never" for not recovered, else one decimal."""
+    if value is None:
+        return "-"
+    return "never" if isinstance(value, str) else f"{value:.1f}"
+
+
 def table(report: dict[str, Any]) -> str:
     """The per-kind table, as text."""
     header = [
@@ -399,6 +475,9 @@ def table(report: dict[str, Any]) -> str:
         "others max s",
         "worst other p50 s",
         "worst other max s",
+        "recovered p50 s",
+        "recovered max s",
+        "not recovered",
     ]
     lines = [header]
     for row in report["kinds"]:
@@ -418,6 +497,8 @@ def table(report: dict[str, Any]) -> str:
                         "worst other max s",
                     )
                 ),
+                *(_said(row.get(name)) for name in ("recovered p50 s", "recovered max s")),
+                str(row.get("not recovered", 0)),
             ]
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

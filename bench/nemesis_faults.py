@@ -42,6 +42,9 @@ class Fault:
     healed: float = 0.0
     settled: float | None = None  # when the cluster was whole again (None: not in time)
     detail: str = ""
+    # when the calm before it began: the previous fault's settling (or the wait for it given
+    # up), the warmup's start for the first; the checker's pre-fault rate is measured after it
+    calm_from: float | None = None
 
 
 class Nemesis:

@@ -57,6 +57,45 @@ def test_the_worst_other_gap_sees_one_member_stalled_while_another_goes_on() -> 
     assert nemesis_checker.member_gap(probes, cut, stop=13.0) == pytest.approx(1.2)
 
 
+def _steady(begin: float, end: float, per_s: float) -> list[float]:
+    """Acknowledgements at ``per_s`` a second from ``begin`` up to ``end``."""
+    return [begin + i / per_s for i in range(round((end - begin) * per_s))]
+
+
+def test_recovered_is_the_time_from_the_heal_until_the_rate_is_back() -> None:
+    """20 a second in the calm before a fault at 10 s, nothing while it lasts, healed at 16 s,
+    next fault at 25 s: back at once (0 s), after 3 s, or not before the next fault (said so,
+    never 0), and a fault with no calm rate is said to have none."""
+    calm = _steady(5.0, 10.0, 20)
+    rate = nemesis_checker.calm_rate(calm, 7.0, 10.0)
+    assert rate == pytest.approx(20.0)  # the last 2 s of the calm (from 8 s) only
+    at_once = calm + _steady(16.0, 25.0, 20)
+    assert nemesis_checker.recovered(at_once, rate, 16.0, 25.0) == pytest.approx(0.0)
+    after_3 = calm + _steady(16.0, 19.0, 2) + _steady(19.0, 25.0, 20)  # a trickle, then back
+    assert nemesis_checker.recovered(after_3, rate, 16.0, 25.0) == pytest.approx(3.0)
+    # 12 a second is under 80% of 20: not back before the next fault at 25 s; had it come
+    # later, a window from about 24.5 s (half at 12, half at 20 a second) would have been
+    never = calm + _steady(16.0, 25.0, 12) + _steady(25.0, 31.0, 20)
+    assert nemesis_checker.recovered(never, rate, 16.0, 25.0) == nemesis_checker.NOT_RECOVERED
+    assert nemesis_checker.recovered(never, rate, 16.0, 31.0) == pytest.approx(8.5, abs=0.1)
+    assert nemesis_checker.per_second(after_3, 16.0, 25.0) == [2, 2, 2, 20, 20, 20, 20, 20, 20]
+    assert nemesis_checker.calm_rate(at_once[100:], 7.0, 10.0) == 0.0
+    assert nemesis_checker.recovered(at_once, 0.0, 16.0, 25.0) == nemesis_checker.NO_CALM_RATE
+
+
+def test_a_kind_whose_faults_did_not_recover_says_so_in_its_p50_and_max() -> None:
+    never, none = nemesis_checker.NOT_RECOVERED, nemesis_checker.NO_CALM_RATE
+    summary = nemesis_checker.recovery_summary([1.0, 3.0, never, none])
+    assert summary == {
+        "recovered p50 s": 3.0,
+        "recovered max s": never,
+        "not recovered": 1,
+        "no calm rate": 1,
+    }
+    assert nemesis_checker.recovery_summary([1.0, never])["recovered p50 s"] == never
+    assert nemesis_checker.recovery_summary([none])["recovered p50 s"] is None
+
+
 def test_a_snapshot_check_sees_a_half_applied_or_missing_transfer() -> None:
     start = transfers.INITIAL
     balances = [{"id": i, "balance": start} for i in range(nemesis_workload.ACCOUNT_COUNT)]
@@ -115,6 +154,7 @@ def test_every_fault_kind_once_keeps_every_safety_check(tmp_path: Path) -> None:
         calm=0.5,
         settle_timeout=8.0,
         clients=2,
+        after_heal=0.0,  # the recovery's window: the command's, not the suite's time
     )
     try:
         report = nemesis.run(config, tmp_path / "data")
@@ -122,6 +162,10 @@ def test_every_fault_kind_once_keeps_every_safety_check(tmp_path: Path) -> None:
         assert not _ours(), "namespaces left behind"
     (tmp_path / "nemesis.json").write_text(json.dumps(report, indent=1, default=str))
     print(nemesis_checker.table(report))  # the availability figures: reported, not asserted
+    assert "recovered p50 s" in nemesis_checker.table(report).splitlines()[0]
+    for row in report["kinds"]:
+        assert {"recovered p50 s", "recovered max s", "not recovered"} <= row.keys()
+    assert all("recovered s" in row for row in report["faults"])
     print("liveness failures (every member restarted to read):", report["liveness_failures"])
     failures = report["safety_failures"]
     evidence = report["final"]["evidence"]
