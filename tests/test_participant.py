@@ -1353,6 +1353,36 @@ def test_drop_table(env: Env) -> None:
     run(main)
 
 
+def test_a_drop_waits_for_the_checkpoint_writing_the_table(env: Env) -> None:
+    """The caller of ``drop_table`` drops the store's table next: a checkpoint still writing
+    the table's rows then would fail on a missing table (and log it as a failure)."""
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, insert(b"x", {"v": 1}))
+        writing, release = threading.Event(), threading.Event()
+        store_write = env.store.write
+
+        def slow_write(mutations: Any) -> None:
+            writing.set()
+            release.wait(5)
+            store_write(mutations)
+
+        env.store.write = slow_write  # type: ignore[method-assign]
+        checkpoint = asyncio.ensure_future(p.checkpoint())
+        await asyncio.to_thread(writing.wait, 5)
+        drop = asyncio.ensure_future(p.drop_table(TABLE))
+        assert await pending(drop)  # the checkpoint took the row before the drop
+        release.set()
+        await drop
+        env.store.drop_table(TABLE)  # what the coordinator does next
+        assert await checkpoint == 1
+        env.store.write = store_write  # type: ignore[method-assign]
+        assert await p.checkpoint() == 0
+
+    run(main)
+
+
 def test_a_cancelled_prepare_leaves_nothing_held(env: Env) -> None:
     async def main() -> None:
         p = env.participant()

@@ -135,7 +135,11 @@ class Checkpoints(PartitionState):
                 log.exception("checkpoint failed; the log keeps everything, retrying later")
 
     async def drop_table(self, table_id: str) -> None:
+        """Returns once no checkpoint can write the table's rows any more: the caller drops
+        the store's table next, and a checkpoint still writing would fail on it."""
         self.dropped.add(table_id)
+        async with self._checkpoint_lock:
+            pass  # a running checkpoint took its rows before the drop; later ones skip them
         await self.wal.append({"kind": "drop", "ts": 0, "table": table_id})
         for row_id in [r for r, s in self.rows.items() if r[0] == table_id and not s.busy()]:
             del self.rows[row_id]
