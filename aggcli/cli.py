@@ -276,6 +276,11 @@ def _add_cumulus_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     node.add_argument("--nodes", type=int, required=True, help="DW nodes in all")
     node.add_argument("--switches", type=int, default=1, help="update streams")
     node.add_argument(
+        "--per-switch",
+        action="store_true",
+        help="conservative: version numbers per switch (a cluster member's switch each)",
+    )
+    node.add_argument(
         "--mode",
         choices=("speculative", "conservative"),
         default="speculative",

@@ -186,6 +186,7 @@ def run_cumulus_node(args: argparse.Namespace) -> None:
         switches=args.switches,
         mode=args.mode,
         log_limit=args.log_limit,
+        per_switch=args.per_switch,
         host=args.host,
         port=args.port,
         tls=TlsDir.load(tls_dir) if tls_dir is not None else None,

@@ -45,6 +45,7 @@ def spark_nodes(
     switches: int = 1,
     mode: str = "speculative",
     tls: TlsDir | None = None,
+    per_switch: bool = False,
 ) -> Iterator[list[str]]:
     """Runs ``nodes`` DW nodes as one barrier stage; yields their addresses. Close every stream
     to them (``GrpcRuntime.close``) before leaving the block: that is what ends the tasks."""
@@ -60,7 +61,9 @@ def spark_nodes(
     listener.settimeout(START_TIMEOUT)
     report_to = f"{driver_host}:{listener.getsockname()[1]}"
     configs = [
-        NodeConfig(program_text, n, nodes, switches, mode, host="0.0.0.0", tls=tls)
+        NodeConfig(
+            program_text, n, nodes, switches, mode, per_switch=per_switch, host="0.0.0.0", tls=tls
+        )
         for n in range(nodes)
     ]
     outcome: dict[str, Any] = {}

@@ -24,7 +24,12 @@ class SparkStageNodes(GrpcRuntime):
     """The gRPC host over a barrier stage's tasks; ``close`` ends the stage."""
 
     def __init__(
-        self, program: Program, plan: ViewPlan, directory: Path | None, tls: TlsDir | None
+        self,
+        program: Program,
+        plan: ViewPlan,
+        directory: Path | None,
+        tls: TlsDir | None,
+        members: int | None = None,
     ) -> None:
         self._stage = contextlib.ExitStack()
         addresses = self._stage.enter_context(
@@ -34,11 +39,19 @@ class SparkStageNodes(GrpcRuntime):
                 plan.nodes,
                 mode=plan.speculation,
                 tls=tls,
+                switches=members or 1,
+                per_switch=members is not None,
             )
         )
         try:
             super().__init__(
-                program, addresses, mode=plan.speculation, epoch_ms=NO_TIMED_EPOCHS_MS, tls=tls
+                program,
+                addresses,
+                mode=plan.speculation,
+                epoch_ms=NO_TIMED_EPOCHS_MS,
+                tls=tls,
+                switches=members or 1,
+                stamped=members is not None,
             )
         except BaseException:
             self._stage.close()

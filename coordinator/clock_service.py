@@ -131,18 +131,35 @@ class _Stream:
 
 
 ViewReader = Callable[[pb.LeaderViewRequest], Awaitable[pb.LeaderViewReply]]
+SwitchStream = Callable[[AsyncIterator[pb.SwitchRequest]], AsyncIterator[pb.SwitchReply]]
 
 
 class ClockServicer(pb_grpc.ClockServicer):
     """At the leader: one stream per follower member. ``clock()`` is this member's clock,
     which leads only at the leader (a follower may take the lead later); ``read_view``
-    answers the cumulus view reads followers forward (``coordinator.leader_views``)."""
+    answers the cumulus view reads followers forward (``coordinator.leader_views``);
+    ``switch`` takes a member's switch stream (``coordinator.view_switches``)."""
 
     def __init__(
-        self, clock: Callable[[], MemberClock], read_view: ViewReader | None = None
+        self,
+        clock: Callable[[], MemberClock],
+        read_view: ViewReader | None = None,
+        switch: SwitchStream | None = None,
     ) -> None:
         self.clock = clock
         self.read_view = read_view
+        self.switch = switch
+
+    async def Switch(
+        self, requests: AsyncIterator[pb.SwitchRequest], context: Any
+    ) -> AsyncIterator[pb.SwitchReply]:
+        try:
+            if self.switch is None or not isinstance(self.clock(), LeaderClock):
+                raise errors.Unavailable("this member does not lead the cluster (yet)")
+            async for reply in self.switch(requests):
+                yield reply
+        except errors.AggviewError as exc:
+            await abort(context, exc)
 
     @grpc_method
     async def ReadView(self, request: pb.LeaderViewRequest, context: Any) -> pb.LeaderViewReply:

@@ -184,9 +184,11 @@ class Commits(DecisionDelivery):
             await durable
         except BaseException:
             self.lookups.unknown(tx.ts)
+            self.view_hooks.unknown(tx.ts, tx.images)
             raise
         else:
             self.lookups.committed(tx.ts, tx.images)
+            self.view_hooks.committed(tx.ts, tx.images)  # to this member's switch
         finally:
             self.in_flight.decided(tx.ts)
 

@@ -3,7 +3,8 @@
 - ``local``: the simulator host in the coordinating process, the node state machines driven
   to quiescence at each epoch (no message leaves the process);
 - ``grpc``: one process per DW node (``aggview cumulus node``), started by member 0 beside the
-  view, driven over gRPC streams by the runtime's switch and epoch coordinator in member 0.
+  view, driven over gRPC streams by the runtime's switches (one per coordinating member, fed
+  by its stream, ``coordinator.member_switch``) and epoch coordinator in member 0.
   The nodes die with the process that started them; a dead node fails the next epoch, which
   reports it, and the view loads a new runtime (new nodes) from a snapshot;
 - ``spark``: the DW nodes as the tasks of a barrier stage of member 0's Spark session
@@ -27,20 +28,32 @@ from cumulus.plan import ViewPlan
 from cumulus.runtime.grpc_host import NO_TIMED_EPOCHS_MS, GrpcRuntime, start_node_processes
 from cumulus.runtime.simulator import Simulator
 
-# Hosts of other layers, by name: (program, plan, directory, tls) -> runtime
-EXTRA_HOSTS: dict[str, Callable[[Program, ViewPlan, Path | None, TlsDir | None], Any]] = {}
+# Hosts of other layers, by name: (program, plan, directory, tls, members) -> runtime;
+# members: the switches, one per coordinating member, stamped by them (None: one, drained)
+EXTRA_HOSTS: dict[
+    str, Callable[[Program, ViewPlan, Path | None, TlsDir | None, int | None], Any]
+] = {}
 
 
 class NodeProcesses(GrpcRuntime):
     """The gRPC host with node processes of its own, stopped by ``close``."""
 
-    def __init__(self, program: Program, plan: ViewPlan, directory: Path, tls: TlsDir | None):
+    def __init__(
+        self,
+        program: Program,
+        plan: ViewPlan,
+        directory: Path,
+        tls: TlsDir | None,
+        members: int | None = None,
+    ):
         self.servers: list[Server] = start_node_processes(
             program,
             plan.nodes,
             directory,
             mode=plan.speculation,
             tls_dir=tls.directory if tls is not None else None,
+            switches=members or 1,
+            per_switch=members is not None,
         )
         try:
             super().__init__(
@@ -49,6 +62,8 @@ class NodeProcesses(GrpcRuntime):
                 mode=plan.speculation,
                 epoch_ms=NO_TIMED_EPOCHS_MS,
                 tls=tls,
+                switches=members or 1,
+                stamped=members is not None,
             )
         except BaseException:
             self._stop_servers()
@@ -65,20 +80,30 @@ class NodeProcesses(GrpcRuntime):
 
 
 def start_runtime(
-    program: Program, plan: ViewPlan, directory: Path | None, tls: TlsDir | None
+    program: Program,
+    plan: ViewPlan,
+    directory: Path | None,
+    tls: TlsDir | None,
+    members: int | None = None,
 ) -> Any:
     """A runtime for ``plan`` (same interface as the simulator's; ``close`` where it holds
-    processes)."""
+    processes), with a switch per member stamped by them (``members``) or one, drained."""
     if plan.host == "grpc":
         if directory is None:
             raise ValueError("a gRPC-hosted runtime needs a directory for its nodes' logs")
-        return NodeProcesses(program, plan, directory, tls)
+        return NodeProcesses(program, plan, directory, tls, members)
     if plan.host == "local":
-        return Simulator(program, nodes=plan.nodes, mode=plan.speculation)
+        return Simulator(
+            program,
+            nodes=plan.nodes,
+            mode=plan.speculation,
+            switches=members or 1,
+            stamped=members is not None,
+        )
     start = EXTRA_HOSTS.get(plan.host)
     if start is None:
         raise errors.FailedPrecondition(
             f"materialized view {plan.name}: host '{plan.host}' is not available in this "
             "server (host 'spark' needs the Spark layer: pip install 'aggview[spark]')"
         )
-    return start(program, plan, directory, tls)
+    return start(program, plan, directory, tls, members)

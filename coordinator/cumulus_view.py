@@ -7,14 +7,20 @@ Pure: the view manager (``coordinator.views``) reads the snapshot and the change
 hands them here; this module never touches the cluster.
 
 The runtime is the simulator host in this process (the same node state machines the gRPC and
-Spark hosts run) or, given ``start``, another host (``coordinator.cumulus_hosts``). Each epoch
-is fed, then run until committed: between two calls the runtime is at rest, so a tentative read
-would equal the committed one; tentative values that run ahead need a feed that does not wait
-for the epoch (not built)."""
+Spark hosts run) or, given ``start``, another host (``coordinator.cumulus_hosts``).
+
+Two ways in. Drained (views over views): each epoch is fed in timestamp order, then run until
+committed. Switches per member (``members``, issue #42): each coordinating member's commits
+arrive as they commit (``post``, in that member's timestamp order, not in any order across
+members) and go into that member's switch; an epoch opens at a timestamp (``open_epoch``)
+and commits once every member said EPOCH END for it (``end``). A worker thread applies what
+arrives in order, so the event loop only queues."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,6 +28,7 @@ from typing import Any
 
 from aggview import errors
 from aggview.schema import TableSchema, from_storage
+from coordinator.member_switch import cut_of, stamp
 from cumulus.m3.compiler import compile_program
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
@@ -33,6 +40,7 @@ from cumulus.runtime.simulator import Simulator, Update, holding
 Row = dict[str, Any]
 Key = tuple[Any, ...]
 LIVE_READ_EVERY = 0.02  # seconds a tentative read of nodes in processes is reused
+Change = tuple[str, Row | None, Row | None]  # (table, before, after)
 
 
 class CumulusView:
@@ -41,16 +49,25 @@ class CumulusView:
         plan: ViewPlan,
         schemas: Mapping[str, TableSchema],
         start: Callable[[Program], Any] | None = None,
+        members: int | None = None,
     ) -> None:
         """``schemas``: every table the view reads, by name; ``start``: the runtime for the
-        compiled program (default: the simulator host, in this process)."""
+        compiled program (default: the simulator host, in this process), with ``members``
+        switches stamped by the members (None: one switch, drained)."""
         self.plan = plan
         self.schemas = dict(schemas)
         self.program: Program = compile_program([plan], self.schemas.__getitem__)
         self.shape = self.program.views[0]
         self._read = maps_read(self.shape)  # what rows are read from (not every map)
+        self.members = members
         if start is None:
-            self.runtime: Any = Simulator(self.program, nodes=plan.nodes, mode=plan.speculation)
+            self.runtime: Any = Simulator(
+                self.program,
+                nodes=plan.nodes,
+                mode=plan.speculation,
+                switches=members or 1,
+                stamped=members is not None,
+            )
         else:
             self.runtime = start(self.program)
         # the view's rows at the last committed epoch and our timestamp of it: one object,
@@ -69,6 +86,13 @@ class CumulusView:
         self._at_rest = isinstance(self.runtime, Simulator)
         self._driving = threading.Lock() if self._at_rest else contextlib.nullcontext()
         self._newest: tuple[list[Row], int, float] | None = None  # rows, fed_at, good until
+        # switches per member: what arrived, applied in order by one worker thread
+        self._events: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._fed: dict[int, int] = {}  # per member, the newest timestamp fed
+        self._loaded_at = 0
+        self._open: tuple[int, set[int], concurrent.futures.Future[int]] | None = None
+        self.failure: BaseException | None = None
 
     def load(self, tables: Mapping[str, Iterable[Row]], ts: int) -> None:
         """The view's tables at snapshot ``ts`` (stored rows): every map's value over them,
@@ -100,8 +124,109 @@ class CumulusView:
     def _install(self, reference: Interpreter, ts: int) -> None:
         self.runtime.preload({name: store.data for name, store in reference.maps.items()})
         self._last = (read_view(reference, self.shape, counted=True), ts)
-        self.fed_at = ts
+        self.fed_at = self._loaded_at = ts
         self._count()
+        if self.members is not None:
+            self._worker = threading.Thread(target=self._work, name="cumulus-switches")
+            self._worker.daemon = True
+            self._worker.start()
+
+    # ------------------------------------------------------------ switches per member
+
+    def post(self, member: int, commits: list[tuple[int, list[Change]]]) -> None:
+        """Member ``member``'s commits, in its timestamp order, as (ts, changes): those at or
+        below the load's snapshot, or fed already (sent again), are skipped."""
+        self._events.put(("feed", member, commits))
+
+    def open_epoch(self, ts: int) -> concurrent.futures.Future[int]:
+        """An epoch at ``ts``; done when every member ended it (``end``) and it committed."""
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._events.put(("open", ts, done))
+        return done
+
+    def end(self, member: int, ts: int) -> None:
+        """Member ``member`` sent everything it committed at or below ``ts``."""
+        self._events.put(("end", member, ts))
+
+    def _work(self) -> None:
+        while (event := self._events.get()) is not None:
+            events = [event]
+            with contextlib.suppress(queue.Empty):
+                while (more := self._events.get_nowait()) is not None:
+                    events.append(more)
+                else:
+                    self._events.put(None)  # stop after these
+            if self.failure is None:
+                try:
+                    self._take(events)
+                except Exception as exc:  # its state is unknown now: the view reloads it
+                    self.failure = exc
+            if self.failure is not None:
+                for kind, _, *rest in events:
+                    if kind == "open":
+                        rest[0].set_exception(self.failure)
+                if self._open is not None:
+                    self._open[2].set_exception(self.failure)
+                    self._open = None
+
+    def _take(self, events: list[tuple[Any, ...]]) -> None:
+        with self._driving:
+            started = time.thread_time()
+            fed = False
+            try:
+                for event in events:
+                    if event[0] == "feed":
+                        fed = self._feed_member(event[1], event[2]) or fed
+                    elif event[0] == "open":
+                        self.runtime.open_at(cut_of(event[1]))
+                        self._open = (event[1], set(), event[2])
+                    else:
+                        self._end(event[1], event[2])
+                if fed and isinstance(self.runtime, Simulator):  # its network is virtual
+                    self.runtime.deliver()
+            finally:
+                self.cpu_seconds += time.thread_time() - started
+
+    def _feed_member(self, member: int, commits: list[tuple[int, list[Change]]]) -> bool:
+        updates: list[tuple[int, Update]] = []
+        last = self._fed.get(member, self._loaded_at)
+        for ts, changes in commits:
+            if ts <= last:
+                continue
+            i = 0
+            for table, before, after in changes:
+                if before is not None:
+                    updates.append((stamp(ts, i), ("-", table, self._values(table, before))))
+                    i += 1
+                if after is not None:
+                    updates.append((stamp(ts, i), ("+", table, self._values(table, after))))
+                    i += 1
+            last = ts
+        self._fed[member] = last
+        if not updates:
+            return False
+        self.runtime.feed_stamped(member, updates)
+        self.fed_at = max(self.fed_at, last)
+        return True
+
+    def _end(self, member: int, ts: int) -> None:
+        if self._open is None or self._open[0] != ts or member in self._open[1]:
+            return  # an answer again (a new stream), or for an epoch that failed
+        assert self.members is not None
+        if member >= self.members:
+            return
+        self.runtime.close_switch(member, cut_of(ts))
+        self._open[1].add(member)
+        if len(self._open[1]) < self.members:
+            return
+        done = self._open[2]
+        self._open = None
+        self.runtime.finish()
+        _, maps = self.runtime.snapshot()
+        self.epochs += 1
+        self._count()
+        self._last = (self._rows(maps), ts)
+        done.set_result(ts)
 
     def feed(self, changes: Iterable[tuple[str, Row | None, Row | None]], ts: int) -> None:
         """Every committed change of the view's tables up to ``ts`` not yet fed, in timestamp
@@ -174,7 +299,10 @@ class CumulusView:
         }
 
     def close(self) -> None:
-        """Stops the runtime's nodes where they are processes."""
+        """Stops the worker, and the runtime's nodes where they are processes."""
+        if self._worker is not None:
+            self._events.put(None)
+            self._worker.join(timeout=30)
         close = getattr(self.runtime, "close", None)
         if close is not None:
             close()

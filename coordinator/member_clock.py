@@ -29,6 +29,8 @@ class InFlight:
         self._undecided: dict[int, None] = {}  # insertion order is timestamp order
         self._active_reads: dict[int, int] = {}
         self.changed: Callable[[], None] = lambda: None  # its oldest of either may have moved
+        # a timestamp was decided: this member's switch may release what it held back
+        self.released: Callable[[], None] = lambda: None
 
     def add(self, ts: int) -> None:
         self._undecided[ts] = None
@@ -45,6 +47,7 @@ class InFlight:
     def decided(self, ts: int) -> None:
         if self._undecided.pop(ts, 0) is None:
             self.changed()
+            self.released()
 
     def start_reading(self, ts: int) -> None:
         self._active_reads[ts] = self._active_reads.get(ts, 0) + 1

@@ -185,7 +185,11 @@ def _grpc_server(
         )
         services.append(lpb.DESCRIPTOR.services_by_name["Ltm"])
         if manager.leader is None or config.replicates:  # a follower may take the lead
-            clock = ClockServicer(lambda: manager.clock, functools.partial(read_view, manager))
+            clock = ClockServicer(
+                lambda: manager.clock,
+                functools.partial(read_view, manager),
+                manager.views.switch_stream,
+            )
             add_service(server, lpb.DESCRIPTOR.services_by_name["Clock"], clock)
             services.append(lpb.DESCRIPTOR.services_by_name["Clock"])
     add_health(server)

@@ -16,6 +16,7 @@ from aggview.partition_map import index_table
 from aggview.schema import TableSchema
 from coordinator.view_model import View, ViewsShared
 from coordinator.view_stack import check_inner, dependents, read_by_view, relation
+from coordinator.view_switches import over_tables
 from cumulus.aggstate import ViewState
 from cumulus.compiler import compile_views
 from cumulus.ddl import AlterView, CreateView, DropView, altered_plan, parse_view_statement
@@ -155,6 +156,7 @@ class ViewDdl(ViewsShared):
         await self._stop_refresher(view)
         self.views.pop(view.name, None)
         self._retire(view.name)
+        self._unfed.pop(view.name, None)
         self.catalog.view_names.discard(view.name)
         self.catalog.put_entry("view", view.name, None)
         self.publish()
@@ -285,7 +287,9 @@ class ViewDdl(ViewsShared):
         loads a snapshot taken once every later change is captured; the old mode serves
         reads until it takes over, and the changes captured after the snapshot are its
         first epoch's."""
-        if view.plan.mode == "sync":
+        if view.plan.mode != "cumulus" or over_tables(self.views, plan):
+            # captured, and sent by the members' switches (a runtime over tables), before
+            # the snapshot
             view.also_captures = True
             self.publish()
         async with self.manager.snapshot() as ts:
@@ -294,6 +298,7 @@ class ViewDdl(ViewsShared):
         view.snapshot, view.also_captures = ts, False
         self._retire(view.name)  # the runtime it had (other nodes or mode)
         self.runtimes[view.name] = runtime
+        self._installed(view)
 
     async def _switch_from_cumulus(self, view: View, plan: ViewPlan) -> None:
         """cumulus -> sync or async: the view's rows are computed again from a snapshot, as
@@ -306,6 +311,7 @@ class ViewDdl(ViewsShared):
         self.publish()
         await self._initialize(view, fresh=False, new_indexes=new_indexes)
         self._retire(view.name)
+        self._unfed.pop(view.name, None)
 
     def _replan(self, view: View, plan: ViewPlan) -> None:
         view.plan = plan

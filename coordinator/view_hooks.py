@@ -30,6 +30,14 @@ class ViewHooks(Protocol):
         """The store tables view maintenance looks up by primary key (cached)."""
         ...
 
+    def committed(self, ts: int, images: list[lpb.RowImage]) -> None:
+        """At the commit decision: the changes cumulus views read go to this member's
+        switch (``coordinator.view_switches``)."""
+
+    def unknown(self, ts: int, images: list[lpb.RowImage]) -> None:
+        """The commit decision's write failed: the transaction may have committed (a
+        restart or a takeover may deliver its record), so its changes cannot be sent."""
+
 
 class NoViews:
     """No views: nothing captured, maintained, watched or looked up."""
@@ -45,6 +53,12 @@ class NoViews:
 
     def lookup_tables(self) -> set[str]:
         return set()
+
+    def committed(self, ts: int, images: list[lpb.RowImage]) -> None:
+        pass
+
+    def unknown(self, ts: int, images: list[lpb.RowImage]) -> None:
+        pass
 
 
 NO_VIEWS: ViewHooks = NoViews()

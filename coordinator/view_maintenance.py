@@ -16,22 +16,26 @@ from aggview.rowcodec import decode_row, encode_row
 from aggview.schema import TableSchema
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.commits import Transaction
-from coordinator.view_model import ViewsShared
 from coordinator.view_stack import captured_rows, group_reader, in_order, read_by
+from coordinator.view_switches import ViewSwitches, dispatched
 from cumulus.aggstate import Row
 from cumulus.cascade import cascade
 from cumulus.delta import Changes, RowsWhere
 from cumulus.view_rows import with_views
 
 
-class ViewMaintenance(ViewsShared):
+class ViewMaintenance(ViewSwitches):
     """The view manager's hooks in every transaction (a part of ``ViewManager``)."""
 
     # ------------------------------------------------------------------ maintenance
 
     def watches(self, table_id: str) -> bool:
-        """Whether writes to a store table need row images: it has an index, or a sync view
-        maintained in the transaction uses it."""
+        """Whether writes to a store table need row images: it has an index, a sync view
+        maintained in the transaction uses it, or a cumulus view fed by this member's switch
+        reads it."""
+        return table_id in self._maintained_ids() or table_id in self._dispatched_ids()
+
+    def _maintained_ids(self) -> set[str]:
         epoch, ids = self._watched
         if epoch != self.manager.epoch:
             names = {table for table, _ in self.indexes}
@@ -40,7 +44,7 @@ class ViewMaintenance(ViewsShared):
                     names.update(view.plan.base_tables())
             ids = {self.catalog.tables[n].table_id for n in names if n in self.catalog.tables}
             self._watched = (self.manager.epoch, ids)
-        return table_id in ids
+        return ids
 
     def lookup_tables(self) -> set[str]:
         """Tables that view maintenance joins on their whole primary key (dimension rows,
@@ -59,8 +63,14 @@ class ViewMaintenance(ViewsShared):
         return ids
 
     def capture(self, ops: list[lpb.RowOp]) -> None:
-        """Asks the LTMs to append change rows for views that are async or initializing."""
-        capturing = [v for v in self.views.values() if v.captures]
+        """Asks the LTMs to append change rows for views that are async or initializing (a
+        live cumulus view over tables is sent by the members' switches instead)."""
+        capturing = [
+            v
+            for v in self.views.values()
+            if v.captures
+            and not (v.state == "live" and not v.also_captures and dispatched(self.views, v))
+        ]
         if not capturing:
             return
         for op in ops:
@@ -74,7 +84,10 @@ class ViewMaintenance(ViewsShared):
     async def maintain(self, tx: Transaction, images: list[lpb.RowImage]) -> list[lpb.RowOp]:
         """The extension of §5.3.1: index entries and sync view deltas for a round's images."""
         changes: Changes = {}
+        maintained = self._maintained_ids()
         for image in images:
+            if image.table not in maintained:  # a cumulus view's only: for the switch
+                continue
             schema = self.catalog.by_id.get(image.table)
             if schema is not None:
                 changes.setdefault(schema.name, {})[image.key] = (

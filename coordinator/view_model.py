@@ -52,6 +52,9 @@ class View:
     # a sync view switching to cumulus captures its changes too (in every member's
     # configuration): the runtime loads a snapshot taken after capture started
     also_captures: bool = False
+    # a runtime fed by the members' switches was just loaded: change rows captured before
+    # (as an async view, while switching, while initializing) are deleted by its first epoch
+    leftovers: bool = False
 
     @property
     def name(self) -> str:

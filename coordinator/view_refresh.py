@@ -1,5 +1,6 @@
 """Async refreshes (Algorithm 5.2: a refresher drains a view's change rows every ``interval_ms``)
-and cumulus views' runtimes and epochs."""
+and cumulus views' runtimes and epochs (fed by the members' switches,
+``coordinator.view_switches``, or, over views, drained)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from aggview.rowcodec import decode_row
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.cumulus_hosts import start_runtime
 from coordinator.cumulus_view import CumulusView
-from coordinator.view_model import View, ViewsShared, meta_row
+from coordinator.view_model import View, meta_row
 from coordinator.view_stack import group_reader, relation
+from coordinator.view_switches import ViewSwitches, over_tables
 from cumulus.aggstate import Row
 from cumulus.delta import Changes, touching, view_delta
 from cumulus.plan import ViewPlan
@@ -25,7 +27,7 @@ from cumulus.view_rows import view_rows
 log = logging.getLogger("coordinator.views")  # the view manager's log, as before the split
 
 
-class ViewRefresh(ViewsShared):
+class ViewRefresh(ViewSwitches):
     """The view manager's refreshes and cumulus runtimes (a part of ``ViewManager``)."""
 
     # ------------------------------------------------------------------ async refresh
@@ -120,6 +122,10 @@ class ViewRefresh(ViewsShared):
         its maps computed elsewhere at an older snapshot (``computed``). Captured changes
         after the snapshot are what each later epoch feeds; those at or below it are in."""
         loaded: list[CumulusView] = []
+        if computed is not None and over_tables(self.views, view.plan):
+            if computed[0] < self._dispatch_since:  # what came between may not be here
+                log.info("%s: computed at %d, before this leader; loading", view.name, computed[0])
+                computed = None
 
         async def load(ts: int) -> list[lpb.RowOp]:
             if computed is None:
@@ -135,6 +141,7 @@ class ViewRefresh(ViewsShared):
 
         written = await self.manager.system_transaction(load)
         self.runtimes[view.name] = loaded[0]
+        self._installed(view)
         self._persist(view)
         return written
 
@@ -154,8 +161,11 @@ class ViewRefresh(ViewsShared):
         directory = None
         if self.runtime_dir is not None:
             directory = self.runtime_dir / f"{view.view_id}-{next(self._runtimes_started)}"
-        start = functools.partial(start_runtime, plan=plan, directory=directory, tls=self.tls)
-        runtime = await asyncio.to_thread(CumulusView, plan, schemas, start)
+        members = self._members() if over_tables(self.views, plan) else None
+        start = functools.partial(
+            start_runtime, plan=plan, directory=directory, tls=self.tls, members=members
+        )
+        runtime = await asyncio.to_thread(CumulusView, plan, schemas, start, members)
         try:
             await asyncio.to_thread(fill, runtime)
         except BaseException:
@@ -206,6 +216,8 @@ class ViewRefresh(ViewsShared):
                 f"materialized view {view.name} is maintained by Cumulus at {where}; its "
                 "runtime is not loaded here"
             )
+        if runtime.members is not None:
+            return await self._member_epoch(view, runtime, commit)
         drained: list[tuple[str, bytes, Row | None, Row | None]] = []
 
         async def drain(ts: int) -> list[lpb.RowOp]:
@@ -227,6 +239,33 @@ class ViewRefresh(ViewsShared):
         self.manager.refreshes += 1
         if commit:
             self.manager.metrics.refreshed(view.name, time.perf_counter() - started)
+        return ts
+
+    async def _member_epoch(self, view: View, runtime: CumulusView, commit: bool) -> int:
+        """An epoch of a runtime fed by the members' switches: a timestamp T (every older
+        transaction decided, the meta row written), then every member's EPOCH END for T.
+        Feeding is theirs: ``commit=False`` does nothing."""
+        if not commit:
+            return runtime.fed_at
+        leftovers = view.leftovers
+
+        async def mark(ts: int) -> list[lpb.RowOp]:
+            ops = (await self._take_changes(view, ts))[0] if leftovers else []
+            return [*ops, meta_row(view, refreshed_at=ts)]
+
+        started = time.perf_counter()
+        ts = await self.manager.system_transaction(mark)
+        view.leftovers = view.leftovers and not leftovers
+        try:
+            await self._switched_epoch(view, runtime, ts)
+        except Exception as exc:
+            log.warning("epoch of cumulus view %s failed (%s); loading it again", view.name, exc)
+            if self.runtimes.get(view.name) is runtime:
+                self._retire(view.name)
+                asyncio.get_running_loop().create_task(self._reload_runtime(view))
+            raise
+        self.manager.refreshes += 1
+        self.manager.metrics.refreshed(view.name, time.perf_counter() - started)
         return ts
 
     # ------------------------------------------------------------------ reading base data

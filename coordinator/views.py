@@ -21,6 +21,7 @@ and configuration of the views in a member):
 - ``coordinator.view_init``: initialization over existing rows (Spark's too), index backfill;
 - ``coordinator.view_maintenance``: sync maintenance and change capture (``ViewHooks``);
 - ``coordinator.view_refresh``: the async refresher, cumulus runtimes and epochs;
+- ``coordinator.view_switches``: cumulus views fed by a switch per member;
 - ``coordinator.view_reads``: reads.
 """
 
@@ -78,16 +79,24 @@ class ViewManager(ViewDdl, ViewInit, ViewMaintenance, ViewRefresh, ViewReads):
         # cumulus views' runtimes, at member 0 (or the one coordinator) only: in memory, so
         # loaded again from a snapshot after a restart (``_load_runtime``)
         self.runtimes: dict[str, CumulusView] = {}
+        self._init_switches()
         self.follow_clock()
 
     def follow_clock(self) -> None:
-        """The leader runs a dead member's share of refreshers (its clock says who)."""
+        """The leader runs a dead member's share of refreshers (its clock says who), and
+        loads the runtimes fed by the members' switches again once a member is lost (its
+        adopted commits were never sent) or back."""
         if hasattr(self.manager.clock, "lost_changed"):
-            self.manager.clock.lost_changed = self._reconcile_refreshers
+            self.manager.clock.lost_changed = self._lost_changed
+
+    def _lost_changed(self) -> None:
+        self._reconcile_refreshers()
+        self._reload_switched("a member was lost or is back")
 
     # ------------------------------------------------------------------ start, stop
 
     async def start(self) -> None:
+        self._dispatch_since = self.manager.clock.issued()
         for entry in self.catalog.entries("index"):
             self.indexes[(entry["table"], entry["column"])] = entry["index_id"]
         # in number order: a view is registered after the views it reads (its compiled
@@ -159,6 +168,8 @@ class ViewManager(ViewDdl, ViewInit, ViewMaintenance, ViewRefresh, ViewReads):
         runtimes, self.runtimes = list(self.runtimes.values()), {}
         await asyncio.gather(*(asyncio.to_thread(r.close) for r in runtimes))
         await self.leader_reads.close()
+        if self.switch_link is not None:
+            await self.switch_link.stop()
 
     def _register(self, view: View) -> None:
         self.views[view.name] = view
@@ -171,6 +182,7 @@ class ViewManager(ViewDdl, ViewInit, ViewMaintenance, ViewRefresh, ViewReads):
         tables, views and indexes as they are at this moment (other members get this very
         configuration with their next timestamps)."""
         self.manager.bump_epoch(self.configuration())
+        self._dispatched_ids()  # this member's switch, if a view now needs it
 
     def configuration(self) -> dict[str, Any]:
         """What a member needs to run transactions: tables, indexes, views and their state."""
@@ -215,6 +227,7 @@ class ViewManager(ViewDdl, ViewInit, ViewMaintenance, ViewRefresh, ViewReads):
         self.manager.epoch = epoch
         for view in views.values():  # this member's share of the async views' refreshes
             self._reconcile_refresher(view)
+        self._dispatched_ids()  # this member's switch, if a view now needs it
 
     def _persist(self, view: View) -> None:
         self.catalog.put_entry("view", view.name, view.to_json())

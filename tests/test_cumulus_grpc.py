@@ -122,6 +122,42 @@ def test_maps_preloaded_over_grpc_then_fed_equal_the_interpreter(nodes: list[Ser
     assert all(node.running() for node in nodes)
 
 
+def test_member_switches_over_processes_commit_exact_epochs(tmp_path: Path) -> None:
+    """Two members' switches stamping commit timestamps (issue #42): member 1's updates sent
+    in bursts behind member 0's; each epoch opened at a cut and closed switch by switch is
+    the stream's prefix up to the cut. Conservative, versions per switch, in the node
+    processes (speculation over stamped switches: ``test_member_switches.py``)."""
+    mode = "conservative"
+    program = _program("with_deletes")
+    stream = random_stream(program, random.Random(5), 600)
+    servers = start_node_processes(
+        program, 2, tmp_path / "nodes", switches=2, mode=mode, per_switch=True
+    )
+    runtime = GrpcRuntime(
+        program, [s.address for s in servers], switches=2, mode=mode, stamped=True
+    )
+    try:
+        owner = [i % 3 == 0 for i in range(len(stream))]  # a third of the commits at member 1
+        for cut in (200, 400, 600):
+            start = cut - 200
+            for member in (0, 1):  # member 1's batch arrives after member 0's later commits
+                runtime.feed_stamped(
+                    member,
+                    [(i + 1, stream[i]) for i in range(start, cut) if owner[i] == bool(member)],
+                )
+            runtime.open_at(cut)
+            runtime.close_switch(1, cut)
+            runtime.close_switch(0, cut)
+            report = runtime.finish()
+            assert runtime.snapshot() == (cut, interpreted(program, stream[:cut]))
+        assert runtime.maps() == interpreted(program, stream)
+        assert report.corrective == 0
+    finally:
+        runtime.close()
+        for server in servers:
+            server.stop()
+
+
 def test_replay_over_grpc_checks_and_names_a_dead_node(tmp_path: Path) -> None:
     stream = dashboard_stream(tmp_path / "updates.csv", seed=4, length=800)
     result = replay(

@@ -477,3 +477,35 @@ class LeaderViewReply(_message.Message):
     timestamp: int
     tentative: bool
     def __init__(self, rows: _Optional[_Iterable[_Union[_client_pb2.Row, _Mapping]]] = ..., timestamp: _Optional[int] = ..., tentative: _Optional[bool] = ...) -> None: ...
+
+class SwitchCommit(_message.Message):
+    __slots__ = ("ts", "changes", "more")
+    TS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    ts: int
+    changes: _containers.RepeatedCompositeFieldContainer[RowImage]
+    more: bool
+    def __init__(self, ts: _Optional[int] = ..., changes: _Optional[_Iterable[_Union[RowImage, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class SwitchRequest(_message.Message):
+    __slots__ = ("member", "fresh", "seq", "commits", "epoch_end")
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    FRESH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    COMMITS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_END_FIELD_NUMBER: _ClassVar[int]
+    member: int
+    fresh: bool
+    seq: int
+    commits: _containers.RepeatedCompositeFieldContainer[SwitchCommit]
+    epoch_end: int
+    def __init__(self, member: _Optional[int] = ..., fresh: _Optional[bool] = ..., seq: _Optional[int] = ..., commits: _Optional[_Iterable[_Union[SwitchCommit, _Mapping]]] = ..., epoch_end: _Optional[int] = ...) -> None: ...
+
+class SwitchReply(_message.Message):
+    __slots__ = ("acked", "cut")
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    CUT_FIELD_NUMBER: _ClassVar[int]
+    acked: int
+    cut: int
+    def __init__(self, acked: _Optional[int] = ..., cut: _Optional[int] = ...) -> None: ...

@@ -451,6 +451,11 @@ class ClockStub:
                 request_serializer=aggview_dot_wire_dot_ltm__pb2.LeaderViewRequest.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_ltm__pb2.LeaderViewReply.FromString,
                 _registered_method=True)
+        self.Switch = channel.stream_stream(
+                '/aggview.v1.Clock/Switch',
+                request_serializer=aggview_dot_wire_dot_ltm__pb2.SwitchRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_ltm__pb2.SwitchReply.FromString,
+                _registered_method=True)
 
 
 class ClockServicer:
@@ -468,6 +473,14 @@ class ClockServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Switch(self, request_iterator, context):
+        """A member's switch (coordinator/member_switch.py): its commits' changes to the runtimes'
+        holder, in its commit-timestamp order, and its EPOCH ENDs; cuts and acknowledgements back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClockServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -480,6 +493,11 @@ def add_ClockServicer_to_server(servicer, server):
                     servicer.ReadView,
                     request_deserializer=aggview_dot_wire_dot_ltm__pb2.LeaderViewRequest.FromString,
                     response_serializer=aggview_dot_wire_dot_ltm__pb2.LeaderViewReply.SerializeToString,
+            ),
+            'Switch': grpc.stream_stream_rpc_method_handler(
+                    servicer.Switch,
+                    request_deserializer=aggview_dot_wire_dot_ltm__pb2.SwitchRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_ltm__pb2.SwitchReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -536,6 +554,33 @@ class Clock:
             '/aggview.v1.Clock/ReadView',
             aggview_dot_wire_dot_ltm__pb2.LeaderViewRequest.SerializeToString,
             aggview_dot_wire_dot_ltm__pb2.LeaderViewReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Switch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/aggview.v1.Clock/Switch',
+            aggview_dot_wire_dot_ltm__pb2.SwitchRequest.SerializeToString,
+            aggview_dot_wire_dot_ltm__pb2.SwitchReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,7 @@ class NodeConfig:
     switches: int = 1
     mode: str = "speculative"
     log_limit: int | None = None
+    per_switch: bool = False  # conservative with switches of their own (``Node.per_switch``)
     host: str = "127.0.0.1"
     port: int = 0
     tls: TlsDir | None = None
@@ -64,6 +65,7 @@ class NodeHost:
             mode=config.mode,
             log_limit=config.log_limit,
             ordered=True,  # each Drive stream delivers one switch's messages in order
+            per_switch=config.per_switch,
         )
         self.inbox: asyncio.Queue[Message] = asyncio.Queue()
         self.to_driver: asyncio.Queue[pb.Envelope | None] = asyncio.Queue()

@@ -6,6 +6,9 @@ switch. Same interface as the simulator (``check``, ``feed``, ``finish``, ``maps
 Messages to a node are batched per stream: a batch leaves when it holds ``BATCH`` messages or
 is older than ``LINGER`` seconds, and at every epoch end. The number of operations dispatched
 and not yet written is held under ``WINDOW``, so a fast stream cannot swamp the nodes' inboxes.
+
+``stamped``: switches of their own (a cluster's coordinating members'), as on the simulator:
+``feed_stamped``, ``open_at``, ``close_switch``, and ``finish`` waits for the open epoch.
 """
 
 from __future__ import annotations
@@ -60,15 +63,17 @@ class GrpcRuntime:
         mode: str = "speculative",
         epoch_ms: int = 1000,
         tls: TlsDir | None = None,
+        stamped: bool = False,
     ) -> None:
         if switches < 1:
             raise ValueError("a Cumulus runtime needs at least one switch")
         self.program = program
         self.addresses = addresses
         self.placement = Placement(program, len(addresses))
-        shared = Clock() if mode == "conservative" else None
+        self.external = stamped
+        shared = Clock() if mode == "conservative" and not stamped else None
         self.switches = [Switch(self.placement, i, shared) for i in range(switches)]
-        self.epochs = EpochCoordinator(self.switches, len(addresses))
+        self.epochs = EpochCoordinator(self.switches, len(addresses), external=stamped)
         self.epoch_every = epoch_ms / 1000
         self.tls = tls
         self.report = Report()
@@ -203,10 +208,48 @@ class GrpcRuntime:
                 else:
                     self._flush_all(LINGER)
 
-    def finish(self) -> Report:
-        """Commits a last epoch holding every update fed, and waits for it."""
+    def feed_stamped(self, switch: int, stream: Iterable[tuple[int, Update]]) -> None:
+        """``stamped``: updates of switch ``switch`` with their timestamp counters (rising)."""
         with self._lock:
-            while self.epochs.committed < self.epochs.newest():
+            self._raise_failure()
+            while self._outstanding > WINDOW and self._failure is None:
+                self._flush_all()
+                self._wait()
+            for counter, (sign, relation, row) in stream:
+                ts, messages = self.switches[switch].update_at(counter, sign, relation, row)
+                self._fed += 1
+                self.report.updates += 1
+                self._entered[ts] = time.monotonic()
+                for node, message in messages:
+                    self._outstanding += len(message.puts) if isinstance(message, Dispatch) else 0
+                    self._send(switch, node, message)
+            self._flush_all(LINGER)
+
+    def open_at(self, cut: int) -> None:
+        with self._lock:
+            self.epochs.open_at(cut)
+            self._began = time.monotonic()
+
+    def close_switch(self, switch: int, cut: int) -> None:
+        """``stamped``: switch ``switch`` dispatched everything of its own up to ``cut``."""
+        with self._lock:
+            self._route(self.epochs.close(switch, cut))
+            self._flush_all()
+
+    def deliver(self) -> None:
+        """Sends what is batched (the nodes apply it on their own)."""
+        with self._lock:
+            self._flush_all()
+
+    def finish(self) -> Report:
+        """Commits a last epoch holding every update fed, and waits for it (``stamped``: waits
+        for the open epoch, which every switch closed)."""
+        with self._lock:
+            while self.external and self.epochs.open is not None:
+                self._raise_failure()
+                self._flush_all()
+                self._wait()
+            while not self.external and self.epochs.committed < self.epochs.newest():
                 self._raise_failure()
                 self._route(self.epochs.begin())
                 self._flush_all()
@@ -307,6 +350,7 @@ def start_node_processes(
     switches: int = 1,
     mode: str = "speculative",
     tls_dir: Path | None = None,
+    per_switch: bool = False,
 ) -> list[Server]:
     """``nodes`` DW node processes on free local ports (stop them with ``Server.stop``)."""
     base.mkdir(parents=True, exist_ok=True)
@@ -331,6 +375,7 @@ def start_node_processes(
                     str(switches),
                     "--mode",
                     mode,
+                    *(["--per-switch"] if per_switch else []),
                     *security,
                 ],
                 base / f"node-{number}.log",

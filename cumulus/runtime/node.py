@@ -64,7 +64,7 @@ class Operation:
     heard: int = 0
     tables: Tables = field(default_factory=dict)
     result: dict[Key, Any] | None = None  # None until evaluated
-    version: int = 0  # conservative mode: the update's place among this node's PUTs
+    version: tuple[int, int] = (0, 0)  # conservative: (stream, the update's place in its PUTs)
 
     @property
     def ready(self) -> bool:
@@ -106,9 +106,13 @@ class Node:
         mode: str = "speculative",
         log_limit: int | None = None,
         ordered: bool = False,
+        per_switch: bool = False,
     ) -> None:
         """``ordered``: the host delivers each switch's messages in the order sent (FIFO
-        links, as the simulator and the gRPC and Spark hosts do); the node then checks it."""
+        links, as the simulator and the gRPC and Spark hosts do); the node then checks it.
+        ``per_switch`` (conservative, switches of their own: a coordinating member's each):
+        version numbers count each switch's PUTs apart, and a FETCH waits until every switch
+        has gone past its timestamp and its earlier PUTs are written."""
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
         self.placement = placement
@@ -117,6 +121,7 @@ class Node:
         self.mode = mode
         self.log_limit = log_limit  # write-log entries past which the node asks for an epoch end
         self.ordered = ordered
+        self.per_switch = per_switch and mode == "conservative"
         # A read is logged only where a later write can still revise it. With one switch whose
         # messages arrive in order, every PUT below a FETCH is known when it is served, and the
         # FETCH waits for those writing a map it reads; conservative mode waits for every
@@ -151,10 +156,18 @@ class Node:
         self.stats = NodeStats()
         self.completed: list[Timestamp] = []  # updates written for since the host last looked
         self._ready: list[Operation] = []  # operations that have all they wait for
-        # conservative mode: PUTs left per version, and how many versions are fully written
-        self._left: dict[int, int] = {}
-        self._finished: set[int] = set()  # versions fully written, beyond the first gap
-        self._written = 0
+        # conservative mode: PUTs left per version, and how many versions are fully written,
+        # per stream of version numbers (one shared by every switch, or one per switch)
+        self._left: dict[tuple[int, int], int] = {}
+        self._finished: dict[int, set[int]] = defaultdict(set)  # beyond the first gap
+        self._written: dict[int, int] = defaultdict(int)
+        # per_switch: each switch's timestamps of its updates with PUTs here (the first
+        # ``_put_base`` of them folded away), the newest timestamp it went past, and the
+        # FETCHes waiting for some switch
+        self._put_ts: dict[int, list[Timestamp]] = defaultdict(list)
+        self._put_base: dict[int, int] = defaultdict(int)
+        self._heard: dict[int, Timestamp] = {}
+        self._waiting: list[tuple[Dispatch, Fetch]] = []
         # correctives: those sent and not settled (seq -> lowest read counter, cause), and per
         # received corrective (source, seq) how many of the ones it caused are not settled
         self._sent = 0
@@ -210,12 +223,18 @@ class Node:
                 )
             self._last_dispatch[message.ts[1]] = message.ts
         steps = self.placement.steps[message.trigger]
+        stream = message.ts[1] if self.per_switch else 0
+        version = (stream, message.puts_before)
         if message.puts and self.mode == "conservative":
-            self._left[message.puts_before] = len(message.puts)
+            self._left[version] = len(message.puts)
+            if self.per_switch:
+                self._put_ts[stream].append(message.ts)
+        if self.per_switch:
+            self._passed(stream, message.ts)
         for statement, pushes in message.puts:
             op = self._operation(message.ts, statement)
             op.trigger, op.args, op.expected = message.trigger, message.args, pushes
-            op.version = message.puts_before
+            op.version = version
             bisect.insort(self.pending_writes[steps[statement].target], message.ts)
             if op.ready:
                 self._ready.append(op)
@@ -259,8 +278,14 @@ class Node:
     def _park(self, dispatch: Dispatch, fetch: Fetch) -> bool:
         """Parks the FETCH if it must wait (True), on the version or the map that blocks it."""
         self._parked += 1
+        if self.per_switch:
+            if not self._earlier_written(dispatch.ts):
+                self._waiting.append((dispatch, fetch))
+                self.stats.deferred_fetches += 1
+                return True
+            return False
         if self.mode == "conservative":  # seed 001: wait for every earlier PUT to this node
-            if self._written < dispatch.puts_before:
+            if self._written[0] < dispatch.puts_before:
                 heapq.heappush(
                     self._by_version, (dispatch.puts_before, self._parked, dispatch, fetch)
                 )
@@ -277,6 +302,25 @@ class Node:
                     self.stats.deferred_fetches += 1
                     return True
         return False
+
+    def _earlier_written(self, ts: Timestamp) -> bool:
+        """per_switch: every switch went past ``ts`` (its own: FIFO, so it has) and every PUT
+        here below ``ts`` is written."""
+        for switch in range(self.switches):
+            if switch != ts[1] and self._heard.get(switch, (0, -1)) <= ts:
+                return False
+            below = self._put_base[switch] + bisect.bisect_left(self._put_ts[switch], ts)
+            if self._written[switch] < below:
+                return False
+        return True
+
+    def _passed(self, switch: int, ts: Timestamp) -> None:
+        """per_switch: ``switch`` sends nothing at or below ``ts`` any more; the waiting
+        FETCHes are looked at again."""
+        if ts > self._heard.get(switch, (0, -1)):
+            self._heard[switch] = ts
+        self._candidates.extend(self._waiting)
+        self._waiting = []
 
     def _release(self, map_name: str) -> None:
         """FETCHes parked on a map whose earliest pending write moved past them."""
@@ -332,15 +376,21 @@ class Node:
         if self.mode == "conservative":
             self._version_written(op.version)
 
-    def _version_written(self, version: int) -> None:
+    def _version_written(self, version: tuple[int, int]) -> None:
         self._left[version] -= 1
         if not self._left[version]:
             del self._left[version]
-            self._finished.add(version)
-            while self._written in self._finished:
-                self._finished.discard(self._written)
-                self._written += 1
-            while self._by_version and self._by_version[0][0] <= self._written:
+            stream, number = version
+            finished = self._finished[stream]
+            finished.add(number)
+            while self._written[stream] in finished:
+                finished.discard(self._written[stream])
+                self._written[stream] += 1
+            if self.per_switch:
+                self._candidates.extend(self._waiting)
+                self._waiting = []
+                return
+            while self._by_version and self._by_version[0][0] <= self._written[0]:
                 _, _, dispatch, fetch = heapq.heappop(self._by_version)
                 self._candidates.append((dispatch, fetch))
 
@@ -440,6 +490,8 @@ class Node:
         # the next epoch's end may overtake this one's commit (they travel different links)
         self._not_committed(message.cut, message)
         self._ends[message.cut].add(message.switch)
+        if self.per_switch:
+            self._passed(message.switch, (message.cut, 1 << 62))
 
     def _epoch_progress(self, out: Outbox) -> None:
         """EPOCH READY once the cut is final here: every switch closed it (so every update up to
@@ -473,6 +525,10 @@ class Node:
         for name, reads in self.reads.items():
             self.reads[name] = reads[bisect.bisect_left(reads, (cut + 1, -1), key=lambda e: e.ts) :]
         self.operations = {k: op for k, op in self.operations.items() if k[0][0] > cut}
+        for switch, puts in self._put_ts.items():  # all written: the count is what matters
+            folded = bisect.bisect_right(puts, (cut, 1 << 62))
+            del puts[:folded]
+            self._put_base[switch] += folded
         self.committed, self._asked = cut, False
         self.stats.epochs += 1
 

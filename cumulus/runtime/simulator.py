@@ -8,6 +8,10 @@ Epochs end every ``epoch_every`` virtual seconds (and once more at the end of a 
 commit is recorded with its cut and times, and ``on_commit`` may read the snapshot right then.
 
 Seeded and deterministic: a failing schedule reproduces from its seed.
+
+``stamped``: switches of their own, as a cluster's coordinating members run them: the caller
+stamps each update (``feed_stamped``, a member's commit timestamps), opens each epoch at a cut
+of its choosing (``open_at``) and closes it switch by switch (``close_switch``).
 """
 
 from __future__ import annotations
@@ -79,18 +83,30 @@ class Simulator:
         epoch_every: float | None = None,
         log_limit: int | None = None,
         on_commit: Callable[[int], None] | None = None,
+        stamped: bool = False,
     ) -> None:
         if switches < 1:
             raise ValueError("a Cumulus runtime needs at least one switch")
         self.program = program
         self.placement = Placement(program, nodes)
+        self.external = stamped  # switches of their own, stamped by the caller
         self.nodes = [
-            Node(self.placement, i, switches=switches, mode=mode, log_limit=log_limit, ordered=True)
+            Node(
+                self.placement,
+                i,
+                switches=switches,
+                mode=mode,
+                log_limit=log_limit,
+                ordered=True,
+                per_switch=stamped,
+            )
             for i in range(nodes)
         ]
-        shared = Clock() if mode == "conservative" else None
+        # conservative: one clock counts every PUT in one order, unless each switch stamps
+        # its own (then each counts its own: ``Node.per_switch``)
+        shared = Clock() if mode == "conservative" and not stamped else None
         self.switches = [Switch(self.placement, i, shared) for i in range(switches)]
-        self.epochs = EpochCoordinator(self.switches, nodes)
+        self.epochs = EpochCoordinator(self.switches, nodes, external=stamped)
         self.epoch_every = epoch_every
         self.on_commit = on_commit
         self._next_epoch = epoch_every if epoch_every is not None else float("inf")
@@ -148,10 +164,34 @@ class Simulator:
             for node, message in messages:
                 self._send(("switch", switch.number), ("node", node), message)
 
+    def feed_stamped(self, switch: int, stream: Iterable[tuple[int, Update]]) -> None:
+        """``stamped``: updates of switch ``switch`` with their timestamp counters (rising),
+        one every ``gap`` of virtual time."""
+        for counter, (sign, relation, row) in stream:
+            self._until(self._entry)
+            self._entry += self.gap
+            ts, messages = self.switches[switch].update_at(counter, sign, relation, row)
+            self.stamped.append(ts)
+            self._fed += 1
+            self.report.updates += 1
+            self._entered[ts] = self.now
+            for node, message in messages:
+                self._send(("switch", switch), ("node", node), message)
+
+    def open_at(self, cut: int) -> None:
+        """``stamped``: the next epoch ends at ``cut``; each switch closes it (``close_switch``)."""
+        self.epochs.open_at(cut)
+        self._began = self.now
+
+    def close_switch(self, switch: int, cut: int) -> None:
+        """``stamped``: switch ``switch`` dispatched everything of its own up to ``cut``."""
+        self._epoch(self.epochs.close(switch, cut))
+
     def finish(self) -> Report:
-        """Runs to quiescence and commits a last epoch holding every update."""
+        """Runs to quiescence and commits a last epoch holding every update (``stamped``:
+        the epoch opened and closed, if every switch closed it)."""
         self._until(float("inf"))
-        while self.epochs.committed < self.epochs.newest():
+        while not self.external and self.epochs.committed < self.epochs.newest():
             self._epoch(self.epochs.begin())
             self._until(float("inf"))
         self.report.corrective = sum(n.stats.corrective_sent for n in self.nodes)

@@ -73,6 +73,24 @@ class Switch:
         self.clock.counter += 1
         return (self.clock.counter, self.number)
 
+    def update_at(
+        self, counter: int, sign: str, relation: str, row: Sequence[Any] | Mapping[str, Any]
+    ) -> tuple[Timestamp, list[tuple[int, Dispatch]]]:
+        """Like ``update``, stamped ``(counter, switch)`` by the caller (a coordinating member's
+        commit timestamp): counters must rise on this switch and stay above every cut it
+        closed, or the nodes could not trust its EPOCH ENDs."""
+        values = self.check(sign, relation, row)
+        trigger = self._triggers.get((sign, relation))
+        if trigger is None:
+            raise errors.InvalidArgument(f"no trigger ON {sign} {relation}")
+        if counter <= self.clock.counter:
+            raise errors.FailedPrecondition(
+                f"switch {self.number}: update stamped {counter} after {self.clock.counter}"
+            )
+        self.clock.counter = counter
+        ts = (counter, self.number)
+        return ts, self.dispatch(ts, trigger, values)
+
     def close(self, cut: int) -> list[tuple[int, EpochEnd]]:
         """Ends the epoch at ``cut``: nothing is stamped at or below it any more, and every node
         hears so after this switch's updates up to it (links are FIFO)."""
