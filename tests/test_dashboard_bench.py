@@ -63,12 +63,14 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
     assert all(r["reads"] > 0 and r["consistent"] == 1.0 and r["unknown"] == 0 for r in views)
     assert all(r["cpu_ms_per_event"] is None for r in report.rows)  # a running cluster
     assert all((r["fresh_p50_ms"] is None) == (r["mode"] == "none") for r in report.rows)
-    # tentative reads, for the view fed between epochs only: probed, and (the simulator host
-    # reads them at rest) exact at the last change fed
+    # tentative reads, for the view read tentatively only: probed, and their share that was
+    # exact at the timestamp they said reported (not 1.0 by design: the two members'
+    # switches reach the nodes out of order, so a tentative read may mix timestamps)
     for r in report.rows:
         fed = r["mode"].endswith("feed 20 ms")
         assert (r["tentative_fresh_p50_ms"] is not None) == fed
-        assert r["tentative_consistent"] == (1.0 if fed else None)
+        share = r["tentative_consistent"]
+        assert (share is not None and 0.0 <= share <= 1.0) if fed else share is None
     # the runtime's costs, for the cumulus view only: every update goes out as messages
     for r in report.rows:
         cumulus = r["mode"].startswith("cumulus")
