@@ -164,9 +164,9 @@ class CumulusView:
             if self.failure is not None:
                 for kind, _, *rest in events:
                     if kind == "open":
-                        rest[0].set_exception(self.failure)
+                        _settle(rest[0], failure=self.failure)
                 if self._open is not None:
-                    self._open[2].set_exception(self.failure)
+                    _settle(self._open[2], failure=self.failure)
                     self._open = None
 
     def _take(self, events: list[tuple[Any, ...]]) -> None:
@@ -226,7 +226,7 @@ class CumulusView:
         self.epochs += 1
         self._count()
         self._last = (self._rows(maps), ts)
-        done.set_result(ts)
+        _settle(done, ts)
 
     def feed(self, changes: Iterable[tuple[str, Row | None, Row | None]], ts: int) -> None:
         """Every committed change of the view's tables up to ``ts`` not yet fed, in timestamp
@@ -342,3 +342,16 @@ class CumulusView:
         if keep is not None and list(keep) != groups:
             rows = roll_up(self.shape, rows, list(keep))
         return rows if counted else expand(rows)
+
+
+def _settle(
+    done: concurrent.futures.Future[int], ts: int = 0, failure: BaseException | None = None
+) -> None:
+    """An epoch's outcome to whoever waits for it; one who gave up (the refresher cancelled
+    by an ALTER or DROP) cancelled the future, and the epoch goes on without them: the worker
+    must not die of it (every later epoch and the view's drop would wait for it)."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if failure is not None:
+            done.set_exception(failure)
+        else:
+            done.set_result(ts)

@@ -239,3 +239,41 @@ def test_a_leading_member_reloads_its_runtimes_when_a_commit_s_outcome_is_unknow
 
 async def _deliver_nothing(member: int, request: lpb.SwitchRequest) -> None:
     pass
+
+
+def test_an_epoch_given_up_by_its_waiter_leaves_the_runtime_working() -> None:
+    """A refresher cancelled mid-epoch (an ALTER or DROP stops it) cancels the epoch's future;
+    the worker that settles it later must live on: every later epoch, and the view's drop,
+    wait for that worker (it died of InvalidStateError, and a DROP hung)."""
+    import concurrent.futures
+
+    from test_m3_differential import schemas_for
+
+    from coordinator.cumulus_view import CumulusView
+    from cumulus.compiler import compile_sql
+
+    schemas = schemas_for(["a"])
+    plan = compile_sql(
+        "CREATE MATERIALIZED VIEW v WITH (refresh = 'cumulus') AS "
+        "SELECT g, SUM(x) AS s FROM a GROUP BY g",
+        schemas.__getitem__,
+    )
+    view = CumulusView(plan, schemas, members=2)
+    row = {"id": 1, "k": 1, "g": "x", "v": 100, "x": 2, "f": 0.5}
+    view.load({"a": []}, 10)
+    try:
+        view.post(0, [(11, [("a", None, row)])])
+        given_up = view.open_epoch(20)
+        given_up.cancel()  # before the members end it: its waiter went away
+        view.end(0, 20)
+        view.end(1, 20)
+        view.post(1, [(21, [("a", None, {**row, "id": 2, "x": 3})])])
+        nxt = view.open_epoch(30)
+        view.end(0, 30)
+        view.end(1, 30)
+        assert nxt.result(timeout=10) == 30
+        assert view.query([], None) == ([{"g": "x", "s": 5}], 30)
+    except concurrent.futures.TimeoutError:
+        raise AssertionError(f"the worker is gone: alive={view._worker.is_alive()}") from None
+    finally:
+        view.close()

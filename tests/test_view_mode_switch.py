@@ -75,10 +75,12 @@ def _switches_lose_and_double_nothing(
                     run_round, cluster.address, model, spec["seed"] + round_number, 3, 4
                 )
                 reader = pool.submit(_read_until, cluster.address, view, stop)
-                time.sleep(delay)
-                client.sql(f"ALTER MATERIALIZED VIEW {view} SET ({target})")
-                writers.result()
-                stop.set()
+                try:
+                    time.sleep(delay)
+                    client.sql(f"ALTER MATERIALIZED VIEW {view} SET ({target})")
+                    writers.result()
+                finally:  # else a failed ALTER leaves the reader reading, and the pool waits
+                    stop.set()
                 assert reader.result() > 0
             if target != "refresh = 'sync'":
                 client.refresh(view)  # what every change so far made of it
