@@ -30,3 +30,13 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
         return uvloop.run(main)
     return asyncio.run(main)
+
+
+async def stop(task: asyncio.Task[Any]) -> None:
+    """Cancels ``task`` and returns once it has ended, cancelling it again while it runs on: a
+    cancellation can be lost (Python 3.11's ``asyncio.wait_for`` returns a result that came at
+    the moment it was cancelled, and the task goes on). A refresher that lived on so kept an
+    ALTER waiting for it until the client's deadline."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.1)

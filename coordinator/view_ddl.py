@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from aggview import errors
+from aggview import errors, loops
 from aggview.keycodec import encoded_width
 from aggview.partition_map import index_table
 from aggview.schema import TableSchema
@@ -242,9 +242,7 @@ class ViewDdl(ViewsShared):
 
     async def _stop_refresher(self, view: View) -> None:
         if view.refresher is not None:
-            view.refresher.cancel()
-            with contextlib.suppress(BaseException):
-                await view.refresher
+            await loops.stop(view.refresher)
             view.refresher = None
 
     def _switch_to_async(self, view: View, plan: ViewPlan) -> None:

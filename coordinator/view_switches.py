@@ -231,7 +231,8 @@ class ViewSwitches(ViewsShared):
                     runtime.end(member, ts)
                 elif member in self._askers:
                     self._askers[member](ts)
-            await asyncio.wait_for(asyncio.wrap_future(done), EPOCH_WAIT)
+            async with asyncio.timeout(EPOCH_WAIT):  # not wait_for: it may drop a cancellation
+                await asyncio.wrap_future(done)
         finally:
             self._open_cuts.pop(view.name, None)
 

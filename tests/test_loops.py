@@ -25,3 +25,28 @@ def test_the_standard_loop_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGGVIEW_LOOP", "asyncio")
     assert loops.chosen() == "asyncio"
     assert loops.run(loop_module()).startswith("asyncio")
+
+
+def test_stop_ends_a_task_whose_first_cancellation_is_lost() -> None:
+    """As Python 3.11's ``asyncio.wait_for`` does when its future completes at the moment it is
+    cancelled: the cancellation is dropped and the task goes on (a refresher did, and an ALTER
+    waited for it until the client gave up)."""
+
+    async def swallows_one() -> int:
+        rounds = 0
+        while True:
+            rounds += 1
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                if rounds > 1000:
+                    raise
+                rounds = 1000  # lost once; a second cancellation ends it
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(swallows_one())
+        await asyncio.sleep(0.02)
+        await asyncio.wait_for(loops.stop(task), 5)
+        assert task.cancelled()
+
+    asyncio.run(main())
