@@ -32,6 +32,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+from aggview import loops
 from aggview.schema import TableSchema
 from aggview.security import TlsDir
 from coordinator.catalog import Catalog
@@ -125,9 +126,7 @@ class ViewManager(ViewDdl, ViewInit, ViewMaintenance, ViewRefresh, ViewReads):
         it); then as at a leader's start: cumulus runtimes load again from a snapshot, an
         initialization cut short starts over, and refreshers are shared out again."""
         here = [v.refresher for v in self.views.values() if v.refresher is not None]
-        for refresher in here:
-            refresher.cancel()
-        await asyncio.gather(*here, return_exceptions=True)
+        await asyncio.gather(*(loops.stop(refresher) for refresher in here))
         self.views, self.indexes = {}, {}
         self.catalog.reload()
         self.catalog.view_names.clear()
@@ -159,11 +158,8 @@ class ViewManager(ViewDdl, ViewInit, ViewMaintenance, ViewRefresh, ViewReads):
             view.refresher = None
 
     async def stop(self) -> None:
-        for view in self.views.values():
-            if view.refresher is not None:
-                view.refresher.cancel()
         await asyncio.gather(
-            *(v.refresher for v in self.views.values() if v.refresher), return_exceptions=True
+            *(loops.stop(v.refresher) for v in self.views.values() if v.refresher is not None)
         )
         runtimes, self.runtimes = list(self.runtimes.values()), {}
         await asyncio.gather(*(asyncio.to_thread(r.close) for r in runtimes))
