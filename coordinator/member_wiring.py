@@ -111,19 +111,22 @@ def build_manager(
         config, store, catalog, in_flight, reach, leader, lead, read_at, lambda: manager
     )
     membership = Membership(list(config.members), config.member, list(config.exchanges))
+    leads = leader == config.member
     manager = TransactionManager(
-        catalog, clock, decisions, limits=config.limits, metrics=metrics, membership=membership
+        catalog,
+        clock,
+        decisions,
+        limits=config.limits,
+        metrics=metrics,
+        membership=membership,
+        leader_member=leader,
+        leader=None if leads else config.members[leader],
+        lead=lead,
+        epoch=catalog.first_epoch() if leads else 0,
+        ltm_silent=None if reach is None else lambda ltm: reach.silent(ltm % len(config.members)),
+        silent_members=None if reach is None else reach.silent_members,
     )
     metrics.watch(functools.partial(member_state, manager))
-    if reach is not None:
-        manager.ltm_silent = lambda ltm: reach.silent(ltm % len(config.members))
-        manager.silent_members = reach.silent_members
-    manager.leader_member = leader
-    if leader != config.member:
-        manager.leader = config.members[leader]
-    else:
-        manager.epoch = catalog.first_epoch()
-    manager.lead = lead
     manager.local = _local_partitions(config, store, manager, may_drop, reach)
     if config.replicates:
         manager.replication = MemberDecisions(
