@@ -66,10 +66,15 @@ class TransactionManager(SystemTransactions, SnapshotReads):
         epoch: int = 0,
         ltm_silent: Callable[[int], bool] | None = None,
         silent_members: Callable[[], list[int]] | None = None,
+        local: Any = None,
+        replication: Any = None,
+        channels: list[Any] | None = None,
     ) -> None:
         """``leader_member``, ``leader``, ``lead`` and ``epoch`` as this member starts (a
         takeover changes them later); ``ltm_silent`` and ``silent_members`` from the prober
-        (``coordinator.quorum``; replicated clusters), None: nobody is silent."""
+        (``coordinator.quorum``; replicated clusters), None: nobody is silent. ``local``,
+        ``replication`` and ``channels``: see below (``member_wiring.build_manager`` makes
+        them; a unit test may go without)."""
         self.catalog = catalog
         self.metrics = metrics or Metrics()
         self.clock = clock
@@ -77,10 +82,10 @@ class TransactionManager(SystemTransactions, SnapshotReads):
         self.decisions = decisions
         self.limits = limits or Limits()
         # Each partition's participant: hosted here (``LocalLtm``) or at another member
-        # (``LtmChannel``); set by ``coordinator.member_wiring.build_manager``.
-        self.channels: list[Any] = []
-        self.local: Any = None  # the partitions hosted in this process
-        self.replication: Any = None  # members' decision logs copied (``--replicate``)
+        # (``LtmChannel``).
+        self.channels: list[Any] = channels if channels is not None else []
+        self.local: Any = local  # the partitions hosted in this process
+        self.replication: Any = replication  # members' decision logs copied (``--replicate``)
         # What the transaction path calls on views: change capture before the first prepare,
         # maintenance after every round of yes votes, which tables need row images, which are
         # looked up by key (cached here): the view manager once one is attached, else nothing.
