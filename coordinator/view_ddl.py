@@ -153,6 +153,7 @@ class ViewDdl(ViewsShared):
 
     async def _forget(self, view: View) -> None:
         await self._stop_refresher(view)
+        self._drained(view)
         self.views.pop(view.name, None)
         self._retire(view.name)
         self.catalog.view_names.discard(view.name)
