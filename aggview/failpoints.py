@@ -12,7 +12,9 @@ Each entry is ``name=action[@n]``: the action fires on the n-th hit of that poin
   no checkpoint, like a kill -9 at exactly that line;
 - ``raise``: raises :class:`FailpointError` (at an LTM point the request fails: its message is
   lost and the coordinator hears an error instead of a vote or an acknowledgement);
-- ``sleep:SECONDS``: stalls the process's event loop (a slow disk, a stopped process).
+- ``sleep:SECONDS``: stalls the process's event loop (a slow disk, a stopped process);
+- ``wait:SECONDS``: at a point hit with ``await pause(name)``, the task waits while the loop
+  runs on (other transactions go on meanwhile); where hit with ``hit``, as ``sleep``.
 
 A call site costs one module attribute load and a truth test when nothing is armed::
 
@@ -25,6 +27,7 @@ a hit of ``X`` also counts as a hit of ``refresh:X`` (see :data:`MID_REFRESH`).
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import os
 import time
@@ -49,6 +52,9 @@ COORDINATOR_LOCAL_FLUSH = "coordinator.local_flush"
 MID_REFRESH = f"refresh:{COORDINATOR_BEFORE_DECISION_LOGGED}"
 # The member found its decision log taken over by another, and is about to stop.
 COORDINATOR_SUPERSEDED = "coordinator.superseded"
+# A sync view is maintained by every new transaction; the changes captured before are not
+# drained yet (a new view's, or one switching from async).
+COORDINATOR_BEFORE_DRAIN = "coordinator.before_drain"
 
 POINTS = (
     LTM_AFTER_PREPARE_LOGGED,
@@ -60,6 +66,7 @@ POINTS = (
     COORDINATOR_LOCAL_FLUSH,
     MID_REFRESH,
     COORDINATOR_SUPERSEDED,
+    COORDINATOR_BEFORE_DRAIN,
 )
 
 
@@ -70,7 +77,7 @@ class FailpointError(RuntimeError):
 @dataclass
 class Failpoint:
     name: str
-    action: str  # crash | raise | sleep
+    action: str  # crash | raise | sleep | wait
     at: int = 1  # fires on this hit
     seconds: float = 0.0
     hits: int = 0
@@ -84,12 +91,14 @@ def parse(spec: str) -> dict[str, Failpoint]:
         name, sep, rest = entry.partition("=")
         action, _, at = rest.partition("@")
         kind, _, argument = action.partition(":")
-        if not sep or not name or kind not in ("crash", "raise", "sleep"):
-            raise ValueError(f"{ENV}: bad entry {entry!r}; want name=crash|raise|sleep:S[@n]")
+        if not sep or not name or kind not in ("crash", "raise", "sleep", "wait"):
+            raise ValueError(
+                f"{ENV}: bad entry {entry!r}; want name=crash|raise|sleep:S|wait:S[@n]"
+            )
         if name.strip() not in POINTS:
             raise ValueError(f"{ENV}: unknown failpoint {name!r}; known: {', '.join(POINTS)}")
         point = Failpoint(name.strip(), kind, int(at) if at else 1)
-        if kind == "sleep":
+        if kind in ("sleep", "wait"):
             point.seconds = float(argument)
         if point.at < 1:
             raise ValueError(f"{ENV}: {entry!r}: the hit number counts from 1")
@@ -104,26 +113,33 @@ _scope: contextvars.ContextVar[str | None] = contextvars.ContextVar("failpoint_s
 
 def hit(name: str) -> None:
     """Counts a hit of ``name`` (and of ``scope:name`` inside a scope) and fires what is armed."""
-    _fire(name)
     scope = _scope.get()
-    if scope is not None:
-        _fire(f"{scope}:{name}")
+    for point in (name,) if scope is None else (name, f"{scope}:{name}"):
+        if seconds := _fire(point):
+            time.sleep(seconds)
 
 
-def _fire(name: str) -> None:
+async def pause(name: str) -> None:
+    """``hit`` at an await point: a ``wait`` action lets the event loop run on meanwhile."""
+    if seconds := _fire(name):
+        await asyncio.sleep(seconds)
+
+
+def _fire(name: str) -> float:
+    """Fires ``name`` if armed; the seconds to wait or sleep, if that is its action."""
     point = ARMED.get(name)
     if point is None:
-        return
+        return 0.0
     point.hits += 1
     if point.hits != point.at:
-        return
+        return 0.0
     # One raw write, no flush of anything buffered: the log line tells the test it was us.
     os.write(2, f"failpoint {name}: {point.action} (hit {point.hits})\n".encode())
     if point.action == "crash":
         os._exit(CRASH_EXIT)
     if point.action == "raise":
         raise FailpointError(f"failpoint {name} (hit {point.hits})")
-    time.sleep(point.seconds)
+    return point.seconds
 
 
 class scope:

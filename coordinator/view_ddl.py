@@ -154,6 +154,7 @@ class ViewDdl(ViewsShared):
 
     async def _forget(self, view: View) -> None:
         await self._stop_refresher(view)
+        self._drained(view)
         self.views.pop(view.name, None)
         self._retire(view.name)
         self._unfed.pop(view.name, None)

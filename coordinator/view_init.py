@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from aggview import errors
+from aggview import errors, failpoints
 from aggview.merge import combine, negate
 from aggview.rowcodec import decode_row
 from aggview.wire import ltm_pb2 as lpb
@@ -166,17 +166,29 @@ class ViewInit(ViewsShared):
         if view.plan.mode == "sync":
             # From the next transaction on, maintenance is synchronous; then the changes
             # captured since the snapshot are drained once and capture stops.
+            # the old catalog's last timestamp, kept readable until the view is live (or gone)
+            view.drain_cut = self.manager.clock.issued()
+            self.manager.in_flight.start_reading(view.drain_cut)
             view.state = "draining"
             self.publish()
+            if failpoints.ARMED:
+                await failpoints.pause(failpoints.COORDINATOR_BEFORE_DRAIN)
             async with view.lock:
                 await self._refresh(view)
         self._live(view)
 
     def _live(self, view: View) -> None:
+        self._drained(view)
         view.state = "live"
         self.publish()
         self._persist(view)
         self._reconcile_refresher(view)
+
+    def _drained(self, view: View) -> None:
+        """The tables at a drained view's cut need not stay readable any longer."""
+        if view.drain_cut:
+            self.manager.in_flight.stop_reading(view.drain_cut)
+            view.drain_cut = 0
 
     async def _clear(self, view: View) -> None:
         async def erase(ts: int) -> list[lpb.RowOp]:

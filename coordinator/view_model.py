@@ -39,6 +39,10 @@ class View:
     # Only "initializing" and "live" are persisted ("draining" restarts as "initializing").
     state: str
     snapshot: int = 0  # changes at or below this are in the initial computation
+    # a draining sync view: the last timestamp whose transactions captured their changes instead
+    # of maintaining it; the drain evaluates those changes against the tables at it (later
+    # transactions maintain the view themselves, against tables that hold the captured changes)
+    drain_cut: int = 0
     compiled: ViewState | None = field(default=None, repr=False)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     refresher: asyncio.Task[None] | None = field(default=None, repr=False)

@@ -99,7 +99,11 @@ class ViewRefresh(ViewSwitches):
                 base_key = key[:-8]
                 first = net[base_key][0] if base_key in net else before
                 net[base_key] = (first, after)
-            delta = await view_delta(compiled, touching(view.plan, changes), self._rows_where(ts))
+            # a draining sync view's captured changes against the tables at its cut: the
+            # transactions after it maintained the view against tables holding those changes
+            # (read at the drain's own timestamp, a join of both would count twice)
+            at = view.drain_cut if view.state == "draining" else ts
+            delta = await view_delta(compiled, touching(view.plan, changes), self._rows_where(at))
             ops.extend(view.merge(key, d, self._home(key)) for key, d in delta.items())
             if view.plan.mode == "async":
                 ops.append(meta_row(view, refreshed_at=ts))

@@ -82,6 +82,7 @@ CASES = [
 ELSEWHERE = {
     failpoints.COORDINATOR_LOCAL_FLUSH,  # hosted partitions only: test_one_process.py
     failpoints.COORDINATOR_SUPERSEDED,  # a stall, not a crash point: test_failover.py
+    failpoints.COORDINATOR_BEFORE_DRAIN,  # a wait, not a crash point: test_view_mode_switch.py
 }
 assert {c.point for c in CASES} | ELSEWHERE == set(failpoints.POINTS), "a failpoint untested"
 
