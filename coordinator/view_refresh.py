@@ -102,7 +102,7 @@ class ViewRefresh(ViewSwitches):
             # a draining sync view's captured changes against the tables at its cut: the
             # transactions after it maintained the view against tables holding those changes
             # (read at the drain's own timestamp, a join of both would count twice)
-            at = view.drain_cut if view.state == "draining" else ts
+            at = view.drain_cut + 1 if view.state == "draining" else ts  # own reads: before it
             delta = await view_delta(compiled, touching(view.plan, changes), self._rows_where(at))
             ops.extend(view.merge(key, d, self._home(key)) for key, d in delta.items())
             if view.plan.mode == "async":
