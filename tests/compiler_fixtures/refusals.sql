@@ -97,10 +97,16 @@ SELECT shop_id, count(*) FROM events GROUP BY shop_id OFFSET 10;
 SELECT DISTINCT count(*) FROM events GROUP BY shop_id;
 -- InvalidArgument: SELECT DISTINCT ON
 SELECT DISTINCT ON (shop_id) shop_id, cost FROM events;
--- InvalidArgument: UNION
+-- InvalidArgument: UNION without ALL (duplicates removed
 SELECT count(*) FROM events UNION SELECT count(*) FROM products;
--- InvalidArgument: UNION
+-- InvalidArgument: an aggregate without GROUP BY as a branch of a top-level UNION ALL
 SELECT count(*) FROM events UNION ALL SELECT count(*) FROM products;
+-- InvalidArgument: UNION ALL of a query with aggregates and one without
+SELECT shop_id, count(*) FROM events GROUP BY shop_id UNION ALL SELECT shop_id, prod_id FROM products;
+-- InvalidArgument: a UNION ALL in FROM joined with other tables
+SELECT count(*) FROM (SELECT prod_id FROM events UNION ALL SELECT prod_id FROM products) u JOIN products p ON u.prod_id = p.prod_id;
+-- InvalidArgument: a UNION ALL branch in FROM with aggregates, GROUP BY or DISTINCT
+SELECT count(*) FROM (SELECT prod_id FROM events GROUP BY prod_id UNION ALL SELECT prod_id FROM products) u;
 -- InvalidArgument: INTERSECT
 SELECT count(*) FROM events INTERSECT SELECT count(*) FROM products;
 -- InvalidArgument: EXCEPT
@@ -111,8 +117,12 @@ WITH x AS (SELECT * FROM events) SELECT count(*) FROM x;
 SELECT *, count(*) FROM events;
 -- InvalidArgument: SELECT e.*
 SELECT e.*, count(*) FROM events e;
--- InvalidArgument: needs a FROM clause
+-- InvalidArgument: a SELECT without FROM and without a subquery
 SELECT count(*);
+-- InvalidArgument: a SELECT without FROM and without a subquery
+SELECT 1 AS one;
+-- InvalidArgument: a scalar subquery with GROUP BY or HAVING
+SELECT (SELECT count(*) FROM events GROUP BY shop_id) AS n;
 -- InvalidArgument: a materialized view needs a SELECT
 INSERT INTO events VALUES (1);
 
