@@ -2,6 +2,8 @@
 optimizer), one module each in ``cumulus.passes`` and each a function testable on its own;
 the DDL around the SELECT is parsed by ``cumulus.ddl``.
 
+``unions.split`` (a UNION ALL or a SELECT without FROM -> branches, each compiled as a view,
+joined by ``union_plans`` into one plan, ``compile_views``) ->
 ``lift_subqueries.lift_subqueries`` (subqueries -> hidden views, ``compile_views``) ->
 ``check_support.parse_select`` -> ``check_support.check_supported`` ->
 ``resolve_tables.resolve_tables`` -> ``expand_stars.expand_stars`` (``*`` and ``alias.*``) ->

@@ -126,6 +126,14 @@ def test_bag_programs_run_distributed_equal_the_interpreter(
 ) -> None:
     """1-4 DW nodes, 1-3 switches, links reordering or not: the maps equal the reference
     interpreter's, and so do the rows read from them, duplicates included."""
+    distributed_equals_interpreter(case)
+
+
+def distributed_equals_interpreter(
+    case: tuple[Program, list[Update], int, int, int | None],
+) -> None:
+    """The case run on the simulator: its maps and the rows read from them equal the
+    interpreter's."""
     program, stream, nodes, switches, reorder = case
     simulator = Simulator(program, nodes=nodes, switches=switches, network=Network(reorder))
     simulator.run(stream)

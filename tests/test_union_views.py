@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_bag_views import distributed_equals_interpreter
+from test_cumulus_runtime import compiled_cases
 from test_m3_differential import replay
 from test_subqueries import SUBQUERIES, TABLES, check_against_duckdb
 from test_views_differential import every_mode_equals_recomputation
@@ -211,6 +213,25 @@ def test_union_programs_equal_duckdb_for_random_streams(shape: str, seed: int) -
     select, approx = UNIONS[shape]
     names = ["t0", "t1"]
     replay(select.format(*names), names, seed, steps=25, spec=_spec(approx))
+
+
+@st.composite
+def union_specs(draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        "tables": 2,
+        "seed": draw(st.integers(0, 10**6)),
+        "shape": draw(st.sampled_from(sorted(UNIONS))),
+    }
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    case=compiled_cases(union_specs(), lambda spec, names: UNIONS[spec["shape"]][0].format(*names))
+)
+def test_union_programs_run_distributed_equal_the_interpreter(case: Any) -> None:
+    """1-4 DW nodes, 1-3 switches, links reordering or not: the maps, and the rows read from
+    them (each branch's parts added), equal the reference interpreter's."""
+    distributed_equals_interpreter(case)
 
 
 # === on a cluster: every mode ====================================================================
