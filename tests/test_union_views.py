@@ -16,6 +16,7 @@ from test_bag_views import distributed_equals_interpreter
 from test_cumulus_runtime import compiled_cases
 from test_m3_differential import replay
 from test_subqueries import SUBQUERIES, TABLES, check_against_duckdb
+from test_view_mode_switch import DELAYS, SETTINGS, SWITCHES, _switches_lose_and_double_nothing
 from test_views_differential import every_mode_equals_recomputation
 
 from aggclient import Client
@@ -279,3 +280,24 @@ def test_a_union_over_hidden_views_in_sync_and_async(cluster: LocalCluster) -> N
                 "CREATE MATERIALIZED VIEW un_hc WITH (refresh = 'cumulus', nodes = 1, "
                 "epoch_ms = 60000) AS " + HIDDEN_BRANCH.format("un_h0", "un_h0")
             )
+
+
+@settings(max_examples=4, **SETTINGS)  # type: ignore[arg-type]
+@given(spec=union_specs(), modes=SWITCHES, delays=DELAYS)
+def test_a_unions_mode_switches_under_load_lose_and_double_nothing(
+    cluster: LocalCluster, spec: dict[str, Any], modes: list[str], delays: list[float]
+) -> None:
+    """ALTER ... SET (refresh = ...) of a union between every mode while writers go on."""
+    select, approx = UNIONS[spec["shape"]]
+    _switches_lose_and_double_nothing(
+        cluster, {**spec, **_spec(approx)}, modes, delays, lambda _, t: select.format(*t)
+    )
+
+
+@pytest.mark.parametrize("shape", ["top-level union of aggregates", "aggregate over a union"])
+def test_a_view_over_a_union_view_equals_duckdb(shape: str) -> None:
+    """A union read as a table by a sync view over it (the branches' rows, a tagged union's
+    duplicates included)."""
+    union = UNIONS[shape][0].format("a", "b")
+    outer = "SELECT g, SUM(s) AS t, COUNT(*) AS c, MAX(n) AS m FROM u GROUP BY g"
+    check_against_duckdb([("u", union), ("o", outer)], seed=len(shape), batches=40)
