@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_bag_views import distributed_equals_interpreter
+from test_bag_views import _wait, distributed_equals_interpreter
 from test_cumulus_runtime import compiled_cases
 from test_m3_differential import replay
 from test_subqueries import SUBQUERIES, TABLES, check_against_duckdb
@@ -301,3 +301,54 @@ def test_a_view_over_a_union_view_equals_duckdb(shape: str) -> None:
     union = UNIONS[shape][0].format("a", "b")
     outer = "SELECT g, SUM(s) AS t, COUNT(*) AS c, MAX(n) AS m FROM u GROUP BY g"
     check_against_duckdb([("u", union), ("o", outer)], seed=len(shape), batches=40)
+
+
+def test_reads_slices_and_a_subscription_of_a_union_keep_its_duplicates(
+    client: Client, table_name: str
+) -> None:
+    """Two branches with the same group give two rows in every mode: read, sliced, over SQL and
+    in a subscription's copy; a roll-up adds them."""
+    t = table_name
+    for table, rows in (("a", [(1, "x", 1), (2, "y", 2)]), ("b", [(1, "x", 1)])):
+        client.sql(f"CREATE TABLE {t}_{table} (id INT PRIMARY KEY, g TEXT, v INT)")
+        with client.transaction() as tx:
+            for row_id, g, v in rows:
+                tx.insert(f"{t}_{table}", {"id": row_id, "g": g, "v": v})
+    select = (
+        f"SELECT g, SUM(v) AS s FROM {t}_a GROUP BY g UNION ALL "
+        f"SELECT g, SUM(v) AS s FROM {t}_b GROUP BY g"
+    )
+    options = {
+        "sync": "",
+        "async": "WITH (refresh = 'async', interval_ms = 60000) ",
+        "cumulus": "WITH (refresh = 'cumulus', epoch_ms = 60000) ",
+    }
+    for mode, with_ in options.items():
+        client.sql(f"CREATE MATERIALIZED VIEW {t}_{mode} {with_}AS {select}")
+        if mode != "sync":
+            client.refresh(f"{t}_{mode}")
+        view = f"{t}_{mode}"
+        assert sorted(tuple(r.values()) for r in client.view(view)) == [
+            ("x", 1),
+            ("x", 1),
+            ("y", 2),
+        ], mode
+        assert list(client.view(view, {"g": "x"})) == [{"g": "x", "s": 1}] * 2, mode
+        assert len(client.sql(f"SELECT g, s FROM {view} WHERE g = 'x'")) == 2, mode
+        assert sorted(tuple(r.values()) for r in client.query(view, rollup=["g"])) == [
+            ("x", 2),
+            ("y", 2),
+        ], mode
+    watch = client.watch(f"{t}_sync")
+
+    def copy() -> list[tuple[Any, ...]]:
+        return sorted((r["g"], r["s"]) for r in watch.copy.rows.values())
+
+    try:
+        _wait(lambda: copy() == [("x", 1), ("x", 1), ("y", 2)], copy)
+        client.sql(f"UPDATE {t}_b SET v = 5 WHERE id = 1")
+        _wait(lambda: copy() == [("x", 1), ("x", 5), ("y", 2)], copy)
+    finally:
+        watch.stop()
+    for mode in options:
+        client.sql(f"DROP MATERIALIZED VIEW {t}_{mode}")
