@@ -62,6 +62,14 @@ UNIONS: dict[str, tuple[str, list[bool]]] = {
         "WHERE u.k IS NOT NULL",
         [False, False],
     ),
+    "UNION (rows each once)": (
+        "SELECT g, k FROM {0} UNION SELECT g, x FROM {1} WHERE v > 0 UNION SELECT g, k FROM {0}",
+        [False, False],
+    ),
+    "DISTINCT over a union": (
+        "SELECT DISTINCT u.g FROM (SELECT a.g FROM {0} a UNION ALL SELECT g FROM {1}) u",
+        [False],
+    ),
     "no FROM: one scalar": ("SELECT (SELECT SUM(v) FROM {0}) AS total", [False]),
     "no FROM: scalars and constants": (
         "SELECT (SELECT SUM(v) FROM {0}) - (SELECT COUNT(*) FROM {1} WHERE x > 1) AS d, "
@@ -131,7 +139,11 @@ def test_hidden_views_in_a_union_are_created_before_it() -> None:
 
 
 REFUSALS = [
-    ("SELECT g FROM a UNION SELECT g FROM b", "UNION without ALL (duplicates removed"),
+    (
+        "SELECT g FROM a UNION SELECT g FROM b UNION ALL SELECT g FROM a",
+        "UNION without ALL beside UNION ALL",
+    ),
+    ("SELECT g, COUNT(*) FROM a GROUP BY g UNION SELECT g, 1 FROM b", "UNION without ALL of"),
     (
         "SELECT g, COUNT(*) AS n FROM a GROUP BY g UNION ALL SELECT g, SUM(v) AS n FROM b "
         "GROUP BY g",
@@ -247,6 +259,7 @@ ON_CLUSTER = {
     "a table in two branches, joins": 11,
     "top-level union of aggregates": 11,
     "top-level union of bags": 11,
+    "UNION (rows each once)": 11,
     "no FROM: scalars and constants": 19,
 }
 

@@ -36,6 +36,8 @@ def split(select_sql: str) -> Union | exp.Select | None:
     """A union's branches, a SELECT without FROM (compiled by ``union_plans.scalars``), or
     None for any other SELECT (compiled as it is)."""
     statement = parse_sql(select_sql)
+    if isinstance(statement, exp.Union) and _all_distinct(statement):
+        return Union(_inlined(*_distinct_over(statement)), tagged=False)
     if isinstance(statement, exp.Union):
         return _top_level(statement)
     if not isinstance(statement, exp.Select):
@@ -67,13 +69,44 @@ def _branches(node: exp.Expression) -> list[exp.Select]:
         raise refuse(f"{node.key.upper()} as a branch of UNION ALL", node)
     if node.args.get("distinct"):
         raise refuse(
-            "UNION without ALL (duplicates removed: write SELECT DISTINCT ... FROM "
-            "(... UNION ALL ...) u)"
+            "UNION without ALL beside UNION ALL (write SELECT DISTINCT ... FROM "
+            "(... UNION ALL ...) u for the rows each once)"
         )
     for clause in ("order", "limit", "offset", "with_"):
         if node.args.get(clause):
             raise refuse(f"{clause.upper().rstrip('_')} on a UNION")
     return _branches(node.this) + _branches(node.expression)
+
+
+def _all_distinct(union: exp.Union) -> bool:
+    """Whether every set operation of a chain is UNION without ALL."""
+    node = _unwrap(union)
+    if not isinstance(node, exp.Union):
+        return True
+    return (
+        bool(node.args.get("distinct"))
+        and _all_distinct(node.this)
+        and _all_distinct(node.expression)
+    )
+
+
+def _distinct_over(union: exp.Union) -> tuple[exp.Select, exp.Subquery]:
+    """``s1 UNION s2 ...`` is ``SELECT DISTINCT * FROM (s1 UNION ALL s2 ...) u``: the union's
+    rows, each once (its branches must be rows, not groups: ``_named_items``)."""
+    if any(_aggregated(b) for b in _branches(_all_all(union.copy()))):
+        raise refuse("UNION without ALL of queries with aggregates, GROUP BY or DISTINCT")
+    bag = _all_all(union.copy())
+    source = exp.Subquery(this=bag, alias=exp.TableAlias(this=exp.to_identifier("__union")))
+    outer = exp.Select(expressions=[exp.Star()]).from_(source)
+    outer.set("distinct", exp.Distinct())
+    return outer, outer.args["from_"].this
+
+
+def _all_all(union: exp.Union) -> exp.Union:
+    """``union`` with every UNION made UNION ALL (in place)."""
+    for node in [union, *union.find_all(exp.Union)]:
+        node.set("distinct", False)
+    return union
 
 
 def _aggregated(select: exp.Select) -> bool:

@@ -97,8 +97,10 @@ SELECT shop_id, count(*) FROM events GROUP BY shop_id OFFSET 10;
 SELECT DISTINCT count(*) FROM events GROUP BY shop_id;
 -- InvalidArgument: SELECT DISTINCT ON
 SELECT DISTINCT ON (shop_id) shop_id, cost FROM events;
--- InvalidArgument: UNION without ALL (duplicates removed
+-- InvalidArgument: UNION without ALL of queries with aggregates
 SELECT count(*) FROM events UNION SELECT count(*) FROM products;
+-- InvalidArgument: UNION without ALL beside UNION ALL
+SELECT prod_id FROM events UNION SELECT prod_id FROM products UNION ALL SELECT cat_id FROM products;
 -- InvalidArgument: an aggregate without GROUP BY as a branch of a top-level UNION ALL
 SELECT count(*) FROM events UNION ALL SELECT count(*) FROM products;
 -- InvalidArgument: UNION ALL of a query with aggregates and one without
