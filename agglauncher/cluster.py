@@ -221,7 +221,7 @@ class LocalCluster:
             if self.replicate and self.ltms > 1
             else []
         )
-        return Server(
+        return self._server(
             f"ltm-{i}",
             [
                 "ltm",
@@ -235,18 +235,34 @@ class LocalCluster:
                 str(self.ltms),
                 "--coordinator",
                 coordinator_address,
-                "--checkpoint-interval",
-                str(self.checkpoint_interval),
-                "--cache-rows",
-                str(self.cache_rows),
+                *self._participant_flags(),
                 *backup,
                 *extra,
             ],
-            self.data / "logs" / f"ltm-{i}.log",
-            port=ports[i],
+            ports[i],
+        )
+
+    def _server(self, name: str, args: list[str], port: int) -> Server:
+        """A server process named ``name`` (not started): its log under the data directory's
+        ``logs``, the logging flags and the code every server of this cluster runs."""
+        return Server(
+            name,
+            args,
+            self.data / "logs" / f"{name}.log",
+            port=port,
             flags=self._log_flags(),
             code=self.code,
         )
+
+    def _participant_flags(self) -> list[str]:
+        """The flags of a process that holds partitions: how often it checkpoints, how many
+        rows it caches."""
+        return [
+            "--checkpoint-interval",
+            str(self.checkpoint_interval),
+            "--cache-rows",
+            str(self.cache_rows),
+        ]
 
     def _log_flags(self) -> list[str]:
         """The command-line flags every server gets for its logging (none by default: an older
@@ -265,13 +281,10 @@ class LocalCluster:
                 "ltm",
                 "--partitions",
                 str(self.ltms),
-                "--checkpoint-interval",
-                str(self.checkpoint_interval),
-                "--cache-rows",
-                str(self.cache_rows),
+                *self._participant_flags(),
                 *self._metrics_flags(0),
             ]
-        return Server(
+        return self._server(
             "coordinator",
             [
                 *role,
@@ -282,10 +295,7 @@ class LocalCluster:
                 *(["--failover-after", str(self.failover_after)] if self.replicate else []),
                 *extra,
             ],
-            self.data / "logs" / "coordinator.log",
-            port=port,
-            flags=self._log_flags(),
-            code=self.code,
+            port,
         )
 
     def _start_members(self, common: list[str], security: list[str], port: int) -> None:
@@ -308,7 +318,7 @@ class LocalCluster:
         ]
         for m in range(members):
             self.servers.append(
-                Server(
+                self._server(
                     f"member-{m}",
                     [
                         "ltm",
@@ -322,19 +332,13 @@ class LocalCluster:
                         str(m),
                         *addresses,
                         *(["--exchange-port", str(exchange_ports[m])] if framed else []),
-                        "--checkpoint-interval",
-                        str(self.checkpoint_interval),
-                        "--cache-rows",
-                        str(self.cache_rows),
+                        *self._participant_flags(),
                         *(["--failover-after", str(self.failover_after)] if self.replicate else []),
                         *self._metrics_flags(m),
                         *common,
                         *security,
                     ],
-                    self.data / "logs" / f"member-{m}.log",
-                    port=ports[m],
-                    flags=self._log_flags(),
-                    code=self.code,
+                    ports[m],
                 )
             )
         # Every member starts: member 0 leads, whoever led before (an older checkout, which

@@ -2,7 +2,7 @@
 
 Members exchange prepares, votes and decisions on one long-lived gRPC stream per pair
 (``coordinator/ltm_channel.py``), and DECISIONS ("What a transaction costs") puts the Python
-gRPC CPU of a message at 150-220 us. This measures that figure against the cheapest transport
+gRPC CPU of a message at 175-220 us. This measures that figure against the cheapest transport
 Python offers, asyncio streams with length-prefixed frames, to tell whether a cheaper
 member-to-member transport is a design move worth making (#17's 3-row target):
 

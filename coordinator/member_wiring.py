@@ -111,40 +111,57 @@ def build_manager(
         config, store, catalog, in_flight, reach, leader, lead, read_at, lambda: manager
     )
     membership = Membership(list(config.members), config.member, list(config.exchanges))
-    manager = TransactionManager(
-        catalog, clock, decisions, limits=config.limits, metrics=metrics, membership=membership
-    )
-    metrics.watch(functools.partial(member_state, manager))
-    if reach is not None:
-        manager.ltm_silent = lambda ltm: reach.silent(ltm % len(config.members))
-        manager.silent_members = reach.silent_members
-    manager.leader_member = leader
-    if leader != config.member:
-        manager.leader = config.members[leader]
-    else:
-        manager.epoch = catalog.first_epoch()
-    manager.lead = lead
-    manager.local = _local_partitions(config, store, manager, may_drop, reach)
+    leads = leader == config.member
+    ltm_silent = _ltm_silent(config, reach)
+    # made before the manager, which takes them; what they call on it is looked up when called
+    local = _local_partitions(config, store, lambda: manager, metrics, ltm_silent, may_drop, reach)
+    replication = None
     if config.replicates:
-        manager.replication = MemberDecisions(
+        replication = MemberDecisions(
             store,
             decisions,
             config.member,
             config.members,
             count,
             config.log_dir / "decision-copies",
-            manager.adopt,
+            lambda adopted: manager.adopt(adopted),
             tls=config.tls,
             fsync=config.fsync,
             on_superseded=declared_dead,
             may_drop=may_drop,
-            silent=manager.ltm_silent,
+            silent=ltm_silent,
             hearing=reach,
         )
-    manager.channels = _partition_channels(config, store, manager)
+    channels = _partition_channels(config, store, local, lambda: manager._watermarks(), ltm_silent)
+    manager = TransactionManager(
+        catalog,
+        clock,
+        decisions,
+        limits=config.limits,
+        metrics=metrics,
+        membership=membership,
+        leader_member=leader,
+        leader=None if leads else config.members[leader],
+        lead=lead,
+        epoch=catalog.first_epoch() if leads else 0,
+        ltm_silent=ltm_silent,
+        silent_members=None if reach is None else reach.silent_members,
+        local=local,
+        replication=replication,
+        channels=channels,
+    )
+    metrics.watch(functools.partial(member_state, manager))
     views = ViewManager(manager, runtime_dir=config.log_dir / "cumulus", tls=config.tls)
     manager.views = manager.view_hooks = views  # the service's; and every transaction's hooks
     return manager
+
+
+def _ltm_silent(config: CoordinatorConfig, reach: Reachability | None) -> Callable[[int], bool]:
+    """Whether the member serving LTM ``ltm`` fell silent to this one's prober (with no
+    prober, unreplicated: never), so that calls to it fail at once."""
+    if reach is None:
+        return lambda ltm: False
+    return lambda ltm: reach.silent(ltm % len(config.members))
 
 
 def _check_partitions(catalog: Catalog, count: int) -> None:
@@ -210,12 +227,14 @@ def _member_clock(
 def _local_partitions(
     config: CoordinatorConfig,
     store: Store,
-    manager: TransactionManager,
+    manager_of: Callable[[], TransactionManager],
+    metrics: Metrics,
+    ltm_silent: Callable[[int], bool],
     may_drop: Callable[[], bool],
     reach: Reachability | None = None,
 ) -> LocalPartitions:
     """The partitions this member hosts, in process; they ask the other members about the
-    transactions they coordinated."""
+    transactions they coordinated (``manager_of()``: the manager, once it exists)."""
     others = [
         (m, outcome_stub(address, config.tls))
         for m, address in enumerate(config.members)
@@ -226,7 +245,7 @@ def _local_partitions(
         store,
         config.log_dir / "partitions",
         count,
-        lambda timestamps: ask_outcomes(manager, others, timestamps),
+        lambda timestamps: ask_outcomes(manager_of(), others, timestamps),
         fsync=config.fsync,
         cache_rows=config.cache_rows,
         checkpoint_interval=config.checkpoint_interval,
@@ -234,14 +253,18 @@ def _local_partitions(
         members=config.members if config.replicates else None,
         tls=config.tls,
         may_drop=may_drop,
-        silent=manager.ltm_silent,
-        wal_observe=manager.metrics.wal_observer("partition"),
+        silent=ltm_silent,
+        wal_observe=metrics.wal_observer("partition"),
         hearing=reach,
     )
 
 
 def _partition_channels(
-    config: CoordinatorConfig, store: Store, manager: TransactionManager
+    config: CoordinatorConfig,
+    store: Store,
+    local: LocalPartitions,
+    watermarks: Callable[[], tuple[int, int]],
+    ltm_silent: Callable[[int], bool],
 ) -> list[Any]:
     """Each partition's channel: in process if this member serves it, else to the member the
     ownership record names (after a failover, a partition lives elsewhere)."""
@@ -250,21 +273,19 @@ def _partition_channels(
     channels: list[Any] = []
     for p in range(count):
         record = ownership.read(store, p)
-        if record.owner in manager.local.hostings:
-            channels.append(
-                LocalLtm(p, manager.local.hostings[record.owner], manager._watermarks, record.epoch)
-            )
+        if record.owner in local.hostings:
+            channels.append(LocalLtm(p, local.hostings[record.owner], watermarks, record.epoch))
             continue
         channel = LtmChannel(
             p,
             addresses[record.owner],
-            manager._watermarks,
+            watermarks,
             config.tls,
             owner=record.owner,
             epoch=record.epoch,
             exchanges=config.exchange_addresses(count),
         )
-        channel.silent = manager.ltm_silent
+        channel.silent = ltm_silent
         channels.append(channel)
     return channels
 

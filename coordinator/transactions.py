@@ -25,6 +25,7 @@ from coordinator.catalog import Catalog
 from coordinator.commits import Transaction
 from coordinator.convert import Limits
 from coordinator.decision_log import DecisionLog
+from coordinator.leadership import Leadership
 from coordinator.lookup_cache import LookupCache
 from coordinator.member_clock import MemberClock
 from coordinator.snapshot_reads import SnapshotReads
@@ -58,7 +59,22 @@ class TransactionManager(SystemTransactions, SnapshotReads):
         limits: Limits | None = None,
         metrics: Metrics | None = None,
         membership: Membership | None = None,
+        *,
+        leader_member: int = 0,
+        leader: str | None = None,
+        lead: Leadership | None = None,
+        epoch: int = 0,
+        ltm_silent: Callable[[int], bool] | None = None,
+        silent_members: Callable[[], list[int]] | None = None,
+        local: Any = None,
+        replication: Any = None,
+        channels: list[Any] | None = None,
     ) -> None:
+        """``leader_member``, ``leader``, ``lead`` and ``epoch`` as this member starts (a
+        takeover changes them later); ``ltm_silent`` and ``silent_members`` from the prober
+        (``coordinator.quorum``; replicated clusters), None: nobody is silent. ``local``,
+        ``replication`` and ``channels``: see below (``member_wiring.build_manager`` makes
+        them; a unit test may go without)."""
         self.catalog = catalog
         self.metrics = metrics or Metrics()
         self.clock = clock
@@ -66,15 +82,15 @@ class TransactionManager(SystemTransactions, SnapshotReads):
         self.decisions = decisions
         self.limits = limits or Limits()
         # Each partition's participant: hosted here (``LocalLtm``) or at another member
-        # (``LtmChannel``); set by ``coordinator.member_wiring.build_manager``.
-        self.channels: list[Any] = []
-        self.local: Any = None  # the partitions hosted in this process
-        self.replication: Any = None  # members' decision logs copied (``--replicate``)
+        # (``LtmChannel``).
+        self.channels: list[Any] = channels if channels is not None else []
+        self.local: Any = local  # the partitions hosted in this process
+        self.replication: Any = replication  # members' decision logs copied (``--replicate``)
         # What the transaction path calls on views: change capture before the first prepare,
         # maintenance after every round of yes votes, which tables need row images, which are
         # looked up by key (cached here): the view manager once one is attached, else nothing.
         self.view_hooks: ViewHooks = NO_VIEWS
-        self.epoch = 0  # bumped when views change; maintenance refuses an older transaction
+        self.epoch = epoch  # bumped when views change; maintenance refuses an older transaction
         # the view manager, once one is attached (``member_wiring.build_manager``): for the
         # service's DDL, reads and refreshes; the transaction path calls ``view_hooks``
         self.views: Any = None
@@ -93,15 +109,15 @@ class TransactionManager(SystemTransactions, SnapshotReads):
         self.unlogged: set[int] = set()
         self.committed = 0
         self.aborted = 0
-        self.leader: str | None = None  # the leader's address, when this member is not it
-        self.leader_member = 0  # which member leads (keeps the clock and the catalog)
-        self.lead: Any = None  # the leadership record this member leads under (replicated)
+        self.leader = leader  # the leader's address, when this member is not it
+        self.leader_member = leader_member  # which member leads (keeps the clock and the catalog)
+        self.lead = lead  # the leadership record this member leads under (replicated)
         self.membership = membership or Membership()  # fixed at start: passed in, not set
         # whether the member serving LTM ``ltm`` fell silent to this one's prober
         # (``coordinator.quorum``; replicated clusters): calls to it then fail at once
-        self.ltm_silent: Callable[[int], bool] = lambda ltm: False
+        self.ltm_silent: Callable[[int], bool] = ltm_silent or (lambda ltm: False)
         # the members silent to this one's prober, told to clients with their answers
-        self.silent_members: Callable[[], list[int]] = lambda: []
+        self.silent_members: Callable[[], list[int]] = silent_members or (lambda: [])
         self.refreshes = 0  # async-view refreshes committed here
 
     def at_leader(self, what: str) -> None:

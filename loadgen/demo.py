@@ -88,26 +88,15 @@ def run_transfers(cluster: LocalCluster, console: Console, seconds: float) -> No
         f"{ACCOUNTS} accounts for {seconds:g} s; {victim.role} is killed with SIGKILL "
         "half-way and restarted"
     )
-    stop = threading.Event()
-    outcomes = transfers.Outcomes()
-    workers = transfers.run_clients(
-        cluster.address,
-        "accounts",
-        "ledger",
-        ACCOUNTS,
-        clients=CLIENTS,
-        stop=stop,
-        outcomes=outcomes,
-    )
-    began = time.monotonic()
-    time.sleep(seconds / 2)
-    victim.kill()
-    killed_at = len(outcomes.committed)
-    victim.start()
-    time.sleep(seconds / 2)
-    stop.set()
-    for worker in workers:
-        worker.join()
+    with transfers.running(
+        cluster.address, "accounts", "ledger", ACCOUNTS, clients=CLIENTS
+    ) as outcomes:
+        began = time.monotonic()
+        time.sleep(seconds / 2)
+        victim.kill()
+        killed_at = len(outcomes.committed)
+        victim.start()
+        time.sleep(seconds / 2)
     elapsed = time.monotonic() - began
     with Client(cluster.address) as client:
         transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)

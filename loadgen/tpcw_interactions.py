@@ -489,11 +489,9 @@ class Browser:
         return False
 
     async def admin_request(self) -> bool:
-        self.last_item = self._item_id()
-        item = await self.client.get("item", {"i_id": self.last_item})
-        if item is not None:
-            await self.client.get("author", {"a_id": item["i_a_id"]})
-        return False
+        """The page that shows an item for the administrator to change: the same reads as a
+        product detail."""
+        return await self.product_detail()
 
     async def admin_confirm(self) -> bool:
         """New cost, images and publication date for an item, and its item_index rows."""

@@ -8,11 +8,13 @@ what the ledger says it received minus what it paid: any partial or lost transac
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from aggclient import Client, ConditionFailed
@@ -99,6 +101,33 @@ def run_clients(
     for thread in threads:
         thread.start()
     return threads
+
+
+@contextlib.contextmanager
+def running(
+    address: str,
+    accounts: str,
+    ledger: str,
+    count: int,
+    *,
+    clients: int,
+    seed: int = 0,
+    join_timeout: float | None = None,
+) -> Iterator[Outcomes]:
+    """``clients`` threads doing random transfers while the block runs; yields what they see.
+    On leaving, however the block ends, the clients stop and are joined (each waited for up to
+    ``join_timeout`` seconds), so no caller leaves them running."""
+    stop = threading.Event()
+    outcomes = Outcomes()
+    workers = run_clients(
+        address, accounts, ledger, count, clients=clients, stop=stop, outcomes=outcomes, seed=seed
+    )
+    try:
+        yield outcomes
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=join_timeout)
 
 
 def check(client: Client, accounts: str, ledger: str, count: int, committed: list[str]) -> None:

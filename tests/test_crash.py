@@ -84,19 +84,9 @@ def kill_twice_under_load(
     rng = random.Random(seed)
     with Client(cluster.address) as client:
         transfers.create(client, "accounts", "ledger", ACCOUNTS)
-    stop = threading.Event()
-    outcomes = transfers.Outcomes()
-    workers = transfers.run_clients(
-        cluster.address,
-        "accounts",
-        "ledger",
-        ACCOUNTS,
-        clients=6,
-        stop=stop,
-        outcomes=outcomes,
-        seed=seed,
-    )
-    try:
+    with transfers.running(
+        cluster.address, "accounts", "ledger", ACCOUNTS, clients=6, seed=seed, join_timeout=60
+    ) as outcomes:
         for _ in range(2):
             time.sleep(rng.uniform(0.3, 1.2))
             server = victim(rng)
@@ -109,10 +99,6 @@ def kill_twice_under_load(
                 f"seed {seed}: the clients' transfers to commit again after the restart",
                 lambda n=restarted: len(outcomes.committed) > n,
             )
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join(timeout=60)
     assert len(outcomes.committed) > 20, f"seed {seed}: too little progress {outcomes}"
     return outcomes
 

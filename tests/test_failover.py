@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -95,23 +94,10 @@ def transfers_running(
         if view:
             client.sql(view)
     wait_for("every log to reach its copy", lambda: member_logs_copied(cluster, [0, 1, 2]))
-    stop = threading.Event()
-    outcomes = transfers.Outcomes()
-    workers = transfers.run_clients(
-        cluster.address,
-        "accounts",
-        "ledger",
-        ACCOUNTS,
-        clients=clients,
-        stop=stop,
-        outcomes=outcomes,
-    )
-    try:
+    with transfers.running(
+        cluster.address, "accounts", "ledger", ACCOUNTS, clients=clients, join_timeout=60
+    ) as outcomes:
         yield outcomes
-    finally:
-        stop.set()
-        for worker in workers:
-            worker.join(timeout=60)
 
 
 def test_permanent_loss_of_members_fails_over_twice_and_loses_nothing(

@@ -128,19 +128,9 @@ def test_kill_9_of_an_ltm_under_load_loses_nothing_on_real_hbase(
                 "CREATE MATERIALIZED VIEW sent AS SELECT src, SUM(amount) AS total, "
                 "COUNT(*) AS n FROM ledger GROUP BY src"
             )
-        stop = threading.Event()
-        outcomes = transfers.Outcomes()
-        workers = transfers.run_clients(
-            cluster.address,
-            "accounts",
-            "ledger",
-            30,
-            clients=4,
-            stop=stop,
-            outcomes=outcomes,
-            seed=3,
-        )
-        try:
+        with transfers.running(
+            cluster.address, "accounts", "ledger", 30, clients=4, seed=3, join_timeout=60
+        ) as outcomes:
             wait_for("transfers before the kill", lambda: len(outcomes.committed) > 20)
             victim = cluster.member(1)
             victim.kill()
@@ -149,10 +139,6 @@ def test_kill_9_of_an_ltm_under_load_loses_nothing_on_real_hbase(
             wait_for(
                 "transfers after the restart", lambda: len(outcomes.committed) > restarted + 20
             )
-        finally:
-            stop.set()
-            for worker in workers:
-                worker.join(timeout=60)
         with Client(cluster.address, timeout=60) as client:
             transfers.check(client, "accounts", "ledger", 30, outcomes.committed)
             groups: dict[int, list[int]] = {}

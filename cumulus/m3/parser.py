@@ -132,13 +132,7 @@ class _Parser(PredicateParser):
         self.op("[")
         self.op("]", " (input keys are not supported)")
         self.op("[")
-        keys: list[tuple[str, ColumnType]] = []
-        while not self.accept_op("]"):
-            if keys:
-                self.op(",", " or ']'")
-            key, key_token = self.name("a key name")
-            self.op(":")
-            keys.append((key, self.type()))
+        keys = self.typed_names("a key name")
         definition = None
         # the declaration first, so a definition's own name is known (and refused) below
         self.maps[map_name] = MapDecl(map_name, value_type, tuple(keys))
@@ -153,6 +147,17 @@ class _Parser(PredicateParser):
                 )
         self.op(";")
         self.maps[map_name] = MapDecl(map_name, value_type, tuple(keys), definition)
+
+    def typed_names(self, what: str) -> list[tuple[str, ColumnType]]:
+        """``name: type, ... ]`` after a '[': a map's keys and a view's group keys alike."""
+        keys: list[tuple[str, ColumnType]] = []
+        while not self.accept_op("]"):
+            if keys:
+                self.op(",", " or ']'")
+            key, _ = self.name(what)
+            self.op(":")
+            keys.append((key, self.type()))
+        return keys
 
     def query(self) -> None:
         self.pos += 2
@@ -196,13 +201,7 @@ class _Parser(PredicateParser):
         self.pos += 2
         view_name, _ = self.name("a view name")
         self.op("[")
-        keys: list[tuple[str, ColumnType]] = []
-        while not self.accept_op("]"):
-            if keys:
-                self.op(",", " or ']'")
-            key, _ = self.name("a group key")
-            self.op(":")
-            keys.append((key, self.type()))
+        keys = self.typed_names("a group key")
         key_names = {k for k, _ in keys}
         self.op(":=")
         self.word("ROWS")

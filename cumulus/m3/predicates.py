@@ -73,17 +73,17 @@ class PredicateParser(TokenCursor):
         return left
 
     def arith(self) -> Expr:
-        left = self.term()
-        while self.is_op("+") or self.is_op("-"):
-            op = self.take().text
-            left = {"op": op, "args": [left, self.term()]}
-        return left
+        return self.left_to_right(("+", "-"), self.term)
 
     def term(self) -> Expr:
-        left = self.unary()
-        while self.is_op("*") or self.is_op("/"):
+        return self.left_to_right(("*", "/"), self.unary)
+
+    def left_to_right(self, ops: tuple[str, str], operand: Callable[[], Expr]) -> Expr:
+        """``a op b op c`` as ((a op b) op c): one level of arithmetic's precedence."""
+        left = operand()
+        while any(self.is_op(op) for op in ops):
             op = self.take().text
-            left = {"op": op, "args": [left, self.unary()]}
+            left = {"op": op, "args": [left, operand()]}
         return left
 
     def unary(self) -> Expr:
