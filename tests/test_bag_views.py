@@ -147,6 +147,14 @@ def distributed_equals_interpreter(
 # === reads, slices, roll-ups, SQL, subscriptions ===============================================
 
 
+# each mode's WITH clause, refreshed by hand (async, cumulus)
+MODES = {
+    "sync": "",
+    "async": "WITH (refresh = 'async', interval_ms = 60000) ",
+    "cumulus": "WITH (refresh = 'cumulus', epoch_ms = 60000) ",
+}
+
+
 def _sorted(rows: Any) -> list[tuple[Any, ...]]:
     return sorted((tuple(r.values()) for r in rows), key=repr)
 
@@ -163,11 +171,7 @@ def test_a_bag_view_reads_each_row_as_often_as_it_counts_in_every_mode(
     with client.transaction() as tx:
         for row_id, g, x in rows:
             tx.insert(t, {"id": row_id, "g": g, "x": x})
-    options = {
-        "sync": "",
-        "async": "WITH (refresh = 'async', interval_ms = 60000) ",
-        "cumulus": "WITH (refresh = 'cumulus', epoch_ms = 60000) ",
-    }
+    options = MODES
     for mode, with_ in options.items():
         client.sql(f"CREATE MATERIALIZED VIEW {t}_{mode} {with_}AS SELECT g, x FROM {t}")
         client.sql(f"CREATE MATERIALIZED VIEW {t}_{mode}_d {with_}AS SELECT DISTINCT g FROM {t}")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_bag_views import _wait, distributed_equals_interpreter
+from test_bag_views import MODES, _wait, distributed_equals_interpreter
 from test_cumulus_runtime import compiled_cases
 from test_m3_differential import replay
 from test_subqueries import SUBQUERIES, TABLES, check_against_duckdb
@@ -331,12 +331,7 @@ def test_reads_slices_and_a_subscription_of_a_union_keep_its_duplicates(
         f"SELECT g, SUM(v) AS s FROM {t}_a GROUP BY g UNION ALL "
         f"SELECT g, SUM(v) AS s FROM {t}_b GROUP BY g"
     )
-    options = {
-        "sync": "",
-        "async": "WITH (refresh = 'async', interval_ms = 60000) ",
-        "cumulus": "WITH (refresh = 'cumulus', epoch_ms = 60000) ",
-    }
-    for mode, with_ in options.items():
+    for mode, with_ in MODES.items():
         client.sql(f"CREATE MATERIALIZED VIEW {t}_{mode} {with_}AS {select}")
         if mode != "sync":
             client.refresh(f"{t}_{mode}")
@@ -363,5 +358,5 @@ def test_reads_slices_and_a_subscription_of_a_union_keep_its_duplicates(
         _wait(lambda: copy() == [("x", 1), ("x", 5), ("y", 2)], copy)
     finally:
         watch.stop()
-    for mode in options:
+    for mode in MODES:
         client.sql(f"DROP MATERIALIZED VIEW {t}_{mode}")
