@@ -29,7 +29,6 @@ from cumulus.aggregates import RULES, Kind
 from cumulus.compiler import (
     CUMULUS_REFUSAL,
     CreateView,
-    compile_view,
     compile_views,
     parse_view_statement,
 )
@@ -64,7 +63,6 @@ from cumulus.m3.program import (
     View,
     ViewColumn,
 )
-from cumulus.passes import unions
 from cumulus.passes.union_plans import NOTHING
 from cumulus.plan import MULTIPLICITY, Aggregate, ViewPlan
 
@@ -442,8 +440,6 @@ def plan_of(sql: str, name: str, table: TableLookup) -> ViewPlan:
         statement = CreateView(name, False, "sync", 0, sql.strip().rstrip(";"))
     if not isinstance(statement, CreateView):
         raise errors.InvalidArgument("expected a SELECT or CREATE MATERIALIZED VIEW ... AS SELECT")
-    if unions.split(statement.select_sql) is None:
-        return compile_view(statement, table)
     *hidden, plan = compile_views(statement, table)
     if hidden:
         raise errors.InvalidArgument(CUMULUS_REFUSAL)

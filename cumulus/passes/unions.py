@@ -5,7 +5,8 @@ branches' deltas, so every mode maintains it as it maintains one SELECT.
 
 - ``SELECT ... FROM (s1 UNION ALL s2 ...) u ...``: the outer query once per branch, over that
   branch's FROM and WHERE, with ``u``'s columns replaced by the branch's expressions; the groups
-  are shared (an aggregate over a union is the sum of the aggregates over its branches).
+  are shared (an aggregate over a union is the sum of the aggregates over its branches). A
+  union joined with other tables is left to ``lift_subqueries``: a hidden view, itself a union.
 - ``s1 UNION ALL s2 ...`` at the top: a bag of the branches' rows, duplicates kept. Branches
   without aggregates merge (a bag's multiplicities add); aggregate or DISTINCT branches keep
   their groups apart, by a hidden group column naming the branch (``union_plans.BRANCH``).
@@ -46,6 +47,8 @@ def split(select_sql: str) -> Union | exp.Select | None:
     if source is None and not statement.args.get("joins"):
         return statement
     node = source.this if source is not None else None
+    if statement.args.get("joins"):
+        return None  # a union joined with other tables is a hidden view (``lift_subqueries``)
     if isinstance(node, exp.Subquery) and isinstance(_unwrap(node.this), exp.Union):
         return Union(_inlined(statement, node), tagged=False)
     return None
@@ -138,8 +141,6 @@ def _inlined(outer: exp.Select, node: exp.Subquery) -> list[exp.Select]:
         raise errors.InvalidArgument(f"a subquery in FROM needs an alias: ({node.this.sql()}) AS u")
     if alias.args.get("columns"):
         raise refuse("column aliases on a UNION ALL in FROM", node)
-    if outer.args.get("joins"):
-        raise refuse("a UNION ALL in FROM joined with other tables (only alone in FROM)", outer)
     name = identifier(alias.this, "table alias")
     branches = _branches(node.this)
     columns = [_named_items(b) for b in branches]
@@ -167,6 +168,8 @@ def _named_items(branch: exp.Select) -> list[tuple[str, exp.Expression]]:
     for clause in ("order", "limit", "offset", "with_"):
         if branch.args.get(clause):
             raise refuse(f"{clause.upper().rstrip('_')} in a UNION ALL branch", branch)
+    if not branch.args.get("from_"):
+        raise refuse("a UNION ALL branch without FROM", branch)
     out = []
     for item in branch.expressions:
         if item.find(exp.Star):

@@ -27,8 +27,10 @@ SELECT count(*) FROM events e SEMI JOIN products p ON e.prod_id = p.prod_id;
 SELECT count(*) FROM events e CROSS JOIN products s WHERE e.shop_id < s.shop_id;
 -- TypeMismatch: cannot compare
 SELECT count(*) FROM events e JOIN products p ON e.prod_id < p.name;
--- InvalidArgument: UNION in FROM
+-- InvalidArgument: a UNION ALL branch without FROM
 SELECT count(*) FROM events e CROSS JOIN (SELECT prod_id FROM products UNION SELECT 1) p;
+-- InvalidArgument: INTERSECT in FROM
+SELECT count(*) FROM events e CROSS JOIN (SELECT prod_id FROM products INTERSECT SELECT 1) p;
 -- InvalidArgument: LEFT OUTER JOIN
 SELECT count(*) FROM events e CROSS JOIN products p LEFT JOIN shops s ON e.shop_id < s.shop_id;
 -- UnknownColumn: unknown table alias 'c'
@@ -105,8 +107,6 @@ SELECT prod_id FROM events UNION SELECT prod_id FROM products UNION ALL SELECT c
 SELECT count(*) FROM events UNION ALL SELECT count(*) FROM products;
 -- InvalidArgument: UNION ALL of a query with aggregates and one without
 SELECT shop_id, count(*) FROM events GROUP BY shop_id UNION ALL SELECT shop_id, prod_id FROM products;
--- InvalidArgument: a UNION ALL in FROM joined with other tables
-SELECT count(*) FROM (SELECT prod_id FROM events UNION ALL SELECT prod_id FROM products) u JOIN products p ON u.prod_id = p.prod_id;
 -- InvalidArgument: a UNION ALL branch in FROM with aggregates, GROUP BY or DISTINCT
 SELECT count(*) FROM (SELECT prod_id FROM events GROUP BY prod_id UNION ALL SELECT prod_id FROM products) u;
 -- InvalidArgument: INTERSECT
