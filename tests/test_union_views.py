@@ -70,6 +70,12 @@ UNIONS: dict[str, tuple[str, list[bool]]] = {
         "SELECT DISTINCT u.g FROM (SELECT a.g FROM {0} a UNION ALL SELECT g FROM {1}) u",
         [False],
     ),
+    "DECIMALs widened": (
+        "SELECT g, MAX(v) AS hi, MIN(v) AS lo, SUM(v) AS s, COUNT(DISTINCT v) AS d FROM "
+        "(SELECT a.g, a.v FROM {0} a UNION ALL SELECT b.g, b.v * 2 AS v FROM {1} b) u GROUP BY g "
+        "UNION ALL SELECT g, MAX(v) AS hi, MIN(v), SUM(v), COUNT(DISTINCT v) FROM {1} GROUP BY g",
+        [False] * 5,
+    ),
     "no FROM: one scalar": ("SELECT (SELECT SUM(v) FROM {0}) AS total", [False]),
     "no FROM: scalars and constants": (
         "SELECT (SELECT SUM(v) FROM {0}) - (SELECT COUNT(*) FROM {1} WHERE x > 1) AS d, "
@@ -155,6 +161,7 @@ REFUSALS = [
         "UNION ALL branches differ in column n: COUNT_STAR(None) in the first, SUM(DECIMAL(8,2))",
     ),
     ("SELECT g, k FROM a UNION ALL SELECT g, v FROM b", "differ in column k: INT in the first"),
+    ("SELECT g, v FROM a UNION ALL SELECT g, f FROM b", "differ in column v: DECIMAL(8,2) in the"),
     ("SELECT g FROM a UNION ALL SELECT g, k FROM b", "UNION ALL branches have 1 and 2 columns"),
     ("SELECT COUNT(*) FROM (SELECT g FROM a UNION ALL SELECT 1 AS g) u", "branch without FROM"),
     (
@@ -265,6 +272,7 @@ ON_CLUSTER = {
     "top-level union of aggregates": 11,
     "top-level union of bags": 11,
     "UNION (rows each once)": 11,
+    "DECIMALs widened": 11,
     "no FROM: scalars and constants": 19,
 }
 

@@ -23,6 +23,7 @@ from cumulus.passes.plan_select import OutputNames
 from cumulus.passes.typecheck import no_aggregates, typed
 from cumulus.plan import Aggregate, Derived, Expr, GroupColumn, ViewPlan
 from cumulus.sqltext import identifier
+from cumulus.typerules import decimal_type
 
 BRANCH = "__branch"  # the hidden group column that keeps a top-level union's branches apart
 NOTHING: Expr = {"null": True}  # an aggregate's argument in a branch it takes nothing from
@@ -76,11 +77,15 @@ def _aligned(first: ViewPlan, other: ViewPlan, number: int) -> ViewPlan:
     }
     for group in first.group_by:
         mine = groups.get(group.name)
-        if mine is None or mine.type != group.type:
+        if mine is None or not _alike(mine.type, group.type):
             raise _differs(group.name, group.type, mine.type if mine else "not grouped", number)
     for agg in first.aggregates:
         mine_agg = aggs.get(agg.name)
-        if mine_agg is None or (mine_agg.kind, mine_agg.arg_type) != (agg.kind, agg.arg_type):
+        if (
+            mine_agg is None
+            or mine_agg.kind != agg.kind
+            or not _alike(mine_agg.arg_type, agg.arg_type)
+        ):
             theirs = f"{mine_agg.kind.name}({mine_agg.arg_type})" if mine_agg else "missing"
             raise _differs(agg.name, f"{agg.kind.name}({agg.arg_type})", theirs, number)
     if len(groups) != len(first.group_by) or len(aggs) != len(first.aggregates):
@@ -93,6 +98,40 @@ def _aligned(first: ViewPlan, other: ViewPlan, number: int) -> ViewPlan:
         derived=first.derived,
         having=first.having,
     )
+
+
+def _alike(mine: str | None, first: str | None) -> bool:
+    """The same type, or DECIMALs of one scale (stored alike: the scaled integer)."""
+    if mine is None or first is None or mine == first:
+        return mine == first
+    a, b = ColumnType.parse(mine), ColumnType.parse(first)
+    return a.kind == b.kind == "DECIMAL" and a.scale == b.scale
+
+
+def _widened(plans: list[ViewPlan]) -> list[ViewPlan]:
+    """Columns whose DECIMAL types differ in precision only become DECIMAL(38, s) in every
+    branch, SQL's common type (their values are stored alike either way)."""
+
+    def wide(types: list[str | None]) -> str | None:
+        if len(set(types)) == 1 or types[0] is None:
+            return types[0]
+        return str(decimal_type(ColumnType.parse(types[0]).scale or 0))
+
+    width = range(len(plans[0].aggregates))
+    groups = [wide([p.group_by[i].type for p in plans]) for i in range(len(plans[0].group_by))]
+    args = [wide([p.aggregates[i].arg_type for p in plans]) for i in width]
+    results = [wide([p.aggregates[i].result_type for p in plans]) for i in width]
+    return [
+        replace(
+            plan,
+            group_by=tuple(replace(g, type=t) for g, t in zip(plan.group_by, groups, strict=True)),
+            aggregates=tuple(
+                replace(a, arg_type=t, result_type=r)
+                for a, t, r in zip(plan.aggregates, args, results, strict=True)
+            ),
+        )
+        for plan in plans
+    ]
 
 
 def _differs(column: str, first: str, theirs: str, number: int) -> errors.InvalidArgument:
@@ -113,14 +152,16 @@ def union_plan(
     """The hidden views' plans of every branch, then the union's plan."""
     hidden: list[ViewPlan] = []
     plans: list[ViewPlan] = []
+    names: list[str] = []
     for number, branch in enumerate(branches, 1):
         *inner, plan = compile_branch(branch.sql())
         hidden += inner
-        plans.append(_tag(plan, number) if tagged else plan)
-    first = plans[0]
-    others = [_aligned(first, p, n) for n, p in enumerate(plans[1:], 2)]
-    names = tuple(h for p in plans for h in p.hidden)
-    union = replace(first, hidden=names, branches=tuple(_neutral(o, first) for o in others))
+        names += plan.hidden
+        for part in plan.branch_plans():  # a branch that is a union: its branches, flattened
+            plans.append(_tag(part, number) if tagged else part)
+    aligned = [_aligned(plans[0], p, n) for n, p in enumerate(plans[1:], 2)]
+    first, *others = _widened([plans[0], *aligned])
+    union = replace(first, hidden=tuple(names), branches=tuple(_neutral(o, first) for o in others))
     return [*hidden, union]
 
 
