@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from aggspark.source import spark_type
+from aggview.merge import combine
 from aggview.schema import Column, ColumnType, to_storage
 from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState, sum_state
 from cumulus.typerules import TEXT, accumulator_type
@@ -129,7 +130,16 @@ def group_by_position(width: int) -> str:
 
 def compute_states(spark: Any, state: ViewState, tables: dict[str, str]) -> State:
     """Every group's state, keyed as the view stores it. ``tables`` maps each base table to
-    the name of a Spark temporary view holding its rows at the snapshot."""
+    the name of a Spark temporary view holding its rows at the snapshot. A UNION ALL's
+    branches are computed each and added, as maintenance adds their deltas."""
+    out = _branch_states(spark, state, tables)
+    for branch in state.branches:
+        for key, fields in _branch_states(spark, branch, tables).items():
+            out[key] = combine(out.get(key, {}), fields)
+    return out
+
+
+def _branch_states(spark: Any, state: ViewState, tables: dict[str, str]) -> State:
     main, multisets = state_queries(state, tables)
     plan = state.plan
     width = len(plan.group_by)
@@ -161,11 +171,14 @@ def compute_states(spark: Any, state: ViewState, tables: dict[str, str]) -> Stat
 
 def needed_columns(state: ViewState) -> dict[str, list[str]]:
     """Per base table, the columns the view reads (column pruning for the snapshot reads)."""
-    plan = state.plan
     out = {}
-    for table in plan.base_tables():
-        aliases = plan.aliases_of(table)
-        columns = list(dict.fromkeys(c for alias in aliases for c in plan.columns_of(alias)))
+    for table in state.plan.base_tables():
+        columns: list[str] = []
+        key = ""
+        for branch in [state, *state.branches]:
+            aliases = branch.plan.aliases_of(table)
+            columns += [c for alias in aliases for c in branch.plan.columns_of(alias)]
+            key = key or (branch.schemas[aliases[0]].primary_key[0] if aliases else "")
         # COUNT(*) over a table no column of which is used still reads its key
-        out[table] = columns or [state.schemas[aliases[0]].primary_key[0]]
+        out[table] = list(dict.fromkeys(columns)) or [key]
     return out

@@ -171,7 +171,11 @@ class ViewReads(ViewsShared):
             rows, ts = runtime.query(conditions, keep, counted)
         assert view.compiled is not None
         if keep is None:  # in key order, as the stored views' rows are
-            names = [g.name for g in view.plan.group_by]
+            names = []  # the leading group columns a row shows (not a union's branch)
+            for group in view.plan.group_by:
+                if group.name not in view.plan.output:
+                    break
+                names.append(group.name)
             encode = view.compiled.encode_group
             rows.sort(key=lambda row: encode([row[n] for n in names]))
         return rows, ts, tentative

@@ -11,6 +11,10 @@ one way to lose nothing and count nothing twice.
 A bag view's (a view without aggregates) equal rows are one group: its row carries their number
 as ``__count`` (``cumulus.plan.MULTIPLICITY``), the copy holding each row once with it.
 
+A view with GROUP BY columns its SELECT does not show (a top-level UNION ALL's branch, or a
+column grouped by but not selected) may read two rows with the same shown groups: their key is
+the shown groups and ``__row``, each row's place among those equal ones in the read.
+
 A subscriber that does not take a message within the ``watch_stall_seconds`` limit is dropped
 with RESOURCE_EXHAUSTED saying so: the server holds one message per subscriber (beyond what
 HTTP/2 flow control lets the transport hold), never more.
@@ -19,6 +23,7 @@ HTTP/2 flow control lets the transport hold), never more.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -28,8 +33,22 @@ from aggview.wire import client_pb2 as cpb
 from coordinator.transactions import TransactionManager
 
 DEFAULT_INTERVAL = 0.05
+PLACE = "__row"  # a row's place among the rows of equal shown groups (see above)
 
 Rows = dict[tuple[Any, ...], dict[str, Any]]
+
+
+def keyed(rows: list[dict[str, Any]], groups: list[str]) -> Rows:
+    """Rows by their groups' values; with ``__row`` last, by their place among equal ones."""
+    if not groups or groups[-1] != PLACE:
+        return {tuple(row[g] for g in groups): row for row in rows}
+    places: Counter[tuple[Any, ...]] = Counter()
+    out: Rows = {}
+    for row in rows:
+        shown = tuple(row[g] for g in groups[:-1])
+        out[(*shown, places[shown])] = row
+        places[shown] += 1
+    return out
 
 
 def changes(old: Rows, new: Rows, groups: list[str]) -> list[cpb.GroupChange]:
@@ -61,12 +80,15 @@ async def watch(
     views = manager.views
     if views is None or name not in views.views:
         raise errors.UnknownTable(f"unknown materialized view {name!r}")
-    groups = [g.name for g in views.views[name].plan.group_by]
+    plan = views.views[name].plan
+    groups = [g.name for g in plan.group_by if g.name in plan.output]
+    if len(groups) < len(plan.group_by):
+        groups.append(PLACE)
     previous: Rows | None = None
     last_ts = 0
     while True:
         rows, ts, ahead = await views.read(name, dict(where), tentative=tentative, counted=True)
-        current = {tuple(row[g] for g in groups): row for row in rows}
+        current = keyed(rows, groups)
         if previous is None:
             found = changes({}, current, groups)
             yield cpb.ViewChanges(timestamp=ts, changes=found, reset=True, tentative=ahead)

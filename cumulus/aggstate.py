@@ -71,6 +71,8 @@ class ViewState:
         self._types: dict[tuple[str, str], ColumnType] = {}
         # aliases of views read as tables (``cumulus.view_rows``): a row counts ``__count`` times
         self.weighted = [a for a, s in self.schemas.items() if s.primary_key == (MULTIPLICITY,)]
+        # a UNION ALL's other branches, each compiled as its own SELECT into the same groups
+        self.branches = [ViewState(b, table) for b in plan.branches]
 
     # ------------------------------------------------------------------ maintenance
 

@@ -2,6 +2,8 @@
 optimizer), one module each in ``cumulus.passes`` and each a function testable on its own;
 the DDL around the SELECT is parsed by ``cumulus.ddl``.
 
+``unions.split`` (a UNION ALL or a SELECT without FROM -> branches, each compiled as a view,
+joined by ``union_plans`` into one plan, ``compile_views``) ->
 ``lift_subqueries.lift_subqueries`` (subqueries -> hidden views, ``compile_views``) ->
 ``check_support.parse_select`` -> ``check_support.check_supported`` ->
 ``resolve_tables.resolve_tables`` -> ``expand_stars.expand_stars`` (``*`` and ``alias.*``) ->
@@ -33,6 +35,7 @@ from dataclasses import replace
 from aggview import errors
 from aggview.schema import TableSchema
 from cumulus.ddl import CreateView, parse_view_statement
+from cumulus.passes import union_plans, unions
 from cumulus.passes.check_support import check_supported, parse_select
 from cumulus.passes.expand_stars import expand_stars
 from cumulus.passes.lift_subqueries import Lifter, lift_subqueries
@@ -108,6 +111,17 @@ def compile_views(
     (``__sub_<root>_<n>``, n counted over the tree of them: ``numbers``)."""
     numbers = itertools.count(1) if numbers is None else numbers
     root = root or create.name
+    shape = unions.split(create.select_sql)
+    if shape is not None:
+
+        def branch(select_sql: str) -> list[ViewPlan]:
+            return compile_views(replace(create, select_sql=select_sql), table, numbers, root)
+
+        if isinstance(shape, unions.Union):
+            plans = union_plans.union_plan(shape.branches, shape.tagged, branch)
+        else:
+            plans = union_plans.scalars(shape, branch)
+        return [*plans[:-1], replace(plans[-1], sql=create.select_sql)]
     lifter = Lifter(root, numbers)
     select = lift_subqueries(parse_select(create.select_sql), lifter)
     if not lifter.hidden:

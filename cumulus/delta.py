@@ -40,11 +40,14 @@ def touching(plan: ViewPlan, changes: Changes) -> Changes:
     columns (a stock level under a sales view) changes no group, so it costs no join. A
     view's row read by a view over it also moves when its multiplicity does."""
     out: Changes = {}
+    branches = plan.branch_plans()
     for table in plan.base_tables():
         rows = changes.get(table)
         if not rows:
             continue
-        columns = {c for alias in plan.aliases_of(table) for c in plan.columns_of(alias)}
+        columns = {
+            c for b in branches for alias in b.aliases_of(table) for c in b.columns_of(alias)
+        }
         columns.add(MULTIPLICITY)
         kept = {
             key: (before, after)
@@ -141,8 +144,20 @@ class _Side:
 
 async def view_delta(view: ViewState, changes: Changes, rows_where: RowsWhere) -> dict[bytes, Row]:
     """The merge delta of every group the changes touch (groups whose delta is zero included:
-    merging them is harmless). Each filter applies as soon as the aliases it reads are bound,
-    so a theta join's predicate prunes the rows its scan step brings."""
+    merging them is harmless). A UNION ALL's delta is the sum of its branches' deltas, each
+    over its own tables (a table in two branches counts in both)."""
+    out = await _branch_delta(view, changes, rows_where)
+    for branch in view.branches:
+        for key, delta in (await _branch_delta(branch, changes, rows_where)).items():
+            out[key] = combine(out.get(key, {}), delta)
+    return out
+
+
+async def _branch_delta(
+    view: ViewState, changes: Changes, rows_where: RowsWhere
+) -> dict[bytes, Row]:
+    """One SELECT's delta. Each filter applies as soon as the aliases it reads are bound, so
+    a theta join's predicate prunes the rows its scan step brings."""
     plan = view.plan
     aliases = [t.alias for t in plan.tables]
     side = _Side(changes, rows_where)

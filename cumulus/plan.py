@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aggview.errors import InvalidArgument
@@ -284,6 +284,10 @@ class ViewPlan:
     # the hidden views its subqueries became (``cumulus.passes.lift_subqueries``), created and
     # dropped with it
     hidden: tuple[str, ...] = ()
+    # a UNION ALL (``cumulus.passes.unions``): the branches after the first, which is this plan's
+    # own tables, edges, filters, group sources and aggregate arguments; every branch has the
+    # view's columns (names, kinds, types), so the view's state is the sum of theirs
+    branches: tuple[ViewPlan, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -326,20 +330,42 @@ class ViewPlan:
         unknown = [n for n in self.output if n not in names]
         if unknown:
             raise InvalidArgument(f"view {self.name}: output {unknown[0]!r} is not a view column")
+        for branch in self.branches:
+            self._check_branch(branch)
+
+    def _check_branch(self, branch: ViewPlan) -> None:
+        """A branch adds its tuples to the view's groups: the same columns, kinds and types."""
+        if branch.branches or branch.hidden or branch.shape != self.shape:
+            raise InvalidArgument(f"view {self.name}: a branch is one SELECT of the view's shape")
+        mine = [(g.name, g.type) for g in self.group_by]
+        mine += [(a.name, a.kind, a.arg_type, a.result_type) for a in self.aggregates]  # type: ignore[misc]
+        theirs = [(g.name, g.type) for g in branch.group_by]
+        theirs += [(a.name, a.kind, a.arg_type, a.result_type) for a in branch.aggregates]  # type: ignore[misc]
+        if mine != theirs:
+            raise InvalidArgument(f"view {self.name}: its branches' columns differ")
 
     # --- questions view maintenance asks ---------------------------------------------------
 
+    def branch_plans(self) -> tuple[ViewPlan, ...]:
+        """The SELECTs whose tuples the view's groups add up: itself, or each branch of a
+        UNION ALL (each with its own aliases: ask a branch, not the view, about an alias)."""
+        if not self.branches:
+            return (self,)
+        return (replace(self, branches=()), *self.branches)
+
     def base_tables(self) -> tuple[str, ...]:
-        """Distinct base tables, in FROM order: the tables whose writes touch this view."""
-        return tuple(dict.fromkeys(t.table for t in self.tables))
+        """Distinct base tables, in FROM order (of every branch): the tables whose writes
+        touch this view."""
+        return tuple(dict.fromkeys(t.table for b in self.branch_plans() for t in b.tables))
 
     def join_columns(self) -> tuple[tuple[str, str], ...]:
         """Distinct (table, column) pairs the joins match on, in edge order: what indexes
         and the coordinator's lookup cache serve."""
         return tuple(
             dict.fromkeys(
-                (self.table_of(ref.alias), ref.column)
-                for edge in self.edges
+                (branch.table_of(ref.alias), ref.column)
+                for branch in self.branch_plans()
+                for edge in branch.edges
                 for ref in (edge.left, edge.right)
             )
         )
@@ -410,6 +436,7 @@ class ViewPlan:
             **({"derived": [d.to_json() for d in self.derived]} if self.derived else {}),
             **({"shape": self.shape} if self.shape != "aggregate" else {}),
             **({"hidden": list(self.hidden)} if self.hidden else {}),
+            **({"branches": [b.to_json() for b in self.branches]} if self.branches else {}),
         }
 
     @classmethod
@@ -449,4 +476,8 @@ class ViewPlan:
             ),
             shape=_field(data, "shape", str, what) if "shape" in data else "aggregate",  # type: ignore[operator]
             hidden=tuple(_field(data, "hidden", list, what) if "hidden" in data else ()),  # type: ignore[operator]
+            branches=tuple(
+                cls.from_json(b)
+                for b in (_field(data, "branches", list, what) if "branches" in data else [])  # type: ignore[operator]
+            ),
         )

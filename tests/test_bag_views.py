@@ -126,6 +126,14 @@ def test_bag_programs_run_distributed_equal_the_interpreter(
 ) -> None:
     """1-4 DW nodes, 1-3 switches, links reordering or not: the maps equal the reference
     interpreter's, and so do the rows read from them, duplicates included."""
+    distributed_equals_interpreter(case)
+
+
+def distributed_equals_interpreter(
+    case: tuple[Program, list[Update], int, int, int | None],
+) -> None:
+    """The case run on the simulator: its maps and the rows read from them equal the
+    interpreter's."""
     program, stream, nodes, switches, reorder = case
     simulator = Simulator(program, nodes=nodes, switches=switches, network=Network(reorder))
     simulator.run(stream)
@@ -137,6 +145,14 @@ def test_bag_programs_run_distributed_equal_the_interpreter(
 
 
 # === reads, slices, roll-ups, SQL, subscriptions ===============================================
+
+
+# each mode's WITH clause, refreshed by hand (async, cumulus)
+MODES = {
+    "sync": "",
+    "async": "WITH (refresh = 'async', interval_ms = 60000) ",
+    "cumulus": "WITH (refresh = 'cumulus', epoch_ms = 60000) ",
+}
 
 
 def _sorted(rows: Any) -> list[tuple[Any, ...]]:
@@ -155,11 +171,7 @@ def test_a_bag_view_reads_each_row_as_often_as_it_counts_in_every_mode(
     with client.transaction() as tx:
         for row_id, g, x in rows:
             tx.insert(t, {"id": row_id, "g": g, "x": x})
-    options = {
-        "sync": "",
-        "async": "WITH (refresh = 'async', interval_ms = 60000) ",
-        "cumulus": "WITH (refresh = 'cumulus', epoch_ms = 60000) ",
-    }
+    options = MODES
     for mode, with_ in options.items():
         client.sql(f"CREATE MATERIALIZED VIEW {t}_{mode} {with_}AS SELECT g, x FROM {t}")
         client.sql(f"CREATE MATERIALIZED VIEW {t}_{mode}_d {with_}AS SELECT DISTINCT g FROM {t}")

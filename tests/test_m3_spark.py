@@ -104,6 +104,19 @@ THETA = [  # issue #41: a band join, a cross product, a theta join beside an equ
 ]
 
 
+UNIONS = [  # issue #41: each branch computed and added, in Spark as in maintenance and M3
+    "SELECT g, SUM(v) AS s, COUNT(*) AS n, MIN(x) AS lo FROM (SELECT a.g, a.v, a.x FROM t0 a "
+    "UNION ALL SELECT b.g, b.v, b.k AS x FROM t1 b WHERE b.x > 0) u GROUP BY g",
+    "SELECT g, SUM(v) AS s FROM t0 GROUP BY g UNION ALL SELECT g, SUM(v) AS s FROM t1 GROUP BY g",
+    "SELECT (SELECT SUM(v) FROM t0) AS s, (SELECT COUNT(*) FROM t1 WHERE x > 1) AS n",
+]
+
+
+@pytest.mark.parametrize("select", UNIONS)
+def test_spark_computes_unions_as_the_refresh_operator_and_m3_do(spark: Any, select: str) -> None:
+    test_spark_computes_theta_joins_as_the_refresh_operator_and_m3_do(spark, select)
+
+
 @pytest.mark.parametrize("select", THETA)
 def test_spark_computes_theta_joins_as_the_refresh_operator_and_m3_do(
     spark: Any, select: str

@@ -12,7 +12,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -59,7 +59,11 @@ def members(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def _switches_lose_and_double_nothing(
-    cluster: LocalCluster, spec: dict, modes: list[str], delays: list[float]
+    cluster: LocalCluster,
+    spec: dict,
+    modes: list[str],
+    delays: list[float],
+    write: Callable[[dict, list[str]], str] = view_select,
 ) -> None:
     run = next(_runs)
     names = [f"m{run}_t{i}" for i in range(spec["tables"])]
@@ -68,7 +72,7 @@ def _switches_lose_and_double_nothing(
     view = f"m{run}_v"
     with Client(cluster.address, timeout=60) as client:
         create_tables(client, names, model, rng)
-        select = view_select(spec, names)
+        select = write(spec, names)
         client.sql(f"CREATE MATERIALIZED VIEW {view} WITH ({modes[0]}) AS {select}")
         for round_number, (target, delay) in enumerate(zip(modes[1:], delays, strict=False)):
             stop = threading.Event()

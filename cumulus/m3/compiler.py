@@ -21,12 +21,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aggview import errors
 from aggview.schema import ColumnType, TableSchema
 from cumulus.aggregates import RULES, Kind
-from cumulus.compiler import CreateView, compile_view, parse_view_statement
+from cumulus.compiler import (
+    CUMULUS_REFUSAL,
+    CreateView,
+    compile_views,
+    parse_view_statement,
+)
 from cumulus.m3.canonical import canonical
 from cumulus.m3.delta import Types, delta_terms, fresh, substitute
 from cumulus.m3.exprs import (
@@ -48,6 +53,7 @@ from cumulus.m3.program import (
     MapDecl,
     MapRef,
     Part,
+    PartSum,
     Program,
     Rel,
     Source,
@@ -57,6 +63,7 @@ from cumulus.m3.program import (
     View,
     ViewColumn,
 )
+from cumulus.passes.union_plans import NOTHING
 from cumulus.plan import MULTIPLICITY, Aggregate, ViewPlan
 
 TableLookup = Callable[[str], TableSchema]
@@ -171,21 +178,13 @@ class _Compiler:
     # --- views ---------------------------------------------------------------------------------
 
     def view(self, plan: ViewPlan) -> View:
-        for ref in plan.tables:
-            if ref.table not in self.sources:
-                schema = self.table(ref.table)
-                self.sources[ref.table] = Source(schema.name, schema.columns)
-        query = _join(plan, self.table)
-        group_names = [g.name for g in plan.group_by]
-        value_name = fresh("v", set(group_names))
-
-        def part(hint: str, extra: list[Factor], value: Expr | None = None) -> Part:
-            return self.part(plan, query, hint, extra, value, value_name)
-
-        rows = part(f"{plan.name}_rows", [])
+        """A view's columns over its maps; a UNION ALL's over each branch's, added up."""
+        branches = [self.branch(b) for b in plan.branch_plans()]
+        rows = _sum([b[0] for b in branches])
         columns: dict[str, ViewColumn] = {}
-        for aggregate in plan.aggregates:
-            columns[aggregate.name] = self.aggregate(plan, query, aggregate, rows, part)
+        for i, aggregate in enumerate(plan.aggregates):
+            made = [b[1][i] for b in branches if b[1][i] is not None]
+            columns[aggregate.name] = _added(made, rows)
         for derived in plan.derived:
             columns[derived.name] = ViewColumn(
                 derived.name,
@@ -199,6 +198,27 @@ class _Compiler:
         having = from_plan(plan.having, lambda a, c: c) if plan.having else None
         keys = tuple((g.name, ColumnType.parse(g.type)) for g in plan.group_by)
         return View(plan.name, keys, rows, tuple(ordered), having)
+
+    def branch(self, plan: ViewPlan) -> tuple[Part, list[ViewColumn | None]]:
+        """One SELECT's rows map and each aggregate's column over its maps (None: an argument
+        that is NULL in this branch, a union's aggregate another branch feeds)."""
+        for ref in plan.tables:
+            if ref.table not in self.sources:
+                schema = self.table(ref.table)
+                self.sources[ref.table] = Source(schema.name, schema.columns)
+        query = _join(plan, self.table)
+        group_names = [g.name for g in plan.group_by]
+        value_name = fresh("v", set(group_names))
+
+        def part(hint: str, extra: list[Factor], value: Expr | None = None) -> Part:
+            return self.part(plan, query, hint, extra, value, value_name)
+
+        rows = part(f"{plan.name}_rows", [])
+        columns = [
+            None if a.arg == NOTHING else self.aggregate(plan, query, a, rows, part)
+            for a in plan.aggregates
+        ]
+        return rows, columns
 
     def aggregate(
         self,
@@ -339,6 +359,25 @@ class _Compiler:
         )
 
 
+def _sum(parts: list[Part]) -> Part:
+    """One part, or a union's branches' parts added up."""
+    flat = [q for p in parts for q in (p.parts if isinstance(p, PartSum) else (p,))]
+    return flat[0] if len(flat) == 1 else PartSum(tuple(flat))  # type: ignore[arg-type]
+
+
+def _added(made: list[ViewColumn], rows: Part) -> ViewColumn:
+    """A union's aggregate: each branch's parts added up (a SUM's monomials side by side);
+    COUNT(*) reads the union's rows."""
+    first = made[0]
+    if len(made) == 1:
+        return first
+    if RULES[first.kind].keeps_sum:  # type: ignore[index]
+        parts = tuple(p for c in made for p in c.parts)
+        count = _sum([c.count for c in made])  # type: ignore[misc]
+        return replace(first, parts=parts, count=count)
+    return replace(first, parts=(_sum([c.parts[0] for c in made]),))
+
+
 def _pretty(definition: AggSum, types: Types) -> tuple[AggSum, Types]:
     """Variables renamed apart during compilation (``ordkey_2``) get their plain name back
     where no other variable of the definition has it."""
@@ -401,4 +440,7 @@ def plan_of(sql: str, name: str, table: TableLookup) -> ViewPlan:
         statement = CreateView(name, False, "sync", 0, sql.strip().rstrip(";"))
     if not isinstance(statement, CreateView):
         raise errors.InvalidArgument("expected a SELECT or CREATE MATERIALIZED VIEW ... AS SELECT")
-    return compile_view(statement, table)
+    *hidden, plan = compile_views(statement, table)
+    if hidden:
+        raise errors.InvalidArgument(CUMULUS_REFUSAL)
+    return plan

@@ -35,6 +35,7 @@ from cumulus.m3.program import (
     Lift,
     MapRef,
     Part,
+    PartSum,
     Program,
     Rel,
     Source,
@@ -304,6 +305,12 @@ class Interpreter:
         """A map's entries (keyed in the reference's key order) or an aggregate's groups."""
         if isinstance(part, MapRef):
             return dict(self.maps[part.name].data)
+        if isinstance(part, PartSum):  # a union's branches, keyed alike
+            total: dict[Key, Any] = {}
+            for each in part.parts:
+                for key, value in self.evaluate(each).items():
+                    total[key] = add(total[key], value) if key in total else value
+            return {k: v for k, v in total.items() if v != 0}
         run = self._parts.get(part)
         if run is None:
             run = self._parts[part] = self._aggregate(part)

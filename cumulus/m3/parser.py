@@ -12,7 +12,7 @@ Grammar (keywords in any case; ``--`` starts a comment, so the section banners a
     column    := name | [HIDDEN] name ':=' KIND '(' part ('+' part)* [',' part] ')' ':' type
                | [HIDDEN] name ':=' '{' pred '}' ':' type     (derived: over the other columns)
     trigger   := ON ('+'|'-') name '(' name, ... ')' '{' (mapref '+=' product ';')* '}'
-    part      := mapref | aggsum
+    part      := mapref | aggsum | '(' part ('+' part)* ')'
     aggsum    := AggSum '(' '[' name, ... ']' ',' product ')'
     product   := factor ('*' factor)*
     factor    := number | string | DATE '(' string ')' | TRUE | FALSE | name | '-' factor
@@ -39,6 +39,7 @@ from cumulus.m3.program import (
     MapDecl,
     MapRef,
     Part,
+    PartSum,
     Program,
     Query,
     Rel,
@@ -167,6 +168,15 @@ class _Parser(PredicateParser):
         self.queries.append(Query(query_name, part))
 
     def part(self) -> Part:
+        if self.accept_op("("):  # a union's branches: (p1 + p2 + ...)
+            parts = [self.single_part()]
+            while self.accept_op("+"):
+                parts.append(self.single_part())
+            self.op(")")
+            return PartSum(tuple(parts))
+        return self.single_part()
+
+    def single_part(self) -> MapRef | AggSum:
         if self.is_word("AGGSUM"):
             return self.aggsum(relations_only=False)
         start = self.peek()

@@ -22,6 +22,7 @@ from cumulus.m3.program import (
     MapDecl,
     MapRef,
     Part,
+    PartSum,
     Program,
     Query,
     Rel,
@@ -187,6 +188,8 @@ def aggsum_text(aggsum: AggSum, types: dict[str, ColumnType]) -> str:
 def part_text(part: Part, types: dict[str, ColumnType]) -> str:
     if isinstance(part, MapRef):
         return map_ref_text(part, types)
+    if isinstance(part, PartSum):
+        return "(" + " + ".join(part_text(p, types) for p in part.parts) + ")"
     return aggsum_text(part, types)
 
 

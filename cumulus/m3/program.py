@@ -113,7 +113,19 @@ class Trigger:
     statements: tuple[Statement, ...]
 
 
-Part = MapRef | AggSum  # what a query reads: a map, or (depth 0) an aggregate over relations
+@dataclass(frozen=True)
+class PartSum:
+    """``(p1 + p2 + ...)``: a UNION ALL's branches read as one part (each keyed alike)."""
+
+    parts: tuple[MapRef | AggSum, ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.parts[0].keys
+
+
+# what a query reads: a map, (depth 0) an aggregate over relations, or a union's sum of them
+Part = MapRef | AggSum | PartSum
 
 
 @dataclass(frozen=True)
@@ -221,6 +233,9 @@ def part_refs(part: Part) -> Iterator[MapRef | Rel]:
     """The maps and relations a query part reads."""
     if isinstance(part, MapRef):
         yield part
+    elif isinstance(part, PartSum):
+        for each in part.parts:
+            yield from part_refs(each)
     else:
         yield from (f for f in part.body if isinstance(f, MapRef | Rel))
 

@@ -40,7 +40,7 @@ class Hidden:
     may hold subqueries of its own, lifted in turn)."""
 
     name: str
-    select: exp.Select
+    select: exp.Select | exp.Union  # a union: compiled by ``passes.unions``
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Lifter:
     numbers: Iterator[int]
     hidden: list[Hidden] = field(default_factory=list)
 
-    def add(self, select: exp.Select) -> str:
+    def add(self, select: exp.Select | exp.Union) -> str:
         name = f"{HIDDEN_PREFIX}{self.view[:40]}_{next(self.numbers)}"
         self.hidden.append(Hidden(name, select))
         return name
@@ -92,7 +92,7 @@ def _lift_derived(select: exp.Select, lifter: Lifter) -> None:
         if not isinstance(node, exp.Subquery):
             continue
         inner = node.this
-        if not isinstance(inner, exp.Select):
+        if not isinstance(inner, exp.Select | exp.Union):  # a union: ``passes.unions``
             raise refuse(f"{inner.key.upper()} in FROM", inner)
         alias = node.args.get("alias")
         if alias is None or alias.this is None:

@@ -27,8 +27,10 @@ SELECT count(*) FROM events e SEMI JOIN products p ON e.prod_id = p.prod_id;
 SELECT count(*) FROM events e CROSS JOIN products s WHERE e.shop_id < s.shop_id;
 -- TypeMismatch: cannot compare
 SELECT count(*) FROM events e JOIN products p ON e.prod_id < p.name;
--- InvalidArgument: UNION in FROM
+-- InvalidArgument: a UNION ALL branch without FROM
 SELECT count(*) FROM events e CROSS JOIN (SELECT prod_id FROM products UNION SELECT 1) p;
+-- InvalidArgument: INTERSECT in FROM
+SELECT count(*) FROM events e CROSS JOIN (SELECT prod_id FROM products INTERSECT SELECT 1) p;
 -- InvalidArgument: LEFT OUTER JOIN
 SELECT count(*) FROM events e CROSS JOIN products p LEFT JOIN shops s ON e.shop_id < s.shop_id;
 -- UnknownColumn: unknown table alias 'c'
@@ -97,10 +99,16 @@ SELECT shop_id, count(*) FROM events GROUP BY shop_id OFFSET 10;
 SELECT DISTINCT count(*) FROM events GROUP BY shop_id;
 -- InvalidArgument: SELECT DISTINCT ON
 SELECT DISTINCT ON (shop_id) shop_id, cost FROM events;
--- InvalidArgument: UNION
+-- InvalidArgument: UNION without ALL of queries with aggregates
 SELECT count(*) FROM events UNION SELECT count(*) FROM products;
--- InvalidArgument: UNION
+-- InvalidArgument: UNION without ALL beside UNION ALL
+SELECT prod_id FROM events UNION SELECT prod_id FROM products UNION ALL SELECT cat_id FROM products;
+-- InvalidArgument: an aggregate without GROUP BY as a branch of a top-level UNION ALL
 SELECT count(*) FROM events UNION ALL SELECT count(*) FROM products;
+-- InvalidArgument: UNION ALL of a query with aggregates and one without
+SELECT shop_id, count(*) FROM events GROUP BY shop_id UNION ALL SELECT shop_id, prod_id FROM products;
+-- InvalidArgument: a UNION ALL branch in FROM with aggregates, GROUP BY or DISTINCT
+SELECT count(*) FROM (SELECT prod_id FROM events GROUP BY prod_id UNION ALL SELECT prod_id FROM products) u;
 -- InvalidArgument: INTERSECT
 SELECT count(*) FROM events INTERSECT SELECT count(*) FROM products;
 -- InvalidArgument: EXCEPT
@@ -111,8 +119,12 @@ WITH x AS (SELECT * FROM events) SELECT count(*) FROM x;
 SELECT *, count(*) FROM events;
 -- InvalidArgument: SELECT e.*
 SELECT e.*, count(*) FROM events e;
--- InvalidArgument: needs a FROM clause
+-- InvalidArgument: a SELECT without FROM and without a subquery
 SELECT count(*);
+-- InvalidArgument: a SELECT without FROM and without a subquery
+SELECT 1 AS one;
+-- InvalidArgument: a scalar subquery with GROUP BY or HAVING
+SELECT (SELECT count(*) FROM events GROUP BY shop_id) AS n;
 -- InvalidArgument: a materialized view needs a SELECT
 INSERT INTO events VALUES (1);
 
