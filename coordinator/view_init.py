@@ -165,12 +165,14 @@ class ViewInit(ViewsShared):
         self._persist(view)
         if view.plan.mode == "sync":
             # From the next transaction on, maintenance is synchronous; then the changes
-            # captured since the snapshot are drained once and capture stops.
-            # the old catalog's last timestamp, kept readable until the view is live (or gone)
-            view.drain_cut = self.manager.clock.issued()
-            self.manager.in_flight.start_reading(view.drain_cut)
-            view.state = "draining"
-            self.publish()
+            # captured since the snapshot are drained once and capture stops. The cut is the
+            # old catalog's last timestamp, kept readable until the view is live (or gone); a
+            # drain tried before keeps it (every transaction since maintained the view).
+            if not view.drain_cut:
+                view.drain_cut = self.manager.clock.issued()
+                self.manager.in_flight.start_reading(view.drain_cut)
+                view.state = "draining"
+                self.publish()
             if failpoints.ARMED:
                 await failpoints.pause(failpoints.COORDINATOR_BEFORE_DRAIN)
             async with view.lock:
