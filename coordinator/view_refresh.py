@@ -41,7 +41,9 @@ class ViewRefresh(ViewSwitches):
 
         async def loop() -> None:
             last_epoch = time.monotonic()
-            while True:
+            # a refresher replaced or dropped ends here even if its cancellation was lost (see
+            # ``loops.stop``): ``_reconcile_refresher`` cancels without waiting
+            while getattr(self.views.get(view.name), "refresher", None) is asyncio.current_task():
                 await asyncio.sleep(tick)
                 try:
                     if time.monotonic() - last_epoch < epoch - tick / 2:
@@ -102,7 +104,7 @@ class ViewRefresh(ViewSwitches):
             # a draining sync view's captured changes against the tables at its cut: the
             # transactions after it maintained the view against tables holding those changes
             # (read at the drain's own timestamp, a join of both would count twice)
-            at = view.drain_cut + 1 if view.state == "draining" else ts  # own reads: before it
+            at = view.drain_cut + 1 if view.drain_cut else ts  # own reads: the state before it
             delta = await view_delta(compiled, touching(view.plan, changes), self._rows_where(at))
             ops.extend(view.merge(key, d, self._home(key)) for key, d in delta.items())
             if view.plan.mode == "async":

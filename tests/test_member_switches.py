@@ -9,6 +9,7 @@ the epoch before its last dispatch is caught."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import random
 from typing import Any
 
@@ -17,10 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from profiles import examples
 from test_cumulus_runtime import PROGRAMS, _program, interpreted, random_stream
+from test_m3_differential import schemas_for
 
 from aggview import errors
 from aggview.wire import ltm_pb2 as lpb
+from coordinator.cumulus_view import CumulusView
 from coordinator.member_switch import CHUNK, MemberSwitch, cut_of, stamp
+from cumulus.compiler import compile_sql
 from cumulus.m3.program import Program
 from cumulus.runtime.node import ProtocolError
 from cumulus.runtime.simulator import Network, Simulator, Update
@@ -245,13 +249,6 @@ def test_an_epoch_given_up_by_its_waiter_leaves_the_runtime_working() -> None:
     """A refresher cancelled mid-epoch (an ALTER or DROP stops it) cancels the epoch's future;
     the worker that settles it later must live on: every later epoch, and the view's drop,
     wait for that worker (it died of InvalidStateError, and a DROP hung)."""
-    import concurrent.futures
-
-    from test_m3_differential import schemas_for
-
-    from coordinator.cumulus_view import CumulusView
-    from cumulus.compiler import compile_sql
-
     schemas = schemas_for(["a"])
     plan = compile_sql(
         "CREATE MATERIALIZED VIEW v WITH (refresh = 'cumulus') AS "
