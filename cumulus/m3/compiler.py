@@ -57,7 +57,7 @@ from cumulus.m3.program import (
     View,
     ViewColumn,
 )
-from cumulus.plan import MULTIPLICITY, Aggregate, ViewPlan
+from cumulus.plan import MULTIPLICITY, OUTER_REFUSAL, Aggregate, ViewPlan
 
 TableLookup = Callable[[str], TableSchema]
 INT_TYPE = ColumnType("INT")
@@ -171,6 +171,8 @@ class _Compiler:
     # --- views ---------------------------------------------------------------------------------
 
     def view(self, plan: ViewPlan) -> View:
+        if plan.outer:  # a NULL row where none matches is no product of maps
+            raise errors.InvalidArgument(OUTER_REFUSAL)
         for ref in plan.tables:
             if ref.table not in self.sources:
                 schema = self.table(ref.table)
