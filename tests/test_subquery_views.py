@@ -213,7 +213,7 @@ OUTER = {
     "LEFT JOIN grouped by its NULLs": "SELECT b.g AS g0, COUNT(*) AS agg0, SUM(a.v) AS agg1 "
     "FROM {0} a LEFT OUTER JOIN {1} b ON a.x = b.k GROUP BY b.g",
     "LEFT JOIN by key, IS NULL": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a "
-    "LEFT JOIN {1} b ON b.id = a.k WHERE b.id IS NULL GROUP BY a.g",
+    "LEFT JOIN {1} b ON b.id = a.x WHERE b.id IS NULL GROUP BY a.g",
 }
 
 
