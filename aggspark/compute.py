@@ -14,6 +14,7 @@ from aggspark.source import spark_type
 from aggview.merge import combine
 from aggview.schema import Column, ColumnType, to_storage
 from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState, sum_state
+from cumulus.plan import JoinEdge
 from cumulus.typerules import TEXT, accumulator_type
 
 State = dict[bytes, Row]
@@ -84,13 +85,28 @@ def _literal(value: Any, column_type: ColumnType) -> str:
 
 
 def _from_where(state: ViewState, tables: dict[str, str], *extra: str) -> str:
+    """The plan's join as Spark SQL: inner tables crossed and matched in WHERE, then each
+    outer alias (a LEFT JOIN, an anti-join's hidden table) LEFT JOINed on its equalities."""
     plan = state.plan
-    sources = ", ".join(f"{tables[t.table]} AS {quote(t.alias)}" for t in plan.tables)
+
+    def equal(e: JoinEdge) -> str:
+        left, right = e.left, e.right
+        return (
+            f"{quote(left.alias)}.{quote(left.column)} = {quote(right.alias)}.{quote(right.column)}"
+        )
+
+    inner = [t for t in plan.tables if t.alias not in plan.outer]
+    # a LEFT JOIN's ON may read any inner table: crossed explicitly, a comma would bind looser
+    comma = " CROSS JOIN " if plan.outer else ", "
+    sources = comma.join(f"{tables[t.table]} AS {quote(t.alias)}" for t in inner)
+    for alias in plan.outer:
+        on = [equal(e) for e in plan.edges if alias in (e.left.alias, e.right.alias)]
+        sources += f" LEFT JOIN {tables[plan.table_of(alias)]} AS {quote(alias)}"
+        sources += f" ON {' AND '.join(on)}"
     conditions = [
-        f"{quote(e.left.alias)}.{quote(e.left.column)} = "
-        f"{quote(e.right.alias)}.{quote(e.right.column)}"
-        for e in plan.edges
-    ] + [render(f) for f in plan.filters]
+        equal(e) for e in plan.edges if not {e.left.alias, e.right.alias} & set(plan.outer)
+    ]
+    conditions += [render(f) for f in plan.filters]
     conditions += extra
     return f"FROM {sources}" + (f" WHERE {' AND '.join(conditions)}" if conditions else "")
 

@@ -41,10 +41,10 @@ from cumulus.passes.expand_stars import expand_stars
 from cumulus.passes.lift_subqueries import Lifter, lift_subqueries
 from cumulus.passes.plan_groups import plan_group_by, projected_groups, view_shape
 from cumulus.passes.plan_having import plan_derived, plan_having
-from cumulus.passes.plan_joins import plan_where
+from cumulus.passes.plan_joins import mirror_right_join, outer_joins, plan_where
 from cumulus.passes.plan_select import plan_select
 from cumulus.passes.resolve_tables import resolve_tables
-from cumulus.plan import ViewPlan
+from cumulus.plan import OUTER_REFUSAL, ViewPlan
 from cumulus.view_rows import is_view_rows, row_schema, rows_id
 
 CUMULUS_REFUSAL = (
@@ -57,11 +57,15 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
     ``UnknownTable`` (a KeyError or None is taken to mean the same)."""
     select = parse_select(create.select_sql)
     check_supported(select)
+    select = mirror_right_join(select)
     tables, scope, ons = resolve_tables(select, table)
     if create.mode == "cumulus" and any(map(is_view_rows, scope.tables.values())):
         raise errors.InvalidArgument(CUMULUS_REFUSAL)
+    outer = outer_joins(select)  # before expand_stars: ``ons`` are this tree's nodes
     select = expand_stars(select, tables, scope)
-    edges, filters = plan_where(select, scope, ons)
+    if create.mode == "cumulus" and outer:
+        raise errors.InvalidArgument(OUTER_REFUSAL)
+    edges, filters = plan_where(select, scope, ons, outer)
     shape = view_shape(select)
     if shape == "aggregate" or select.args.get("group") is not None:
         groups = plan_group_by(select, scope)
@@ -96,6 +100,7 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
         output=tuple(output),
         derived=tuple(derived),
         shape=shape,
+        outer=tuple(outer.values()),
     )
 
 

@@ -8,6 +8,10 @@ own side. Rows not changed are the same on both sides, so one snapshot serves bo
 path reads the state before the transaction, the async path the state at the refresh, and the
 changed rows are patched in from ``changes`` either way.
 
+An outer alias (``ViewPlan.outer``: a LEFT JOIN, an anti-join) binds its matching rows or its
+NULL row; the view is linear in every other table, and a change to its own table is the inner
+join's delta plus the flips of the NULL rows of the keys whose matches come or go.
+
 Evaluating from scratch is the same computation with every row "inserted" and an empty
 snapshot, which is how views over existing data are initialized.
 """
@@ -33,6 +37,8 @@ RowsWhere = Callable[[str, str | None, list[Any]], Awaitable[dict[Any, list[tupl
 # alias, bound column); no equality: a scan step, every row of its table
 Step = tuple[str, list[tuple[str, str, str]]]
 Binding = tuple[int, dict[str, Row]]  # (sign, alias -> row) of one partial joined tuple
+# an outer alias's row where none matches: every column NULL, counted once
+NULL_ROW: Row = {MULTIPLICITY: 1}
 
 
 def touching(plan: ViewPlan, changes: Changes) -> Changes:
@@ -71,21 +77,29 @@ def join_order(plan: ViewPlan, start: int) -> list[Step]:
     """Aliases in the order a join starting at ``start`` binds them. An alias an equality
     reaches is looked up by index; only when none is left does a scan step bind one (a theta
     join or a cross product), preferring one a filter links to the aliases bound so far, so
-    that scans come after lookups and their filter applies at once."""
+    that scans come after lookups and their filter applies at once. An outer alias (LEFT
+    JOIN) waits until every alias its equalities reach is bound: its NULL row depends on all."""
     bound = [plan.tables[start].alias]
     order: list[Step] = []
     remaining = [t.alias for i, t in enumerate(plan.tables) if i != start]
     linked = [{alias for alias, _ in expr_columns(f)} for f in plan.filters]
     while remaining:
         steps = [(alias, _edges_to(plan, alias, bound)) for alias in remaining]
+        steps = [s for s in steps if s[0] not in plan.outer or _all_bound(plan, s[0], bound)]
         step = next((s for s in steps if s[1]), None)
         if step is None:
-            theta = [a for a in remaining if any(a in ls and ls & set(bound) for ls in linked)]
-            step = ((theta or remaining)[0], [])
+            inner = [a for a in remaining if a not in plan.outer]
+            theta = [a for a in inner if any(a in ls and ls & set(bound) for ls in linked)]
+            step = ((theta or inner)[0], [])
         order.append(step)
         bound.append(step[0])
         remaining.remove(step[0])
     return order
+
+
+def _all_bound(plan: ViewPlan, alias: str, bound: list[str]) -> bool:
+    """Whether every alias an outer alias's equalities reach is bound (its step needs them)."""
+    return set(plan.outer_partners(alias)) <= set(bound)
 
 
 def _edges_to(plan: ViewPlan, alias: str, bound: list[str]) -> list[tuple[str, str, str]]:
@@ -157,9 +171,10 @@ async def _branch_delta(
     view: ViewState, changes: Changes, rows_where: RowsWhere
 ) -> dict[bytes, Row]:
     """One SELECT's delta. Each filter applies as soon as the aliases it reads are bound, so
-    a theta join's predicate prunes the rows its scan step brings."""
+    a theta join's predicate prunes the rows its scan step brings. A change to an outer
+    alias's table moves its inner-join tuples and flips the NULL-row tuples of the keys whose
+    matches come or go (``_flips``)."""
     plan = view.plan
-    aliases = [t.alias for t in plan.tables]
     side = _Side(changes, rows_where)
     out: dict[bytes, Row] = {}
     for i, table_ref in enumerate(plan.tables):
@@ -172,23 +187,84 @@ async def _branch_delta(
                 partial.append((1, {table_ref.alias: new}))
             if old is not None:
                 partial.append((-1, {table_ref.alias: old}))
-        pending, bound = _Filters(view), {table_ref.alias}
-        partial = pending.apply(partial, bound)
-        for alias, edges in join_order(plan, i):
-            j = aliases.index(alias)
-            if edges:
-                partial = await _lookup_step(view, side, partial, alias, edges, new=j < i)
-            else:
-                partial = await _scan_step(plan, side, partial, alias, new=j < i)
-            bound.add(alias)
-            partial = pending.apply(partial, bound)
-        for sign, binding in partial:
-            for alias in view.weighted:  # a view's row counts as often as it is there
-                sign *= binding[alias][MULTIPLICITY]
-            lookup = view.lookup(binding)
-            key = view.group_key(lookup)
-            out[key] = combine(out.get(key, {}), view.tuple_delta(lookup, sign))
+        await _join_from(view, side, i, partial, {table_ref.alias}, out)
+        if table_ref.alias in plan.outer:
+            flips = await _flips(view, side, table_ref.alias, table_changes)
+            await _join_from(view, side, i, flips, set(), out)
     return out
+
+
+async def _join_from(
+    view: ViewState,
+    side: _Side,
+    i: int,
+    partial: list[Binding],
+    bound: set[str],
+    out: dict[bytes, Row],
+) -> None:
+    """Joins tuples that bind alias ``i`` with the other aliases (those before ``i`` after
+    the changes, those after it before them) and merges them into ``out``. A flip's tuples
+    bind the outer alias ``i`` to its key only (not in ``bound``): its NULL row, once the
+    others are joined."""
+    plan = view.plan
+    aliases = [t.alias for t in plan.tables]
+    start = aliases[i]
+    pending = _Filters(view)
+    partial = pending.apply(partial, bound)
+    for alias, edges in join_order(plan, i):
+        new = aliases.index(alias) < i
+        if edges:
+            partial = await _lookup_step(view, side, partial, alias, edges, new=new)
+        else:
+            partial = await _scan_step(plan, side, partial, alias, new=new)
+        bound.add(alias)
+        partial = pending.apply(partial, bound)
+    if start not in bound:
+        partial = pending.apply([(s, {**b, start: NULL_ROW}) for s, b in partial], {*bound, start})
+    for sign, binding in partial:
+        for alias in view.weighted:  # a view's row counts as often as it is there
+            sign *= binding[alias][MULTIPLICITY]
+        lookup = view.lookup(binding)
+        key = view.group_key(lookup)
+        out[key] = combine(out.get(key, {}), view.tuple_delta(lookup, sign))
+
+
+async def _flips(
+    view: ViewState,
+    side: _Side,
+    alias: str,
+    table_changes: dict[bytes, tuple[Row | None, Row | None]],
+) -> list[Binding]:
+    """For each key of the outer alias's equalities whose matching rows go from none to some
+    (-1) or from some to none (+1) over the whole batch, a tuple binding the alias to that key:
+    its NULL-row tuples leave or come. Counting over the batch's before and after states makes
+    several changes to one key (0 -> 2 -> 0) one net flip or none; a NULL key matches nothing."""
+    plan = view.plan
+    table = plan.table_of(alias)
+    columns = list(
+        dict.fromkeys(c for c, _, _ in _edges_to(plan, alias, list(plan.outer_partners(alias))))
+    )
+    keys = set()
+    for rows in table_changes.values():
+        for row in rows:
+            key = None if row is None else tuple(row.get(c) for c in columns)
+            if key is not None and None not in key:
+                keys.add(key)
+    await side.fetch(table, columns[0], {key[0] for key in keys})
+    flips: list[Binding] = []
+    for key in keys:
+        counts = [
+            sum(
+                all(row.get(c) == v for c, v in zip(columns, key, strict=True))
+                for row in side.rows(table, columns[0], key[0], new=new)
+            )
+            for new in (False, True)
+        ]
+        if (counts[0] == 0) != (counts[1] == 0):
+            flips.append(
+                (1 if counts[1] == 0 else -1, {alias: dict(zip(columns, key, strict=True))})
+            )
+    return flips
 
 
 class _Filters:
@@ -219,26 +295,31 @@ async def _lookup_step(
     edges: list[tuple[str, str, str]],
     new: bool,
 ) -> list[Binding]:
-    """Extends each partial tuple by the rows of ``alias`` its equalities find (by index)."""
+    """Extends each partial tuple by the rows of ``alias`` its equalities find (by index;
+    none for a NULL key or a value the column cannot hold: 2.5 never equals an INT column);
+    for an outer alias (a LEFT JOIN), by its NULL row where there is none."""
     table = view.plan.table_of(alias)
     column, bound_alias, bound_column = edges[0]
     target = Column(column, view.column_type(alias, column))
     wanted: list[tuple[int, dict[str, Row], Any]] = []
     for sign, binding in partial:
         value = view.lookup(binding)(bound_alias, bound_column)
-        if value is None:
-            continue
         try:
-            wanted.append((sign, binding, to_storage(target, value, table=table)))
+            stored = None if value is None else to_storage(target, value, table=table)
         except Exception:
-            continue  # e.g. 2.5 never equals an INT column
-    await side.fetch(table, column, {stored for _, _, stored in wanted})
+            stored = None
+        wanted.append((sign, binding, stored))
+    await side.fetch(table, column, {stored for _, _, stored in wanted if stored is not None})
+    none = [NULL_ROW] if alias in view.plan.outer else []
     extended: list[Binding] = []
     for sign, binding, stored in wanted:
-        for row in side.rows(table, column, stored, new=new):
-            candidate = {**binding, alias: row}
-            if all(_equal(view, candidate, alias, c, a, b) for c, a, b in edges[1:]):
-                extended.append((sign, candidate))
+        rows = [] if stored is None else side.rows(table, column, stored, new=new)
+        matching = [
+            row
+            for row in rows
+            if all(_equal(view, {**binding, alias: row}, alias, c, a, b) for c, a, b in edges[1:])
+        ]
+        extended += [(sign, {**binding, alias: row}) for row in matching or none]
     return extended
 
 

@@ -48,6 +48,10 @@ SPECULATION = ("speculative", "conservative")  # how a Cumulus view's runtime ru
 HOSTS = ("local", "grpc", "spark")
 PLAN_FORMAT = 1
 SHAPES = ("aggregate", "bag", "distinct")
+# an outer alias (LEFT JOIN, NOT EXISTS, NOT IN) in a cumulus view, or switched to one
+OUTER_REFUSAL = (
+    "LEFT JOIN, NOT EXISTS and NOT IN are maintained in refresh = 'sync' or 'async', not 'cumulus'"
+)
 # a bag view row's multiplicity, as a counted read (a subscription) shows it; ``_`` names are
 # the view's own, never a user's
 MULTIPLICITY = "__count"
@@ -288,6 +292,10 @@ class ViewPlan:
     # own tables, edges, filters, group sources and aggregate arguments; every branch has the
     # view's columns (names, kinds, types), so the view's state is the sum of theirs
     branches: tuple[ViewPlan, ...] = ()
+    # aliases a LEFT JOIN binds (an anti-join is one with its IS NULL filter): where no row
+    # matches their equalities, a row of NULLs (``cumulus.delta``); each is reached only by
+    # equalities with aliases that are not outer themselves
+    outer: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -323,6 +331,7 @@ class ViewPlan:
         aliases = [t.alias for t in self.tables]
         if not aliases or len(set(aliases)) != len(aliases):
             raise InvalidArgument(f"view {self.name}: table aliases must be present and distinct")
+        self._check_outer(aliases)
         names = [g.name for g in self.group_by] + [a.name for a in self.aggregates]
         names += [d.name for d in self.derived]
         if len(set(names)) != len(names):
@@ -343,6 +352,24 @@ class ViewPlan:
         theirs += [(a.name, a.kind, a.arg_type, a.result_type) for a in branch.aggregates]  # type: ignore[misc]
         if mine != theirs:
             raise InvalidArgument(f"view {self.name}: its branches' columns differ")
+
+    def _check_outer(self, aliases: list[str]) -> None:
+        """An outer alias is matched by equalities with inner aliases only (its NULL row
+        depends on them alone, which makes the view linear in each other table)."""
+        if self.mode == "cumulus" and any(b.outer for b in (self, *self.branches)):
+            raise InvalidArgument(OUTER_REFUSAL)
+        for alias in self.outer:
+            if alias not in aliases or alias == aliases[0]:
+                raise InvalidArgument(f"view {self.name}: outer alias {alias!r} is not joined")
+            ends = [
+                (e.left.alias, e.right.alias)
+                for e in self.edges
+                if alias in (e.left.alias, e.right.alias)
+            ]
+            if not ends or any(a in self.outer and b in self.outer for a, b in ends):
+                raise InvalidArgument(
+                    f"view {self.name}: outer alias {alias!r} needs equalities with inner tables"
+                )
 
     # --- questions view maintenance asks ---------------------------------------------------
 
@@ -369,6 +396,11 @@ class ViewPlan:
                 for ref in (edge.left, edge.right)
             )
         )
+
+    def outer_partners(self, alias: str) -> tuple[str, ...]:
+        """The aliases an outer alias's equalities reach."""
+        ends = [(e.left.alias, e.right.alias) for e in self.edges]
+        return tuple(dict.fromkeys(b if a == alias else a for a, b in ends if alias in (a, b)))
 
     def aliases_of(self, table: str) -> tuple[str, ...]:
         """A self-joined table has several aliases; a delta of it enters once per alias."""
@@ -437,6 +469,7 @@ class ViewPlan:
             **({"shape": self.shape} if self.shape != "aggregate" else {}),
             **({"hidden": list(self.hidden)} if self.hidden else {}),
             **({"branches": [b.to_json() for b in self.branches]} if self.branches else {}),
+            **({"outer": list(self.outer)} if self.outer else {}),
         }
 
     @classmethod
@@ -480,4 +513,5 @@ class ViewPlan:
                 cls.from_json(b)
                 for b in (_field(data, "branches", list, what) if "branches" in data else [])  # type: ignore[operator]
             ),
+            outer=tuple(_field(data, "outer", list, what) if "outer" in data else ()),  # type: ignore[operator]
         )

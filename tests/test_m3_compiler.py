@@ -167,7 +167,7 @@ def test_min_max_distinct_avg_and_having_read_like_the_view_path() -> None:
         ("SELECT COUNT(*) FROM t WHERE g ILIKE 'a%'", "ILIKE"),
         (
             "SELECT COUNT(*) FROM orders o LEFT JOIN lineitem l ON o.ordkey = l.ordkey",
-            "LEFT OUTER JOIN",
+            "LEFT JOIN, NOT EXISTS and NOT IN are maintained in refresh = 'sync' or 'async'",
         ),
         ("SELECT COUNT(*) FROM t WHERE x IN (SELECT x FROM t)", "subqueries .* 'sync' or 'async'"),
         (

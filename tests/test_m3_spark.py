@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import math
 import random
 from typing import Any
@@ -92,6 +93,31 @@ def test_definition_sql_joins_on_repeated_variables_and_lifts() -> None:
     assert sql.endswith("GROUP BY 1, 2")
 
 
+def _spark_and_scratch(
+    spark: Any, select: str, prefix: str, state: ViewState | None = None
+) -> tuple[ViewState, dict[str, str], dict[bytes, Any], dict[str, list[dict[str, Any]]]]:
+    """Ten random rows per table (seeded by ``select``) as Spark temp views ``<prefix>_<t>``,
+    the view's states the refresh operator computes from scratch over them, and the rows."""
+    rng = random.Random(select)
+    snapshot = {n: [random_row(rng, j) for j in range(10)] for n in NAMES}
+    tables = {}
+    for name in NAMES:
+        values = [tuple(r[c] for c in COLUMNS) for r in snapshot[name]]
+        spark.createDataFrame(values, SPARK_SCHEMA).createOrReplaceTempView(f"{prefix}_{name}")
+        tables[name] = f"{prefix}_{name}"
+    schemas = schemas_for(NAMES)
+    if state is None:
+        state = ViewState(plan_of(select, "q", schemas.__getitem__), schemas.__getitem__)
+    stored = {
+        name: {
+            encode_key(schemas[name].key_types, [r["id"]]): row_to_storage(schemas[name], r)
+            for r in rows
+        }
+        for name, rows in snapshot.items()
+    }
+    return state, tables, asyncio.run(from_scratch(state, stored)), snapshot
+
+
 THETA = [  # issue #41: a band join, a cross product, a theta join beside an equality
     "SELECT a0.g AS g0, COUNT(*) AS agg0 FROM t0 a0 JOIN t1 a1 "
     "ON a1.k BETWEEN a0.k - 1 AND a0.x + 1 GROUP BY a0.g",
@@ -124,23 +150,7 @@ def test_spark_computes_theta_joins_as_the_refresh_operator_and_m3_do(
     """The same non-equi join (or cross product) in Spark SQL: the view states Spark computes
     for sync and async views equal the refresh operator's from scratch (its scan steps), and
     every M3 map Spark initializes equals the map the stream built."""
-    rng = random.Random(select)
-    snapshot = {n: [random_row(rng, j) for j in range(10)] for n in NAMES}
-    tables = {}
-    for name in NAMES:
-        values = [tuple(r[c] for c in COLUMNS) for r in snapshot[name]]
-        spark.createDataFrame(values, SPARK_SCHEMA).createOrReplaceTempView(f"theta_{name}")
-        tables[name] = f"theta_{name}"
-    schemas = schemas_for(NAMES)
-    state = ViewState(plan_of(select, "q", schemas.__getitem__), schemas.__getitem__)
-    stored = {
-        name: {
-            encode_key(schemas[name].key_types, [r["id"]]): row_to_storage(schemas[name], r)
-            for r in rows
-        }
-        for name, rows in snapshot.items()
-    }
-    want = asyncio.run(from_scratch(state, stored))
+    state, tables, want, snapshot = _spark_and_scratch(spark, select, "theta")
     assert want and compute_states(spark, state, tables) == want
     program = programs_for(select, NAMES)[None]
     loaded, streamed = Interpreter(program), Interpreter(program)
@@ -150,3 +160,23 @@ def test_spark_computes_theta_joins_as_the_refresh_operator_and_m3_do(
             for row in snapshot[name]:
                 streamed.insert(name, row)
     _same_maps(loaded, streamed)
+
+
+LEFT = [  # issue #41: LEFT JOINs, NULL rows counted by COUNT(*), skipped by COUNT(col)
+    "SELECT a0.g AS g0, COUNT(*) AS agg0, COUNT(a1.x) AS agg1, SUM(a1.v) AS agg2, "
+    "MIN(a1.x) AS agg3 FROM t0 a0 LEFT JOIN t1 a1 ON a1.k = a0.x GROUP BY a0.g",
+    "SELECT a1.g AS g0, COUNT(*) AS agg0, SUM(a0.v) AS agg1 FROM t0 a0 JOIN t2 a2 "
+    "ON a2.k = a0.k LEFT JOIN t1 a1 ON a1.id = a2.x WHERE a0.v > -3 GROUP BY a1.g",
+]
+
+
+@pytest.mark.parametrize("select", LEFT)
+def test_spark_computes_left_joins_as_the_refresh_operator_does(spark: Any, select: str) -> None:
+    """Spark SQL's LEFT JOIN gives the states the refresh operator computes from scratch
+    (its outer step: a NULL row where nothing matches)."""
+    state, tables, want, _ = _spark_and_scratch(spark, select, "left")
+    assert state.plan.outer == ("a1",)
+    inner = ViewState(dataclasses.replace(state.plan, outer=()), schemas_for(NAMES).__getitem__)
+    _, _, joined, _ = _spark_and_scratch(spark, select, "left", inner)
+    assert joined != want  # rows without a match count
+    assert want and compute_states(spark, state, tables) == want

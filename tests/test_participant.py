@@ -947,6 +947,23 @@ def test_register_read_scan_covers_rows_only_in_the_store(env: Env) -> None:
     run(main)
 
 
+def test_register_read_scan_makes_an_older_insert_into_its_range_too_late(env: Env) -> None:
+    """A LEFT JOIN's flips count a key's matching rows by a registered scan of the index
+    range of that key: an older writer adding or erasing an entry in the range afterwards
+    (its first or last match) is too late, so two writers never flip from one stale count."""
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, insert(b"a", {"v": 1}), put(b"c2", {}))
+        assert await scan(p, 50, register_read=True, start=b"b", stop=b"d") == [(b"c2", {})]
+        assert await outcome(p, 40, put(b"c", {})) == TOO_LATE  # a first match, unseen
+        assert await outcome(p, 40, put(b"c2", None)) == TOO_LATE  # the last one erased
+        assert await outcome(p, 40, put(b"d", {})) == YES  # outside the range
+        assert await outcome(p, 60, put(b"c", {})) == YES  # younger than the read
+
+    run(main)
+
+
 # ----------------------------------------------------------------------------- durability
 
 

@@ -126,6 +126,13 @@ THETA_TOTALS = (
     "ON e.shop_id < s.id WHERE e.cost > 0.25 GROUP BY s.id"
 )
 
+# a LEFT JOIN (issue #41): every shop, those without events included (COUNT(*) counts their
+# NULL row, COUNT(e.id) does not); Spark SQL computes the same LEFT JOIN
+LEFT_TOTALS = (
+    "SELECT s.id AS shop, COUNT(*) AS n, COUNT(e.id) AS events, SUM(e.cost) AS cost "
+    "FROM shops s LEFT JOIN events e ON e.shop_id = s.id GROUP BY s.id"
+)
+
 
 @pytest.mark.parametrize(
     ("mode", "select", "groups"),
@@ -135,8 +142,10 @@ THETA_TOTALS = (
         ("cumulus", SHOP_TOTALS, SMALL.shops),
         ("sync", THETA_TOTALS, SMALL.shops - 1),  # shop 0 has no lower id
         ("cumulus", THETA_TOTALS, SMALL.shops - 1),
+        ("sync", LEFT_TOTALS, SMALL.shops),
+        ("async", LEFT_TOTALS, SMALL.shops),
     ],
-    ids=["sync", "async", "cumulus", "sync-theta", "cumulus-theta"],
+    ids=["sync", "async", "cumulus", "sync-theta", "cumulus-theta", "sync-left", "async-left"],
 )
 def test_bulk_init_while_clients_write_then_view_equals_recomputation(
     spark: Any, dashboard_cluster: LocalCluster, mode: str, select: str, groups: int

@@ -200,11 +200,28 @@ SUBQUERIES = {
 }
 
 
-@pytest.mark.parametrize("shape", SUBQUERIES)
+# anti-joins and LEFT JOIN (issue #41): an outer alias, a NULL row where nothing matches
+OUTER = {
+    "NOT EXISTS": "SELECT a.g AS g0, COUNT(*) AS agg0, SUM(a.v) AS agg1 FROM {0} a "
+    "WHERE NOT EXISTS (SELECT 1 FROM {1} b WHERE b.k = a.k AND b.x > 2) GROUP BY a.g",
+    "NOT EXISTS on a nullable key": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a "
+    "WHERE NOT EXISTS (SELECT 1 FROM {1} b WHERE b.x = a.x) GROUP BY a.g",
+    "NOT IN over a nullable column": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a "
+    "WHERE a.x NOT IN (SELECT b.x FROM {1} b WHERE b.k = a.k) GROUP BY a.g",
+    "LEFT JOIN counts": "SELECT a.g AS g0, COUNT(*) AS agg0, COUNT(b.x) AS agg1, "
+    "SUM(b.v) AS agg2, MAX(b.x) AS agg3 FROM {0} a LEFT JOIN {1} b ON b.k = a.k GROUP BY a.g",
+    "LEFT JOIN grouped by its NULLs": "SELECT b.g AS g0, COUNT(*) AS agg0, SUM(a.v) AS agg1 "
+    "FROM {0} a LEFT OUTER JOIN {1} b ON a.x = b.k GROUP BY b.g",
+    "LEFT JOIN by key, IS NULL": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a "
+    "LEFT JOIN {1} b ON b.id = a.x WHERE b.id IS NULL GROUP BY a.g",
+}
+
+
+@pytest.mark.parametrize("shape", {**SUBQUERIES, **OUTER})
 def test_subqueries_equal_recomputation_in_sync_and_async(
     cluster: LocalCluster, shape: str
 ) -> None:
-    outer = SUBQUERIES[shape]
+    outer = {**SUBQUERIES, **OUTER}[shape]
     spec = {"group": ["g0"], "aggregates": ["exact"] * outer.count(" AS agg")}
     sizes = modes_equal_recomputation(cluster, 2, [], outer, spec, seed=len(shape))
     assert sizes[0], "the view is empty as created: the seed tests nothing"

@@ -269,7 +269,7 @@ def test_using_and_natural_join_are_the_equalities_they_stand_for() -> None:
     [
         ("SELECT * FROM t JOIN orders USING (qty)", "USING (qty): no table before orders"),
         ("SELECT * FROM t JOIN orders USING (g)", "table orders has no column 'g'"),
-        ("SELECT * FROM t NATURAL LEFT JOIN orders", "LEFT OUTER JOIN"),
+        ("SELECT * FROM t NATURAL LEFT JOIN orders", "NATURAL LEFT JOIN"),
         # the third table's x is not merged: a bare x would name two columns
         (
             "SELECT x FROM t JOIN orders USING (x) JOIN t AS u ON u.id = t.id",

@@ -64,7 +64,7 @@ from cumulus.m3.program import (
     ViewColumn,
 )
 from cumulus.passes.union_plans import NOTHING
-from cumulus.plan import MULTIPLICITY, Aggregate, ViewPlan
+from cumulus.plan import MULTIPLICITY, OUTER_REFUSAL, Aggregate, ViewPlan
 
 TableLookup = Callable[[str], TableSchema]
 INT_TYPE = ColumnType("INT")
@@ -179,6 +179,8 @@ class _Compiler:
 
     def view(self, plan: ViewPlan) -> View:
         """A view's columns over its maps; a UNION ALL's over each branch's, added up."""
+        if any(b.outer for b in plan.branch_plans()):  # a NULL row is no product of maps
+            raise errors.InvalidArgument(OUTER_REFUSAL)
         branches = [self.branch(b) for b in plan.branch_plans()]
         rows = _sum([b[0] for b in branches])
         columns: dict[str, ViewColumn] = {}

@@ -91,8 +91,14 @@ def unsupported_node(node: exp.Expression) -> errors.InvalidArgument:
 
 def _check_join(join: exp.Join) -> None:
     side, kind = join.side.upper(), join.kind.upper()
+    if side in ("LEFT", "RIGHT") and kind in ("", "OUTER"):
+        if join.method or join.args.get("using"):
+            raise refuse(f"{side} JOIN ... USING or NATURAL {side} JOIN (write {side} JOIN ... ON)")
+        if not join.args.get("on"):
+            raise errors.InvalidArgument(f"a {side} JOIN needs ON: {join.sql()}")
+        return
     if side:
-        raise refuse(f"{side} OUTER JOIN (only inner joins)")
+        raise refuse(f"{side} OUTER JOIN (only inner joins, LEFT and RIGHT JOIN)")
     if kind not in ("", "INNER", "CROSS"):
         raise refuse(f"{kind} JOIN")
     if join.method and join.method.upper() != "NATURAL":

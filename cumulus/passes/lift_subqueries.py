@@ -16,8 +16,15 @@ by ``check_support`` as before.
 
 A correlation is a column qualified by a table the subquery's FROM does not have; only
 equalities between such a column (or expression of them) and the subquery's own columns
-correlate. NOT IN and NOT EXISTS (anti-joins), other correlations, a grouped scalar subquery,
-a correlated COUNT, subqueries in SELECT, HAVING, ON or GROUP BY are refused by name.
+correlate.
+- ``NOT EXISTS`` (correlated by columns) as a conjunct of WHERE: a LEFT JOIN with the hidden
+  DISTINCT view of the correlation values, kept where none matched (an anti-join: an outer
+  alias, ``cumulus.delta``); uncorrelated, a cross join with its COUNT(*), kept while 0.
+- ``x NOT IN (SELECT c ...)`` (x and the correlations columns): exactly SQL's, NULLs included
+  (``_anti_join_in``).
+
+Other correlations, a grouped scalar subquery, a correlated COUNT, NOT IN or NOT EXISTS over a
+grouped subquery, subqueries in SELECT, HAVING, ON or GROUP BY are refused by name.
 """
 
 from __future__ import annotations
@@ -120,7 +127,15 @@ def _lift_where(select: exp.Select, lifter: Lifter) -> None:
         if isinstance(bare, exp.In) and bare.args.get("query") is not None:
             kept.extend(_semi_join_in(select, bare, lifter))
         elif isinstance(bare, exp.Exists):
-            kept.extend(_semi_join_exists(select, bare, lifter))
+            kept.extend(_exists(select, bare, lifter, negated=False))
+        elif isinstance(bare, exp.Not) and isinstance(bare.this.unnest(), exp.Exists):
+            kept.extend(_exists(select, bare.this.unnest(), lifter, negated=True))
+        elif (
+            isinstance(bare, exp.Not)
+            and isinstance(bare.this.unnest(), exp.In)
+            and bare.this.unnest().args.get("query") is not None
+        ):
+            kept.extend(_anti_join_in(select, bare.this.unnest(), lifter))
         else:
             _refuse_negated(bare)
             kept.append(_lift_scalars(select, conjunct, lifter))
@@ -133,7 +148,7 @@ def _refuse_negated(node: exp.Expression) -> None:
             negated = isinstance(found.parent, exp.Not)
             what = "EXISTS" if isinstance(found, exp.Exists) else "IN (SELECT ...)"
             if negated:
-                raise refuse(f"NOT {what} (an anti-join)", found.parent)
+                raise refuse(f"NOT {what} under OR or an expression (only as a conjunct of WHERE)")
             raise refuse(f"{what} under OR, NOT or an expression (only as a conjunct of WHERE)")
 
 
@@ -279,24 +294,83 @@ def _semi_join_in(select: exp.Select, node: exp.In, lifter: Lifter) -> list[exp.
     return []
 
 
-def _semi_join_exists(select: exp.Select, node: exp.Exists, lifter: Lifter) -> list[exp.Expression]:
+def _exists(
+    select: exp.Select, node: exp.Exists, lifter: Lifter, negated: bool
+) -> list[exp.Expression]:
     """``EXISTS (SELECT ... WHERE inner.a = outer.b ...)`` -> a join with the DISTINCT
-    correlation values; uncorrelated, a cross join with its COUNT(*), kept while positive."""
-    sub = _query(node, "EXISTS (...)")
+    correlation values (a semi-join); ``NOT EXISTS`` -> a LEFT JOIN with them, kept where none
+    matched (``c0 IS NULL``: a matched value equals a non-NULL outer one, an anti-join).
+    Uncorrelated: a cross join with its COUNT(*), kept while positive (NOT: while 0)."""
+    what = "NOT EXISTS" if negated else "EXISTS"
+    sub = _query(node, f"{what} (...)")
     if _grouped(sub):
-        raise refuse("EXISTS over a grouped subquery", node)
+        raise refuse(f"{what} over a grouped subquery", node)
     found = _correlation(sub)
     if not found.pairs:
         count = exp.alias_(exp.Count(this=exp.Star()), "v0", quoted=True)
         name = lifter.add(_hidden_select(sub, [count], found.local))
         _join(select, _table(name, name), None)
-        return [exp.GT(this=_column(name, "v0"), expression=exp.Literal.number(0))]
+        compare = exp.EQ if negated else exp.GT
+        return [compare(this=_column(name, "v0"), expression=exp.Literal.number(0))]
+    if negated and any(not isinstance(outer, exp.Column) for _, outer in found.pairs):
+        raise refuse("NOT EXISTS correlated with an expression (only with a column)", node)
     items = [exp.alias_(own.copy(), f"c{i}", quoted=True) for i, (own, _) in enumerate(found.pairs)]
     hidden = _hidden_select(sub, items, found.local)
     hidden.set("distinct", exp.Distinct())
     name = lifter.add(hidden)
-    _join(select, _table(name, name), exp.and_(*_matching(name, found.pairs)))
-    return []
+    on = exp.and_(*_matching(name, found.pairs))
+    if not negated:
+        _join(select, _table(name, name), on)
+        return []
+    select.append("joins", exp.Join(this=_table(name, name), on=on, side="LEFT"))
+    return [exp.Is(this=_column(name, "c0"), expression=exp.Null())]
+
+
+def _anti_join_in(select: exp.Select, node: exp.In, lifter: Lifter) -> list[exp.Expression]:
+    """``x NOT IN (SELECT c ...)``, exactly as SQL has it: TRUE where the subquery (for this
+    row's correlation) has no rows, else where x is not NULL, no c equals it and no c is NULL.
+    Two hidden views: the DISTINCT (c, correlation) values, LEFT JOINed on x (an anti-join),
+    and COUNT(*) and COUNT(c) per correlation, LEFT JOINed (uncorrelated: one row, crossed)."""
+    sub = _query(node.args["query"], "NOT IN (...)")
+    item = _single(sub, "NOT IN (SELECT ...)")
+    found = _correlation(sub)
+    if _grouped(sub):
+        raise refuse("NOT IN over a grouped subquery", node)
+    if not isinstance(node.this, exp.Column) or any(
+        not isinstance(outer, exp.Column) for _, outer in found.pairs
+    ):
+        raise refuse("NOT IN of an expression or correlated with one (only columns)", node)
+    owns = [exp.alias_(own.copy(), f"c{i}", quoted=True) for i, (own, _) in enumerate(found.pairs)]
+    # the correlation first: a lookup by a view's leading column reads those groups only
+    values = _hidden_select(sub, [*owns, exp.alias_(item, "v0", quoted=True)], found.local)
+    values.set("distinct", exp.Distinct())
+    name = lifter.add(values)
+    on = exp.and_(
+        *_matching(name, found.pairs),
+        exp.EQ(this=node.this.copy(), expression=_column(name, "v0")),
+    )
+    select.append("joins", exp.Join(this=_table(name, name), on=on, side="LEFT"))
+    counts = [
+        exp.alias_(exp.Count(this=exp.Star()), "n", quoted=True),
+        exp.alias_(exp.Count(this=item.copy()), "nn", quoted=True),
+    ]
+    counted = _hidden_select(sub, [*(o.copy() for o in owns), *counts], found.local)
+    if found.pairs:
+        counted.set("group", exp.Group(expressions=[own.copy() for own, _ in found.pairs]))
+    total = lifter.add(counted)
+    if found.pairs:
+        on = exp.and_(*_matching(total, found.pairs))
+        select.append("joins", exp.Join(this=_table(total, total), on=on, side="LEFT"))
+        empty: exp.Expression = exp.Is(this=_column(total, "n"), expression=exp.Null())
+    else:
+        _join(select, _table(total, total), None)
+        empty = exp.EQ(this=_column(total, "n"), expression=exp.Literal.number(0))
+    absent = exp.and_(
+        exp.Not(this=exp.Is(this=node.this.copy(), expression=exp.Null())),
+        exp.Is(this=_column(name, "v0"), expression=exp.Null()),
+        exp.EQ(this=_column(total, "n"), expression=_column(total, "nn")),
+    )
+    return [exp.paren(exp.or_(empty, absent))]
 
 
 def _lift_scalars(select: exp.Select, conjunct: exp.Expression, lifter: Lifter) -> exp.Expression:

@@ -3,12 +3,20 @@
 -- CREATE MATERIALIZED VIEW v AS ... and checks the exact error class and the fragment.
 
 -- joins
--- InvalidArgument: LEFT OUTER JOIN
-SELECT count(*) FROM events e LEFT JOIN products p ON e.prod_id = p.prod_id;
--- InvalidArgument: LEFT OUTER JOIN
-SELECT count(*) FROM events e LEFT OUTER JOIN products p ON e.prod_id = p.prod_id;
--- InvalidArgument: RIGHT OUTER JOIN
-SELECT count(*) FROM events e RIGHT JOIN products p ON e.prod_id = p.prod_id;
+-- InvalidArgument: a LEFT JOIN's ON other than equalities of its table's columns with tables joined before it
+SELECT count(*) FROM events e LEFT JOIN products p ON e.prod_id = p.prod_id AND p.price > 1;
+-- InvalidArgument: a LEFT JOIN's ON other than equalities
+SELECT count(*) FROM events e LEFT JOIN products p ON e.prod_id = p.prod_id AND e.shop_id = 1;
+-- InvalidArgument: a LEFT JOIN's ON other than equalities
+SELECT count(*) FROM events e LEFT JOIN products p ON e.prod_id = p.prod_id LEFT JOIN shops s ON s.shop_id = p.prod_id;
+-- InvalidArgument: a LEFT JOIN needs ON
+SELECT count(*) FROM events e LEFT JOIN products p;
+-- InvalidArgument: LEFT JOIN ... USING or NATURAL LEFT JOIN
+SELECT count(*) FROM events e LEFT JOIN products p USING (prod_id);
+-- InvalidArgument: a RIGHT JOIN after another join (write it as a LEFT JOIN)
+SELECT count(*) FROM events e JOIN shops s ON e.shop_id = s.shop_id RIGHT JOIN products p ON e.prod_id = p.prod_id;
+-- InvalidArgument: SELECT * over a RIGHT JOIN
+SELECT * FROM events e RIGHT JOIN products p ON e.prod_id = p.prod_id;
 -- InvalidArgument: FULL OUTER JOIN
 SELECT count(*) FROM events e FULL OUTER JOIN products p ON e.prod_id = p.prod_id;
 -- InvalidArgument: CROSS JOIN takes no ON or USING
@@ -31,7 +39,7 @@ SELECT count(*) FROM events e JOIN products p ON e.prod_id < p.name;
 SELECT count(*) FROM events e CROSS JOIN (SELECT prod_id FROM products UNION SELECT 1) p;
 -- InvalidArgument: INTERSECT in FROM
 SELECT count(*) FROM events e CROSS JOIN (SELECT prod_id FROM products INTERSECT SELECT 1) p;
--- InvalidArgument: LEFT OUTER JOIN
+-- InvalidArgument: a LEFT JOIN's ON other than equalities
 SELECT count(*) FROM events e CROSS JOIN products p LEFT JOIN shops s ON e.shop_id < s.shop_id;
 -- UnknownColumn: unknown table alias 'c'
 SELECT count(*) FROM events e JOIN products p ON c.cat_id = p.cat_id JOIN categories c ON p.cat_id = c.cat_id;
@@ -51,10 +59,16 @@ SELECT count(*) FROM events AS e(a, b);
 SELECT count(*) FROM (SELECT * FROM events);
 -- InvalidArgument: column aliases on a subquery in FROM
 SELECT count(*) FROM (SELECT prod_id FROM events) AS s(p);
--- InvalidArgument: NOT IN (SELECT ...) (an anti-join)
-SELECT count(*) FROM events WHERE prod_id NOT IN (SELECT prod_id FROM products);
--- InvalidArgument: NOT EXISTS (an anti-join)
-SELECT count(*) FROM events e WHERE NOT EXISTS (SELECT 1 FROM products p WHERE p.prod_id = e.prod_id);
+-- InvalidArgument: NOT IN over a grouped subquery
+SELECT count(*) FROM events WHERE prod_id NOT IN (SELECT cat_id FROM products GROUP BY cat_id);
+-- InvalidArgument: NOT IN of an expression or correlated with one
+SELECT count(*) FROM events WHERE prod_id + 1 NOT IN (SELECT prod_id FROM products);
+-- InvalidArgument: NOT EXISTS over a grouped subquery
+SELECT count(*) FROM events e WHERE NOT EXISTS (SELECT cat_id FROM products p WHERE p.prod_id = e.prod_id GROUP BY cat_id);
+-- InvalidArgument: NOT EXISTS correlated with an expression
+SELECT count(*) FROM events e WHERE NOT EXISTS (SELECT 1 FROM products p WHERE p.prod_id = e.prod_id + 1);
+-- InvalidArgument: NOT IN (SELECT ...) under OR or an expression (only as a conjunct of WHERE)
+SELECT count(*) FROM events WHERE shop_id = 1 OR prod_id NOT IN (SELECT prod_id FROM products);
 -- InvalidArgument: IN (SELECT ...) under OR, NOT or an expression
 SELECT count(*) FROM events WHERE shop_id = 1 OR prod_id IN (SELECT prod_id FROM products);
 -- InvalidArgument: EXISTS under OR, NOT or an expression
