@@ -2,8 +2,10 @@
 they are consistent at) is compared with the exact answer at that timestamp. The exact answer
 comes from what the benchmark itself committed: every event's group, cost and commit
 timestamp, above a baseline read at a snapshot before the load (only the benchmark writes
-events meanwhile). A read is exact when every group equals the answer; otherwise its error is
-the largest difference of a group's cost and of its count.
+events meanwhile). An event may belong to an item (a product) whose group changes when the item
+moves (to another category): a move carries the item's whole total, baseline included, from
+its old group to its new one at the move's timestamp. A read is exact when every group equals
+the answer; otherwise its error is the largest difference of a group's cost and of its count.
 
 Pure: the benchmark records, this module judges, after the load, once every commit that
 counts has been acknowledged."""
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 Group = tuple[str, str]
 Totals = dict[Group, tuple[Decimal, int]]
@@ -24,9 +27,66 @@ class Ledger:
     baseline_ts: int
     events: list[tuple[int, Group, Decimal]] = field(default_factory=list)
     unknown: int = 0  # transactions whose outcome the client does not know: judge with care
+    # items whose group moves: each one's group and totals at the baseline (in ``baseline``)
+    placement: dict[Any, Group] = field(default_factory=dict)
+    item_baseline: dict[Any, tuple[Decimal, int]] = field(default_factory=dict)
+    item_events: list[tuple[int, Any, Decimal]] = field(default_factory=list)
+    moves: list[tuple[int, Any, Group]] = field(default_factory=list)
 
     def add(self, ts: int, group: Group, cost: Decimal) -> None:
+        """An event in a group that never moves."""
         self.events.append((ts, group, cost))
+
+    def add_to(self, ts: int, item: Any, cost: Decimal) -> None:
+        """An event of ``item``: it counts in the item's group of the moment."""
+        self.item_events.append((ts, item, cost))
+
+    def move(self, ts: int, item: Any, group: Group) -> None:
+        """``item`` (with everything counted for it so far) belongs to ``group`` from ``ts``."""
+        self.moves.append((ts, item, group))
+
+
+class _Replay:
+    """The exact answer, advanced through the ledger's changes in timestamp order."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.totals: Totals = dict(ledger.baseline)
+        self.placement = dict(ledger.placement)
+        self.items = dict(ledger.item_baseline)
+        changes: list[tuple[int, int, Any, Any]] = [
+            (ts, 0, group, cost) for ts, group, cost in ledger.events
+        ]
+        changes += [(ts, 1, item, cost) for ts, item, cost in ledger.item_events]
+        changes += [(ts, 2, item, group) for ts, item, group in ledger.moves]
+        self.changes = sorted(changes, key=lambda c: (c[0], c[1]))
+        self.applied = 0
+
+    def until(self, ts: int) -> Totals:
+        """The exact answer at ``ts``."""
+        changes = self.changes
+        while self.applied < len(changes) and changes[self.applied][0] <= ts:
+            _, kind, subject, value = changes[self.applied]
+            if kind == 0:
+                self._bump(subject, value, 1)
+            elif kind == 1:
+                self._bump(self.placement[subject], value, 1)
+                cost, n = self.items.get(subject, (Decimal(0), 0))
+                self.items[subject] = (cost + value, n + 1)
+            else:
+                cost, n = self.items.get(subject, (Decimal(0), 0))
+                if n:
+                    self._bump(self.placement[subject], -cost, -n)
+                    self._bump(value, cost, n)
+                self.placement[subject] = value
+            self.applied += 1
+        return self.totals
+
+    def _bump(self, group: Group, cost: Decimal, n: int) -> None:
+        total, count = self.totals.get(group, (Decimal(0), 0))
+        if count + n:
+            self.totals[group] = (total + cost, count + n)
+        else:
+            self.totals.pop(group, None)  # a group without rows is not in the view
 
 
 @dataclass(frozen=True)
@@ -45,17 +105,11 @@ class Verdict:
 def judge(ledger: Ledger, reads: Iterable[tuple[int, Totals]]) -> Verdict:
     """Every read against the exact answer at its timestamp (a read older than the baseline
     against the baseline: nothing of the benchmark's was committed before it)."""
-    events = sorted(ledger.events, key=lambda e: e[0])
-    exact_now: Totals = dict(ledger.baseline)
-    applied = 0
+    replay = _Replay(ledger)
     count = exact = 0
     cost_error, count_error = Decimal(0), 0
     for ts, seen in sorted(reads, key=lambda r: r[0]):
-        while applied < len(events) and events[applied][0] <= ts:
-            _, group, cost = events[applied]
-            total, n = exact_now.get(group, (Decimal(0), 0))
-            exact_now[group] = (total + cost, n + 1)
-            applied += 1
+        exact_now = replay.until(ts)
         count += 1
         if seen == exact_now:
             exact += 1

@@ -43,6 +43,7 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
                 seconds=0.7,
                 clients=2,
                 out=str(tmp_path / "out"),
+                moves=0.1,  # products move between categories under every mode's reads
             )
         )
         report = dashboard_bench.run_benchmark(config, {})
@@ -83,6 +84,7 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
     assert all(r["verified"] for r in report.rows)
     assert events == sum(r["committed"] * r["k"] + r["probes"] for r in report.rows)
     assert all(r["aborted"] == 0 and r["tx_per_s"] > 0 for r in report.rows)
+    assert all(r["moved"] > 0 for r in report.rows)
     written = dashboard_report.write_outputs(report, tmp_path / "out")
     names = {p.name for p in written}
     assert {
@@ -189,10 +191,42 @@ def test_the_consistency_verdict_counts_a_wrong_read_and_its_error() -> None:
     assert (verdict.max_cost_error, verdict.max_count_error) == (Decimal("2.00"), 1)
 
 
+def test_a_product_move_carries_its_whole_total_to_its_new_group() -> None:
+    """Events of an item count in its group of the moment; a move takes the item's total,
+    baseline included, from its old group to its new one, and an emptied group is gone."""
+    a, b = ("shop 0", "category 0"), ("shop 0", "category 1")
+    ledger = Ledger(
+        {a: (Decimal("3.00"), 2)},
+        baseline_ts=10,
+        placement={7: a, 8: a},
+        item_baseline={7: (Decimal("1.00"), 1), 8: (Decimal("2.00"), 1)},
+    )
+    ledger.add_to(12, 7, Decimal("0.50"))
+    ledger.move(14, 7, b)
+    ledger.add_to(16, 7, Decimal("0.25"))
+    ledger.move(18, 8, b)
+    exact_reads = [
+        (11, {a: (Decimal("3.00"), 2)}),
+        (13, {a: (Decimal("3.50"), 3)}),
+        (15, {a: (Decimal("2.00"), 1), b: (Decimal("1.50"), 2)}),
+        (17, {a: (Decimal("2.00"), 1), b: (Decimal("1.75"), 3)}),
+        (20, {b: (Decimal("3.75"), 4)}),
+    ]
+    assert judge(ledger, exact_reads) == Verdict(5, 5, Decimal(0), 0)
+    before_the_move = (15, {a: (Decimal("3.50"), 3)})  # item 7 still in a at 15: wrong
+    verdict = judge(ledger, [*exact_reads, before_the_move])
+    assert (verdict.exact, verdict.max_cost_error, verdict.max_count_error) == (
+        5,
+        Decimal("1.50"),
+        2,
+    )
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         ({"modes": ["fast"]}, "unknown mode 'fast'"),
+        ({"moves": 1.5}, "--moves must be in"),
         ({"modes": ["async:often"]}, "interval must be an integer"),
         ({"modes": ["cumulus:100:0"]}, "the nodes must be 1..64"),
         ({"modes": ["cumulus:100:2:eager"]}, "conservative, local, grpc, spark, and feed<ms>"),
