@@ -27,11 +27,13 @@ class Ledger:
     baseline_ts: int
     events: list[tuple[int, Group, Decimal]] = field(default_factory=list)
     unknown: int = 0  # transactions whose outcome the client does not know: judge with care
-    # items whose group moves: each one's group and totals at the baseline (in ``baseline``)
-    placement: dict[Any, Group] = field(default_factory=dict)
+    # Items (products) whose group changes: each one's (first part of its group, category) at
+    # the baseline, the categories' names (unique), and each item's totals at the baseline
+    # (counted in ``baseline`` too). An item's group is (first part, its category's name).
+    placement: dict[Any, tuple[str, Any]] = field(default_factory=dict)
+    names: dict[Any, str] = field(default_factory=dict)
     item_baseline: dict[Any, tuple[Decimal, int]] = field(default_factory=dict)
-    item_events: list[tuple[int, Any, Decimal]] = field(default_factory=list)
-    moves: list[tuple[int, Any, Group]] = field(default_factory=list)
+    changes: list[tuple[int, int, Any, Any]] = field(default_factory=list)
 
     def add(self, ts: int, group: Group, cost: Decimal) -> None:
         """An event in a group that never moves."""
@@ -39,11 +41,18 @@ class Ledger:
 
     def add_to(self, ts: int, item: Any, cost: Decimal) -> None:
         """An event of ``item``: it counts in the item's group of the moment."""
-        self.item_events.append((ts, item, cost))
+        self.changes.append((ts, _ITEM_EVENT, item, cost))
 
-    def move(self, ts: int, item: Any, group: Group) -> None:
-        """``item`` (with everything counted for it so far) belongs to ``group`` from ``ts``."""
-        self.moves.append((ts, item, group))
+    def move(self, ts: int, item: Any, category: Any) -> None:
+        """``item`` (with everything counted for it so far) is in ``category`` from ``ts``."""
+        self.changes.append((ts, _MOVE, item, category))
+
+    def rename(self, ts: int, category: Any, name: str) -> None:
+        """``category``'s groups are called ``name`` from ``ts``."""
+        self.changes.append((ts, _RENAME, category, name))
+
+
+_EVENT, _ITEM_EVENT, _MOVE, _RENAME = range(4)
 
 
 class _Replay:
@@ -52,13 +61,10 @@ class _Replay:
     def __init__(self, ledger: Ledger) -> None:
         self.totals: Totals = dict(ledger.baseline)
         self.placement = dict(ledger.placement)
+        self.names = dict(ledger.names)
         self.items = dict(ledger.item_baseline)
-        changes: list[tuple[int, int, Any, Any]] = [
-            (ts, 0, group, cost) for ts, group, cost in ledger.events
-        ]
-        changes += [(ts, 1, item, cost) for ts, item, cost in ledger.item_events]
-        changes += [(ts, 2, item, group) for ts, item, group in ledger.moves]
-        self.changes = sorted(changes, key=lambda c: (c[0], c[1]))
+        changes = [(ts, _EVENT, group, cost) for ts, group, cost in ledger.events]
+        self.changes = sorted(changes + ledger.changes, key=lambda c: (c[0], c[1]))
         self.applied = 0
 
     def until(self, ts: int) -> Totals:
@@ -66,20 +72,29 @@ class _Replay:
         changes = self.changes
         while self.applied < len(changes) and changes[self.applied][0] <= ts:
             _, kind, subject, value = changes[self.applied]
-            if kind == 0:
+            if kind == _EVENT:
                 self._bump(subject, value, 1)
-            elif kind == 1:
-                self._bump(self.placement[subject], value, 1)
+            elif kind == _ITEM_EVENT:
+                self._bump(self._group(subject), value, 1)
                 cost, n = self.items.get(subject, (Decimal(0), 0))
                 self.items[subject] = (cost + value, n + 1)
-            else:
+            elif kind == _MOVE:
                 cost, n = self.items.get(subject, (Decimal(0), 0))
                 if n:
-                    self._bump(self.placement[subject], -cost, -n)
-                    self._bump(value, cost, n)
-                self.placement[subject] = value
+                    self._bump(self._group(subject), -cost, -n)
+                self.placement[subject] = (self.placement[subject][0], value)
+                if n:
+                    self._bump(self._group(subject), cost, n)
+            else:
+                old, self.names[subject] = self.names[subject], value
+                for group in [g for g in self.totals if g[1] == old]:
+                    self.totals[(group[0], value)] = self.totals.pop(group)
             self.applied += 1
         return self.totals
+
+    def _group(self, item: Any) -> Group:
+        first, category = self.placement[item]
+        return first, self.names[category]
 
     def _bump(self, group: Group, cost: Decimal, n: int) -> None:
         total, count = self.totals.get(group, (Decimal(0), 0))

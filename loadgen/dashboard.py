@@ -128,36 +128,42 @@ def move(rng: random.Random, scale: Scale, hot: bool = False) -> tuple[int, int]
     return product, rng.randrange(scale.categories)
 
 
-def category_group(product_id: int, cat_id: int, scale: Scale) -> tuple[str, str]:
-    """The group of SQL-1 a product's events land in while it is in category ``cat_id``."""
-    return f"shop {product_id % scale.shops}", f"category {cat_id}"
+def rename(rng: random.Random, scale: Scale, tag: str) -> tuple[int, str]:
+    """A category and a new name for it, made unique by ``tag`` (SQL-1 groups by name): a
+    write of the dimension every event joins, a few rows that many events read."""
+    category = rng.randrange(scale.categories)
+    return category, f"category {category} ({tag})"
 
 
 def ledger_at(snapshot: Any) -> Ledger:
-    """SQL-1's groups at ``snapshot`` (a client snapshot), and each product's group and totals
-    there: what the benchmark's events add to and its product moves carry along."""
+    """SQL-1's groups at ``snapshot`` (a client snapshot), each product's shop and category and
+    its totals there, and the categories' names: what the benchmark's events add to and its
+    product moves and category renames change."""
     categories = {r["id"]: r["name"] for r in snapshot.scan("categories")}
     shops = {r["id"]: r["name"] for r in snapshot.scan("shops")}
     placement = {
-        r["id"]: (shops[r["shop_id"]], categories[r["cat_id"]])
+        r["id"]: (shops[r["shop_id"]], r["cat_id"])
         for r in snapshot.scan("products")
         if r["shop_id"] in shops and r["cat_id"] in categories
     }
     totals: dict[tuple[str, str], tuple[Decimal, int]] = {}
     items: dict[int, tuple[Decimal, int]] = {}
     for row in snapshot.scan("events"):
-        group = placement.get(row["prod_id"])
-        if group is None or row["shop_id"] not in shops:
+        place = placement.get(row["prod_id"])
+        if place is None or row["shop_id"] not in shops:
             continue
-        if group[0] != shops[row["shop_id"]]:
+        if place[0] != shops[row["shop_id"]]:
             raise errors.FailedPrecondition(
                 f"event {row['id']} is not of its product's shop: not the dashboard's data"
             )
+        group = (place[0], categories[place[1]])
         cost, count = totals.get(group, (Decimal(0), 0))
         totals[group] = (cost + row["cost"], count + 1)
         cost, count = items.get(row["prod_id"], (Decimal(0), 0))
         items[row["prod_id"]] = (cost + row["cost"], count + 1)
-    return Ledger(totals, snapshot.timestamp, placement=placement, item_baseline=items)
+    return Ledger(
+        totals, snapshot.timestamp, placement=placement, names=categories, item_baseline=items
+    )
 
 
 def correction(rng: random.Random, scale: Scale) -> dict[str, Any]:

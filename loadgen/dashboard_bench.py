@@ -152,6 +152,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "instead of adding events (default: %(default)s; in cumulus mode these are what make "
         "corrective updates)",
     )
+    parser.add_argument(
+        "--renames",
+        type=float,
+        default=0.0,
+        help="share of the clients' transactions that rename a category (default: "
+        "%(default)s): a few rows every event reads",
+    )
 
 
 @dataclass
@@ -167,6 +174,7 @@ class Settings:
     hot: bool = False  # every event into one group
     processes: int = 0  # the local clusters' layout, as ``aggview start --processes``
     moves: float = 0.0  # share of transactions that move a product (``measure``'s ``moves``)
+    renames: float = 0.0  # share of transactions that rename a category
 
 
 def settings(args: argparse.Namespace) -> Settings:
@@ -185,8 +193,11 @@ def settings(args: argparse.Namespace) -> Settings:
         raise errors.InvalidArgument(
             "need at least 1 shop and 1 category, and at least as many products as shops"
         )
-    if not 0 <= args.moves < 1:
-        raise errors.InvalidArgument(f"--moves must be in [0, 1); got {args.moves}")
+    if not (0 <= args.moves and 0 <= args.renames and args.moves + args.renames < 1):
+        raise errors.InvalidArgument(
+            f"--moves and --renames must be at least 0 and less than 1 together; got "
+            f"{args.moves} and {args.renames}"
+        )
     if not 1 <= args.ltms <= 64:
         raise errors.InvalidArgument(f"--ltms must be between 1 and 64; got {args.ltms}")
     return Settings(
@@ -201,6 +212,7 @@ def settings(args: argparse.Namespace) -> Settings:
         args.hot,
         checked_processes(args.ltms, getattr(args, "processes", None)),
         args.moves,
+        args.renames,
     )
 
 
@@ -360,6 +372,7 @@ def run_benchmark(
             "address": config.address,
             "hot": config.hot,
             "moves": config.moves,
+            "renames": config.renames,
         },
     )
     ids = itertools.count(1_000_000 * int(time.time()) % (10**15))
@@ -445,6 +458,7 @@ class _ModeRun:
                 hot=config.hot,
                 tentative=self.mode.feed_ms > 0,
                 moves=config.moves,
+                renames=config.renames,
             )
 
 

@@ -33,7 +33,7 @@ class Point:
     # the last change fed, at which they should be exact)
     tentative_freshness: list[float] = field(default_factory=list)
     tentative_reads: list[tuple[int, Totals]] = field(default_factory=list)
-    moved: int = 0  # product moves committed (transactions of their own, not in ``committed``)
+    moved: int = 0  # product moves and category renames committed (not in ``committed``)
 
 
 async def measure(
@@ -47,6 +47,7 @@ async def measure(
     hot: bool = False,
     tentative: bool = False,
     moves: float = 0.0,
+    renames: float = 0.0,
 ) -> Point:
     """``clients`` closed loops committing transactions of k new events for ``seconds``; with
     a view (``ledger``: every commit is recorded there), one loop measuring how soon the view
@@ -54,9 +55,10 @@ async def measure(
     for a cumulus view's tentative reads too; ``moves``: the share of the loops' transactions
     that move a product to another category instead (a write of the dimension every event
     joins: concurrent with events of the same product at other members, what makes a
-    cumulus view's corrective updates)."""
+    cumulus view's corrective updates); ``renames``: the share that rename a category (a few
+    rows every event reads)."""
     load = _Load(
-        client, k, scale, ids, ledger, hot, tentative, time.perf_counter() + seconds, moves
+        client, k, scale, ids, ledger, hot, tentative, time.perf_counter() + seconds, moves, renames
     )
     started = time.perf_counter()
     watchers = [load.probes(), load.reader()] if ledger is not None else []
@@ -90,6 +92,7 @@ class _Load:
     tentative: bool
     deadline: float
     moves: float = 0.0
+    renames: float = 0.0
     latencies: list[float] = field(default_factory=list)
     freshness: list[float] = field(default_factory=list)
     reads: list[tuple[int, Totals]] = field(default_factory=list)
@@ -156,8 +159,9 @@ class _Load:
         """One closed-loop client: a transaction of k new events after another."""
         rng = random.Random(seed)
         while time.perf_counter() < self.deadline:
-            if self.moves and rng.random() < self.moves:
-                await self.move(rng)
+            draw = rng.random() if self.moves or self.renames else 1.0
+            if draw < self.moves + self.renames:
+                await self.change_dimension(rng, seed, draw < self.moves)
                 continue
             started = time.perf_counter()
             events = [
@@ -174,17 +178,26 @@ class _Load:
             self.latencies.append(time.perf_counter() - started)
             self.committed(tx.timestamp, events)
 
-    async def move(self, rng: random.Random) -> None:
-        """Moves a product to another category (its events' cost moves with it)."""
-        product, category = dashboard.move(rng, self.scale, self.hot)
+    async def change_dimension(self, rng: random.Random, seed: int, move: bool) -> None:
+        """Moves a product to another category (its events' cost moves with it), or renames a
+        category (its groups' names change)."""
+        if move:
+            product, category = dashboard.move(rng, self.scale, self.hot)
+        else:
+            category, name = dashboard.rename(rng, self.scale, f"{seed}.{self.moved}")
         try:
             async with self.client.transaction() as tx:
-                tx.update("products", {"id": product}, {"cat_id": category})
+                if move:
+                    tx.update("products", {"id": product}, {"cat_id": category})
+                else:
+                    tx.update("categories", {"id": category}, {"name": name})
         except errors.AggviewError as exc:
             self.aborted += 1
             self.failed(exc)
             return
         self.moved += 1
         if self.ledger is not None:
-            group = dashboard.category_group(product, category, self.scale)
-            self.ledger.move(tx.timestamp, product, group)
+            if move:
+                self.ledger.move(tx.timestamp, product, category)
+            else:
+                self.ledger.rename(tx.timestamp, category, name)
