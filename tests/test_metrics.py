@@ -209,6 +209,40 @@ def test_status_text_and_json(cluster: LocalCluster) -> None:
         assert any(lag is not None for lag in lags), lagging
 
 
+def test_status_gives_throughput_from_two_samples_and_watch_refreshes_until_ctrl_c(
+    cluster: LocalCluster,
+) -> None:
+    """The async view's refreshes and the cumulus view's epochs commit every 100 ms at the
+    leader: its throughput is above 0 between two samples."""
+    done = cli("status", cluster.address, "--interval", "0.5", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert status["tx_per_s"] > 0 and status["members"][0]["tx_per_s"] > 0
+    assert status["tx_per_s"] == sum(m["tx_per_s"] for m in status["members"])
+    done = cli("status", cluster.address, "--interval", "0")
+    assert "tx/s" not in done.stdout  # one sample: no throughput
+    assert cli("status", cluster.address, "--watch", "--interval", "0").returncode == 2
+
+    watching = subprocess.Popen(
+        [sys.executable, "-m", "aggcli.cli", "status", cluster.address, "--watch"]
+        + ["--interval", "0.3", "--format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watching.stdout is not None
+        samples = [json.loads(watching.stdout.readline()) for _ in range(3)]
+        assert all(s["tx_per_s"] is not None for s in samples)
+        watching.send_signal(signal.SIGINT)
+        _, err = watching.communicate(timeout=20)
+    finally:
+        if watching.poll() is None:
+            watching.kill()
+            watching.wait()
+    assert watching.returncode == 0 and "Traceback" not in err, err
+
+
 def test_status_of_an_unreachable_address_fails_fast_in_one_line() -> None:
     started = time.monotonic()
     done = cli("status", f"127.0.0.1:{free_port()}")
