@@ -246,7 +246,7 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     status = sub.add_parser(
         "status",
         help="each member of a running cluster: role, term, partitions, reachable members, "
-        "up/down, views with their mode and lag",
+        "up/down, throughput, views with their mode and lag",
         description="Asks ADDRESS for the cluster's members, then each member for its status. "
         "In a secure cluster, --tls-dir DIR also gives the cluster's secret (DIR/cluster.secret), "
         "which each member's details need; with --ca and --token alone members show up or down.",
@@ -257,7 +257,20 @@ def _add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "--timeout",
         type=float,
         default=3.0,
-        help="seconds a member may take to answer before it counts as down",
+        help="seconds a member may take to answer before it counts as down (default: %(default)s)",
+    )
+    status.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between the two samples whose commits give the throughput, and between "
+        "refreshes with --watch (default: %(default)s; 0: one sample, no throughput)",
+    )
+    status.add_argument(
+        "--watch",
+        action="store_true",
+        help="refresh every --interval seconds until Ctrl-C (--format json: one JSON object "
+        "per line)",
     )
     add_client_security(status)
     status.set_defaults(run=run_status)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from aggcli.options import CLI_TLS_SETTINGS, client_options, open_client
+from aggview import errors
 
 
 def run_sql(args: argparse.Namespace) -> None:
@@ -93,24 +94,53 @@ def run_watch(args: argparse.Namespace) -> None:
 
 
 def run_status(args: argparse.Namespace) -> None:
-    """Each member's role, partitions, views and lag, as the cluster says (aggclient.status)."""
+    """Each member's role, partitions, views, lag and throughput, as the cluster says
+    (aggclient.status); ``--watch``: again every ``--interval`` seconds until Ctrl-C."""
     import json
 
-    from aggclient.status import cluster_status, render_text
+    from aggclient.status import cluster_status, render_text, throughput
 
+    if args.interval < 0 or (args.watch and args.interval == 0):
+        raise errors.InvalidArgument(
+            f"--interval must be above 0 with --watch, and not negative; got {args.interval:g}"
+        )
     options = client_options(args)
     secret = None
     if args.client_tls_dir and (Path(args.client_tls_dir) / "cluster.secret").exists():
         secret = (Path(args.client_tls_dir) / "cluster.secret").read_text().strip()
-    status = cluster_status(
-        args.address,
-        ca=options["ca"],
-        token=options["token"],
-        secret=secret,
-        timeout=args.timeout,
-        tls_settings=CLI_TLS_SETTINGS,
-    )
-    if args.format == "json":
-        print(json.dumps(status.to_json(), indent=2))
-    else:
-        print(render_text(status))
+
+    def sample() -> tuple[float, Any]:
+        status = cluster_status(
+            args.address,
+            ca=options["ca"],
+            token=options["token"],
+            secret=secret,
+            timeout=args.timeout,
+            tls_settings=CLI_TLS_SETTINGS,
+        )
+        return time.monotonic(), status
+
+    previous = sample()
+    if args.interval > 0 and not args.watch:  # a second sample gives the throughput
+        time.sleep(args.interval)
+    clear = args.watch and args.format == "text" and sys.stdout.isatty()
+    try:
+        while True:
+            if args.interval > 0:
+                now = sample()
+                status = throughput(previous[1], now[1], now[0] - previous[0])
+                previous = now
+            else:
+                status = previous[1]
+            if args.format == "json":
+                print(json.dumps(status.to_json(), indent=None if args.watch else 2), flush=True)
+            else:
+                print(("\x1b[H\x1b[2J" if clear else "") + render_text(status), flush=True)
+            if not args.watch:
+                return
+            if args.format == "text" and not clear:
+                print(flush=True)  # refreshes apart
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        if not args.watch:
+            raise

@@ -47,6 +47,7 @@ class MemberInfo:
     copies: list[int] | None = None  # partitions whose log it copies (replicated clusters)
     reaches: list[int] | None = None  # members it hears (replicated clusters)
     committed: int | None = None  # transactions it coordinated that committed
+    tx_per_s: float | None = None  # its commits per second between two samples (``throughput``)
     metrics_port: int | None = None  # where it serves /metrics (0: nowhere)
     views: list[ViewInfo] = field(default_factory=list)
     note: str = ""  # why some figures are missing
@@ -58,9 +59,25 @@ class ClusterStatus:
     partitions: int
     leader: int
     members: list[MemberInfo]
+    tx_per_s: float | None = None  # the cluster's commits per second (``throughput``)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def throughput(before: ClusterStatus, after: ClusterStatus, seconds: float) -> ClusterStatus:
+    """``after`` with each member's commits per second since ``before`` (``seconds`` earlier),
+    and the cluster's: client and system commits (refreshes, epochs). A member not counted in
+    both, or whose count went back (it restarted), has none; the cluster's sums the others."""
+    counted = {m.member: m.committed for m in before.members}
+    rates = []
+    for m in after.members:
+        earlier = counted.get(m.member)
+        if m.committed is not None and earlier is not None and m.committed >= earlier:
+            m.tx_per_s = (m.committed - earlier) / seconds
+            rates.append(m.tx_per_s)
+    after.tx_per_s = sum(rates) if rates else None
+    return after
 
 
 def cluster_status(
@@ -165,9 +182,10 @@ def _views(stub: Any, metadata: Any, timeout: float) -> list[ViewInfo]:
 
 def render_text(status: ClusterStatus) -> str:
     """One line for the cluster, one per member, one per view of each member."""
+    rate = f", {status.tx_per_s:.1f} tx/s" if status.tx_per_s is not None else ""
     lines = [
         f"cluster at {status.address}: {len(status.members)} member(s), "
-        f"{status.partitions} partition(s), leader: member {status.leader}"
+        f"{status.partitions} partition(s), leader: member {status.leader}{rate}"
     ]
     for m in status.members:
         parts = [f"member {m.member}", m.address, "up" if m.up else "DOWN", m.role]
@@ -181,6 +199,8 @@ def render_text(status: ClusterStatus) -> str:
             parts.append(f"reaches members {_numbers(m.reaches)}")
         if m.committed is not None:
             parts.append(f"committed {m.committed}")
+        if m.tx_per_s is not None:
+            parts.append(f"{m.tx_per_s:.1f} tx/s")
         if m.metrics_port:
             parts.append(f"metrics :{m.metrics_port}")
         if m.note:

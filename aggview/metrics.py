@@ -54,6 +54,8 @@ class ViewState:
     name: str
     mode: str  # sync, async or cumulus
     state: str  # initializing, draining or live
+    # a cumulus view's runtime counts where it runs (the leader): ``CumulusView.counts``
+    runtime: dict[str, Any] | None = None
 
 
 @dataclass
@@ -254,6 +256,7 @@ class _StateCollector(Collector):
         yield info
         yield live
         yield lag
+        yield from _runtime_series(s.views)
         copies = GaugeMetricFamily(
             "aggview_log_copy_in_sync",
             "1 when a partition served here has its log copied to an in-sync backup "
@@ -263,3 +266,42 @@ class _StateCollector(Collector):
         for partition, in_sync in sorted(s.copies_in_sync.items()):
             copies.add_metric([str(partition)], 1 if in_sync else 0)
         yield copies
+
+
+def _runtime_series(views: list[ViewState]) -> Iterator[Metric]:
+    """Each cumulus view's runtime, at the member it runs on (as of its last epoch)."""
+    updates = CounterMetricFamily(
+        "aggview_cumulus_updates",
+        "Updates fed to the view's runtime since it was loaded (a change is a delete and an "
+        "insert)",
+        labels=["view"],
+    )
+    messages = CounterMetricFamily(
+        "aggview_cumulus_messages",
+        "Messages between the runtime's switches and DW nodes, by kind",
+        labels=["view", "kind"],
+    )
+    corrective = CounterMetricFamily(
+        "aggview_cumulus_corrective_updates",
+        "Corrective updates: a DW node's read revised by a write that arrived late",
+        labels=["view"],
+    )
+    epochs = CounterMetricFamily(
+        "aggview_cumulus_epochs", "Epochs the view's runtime committed", labels=["view"]
+    )
+    cpu = CounterMetricFamily(
+        "aggview_cumulus_cpu_seconds",
+        "CPU seconds this process spent driving the view's runtime",
+        labels=["view"],
+    )
+    for view in views:
+        counts = view.runtime
+        if not counts:
+            continue
+        updates.add_metric([view.name], counts.get("updates", 0))
+        for kind, n in sorted((counts.get("messages") or {}).items()):
+            messages.add_metric([view.name, str(kind)], n)
+        corrective.add_metric([view.name], counts.get("corrective", 0))
+        epochs.add_metric([view.name], counts.get("epochs", 0))
+        cpu.add_metric([view.name], counts.get("cpu_seconds", 0.0))
+    yield from (updates, messages, corrective, epochs, cpu)

@@ -317,9 +317,15 @@ def _member_state(manager: TransactionManager) -> MemberState:
         lookup_hits=manager.lookups.hits,
         lookup_misses=manager.lookups.misses,
         clock_grants=clock.grants if isinstance(clock, Clock) else 0,
-        views=[ViewState(v.name, v.plan.mode, v.state) for v in views],
+        views=[ViewState(v.name, v.plan.mode, v.state, _runtime_counts(manager, v)) for v in views],
         copies_in_sync=copies,
     )
+
+
+def _runtime_counts(manager: TransactionManager, view: Any) -> dict[str, Any] | None:
+    """A cumulus view's runtime counts where its runtime runs (None elsewhere)."""
+    runtime = manager.views.runtimes.get(view.name) if manager.views is not None else None
+    return dict(runtime.counts()) if runtime is not None else None
 
 
 def _leadership(config: CoordinatorConfig, store: Store) -> tuple[int, Leadership | None]:

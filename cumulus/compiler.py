@@ -2,8 +2,10 @@
 optimizer), one module each in ``cumulus.passes`` and each a function testable on its own;
 the DDL around the SELECT is parsed by ``cumulus.ddl``.
 
-``unions.split`` (a UNION ALL or a SELECT without FROM -> branches, each compiled as a view,
-joined by ``union_plans`` into one plan, ``compile_views``) ->
+``inline_from.inline_ctes`` (WITH -> subqueries) -> ``unions.split`` (a UNION ALL or a
+SELECT without FROM -> branches, each compiled as a view, joined by ``union_plans`` into one
+plan, ``compile_views``) ->
+``inline_from.merge_first_subquery`` (a simple subquery first in FROM merged into the view) ->
 ``lift_subqueries.lift_subqueries`` (subqueries -> hidden views, ``compile_views``) ->
 ``check_support.parse_select`` -> ``check_support.check_supported`` ->
 ``resolve_tables.resolve_tables`` -> ``expand_stars.expand_stars`` (``*`` and ``alias.*``) ->
@@ -32,12 +34,15 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+from sqlglot import exp
+
 from aggview import errors
 from aggview.schema import TableSchema
 from cumulus.ddl import CreateView, parse_view_statement
 from cumulus.passes import union_plans, unions
 from cumulus.passes.check_support import check_supported, parse_select
 from cumulus.passes.expand_stars import expand_stars
+from cumulus.passes.inline_from import inline_ctes, merge_first_subquery
 from cumulus.passes.lift_subqueries import Lifter, lift_subqueries
 from cumulus.passes.plan_groups import plan_group_by, projected_groups, view_shape
 from cumulus.passes.plan_having import plan_derived, plan_having
@@ -45,6 +50,7 @@ from cumulus.passes.plan_joins import mirror_right_join, outer_joins, plan_where
 from cumulus.passes.plan_select import plan_select
 from cumulus.passes.resolve_tables import resolve_tables
 from cumulus.plan import OUTER_REFUSAL, ViewPlan
+from cumulus.sqltext import parse_sql
 from cumulus.view_rows import is_view_rows, row_schema, rows_id
 
 CUMULUS_REFUSAL = (
@@ -116,6 +122,10 @@ def compile_views(
     (``__sub_<root>_<n>``, n counted over the tree of them: ``numbers``)."""
     numbers = itertools.count(1) if numbers is None else numbers
     root = root or create.name
+    written = create.select_sql
+    statement = parse_sql(written)
+    if statement.args.get("with_") is not None:
+        create = replace(create, select_sql=_rewritten_sql(inline_ctes(statement)))
     shape = unions.split(create.select_sql)
     if shape is not None:
 
@@ -126,11 +136,15 @@ def compile_views(
             plans = union_plans.union_plan(shape.branches, shape.tagged, branch)
         else:
             plans = union_plans.scalars(shape, branch)
-        return [*plans[:-1], replace(plans[-1], sql=create.select_sql)]
+        return [*plans[:-1], replace(plans[-1], sql=written)]
     lifter = Lifter(root, numbers)
-    select = lift_subqueries(parse_select(create.select_sql), lifter)
+    parsed = parse_select(create.select_sql)
+    merged = merge_first_subquery(parsed, table)
+    select = lift_subqueries(merged, lifter)
     if not lifter.hidden:
-        return [compile_view(create, table)]
+        if merged is not parsed:
+            create = replace(create, select_sql=_rewritten_sql(merged))
+        return [replace(compile_view(create, table), sql=written)]
     if create.mode == "cumulus":
         raise errors.InvalidArgument(CUMULUS_REFUSAL)
     plans: list[ViewPlan] = []
@@ -147,7 +161,18 @@ def compile_views(
             known[plan.name] = plan
     outer = compile_view(replace(create, select_sql=select.sql()), resolve)
     hidden_names = tuple(h.name for h in lifter.hidden)
-    return [*plans, replace(outer, sql=create.select_sql, hidden=hidden_names)]
+    return [*plans, replace(outer, sql=written, hidden=hidden_names)]
+
+
+def _rewritten_sql(rewritten: exp.Expression) -> str:
+    """A rewritten SELECT as the text the passes parse again; refused if that text would mean
+    something else (a construct sqlglot cannot write back, such as BETWEEN SYMMETRIC)."""
+    sql = rewritten.sql()
+    if parse_sql(sql) != rewritten:
+        raise errors.InvalidArgument(
+            f"this view cannot be rewritten without its CTEs or subqueries: {rewritten.sql()}"
+        )
+    return sql
 
 
 def compile_sql(sql: str, table: Callable[[str], TableSchema]) -> ViewPlan:

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from aggclient import Client
+from aggview import errors
+from loadgen.consistency import Ledger
 
 TABLES = [
     "CREATE TABLE categories (id INT PRIMARY KEY, name TEXT NOT NULL, parent INT)",
@@ -117,6 +119,51 @@ def group_of(event: dict[str, Any], scale: Scale) -> tuple[str, str]:
     """The (shop, category) group of SQL-1 an event of ``event()`` lands in, by the names and
     the product -> category placement of ``populate``."""
     return f"shop {event['shop_id']}", f"category {event['prod_id'] % scale.categories}"
+
+
+def move(rng: random.Random, scale: Scale, hot: bool = False) -> tuple[int, int]:
+    """A product (product 0 when ``hot``) and another category for it: a write of the
+    dimension every event joins, moving the product's whole cost between groups of SQL-1."""
+    product = 0 if hot else rng.randrange(scale.products)
+    return product, rng.randrange(scale.categories)
+
+
+def rename(rng: random.Random, scale: Scale, tag: str) -> tuple[int, str]:
+    """A category and a new name for it, made unique by ``tag`` (SQL-1 groups by name): a
+    write of the dimension every event joins, a few rows that many events read."""
+    category = rng.randrange(scale.categories)
+    return category, f"category {category} ({tag})"
+
+
+def ledger_at(snapshot: Any) -> Ledger:
+    """SQL-1's groups at ``snapshot`` (a client snapshot), each product's shop and category and
+    its totals there, and the categories' names: what the benchmark's events add to and its
+    product moves and category renames change."""
+    categories = {r["id"]: r["name"] for r in snapshot.scan("categories")}
+    shops = {r["id"]: r["name"] for r in snapshot.scan("shops")}
+    placement = {
+        r["id"]: (shops[r["shop_id"]], r["cat_id"])
+        for r in snapshot.scan("products")
+        if r["shop_id"] in shops and r["cat_id"] in categories
+    }
+    totals: dict[tuple[str, str], tuple[Decimal, int]] = {}
+    items: dict[int, tuple[Decimal, int]] = {}
+    for row in snapshot.scan("events"):
+        place = placement.get(row["prod_id"])
+        if place is None or row["shop_id"] not in shops:
+            continue
+        if place[0] != shops[row["shop_id"]]:
+            raise errors.FailedPrecondition(
+                f"event {row['id']} is not of its product's shop: not the dashboard's data"
+            )
+        group = (place[0], categories[place[1]])
+        cost, count = totals.get(group, (Decimal(0), 0))
+        totals[group] = (cost + row["cost"], count + 1)
+        cost, count = items.get(row["prod_id"], (Decimal(0), 0))
+        items[row["prod_id"]] = (cost + row["cost"], count + 1)
+    return Ledger(
+        totals, snapshot.timestamp, placement=placement, names=categories, item_baseline=items
+    )
 
 
 def correction(rng: random.Random, scale: Scale) -> dict[str, Any]:

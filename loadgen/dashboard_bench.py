@@ -144,6 +144,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hot", action="store_true", help="every event to one product: one group takes it all"
     )
+    parser.add_argument(
+        "--moves",
+        type=float,
+        default=0.0,
+        help="share of the clients' transactions that move a product to another category "
+        "instead of adding events (default: %(default)s; in cumulus mode these are what make "
+        "corrective updates)",
+    )
+    parser.add_argument(
+        "--renames",
+        type=float,
+        default=0.0,
+        help="share of the clients' transactions that rename a category (default: "
+        "%(default)s): a few rows every event reads",
+    )
 
 
 @dataclass
@@ -158,6 +173,8 @@ class Settings:
     out: Path
     hot: bool = False  # every event into one group
     processes: int = 0  # the local clusters' layout, as ``aggview start --processes``
+    moves: float = 0.0  # share of transactions that move a product (``measure``'s ``moves``)
+    renames: float = 0.0  # share of transactions that rename a category
 
 
 def settings(args: argparse.Namespace) -> Settings:
@@ -176,6 +193,11 @@ def settings(args: argparse.Namespace) -> Settings:
         raise errors.InvalidArgument(
             "need at least 1 shop and 1 category, and at least as many products as shops"
         )
+    if not (0 <= args.moves and 0 <= args.renames and args.moves + args.renames < 1):
+        raise errors.InvalidArgument(
+            f"--moves and --renames must be at least 0 and less than 1 together; got "
+            f"{args.moves} and {args.renames}"
+        )
     if not 1 <= args.ltms <= 64:
         raise errors.InvalidArgument(f"--ltms must be between 1 and 64; got {args.ltms}")
     return Settings(
@@ -189,6 +211,8 @@ def settings(args: argparse.Namespace) -> Settings:
         Path(args.out),
         args.hot,
         checked_processes(args.ltms, getattr(args, "processes", None)),
+        args.moves,
+        args.renames,
     )
 
 
@@ -228,7 +252,7 @@ def _setup(address: str, mode: Mode, scale: dashboard.Scale, options: dict[str, 
 def _ledger(address: str, options: dict[str, Any]) -> Ledger:
     """SQL-1 recomputed at a snapshot before the load: what the benchmark's events add to."""
     with Client(address, **options) as client, client.snapshot() as snapshot:
-        return Ledger(dashboard.recompute_shop_category_cost(snapshot), snapshot.timestamp)
+        return dashboard.ledger_at(snapshot)
 
 
 def _tables(client: Client) -> list[dict[str, Any]]:
@@ -347,6 +371,8 @@ def run_benchmark(
             "processes": config.processes,
             "address": config.address,
             "hot": config.hot,
+            "moves": config.moves,
+            "renames": config.renames,
         },
     )
     ids = itertools.count(1_000_000 * int(time.time()) % (10**15))
@@ -431,6 +457,8 @@ class _ModeRun:
                 ledger,
                 hot=config.hot,
                 tentative=self.mode.feed_ms > 0,
+                moves=config.moves,
+                renames=config.renames,
             )
 
 
@@ -466,6 +494,7 @@ def _row(
         tentative_consistent=tentative.share if tentative else None,
         tentative_max_error=float(tentative.max_cost_error) if tentative else None,
         probes=p.probes,
+        moved=p.moved,
         reads=verdict.reads if verdict else 0,
         consistent=verdict.share if verdict else None,
         max_error=float(verdict.max_cost_error) if verdict else None,

@@ -33,6 +33,7 @@ class Point:
     # the last change fed, at which they should be exact)
     tentative_freshness: list[float] = field(default_factory=list)
     tentative_reads: list[tuple[int, Totals]] = field(default_factory=list)
+    moved: int = 0  # product moves and category renames committed (not in ``committed``)
 
 
 async def measure(
@@ -45,12 +46,20 @@ async def measure(
     ledger: Ledger | None = None,
     hot: bool = False,
     tentative: bool = False,
+    moves: float = 0.0,
+    renames: float = 0.0,
 ) -> Point:
     """``clients`` closed loops committing transactions of k new events for ``seconds``; with
     a view (``ledger``: every commit is recorded there), one loop measuring how soon the view
     holds a commit and one reading it whole, for the consistency verdict; ``tentative``: both
-    for a cumulus view's tentative reads too."""
-    load = _Load(client, k, scale, ids, ledger, hot, tentative, time.perf_counter() + seconds)
+    for a cumulus view's tentative reads too; ``moves``: the share of the loops' transactions
+    that move a product to another category instead (a write of the dimension every event
+    joins: concurrent with events of the same product at other members, what makes a
+    cumulus view's corrective updates); ``renames``: the share that rename a category (a few
+    rows every event reads)."""
+    load = _Load(
+        client, k, scale, ids, ledger, hot, tentative, time.perf_counter() + seconds, moves, renames
+    )
     started = time.perf_counter()
     watchers = [load.probes(), load.reader()] if ledger is not None else []
     await asyncio.gather(*(load.loop(next(ids)) for _ in range(clients)), *watchers)
@@ -66,6 +75,7 @@ async def measure(
         load.reads,
         load.tentative_freshness,
         load.tentative_reads,
+        load.moved,
     )
 
 
@@ -81,6 +91,8 @@ class _Load:
     hot: bool
     tentative: bool
     deadline: float
+    moves: float = 0.0
+    renames: float = 0.0
     latencies: list[float] = field(default_factory=list)
     freshness: list[float] = field(default_factory=list)
     reads: list[tuple[int, Totals]] = field(default_factory=list)
@@ -88,11 +100,12 @@ class _Load:
     tentative_reads: list[tuple[int, Totals]] = field(default_factory=list)
     aborted: int = 0
     probed: int = 0
+    moved: int = 0
 
     def committed(self, ts: int, events: list[dict[str, Any]]) -> None:
         if self.ledger is not None:
             for event in events:
-                self.ledger.add(ts, dashboard.group_of(event, self.scale), event["cost"])
+                self.ledger.add_to(ts, event["prod_id"], event["cost"])
 
     def failed(self, exc: errors.AggviewError) -> None:
         if self.ledger is not None and isinstance(exc, errors.Unavailable):
@@ -146,6 +159,10 @@ class _Load:
         """One closed-loop client: a transaction of k new events after another."""
         rng = random.Random(seed)
         while time.perf_counter() < self.deadline:
+            draw = rng.random() if self.moves or self.renames else 1.0
+            if draw < self.moves + self.renames:
+                await self.change_dimension(rng, seed, draw < self.moves)
+                continue
             started = time.perf_counter()
             events = [
                 dashboard.event(rng, next(self.ids), self.scale, self.hot) for _ in range(self.k)
@@ -160,3 +177,27 @@ class _Load:
                 continue
             self.latencies.append(time.perf_counter() - started)
             self.committed(tx.timestamp, events)
+
+    async def change_dimension(self, rng: random.Random, seed: int, move: bool) -> None:
+        """Moves a product to another category (its events' cost moves with it), or renames a
+        category (its groups' names change)."""
+        if move:
+            product, category = dashboard.move(rng, self.scale, self.hot)
+        else:
+            category, name = dashboard.rename(rng, self.scale, f"{seed}.{self.moved}")
+        try:
+            async with self.client.transaction() as tx:
+                if move:
+                    tx.update("products", {"id": product}, {"cat_id": category})
+                else:
+                    tx.update("categories", {"id": category}, {"name": name})
+        except errors.AggviewError as exc:
+            self.aborted += 1
+            self.failed(exc)
+            return
+        self.moved += 1
+        if self.ledger is not None:
+            if move:
+                self.ledger.move(tx.timestamp, product, category)
+            else:
+                self.ledger.rename(tx.timestamp, category, name)

@@ -7,8 +7,12 @@
   to no view), p50/p99 commit latency, freshness (from a probe's commit to a read that holds
   it), the share of reads under load that were the exact answer at their timestamp, CPU per
   event, the runtime's messages and corrective updates per 1,000 updates, and whether the view
-  was exact at the end. It is the dashboard benchmark (``loadgen.dashboard_bench``) with these
-  modes and smaller defaults; every option of ``aggview bench dashboard`` applies.
+  was exact at the end. 2 % of the transactions move a product to another category
+  (``--moves``: its events' cost moves between groups) and 1 % rename a category
+  (``--renames``): in cumulus mode the updates of the members' switches meet out of order
+  (corrective updates). It is the dashboard
+  benchmark (``loadgen.dashboard_bench``) with these modes and smaller defaults; every option
+  of ``aggview bench dashboard`` applies.
 - **The TPC-W ordering mix** (``--tpcw-seconds``, 0 to skip; needs the Spark layer): one
   populated cluster, the four TPC-W views in each mode in turn (none, mixed, sync, async,
   cumulus; switched live between runs), web interactions per second and their latency, and
@@ -44,6 +48,11 @@ DEFAULT_MODES = [
     "cumulus:100:2:conservative",
     "cumulus:1000:2:feed50",
 ]
+# 2 % of the dashboard clients' transactions move a product to another category and 1 % rename
+# a category: writes of the dimensions the events join, at every member, so a cumulus view's
+# switches meet out of order and correct (a category is read by every 20th event)
+MOVES = 0.02
+RENAMES = 0.01
 TPCW_MODES = ("none", "mixed", "sync", "async", "cumulus")
 TPCW_SCALE = {"browsers": 4, "items": 1000, "customers_per_browser": 10}
 TPCW_INTERVAL_MS = 100  # the async views' refresh interval and the cumulus views' epoch
@@ -57,7 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=4.0,
         help="length of each TPC-W ordering run (0: no TPC-W comparison)",
     )
-    parser.set_defaults(modes=DEFAULT_MODES, sizes=[1, 10], seconds=4.0, out="aggview-modes")
+    parser.set_defaults(
+        modes=DEFAULT_MODES,
+        sizes=[1, 10],
+        seconds=4.0,
+        out="aggview-modes",
+        moves=MOVES,
+        renames=RENAMES,
+    )
 
 
 def run(args: argparse.Namespace, options: dict[str, Any]) -> None:

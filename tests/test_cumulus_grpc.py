@@ -176,7 +176,7 @@ def test_replay_over_grpc_checks_and_names_a_dead_node(tmp_path: Path) -> None:
         runtime.feed(random_stream(program, random.Random(1), 200))
         servers[1].kill()
         with pytest.raises(errors.Unavailable, match="DW node 1 at 127.0.0.1:"):
-            runtime.feed(random_stream(program, random.Random(2), 20_000))
+            runtime.feed(random_stream(program, random.Random(2), 2_000))
             runtime.finish()
     finally:
         runtime.close()

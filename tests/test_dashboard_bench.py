@@ -43,6 +43,8 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
                 seconds=0.7,
                 clients=2,
                 out=str(tmp_path / "out"),
+                moves=0.1,  # products move between categories under every mode's reads,
+                renames=0.05,  # and categories get new names
             )
         )
         report = dashboard_bench.run_benchmark(config, {})
@@ -83,6 +85,7 @@ def test_report_counts_match_rows_written_and_views_stay_exact(tmp_path: Path) -
     assert all(r["verified"] for r in report.rows)
     assert events == sum(r["committed"] * r["k"] + r["probes"] for r in report.rows)
     assert all(r["aborted"] == 0 and r["tx_per_s"] > 0 for r in report.rows)
+    assert all(r["moved"] > 0 for r in report.rows)
     written = dashboard_report.write_outputs(report, tmp_path / "out")
     names = {p.name for p in written}
     assert {
@@ -189,10 +192,49 @@ def test_the_consistency_verdict_counts_a_wrong_read_and_its_error() -> None:
     assert (verdict.max_cost_error, verdict.max_count_error) == (Decimal("2.00"), 1)
 
 
+def test_moves_and_renames_carry_a_products_whole_total_to_its_new_group() -> None:
+    """Events of an item count in its group of the moment; a move takes the item's total,
+    baseline included, from its old group to its new one (an emptied group is gone), and a
+    rename gives every group of a category its new name."""
+    a, b = ("shop 0", "category 0"), ("shop 0", "category 1")
+    ledger = Ledger(
+        {a: (Decimal("3.00"), 2)},
+        baseline_ts=10,
+        placement={7: ("shop 0", 0), 8: ("shop 0", 0)},
+        names={0: "category 0", 1: "category 1"},
+        item_baseline={7: (Decimal("1.00"), 1), 8: (Decimal("2.00"), 1)},
+    )
+    ledger.add_to(12, 7, Decimal("0.50"))
+    ledger.move(14, 7, 1)
+    ledger.add_to(16, 7, Decimal("0.25"))
+    ledger.move(18, 8, 1)
+    ledger.rename(19, 1, "new")
+    ledger.add_to(21, 8, Decimal("1.00"))
+    exact_reads = [
+        (11, {a: (Decimal("3.00"), 2)}),
+        (13, {a: (Decimal("3.50"), 3)}),
+        (15, {a: (Decimal("2.00"), 1), b: (Decimal("1.50"), 2)}),
+        (17, {a: (Decimal("2.00"), 1), b: (Decimal("1.75"), 3)}),
+        (18, {b: (Decimal("3.75"), 4)}),
+        (20, {("shop 0", "new"): (Decimal("3.75"), 4)}),
+        (22, {("shop 0", "new"): (Decimal("4.75"), 5)}),
+    ]
+    assert judge(ledger, exact_reads) == Verdict(7, 7, Decimal(0), 0)
+    before_the_move = (15, {a: (Decimal("3.50"), 3)})  # item 7 still in a at 15: wrong
+    verdict = judge(ledger, [*exact_reads, before_the_move])
+    assert (verdict.exact, verdict.max_cost_error, verdict.max_count_error) == (
+        7,
+        Decimal("1.50"),
+        2,
+    )
+    assert judge(ledger, [(20, {b: (Decimal("3.75"), 4)})]).exact == 0  # the old name
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         ({"modes": ["fast"]}, "unknown mode 'fast'"),
+        ({"moves": 0.5, "renames": 0.5}, "--moves and --renames must be"),
         ({"modes": ["async:often"]}, "interval must be an integer"),
         ({"modes": ["cumulus:100:0"]}, "the nodes must be 1..64"),
         ({"modes": ["cumulus:100:2:eager"]}, "conservative, local, grpc, spark, and feed<ms>"),

@@ -18,6 +18,7 @@ from pausing import paused
 from polling import wait_for
 
 from aggclient import Client
+from aggclient.status import cluster_status
 from agglauncher.cluster import LocalCluster
 from aggview import errors
 from aggview.partition_map import decision_log_id
@@ -828,6 +829,10 @@ def test_a_dead_member_hands_over_its_partitions_and_decisions(
         cluster.member(1).kill()
         wait_for("member 2 to serve partition 1", lambda: 1 in status(cluster, 2).serving, 30)
         assert decision_log(cluster, 1).owner == 2  # partition 2's hosting: member 2
+        # ``aggview status`` shows it: member 1 down, its partition at member 2
+        shown = {m.member: m for m in cluster_status(cluster.member(0).address).members}
+        assert not shown[1].up and shown[0].up and shown[2].up
+        assert shown[2].partitions is not None and 1 in shown[2].partitions
         before = len(outcomes.committed)
         wait_for("commits after the failover", lambda: len(outcomes.committed) > before + 50)
 

@@ -28,6 +28,15 @@ TRANSACTIONS = 12  # the clients' transactions the module's cluster runs
 SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
 
 
+GRAFANA_QUERIES = [
+    target["expr"]
+    for panel in json.loads(
+        (Path(__file__).parent.parent / "docker" / "grafana" / "aggview.json").read_text()
+    )["panels"]
+    for target in panel["targets"]
+]
+
+
 def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """A member's /metrics as {(name, labels): value}."""
     with urllib.request.urlopen(url, timeout=5) as reply:
@@ -41,6 +50,13 @@ def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
             pairs = re.findall(r'(\w+)="([^"]*)"', labels or "")
             samples[(name, frozenset(pairs))] = float(value)
     return samples
+
+
+def families(url: str) -> set[str]:
+    """The metric families a member's /metrics declares (``# TYPE`` lines), samples or not."""
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    return set(re.findall(r"^# TYPE (\w+) ", text, flags=re.MULTILINE))
 
 
 def value(samples: dict, name: str, **labels: str) -> float | None:
@@ -68,6 +84,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
             client.sql(
                 "CREATE MATERIALIZED VIEW counts WITH (refresh = 'async', interval_ms = 100) "
                 "AS SELECT shop, COUNT(*) AS n FROM sales GROUP BY shop"
+            )
+            client.sql(
+                "CREATE MATERIALIZED VIEW epochs WITH (refresh = 'cumulus', epoch_ms = 100) "
+                "AS SELECT shop, MAX(amount) AS top FROM sales GROUP BY shop"
             )
             for i in range(TRANSACTIONS):
                 with client.transaction() as tx:
@@ -103,6 +123,7 @@ def test_every_member_serves_its_own_metrics(cluster: LocalCluster) -> None:
         assert {(v["view"], v["mode"]) for v in labelled(s, "aggview_view_info")} == {
             ("by_shop", "sync"),
             ("counts", "async"),
+            ("epochs", "cumulus"),
         }
         assert value(s, "aggview_view_live", view="by_shop") == 1
     # one leader; it grants the timestamps; the partitions are all held
@@ -127,6 +148,20 @@ def test_every_member_serves_its_own_metrics(cluster: LocalCluster) -> None:
     for s in final:
         assert value(s, "aggview_lookup_cache_hits_total") is not None
         assert value(s, "aggview_lookup_cache_misses_total") is not None
+    # the cumulus view's runtime runs at the leader: every insert fed to it, as of an epoch
+    leader, follower = final
+    for _ in range(50):
+        if value(leader, "aggview_cumulus_updates_total", view="epochs") == TRANSACTIONS:
+            break
+        time.sleep(0.1)
+        leader = scrape(urls[0])
+    assert value(leader, "aggview_cumulus_updates_total", view="epochs") == TRANSACTIONS
+    assert value(leader, "aggview_cumulus_epochs_total", view="epochs") > 0
+    messages = [n for (name, _), n in leader.items() if name == "aggview_cumulus_messages_total"]
+    assert messages and sum(messages) > 0
+    assert value(leader, "aggview_cumulus_corrective_updates_total", view="epochs") is not None
+    assert value(leader, "aggview_cumulus_cpu_seconds_total", view="epochs") > 0
+    assert value(follower, "aggview_cumulus_updates_total", view="epochs") is None
 
 
 def test_aborts_are_counted_by_reason(cluster: LocalCluster) -> None:
@@ -154,6 +189,7 @@ def test_status_text_and_json(cluster: LocalCluster) -> None:
     assert "partitions 0,2" in member_lines[0] and "partitions 1" in member_lines[1]
     assert "    view by_shop  sync  live" in lines
     assert any(line.startswith("    view counts  async  live") for line in lines)
+    assert any(line.startswith("    view epochs  cumulus  live") for line in lines)
 
     done = cli("status", cluster.address, "--format", "json")
     assert done.returncode == 0, done.stderr
@@ -167,9 +203,44 @@ def test_status_text_and_json(cluster: LocalCluster) -> None:
     assert [m["metrics_port"] for m in members] == [s.metrics_port for s in cluster.servers]
     for m in members:
         modes = {v["name"]: v["mode"] for v in m["views"]}
-        assert modes == {"by_shop": "sync", "counts": "async"}
-    lags = [v["lag_seconds"] for m in members for v in m["views"] if v["name"] == "counts"]
-    assert any(lag is not None for lag in lags)
+        assert modes == {"by_shop": "sync", "counts": "async", "epochs": "cumulus"}
+    for lagging in ("counts", "epochs"):  # refreshed, or an epoch run, somewhere lately
+        lags = [v["lag_seconds"] for m in members for v in m["views"] if v["name"] == lagging]
+        assert any(lag is not None for lag in lags), lagging
+
+
+def test_status_gives_throughput_from_two_samples_and_watch_refreshes_until_ctrl_c(
+    cluster: LocalCluster,
+) -> None:
+    """The async view's refreshes and the cumulus view's epochs commit every 100 ms at the
+    leader: its throughput is above 0 between two samples."""
+    done = cli("status", cluster.address, "--interval", "0.5", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert status["tx_per_s"] > 0 and status["members"][0]["tx_per_s"] > 0
+    assert status["tx_per_s"] == sum(m["tx_per_s"] for m in status["members"])
+    done = cli("status", cluster.address, "--interval", "0")
+    assert "tx/s" not in done.stdout  # one sample: no throughput
+    assert cli("status", cluster.address, "--watch", "--interval", "0").returncode == 2
+
+    watching = subprocess.Popen(
+        [sys.executable, "-m", "aggcli.cli", "status", cluster.address, "--watch"]
+        + ["--interval", "0.3", "--format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watching.stdout is not None
+        samples = [json.loads(watching.stdout.readline()) for _ in range(3)]
+        assert all(s["tx_per_s"] is not None for s in samples)
+        watching.send_signal(signal.SIGINT)
+        _, err = watching.communicate(timeout=20)
+    finally:
+        if watching.poll() is None:
+            watching.kill()
+            watching.wait()
+    assert watching.returncode == 0 and "Traceback" not in err, err
 
 
 def test_status_of_an_unreachable_address_fails_fast_in_one_line() -> None:
@@ -282,6 +353,16 @@ def test_a_real_prometheus_scrapes_every_member(cluster: LocalCluster, tmp_path:
         assert sorted(u["metric"]["instance"] for u in ups if u["value"][1] == "1") == sorted(
             targets
         )
+        # every query of docker/grafana/aggview.json is valid PromQL over series the members
+        # serve (each name is in a scrape; some have no samples yet, as a quiet cluster's)
+        declared = set().union(*(families(url) for url in cluster.metrics_urls))
+        for expr in GRAFANA_QUERIES:
+            for name in re.findall(r"aggview_\w+", expr):
+                family = re.sub(r"_(total|bucket|count|sum)$", "", name)
+                assert {name, family} & declared, f"{name} (in {expr}) is not a series served"
+            ask = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+            with urllib.request.urlopen(ask, timeout=5) as reply:
+                assert json.loads(reply.read())["status"] == "success", expr
     finally:
         server.terminate()
         try:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from profiles import examples
 from test_bag_views import MODES, _wait, distributed_equals_interpreter
 from test_cumulus_runtime import compiled_cases
 from test_m3_differential import replay
@@ -214,7 +215,9 @@ def test_unions_maintained_by_the_refresh_operator_equal_duckdb(shape: str) -> N
     check_against_duckdb([("q", IN_MEMORY[shape].format("a", "b"))], seed=len(shape), batches=40)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(10, 40), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(shape=st.sampled_from(sorted(IN_MEMORY)), seed=st.integers(0, 10**6))
 def test_union_deltas_equal_duckdb_after_every_batch(shape: str, seed: int) -> None:
     check_against_duckdb([("q", IN_MEMORY[shape].format("a", "b"))], seed, batches=15)
@@ -232,7 +235,7 @@ def test_unions_in_m3_equal_duckdb_after_every_update_at_every_depth(shape: str)
     replay(select.format(*names), names, seed=len(shape), steps=60, spec=_spec(approx))
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(6, 24), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shape=st.sampled_from(sorted(UNIONS)), seed=st.integers(0, 10**6))
 def test_union_programs_equal_duckdb_for_random_streams(shape: str, seed: int) -> None:
     select, approx = UNIONS[shape]
@@ -249,7 +252,9 @@ def union_specs(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(12, 50), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     case=compiled_cases(union_specs(), lambda spec, names: UNIONS[spec["shape"]][0].format(*names))
 )
@@ -315,7 +320,7 @@ def test_a_union_over_hidden_views_in_sync_and_async(
             )
 
 
-@settings(max_examples=4, **SETTINGS)  # type: ignore[arg-type]
+@settings(max_examples=examples(3, 8), **SETTINGS)  # type: ignore[arg-type]
 @given(spec=union_specs(), modes=SWITCHES, delays=DELAYS)
 def test_a_unions_mode_switches_under_load_lose_and_double_nothing(
     cluster: LocalCluster, spec: dict[str, Any], modes: list[str], delays: list[float]

@@ -127,8 +127,10 @@ SELECT count(*) FROM (SELECT prod_id FROM events GROUP BY prod_id UNION ALL SELE
 SELECT count(*) FROM events INTERSECT SELECT count(*) FROM products;
 -- InvalidArgument: EXCEPT
 SELECT count(*) FROM events EXCEPT SELECT count(*) FROM products;
--- InvalidArgument: WITH (common table expressions)
-WITH x AS (SELECT * FROM events) SELECT count(*) FROM x;
+-- InvalidArgument: WITH RECURSIVE
+WITH RECURSIVE x AS (SELECT * FROM events) SELECT count(*) FROM x;
+-- InvalidArgument: a column list on a common table expression
+WITH x(n) AS (SELECT id FROM events) SELECT count(*) FROM x;
 -- InvalidArgument: SELECT * is not supported in a view with GROUP BY or aggregates
 SELECT *, count(*) FROM events;
 -- InvalidArgument: SELECT e.*

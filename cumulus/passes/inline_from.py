@@ -1,0 +1,281 @@
+"""Pass 0a, before subqueries are lifted: common table expressions inlined, and simple subqueries
+in FROM merged into the query that reads them, so every mode takes what pg_ivm takes.
+
+- ``WITH t AS (q) ... FROM t``: every reference to ``t`` becomes ``(q) AS t`` (a CTE may read
+  the ones before it). ``WITH RECURSIVE`` and column lists (``WITH t(a, b)``) are refused.
+- ``FROM (SELECT e1 AS c1, ... FROM t1 JOIN t2 ON ... WHERE w) s``, the first item of FROM, whose
+  SELECT has no aggregate, GROUP BY, HAVING, DISTINCT, ORDER BY, LIMIT, outer join, subquery or
+  union: its tables (and inner joins) come first in the outer FROM, ``w`` is added to the outer
+  WHERE, and each column of ``s`` is replaced by its expression. A bag of rows filtered and
+  joined is the same whether it is named first or not, so the view means the same, and it is
+  maintained as one view over base tables (Cumulus takes it; sync and async save a hidden view).
+
+Anything else is left as it was (a hidden view: ``lift_subqueries``), including a merge that
+would need a column the outer query names ambiguously.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlglot import exp
+
+from aggview import errors
+from aggview.schema import TableSchema
+from cumulus.passes.check_support import AGGREGATES, refuse
+from cumulus.sqltext import identifier
+
+Schema = Callable[[str], TableSchema]
+
+
+def inline_ctes(statement: exp.Expression) -> exp.Expression:
+    """``statement`` (a SELECT or a union) without its WITH: each CTE's query in place of every
+    reference to it, as a subquery aliased as the reference was."""
+    with_ = statement.args.get("with_")
+    if with_ is None:
+        return statement
+    if with_.args.get("recursive"):
+        raise refuse("WITH RECURSIVE", with_)
+    bodies: dict[str, exp.Expression] = {}
+    for cte in with_.expressions:
+        alias = cte.args.get("alias")
+        if alias is not None and alias.args.get("columns"):
+            raise refuse("a column list on a common table expression", cte)
+        name = identifier(alias.this if alias is not None else None, "common table expression")
+        bodies[name] = _substituted(cte.this.copy(), bodies)
+    statement = statement.copy()
+    statement.set("with_", None)
+    return _substituted(statement, bodies)
+
+
+def _substituted(node: exp.Expression, bodies: dict[str, exp.Expression]) -> exp.Expression:
+    for table in list(node.find_all(exp.Table)):
+        if table.args.get("db") or not isinstance(table.this, exp.Identifier):
+            continue
+        name = identifier(table.this, "table")
+        if name not in bodies:
+            continue
+        alias = table.args.get("alias")
+        alias_name = alias.this if alias is not None and alias.this is not None else table.this
+        subquery = exp.Subquery(
+            this=bodies[name].copy(), alias=exp.TableAlias(this=alias_name.copy())
+        )
+        if table is node:
+            return subquery
+        table.replace(subquery)
+    return node
+
+
+def merge_first_subquery(select: exp.Select, schema: Schema) -> exp.Select:
+    """``select`` with its first FROM item merged when that is a simple subquery (module
+    docstring), repeatedly; otherwise ``select`` unchanged."""
+    while True:
+        merged = _merge_once(select, schema)
+        if merged is None:
+            return select
+        select = merged
+
+
+def _merge_once(select: exp.Select, schema: Schema) -> exp.Select | None:
+    first = select.args.get("from_")
+    node = first.this if first is not None else None
+    if not isinstance(node, exp.Subquery) or not isinstance(node.this, exp.Select):
+        return None
+    inner = merge_first_subquery(node.this.copy(), schema)  # its own first, inside out
+    if not _simple(inner):
+        return None
+    alias = node.args.get("alias")
+    if alias is None or alias.this is None or alias.args.get("columns"):
+        return None
+    for found in select.find_all(exp.Subquery, exp.Exists):
+        if found is not node and not _inside(found, node):
+            return None  # a nested scope's columns would need its own resolution: a hidden view
+    sources = _sources(inner, schema)
+    if sources is None or not _qualify(inner, sources):
+        return None
+    outputs = _outputs(inner, sources)
+    if outputs is None:
+        return None
+    name = identifier(alias.this, "table alias")
+    outer = select.copy()
+    others = _outer_sources(outer, schema)
+    if others is None:
+        return None
+    taken = set(others) | {name}
+    renames = {a: _fresh(f"{name}_{a}", taken) for a in sources if a in taken}
+    for column in inner.find_all(exp.Column):
+        qualifier = column.table
+        if qualifier in renames:
+            column.set("table", exp.to_identifier(renames[qualifier], quoted=True))
+    for table in [inner.args["from_"].this, *(j.this for j in inner.args.get("joins") or [])]:
+        alias_now = _alias_of(table)
+        if alias_now in renames:
+            table.set("alias", exp.TableAlias(this=exp.to_identifier(renames[alias_now], True)))
+    outputs = _outputs(inner, {renames.get(a, a): s for a, s in sources.items()})
+    if outputs is None or not _replace_columns(outer, name, outputs, others):
+        return None
+    outer.set("from_", exp.From(this=inner.args["from_"].this.copy()))
+    joins = [j.copy() for j in inner.args.get("joins") or []]
+    outer.set("joins", joins + list(outer.args.get("joins") or []) or None)
+    where = inner.args.get("where")
+    if where is not None:
+        kept = outer.args.get("where")
+        both = exp.and_(where.this.copy(), kept.this) if kept is not None else where.this.copy()
+        outer.set("where", exp.Where(this=both))
+    return outer
+
+
+def _inside(node: exp.Expression, ancestor: exp.Expression) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if parent is ancestor:
+            return True
+        parent = parent.parent
+    return False
+
+
+def _simple(inner: exp.Expression) -> bool:
+    """A SELECT of rows filtered and inner-joined, nothing that groups, orders or nests."""
+    if not isinstance(inner, exp.Select) or inner.args.get("from_") is None:
+        return False
+    if any(inner.args.get(k) for k in ("group", "having", "distinct", "order", "limit", "with_")):
+        return False
+    if inner.find(exp.Subquery, exp.Exists, exp.Window, *AGGREGATES):
+        return False
+    for join in inner.args.get("joins") or []:
+        if join.side or join.args.get("using") or join.method:
+            return False
+    return all(isinstance(j.this, exp.Table) for j in inner.args.get("joins") or []) and (
+        isinstance(inner.args["from_"].this, exp.Table)
+    )
+
+
+def _alias_of(table: exp.Expression) -> str:
+    alias = table.args.get("alias")
+    return identifier(alias.this if alias is not None else table.this, "table alias")
+
+
+def _sources(inner: exp.Select, schema: Schema) -> dict[str, TableSchema] | None:
+    """The inner query's tables by alias (None: a name it cannot resolve, an alias twice)."""
+    found: dict[str, TableSchema] = {}
+    for table in [inner.args["from_"].this, *(j.this for j in inner.args.get("joins") or [])]:
+        if table.args.get("db"):
+            return None
+        try:
+            resolved = schema(identifier(table.this, "table"))
+        except (errors.AggviewError, KeyError):
+            return None
+        if resolved is None or _alias_of(table) in found:
+            return None
+        found[_alias_of(table)] = resolved
+    return found
+
+
+def _outer_sources(select: exp.Select, schema: Schema) -> dict[str, set[str] | None] | None:
+    """The outer query's other FROM items by alias, each with its column names (None for a
+    subquery: its columns are not known here)."""
+    found: dict[str, set[str] | None] = {}
+    for join in select.args.get("joins") or []:
+        item = join.this
+        if isinstance(item, exp.Table):
+            try:
+                resolved = schema(identifier(item.this, "table"))
+            except (errors.AggviewError, KeyError):
+                return None
+            found[_alias_of(item)] = {c.name for c in resolved.columns}
+        elif isinstance(item, exp.Subquery) and item.args.get("alias") is not None:
+            found[identifier(item.args["alias"].this, "table alias")] = None
+        else:
+            return None
+    return found
+
+
+def _qualify(inner: exp.Select, sources: dict[str, TableSchema]) -> bool:
+    """Every column of the inner query qualified by its table's alias (False: one no table or
+    several tables have)."""
+    for column in list(inner.find_all(exp.Column)):
+        if column.table:
+            continue
+        name = identifier(column.this, "column")
+        owners = [a for a, s in sources.items() if any(c.name == name for c in s.columns)]
+        if len(owners) != 1:
+            return False
+        column.set("table", exp.to_identifier(owners[0], quoted=True))
+    return True
+
+
+def _outputs(
+    inner: exp.Select, sources: dict[str, TableSchema]
+) -> dict[str, exp.Expression] | None:
+    """The inner query's output columns by name, each its expression (stars expanded)."""
+    outputs: dict[str, exp.Expression] = {}
+    for item in inner.expressions:
+        if isinstance(item, exp.Star) or (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        ):
+            wanted = item.table if isinstance(item, exp.Column) else ""
+            for alias, table in sources.items():
+                if wanted and alias != wanted:
+                    continue
+                for column in table.columns:
+                    if column.name in outputs:
+                        return None
+                    outputs[column.name] = exp.column(column.name, table=alias, quoted=True)
+            continue
+        name = item.alias_or_name
+        if not name or name in outputs:
+            return None
+        quoted = isinstance(item, exp.Alias) and item.args["alias"].quoted
+        outputs[name if quoted else name.lower()] = (
+            item.this if isinstance(item, exp.Alias) else item
+        )
+    return outputs
+
+
+def _replace_columns(
+    outer: exp.Select,
+    name: str,
+    outputs: dict[str, exp.Expression],
+    others: dict[str, set[str] | None],
+) -> bool:
+    """Each outer column of the subquery ``name`` replaced by its expression; a projection
+    keeps its name. False: a column it cannot place for sure."""
+    for item in outer.expressions:
+        if (
+            isinstance(item, exp.Star)
+            or isinstance(item.unalias(), exp.Column)
+            and isinstance(item.unalias().this, exp.Star)
+        ):
+            return False  # SELECT * over the subquery: left to the hidden view
+    items = [
+        exp.alias_(item, identifier(item.this, "column"), quoted=True)
+        if isinstance(item, exp.Column) and not isinstance(item.this, exp.Star)
+        else item
+        for item in outer.expressions
+    ]
+    outer.set("expressions", items)
+    for column in list(outer.find_all(exp.Column)):
+        column_name = identifier(column.this, "column")
+        if column.table:
+            if identifier(column.args["table"], "table alias") != name:
+                continue
+        else:
+            unknown = any(cols is None for cols in others.values())
+            elsewhere = any(cols is not None and column_name in cols for cols in others.values())
+            if column_name not in outputs:
+                continue
+            if elsewhere or unknown:
+                return False
+        if column_name not in outputs:
+            return False
+        column.replace(outputs[column_name].copy())
+    return True
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name, n = base[:60], 1
+    while name in taken:
+        n += 1
+        name = f"{base[:56]}_{n}"
+    taken.add(name)
+    return name
