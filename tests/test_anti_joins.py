@@ -60,6 +60,12 @@ OUTER = {
     "RIGHT OUTER JOIN b ON a.k = b.k AND a.x = b.x GROUP BY b.g",
     "LEFT JOIN subquery": "SELECT a.g, COUNT(*) AS n, SUM(s.t) AS t FROM a LEFT JOIN "
     "(SELECT k, SUM(v) AS t FROM b GROUP BY k) s ON s.k = a.k GROUP BY a.g",
+    # a simple subquery first in FROM is not merged into a view with an outer join
+    # (``inline_from``): merged, the RIGHT JOIN's NULL rows failed the subquery's WHERE
+    "RIGHT JOIN of a filtered subquery": "SELECT c.g, COUNT(*) AS n, COUNT(s.k) AS ns FROM "
+    "(SELECT a.g, a.k FROM a WHERE a.x > 1) s RIGHT JOIN b c ON c.x = s.k GROUP BY c.g",
+    "LEFT JOIN on a subquery's expression": "SELECT s.g, COUNT(*) AS n, COUNT(c.id) AS nc "
+    "FROM (SELECT a.g, a.k + 1 AS k1 FROM a) s LEFT JOIN b c ON c.x = s.k1 GROUP BY s.g",
     # a union's branches (``ViewPlan.branches``) with outer aliases of their own
     "LEFT JOIN in a union": "SELECT u.g, COUNT(*) AS n, SUM(u.v) AS s FROM (SELECT a.g, b.v "
     "FROM a LEFT JOIN b ON b.k = a.k UNION ALL SELECT b.g, b.v FROM b) u GROUP BY u.g",

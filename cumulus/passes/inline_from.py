@@ -5,10 +5,12 @@ in FROM merged into the query that reads them, so every mode takes what pg_ivm t
   the ones before it). ``WITH RECURSIVE`` and column lists (``WITH t(a, b)``) are refused.
 - ``FROM (SELECT e1 AS c1, ... FROM t1 JOIN t2 ON ... WHERE w) s``, the first item of FROM, whose
   SELECT has no aggregate, GROUP BY, HAVING, DISTINCT, ORDER BY, LIMIT, outer join, subquery or
-  union: its tables (and inner joins) come first in the outer FROM, ``w`` is added to the outer
-  WHERE, and each column of ``s`` is replaced by its expression. A bag of rows filtered and
-  joined is the same whether it is named first or not, so the view means the same, and it is
-  maintained as one view over base tables (Cumulus takes it; sync and async save a hidden view).
+  union, read by a query without outer joins: its tables (and inner joins) come first in the
+  outer FROM, ``w`` is added to the outer WHERE, and each column of ``s`` is replaced by its
+  expression. A bag of rows filtered and joined is the same whether it is named first or not, so
+  the view means the same, and it is maintained as one view over base tables (Cumulus takes it;
+  sync and async save a hidden view). Under an outer join the subquery stays whole: moved out of
+  a RIGHT JOIN's nullable side, its WHERE would drop the NULL rows.
 
 Anything else is left as it was (a hidden view: ``lift_subqueries``), including a merge that
 would need a column the outer query names ambiguously.
@@ -90,6 +92,10 @@ def _merge_once(select: exp.Select, schema: Schema) -> exp.Select | None:
     for found in select.find_all(exp.Subquery, exp.Exists):
         if found is not node and not _inside(found, node):
             return None  # a nested scope's columns would need its own resolution: a hidden view
+    if any(j.side for j in select.args.get("joins") or []):
+        # an outer join keeps the subquery whole: under a RIGHT JOIN its WHERE would filter the
+        # NULL rows away, and a LEFT JOIN's ON must stay equalities of columns
+        return None
     sources = _sources(inner, schema)
     if sources is None or not _qualify(inner, sources):
         return None
