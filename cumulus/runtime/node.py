@@ -32,6 +32,7 @@ from cumulus.runtime.evaluate import CompiledStep, Tables
 from cumulus.runtime.maplog import BEFORE_ALL, MapLog, accumulate
 from cumulus.runtime.messages import (
     COORDINATOR,
+    Batch,
     Corrective,
     Dispatch,
     EpochCommit,
@@ -52,7 +53,7 @@ from cumulus.runtime.placement import Placement, matches
 Outbox = list[tuple[int, Message]]
 
 
-@dataclass
+@dataclass(slots=True)
 class Operation:
     """An update's statement this node writes for: what it was pushed, what it wrote."""
 
@@ -80,7 +81,7 @@ class NodeStats:
     epochs: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class _ReadEntry:
     ts: Timestamp
     pattern: Key
@@ -144,6 +145,7 @@ class Node:
             for trigger, steps in zip(program.triggers, placement.steps, strict=True)
         ]
         self.maps: dict[str, MapLog] = defaultdict(MapLog)
+        self._homes: dict[str, dict[Any, int]] = defaultdict(dict)
         self.reads: dict[str, list[_ReadEntry]] = defaultdict(list)  # by map, sorted by ts
         self.operations: dict[tuple[Timestamp, int], Operation] = {}
         self.pending_writes: dict[str, list[Timestamp]] = defaultdict(list)  # sorted
@@ -184,27 +186,36 @@ class Node:
     # --------------------------------------------------------------------------- messages
 
     def handle(self, message: Message) -> Outbox:
+        """What to send for ``message``; a ``Batch``'s messages are taken in order and the
+        node's progress runs once after the last (as if they had arrived at once)."""
         out: Outbox = []
-        if isinstance(message, Dispatch):
-            self._not_committed(message.ts[0], message)
-            self._dispatch(message)
-        elif isinstance(message, Push):
-            self._not_committed(message.ts[0], message)
-            self._push(message)
-        elif isinstance(message, Corrective):
-            self._not_committed(min(r.ts[0] for r in message.reads), message)
-            self._corrective(message, out)
-        elif isinstance(message, Settled):
-            self._settled(message.seq, out)
-        elif isinstance(message, EpochEnd):
-            self._epoch_end(message)
-        elif isinstance(message, EpochCommit):
-            self._commit(message.cut)
-        else:
-            raise TypeError(f"a DW node cannot handle {type(message).__name__}")
+        self._take(message, out)
         self._progress(out)
         self._epoch_progress(out)
         return out
+
+    def _take(self, message: Message, out: Outbox) -> None:
+        kind = type(message)
+        if kind is Dispatch:
+            self._not_committed(message.ts[0], message)
+            self._dispatch(message)
+        elif kind is Push:
+            self._not_committed(message.ts[0], message)
+            self._push(message)
+        elif kind is Corrective:
+            self._not_committed(min(r.ts[0] for r in message.reads), message)
+            self._corrective(message, out)
+        elif kind is Settled:
+            self._settled(message.seq, out)
+        elif kind is EpochEnd:
+            self._epoch_end(message)
+        elif kind is EpochCommit:
+            self._commit(message.cut)
+        elif kind is Batch:
+            for inner in message.messages:
+                self._take(inner, out)
+        else:
+            raise TypeError(f"a DW node cannot handle {kind.__name__}")
 
     def _not_committed(self, counter: int, message: Message) -> None:
         if counter <= self.committed:
@@ -367,6 +378,8 @@ class Node:
     def _evaluate(self, op: Operation, out: Outbox) -> None:
         op.result = self._owned(op)
         self.completed.append(op.ts)
+        if not self.log_reads:  # no read is logged, so no corrective comes to revise it
+            del self.operations[(op.ts, op.statement)]
         step = self.placement.steps[op.trigger][op.statement]
         pending = self.pending_writes[step.target]
         pending.pop(bisect.bisect_left(pending, op.ts))
@@ -399,12 +412,16 @@ class Node:
         step = self.compiled[op.trigger][op.statement]
         if self.placement.nodes == 1 or step.single_writer:
             return step.run(op.args, op.tables)  # one writer: the switch sent the PUT here alone
-        node_of, target = self.placement.node_of, step.step.target
-        return {
-            key: value
-            for key, value in step.run(op.args, op.tables).items()
-            if node_of(target, key) == self.number
-        }
+        target = step.step.target
+        homes = self._homes[target]  # the node of each first key seen (hashing costs)
+        mine, owned = self.number, {}
+        for key, value in step.run(op.args, op.tables).items():
+            home = homes.get(key[0])
+            if home is None:
+                home = homes[key[0]] = self.placement.node_of(target, key)
+            if home == mine:
+                owned[key] = value
+        return owned
 
     def _write(
         self, map_name: str, key: Key, delta: Any, ts: Timestamp, depth: int, out: Outbox
