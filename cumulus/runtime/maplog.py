@@ -41,7 +41,7 @@ class MapLog:
         latest = self.latest.get(key)
         if latest is None:
             for bound, index in self.indexes.items():
-                index.setdefault(tuple(key[i] for i in bound), []).append(key)
+                index.setdefault(tuple([key[i] for i in bound]), []).append(key)
         if latest is None or latest < ts:
             self.latest[key] = ts
 
@@ -62,21 +62,32 @@ class MapLog:
     def keys(self) -> Iterable[Key]:
         return self.latest.keys()
 
-    def slice_before(self, pattern: Key, ts: Timestamp) -> dict[Key, Any]:
-        if WILD not in pattern:  # a point read
+    def slice_before(
+        self, pattern: Key, ts: Timestamp, bound: tuple[int, ...] | None = None
+    ) -> dict[Key, Any]:
+        """The entries matching ``pattern`` as of just before ``ts``; ``bound``, the positions
+        ``pattern`` does not leave open (WILD), if the caller planned them."""
+        if bound is None:
+            bound = tuple(i for i, part in enumerate(pattern) if part is not WILD)
+        if len(bound) == len(pattern):  # a point read
             value = self.value_before(pattern, ts)
             return {pattern: value} if value != 0 else {}
-        bound = tuple(i for i, part in enumerate(pattern) if part is not WILD)
         candidates: Iterable[Key] = self.latest
         if bound:
             index = self.indexes.get(bound)
             if index is None:
                 index = self.indexes[bound] = {}
                 for key in self.latest:
-                    index.setdefault(tuple(key[i] for i in bound), []).append(key)
-            candidates = index.get(tuple(pattern[i] for i in bound), ())
+                    index.setdefault(tuple([key[i] for i in bound]), []).append(key)
+            candidates = index.get(tuple([pattern[i] for i in bound]), ())
         found = {}
+        latest, current = self.latest, self.current
         for key in candidates:
+            if latest[key] < ts:  # no write at or after ts: the newest value
+                value = current.get(key)
+                if value is not None:  # zeros are not kept
+                    found[key] = value
+                continue
             value = self.value_before(key, ts)
             if value != 0:
                 found[key] = value

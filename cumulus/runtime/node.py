@@ -137,9 +137,17 @@ class Node:
             for trigger, steps in zip(program.triggers, placement.steps, strict=True)
         ]
         # per trigger, per step: its reads, each with its pattern as a function of the values
+        # and the pattern's bound positions (those not WILD)
         self._reads = [
             [
-                [(read, placement.pattern_of(read.keys, trigger.args)) for read in step.reads]
+                [
+                    (
+                        read,
+                        placement.pattern_of(read.keys, trigger.args),
+                        tuple(i for i, k in enumerate(read.keys) if k in trigger.args),
+                    )
+                    for read in step.reads
+                ]
                 for step in steps
             ]
             for trigger, steps in zip(program.triggers, placement.steps, strict=True)
@@ -198,7 +206,7 @@ class Node:
         kind = type(message)
         if kind is Dispatch:
             self._not_committed(message.ts[0], message)
-            self._dispatch(message)
+            self._dispatch(message, out)
         elif kind is Push:
             self._not_committed(message.ts[0], message)
             self._push(message)
@@ -224,7 +232,7 @@ class Node:
                 f"committing the epoch up to {self.committed}"
             )
 
-    def _dispatch(self, message: Dispatch) -> None:
+    def _dispatch(self, message: Dispatch, out: Outbox) -> None:
         if self.ordered:
             last = self._last_dispatch.get(message.ts[1])
             if last is not None and message.ts <= last:
@@ -242,23 +250,42 @@ class Node:
                 self._put_ts[stream].append(message.ts)
         if self.per_switch:
             self._passed(stream, message.ts)
+        ts = message.ts
         for statement, pushes in message.puts:
-            op = self._operation(message.ts, statement)
+            if not pushes:  # reads no map: written at once, no read of it to revise
+                op = Operation(ts, statement, message.trigger, message.args, 0)
+                op.version = version
+                self._written_op(op, out)
+                continue
+            op = self._operation(ts, statement)
             op.trigger, op.args, op.expected = message.trigger, message.args, pushes
             op.version = version
-            bisect.insort(self.pending_writes[steps[statement].target], message.ts)
-            if op.ready:
+            pending = self.pending_writes[steps[statement].target]
+            if not pending or pending[-1] < ts:  # in order, as nearly every PUT is
+                pending.append(ts)
+            else:
+                bisect.insort(pending, ts)
+            if op.heard >= pushes:
                 self._ready.append(op)
-        self._candidates.extend((message, fetch) for fetch in message.fetches)
+        if message.fetches:
+            self._candidates += [(message, fetch) for fetch in message.fetches]
 
     def _push(self, message: Push) -> None:
+        ts = message.ts
+        ops: dict[int, Operation] = {}
         for piece in message.slices:
-            table = self._operation(message.ts, piece.statement).tables.setdefault(piece.factor, {})
-            table.update(piece.entries)
+            op = ops.get(piece.statement)
+            if op is None:
+                op = ops[piece.statement] = self._operation(ts, piece.statement)
+            table = op.tables.get(piece.factor)
+            if table is None:
+                op.tables[piece.factor] = dict(piece.entries)
+            else:
+                table.update(piece.entries)
         for statement in message.statements:
-            op = self._operation(message.ts, statement)
+            op = ops.get(statement) or self._operation(ts, statement)
             op.heard += 1
-            if op.ready:
+            if op.expected is not None and op.heard >= op.expected and op.result is None:
                 self._ready.append(op)
 
     def _operation(self, ts: Timestamp, statement: int) -> Operation:
@@ -276,7 +303,7 @@ class Node:
         while self._ready or self._candidates:
             while self._ready:
                 op = self._ready.pop()
-                if op.ready:  # not evaluated meanwhile
+                if op.result is None:  # not evaluated meanwhile
                     self._evaluate(op, out)
             candidates, self._candidates = self._candidates, []
             serve: dict[tuple[Timestamp, int], list[tuple[Dispatch, Fetch]]] = defaultdict(list)
@@ -345,27 +372,39 @@ class Node:
         """PUSHes for the fetches of one update: one message per writer."""
         dispatch = work[0][0]
         ts, reads, args = dispatch.ts, self._reads[dispatch.trigger], dispatch.args
-        by_writer: dict[int, tuple[list[int], list[Slice]]] = defaultdict(lambda: ([], []))
+        maps, log_reads, newest_read = self.maps, self.log_reads, self._newest_read
+        by_writer: dict[int, tuple[list[int], list[Slice]]] = {}
+        seen: dict[tuple[str, Key], tuple[tuple[Key, Any], ...]] = {}  # slices read already
         for _, fetch in work:
-            for read, pattern_of in reads[fetch.statement]:
+            writers = fetch.writers
+            for read, pattern_of, bound in reads[fetch.statement]:
                 if read.factor not in fetch.factors:
                     continue
                 pattern = pattern_of(args)
-                entries = tuple(self.maps[read.map].slice_before(pattern, ts).items())
+                entries = seen.get((read.map, pattern))
+                if entries is None:
+                    entries = tuple(maps[read.map].slice_before(pattern, ts, bound).items())
+                    seen[(read.map, pattern)] = entries
                 piece = Slice(fetch.statement, read.factor, entries)
-                if self.log_reads:
+                if log_reads:
                     log = self.reads[read.map]
-                    for writer in fetch.writers:
+                    for writer in writers:
                         entry = _ReadEntry(ts, pattern, writer, fetch.statement, read.factor)
                         bisect.insort(log, entry, key=lambda e: e.ts)
                 else:
-                    newest = self._newest_read.get(read.map)
+                    newest = newest_read.get(read.map)
                     if newest is None or newest < ts:
-                        self._newest_read[read.map] = ts
-                for writer in fetch.writers:
-                    by_writer[writer][1].append(piece)
-            for writer in fetch.writers:
-                by_writer[writer][0].append(fetch.statement)
+                        newest_read[read.map] = ts
+                for writer in writers:
+                    mine = by_writer.get(writer)
+                    if mine is None:
+                        mine = by_writer[writer] = ([], [])
+                    mine[1].append(piece)
+            for writer in writers:
+                mine = by_writer.get(writer)
+                if mine is None:
+                    mine = by_writer[writer] = ([], [])
+                mine[0].append(fetch.statement)
         for writer, (statements, slices) in by_writer.items():
             push = Push(ts, self.number, tuple(statements), tuple(slices))
             if writer == self.number:  # its own link: taken at once, as if it came back
@@ -376,14 +415,19 @@ class Node:
     # --------------------------------------------------------------------------- writes
 
     def _evaluate(self, op: Operation, out: Outbox) -> None:
-        op.result = self._owned(op)
-        self.completed.append(op.ts)
         if not self.log_reads:  # no read is logged, so no corrective comes to revise it
             del self.operations[(op.ts, op.statement)]
         step = self.placement.steps[op.trigger][op.statement]
         pending = self.pending_writes[step.target]
         pending.pop(bisect.bisect_left(pending, op.ts))
         self._release(step.target)
+        self._written_op(op, out)
+
+    def _written_op(self, op: Operation, out: Outbox) -> None:
+        """The operation's result for the keys held here, written at its timestamp."""
+        op.result = self._owned(op)
+        self.completed.append(op.ts)
+        step = self.placement.steps[op.trigger][op.statement]
         for key, delta in op.result.items():
             self._write(step.target, key, delta, op.ts, 0, out)
         if self.mode == "conservative":
