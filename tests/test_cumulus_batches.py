@@ -1,5 +1,5 @@
 """Batches (issue #42 item 2): a switch's messages to a node, and a node's to another, go as one
-``Batch`` that the node takes in order with one round of progress. A batch's updates give the
+``Batch`` that the node takes in order in one call. A batch's updates give the
 maps that one message each gives; batches of several switches overtaking each other still make
 corrective updates and end exact; every committed epoch is still the stream's prefix."""
 

@@ -4,7 +4,7 @@ The driver opens one ``Drive`` stream per switch; the node opens one ``Link`` st
 other node on first use. Every stream delivers in order, so each pair of processes is a FIFO
 link, as the protocol assumes. Messages wait in one inbox and one task feeds them to the node,
 so the state machine never runs twice at once; what it sends goes out batched per stream, and
-each batch received is handed to the node as one ``Batch`` (one round of its progress).
+each batch received is handed to the node as one ``Batch`` (one call, one epoch check).
 
 The same ``NodeHost`` runs in a process of its own (``aggview cumulus node``) and inside a
 Spark task (``aggspark/dw_stage.py``).
@@ -309,7 +309,7 @@ async def _read(requests: AsyncIterator[pb.Batch], host: NodeHost) -> None:
 
 def _take(envelopes: Sequence[pb.Envelope], host: NodeHost) -> None:
     """A stream's batch of envelopes as one message in the inbox: the node takes them in order
-    and runs its progress once (``Node.handle`` of a ``Batch``)."""
+    in one call (``Node.handle`` of a ``Batch``)."""
     if envelopes:
         host.inbox.put_nowait(batched([decode(envelope) for envelope in envelopes]))
 

@@ -19,13 +19,14 @@ class MapLog:
     and the deltas written after that cut, by timestamp. Slices with open key positions are
     answered from an index on the bound positions, built on first use."""
 
-    __slots__ = ("base", "current", "history", "indexes", "latest")
+    __slots__ = ("base", "current", "history", "indexes", "latest", "newest")
 
     def __init__(self) -> None:
         self.current: dict[Key, Any] = {}
         self.base: dict[Key, Any] = {}  # every write up to the committed cut, coalesced
         self.history: dict[Key, list[tuple[Timestamp, Any]]] = {}
         self.latest: dict[Key, Timestamp] = {}  # every key ever written: its newest write
+        self.newest: Timestamp = BEFORE_ALL  # the newest write to any key
         # bound positions -> their values -> the keys having them
         self.indexes: dict[tuple[int, ...], dict[Key, list[Key]]] = {}
 
@@ -44,6 +45,8 @@ class MapLog:
                 index.setdefault(tuple([key[i] for i in bound]), []).append(key)
         if latest is None or latest < ts:
             self.latest[key] = ts
+            if self.newest < ts:
+                self.newest = ts
 
     def value_before(self, key: Key, ts: Timestamp) -> Any:
         if self.latest.get(key, (0, 0)) < ts:
@@ -80,8 +83,11 @@ class MapLog:
                 for key in self.latest:
                     index.setdefault(tuple([key[i] for i in bound]), []).append(key)
             candidates = index.get(tuple([pattern[i] for i in bound]), ())
+        current = self.current
+        if self.newest < ts:  # nothing written at or after ts: the newest values (not zeros)
+            return {key: current[key] for key in candidates if key in current}
         found = {}
-        latest, current = self.latest, self.current
+        latest = self.latest
         for key in candidates:
             if latest[key] < ts:  # no write at or after ts: the newest value
                 value = current.get(key)

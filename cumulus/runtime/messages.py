@@ -17,9 +17,9 @@ numbers, never code: every node holds the program.
   done without the map graph being acyclic, which seed 000's Figure 6 program is not).
 
 Batching (per switch and node, per pair of nodes): ``Batch`` carries several messages from one
-sender to one receiver in the order sent; the node takes them in that order and runs its
-progress once after all (every message of the batch has arrived: any order of arrival is one
-the protocol takes, and FIFO per link holds within and across batches).
+sender to one receiver in the order sent, as one message on the link (one delay, one delivery);
+the node takes them in that order, each as if it had arrived alone, so FIFO per link holds
+within and across batches and the protocol is unchanged.
 
 Epochs (seed 000 §3.4): ``EpochEnd`` (switch -> node) closes a cut; ``EpochReady`` (node ->
 coordinator) says the node's maps are final up to the cut; ``EpochCommit`` (coordinator -> node)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,8 @@ from cumulus.runtime.messages import (
 from cumulus.runtime.placement import Placement, matches
 
 Outbox = list[tuple[int, Message]]
+# a slice as served: (statement, factor, entries)
+_Piece = tuple[int, int, Mapping[Key, Any] | Iterable[tuple[Key, Any]]]
 
 
 @dataclass(slots=True)
@@ -194,8 +196,9 @@ class Node:
     # --------------------------------------------------------------------------- messages
 
     def handle(self, message: Message) -> Outbox:
-        """What to send for ``message``; a ``Batch``'s messages are taken in order and the
-        node's progress runs once after the last (as if they had arrived at once)."""
+        """What to send for ``message``; a ``Batch``'s messages are taken in order, each as if
+        it had arrived alone (the node's state after it is the same), and the epoch's progress
+        is looked at once, after the last."""
         out: Outbox = []
         self._take(message, out)
         self._progress(out)
@@ -222,6 +225,7 @@ class Node:
         elif kind is Batch:
             for inner in message.messages:
                 self._take(inner, out)
+                self._progress(out)
         else:
             raise TypeError(f"a DW node cannot handle {kind.__name__}")
 
@@ -271,18 +275,23 @@ class Node:
             self._candidates += [(message, fetch) for fetch in message.fetches]
 
     def _push(self, message: Push) -> None:
-        ts = message.ts
+        pieces = [(p.statement, p.factor, p.entries) for p in message.slices]
+        self._pushed(message.ts, message.statements, pieces)
+
+    def _pushed(self, ts: Timestamp, statements: Sequence[int], pieces: Sequence[_Piece]) -> None:
+        """A PUSH's slices into the tables of the operations they are for; each statement it
+        answers has heard from one more read node."""
         ops: dict[int, Operation] = {}
-        for piece in message.slices:
-            op = ops.get(piece.statement)
+        for statement, factor, entries in pieces:
+            op = ops.get(statement)
             if op is None:
-                op = ops[piece.statement] = self._operation(ts, piece.statement)
-            table = op.tables.get(piece.factor)
+                op = ops[statement] = self._operation(ts, statement)
+            table = op.tables.get(factor)
             if table is None:
-                op.tables[piece.factor] = dict(piece.entries)
+                op.tables[factor] = dict(entries)
             else:
-                table.update(piece.entries)
-        for statement in message.statements:
+                table.update(entries)
+        for statement in statements:
             op = ops.get(statement) or self._operation(ts, statement)
             op.heard += 1
             if op.expected is not None and op.heard >= op.expected and op.result is None:
@@ -369,12 +378,13 @@ class Node:
             self._candidates.append((dispatch, fetch))
 
     def _serve(self, work: list[tuple[Dispatch, Fetch]], out: Outbox) -> None:
-        """PUSHes for the fetches of one update: one message per writer."""
+        """PUSHes for the fetches of one update: one message per writer (to itself: taken at
+        once, as if it came back, with no message)."""
         dispatch = work[0][0]
         ts, reads, args = dispatch.ts, self._reads[dispatch.trigger], dispatch.args
         maps, log_reads, newest_read = self.maps, self.log_reads, self._newest_read
-        by_writer: dict[int, tuple[list[int], list[Slice]]] = {}
-        seen: dict[tuple[str, Key], tuple[tuple[Key, Any], ...]] = {}  # slices read already
+        by_writer: dict[int, tuple[list[int], list[_Piece]]] = {}
+        seen: dict[tuple[str, Key], dict[Key, Any]] = {}  # slices read already
         for _, fetch in work:
             writers = fetch.writers
             for read, pattern_of, bound in reads[fetch.statement]:
@@ -383,9 +393,9 @@ class Node:
                 pattern = pattern_of(args)
                 entries = seen.get((read.map, pattern))
                 if entries is None:
-                    entries = tuple(maps[read.map].slice_before(pattern, ts, bound).items())
+                    entries = maps[read.map].slice_before(pattern, ts, bound)
                     seen[(read.map, pattern)] = entries
-                piece = Slice(fetch.statement, read.factor, entries)
+                piece = (fetch.statement, read.factor, entries)
                 if log_reads:
                     log = self.reads[read.map]
                     for writer in writers:
@@ -405,12 +415,18 @@ class Node:
                 if mine is None:
                     mine = by_writer[writer] = ([], [])
                 mine[0].append(fetch.statement)
-        for writer, (statements, slices) in by_writer.items():
-            push = Push(ts, self.number, tuple(statements), tuple(slices))
-            if writer == self.number:  # its own link: taken at once, as if it came back
-                self._push(push)
-            else:
-                out.append((writer, push))
+        pairs: dict[int, tuple[tuple[Key, Any], ...]] = {}  # a slice's entries, as sent
+        for writer, (statements, pieces) in by_writer.items():
+            if writer == self.number:
+                self._pushed(ts, statements, pieces)
+                continue
+            slices = []
+            for statement, factor, entries in pieces:
+                sent = pairs.get(id(entries))
+                if sent is None:
+                    sent = pairs[id(entries)] = tuple(entries.items())
+                slices.append(Slice(statement, factor, sent))
+            out.append((writer, Push(ts, self.number, tuple(statements), tuple(slices))))
 
     # --------------------------------------------------------------------------- writes
 
