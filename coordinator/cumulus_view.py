@@ -35,7 +35,7 @@ from cumulus.m3.program import Program
 from cumulus.m3.readout import expand, maps_read, read_view
 from cumulus.plan import ViewPlan
 from cumulus.runtime.reads import roll_up
-from cumulus.runtime.simulator import Simulator, Update, holding
+from cumulus.runtime.simulator import FEED_BATCH, Simulator, Update, holding
 
 Row = dict[str, Any]
 Key = tuple[Any, ...]
@@ -67,6 +67,7 @@ class CumulusView:
                 mode=plan.speculation,
                 switches=members or 1,
                 stamped=members is not None,
+                batch=FEED_BATCH,
             )
         else:
             self.runtime = start(self.program)

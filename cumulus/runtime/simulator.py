@@ -46,6 +46,7 @@ from cumulus.runtime.node import Node, ProtocolError
 from cumulus.runtime.placement import Placement
 from cumulus.runtime.switch import Clock, Switch
 
+FEED_BATCH = 256  # updates per batch where a cluster feeds the simulator (no virtual timing)
 Address = tuple[str, int]  # ("switch", i), ("node", i) or ("coordinator", 0)
 Update = tuple[str, str, Sequence[Any] | Mapping[str, Any]]  # (sign, relation, row)
 Hold = Callable[[Address, Address, Message], float]
