@@ -223,7 +223,7 @@ class CumulusView:
         done = self._open[2]
         self._open = None
         self.runtime.finish()
-        _, maps = self.runtime.snapshot()
+        _, maps = self.runtime.snapshot(names=self._read)  # the maps rows are read from
         self.epochs += 1
         self._count()
         self._last = (self._rows(maps), ts)
@@ -253,7 +253,7 @@ class CumulusView:
         with self._driving:
             started = time.thread_time()
             self.runtime.finish()
-            _, maps = self.runtime.snapshot()
+            _, maps = self.runtime.snapshot(names=self._read)  # the maps rows are read from
             self.cpu_seconds += time.thread_time() - started
         self.epochs += 1
         self._count()
@@ -271,7 +271,7 @@ class CumulusView:
                 newest[1] != self.fed_at if self._at_rest else time.monotonic() > newest[2]
             )
             if stale:
-                rows = self._rows(self.runtime.maps())
+                rows = self._rows(self.runtime.maps(names=self._read))
                 newest = self._newest = (rows, self.fed_at, time.monotonic() + LIVE_READ_EVERY)
         assert newest is not None
         return self._shaped(newest[0], conditions, keep, counted), newest[1]

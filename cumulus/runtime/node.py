@@ -400,7 +400,10 @@ class Node:
                     log = self.reads[read.map]
                     for writer in writers:
                         entry = _ReadEntry(ts, pattern, writer, fetch.statement, read.factor)
-                        bisect.insort(log, entry, key=lambda e: e.ts)
+                        if not log or log[-1].ts <= ts:  # in order, as most reads are
+                            log.append(entry)
+                        else:
+                            bisect.insort(log, entry, key=lambda e: e.ts)
                 else:
                     newest = newest_read.get(read.map)
                     if newest is None or newest < ts:

@@ -26,7 +26,7 @@ import itertools
 import pickle
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -332,18 +332,26 @@ class Simulator:
             for number, part in by_node.items():
                 self.nodes[number].preload(name, part)
 
-    def maps(self) -> dict[str, dict[Key, Any]]:
-        """Every program map, gathered from the nodes (newest values: tentative)."""
-        out: dict[str, dict[Key, Any]] = {m.name: {} for m in self.placement.program.maps}
+    def maps(self, names: Collection[str] | None = None) -> dict[str, dict[Key, Any]]:
+        """Every program map (or those ``names``), gathered from the nodes (newest values:
+        tentative)."""
+        out: dict[str, dict[Key, Any]] = {
+            m.name: {} for m in self.placement.program.maps if names is None or m.name in names
+        }
         for node in self.nodes:
             for name in out:
                 out[name].update(node.entries(name))
         return out
 
-    def snapshot(self, cut: int | None = None) -> tuple[int, dict[str, dict[Key, Any]]]:
-        """Every program map at a committed cut (default: the last): exact, one timestamp."""
+    def snapshot(
+        self, cut: int | None = None, names: Collection[str] | None = None
+    ) -> tuple[int, dict[str, dict[Key, Any]]]:
+        """Every program map (or those ``names``) at a committed cut (default: the last):
+        exact, one timestamp."""
         cut = self.epochs.committed if cut is None else cut
-        out: dict[str, dict[Key, Any]] = {m.name: {} for m in self.placement.program.maps}
+        out: dict[str, dict[Key, Any]] = {
+            m.name: {} for m in self.placement.program.maps if names is None or m.name in names
+        }
         for node in self.nodes:
             for name in out:
                 out[name].update(node.snapshot(name, cut))
