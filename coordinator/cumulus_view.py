@@ -59,6 +59,8 @@ class CumulusView:
         self.program: Program = compile_program([plan], self.schemas.__getitem__)
         self.shape = self.program.views[0]
         self._read = maps_read(self.shape)  # what rows are read from (not every map)
+        self._reader: Interpreter | None = None
+        self._reading = threading.Lock()
         self.members = members
         if start is None:
             self.runtime: Any = Simulator(
@@ -279,7 +281,9 @@ class CumulusView:
     def _rows(self, maps: Mapping[str, Mapping[Any, Any]]) -> list[Row]:
         """The view's rows from the maps it reads."""
         read = {name: entries for name, entries in maps.items() if name in self._read}
-        return read_view(holding(self.program, read), self.shape, counted=True)
+        with self._reading:  # one reader, made once (a new one compiles every trigger)
+            self._reader = holding(self.program, read, self._reader)
+            return read_view(self._reader, self.shape, counted=True)
 
     def counts(self) -> dict[str, Any]:
         """What the runtime did since it was loaded, as of the last epoch (read on the event
