@@ -149,7 +149,15 @@ class Switch:
         passed: tuple[bool, ...] = ()
         if guarded:
             env = dict(zip(self.placement.program.triggers[trigger].args, values, strict=True))
-            passed = tuple(all(guard(env) for guard in routes[i].guards) for i in guarded)
+            oks = []
+            for i in guarded:
+                ok = True
+                for guard in routes[i].guards:
+                    if not guard(env):
+                        ok = False
+                        break
+                oks.append(ok)
+            passed = tuple(oks)
         nodes = self.placement.nodes
         homes = tuple([stable_hash(values[at]) % nodes for at in self._homes[trigger]])
         cache = self._routed[trigger]
