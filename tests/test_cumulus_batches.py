@@ -1,7 +1,9 @@
 """Batches (issue #42 item 2): a switch's messages to a node, and a node's to another, go as one
-``Batch`` that the node takes in order in one call. A batch's updates give the
-maps that one message each gives; batches of several switches overtaking each other still make
-corrective updates and end exact; every committed epoch is still the stream's prefix."""
+``Batch`` that the node takes in order in one call. A batch's updates give the maps that one
+message each gives; batches of several switches overtaking each other still make corrective
+updates and end exact. Epochs over batches in flight: the prefix tests of
+``test_cumulus_runtime`` (one stamp per switch) and ``test_member_switches`` (members' stamps),
+with ``batch``."""
 
 from __future__ import annotations
 
@@ -58,62 +60,6 @@ def test_a_batch_on_a_node_gives_the_maps_of_its_messages_one_by_one(
     assert one_by_one == interpreted(_program(name), stream)
 
 
-@settings(
-    max_examples=examples(20, 40), deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-@given(
-    name=st.sampled_from(sorted(PROGRAMS)),
-    nodes=st.integers(1, 4),
-    switches=st.integers(1, 3),
-    reorder=st.one_of(st.none(), st.integers(0, 10**6)),
-    mode=st.sampled_from(["speculative", "conservative"]),
-    batch=st.integers(2, 24),
-    epoch_every=st.sampled_from([3.0, 10.0, 40.0]),
-    seed=st.integers(0, 10**6),
-    length=st.integers(1, 120),
-)
-def test_batched_runs_commit_every_epoch_exactly(
-    name: str,
-    nodes: int,
-    switches: int,
-    reorder: int | None,
-    mode: str,
-    batch: int,
-    epoch_every: float,
-    seed: int,
-    length: int,
-) -> None:
-    """Batches in flight across epoch ends and reordered between links: each commit's
-    snapshot is the stream's prefix up to the cut, and the end equals one message at a time."""
-    program = _program(name)
-    stream = random_stream(program, random.Random(seed), length)
-    checked: list[int] = []
-
-    def on_commit(cut: int) -> None:
-        order = sorted(range(len(simulator.stamped)), key=lambda i: simulator.stamped[i])
-        prefix = [stream[i] for i in order if simulator.stamped[i][0] <= cut]
-        assert simulator.snapshot(cut) == (cut, interpreted(program, prefix))
-        checked.append(cut)
-
-    simulator = Simulator(
-        program,
-        nodes=nodes,
-        switches=switches,
-        network=Network(reorder),
-        mode=mode,
-        epoch_every=epoch_every,
-        on_commit=on_commit,
-        batch=batch,
-    )
-    report = simulator.run(stream)
-    assert checked and checked[-1] == max(ts[0] for ts in simulator.stamped)
-    in_order = sorted(range(length), key=lambda i: simulator.stamped[i])  # epochs reorder
-    assert simulator.maps() == interpreted(program, [stream[i] for i in in_order])
-    assert simulator.log_sizes() == {"write_log_entries": 0, "read_log_entries": 0, "operations": 0}
-    if switches == 1 or mode == "conservative":
-        assert report.corrective == 0
-
-
 def test_batches_of_two_switches_overtaking_each_other_are_corrected() -> None:
     """Reordering between the switches' batches: late writes, correctives, exact maps."""
     program = _program("seed003_q3")
@@ -149,59 +95,4 @@ def test_a_held_batch_is_overtaken_by_another_switchs_and_corrected() -> None:
     report = simulator.run(stream)
     assert report.messages["Batch"] >= 2
     assert report.corrective >= 1
-    assert simulator.maps() == interpreted(program, stream)
-
-
-@settings(
-    max_examples=examples(15, 30), deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-@given(
-    name=st.sampled_from(sorted(PROGRAMS)),
-    nodes=st.integers(1, 3),
-    switches=st.integers(1, 3),
-    mode=st.sampled_from(["speculative", "conservative"]),
-    reorder=st.one_of(st.none(), st.integers(0, 10**6)),
-    batch=st.integers(1, 12),
-    seed=st.integers(0, 10**6),
-    length=st.integers(1, 90),
-    chunks=st.integers(1, 6),
-)
-def test_stamped_switches_fed_in_batches_commit_the_tables_at_each_cut(
-    name: str,
-    nodes: int,
-    switches: int,
-    mode: str,
-    reorder: int | None,
-    batch: int,
-    seed: int,
-    length: int,
-    chunks: int,
-) -> None:
-    """Switches of their own (a cluster's members): each ``feed_stamped`` call's updates go
-    in batches, epochs cut at a counter the caller picks, closed switch by switch."""
-    program = _program(name)
-    stream = random_stream(program, random.Random(seed), length)
-    rng = random.Random(seed + 1)
-    owner = [rng.randrange(switches) for _ in stream]  # which switch stamps each update
-    simulator = Simulator(
-        program,
-        nodes=nodes,
-        switches=switches,
-        network=Network(reorder),
-        mode=mode,
-        stamped=True,
-        batch=batch,
-    )
-    step = max(1, length // chunks)
-    for start in range(0, length, step):
-        end = min(length, start + step)
-        for switch in range(switches):
-            mine = [(i + 1, stream[i]) for i in range(start, end) if owner[i] == switch]
-            if mine:
-                simulator.feed_stamped(switch, mine)
-        simulator.open_at(end)
-        for switch in range(switches):
-            simulator.close_switch(switch, end)
-        simulator.finish()
-        assert simulator.snapshot() == (end, interpreted(program, stream[:end]))
     assert simulator.maps() == interpreted(program, stream)
