@@ -30,6 +30,7 @@ interpreter's over the stream; a difference stops the run.
     python -m bench.cumulus                 # 24 cells, 40,000 updates: about 10 min on 2 cores
     python -m bench.cumulus --quick         # 2 nodes only (8 cells), 20,000: about 2 minutes
     python -m bench.cumulus --updates 100000 --json cumulus.json   # bench.m3's length: ~25 min
+    python -m bench.cumulus --quick --batch 32  # a switch's 32 updates per message to a node
 
 The default is 40,000 dashboard updates, not bench.m3's 10^5: the full matrix at 10^5 would
 take about 25 minutes (a 4-node cell took 70 to 150 s). Per-update costs do not grow with the
@@ -43,6 +44,7 @@ category rename in flight with a later event of one of its products): 0 to a doz
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -81,6 +83,7 @@ MESSAGES = {  # short column names, in the order of an update's life
     "Push": "Push",
     "Corrective": "Corr",
     "Settled": "Sttl",
+    "Batch": "Btch",
     "EpochEnd": "EEnd",
     "EpochReady": "ERdy",
     "EpochCommit": "ECmt",
@@ -140,7 +143,13 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def run_sim(
-    program: Program, stream: Stream, nodes: int, switches: int, mode: str, reorder: int | None
+    program: Program,
+    stream: Stream,
+    nodes: int,
+    switches: int,
+    mode: str,
+    reorder: int | None,
+    batch: int = 1,
 ) -> dict[str, Any]:
     """One cell on the simulator host. The figures, and under "maps" the final maps for the
     caller to verify. A grpc or spark host is another function like this one in ``HOSTS``."""
@@ -151,6 +160,7 @@ def run_sim(
         network=Network(reorder),
         mode=mode,
         epoch_every=EPOCH_MS,
+        **({"batch": batch} if batch > 1 else {}),
     )
     wall, cpu = time.perf_counter(), time.process_time()
     report = simulator.run(stream.updates)
@@ -470,6 +480,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42, help="the stream's seed, as bench.m3")
     parser.add_argument("--quick", action="store_true", help="20,000 updates, 2 nodes: 8 cells")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every figure here")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="sim: updates per switch message, a node's replies one message per destination "
+        "(default 1: every message alone)",
+    )
     args = parser.parse_args(argv)
     if args.host not in HOSTS:
         parser.error(f"--host is one of {', '.join(HOSTS)}")
@@ -478,6 +495,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     for name, value in (QUICK if args.quick else DEFAULT).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.batch > 1 and args.host != "sim":
+        parser.error("--batch is the simulator's (the grpc and spark hosts batch per stream)")
     if args.updates < 1 or min(args.nodes + args.switches, default=0) < 1:
         parser.error("--updates, --nodes and --switches take numbers of at least 1")
     return args
@@ -509,7 +528,10 @@ def main(argv: list[str] | None = None) -> None:
     for number, cell in enumerate(cells, 1):
         mode, nodes, switches, reorder = cell
         with err.status(f"[{number}/{len(cells)}] {label(cell)}"):
-            figures[cell] = HOSTS[args.host](program, stream, nodes, switches, mode, reorder)
+            host = HOSTS[args.host]
+            if args.batch > 1:
+                host = functools.partial(run_sim, batch=args.batch)
+            figures[cell] = host(program, stream, nodes, switches, mode, reorder)
         verify(cell, figures[cell].pop("maps"), expected)
         err.print(
             f"[{number}/{len(cells)}] {label(cell)}: {figures[cell]['wall_s']:.1f} s, verified"
@@ -518,8 +540,8 @@ def main(argv: list[str] | None = None) -> None:
     total, load = time.perf_counter() - started, (load, os.getloadavg()[0])
     out.print(header)
     out.print(
-        f"view: {m3.VIEW_SQL}\nhost {args.host}, {measured}; an epoch ends every "
-        f"{EPOCH_MS:,.0f} ms; "
+        f"view: {m3.VIEW_SQL}\nhost {args.host}, {measured}, batch {args.batch}; an epoch "
+        f"ends every {EPOCH_MS:,.0f} ms; "
         + (
             "one update enters per virtual ms; ms are virtual"
             if args.host == "sim"
@@ -545,6 +567,7 @@ def main(argv: list[str] | None = None) -> None:
             "updates_per_cell": len(stream.updates),
             "seed": args.seed,
             "epoch_every_virtual_ms": EPOCH_MS,
+            "batch": args.batch,
             "verified": True,
             "total_wall_s": total,
             "load_average": load,

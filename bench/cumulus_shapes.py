@@ -6,7 +6,7 @@ compiled to its full M3 program; a seeded stream of one-row inserts and deletes 
 
 * through the reference interpreter alone (``Interpreter.apply``), and
 * through the simulator (one switch, speculative, every message 1 virtual ms, an epoch every
-  1,000 virtual ms) on 1 and 2 DW nodes,
+  1,000 virtual ms) on 1 and 2 DW nodes, ``--batch N`` updates per switch message,
 
 reporting updates/s of wall clock and CPU ms per update (``time.process_time``). The
 simulator's final maps are compared, untimed, with the interpreter's; a difference stops the run.
@@ -119,7 +119,9 @@ def measure(run: Callable[[], Any], updates: int) -> dict[str, float]:
     return {"updates_per_s": updates / wall, "cpu_ms_per_update": 1000 * cpu / updates}
 
 
-def run_shape(name: str, count: int, seed: int, nodes: list[int]) -> dict[str, dict[str, float]]:
+def run_shape(
+    name: str, count: int, seed: int, nodes: list[int], batch: int = 1
+) -> dict[str, dict[str, float]]:
     tables, sql, make = SHAPES[name]
     program = program_of(tables, sql)
     stream = make(count, random.Random(seed))
@@ -127,7 +129,10 @@ def run_shape(name: str, count: int, seed: int, nodes: list[int]) -> dict[str, d
     figures = {"interpreter": measure(lambda: [reference.apply(*u) for u in stream], count)}
     expected = {n: dict(s.data) for n, s in reference.maps.items()}
     for n in nodes:
-        simulator = Simulator(program, nodes=n, network=Network(None), epoch_every=1000.0)
+        batched = {"batch": batch} if batch > 1 else {}  # an older checkout has no batches
+        simulator = Simulator(
+            program, nodes=n, network=Network(None), epoch_every=1000.0, **batched
+        )
         figures[f"simulator, {n} node(s)"] = measure(lambda s=simulator: s.run(stream), count)
         if simulator.maps() != expected:
             raise SystemExit(f"NOT VERIFIED: {name} on {n} node(s) differs from the interpreter")
@@ -141,11 +146,12 @@ def main() -> None:
     parser.add_argument("--nodes", default="1,2", help="DW node counts (default 1,2)")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--batch", type=int, default=1, help="the simulator's batch (default 1)")
     args = parser.parse_args()
     nodes = [int(n) for n in args.nodes.split(",")]
     results = {}
     for shape in args.shapes.split(","):
-        results[shape] = run_shape(shape, args.updates, args.seed, nodes)
+        results[shape] = run_shape(shape, args.updates, args.seed, nodes, args.batch)
         for what, f in results[shape].items():
             print(
                 f"{shape:10} {what:22} {f['updates_per_s']:10,.0f} updates/s "

@@ -26,7 +26,7 @@ from aggview.security import TlsDir
 from cumulus.m3.program import Program
 from cumulus.plan import ViewPlan
 from cumulus.runtime.grpc_host import NO_TIMED_EPOCHS_MS, GrpcRuntime, start_node_processes
-from cumulus.runtime.simulator import Simulator
+from cumulus.runtime.simulator import FEED_BATCH, Simulator
 
 # Hosts of other layers, by name: (program, plan, directory, tls, members) -> runtime;
 # members: the switches, one per coordinating member, stamped by them (None: one, drained)
@@ -99,6 +99,7 @@ def start_runtime(
             mode=plan.speculation,
             switches=members or 1,
             stamped=members is not None,
+            batch=FEED_BATCH,
         )
     start = EXTRA_HOSTS.get(plan.host)
     if start is None:

@@ -35,7 +35,7 @@ from cumulus.m3.program import Program
 from cumulus.m3.readout import expand, maps_read, read_view
 from cumulus.plan import ViewPlan
 from cumulus.runtime.reads import roll_up
-from cumulus.runtime.simulator import Simulator, Update, holding
+from cumulus.runtime.simulator import FEED_BATCH, Simulator, Update, holding
 
 Row = dict[str, Any]
 Key = tuple[Any, ...]
@@ -59,6 +59,8 @@ class CumulusView:
         self.program: Program = compile_program([plan], self.schemas.__getitem__)
         self.shape = self.program.views[0]
         self._read = maps_read(self.shape)  # what rows are read from (not every map)
+        self._reader: Interpreter | None = None
+        self._reading = threading.Lock()
         self.members = members
         if start is None:
             self.runtime: Any = Simulator(
@@ -67,6 +69,7 @@ class CumulusView:
                 mode=plan.speculation,
                 switches=members or 1,
                 stamped=members is not None,
+                batch=FEED_BATCH,
             )
         else:
             self.runtime = start(self.program)
@@ -222,7 +225,7 @@ class CumulusView:
         done = self._open[2]
         self._open = None
         self.runtime.finish()
-        _, maps = self.runtime.snapshot()
+        _, maps = self.runtime.snapshot(names=self._read)  # the maps rows are read from
         self.epochs += 1
         self._count()
         self._last = (self._rows(maps), ts)
@@ -252,7 +255,7 @@ class CumulusView:
         with self._driving:
             started = time.thread_time()
             self.runtime.finish()
-            _, maps = self.runtime.snapshot()
+            _, maps = self.runtime.snapshot(names=self._read)  # the maps rows are read from
             self.cpu_seconds += time.thread_time() - started
         self.epochs += 1
         self._count()
@@ -270,7 +273,7 @@ class CumulusView:
                 newest[1] != self.fed_at if self._at_rest else time.monotonic() > newest[2]
             )
             if stale:
-                rows = self._rows(self.runtime.maps())
+                rows = self._rows(self.runtime.maps(names=self._read))
                 newest = self._newest = (rows, self.fed_at, time.monotonic() + LIVE_READ_EVERY)
         assert newest is not None
         return self._shaped(newest[0], conditions, keep, counted), newest[1]
@@ -278,7 +281,9 @@ class CumulusView:
     def _rows(self, maps: Mapping[str, Mapping[Any, Any]]) -> list[Row]:
         """The view's rows from the maps it reads."""
         read = {name: entries for name, entries in maps.items() if name in self._read}
-        return read_view(holding(self.program, read), self.shape, counted=True)
+        with self._reading:  # one reader, made once (a new one compiles every trigger)
+            self._reader = holding(self.program, read, self._reader)
+            return read_view(self._reader, self.shape, counted=True)
 
     def counts(self) -> dict[str, Any]:
         """What the runtime did since it was loaded, as of the last epoch (read on the event

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from aggview.wire import cumulus_pb2 as pb
 from cumulus.runtime.messages import (
+    Batch,
     Corrective,
     Dispatch,
     EpochCommit,
@@ -95,6 +96,7 @@ MESSAGES: dict[type, st.SearchStrategy[Any]] = {
     EpochCommit: st.builds(EpochCommit, cut=int64),
     EpochEndRequest: st.builds(EpochEndRequest, source=int32),
 }
+MESSAGES[Batch] = st.builds(Batch, messages=tuples(st.one_of(*MESSAGES.values())))
 
 
 def assert_same(got: Any, want: Any) -> None:

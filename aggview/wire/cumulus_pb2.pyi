@@ -172,7 +172,7 @@ class Hello(_message.Message):
     def __init__(self, switch_id: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("dispatch", "push", "corrective", "settled", "epoch_end", "epoch_ready", "epoch_commit", "epoch_end_request", "completed", "hello")
+    __slots__ = ("dispatch", "push", "corrective", "settled", "epoch_end", "epoch_ready", "epoch_commit", "epoch_end_request", "completed", "hello", "batch")
     DISPATCH_FIELD_NUMBER: _ClassVar[int]
     PUSH_FIELD_NUMBER: _ClassVar[int]
     CORRECTIVE_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,7 @@ class Envelope(_message.Message):
     EPOCH_END_REQUEST_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     dispatch: Dispatch
     push: Push
     corrective: Corrective
@@ -193,7 +194,8 @@ class Envelope(_message.Message):
     epoch_end_request: EpochEndRequest
     completed: Completed
     hello: Hello
-    def __init__(self, dispatch: _Optional[_Union[Dispatch, _Mapping]] = ..., push: _Optional[_Union[Push, _Mapping]] = ..., corrective: _Optional[_Union[Corrective, _Mapping]] = ..., settled: _Optional[_Union[Settled, _Mapping]] = ..., epoch_end: _Optional[_Union[EpochEnd, _Mapping]] = ..., epoch_ready: _Optional[_Union[EpochReady, _Mapping]] = ..., epoch_commit: _Optional[_Union[EpochCommit, _Mapping]] = ..., epoch_end_request: _Optional[_Union[EpochEndRequest, _Mapping]] = ..., completed: _Optional[_Union[Completed, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ...) -> None: ...
+    batch: Batch
+    def __init__(self, dispatch: _Optional[_Union[Dispatch, _Mapping]] = ..., push: _Optional[_Union[Push, _Mapping]] = ..., corrective: _Optional[_Union[Corrective, _Mapping]] = ..., settled: _Optional[_Union[Settled, _Mapping]] = ..., epoch_end: _Optional[_Union[EpochEnd, _Mapping]] = ..., epoch_ready: _Optional[_Union[EpochReady, _Mapping]] = ..., epoch_commit: _Optional[_Union[EpochCommit, _Mapping]] = ..., epoch_end_request: _Optional[_Union[EpochEndRequest, _Mapping]] = ..., completed: _Optional[_Union[Completed, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("source", "messages")

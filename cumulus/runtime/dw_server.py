@@ -3,7 +3,8 @@
 The driver opens one ``Drive`` stream per switch; the node opens one ``Link`` stream to each
 other node on first use. Every stream delivers in order, so each pair of processes is a FIFO
 link, as the protocol assumes. Messages wait in one inbox and one task feeds them to the node,
-so the state machine never runs twice at once; what it sends goes out batched per stream.
+so the state machine never runs twice at once; what it sends goes out batched per stream, and
+each batch received is handed to the node as one ``Batch`` (one call, one epoch check).
 
 The same ``NodeHost`` runs in a process of its own (``aggview cumulus node``) and inside a
 Spark task (``aggspark/dw_stage.py``).
@@ -15,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from aggview.status import add_service
 from aggview.wire import cumulus_pb2 as pb
 from aggview.wire import cumulus_pb2_grpc as pb_grpc
 from cumulus.m3.parser import parse_program
-from cumulus.runtime.messages import COORDINATOR, Message
+from cumulus.runtime.messages import COORDINATOR, Message, batched
 from cumulus.runtime.node import Node, ProtocolError
 from cumulus.runtime.placement import Placement
 from cumulus.runtime.wire import decode, decode_entries, encode, encode_entries
@@ -216,8 +217,7 @@ class _Servicer:
             hello = first.messages[0].hello
             try:
                 host.hello(hello)
-                for envelope in first.messages[1:]:
-                    host.inbox.put_nowait(decode(envelope))
+                _take(first.messages[1:], host)
             except (ValueError, TypeError) as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             reader = asyncio.create_task(_read(requests, host))
@@ -304,8 +304,14 @@ class _Servicer:
 
 async def _read(requests: AsyncIterator[pb.Batch], host: NodeHost) -> None:
     async for batch in requests:
-        for envelope in batch.messages:
-            host.inbox.put_nowait(decode(envelope))
+        _take(batch.messages, host)
+
+
+def _take(envelopes: Sequence[pb.Envelope], host: NodeHost) -> None:
+    """A stream's batch of envelopes as one message in the inbox: the node takes them in order
+    in one call (``Node.handle`` of a ``Batch``)."""
+    if envelopes:
+        host.inbox.put_nowait(batched([decode(envelope) for envelope in envelopes]))
 
 
 async def serve(config: NodeConfig) -> None:

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -306,16 +306,22 @@ class GrpcRuntime:
                     request = pb.PreloadRequest(map=name, entries=encode_entries(chunk))
                     self._stubs[number].Preload(request, metadata=self._metadata, timeout=60)
 
-    def maps(self) -> dict[str, dict[Key, Any]]:
-        return self._gather(pb.MapRequest(committed=False))
+    def maps(self, names: Collection[str] | None = None) -> dict[str, dict[Key, Any]]:
+        return self._gather(pb.MapRequest(committed=False), names)
 
-    def snapshot(self, cut: int | None = None) -> tuple[int, dict[str, dict[Key, Any]]]:
+    def snapshot(
+        self, cut: int | None = None, names: Collection[str] | None = None
+    ) -> tuple[int, dict[str, dict[Key, Any]]]:
         cut = self.epochs.committed if cut is None else cut
-        return cut, self._gather(pb.MapRequest(committed=True, cut=cut))
+        return cut, self._gather(pb.MapRequest(committed=True, cut=cut), names)
 
-    def _gather(self, request: pb.MapRequest) -> dict[str, dict[Key, Any]]:
+    def _gather(
+        self, request: pb.MapRequest, names: Collection[str] | None = None
+    ) -> dict[str, dict[Key, Any]]:
         out: dict[str, dict[Key, Any]] = {}
         for m in self.program.maps:
+            if names is not None and m.name not in names:
+                continue
             out[m.name] = {}
             for stub in self._stubs:
                 request.map = m.name

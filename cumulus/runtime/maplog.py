@@ -19,13 +19,14 @@ class MapLog:
     and the deltas written after that cut, by timestamp. Slices with open key positions are
     answered from an index on the bound positions, built on first use."""
 
-    __slots__ = ("base", "current", "history", "indexes", "latest")
+    __slots__ = ("base", "current", "history", "indexes", "latest", "newest")
 
     def __init__(self) -> None:
         self.current: dict[Key, Any] = {}
         self.base: dict[Key, Any] = {}  # every write up to the committed cut, coalesced
         self.history: dict[Key, list[tuple[Timestamp, Any]]] = {}
         self.latest: dict[Key, Timestamp] = {}  # every key ever written: its newest write
+        self.newest: Timestamp = BEFORE_ALL  # the newest write to any key
         # bound positions -> their values -> the keys having them
         self.indexes: dict[tuple[int, ...], dict[Key, list[Key]]] = {}
 
@@ -41,9 +42,11 @@ class MapLog:
         latest = self.latest.get(key)
         if latest is None:
             for bound, index in self.indexes.items():
-                index.setdefault(tuple(key[i] for i in bound), []).append(key)
+                index.setdefault(tuple([key[i] for i in bound]), []).append(key)
         if latest is None or latest < ts:
             self.latest[key] = ts
+            if self.newest < ts:
+                self.newest = ts
 
     def value_before(self, key: Key, ts: Timestamp) -> Any:
         if self.latest.get(key, (0, 0)) < ts:
@@ -62,21 +65,35 @@ class MapLog:
     def keys(self) -> Iterable[Key]:
         return self.latest.keys()
 
-    def slice_before(self, pattern: Key, ts: Timestamp) -> dict[Key, Any]:
-        if WILD not in pattern:  # a point read
+    def slice_before(
+        self, pattern: Key, ts: Timestamp, bound: tuple[int, ...] | None = None
+    ) -> dict[Key, Any]:
+        """The entries matching ``pattern`` as of just before ``ts``; ``bound``, the positions
+        ``pattern`` does not leave open (WILD), if the caller planned them."""
+        if bound is None:
+            bound = tuple(i for i, part in enumerate(pattern) if part is not WILD)
+        if len(bound) == len(pattern):  # a point read
             value = self.value_before(pattern, ts)
             return {pattern: value} if value != 0 else {}
-        bound = tuple(i for i, part in enumerate(pattern) if part is not WILD)
         candidates: Iterable[Key] = self.latest
         if bound:
             index = self.indexes.get(bound)
             if index is None:
                 index = self.indexes[bound] = {}
                 for key in self.latest:
-                    index.setdefault(tuple(key[i] for i in bound), []).append(key)
-            candidates = index.get(tuple(pattern[i] for i in bound), ())
+                    index.setdefault(tuple([key[i] for i in bound]), []).append(key)
+            candidates = index.get(tuple([pattern[i] for i in bound]), ())
+        current = self.current
+        if self.newest < ts:  # nothing written at or after ts: the newest values (not zeros)
+            return {key: current[key] for key in candidates if key in current}
         found = {}
+        latest = self.latest
         for key in candidates:
+            if latest[key] < ts:  # no write at or after ts: the newest value
+                value = current.get(key)
+                if value is not None:  # zeros are not kept
+                    found[key] = value
+                continue
             value = self.value_before(key, ts)
             if value != 0:
                 found[key] = value

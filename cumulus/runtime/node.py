@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from cumulus.runtime.evaluate import CompiledStep, Tables
 from cumulus.runtime.maplog import BEFORE_ALL, MapLog, accumulate
 from cumulus.runtime.messages import (
     COORDINATOR,
+    Batch,
     Corrective,
     Dispatch,
     EpochCommit,
@@ -50,9 +51,11 @@ from cumulus.runtime.messages import (
 from cumulus.runtime.placement import Placement, matches
 
 Outbox = list[tuple[int, Message]]
+# a slice as served: (statement, factor, entries)
+_Piece = tuple[int, int, Mapping[Key, Any] | Iterable[tuple[Key, Any]]]
 
 
-@dataclass
+@dataclass(slots=True)
 class Operation:
     """An update's statement this node writes for: what it was pushed, what it wrote."""
 
@@ -80,7 +83,7 @@ class NodeStats:
     epochs: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class _ReadEntry:
     ts: Timestamp
     pattern: Key
@@ -136,14 +139,23 @@ class Node:
             for trigger, steps in zip(program.triggers, placement.steps, strict=True)
         ]
         # per trigger, per step: its reads, each with its pattern as a function of the values
+        # and the pattern's bound positions (those not WILD)
         self._reads = [
             [
-                [(read, placement.pattern_of(read.keys, trigger.args)) for read in step.reads]
+                [
+                    (
+                        read,
+                        placement.pattern_of(read.keys, trigger.args),
+                        tuple(i for i, k in enumerate(read.keys) if k in trigger.args),
+                    )
+                    for read in step.reads
+                ]
                 for step in steps
             ]
             for trigger, steps in zip(program.triggers, placement.steps, strict=True)
         ]
         self.maps: dict[str, MapLog] = defaultdict(MapLog)
+        self._homes: dict[str, dict[Any, int]] = defaultdict(dict)
         self.reads: dict[str, list[_ReadEntry]] = defaultdict(list)  # by map, sorted by ts
         self.operations: dict[tuple[Timestamp, int], Operation] = {}
         self.pending_writes: dict[str, list[Timestamp]] = defaultdict(list)  # sorted
@@ -184,27 +196,38 @@ class Node:
     # --------------------------------------------------------------------------- messages
 
     def handle(self, message: Message) -> Outbox:
+        """What to send for ``message``; a ``Batch``'s messages are taken in order, each as if
+        it had arrived alone (the node's state after it is the same), and the epoch's progress
+        is looked at once, after the last."""
         out: Outbox = []
-        if isinstance(message, Dispatch):
-            self._not_committed(message.ts[0], message)
-            self._dispatch(message)
-        elif isinstance(message, Push):
-            self._not_committed(message.ts[0], message)
-            self._push(message)
-        elif isinstance(message, Corrective):
-            self._not_committed(min(r.ts[0] for r in message.reads), message)
-            self._corrective(message, out)
-        elif isinstance(message, Settled):
-            self._settled(message.seq, out)
-        elif isinstance(message, EpochEnd):
-            self._epoch_end(message)
-        elif isinstance(message, EpochCommit):
-            self._commit(message.cut)
-        else:
-            raise TypeError(f"a DW node cannot handle {type(message).__name__}")
+        self._take(message, out)
         self._progress(out)
         self._epoch_progress(out)
         return out
+
+    def _take(self, message: Message, out: Outbox) -> None:
+        kind = type(message)
+        if kind is Dispatch:
+            self._not_committed(message.ts[0], message)
+            self._dispatch(message, out)
+        elif kind is Push:
+            self._not_committed(message.ts[0], message)
+            self._push(message)
+        elif kind is Corrective:
+            self._not_committed(min(r.ts[0] for r in message.reads), message)
+            self._corrective(message, out)
+        elif kind is Settled:
+            self._settled(message.seq, out)
+        elif kind is EpochEnd:
+            self._epoch_end(message)
+        elif kind is EpochCommit:
+            self._commit(message.cut)
+        elif kind is Batch:
+            for inner in message.messages:
+                self._take(inner, out)
+                self._progress(out)
+        else:
+            raise TypeError(f"a DW node cannot handle {kind.__name__}")
 
     def _not_committed(self, counter: int, message: Message) -> None:
         if counter <= self.committed:
@@ -213,7 +236,7 @@ class Node:
                 f"committing the epoch up to {self.committed}"
             )
 
-    def _dispatch(self, message: Dispatch) -> None:
+    def _dispatch(self, message: Dispatch, out: Outbox) -> None:
         if self.ordered:
             last = self._last_dispatch.get(message.ts[1])
             if last is not None and message.ts <= last:
@@ -231,23 +254,47 @@ class Node:
                 self._put_ts[stream].append(message.ts)
         if self.per_switch:
             self._passed(stream, message.ts)
+        ts = message.ts
         for statement, pushes in message.puts:
-            op = self._operation(message.ts, statement)
+            if not pushes:  # reads no map: written at once, no read of it to revise
+                op = Operation(ts, statement, message.trigger, message.args, 0)
+                op.version = version
+                self._written_op(op, out)
+                continue
+            op = self._operation(ts, statement)
             op.trigger, op.args, op.expected = message.trigger, message.args, pushes
             op.version = version
-            bisect.insort(self.pending_writes[steps[statement].target], message.ts)
-            if op.ready:
+            pending = self.pending_writes[steps[statement].target]
+            if not pending or pending[-1] < ts:  # in order, as nearly every PUT is
+                pending.append(ts)
+            else:
+                bisect.insort(pending, ts)
+            if op.heard >= pushes:
                 self._ready.append(op)
-        self._candidates.extend((message, fetch) for fetch in message.fetches)
+        if message.fetches:
+            self._candidates += [(message, fetch) for fetch in message.fetches]
 
     def _push(self, message: Push) -> None:
-        for piece in message.slices:
-            table = self._operation(message.ts, piece.statement).tables.setdefault(piece.factor, {})
-            table.update(piece.entries)
-        for statement in message.statements:
-            op = self._operation(message.ts, statement)
+        pieces = [(p.statement, p.factor, p.entries) for p in message.slices]
+        self._pushed(message.ts, message.statements, pieces)
+
+    def _pushed(self, ts: Timestamp, statements: Sequence[int], pieces: Sequence[_Piece]) -> None:
+        """A PUSH's slices into the tables of the operations they are for; each statement it
+        answers has heard from one more read node."""
+        ops: dict[int, Operation] = {}
+        for statement, factor, entries in pieces:
+            op = ops.get(statement)
+            if op is None:
+                op = ops[statement] = self._operation(ts, statement)
+            table = op.tables.get(factor)
+            if table is None:
+                op.tables[factor] = dict(entries)
+            else:
+                table.update(entries)
+        for statement in statements:
+            op = ops.get(statement) or self._operation(ts, statement)
             op.heard += 1
-            if op.ready:
+            if op.expected is not None and op.heard >= op.expected and op.result is None:
                 self._ready.append(op)
 
     def _operation(self, ts: Timestamp, statement: int) -> Operation:
@@ -265,7 +312,7 @@ class Node:
         while self._ready or self._candidates:
             while self._ready:
                 op = self._ready.pop()
-                if op.ready:  # not evaluated meanwhile
+                if op.result is None:  # not evaluated meanwhile
                     self._evaluate(op, out)
             candidates, self._candidates = self._candidates, []
             serve: dict[tuple[Timestamp, int], list[tuple[Dispatch, Fetch]]] = defaultdict(list)
@@ -331,46 +378,75 @@ class Node:
             self._candidates.append((dispatch, fetch))
 
     def _serve(self, work: list[tuple[Dispatch, Fetch]], out: Outbox) -> None:
-        """PUSHes for the fetches of one update: one message per writer."""
+        """PUSHes for the fetches of one update: one message per writer (to itself: taken at
+        once, as if it came back, with no message)."""
         dispatch = work[0][0]
         ts, reads, args = dispatch.ts, self._reads[dispatch.trigger], dispatch.args
-        by_writer: dict[int, tuple[list[int], list[Slice]]] = defaultdict(lambda: ([], []))
+        maps, log_reads, newest_read = self.maps, self.log_reads, self._newest_read
+        by_writer: dict[int, tuple[list[int], list[_Piece]]] = {}
+        seen: dict[tuple[str, Key], dict[Key, Any]] = {}  # slices read already
         for _, fetch in work:
-            for read, pattern_of in reads[fetch.statement]:
+            writers = fetch.writers
+            for read, pattern_of, bound in reads[fetch.statement]:
                 if read.factor not in fetch.factors:
                     continue
                 pattern = pattern_of(args)
-                entries = tuple(self.maps[read.map].slice_before(pattern, ts).items())
-                piece = Slice(fetch.statement, read.factor, entries)
-                if self.log_reads:
+                entries = seen.get((read.map, pattern))
+                if entries is None:
+                    entries = maps[read.map].slice_before(pattern, ts, bound)
+                    seen[(read.map, pattern)] = entries
+                piece = (fetch.statement, read.factor, entries)
+                if log_reads:
                     log = self.reads[read.map]
-                    for writer in fetch.writers:
+                    for writer in writers:
                         entry = _ReadEntry(ts, pattern, writer, fetch.statement, read.factor)
-                        bisect.insort(log, entry, key=lambda e: e.ts)
+                        if not log or log[-1].ts <= ts:  # in order, as most reads are
+                            log.append(entry)
+                        else:
+                            bisect.insort(log, entry, key=lambda e: e.ts)
                 else:
-                    newest = self._newest_read.get(read.map)
+                    newest = newest_read.get(read.map)
                     if newest is None or newest < ts:
-                        self._newest_read[read.map] = ts
-                for writer in fetch.writers:
-                    by_writer[writer][1].append(piece)
-            for writer in fetch.writers:
-                by_writer[writer][0].append(fetch.statement)
-        for writer, (statements, slices) in by_writer.items():
-            push = Push(ts, self.number, tuple(statements), tuple(slices))
-            if writer == self.number:  # its own link: taken at once, as if it came back
-                self._push(push)
-            else:
-                out.append((writer, push))
+                        newest_read[read.map] = ts
+                for writer in writers:
+                    mine = by_writer.get(writer)
+                    if mine is None:
+                        mine = by_writer[writer] = ([], [])
+                    mine[1].append(piece)
+            for writer in writers:
+                mine = by_writer.get(writer)
+                if mine is None:
+                    mine = by_writer[writer] = ([], [])
+                mine[0].append(fetch.statement)
+        pairs: dict[int, tuple[tuple[Key, Any], ...]] = {}  # a slice's entries, as sent
+        for writer, (statements, pieces) in by_writer.items():
+            if writer == self.number:
+                self._pushed(ts, statements, pieces)
+                continue
+            slices = []
+            for statement, factor, entries in pieces:
+                sent = pairs.get(id(entries))
+                if sent is None:
+                    sent = pairs[id(entries)] = tuple(entries.items())
+                slices.append(Slice(statement, factor, sent))
+            out.append((writer, Push(ts, self.number, tuple(statements), tuple(slices))))
 
     # --------------------------------------------------------------------------- writes
 
     def _evaluate(self, op: Operation, out: Outbox) -> None:
-        op.result = self._owned(op)
-        self.completed.append(op.ts)
+        if not self.log_reads:  # no read is logged, so no corrective comes to revise it
+            del self.operations[(op.ts, op.statement)]
         step = self.placement.steps[op.trigger][op.statement]
         pending = self.pending_writes[step.target]
         pending.pop(bisect.bisect_left(pending, op.ts))
         self._release(step.target)
+        self._written_op(op, out)
+
+    def _written_op(self, op: Operation, out: Outbox) -> None:
+        """The operation's result for the keys held here, written at its timestamp."""
+        op.result = self._owned(op)
+        self.completed.append(op.ts)
+        step = self.placement.steps[op.trigger][op.statement]
         for key, delta in op.result.items():
             self._write(step.target, key, delta, op.ts, 0, out)
         if self.mode == "conservative":
@@ -399,12 +475,16 @@ class Node:
         step = self.compiled[op.trigger][op.statement]
         if self.placement.nodes == 1 or step.single_writer:
             return step.run(op.args, op.tables)  # one writer: the switch sent the PUT here alone
-        node_of, target = self.placement.node_of, step.step.target
-        return {
-            key: value
-            for key, value in step.run(op.args, op.tables).items()
-            if node_of(target, key) == self.number
-        }
+        target = step.step.target
+        homes = self._homes[target]  # the node of each first key seen (hashing costs)
+        mine, owned = self.number, {}
+        for key, value in step.run(op.args, op.tables).items():
+            home = homes.get(key[0])
+            if home is None:
+                home = homes[key[0]] = self.placement.node_of(target, key)
+            if home == mine:
+                owned[key] = value
+        return owned
 
     def _write(
         self, map_name: str, key: Key, delta: Any, ts: Timestamp, depth: int, out: Outbox

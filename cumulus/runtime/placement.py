@@ -99,10 +99,9 @@ class Placement:
     @staticmethod
     def pattern_of(keys: tuple[str, ...], args: tuple[str, ...]) -> Callable[[Key], Key]:
         """``pattern`` as a function of the trigger's argument values, planned once."""
-        where = [args.index(k) if k in args else -1 for k in keys]
-        if all(i >= 0 for i in where):
-            return lambda values: tuple([values[i] for i in where])
-        return lambda values: tuple([WILD if i < 0 else values[i] for i in where])
+        parts = [f"values[{args.index(k)}]" if k in args else "WILD" for k in keys]
+        code = f"lambda values: ({''.join(part + ', ' for part in parts)})"
+        return eval(code, {"WILD": WILD})  # noqa: S307 (generated: one tuple display)
 
     def route(
         self, map_name: str, keys: tuple[str, ...], args: tuple[str, ...]

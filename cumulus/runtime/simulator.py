@@ -7,6 +7,11 @@ holds of chosen messages, so that later FETCHes overtake an earlier PUT on cue.
 Epochs end every ``epoch_every`` virtual seconds (and once more at the end of a run); each
 commit is recorded with its cut and times, and ``on_commit`` may read the snapshot right then.
 
+``batch``: a switch holds up to that many updates and sends each node their messages as one
+``Batch`` (sooner at an epoch end, at the end of a ``feed`` or ``feed_stamped``), and a node's
+messages from one ``handle`` go as one ``Batch`` per destination: one delay, one delivery,
+one round of the node's progress for them all. 1 (the default): every message on its own.
+
 Seeded and deterministic: a failing schedule reproduces from its seed.
 
 ``stamped``: switches of their own, as a cluster's coordinating members run them: the caller
@@ -21,18 +26,27 @@ import itertools
 import pickle
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
 from cumulus.runtime.epochs import EpochCoordinator, Sends
-from cumulus.runtime.messages import COORDINATOR, EpochCommit, Key, Message
+from cumulus.runtime.messages import (
+    COORDINATOR,
+    Batch,
+    EpochCommit,
+    EpochEnd,
+    Key,
+    Message,
+    batched,
+)
 from cumulus.runtime.node import Node, ProtocolError
 from cumulus.runtime.placement import Placement
 from cumulus.runtime.switch import Clock, Switch
 
+FEED_BATCH = 256  # updates per batch where a cluster feeds the simulator (no virtual timing)
 Address = tuple[str, int]  # ("switch", i), ("node", i) or ("coordinator", 0)
 Update = tuple[str, str, Sequence[Any] | Mapping[str, Any]]  # (sign, relation, row)
 Hold = Callable[[Address, Address, Message], float]
@@ -84,9 +98,12 @@ class Simulator:
         log_limit: int | None = None,
         on_commit: Callable[[int], None] | None = None,
         stamped: bool = False,
+        batch: int = 1,
     ) -> None:
         if switches < 1:
             raise ValueError("a Cumulus runtime needs at least one switch")
+        if batch < 1:
+            raise ValueError("a batch holds at least one update")
         self.program = program
         self.placement = Placement(program, nodes)
         self.external = stamped  # switches of their own, stamped by the caller
@@ -122,6 +139,10 @@ class Simulator:
         self.stamped: list[Any] = []  # each fed update's timestamp, in the order fed
         self._measure_bytes = measure_bytes
         self.bytes: Counter[str] = Counter()
+        self.batch = batch
+        # per switch: its messages not sent yet (node, message), and how many updates they are
+        self._held: list[list[tuple[int, Message]]] = [[] for _ in range(switches)]
+        self._held_updates = [0] * switches
         self._entered: dict[Any, float] = {}  # timestamp -> virtual time it entered
         self._done: dict[Any, float] = {}  # timestamp -> virtual time of its last write
         self.report = Report()
@@ -130,10 +151,16 @@ class Simulator:
         at = self.now + self.network.delay(src, dst, message)
         at = max(at, self._last.get((src, dst), 0.0) + 1e-9)  # per-pair FIFO
         self._last[(src, dst)] = at
-        kind = type(message).__name__
-        self.report.messages[kind] += 1
+        # a batch counts as one Batch and each message it carries by its own type
+        inner = message.messages if type(message) is Batch else (message,)
+        if len(inner) > 1:
+            self.report.messages["Batch"] += 1
+        for one in inner:
+            self.report.messages[type(one).__name__] += 1
         if self._measure_bytes:
-            self.bytes[kind] += len(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+            for one in inner:
+                size = len(pickle.dumps(one, protocol=pickle.HIGHEST_PROTOCOL))
+                self.bytes[type(one).__name__] += size
         heapq.heappush(self._queue, (at, next(self._seq), src, dst, message))
 
     def run(self, stream: Iterable[Update]) -> Report:
@@ -154,6 +181,7 @@ class Simulator:
             self._entry += self.gap
             if self.now >= self._next_epoch:
                 self._next_epoch = self.now + (self.epoch_every or 0.0)
+                self._flush_all()  # a switch's EPOCH END goes after its updates
                 self._epoch(self.epochs.begin())
             switch = self.switches[self._fed % len(self.switches)]
             ts, messages = switch.update(sign, relation, row)
@@ -161,8 +189,8 @@ class Simulator:
             self._fed += 1
             self.report.updates += 1
             self._entered[ts] = self.now
-            for node, message in messages:
-                self._send(("switch", switch.number), ("node", node), message)
+            self._hold(switch.number, messages)
+        self._flush_all()
 
     def feed_stamped(self, switch: int, stream: Iterable[tuple[int, Update]]) -> None:
         """``stamped``: updates of switch ``switch`` with their timestamp counters (rising),
@@ -175,8 +203,29 @@ class Simulator:
             self._fed += 1
             self.report.updates += 1
             self._entered[ts] = self.now
-            for node, message in messages:
-                self._send(("switch", switch), ("node", node), message)
+            self._hold(switch, messages)
+        self._flush(switch)
+
+    def _hold(self, switch: int, messages: list[tuple[int, Message]]) -> None:
+        """An update's messages, sent once the switch holds ``batch`` updates."""
+        self._held[switch].extend(messages)
+        self._held_updates[switch] += 1
+        if self._held_updates[switch] >= self.batch:
+            self._flush(switch)
+
+    def _flush(self, switch: int) -> None:
+        """Sends what the switch holds: one message per node, in the order stamped."""
+        held, self._held[switch], self._held_updates[switch] = self._held[switch], [], 0
+        by_node: dict[int, list[Message]] = {}
+        for node, message in held:
+            by_node.setdefault(node, []).append(message)
+        for node, messages in by_node.items():
+            self._send(("switch", switch), ("node", node), batched(messages))
+
+    def _flush_all(self) -> None:
+        for switch in range(len(self.switches)):
+            if self._held[switch]:
+                self._flush(switch)
 
     def open_at(self, cut: int) -> None:
         """``stamped``: the next epoch ends at ``cut``; each switch closes it (``close_switch``)."""
@@ -185,6 +234,7 @@ class Simulator:
 
     def close_switch(self, switch: int, cut: int) -> None:
         """``stamped``: switch ``switch`` dispatched everything of its own up to ``cut``."""
+        self._flush(switch)
         self._epoch(self.epochs.close(switch, cut))
 
     def finish(self) -> Report:
@@ -201,6 +251,9 @@ class Simulator:
         return self.report
 
     def _epoch(self, sends: Sends) -> None:
+        for sender, _, message in sends:  # an EPOCH END goes after the switch's updates
+            if isinstance(message, EpochEnd) and self._held[sender]:
+                self._flush(sender)
         for sender, node, message in sends:
             if isinstance(message, EpochCommit):
                 cut = message.cut
@@ -230,11 +283,24 @@ class Simulator:
                 self._epoch(self.epochs.handle(message))
                 continue
             node = self.nodes[dst[1]]
-            for target, reply in node.handle(message):
-                if target == COORDINATOR:
-                    self._send(("node", node.number), ("coordinator", 0), reply)
-                else:
-                    self._send(("node", node.number), ("node", target), reply)
+            src = ("node", node.number)
+            replies = node.handle(message)
+            if self.batch == 1:
+                for target, reply in replies:
+                    if target == COORDINATOR:
+                        self._send(src, ("coordinator", 0), reply)
+                    else:
+                        self._send(src, ("node", target), reply)
+            else:  # one message per destination
+                by_target: dict[int, list[Message]] = {}
+                for target, reply in replies:
+                    by_target.setdefault(target, []).append(reply)
+                for target, messages in by_target.items():
+                    if target == COORDINATOR:
+                        for reply in messages:
+                            self._send(src, ("coordinator", 0), reply)
+                    else:
+                        self._send(src, ("node", target), batched(messages))
             for ts in node.completed:
                 self._done[ts] = at
             node.completed.clear()
@@ -266,27 +332,45 @@ class Simulator:
             for number, part in by_node.items():
                 self.nodes[number].preload(name, part)
 
-    def maps(self) -> dict[str, dict[Key, Any]]:
-        """Every program map, gathered from the nodes (newest values: tentative)."""
-        out: dict[str, dict[Key, Any]] = {m.name: {} for m in self.placement.program.maps}
+    def maps(self, names: Collection[str] | None = None) -> dict[str, dict[Key, Any]]:
+        """Every program map (or those ``names``), gathered from the nodes (newest values:
+        tentative)."""
+        out: dict[str, dict[Key, Any]] = {
+            m.name: {} for m in self.placement.program.maps if names is None or m.name in names
+        }
         for node in self.nodes:
             for name in out:
                 out[name].update(node.entries(name))
         return out
 
-    def snapshot(self, cut: int | None = None) -> tuple[int, dict[str, dict[Key, Any]]]:
-        """Every program map at a committed cut (default: the last): exact, one timestamp."""
+    def snapshot(
+        self, cut: int | None = None, names: Collection[str] | None = None
+    ) -> tuple[int, dict[str, dict[Key, Any]]]:
+        """Every program map (or those ``names``) at a committed cut (default: the last):
+        exact, one timestamp."""
         cut = self.epochs.committed if cut is None else cut
-        out: dict[str, dict[Key, Any]] = {m.name: {} for m in self.placement.program.maps}
+        out: dict[str, dict[Key, Any]] = {
+            m.name: {} for m in self.placement.program.maps if names is None or m.name in names
+        }
         for node in self.nodes:
             for name in out:
                 out[name].update(node.snapshot(name, cut))
         return cut, out
 
 
-def holding(program: Program, maps: Mapping[str, Mapping[Key, Any]]) -> Interpreter:
-    """An interpreter holding the given maps, to read views the way it reads them."""
-    reader = Interpreter(program)
+def holding(
+    program: Program, maps: Mapping[str, Mapping[Key, Any]], reader: Interpreter | None = None
+) -> Interpreter:
+    """An interpreter holding the given maps, to read views the way it reads them: ``reader``
+    emptied and filled again if given (making one compiles every trigger: about a millisecond
+    per statement), else a new one."""
+    if reader is None:
+        reader = Interpreter(program)
+    else:
+        for store in reader.maps.values():  # in place: its compiled reads hold these dicts
+            store.data.clear()
+            for index in store.indexes.values():
+                index.clear()
     for name, entries in maps.items():
         for key, value in entries.items():
             reader.maps[name].add(key, value)

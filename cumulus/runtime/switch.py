@@ -23,7 +23,9 @@ from aggview import errors
 from cumulus.m3.exprs import compile_guard
 from cumulus.m3.interpreter import Interpreter
 from cumulus.runtime.messages import Dispatch, EpochEnd, Fetch, Timestamp
-from cumulus.runtime.placement import Placement
+from cumulus.runtime.placement import Placement, stable_hash
+
+ROUTED = 4096  # planned signatures kept per trigger (a cache: cleared when full)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,28 @@ class Switch:
                     for step in steps
                 ]
             )
+
+        # per trigger: the routes with guards, the argument positions whose home node routes
+        # (a first key of a map the trigger writes or reads), and the planned parts by signature
+        self._guarded = [[i for i, r in enumerate(plan) if r.guards] for plan in self._plans]
+        self._homes: list[tuple[int, ...]] = []
+        for trigger, steps in zip(program.triggers, placement.steps, strict=True):
+            keyed = [(s.target, s.target_keys) for s in steps]
+            keyed += [(r.map, r.keys) for s in steps for r in s.reads]
+            self._homes.append(
+                tuple(
+                    sorted(
+                        {
+                            trigger.args.index(keys[0])
+                            for name, keys in keyed
+                            if placement.nodes > 1
+                            and placement.key_counts.get(name)
+                            and keys[0] in trigger.args
+                        }
+                    )
+                )
+            )
+        self._routed: list[dict[Any, Any]] = [{} for _ in self._plans]
 
     def stamp(self) -> Timestamp:
         self.clock.counter += 1
@@ -117,16 +141,51 @@ class Switch:
     def dispatch(
         self, ts: Timestamp, trigger: int, values: tuple[Any, ...]
     ) -> list[tuple[int, Dispatch]]:
-        env: dict[str, Any] | None = None
+        # The routes depend on the values only through the guards and the home node of the
+        # arguments that are first keys: the messages' parts are planned once per such
+        # signature and reused (``_routed``).
+        routes = self._plans[trigger]
+        guarded = self._guarded[trigger]
+        passed: tuple[bool, ...] = ()
+        if guarded:
+            env = dict(zip(self.placement.program.triggers[trigger].args, values, strict=True))
+            oks = []
+            for i in guarded:
+                ok = True
+                for guard in routes[i].guards:
+                    if not guard(env):
+                        ok = False
+                        break
+                oks.append(ok)
+            passed = tuple(oks)
+        nodes = self.placement.nodes
+        homes = tuple([stable_hash(values[at]) % nodes for at in self._homes[trigger]])
+        cache = self._routed[trigger]
+        parts = cache.get((passed, homes))
+        if parts is None:
+            if len(cache) >= ROUTED:
+                cache.clear()
+            parts = cache[(passed, homes)] = self._route(trigger, values, passed)
+        out = []
+        counts = self.clock.puts
+        for node, puts, fetches in parts:
+            before = counts[node]
+            if puts:
+                counts[node] = before + 1
+            out.append((node, Dispatch(ts, trigger, values, puts, fetches, before)))
+        return out
+
+    def _route(
+        self, trigger: int, values: tuple[Any, ...], passed: tuple[bool, ...]
+    ) -> list[tuple[int, tuple[tuple[int, int], ...], tuple[Fetch, ...]]]:
+        """Per node, in node order: the update's PUTs (statement, PUSHes to wait for) and
+        FETCHes, for the routes whose guards passed."""
+        failed = {i for i, ok in zip(self._guarded[trigger], passed, strict=True) if not ok}
         puts: dict[int, list[tuple[int, int]]] = defaultdict(list)
         fetches: dict[int, list[Fetch]] = defaultdict(list)
-        for route in self._plans[trigger]:
-            if route.guards:
-                if env is None:
-                    args = self.placement.program.triggers[trigger].args
-                    env = dict(zip(args, values, strict=True))
-                if not all(guard(env) for guard in route.guards):
-                    continue
+        for i, route in enumerate(self._plans[trigger]):
+            if i in failed:
+                continue
             writers = route.writers(values)
             by_node: dict[int, list[int]] = {}
             for factor, nodes_of in route.reads:
@@ -136,11 +195,7 @@ class Switch:
                 fetches[node].append(Fetch(route.number, tuple(factors), writers))
             for writer in writers:
                 puts[writer].append((route.number, len(by_node)))
-        out = []
-        for node in sorted(set(puts) | set(fetches)):
-            before = self.clock.puts[node]
-            if puts[node]:
-                self.clock.puts[node] += 1
-            message = Dispatch(ts, trigger, values, tuple(puts[node]), tuple(fetches[node]), before)
-            out.append((node, message))
-        return out
+        return [
+            (node, tuple(puts[node]), tuple(fetches[node]))
+            for node in sorted(set(puts) | set(fetches))
+        ]

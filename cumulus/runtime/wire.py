@@ -10,6 +10,7 @@ from typing import Any
 from aggview.values import from_value, to_value
 from aggview.wire import cumulus_pb2 as pb
 from cumulus.runtime.messages import (
+    Batch,
     Corrective,
     Dispatch,
     EpochCommit,
@@ -144,6 +145,7 @@ _ENCODERS: dict[type, tuple[str, Callable[[Any], Any]]] = {
     EpochReady: ("epoch_ready", lambda m: pb.EpochReady(cut=m.cut, source=m.source)),
     EpochCommit: ("epoch_commit", lambda m: pb.EpochCommit(cut=m.cut)),
     EpochEndRequest: ("epoch_end_request", lambda m: pb.EpochEndRequest(source=m.source)),
+    Batch: ("batch", lambda m: pb.Batch(source=-1, messages=[encode(x) for x in m.messages])),
 }
 _DECODERS: dict[str, Callable[[Any], Message]] = {
     "dispatch": _decode_dispatch,
@@ -154,6 +156,7 @@ _DECODERS: dict[str, Callable[[Any], Message]] = {
     "epoch_ready": lambda m: EpochReady(m.cut, m.source),
     "epoch_commit": lambda m: EpochCommit(m.cut),
     "epoch_end_request": lambda m: EpochEndRequest(m.source),
+    "batch": lambda m: Batch(tuple(decode(x) for x in m.messages)),
 }
 
 
