@@ -37,6 +37,7 @@ NOT_RUN = {
     "aggview start --data ./data --store hbase": "a real HBase: tests/test_real_hbase.py",
     "aggview ltm ": "members by hand on their hosts: tests/test_members.py starts them so",
     'aggview sql 127.0.0.1:7070 "CREATE TABLE accounts (id INT PRIMARY KEY, balance': "Docker",
+    "aggview docker build": "Docker: .ci/run and tests/docker_session.py build the images",
 }
 
 
