@@ -58,6 +58,10 @@ LONGEST_FIRST = (  # by wall time on a quiet CI run (AGGVIEW_TEST_CPU's third co
     "test_spark.py",
     "test_tpcw.py",
     "test_failpoints.py",
+    # Docker (when an engine runs): mostly waiting on HBase and compose, early so that it
+    # overlaps the others' work instead of ending the run
+    "test_docker_compose.py",
+    "test_hbase_containers.py",
     "test_failover.py",
     "test_cumulus_grpc.py",
     "test_lookup_cache.py",
