@@ -58,15 +58,13 @@ def test_compose_runs_a_cluster_on_hbase(docker_images: DockerImages) -> None:
     project = f"aggview-test-{uuid.uuid4().hex[:10]}"
     port = free_port()
     env = {**os.environ, "AGGVIEW_PORT": str(port), "AGGVIEW_HBASE_IMAGE": docker_images.hbase}
-    compose = [*cli, "-p", project, "-f", str(COMPOSE)]
+
+    def compose(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        command = [*cli, "-p", project, "-f", str(COMPOSE), *args]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+
     try:
-        up = subprocess.run(
-            [*compose, "up", "-d", "--no-build"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=START_TIMEOUT,
-        )
+        up = compose("up", "-d", "--no-build", timeout=START_TIMEOUT)
         assert up.returncode == 0, up.stdout + up.stderr
         deadline = time.monotonic() + 60
         while not _all_healthy(health := _health(project)):
@@ -96,21 +94,8 @@ def test_compose_runs_a_cluster_on_hbase(docker_images: DockerImages) -> None:
             ]
             assert len(client.scan("orders")) == 11
     except BaseException:
-        logs = subprocess.run(
-            [*compose, "logs", "--no-color", "--tail", "30"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
-        print(logs.stdout[-8000:])  # shown with the failure
+        print(compose("logs", "--no-color", "--tail", "30").stdout[-8000:])  # with the failure
         raise
     finally:
-        down = subprocess.run(
-            [*compose, "down", "-v", "--remove-orphans", "-t", "5"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-        )
+        down = compose("down", "-v", "--remove-orphans", "-t", "5")
         assert down.returncode == 0, down.stdout + down.stderr
