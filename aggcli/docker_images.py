@@ -20,6 +20,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -307,6 +308,8 @@ def default_source() -> Path:
 
 
 def _copy(source: Path, target: Path) -> None:
+    """A copy whose modes are 644 or 755 whatever the checkout's umask: Docker's layer cache
+    compares file modes too, so the same sources always hit it."""
     target.parent.mkdir(parents=True, exist_ok=True)
     if source.is_dir():
         shutil.copytree(
@@ -314,6 +317,9 @@ def _copy(source: Path, target: Path) -> None:
         )
     else:
         shutil.copy2(source, target)
+    for path in [target, *target.rglob("*")]:
+        executable = path.is_dir() or path.stat().st_mode & stat.S_IXUSR
+        path.chmod(0o755 if executable else 0o644)
 
 
 def stage_aggview_context(source: Path, into: Path) -> Path:

@@ -41,6 +41,9 @@ def test_the_aggview_context_holds_what_the_dockerfile_copies_and_no_caches(
     assert {"pyproject.toml", "README.md", "aggview", "ltm", "aggcli", "docker"} <= top
     assert not {"tests", "bench", "docs", ".git"} & top
     assert not list(tmp_path.rglob("__pycache__")) and not list(tmp_path.rglob("*.pyc"))
+    # the same modes whatever the umask (Docker's cache compares them)
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*") if p.is_file()}
+    assert modes == {0o644}
     assert sorted(p.name for p in (tmp_path / "docker").iterdir()) == [
         "Dockerfile",
         "healthcheck.py",
