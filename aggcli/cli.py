@@ -48,6 +48,27 @@ def _run_certs(args: argparse.Namespace) -> None:
     )
 
 
+def _run_docker_build(args: argparse.Namespace) -> None:
+    from aggcli import docker_images
+
+    source = Path(args.source) if args.source else docker_images.default_source()
+    if args.start_engine:
+        engine = docker_images.ensure_engine(log=docker_images.DOCKERD_LOG, install=True)
+        if engine.started is not None:
+            print(
+                f"started dockerd (pid {engine.started.pid}, log {docker_images.DOCKERD_LOG}); "
+                "it runs on after this command"
+            )
+    built = docker_images.build_images(
+        source, base=args.base, mirror=args.mirror, install=args.start_engine, output=sys.stdout
+    )
+    print(
+        f"built {docker_images.AGGVIEW_IMAGE} ({built.aggview:.0f} s) and "
+        f"{docker_images.HBASE_IMAGE} ({built.hbase:.0f} s) "
+        f"FROM {args.base or docker_images.BASE_IMAGE} ({built.base:.0f} s)"
+    )
+
+
 def _run_demo(args: argparse.Namespace) -> None:
     from loadgen.demo import quick_size, run_demo
 
@@ -118,6 +139,32 @@ def build_parser() -> argparse.ArgumentParser:
     hbase_stop = hbase_actions.add_parser("stop", help="stop the HBase started from --dir")
     hbase_stop.add_argument("--dir", required=True, help="the --dir it was started with")
     hbase_stop.set_defaults(run=run_hbase_stop)
+
+    docker = sub.add_parser("docker", help="Docker images of aggview and of HBase")
+    docker_actions = docker.add_subparsers(dest="action", required=True)
+    docker_build = docker_actions.add_parser(
+        "build",
+        help="build aggview:latest and the HBase image (the jars of `aggview hbase start`) "
+        "FROM Debian, made here from Debian's packages unless --base names an image",
+    )
+    docker_build.add_argument(
+        "--source", help="the aggview checkout to build (default: the one this aggview runs from)"
+    )
+    docker_build.add_argument(
+        "--base",
+        help="an image to build FROM, pulled if missing, e.g. debian:bookworm-slim (default: "
+        "aggview-debian:bookworm, made once by debootstrap from Debian's packages: no registry)",
+    )
+    docker_build.add_argument(
+        "--mirror", help="the Debian mirror for debootstrap (default: the one apt uses here)"
+    )
+    docker_build.add_argument(
+        "--start-engine",
+        action="store_true",
+        help="where no Docker engine answers, start dockerd (root, Linux), installing Debian's "
+        "docker.io and debootstrap if missing",
+    )
+    docker_build.set_defaults(run=_run_docker_build)
 
     from aggspark.commands import add_spark_commands
     from loadgen.commands import add_bench_commands

@@ -58,6 +58,10 @@ LONGEST_FIRST = (  # by wall time on a quiet CI run (AGGVIEW_TEST_CPU's third co
     "test_spark.py",
     "test_tpcw.py",
     "test_failpoints.py",
+    # Docker (when an engine runs): mostly waiting on HBase and compose, early so that it
+    # overlaps the others' work instead of ending the run
+    "test_docker_compose.py",
+    "test_hbase_containers.py",
     "test_failover.py",
     "test_cumulus_grpc.py",
     "test_lookup_cache.py",
@@ -271,3 +275,17 @@ def real_hbase(session_hbase: SessionHBase) -> Any:
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     if _session_hbase and (nextitem is None or nextitem.path.name not in HBASE_FILES):
         _session_hbase[0].stop()
+
+
+@pytest.fixture(scope="session")
+def docker_images() -> Iterator[Any]:
+    """A Docker engine, found or started, with aggview's and HBase's images built
+    (``tests/docker_session.py``); or a skip saying exactly why not."""
+    from docker_session import DockerSkip, docker_session
+
+    with contextlib.ExitStack() as stack:
+        try:
+            images = stack.enter_context(docker_session())
+        except DockerSkip as exc:
+            pytest.skip(str(exc))
+        yield images

@@ -1,15 +1,16 @@
-"""A real HBase in Docker (testcontainers, ``dajobe/hbase``), and the compose file.
+"""A real HBase in Docker (testcontainers, the HBase image ``aggview docker build`` makes from
+the pinned jars of ``aggview hbase start``), and the compose file.
 
 The HBase tests run the store contract and the end-to-end view test against HBase's own Thrift
-server; they are collected everywhere and skipped, with the reason, when no Docker engine is
-reachable. The compose file is checked always: parsed as YAML, every aggview command parsed by
-aggview's own argument parser; and with ``docker compose config`` when that CLI exists.
+server in one container shared by the module; they skip, saying why, when no Docker engine can
+run (the ``docker_images`` fixture). The compose file is checked always: parsed as YAML, every
+aggview command parsed by aggview's own argument parser; and with ``docker compose config``
+when that CLI exists. ``tests/test_docker_compose.py`` runs it.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import time
 import uuid
@@ -20,35 +21,17 @@ from typing import Any
 import happybase
 import pytest
 import yaml
+from docker_session import DockerImages, compose_cli
 from store_contract import StoreContract
 from test_store_hbase import check_after_restart, run_view_workload
 from thriftpy2.thrift import TException
 
 from aggcli.cli import build_parser
+from aggcli.docker_images import HBASE_IMAGE
 
-HBASE_IMAGE = "dajobe/hbase"
 THRIFT_PORT = 9090
 READY_TIMEOUT = 300.0
 COMPOSE = Path(__file__).resolve().parents[1] / "docker" / "compose.yaml"
-
-
-def _docker_engine_problem() -> str | None:
-    """None when a Docker engine answers a ping, else why not (the skip reason)."""
-    try:
-        import docker
-
-        client = docker.from_env(timeout=5)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception as exc:  # any failure means: no engine to run HBase in
-        return f"no Docker engine reachable ({type(exc).__name__}: {exc})"
-    return None
-
-
-DOCKER_PROBLEM = _docker_engine_problem()
-needs_docker = pytest.mark.skipif(DOCKER_PROBLEM is not None, reason=DOCKER_PROBLEM or "")
 
 
 def wait_for_thrift(host: str, port: int, timeout: float = READY_TIMEOUT) -> None:
@@ -60,7 +43,9 @@ def wait_for_thrift(host: str, port: int, timeout: float = READY_TIMEOUT) -> Non
         try:
             connection = happybase.Connection(host, port, timeout=20_000)
             try:
-                connection.create_table(probe, {"d": {}})
+                # a create that timed out here may still have happened
+                if probe.encode() not in connection.tables():
+                    connection.create_table(probe, {"d": {}})
                 connection.table(probe).put(b"k", {b"d:v": b"ok"})
                 assert connection.table(probe).row(b"k") == {b"d:v": b"ok"}
                 connection.delete_table(probe, disable=True)
@@ -74,10 +59,12 @@ def wait_for_thrift(host: str, port: int, timeout: float = READY_TIMEOUT) -> Non
 
 
 @pytest.fixture(scope="module")
-def real_hbase() -> Iterator[tuple[str, int]]:
+def container_hbase(docker_images: DockerImages) -> Iterator[tuple[str, int]]:
+    """One HBase container for the whole module (it takes about 20 s to serve), removed with
+    its volume after."""
     from testcontainers.core.container import DockerContainer
 
-    container = DockerContainer(HBASE_IMAGE).with_exposed_ports(THRIFT_PORT)
+    container = DockerContainer(docker_images.hbase).with_exposed_ports(THRIFT_PORT)
     container.start()
     try:
         host = container.get_container_host_ip()
@@ -88,19 +75,17 @@ def real_hbase() -> Iterator[tuple[str, int]]:
         container.stop()
 
 
-@needs_docker
-class TestRealHBaseStore(StoreContract):
+class TestContainerHBaseStore(StoreContract):
     @pytest.fixture
-    def url(self, real_hbase: tuple[str, int]) -> str:
-        host, port = real_hbase
+    def url(self, container_hbase: tuple[str, int]) -> str:
+        host, port = container_hbase
         return f"hbase://{host}:{port}?table_prefix=contract"
 
 
-@needs_docker
-def test_cluster_on_real_hbase_keeps_a_sync_view_exact(
-    real_hbase: tuple[str, int], tmp_path: Path
+def test_cluster_on_container_hbase_keeps_a_sync_view_exact(
+    container_hbase: tuple[str, int], tmp_path: Path
 ) -> None:
-    host, port = real_hbase
+    host, port = container_hbase
     url = f"hbase://{host}:{port}?table_prefix=e{uuid.uuid4().hex[:8]}"
     live = run_view_workload(url, tmp_path / "data")
     check_after_restart(url, tmp_path / "data", live)
@@ -109,20 +94,8 @@ def test_cluster_on_real_hbase_keeps_a_sync_view_exact(
 # --- the compose file ---------------------------------------------------------------------
 
 
-def _compose_cli() -> list[str] | None:
-    docker = shutil.which("docker")
-    if docker is not None:
-        version = subprocess.run(
-            [docker, "compose", "version"], capture_output=True, text=True, timeout=60
-        )
-        if version.returncode == 0:
-            return [docker, "compose"]
-    legacy = shutil.which("docker-compose")
-    return [legacy] if legacy is not None else None
-
-
 def test_compose_config_is_valid_for_docker_compose() -> None:
-    cli = _compose_cli()
+    cli = compose_cli()
     if cli is None:
         pytest.skip("no `docker compose` (plugin) or `docker-compose` CLI installed")
     result = subprocess.run(
@@ -151,7 +124,7 @@ def test_compose_file_runs_real_aggview_commands() -> None:
     assert "coordinator" not in services  # every LTM coordinates
 
     hbase = services["hbase"]
-    assert hbase["image"].split(":")[0] == HBASE_IMAGE
+    assert hbase["image"] == f"${{AGGVIEW_HBASE_IMAGE:-{HBASE_IMAGE}}}"
     assert "healthcheck" in hbase
     ready = " ".join(services["hbase-ready"]["command"])
     assert "wait_for_hbase.py" in ready and f"hbase:{THRIFT_PORT}" in ready
@@ -193,5 +166,5 @@ def test_compose_file_runs_real_aggview_commands() -> None:
             assert depends["hbase-ready"]["condition"] == "service_completed_successfully"
         else:  # the followers: once the leader serves
             assert depends == {"ltm-0": {"condition": "service_healthy"}}
-    assert services["ltm-0"]["ports"] == ["127.0.0.1:7070:7070"]
+    assert services["ltm-0"]["ports"] == ["127.0.0.1:${AGGVIEW_PORT:-7070}:7070"]
     assert (Path(COMPOSE).parent / "Dockerfile").is_file()

@@ -39,6 +39,7 @@ NOT_RUN = {
     'aggview sql 127.0.0.1:7070 "CREATE TABLE accounts (id INT PRIMARY KEY, balance': "Docker",
     "aggview status --tls-dir ./tls 127.0.0.1:7070 --watch": "runs until Ctrl-C: "
     "tests/test_metrics.py watches a cluster and interrupts it",
+    "aggview docker build": "Docker: .ci/run and tests/docker_session.py build the images",
 }
 
 

@@ -17,7 +17,7 @@ TESTS = Path(__file__).parent
 def jvm_fixtures_used(source: str) -> set[str]:
     """The JVM fixtures a test module asks for: as an argument of a function or by name
     (``request.getfixturevalue("real_hbase")``, ``usefixtures("spark")``); not a fixture of
-    the module's own by that name (the Docker HBase of ``test_hbase_containers.py``)."""
+    the module's own by that name."""
     used, tree = set(), ast.parse(source)
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

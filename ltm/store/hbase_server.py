@@ -53,6 +53,10 @@ JAVA_MODULE_FLAGS = [
     "--add-exports=java.base/jdk.internal.misc=ALL-UNNAMED",
     "-Dorg.apache.hbase.thirdparty.io.netty.tryReflectionSetAccessible=true",
 ]
+# Every HBase JVM's flags but its heap: a standalone HBase serves development and tests (short
+# runs, where the C1 compiler alone and the serial collector use far less CPU than C2 and G1).
+# The HBase Docker image runs the same (agglauncher/docker_images.py).
+JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", *JAVA_MODULE_FLAGS]
 LOG4J = """\
 log4j.rootLogger=INFO,file
 log4j.appender.file=org.apache.log4j.FileAppender
@@ -172,14 +176,19 @@ def site_properties(directory: Path, host: str, ports: Ports) -> dict[str, str]:
     }
 
 
-def write_config(directory: Path, host: str, ports: Ports) -> Path:
-    conf = directory / "conf"
-    conf.mkdir(parents=True, exist_ok=True)
+def site_xml(directory: Path, host: str, ports: Ports) -> str:
+    """``hbase-site.xml`` of :func:`site_properties`."""
     properties = "".join(
         f"  <property><name>{escape(k)}</name><value>{escape(v)}</value></property>\n"
         for k, v in site_properties(directory, host, ports).items()
     )
-    (conf / "hbase-site.xml").write_text(f"<configuration>\n{properties}</configuration>\n")
+    return f"<configuration>\n{properties}</configuration>\n"
+
+
+def write_config(directory: Path, host: str, ports: Ports) -> Path:
+    conf = directory / "conf"
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "hbase-site.xml").write_text(site_xml(directory, host, ports))
     (conf / "log4j.properties").write_text(LOG4J)
     return conf
 
@@ -269,11 +278,7 @@ class StandaloneHBase:
         return [
             _tool("java", "HBase is a Java program: Java 17 or newer"),
             f"-Xmx{heap}",
-            # a standalone HBase serves development and tests: short runs, where the C1
-            # compiler alone and the serial collector use far less CPU than C2 and G1
-            "-XX:TieredStopAtLevel=1",
-            "-XX:+UseSerialGC",
-            *JAVA_MODULE_FLAGS,
+            *JVM_FLAGS,
             f"-Djava.io.tmpdir={self.directory / 'tmp'}",
             f"-Dlog4j.configuration={(conf / 'log4j.properties').as_uri()}",
             f"-Dhbase.log.file={self.directory / 'logs' / (role + '.log')}",
