@@ -45,7 +45,8 @@ Q16    R       R       R        NOT IN (SELECT ...), an anti-join; R: joined wit
 Q17    R       R       no       unqualified correlation (as Q4); R: qualified, and
                                 l_quantity < 0.2 * AVG as 5 * l_quantity < AVG
 Q18    W       W       no       IN over a grouped subquery with HAVING: hidden views
-Q19    W       W       W        (the join equality inside each OR branch)
+Q19    W       W       W        (the join equality inside each OR branch is not factored out:
+                                a cross product the OR filters, a scan step per change)
 Q20    R       R       no       unqualified correlation (as Q4); R: qualified, and
                                 ps_availqty > 0.5 * SUM as 2 * ps_availqty > SUM
 Q21    R       R       no       EXISTS / NOT EXISTS correlated by l2.l_suppkey <> l1.l_suppkey;
