@@ -391,11 +391,12 @@ def _theta_batch(
 def stored_changes(
     tables: dict[str, TableSchema], batch: dict[tuple[str, int], tuple[Any, Any]]
 ) -> Changes:
-    """A batch of (table, id) -> (old, new) rows as the refresh operator takes it."""
+    """A batch of (table, id) -> (old, new) rows as the refresh operator takes it (a tuple
+    of values as the id: a composite key)."""
     changes: Changes = {}
     for (name, row_id), (old, new) in batch.items():
         schema = tables[name]
-        key = encode_key(schema.key_types, [row_id])
+        key = encode_key(schema.key_types, list(row_id) if type(row_id) is tuple else [row_id])
         stored = [row_to_storage(schema, r) if r else None for r in (old, new)]
         changes.setdefault(name, {})[key] = (stored[0], stored[1])
     return changes

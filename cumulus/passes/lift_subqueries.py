@@ -198,7 +198,8 @@ class Correlation:
 def _correlation(sub: exp.Select) -> Correlation:
     inner = _inner_aliases(sub)
     for key in ("expressions", "joins", "group", "having"):
-        for part in sub.args.get(key) or []:
+        value = sub.args.get(key)  # a list, one clause (GROUP BY, HAVING) or None
+        for part in value if isinstance(value, list) else [value] if value is not None else []:
             if isinstance(part, exp.Expression) and _outer_columns(part, inner):
                 raise refuse("a subquery correlated outside its WHERE", part)
     where = sub.args.get("where")
@@ -376,6 +377,8 @@ def _anti_join_in(select: exp.Select, node: exp.In, lifter: Lifter) -> list[exp.
 def _lift_scalars(select: exp.Select, conjunct: exp.Expression, lifter: Lifter) -> exp.Expression:
     """Each scalar subquery of a WHERE conjunct -> a column of a hidden view joined to it."""
     for node in list(conjunct.find_all(exp.Subquery)):
+        if node is not conjunct and _nested(node.parent, conjunct):
+            continue  # a subquery in a scalar subquery (its FROM): lifted with that one's view
         sub = _query(node, "a scalar subquery")
         item = _single(sub, "a scalar subquery")
         found = _correlation(sub)

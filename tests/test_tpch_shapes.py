@@ -1,0 +1,655 @@
+"""TPC-H's 22 queries as incremental views (issue #41): our own formulations of what each query
+computes, over ``tpch_data``'s small schema and random streams of changes, against duckdb's
+recomputation of the same SQL.
+
+Each query is written as TPC-H states it, less what a view has no use for: no ORDER BY or
+LIMIT (a view is the whole grouped result), DATE literals, EXTRACT(YEAR ...) and SUBSTRING as
+columns of the schema (``o_orderyear``, ``l_shipyear``, ``c_cntrycode``), constants scaled to a
+few rows (Q11's fraction, Q18's quantity). Where the view language refuses that SQL, the
+refusal is tested word for word and a rewrite that keeps the query's idea is maintained instead.
+
+* sync: the refresh operator (``test_subqueries.Stack``: views over views in memory) over an
+  initial load with children before parents and then batches of inserts, deletes and updates,
+  equals duckdb after every batch;
+* cumulus: the query's M3 program at depths 0, 1, 2 and unbounded (the interpreter), one
+  change at a time, equals duckdb after every change, and every map its definition at the end;
+* Q1, Q3, Q5 and Q10 on the session cluster in sync, async and cumulus mode under concurrent
+  writers, and Q18 (hidden views) in sync and async mode.
+
+Which query each mode takes, as written (W) or rewritten (R), and why not:
+
+=====  ======  ======  =======  ===================================================================
+query  sync    async   cumulus  refused as written / the rewrite
+=====  ======  ======  =======  ===================================================================
+Q1     W       W       W
+Q2     W       W       no       correlated MIN subquery: a hidden view (sync/async only)
+Q3     W       W       W
+Q4     R       R       no       EXISTS correlated by an unqualified outer column: "unknown column
+                                o_orderkey (not in lineitem)"; R qualifies it (orders.o_orderkey);
+                                EXISTS is a hidden view
+Q5     W       W       W
+Q6     W       W       W
+Q7     W       W       W        (FROM subquery merged into the view)
+Q8     W       W       W        (FROM subquery merged; a ratio of sums)
+Q9     W       W       W        (FROM subquery merged)
+Q10    W       W       W
+Q11    R       R       no       scalar subquery in HAVING; R: the grouped sums as a FROM subquery
+                                filtered in WHERE by the scalar subquery (hidden views)
+Q12    W       W       W
+Q13    R       R       no       LEFT OUTER JOIN; R: orders counted per customer over a UNION ALL
+                                of (customer, 0) and (customer, 1) per order (hidden views)
+Q14    W       W       W
+Q15    W       W       no       the CTE twice and MAX over it: hidden views
+Q16    R       R       R        NOT IN (SELECT ...), an anti-join; R: joined with supplier,
+                                s_comment NOT LIKE (the same where every partsupp has a supplier)
+Q17    R       R       no       unqualified correlation (as Q4); R: qualified, and
+                                l_quantity < 0.2 * AVG as 5 * l_quantity < AVG
+Q18    W       W       no       IN over a grouped subquery with HAVING: hidden views
+Q19    W       W       W        (the join equality inside each OR branch is not factored out:
+                                a cross product the OR filters, a scan step per change)
+Q20    R       R       no       unqualified correlation (as Q4); R: qualified, and
+                                ps_availqty > 0.5 * SUM as 2 * ps_availqty > SUM
+Q21    R       R       no       EXISTS / NOT EXISTS correlated by l2.l_suppkey <> l1.l_suppkey;
+                                R: per order the distinct suppliers (> 1) and the distinct late
+                                suppliers (= 1, l1's own) as grouped FROM subqueries
+Q22    R       R       no       NOT EXISTS, an anti-join; R: orders counted per customer over a
+                                UNION ALL (as Q13), kept where the count is 0
+=====  ======  ======  =======  ===================================================================
+
+Async maintains the plan sync does (it only defers it), so it takes what sync takes; the
+cluster tests run Q1, Q3, Q5 and Q10 in all three modes and Q18 in sync and async. Found on
+the way (fixed in ``passes/lift_subqueries.py``): an IN subquery with GROUP BY ... HAVING
+(Q18) failed with a TypeError, and a scalar subquery over a FROM subquery (Q15's MAX over the
+CTE) lifted the inner FROM subquery as a second scalar ("needs a SELECT of one column").
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+import threading
+from decimal import Decimal
+from typing import Any
+
+import duckdb
+import pytest
+import sqlglot
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from profiles import examples
+from sqlglot import exp
+from test_m3_differential import DEPTHS, check_definitions, check_round_trip
+from test_subqueries import Stack
+from test_view_language import stored_changes
+from tpch_data import COLUMNS, PRIMARY_KEYS, Batch, Stream, ddl
+
+from aggclient import Client
+from agglauncher.cluster import LocalCluster
+from aggview import errors
+from aggview.schema import TableSchema
+from coordinator.catalog import table_from_create
+from cumulus.compiler import CUMULUS_REFUSAL, compile_sql_views
+from cumulus.m3.compiler import compile_program, plan_of
+from cumulus.m3.interpreter import Interpreter
+from cumulus.m3.printer import print_program
+from cumulus.sqltext import divided_as_views_divide
+
+SCHEMAS: dict[str, TableSchema] = {
+    t: table_from_create(sqlglot.parse_one(ddl(t)), lambda n: n) for t in COLUMNS
+}
+REVENUE = "l_extendedprice * (1 - l_discount)"
+GERMAN_STOCK = (
+    "FROM partsupp, supplier, nation WHERE ps_suppkey = s_suppkey AND s_nationkey = n_nationkey "
+    "AND n_name = 'GERMANY'"
+)
+CODES = "('13', '31', '23', '29', '30', '18', '17')"
+
+# === the queries as TPC-H writes them ============================================================
+
+WRITTEN: dict[str, str] = {
+    "q1": "SELECT l_returnflag, l_linestatus, SUM(l_quantity) AS sum_qty, "
+    f"SUM(l_extendedprice) AS sum_base_price, SUM({REVENUE}) AS sum_disc_price, "
+    f"SUM({REVENUE} * (1 + l_tax)) AS sum_charge, AVG(l_quantity) AS avg_qty, "
+    "AVG(l_extendedprice) AS avg_price, AVG(l_discount) AS avg_disc, COUNT(*) AS count_order "
+    "FROM lineitem WHERE l_shipdate <= DATE '1998-09-02' GROUP BY l_returnflag, l_linestatus",
+    "q2": "SELECT s.s_acctbal, s.s_name, n.n_name, p.p_partkey, p.p_mfgr, s.s_address "
+    "FROM part p, supplier s, partsupp ps, nation n, region r "
+    "WHERE p.p_partkey = ps.ps_partkey AND s.s_suppkey = ps.ps_suppkey AND p.p_size = 15 "
+    "AND p.p_type LIKE '%BRASS' AND s.s_nationkey = n.n_nationkey "
+    "AND n.n_regionkey = r.r_regionkey AND r.r_name = 'EUROPE' AND ps.ps_supplycost = ("
+    "SELECT MIN(ps2.ps_supplycost) FROM partsupp ps2, supplier s2, nation n2, region r2 "
+    "WHERE p.p_partkey = ps2.ps_partkey AND s2.s_suppkey = ps2.ps_suppkey "
+    "AND s2.s_nationkey = n2.n_nationkey AND n2.n_regionkey = r2.r_regionkey "
+    "AND r2.r_name = 'EUROPE')",
+    "q3": f"SELECT l_orderkey, o_orderdate, o_shippriority, SUM({REVENUE}) AS revenue "
+    "FROM customer, orders, lineitem WHERE c_mktsegment = 'BUILDING' AND c_custkey = o_custkey "
+    "AND l_orderkey = o_orderkey AND o_orderdate < DATE '1995-03-15' "
+    "AND l_shipdate > DATE '1995-03-15' GROUP BY l_orderkey, o_orderdate, o_shippriority",
+    "q4": "SELECT o_orderpriority, COUNT(*) AS order_count FROM orders "
+    "WHERE o_orderdate >= DATE '1993-07-01' AND o_orderdate < DATE '1993-10-01' "
+    "AND EXISTS (SELECT * FROM lineitem WHERE l_orderkey = o_orderkey "
+    "AND l_commitdate < l_receiptdate) GROUP BY o_orderpriority",
+    "q5": f"SELECT n_name, SUM({REVENUE}) AS revenue "
+    "FROM customer, orders, lineitem, supplier, nation, region "
+    "WHERE c_custkey = o_custkey AND l_orderkey = o_orderkey AND l_suppkey = s_suppkey "
+    "AND c_nationkey = s_nationkey AND s_nationkey = n_nationkey AND n_regionkey = r_regionkey "
+    "AND r_name = 'ASIA' AND o_orderdate >= DATE '1994-01-01' "
+    "AND o_orderdate < DATE '1995-01-01' GROUP BY n_name",
+    "q6": "SELECT SUM(l_extendedprice * l_discount) AS revenue FROM lineitem "
+    "WHERE l_shipdate >= DATE '1994-01-01' AND l_shipdate < DATE '1995-01-01' "
+    "AND l_discount BETWEEN 0.05 AND 0.07 AND l_quantity < 24",
+    "q7": "SELECT supp_nation, cust_nation, l_year, SUM(volume) AS revenue FROM ("
+    "SELECT n1.n_name AS supp_nation, n2.n_name AS cust_nation, l_shipyear AS l_year, "
+    f"{REVENUE} AS volume FROM supplier, lineitem, orders, customer, nation n1, nation n2 "
+    "WHERE s_suppkey = l_suppkey AND o_orderkey = l_orderkey AND c_custkey = o_custkey "
+    "AND s_nationkey = n1.n_nationkey AND c_nationkey = n2.n_nationkey "
+    "AND ((n1.n_name = 'FRANCE' AND n2.n_name = 'GERMANY') "
+    "OR (n1.n_name = 'GERMANY' AND n2.n_name = 'FRANCE')) "
+    "AND l_shipdate BETWEEN DATE '1995-01-01' AND DATE '1996-12-31') shipping "
+    "GROUP BY supp_nation, cust_nation, l_year",
+    "q8": "SELECT o_year, SUM(CASE WHEN nation = 'BRAZIL' THEN volume ELSE 0 END) / "
+    "SUM(volume) AS mkt_share FROM ("
+    f"SELECT o_orderyear AS o_year, {REVENUE} AS volume, n2.n_name AS nation "
+    "FROM part, supplier, lineitem, orders, customer, nation n1, nation n2, region "
+    "WHERE p_partkey = l_partkey AND s_suppkey = l_suppkey AND l_orderkey = o_orderkey "
+    "AND o_custkey = c_custkey AND c_nationkey = n1.n_nationkey "
+    "AND n1.n_regionkey = r_regionkey AND r_name = 'AMERICA' AND s_nationkey = n2.n_nationkey "
+    "AND o_orderdate BETWEEN DATE '1995-01-01' AND DATE '1996-12-31' "
+    "AND p_type = 'ECONOMY ANODIZED STEEL') all_nations GROUP BY o_year",
+    "q9": "SELECT nation, o_year, SUM(amount) AS sum_profit FROM ("
+    "SELECT n_name AS nation, o_orderyear AS o_year, "
+    f"{REVENUE} - ps_supplycost * l_quantity AS amount "
+    "FROM part, supplier, lineitem, partsupp, orders, nation "
+    "WHERE s_suppkey = l_suppkey AND ps_suppkey = l_suppkey AND ps_partkey = l_partkey "
+    "AND p_partkey = l_partkey AND o_orderkey = l_orderkey AND s_nationkey = n_nationkey "
+    "AND p_name LIKE '%green%') profit GROUP BY nation, o_year",
+    "q10": f"SELECT c_custkey, c_name, SUM({REVENUE}) AS revenue, c_acctbal, n_name "
+    "FROM customer, orders, lineitem, nation WHERE c_custkey = o_custkey "
+    "AND l_orderkey = o_orderkey AND o_orderdate >= DATE '1993-10-01' "
+    "AND o_orderdate < DATE '1994-01-01' AND l_returnflag = 'R' AND c_nationkey = n_nationkey "
+    "GROUP BY c_custkey, c_name, c_acctbal, n_name",
+    "q11": f"SELECT ps_partkey, SUM(ps_supplycost * ps_availqty) AS value {GERMAN_STOCK} "
+    "GROUP BY ps_partkey HAVING SUM(ps_supplycost * ps_availqty) > ("
+    f"SELECT SUM(ps_supplycost * ps_availqty) * 0.1 {GERMAN_STOCK})",
+    "q12": "SELECT l_shipmode, SUM(CASE WHEN o_orderpriority = '1-URGENT' "
+    "OR o_orderpriority = '2-HIGH' THEN 1 ELSE 0 END) AS high_line_count, "
+    "SUM(CASE WHEN o_orderpriority <> '1-URGENT' AND o_orderpriority <> '2-HIGH' "
+    "THEN 1 ELSE 0 END) AS low_line_count FROM orders, lineitem "
+    "WHERE o_orderkey = l_orderkey AND l_shipmode IN ('MAIL', 'SHIP') "
+    "AND l_commitdate < l_receiptdate AND l_shipdate < l_commitdate "
+    "AND l_receiptdate >= DATE '1994-01-01' AND l_receiptdate < DATE '1995-01-01' "
+    "GROUP BY l_shipmode",
+    "q13": "SELECT c_count, COUNT(*) AS custdist FROM ("
+    "SELECT c_custkey, COUNT(o_orderkey) AS c_count FROM customer LEFT OUTER JOIN orders "
+    "ON c_custkey = o_custkey AND o_comment NOT LIKE '%special%requests%' "
+    "GROUP BY c_custkey) c_orders GROUP BY c_count",
+    "q14": "SELECT 100.00 * SUM(CASE WHEN p_type LIKE 'PROMO%' "
+    f"THEN {REVENUE} ELSE 0 END) / SUM({REVENUE}) AS promo_revenue FROM lineitem, part "
+    "WHERE l_partkey = p_partkey AND l_shipdate >= DATE '1995-09-01' "
+    "AND l_shipdate < DATE '1995-10-01'",
+    "q15": "WITH revenue0 AS (SELECT l_suppkey AS supplier_no, "
+    f"SUM({REVENUE}) AS total_revenue FROM lineitem WHERE l_shipdate >= DATE '1996-01-01' "
+    "AND l_shipdate < DATE '1996-04-01' GROUP BY l_suppkey) "
+    "SELECT s_suppkey, s_name, s_address, total_revenue FROM supplier, revenue0 "
+    "WHERE s_suppkey = supplier_no AND total_revenue = (SELECT MAX(total_revenue) FROM revenue0)",
+    "q16": "SELECT p_brand, p_type, p_size, COUNT(DISTINCT ps_suppkey) AS supplier_cnt "
+    "FROM partsupp, part WHERE p_partkey = ps_partkey AND p_brand <> 'Brand#45' "
+    "AND p_type NOT LIKE 'MEDIUM POLISHED%' AND p_size IN (49, 14, 23, 45, 19, 3, 36, 9) "
+    "AND ps_suppkey NOT IN (SELECT s_suppkey FROM supplier "
+    "WHERE s_comment LIKE '%Customer%Complaints%') GROUP BY p_brand, p_type, p_size",
+    "q17": "SELECT SUM(l_extendedprice) / 7.0 AS avg_yearly FROM lineitem, part "
+    "WHERE p_partkey = l_partkey AND p_brand = 'Brand#23' AND p_container = 'MED BOX' "
+    "AND l_quantity < (SELECT 0.2 * AVG(l2.l_quantity) FROM lineitem l2 "
+    "WHERE l2.l_partkey = p_partkey)",
+    "q18": "SELECT c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice, "
+    "SUM(l_quantity) AS sum_qty FROM customer, orders, lineitem WHERE o_orderkey IN ("
+    "SELECT l2.l_orderkey FROM lineitem l2 GROUP BY l2.l_orderkey "
+    "HAVING SUM(l2.l_quantity) > 40) AND c_custkey = o_custkey AND o_orderkey = l_orderkey "
+    "GROUP BY c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice",
+    "q19": f"SELECT SUM({REVENUE}) AS revenue FROM lineitem, part WHERE "
+    "(p_partkey = l_partkey AND p_brand = 'Brand#12' AND p_container IN ('SM CASE', 'SM BOX') "
+    "AND l_quantity >= 1 AND l_quantity <= 11 AND p_size BETWEEN 1 AND 5 "
+    "AND l_shipmode IN ('AIR', 'AIR REG') AND l_shipinstruct = 'DELIVER IN PERSON') "
+    "OR (p_partkey = l_partkey AND p_brand = 'Brand#23' AND p_container IN ('MED BOX', 'MED PKG') "
+    "AND l_quantity >= 10 AND l_quantity <= 20 AND p_size BETWEEN 1 AND 10 "
+    "AND l_shipmode IN ('AIR', 'AIR REG') AND l_shipinstruct = 'DELIVER IN PERSON') "
+    "OR (p_partkey = l_partkey AND p_brand = 'Brand#34' AND p_container IN ('LG BOX', 'LG CASE') "
+    "AND l_quantity >= 20 AND l_quantity <= 30 AND p_size BETWEEN 1 AND 15 "
+    "AND l_shipmode IN ('AIR', 'AIR REG') AND l_shipinstruct = 'DELIVER IN PERSON')",
+    "q20": "SELECT s_name, s_address FROM supplier, nation WHERE s_suppkey IN ("
+    "SELECT ps_suppkey FROM partsupp WHERE ps_partkey IN ("
+    "SELECT p_partkey FROM part WHERE p_name LIKE 'forest%') AND ps_availqty > ("
+    "SELECT 0.5 * SUM(l_quantity) FROM lineitem WHERE l_partkey = ps_partkey "
+    "AND l_suppkey = ps_suppkey AND l_shipdate >= DATE '1994-01-01' "
+    "AND l_shipdate < DATE '1995-01-01')) AND s_nationkey = n_nationkey AND n_name = 'CANADA'",
+    "q21": "SELECT s_name, COUNT(*) AS numwait FROM supplier, lineitem l1, orders, nation "
+    "WHERE s_suppkey = l1.l_suppkey AND o_orderkey = l1.l_orderkey AND o_orderstatus = 'F' "
+    "AND l1.l_receiptdate > l1.l_commitdate AND EXISTS (SELECT * FROM lineitem l2 "
+    "WHERE l2.l_orderkey = l1.l_orderkey AND l2.l_suppkey <> l1.l_suppkey) "
+    "AND NOT EXISTS (SELECT * FROM lineitem l3 WHERE l3.l_orderkey = l1.l_orderkey "
+    "AND l3.l_suppkey <> l1.l_suppkey AND l3.l_receiptdate > l3.l_commitdate) "
+    "AND s_nationkey = n_nationkey AND n_name = 'SAUDI ARABIA' GROUP BY s_name",
+    "q22": "SELECT cntrycode, COUNT(*) AS numcust, SUM(c_acctbal) AS totacctbal FROM ("
+    "SELECT c_cntrycode AS cntrycode, c_acctbal FROM customer "
+    f"WHERE c_cntrycode IN {CODES} AND c_acctbal > (SELECT AVG(c2.c_acctbal) FROM customer c2 "
+    f"WHERE c2.c_acctbal > 0.00 AND c2.c_cntrycode IN {CODES}) "
+    "AND NOT EXISTS (SELECT * FROM orders WHERE o_custkey = c_custkey)) custsale "
+    "GROUP BY cntrycode",
+}
+
+# === rewritten where the view language refuses TPC-H's SQL =======================================
+
+ORDERS_PER_CUSTOMER = (  # a LEFT JOIN's count: customers with no order count 0
+    "SELECT c_custkey, SUM(n) AS c_count FROM (SELECT c_custkey, 0 AS n FROM customer "
+    "UNION ALL SELECT c_custkey, 1 AS n FROM customer, orders WHERE c_custkey = o_custkey{}) u "
+    "GROUP BY c_custkey"
+)
+REWRITTEN: dict[str, str] = {
+    "q4": WRITTEN["q4"].replace("= o_orderkey", "= orders.o_orderkey"),
+    "q11": f"SELECT v.ps_partkey, v.value FROM (SELECT ps_partkey, "
+    f"SUM(ps_supplycost * ps_availqty) AS value {GERMAN_STOCK} GROUP BY ps_partkey) v "
+    f"WHERE v.value > (SELECT SUM(ps_supplycost * ps_availqty) * 0.1 {GERMAN_STOCK})",
+    "q13": "SELECT c_count, COUNT(*) AS custdist FROM ("
+    + ORDERS_PER_CUSTOMER.format(" AND o_comment NOT LIKE '%special%requests%'")
+    + ") c_orders GROUP BY c_count",
+    "q16": "SELECT p_brand, p_type, p_size, COUNT(DISTINCT ps_suppkey) AS supplier_cnt "
+    "FROM partsupp, part, supplier WHERE p_partkey = ps_partkey AND s_suppkey = ps_suppkey "
+    "AND p_brand <> 'Brand#45' AND p_type NOT LIKE 'MEDIUM POLISHED%' "
+    "AND p_size IN (49, 14, 23, 45, 19, 3, 36, 9) "
+    "AND s_comment NOT LIKE '%Customer%Complaints%' GROUP BY p_brand, p_type, p_size",
+    "q17": WRITTEN["q17"]
+    .replace("l_quantity < (SELECT 0.2 * AVG", "5 * l_quantity < (SELECT AVG")
+    .replace("= p_partkey)", "= part.p_partkey)"),
+    "q20": WRITTEN["q20"]
+    .replace("ps_availqty > (SELECT 0.5 * SUM", "2 * ps_availqty > (SELECT SUM")
+    .replace("l_partkey = ps_partkey", "l_partkey = partsupp.ps_partkey")
+    .replace("l_suppkey = ps_suppkey", "l_suppkey = partsupp.ps_suppkey"),
+    "q21": "SELECT s_name, COUNT(*) AS numwait FROM supplier, lineitem l1, orders, nation, "
+    "(SELECT l_orderkey AS okey, COUNT(DISTINCT l_suppkey) AS suppliers FROM lineitem "
+    "GROUP BY l_orderkey) everyone, "
+    "(SELECT l_orderkey AS okey, COUNT(DISTINCT l_suppkey) AS suppliers FROM lineitem "
+    "WHERE l_receiptdate > l_commitdate GROUP BY l_orderkey) late "
+    "WHERE s_suppkey = l1.l_suppkey AND o_orderkey = l1.l_orderkey AND o_orderstatus = 'F' "
+    "AND l1.l_receiptdate > l1.l_commitdate AND everyone.okey = l1.l_orderkey "
+    "AND everyone.suppliers > 1 AND late.okey = l1.l_orderkey AND late.suppliers = 1 "
+    "AND s_nationkey = n_nationkey AND n_name = 'SAUDI ARABIA' GROUP BY s_name",
+    "q22": "SELECT cntrycode, COUNT(*) AS numcust, SUM(c_acctbal) AS totacctbal FROM ("
+    "SELECT c_cntrycode AS cntrycode, c_acctbal FROM customer, (SELECT ck, SUM(n) AS norders "
+    "FROM (SELECT c_custkey AS ck, 0 AS n FROM customer UNION ALL "
+    "SELECT o_custkey AS ck, 1 AS n FROM orders) u GROUP BY ck) placed "
+    f"WHERE c_custkey = placed.ck AND placed.norders = 0 AND c_cntrycode IN {CODES} "
+    "AND c_acctbal > (SELECT AVG(c2.c_acctbal) FROM customer c2 "
+    f"WHERE c2.c_acctbal > 0.00 AND c2.c_cntrycode IN {CODES})) custsale GROUP BY cntrycode",
+}
+
+# each query as maintained: rewritten where TPC-H's SQL is refused
+SHAPES = {name: REWRITTEN.get(name, sql) for name, sql in WRITTEN.items()}
+CUMULUS = ("q1", "q3", "q5", "q6", "q7", "q8", "q9", "q10", "q12", "q14", "q16", "q19")
+# compared within rounding: AVG (a DECIMAL rounded to 6 places; duckdb's a DOUBLE) and "/"
+APPROX = {
+    "q1": {"avg_qty", "avg_price", "avg_disc"},
+    "q8": {"mkt_share"},
+    "q14": {"promo_revenue"},
+    "q17": {"avg_yearly"},
+}
+UNQUALIFIED = "unknown column {} (not in {})"  # an unqualified outer column in a subquery
+REFUSED: dict[str, str] = {  # TPC-H's SQL in sync and async mode
+    "q4": UNQUALIFIED.format("o_orderkey", "lineitem"),
+    "q11": "a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE) is not "
+    "supported in a materialized view: (SELECT SUM(ps_supplycost * ps_availqty) * 0.1 "
+    "FROM partsupp, supplier, nation WHERE ps_suppkey = s_suppkey AND s_nationkey = n_nationkey "
+    "AND n_name = 'GERMANY')",
+    "q13": "LEFT OUTER JOIN (only inner joins) is not supported in a materialized view",
+    "q16": "NOT IN (SELECT ...) (an anti-join) is not supported in a materialized view: "
+    "NOT ps_suppkey IN (SELECT s_suppkey FROM supplier "
+    "WHERE s_comment LIKE '%Customer%Complaints%')",
+    "q17": UNQUALIFIED.format("p_partkey", "l2"),
+    "q20": UNQUALIFIED.format("ps_partkey", "lineitem"),
+    "q21": "a subquery correlated by a condition other than an equality is not supported in "
+    "a materialized view: l2.l_suppkey <> l1.l_suppkey",
+    "q22": "NOT EXISTS (an anti-join) is not supported in a materialized view: "
+    "NOT EXISTS(SELECT * FROM orders WHERE o_custkey = c_custkey)",
+}
+# in cumulus mode every subquery is refused first, by the hidden views' message
+REFUSED_IN_CUMULUS = {
+    name: REFUSED[name] if name in ("q11", "q16", "q21") else CUMULUS_REFUSAL
+    for name in WRITTEN
+    if name not in CUMULUS or name in REWRITTEN
+}
+
+
+def create(name: str, select: str, mode: str) -> str:
+    return f"CREATE MATERIALIZED VIEW {name} WITH (refresh = '{mode}') AS {select}"
+
+
+# === refusals and the acceptance table ===========================================================
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_tpch_sql_the_view_language_refuses_is_refused_by_name(name: str, mode: str) -> None:
+    with pytest.raises(errors.AggviewError) as refused:
+        compile_sql_views(create(name, WRITTEN[name], mode), SCHEMAS.__getitem__)
+    assert str(refused.value) == REFUSED[name]
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_IN_CUMULUS))
+def test_tpch_sql_cumulus_refuses_is_refused_by_name(name: str) -> None:
+    with pytest.raises(errors.InvalidArgument) as refused:
+        compile_sql_views(create(name, WRITTEN[name], "cumulus"), SCHEMAS.__getitem__)
+    assert str(refused.value) == REFUSED_IN_CUMULUS[name]
+    if name in REWRITTEN and name not in CUMULUS:  # the rewrite too
+        with pytest.raises(errors.InvalidArgument, match="^" + CUMULUS_REFUSAL):
+            compile_sql_views(create(name, REWRITTEN[name], "cumulus"), SCHEMAS.__getitem__)
+
+
+def test_the_acceptance_table_is_what_the_compiler_does() -> None:
+    """Every query as maintained compiles in sync and async mode, in cumulus exactly those of
+    ``CUMULUS``; TPC-H's SQL compiles in sync exactly where nothing is ``REFUSED``."""
+    for name, select in SHAPES.items():
+        compile_sql_views(create(name, select, "sync"), SCHEMAS.__getitem__)  # async: the same
+        try:
+            compile_sql_views(create(name, select, "cumulus"), SCHEMAS.__getitem__)
+            assert name in CUMULUS, name
+        except errors.InvalidArgument:
+            assert name not in CUMULUS, name
+    for name, select in WRITTEN.items():
+        if name not in REFUSED:
+            compile_sql_views(create(name, select, "sync"), SCHEMAS.__getitem__)
+            assert name not in REWRITTEN
+
+
+# === the comparison with duckdb ==================================================================
+
+
+def duck() -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    for table in COLUMNS:  # no key: duckdb's index costs more than the rest of a batch
+        con.execute(ddl(table).split(", PRIMARY KEY")[0] + ")")
+    return con
+
+
+def duck_apply(con: duckdb.DuckDBPyConnection, table: str, key: tuple, new: dict | None) -> None:
+    where = " AND ".join(f"{c} = ?" for c in PRIMARY_KEYS[table])
+    con.execute(f"DELETE FROM {table} WHERE {where}", list(key))
+    if new is not None:
+        names = [c for c, _ in COLUMNS[table]]
+        marks = ", ".join("?" * len(names))
+        con.execute(f"INSERT INTO {table} VALUES ({marks})", [new[c] for c in names])
+
+
+@functools.cache
+def reference(select: str) -> str:
+    """The SELECT as duckdb runs it to mean what the view means ("/" as views divide)."""
+    return divided_as_views_divide(select)
+
+
+def recomputed(con: duckdb.DuckDBPyConnection, select: str) -> list[tuple[Any, ...]]:
+    return con.execute(reference(select)).fetchall()
+
+
+def _exact(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return format((value + 0).normalize(), "f")  # 1.50 and 1.5 alike, -0 as 0
+    return value
+
+
+def assert_rows(
+    name: str, columns: tuple[str, ...], got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]
+) -> None:
+    """The same multiset of rows: DECIMAL, INT, TEXT and DATE exactly; ``APPROX``'s columns
+    within 1e-6 absolute plus 1e-9 relative."""
+    approx = [c in APPROX.get(name, ()) for c in columns]
+
+    def key(row: tuple[Any, ...]) -> str:
+        return repr([_exact(v) for v, a in zip(row, approx, strict=True) if not a])
+
+    got, want = sorted(got, key=key), sorted(want, key=key)
+    assert [key(r) for r in got] == [key(r) for r in want], (name, got, want)
+    for got_row, want_row in zip(got, want, strict=True):
+        for g, w, a in zip(got_row, want_row, approx, strict=True):
+            if a and g is not None and w is not None:
+                assert abs(float(g) - float(w)) <= 1e-6 + 1e-9 * abs(float(w)), (got_row, want_row)
+            else:
+                assert (g is None) == (w is None), (name, got_row, want_row)
+
+
+def read_tables(plans: list[Any]) -> list[str]:
+    return sorted({t for p in plans for t in p.base_tables() if t in SCHEMAS})
+
+
+def batches(stream: Stream, tables: list[str], count: int) -> Any:
+    """The initial load (children first), then ``count`` random batches."""
+    yield from stream.initial(tables)
+    for _ in range(count):
+        yield stream.batch(tables)
+
+
+# === sync: the refresh operator ==================================================================
+
+
+# per query, a seed whose stream (``COUNT`` batches after the initial load) makes the view
+# nonempty at least 5 times (the first such seed from 0)
+COUNT = 12
+SEEDS = {
+    **{name: 0 for name in WRITTEN},
+    **{"q4": 8, "q5": 6, "q7": 8, "q8": 2, "q9": 1, "q10": 2, "q12": 11, "q14": 1, "q17": 2},
+    **{"q20": 10, "q21": 11},
+}
+
+
+def maintain(name: str, seed: int, count: int) -> int:
+    """The view of ``SHAPES[name]`` maintained by the refresh operator equals duckdb after
+    every batch; returns how many of those comparisons saw a nonempty view."""
+    select = SHAPES[name]
+    stack = Stack([(name, select)], SCHEMAS)
+    output = stack.plans[name].output
+    con, stream = duck(), Stream(random.Random(seed))
+    nonempty = 0
+    for batch in batches(stream, read_tables(list(stack.plans.values())), count):
+        for (table, key), (_, new) in batch.items():
+            duck_apply(con, table, key, new)
+        stack.apply(stored_changes(SCHEMAS, batch))
+        want = recomputed(con, select)
+        assert_rows(name, output, stack.values(name), want)
+        nonempty += any(any(v not in (None, 0) for v in row) for row in want)
+    return nonempty
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES, key=lambda n: int(n[1:])))
+def test_the_refresh_operator_maintains_each_query_as_duckdb_recomputes_it(name: str) -> None:
+    seen = maintain(name, SEEDS[name], COUNT)
+    assert seen >= 5, (
+        f"{name}: the view was nonempty {seen} times (5 wanted): the seed tests little"
+    )
+
+
+@settings(max_examples=examples(4, 40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(sorted(SHAPES)), seed=st.integers(0, 2**32))
+def test_random_streams_maintained_by_the_refresh_operator_equal_duckdb(
+    name: str, seed: int
+) -> None:
+    maintain(name, seed, count=8)
+
+
+# === cumulus: M3 programs ========================================================================
+
+
+# programs of 45 maps or more (compiling and printing them costs seconds): in the ci profile
+# only the unbounded depth, and no print -> parse round trip
+LARGE = ("q5", "q7", "q8", "q9")
+
+
+@pytest.mark.parametrize("name", CUMULUS)
+def test_m3_programs_of_each_query_equal_duckdb_after_every_change(name: str) -> None:
+    large = name in LARGE and examples(True, False)
+    depths = (None,) if large else DEPTHS
+    seen = replay(name, SEEDS[name], COUNT, depths, round_trip=not large)
+    assert seen >= 5, (
+        f"{name}: the view was nonempty {seen} times (5 wanted): the seed tests little"
+    )
+
+
+def replay(
+    name: str,
+    seed: int,
+    count: int,
+    depths: tuple[int | None, ...] = DEPTHS,
+    round_trip: bool = True,
+) -> int:
+    """The query's M3 program at each depth, one change at a time (an update a delete and an
+    insert), equals duckdb after every change; every map its definition at the end. Returns
+    how many comparisons saw a nonempty view."""
+    select = SHAPES[name]
+    plan = plan_of(select, name, SCHEMAS.__getitem__)
+    programs = {d: compile_program([plan], SCHEMAS.__getitem__, depth=d) for d in depths}
+    for program in programs.values() if round_trip else ():
+        check_round_trip(program)
+    interps = {d: Interpreter(p, keep_relations=True) for d, p in programs.items()}
+    con, stream = duck(), Stream(random.Random(seed))
+    nonempty = 0
+    for batch in batches(stream, read_tables([plan]), count):
+        for (table, key), (old, new) in batch.items():
+            duck_apply(con, table, key, new)
+            for interp in interps.values():
+                if old is None:
+                    interp.insert(table, new)
+                elif new is None:
+                    interp.delete(table, old)
+                else:
+                    interp.update(table, old, new)
+            want = recomputed(con, select)
+            for depth, interp in interps.items():
+                try:
+                    got = [tuple(row.values()) for row in interp.view(name)]
+                    assert_rows(name, plan.output, got, want)
+                except AssertionError:
+                    print(f"--depth {depth}: {select}\n{print_program(programs[depth])}")
+                    raise
+            nonempty += any(any(v not in (None, 0) for v in row) for row in want)
+    for interp in interps.values():
+        check_definitions(interp)
+    return nonempty
+
+
+# === every mode on a cluster =====================================================================
+
+_runs = itertools.count()
+
+
+def prefixed(select: str, prefix: str) -> str:
+    """``select`` over the tables named ``prefix``+name (each under its old name as alias)."""
+    tree = sqlglot.parse_one(select)
+    for table in list(tree.find_all(exp.Table)):
+        if table.name in COLUMNS:
+            if not table.alias:
+                table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name)))
+            table.set("this", exp.to_identifier(prefix + table.name))
+    return tree.sql()
+
+
+def commit(client: Client, prefix: str, batch: Batch) -> None:
+    with client.transaction() as tx:
+        for (table, key), (old, new) in batch.items():
+            row_key = dict(zip(PRIMARY_KEYS[table], key, strict=True))
+            if old is None:
+                tx.insert(prefix + table, new)
+            elif new is None:
+                tx.delete(prefix + table, row_key)
+            elif changed := {c: v for c, v in new.items() if old[c] != v}:
+                tx.update(prefix + table, row_key, changed)
+
+
+def writers(address: str, prefix: str, stream: Stream, tables: list[str]) -> None:
+    """Three clients, three transactions each, concurrently; a batch drawn from ``stream``
+    may meet a row another client deleted or inserted first (nothing applied then)."""
+    lock, failures = threading.Lock(), []
+
+    def work() -> None:
+        with Client(address) as client:
+            for _ in range(3):
+                with lock:
+                    batch = stream.batch(tables)
+                try:
+                    commit(client, prefix, batch)
+                except (errors.RowNotFound, errors.AlreadyExists):
+                    pass
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    failures.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+
+
+def every_mode_equals_duckdb(
+    cluster: LocalCluster,
+    name: str,
+    seed: int,
+    modes: tuple[str, ...] = ("sync", "async", "cumulus"),
+) -> list[int]:
+    """``every_mode_equals_recomputation`` over the TPC-H tables: ``SHAPES[name]`` as a sync,
+    an async and a cumulus view (2 DW nodes; ``modes``: those of them) equals duckdb over a
+    snapshot of the tables as created (an initial load with children first) and after each of
+    two rounds of concurrent writers; returns the number of rows each time."""
+    prefix = f"tpch{next(_runs)}_"
+    select = SHAPES[name]
+    plans = compile_sql_views(create(name, select, "sync"), SCHEMAS.__getitem__)
+    plan, tables = plans[-1], read_tables(plans)
+    stream = Stream(random.Random(seed))
+    views = {mode: f"{prefix}{name}_{mode}" for mode in modes}
+    options = {
+        "sync": "refresh = 'sync'",
+        "async": "refresh = 'async', interval_ms = 60000",
+        "cumulus": "refresh = 'cumulus', nodes = 2, epoch_ms = 60000",
+    }
+    sizes = []
+    with Client(cluster.address) as client:
+        for table in tables:
+            client.sql(ddl(table).replace(f"TABLE {table} (", f"TABLE {prefix}{table} (", 1))
+        for batch in stream.initial(tables):
+            commit(client, prefix, batch)
+        for mode, view in views.items():
+            client.sql(
+                f"CREATE MATERIALIZED VIEW {view} WITH ({options[mode]}) AS "
+                + prefixed(select, prefix)
+            )
+        for round_number in range(-1, 2):  # -1: as created
+            if round_number >= 0:
+                writers(cluster.address, prefix, stream, tables)
+            for mode in ("async", "cumulus"):
+                if mode in views:
+                    client.refresh(views[mode])
+            con = duck()
+            with client.snapshot() as snapshot:  # no write since: every view at this state
+                for table in tables:
+                    stream.live[table] = {}
+                    for row in snapshot.scan(prefix + table):
+                        key = tuple(row[c] for c in PRIMARY_KEYS[table])
+                        stream.live[table][key] = dict(row)
+                        duck_apply(con, table, key, dict(row))
+            want = recomputed(con, select)
+            for view in views.values():
+                got = [tuple(row.values()) for row in client.view(view)]
+                assert_rows(name, plan.output, got, want)
+            sizes.append(len(want))
+        for view in views.values():
+            client.sql(f"DROP MATERIALIZED VIEW {view}")
+    return sizes
+
+
+# seeds whose initial load gives the view two rows or more; and Q18, whose subqueries are
+# hidden views (views over views on the cluster), in the modes that take it
+CLUSTER_SEEDS = {"q1": 0, "q3": 9, "q5": 6, "q10": 19, "q18": 0}
+CLUSTER_MODES = {"q18": ("sync", "async")}
+
+
+@pytest.mark.parametrize("name", sorted(CLUSTER_SEEDS))
+def test_queries_equal_duckdb_on_a_cluster_in_every_mode(cluster: LocalCluster, name: str) -> None:
+    modes = CLUSTER_MODES.get(name, ("sync", "async", "cumulus"))
+    sizes = every_mode_equals_duckdb(cluster, name, CLUSTER_SEEDS[name], modes)
+    assert sizes[0] >= 2, f"{name}: the view as created has {sizes[0]} rows, the seed tests little"

@@ -1,0 +1,291 @@
+"""A small TPC-H-like schema and a random stream of changes to it, for ``test_tpch_shapes``.
+
+Eight tables with TPC-H's names and the columns the 22 queries read (a year column next to each
+date the queries take EXTRACT(YEAR ...) of; a country code next to the phone number Q22 takes a
+SUBSTRING of), composite primary keys where TPC-H has them. Values come from small domains
+that contain every constant the queries compare with, and dates from a list that holds each
+boundary date of their ranges and a day either side, so a handful of rows per table reaches
+every branch of every predicate.
+
+The stream: an initial load with children before parents (line items before their orders,
+orders before their customers, ..., regions last), then batches of 1-4 changes of distinct
+rows: inserts, deletes and updates of any column outside the key (foreign keys too). Foreign
+keys are drawn from the parent's whole key domain, so a child may refer to a parent not
+inserted yet or already deleted.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from typing import Any
+
+Key = tuple[Any, ...]
+Row = dict[str, Any]
+Batch = dict[tuple[str, Key], tuple[Row | None, Row | None]]  # (table, key) -> (old, new)
+
+# table -> [(column, type)], its primary key; types as both our DDL and duckdb's take them
+COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "region": [("r_regionkey", "INT"), ("r_name", "TEXT")],
+    "nation": [("n_nationkey", "INT"), ("n_name", "TEXT"), ("n_regionkey", "INT")],
+    "supplier": [
+        ("s_suppkey", "INT"),
+        ("s_name", "TEXT"),
+        ("s_address", "TEXT"),
+        ("s_nationkey", "INT"),
+        ("s_acctbal", "DECIMAL(12,2)"),
+        ("s_comment", "TEXT"),
+    ],
+    "customer": [
+        ("c_custkey", "INT"),
+        ("c_name", "TEXT"),
+        ("c_nationkey", "INT"),
+        ("c_cntrycode", "TEXT"),  # TPC-H's SUBSTRING(c_phone FROM 1 FOR 2)
+        ("c_acctbal", "DECIMAL(12,2)"),
+        ("c_mktsegment", "TEXT"),
+    ],
+    "part": [
+        ("p_partkey", "INT"),
+        ("p_name", "TEXT"),
+        ("p_mfgr", "TEXT"),
+        ("p_brand", "TEXT"),
+        ("p_type", "TEXT"),
+        ("p_size", "INT"),
+        ("p_container", "TEXT"),
+        ("p_retailprice", "DECIMAL(12,2)"),
+    ],
+    "partsupp": [
+        ("ps_partkey", "INT"),
+        ("ps_suppkey", "INT"),
+        ("ps_availqty", "INT"),
+        ("ps_supplycost", "DECIMAL(12,2)"),
+    ],
+    "orders": [
+        ("o_orderkey", "INT"),
+        ("o_custkey", "INT"),
+        ("o_orderstatus", "TEXT"),
+        ("o_totalprice", "DECIMAL(12,2)"),
+        ("o_orderdate", "DATE"),
+        ("o_orderyear", "INT"),  # EXTRACT(YEAR FROM o_orderdate)
+        ("o_orderpriority", "TEXT"),
+        ("o_shippriority", "INT"),
+        ("o_comment", "TEXT"),
+    ],
+    "lineitem": [
+        ("l_orderkey", "INT"),
+        ("l_linenumber", "INT"),
+        ("l_partkey", "INT"),
+        ("l_suppkey", "INT"),
+        ("l_quantity", "DECIMAL(12,2)"),
+        ("l_extendedprice", "DECIMAL(12,2)"),
+        ("l_discount", "DECIMAL(12,2)"),
+        ("l_tax", "DECIMAL(12,2)"),
+        ("l_returnflag", "TEXT"),
+        ("l_linestatus", "TEXT"),
+        ("l_shipdate", "DATE"),
+        ("l_shipyear", "INT"),  # EXTRACT(YEAR FROM l_shipdate)
+        ("l_commitdate", "DATE"),
+        ("l_receiptdate", "DATE"),
+        ("l_shipinstruct", "TEXT"),
+        ("l_shipmode", "TEXT"),
+    ],
+}
+PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
+    "region": ("r_regionkey",),
+    "nation": ("n_nationkey",),
+    "supplier": ("s_suppkey",),
+    "customer": ("c_custkey",),
+    "part": ("p_partkey",),
+    "partsupp": ("ps_partkey", "ps_suppkey"),
+    "orders": ("o_orderkey",),
+    "lineitem": ("l_orderkey", "l_linenumber"),
+}
+# the order of an initial load: every child before its parents
+CHILDREN_FIRST = ("lineitem", "partsupp", "orders", "customer", "supplier", "part", "nation")
+CHILDREN_FIRST += ("region",)
+YEAR_OF = {"o_orderdate": "o_orderyear", "l_shipdate": "l_shipyear"}
+
+# key domains: (a range per key column); foreign keys are drawn from the parent's
+DOMAINS: dict[str, tuple[range, ...]] = {
+    "region": (range(2),),
+    "nation": (range(3),),
+    "supplier": (range(3),),
+    "customer": (range(4),),
+    "part": (range(4),),
+    "partsupp": (range(4), range(3)),
+    "orders": (range(6),),
+    "lineitem": (range(6), range(1, 6)),
+}
+ROWS = {"lineitem": 20, "orders": 5, "partsupp": 8}  # an initial load's rows (3 elsewhere)
+
+_DAYS = [
+    "1993-07-01", "1993-10-01", "1993-12-31", "1994-01-01", "1994-12-31", "1995-03-15",
+    "1995-03-16", "1995-09-01", "1995-10-01", "1996-01-01", "1996-04-01", "1998-09-03",
+]  # fmt: skip
+DATES = [datetime.date.fromisoformat(d) for d in _DAYS]
+
+
+def _money(rng: random.Random, high: int) -> Decimal:
+    return Decimal(rng.randrange(-high, 100 * high)) / 100
+
+
+def _values() -> dict[str, Callable[[random.Random], Any]]:
+    """A random value per non-key column (foreign keys from the parent's domain)."""
+
+    def pick(*choices: Any) -> Callable[[random.Random], Any]:
+        return lambda rng: rng.choice(choices)
+
+    def key_of(table: str) -> Callable[[random.Random], Any]:
+        return lambda rng: rng.choice(DOMAINS[table][0])
+
+    return {
+        "r_name": pick("AMERICA", "ASIA", "EUROPE"),
+        "n_name": pick("BRAZIL", "CANADA", "FRANCE", "GERMANY", "SAUDI ARABIA"),
+        "n_regionkey": key_of("region"),
+        "s_name": pick("Supplier#1", "Supplier#2", "Supplier#3", "Supplier#4"),
+        "s_address": pick("north", "south"),
+        "s_nationkey": key_of("nation"),
+        "s_acctbal": lambda rng: _money(rng, 50),
+        "s_comment": pick("Customer slow; Complaints noted", "careful deposits", "Customer ok"),
+        "c_name": pick("Customer#1", "Customer#2", "Customer#3"),
+        "c_nationkey": key_of("nation"),
+        "c_cntrycode": pick("13", "17", "31", "99"),
+        "c_acctbal": lambda rng: _money(rng, 50),
+        "c_mktsegment": pick("BUILDING", "AUTOMOBILE"),
+        "p_name": pick("forest green", "misty forest", "ivory"),
+        "p_mfgr": pick("Manufacturer#1", "Manufacturer#2"),
+        "p_brand": pick("Brand#12", "Brand#23", "Brand#34", "Brand#45"),
+        "p_type": pick(
+            "ECONOMY ANODIZED STEEL",
+            "PROMO BRUSHED BRASS",
+            "STANDARD POLISHED BRASS",
+            "MEDIUM POLISHED TIN",
+        ),
+        "p_size": pick(1, 3, 5, 9, 15, 49),
+        "p_container": pick("SM CASE", "MED BOX", "LG BOX"),
+        "p_retailprice": lambda rng: _money(rng, 20),
+        "ps_availqty": lambda rng: rng.randrange(0, 60),
+        "ps_supplycost": lambda rng: _money(rng, 10),
+        "o_custkey": key_of("customer"),
+        "o_orderstatus": pick("F", "O"),
+        "o_totalprice": lambda rng: _money(rng, 100),
+        "o_orderdate": pick(*DATES),
+        "o_orderpriority": pick("1-URGENT", "2-HIGH", "3-MEDIUM"),
+        "o_shippriority": pick(0, 1),
+        "o_comment": pick("special requests pending", "no special requests", "quick"),
+        "l_partkey": key_of("part"),
+        "l_suppkey": key_of("supplier"),
+        "l_quantity": lambda rng: Decimal(rng.choice([1, 2, 5, 10, 11, 20, 30, 40])),
+        "l_extendedprice": lambda rng: _money(rng, 50),
+        "l_discount": lambda rng: Decimal(rng.choice([0, 4, 5, 6, 7, 8])) / 100,
+        "l_tax": lambda rng: Decimal(rng.choice([0, 2, 8])) / 100,
+        "l_returnflag": pick("A", "N", "R"),
+        "l_linestatus": pick("F", "O"),
+        "l_shipdate": pick(*DATES),
+        "l_commitdate": pick(*DATES),
+        "l_receiptdate": pick(*DATES),
+        "l_shipinstruct": pick("DELIVER IN PERSON", "NONE"),
+        "l_shipmode": pick("AIR", "AIR REG", "MAIL", "SHIP", "TRUCK"),
+    }
+
+
+VALUES = _values()
+
+
+def ddl(table: str) -> str:
+    """CREATE TABLE for our catalog and for duckdb alike."""
+    columns = [f"{name} {kind} NOT NULL" for name, kind in COLUMNS[table]]
+    key = ", ".join(PRIMARY_KEYS[table])
+    return f"CREATE TABLE {table} ({', '.join(columns)}, PRIMARY KEY ({key}))"
+
+
+def key_of(table: str, row: Row) -> Key:
+    return tuple(row[c] for c in PRIMARY_KEYS[table])
+
+
+def set_value(row: Row, column: str, value: Any) -> None:
+    """One column's new value (a date's year column follows its date)."""
+    row[column] = value
+    if column in YEAR_OF:
+        row[YEAR_OF[column]] = value.year
+
+
+def new_row(rng: random.Random, table: str, key: Key) -> Row:
+    row: Row = dict(zip(PRIMARY_KEYS[table], key, strict=True))
+    for column, _ in COLUMNS[table]:
+        if column in VALUES:
+            set_value(row, column, VALUES[column](rng))
+    return row
+
+
+class Stream:
+    """The live rows of every table and random batches of changes to them."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.live: dict[str, dict[Key, Row]] = {t: {} for t in COLUMNS}
+
+    def _free_key(self, table: str, taken: set[Key]) -> Key | None:
+        for _ in range(20):
+            key = tuple(self.rng.choice(d) for d in DOMAINS[table])
+            if key not in self.live[table] and key not in taken:
+                return key
+        return None
+
+    def change(
+        self, table: str, taken: set[Key], action: str | None = None
+    ) -> tuple[Key, Row | None, Row | None] | None:
+        """One change of a row of ``table`` outside ``taken``: (key, old, new), None if none."""
+        rng = self.rng
+        existing = sorted(set(self.live[table]) - taken)
+        if action is None:
+            action = rng.choice(["insert", "insert", "delete", "update", "update"])
+        if action != "insert" and existing:
+            key = rng.choice(existing)
+            old = self.live[table][key]
+            if action == "delete":
+                return key, old, None
+            new = dict(old)
+            editable = [c for c, _ in COLUMNS[table] if c in VALUES]
+            for column in rng.sample(editable, rng.randint(1, min(2, len(editable)))):
+                set_value(new, column, VALUES[column](rng))
+            return key, old, new
+        key = self._free_key(table, taken)
+        return None if key is None else (key, None, new_row(rng, table, key))
+
+    def apply(self, batch: Batch) -> None:
+        for (table, key), (_, new) in batch.items():
+            if new is None:
+                self.live[table].pop(key)
+            else:
+                self.live[table][key] = new
+
+    def initial(self, tables: list[str], size: int = 4) -> Iterator[Batch]:
+        """Inserts into ``tables`` (``ROWS`` a table), children before parents, ``size`` a
+        batch."""
+        order = [t for t in CHILDREN_FIRST if t in tables]
+        pending = [(t, i) for t in order for i in range(ROWS.get(t, 3))]
+        while pending:
+            batch: Batch = {}
+            for table, _ in pending[:size]:
+                found = self.change(table, {k for t, k in batch if t == table}, "insert")
+                if found is not None:
+                    key, old, new = found
+                    batch[(table, key)] = (old, new)
+            del pending[:size]
+            self.apply(batch)
+            yield batch
+
+    def batch(self, tables: list[str]) -> Batch:
+        """1-4 changes of distinct rows of ``tables`` (the tables a query reads)."""
+        batch: Batch = {}
+        for _ in range(self.rng.randint(1, 4)):
+            table = self.rng.choice(tables)
+            found = self.change(table, {k for t, k in batch if t == table})
+            if found is not None:
+                key, old, new = found
+                batch[(table, key)] = (old, new)
+        self.apply(batch)
+        return batch
