@@ -42,7 +42,7 @@ from cumulus.ddl import CreateView, parse_view_statement
 from cumulus.passes import union_plans, unions
 from cumulus.passes.check_support import check_supported, parse_select
 from cumulus.passes.expand_stars import expand_stars
-from cumulus.passes.inline_from import inline_ctes, merge_first_subquery
+from cumulus.passes.inline_from import inline_ctes, merge_first_subquery, qualify_correlations
 from cumulus.passes.lift_subqueries import Lifter, lift_subqueries
 from cumulus.passes.plan_groups import plan_group_by, projected_groups, view_shape
 from cumulus.passes.plan_having import plan_derived, plan_having
@@ -139,7 +139,7 @@ def compile_views(
         return [*plans[:-1], replace(plans[-1], sql=written)]
     lifter = Lifter(root, numbers)
     parsed = parse_select(create.select_sql)
-    merged = merge_first_subquery(parsed, table)
+    merged = merge_first_subquery(qualify_correlations(parsed, table), table)
     select = lift_subqueries(merged, lifter)
     if not lifter.hidden:
         if merged is not parsed:

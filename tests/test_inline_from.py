@@ -209,3 +209,27 @@ def test_every_mode_equals_recomputation_on_a_cluster(cluster: LocalCluster, sha
         {"tables": 2, "seed": 11, **_spec(approx)},
     )
     assert sizes[0], "the view is empty as created: the seed tests nothing"
+
+
+def test_an_unqualified_outer_column_of_a_subquery_is_the_enclosing_tables() -> None:
+    """SQL's scoping: a subquery's column none of its own tables has is an enclosing query's
+    (``x``: only o has it); one its own table has stays its own (``v``); one that two
+    enclosing tables have is left for the error that names it (``k``)."""
+    from coordinator.catalog import table_from_create
+    from cumulus.passes.inline_from import qualify_correlations
+
+    ddl = {
+        "o": "CREATE TABLE o (id INT PRIMARY KEY, k INT, x INT, g TEXT)",
+        "p": "CREATE TABLE p (id INT PRIMARY KEY, k INT)",
+        "i": "CREATE TABLE i (id INT PRIMARY KEY, y INT, v INT)",
+    }
+    schemas = {n: table_from_create(sqlglot.parse_one(d), lambda t: t) for n, d in ddl.items()}
+    select = sqlglot.parse_one(
+        "SELECT o.g FROM o WHERE EXISTS (SELECT 1 FROM i WHERE i.y = x AND v > 0)"
+    )
+    done = qualify_correlations(select, schemas.__getitem__).sql()  # type: ignore[arg-type]
+    assert 'i.y = "o".x AND v > 0' in done
+    both = sqlglot.parse_one(
+        "SELECT o.g FROM o JOIN p ON o.id = p.id WHERE EXISTS (SELECT 1 FROM i WHERE i.y = k)"
+    )
+    assert qualify_correlations(both, schemas.__getitem__) is both  # type: ignore[arg-type]

@@ -285,3 +285,66 @@ def _fresh(base: str, taken: set[str]) -> str:
         name = f"{base[:56]}_{n}"
     taken.add(name)
     return name
+
+
+def qualify_correlations(select: exp.Select, schema: Schema) -> exp.Select:
+    """``select`` with each unqualified column of a subquery that none of the subquery's own
+    tables has, and exactly one table of an enclosing query has, qualified by that table's
+    alias (SQL's scoping: ``WHERE EXISTS (SELECT * FROM lineitem WHERE l_orderkey =
+    o_orderkey)`` correlates with ``orders``). Unchanged (the same object) where nothing is."""
+    qualified = select.copy()
+    if _qualify_scope(qualified, [], schema):
+        return qualified
+    return select
+
+
+def _qualify_scope(select: exp.Select, outer: list[dict[str, set[str]]], schema: Schema) -> bool:
+    own = _scope_columns(select, schema)
+    changed = False
+    for nested in select.find_all(exp.Select):
+        if nested is not select and _enclosing_select(nested) is select:
+            changed |= _qualify_scope(nested, [own or {}, *outer], schema)
+    if not outer or own is None:
+        return changed
+    for column in list(select.find_all(exp.Column)):
+        if column.table or isinstance(column.this, exp.Star):
+            continue
+        if _enclosing_select(column) is not select:
+            continue
+        name = identifier(column.this, "column")
+        if any(name in columns for columns in own.values()):
+            continue
+        for scope in outer:
+            owners = [alias for alias, columns in scope.items() if name in columns]
+            if owners:
+                if len(owners) == 1:
+                    column.set("table", exp.to_identifier(owners[0], quoted=True))
+                    changed = True
+                break
+    return changed
+
+
+def _enclosing_select(node: exp.Expression) -> exp.Select | None:
+    parent = node.parent
+    while parent is not None and not isinstance(parent, exp.Select):
+        parent = parent.parent
+    return parent
+
+
+def _scope_columns(select: exp.Select, schema: Schema) -> dict[str, set[str]] | None:
+    """The columns of ``select``'s FROM items by alias (None: one is not a known table)."""
+    first = select.args.get("from_")
+    if first is None:
+        return {}
+    found: dict[str, set[str]] = {}
+    for item in [first.this, *(j.this for j in select.args.get("joins") or [])]:
+        if not isinstance(item, exp.Table) or item.args.get("db"):
+            return None
+        try:
+            resolved = schema(identifier(item.this, "table"))
+        except (errors.AggviewError, KeyError):
+            return None
+        if resolved is None:
+            return None
+        found[_alias_of(item)] = {c.name for c in resolved.columns}
+    return found
