@@ -86,6 +86,9 @@ def test_a_full_join_is_a_left_join_and_the_unmatched_rows_of_the_other_side() -
     assert matched.filters == ()
     assert unmatched.filters == ({"not": {"notnull": {"col": ["a", "k"]}}},)
     assert matched.group_by == unmatched.group_by and plan.sql.count("FULL JOIN") == 1
+    # unquoted names fold to lower case, as everywhere in a view
+    (plan,) = _compiled("SELECT COUNT(*) AS n FROM A x FULL OUTER JOIN b Y ON X.k = y.K")
+    assert [b.outer for b in plan.branch_plans()] == [("y",), ("x",)]
 
 
 OUTER_REFUSAL = (
@@ -139,6 +142,15 @@ _NOT = " is not supported in a materialized view: "
             "SELECT COUNT(*) FROM a FULL JOIN b ON a.k = a.x",
             "a FULL JOIN's ON other than equalities of a column of each table (qualified: "
             "a.k = b.k)" + _NOT + "a.k = a.x",
+        ),
+        (
+            "SELECT COUNT(*) FROM a FULL JOIN a ON a.k = a.x",
+            "a FULL JOIN's tables need distinct aliases: FULL JOIN a ON a.k = a.x",
+        ),
+        (
+            'SELECT COUNT(*) FROM a "X" FULL JOIN b ON x.k = b.k',
+            "a FULL JOIN's ON other than equalities of a column of each table (qualified: "
+            "a.k = b.k)" + _NOT + "x.k = b.k",
         ),
         (
             "SELECT COUNT(*) FROM a FULL JOIN b USING (k)",

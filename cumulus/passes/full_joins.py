@@ -21,10 +21,25 @@ from sqlglot import exp
 from aggview import errors
 from cumulus.passes.check_support import refuse
 from cumulus.passes.typecheck import conjuncts
+from cumulus.sqltext import identifier
 
 
 def _is_full(join: exp.Join) -> bool:
     return join.side.upper() == "FULL"
+
+
+def _alias(node: exp.Expression) -> str:
+    """The name a table or subquery in FROM is known by ("" for a subquery without one)."""
+    alias = node.args.get("alias")
+    if alias is not None and alias.this is not None:
+        return identifier(alias.this, "table alias")
+    return identifier(node.this, "table") if isinstance(node, exp.Table) else ""
+
+
+def _owner(node: exp.Expression) -> str:
+    """The alias qualifying a column ("" for anything else)."""
+    table = node.args.get("table") if isinstance(node, exp.Column) else None
+    return identifier(table, "table alias") if table is not None else ""
 
 
 def branches(select: exp.Select) -> list[exp.Select] | None:
@@ -45,13 +60,13 @@ def branches(select: exp.Select) -> list[exp.Select] | None:
     if on is None:
         raise errors.InvalidArgument(f"a FULL JOIN needs ON: {join.sql()}")
     left, right = select.args["from_"].this, join.this
-    names = (left.alias_or_name, right.alias_or_name)
+    names = (_alias(left), _alias(right))
     if not all(names) or names[0] == names[1]:
         raise errors.InvalidArgument(f"a FULL JOIN's tables need distinct aliases: {join.sql()}")
     key = None
     for term in conjuncts(on):
         sides = (term.this, term.expression) if isinstance(term, exp.EQ) else ()
-        tables = [c.table if isinstance(c, exp.Column) else "" for c in sides]
+        tables = [_owner(c) for c in sides]
         if sorted(tables) != sorted(names):
             raise refuse(
                 "a FULL JOIN's ON other than equalities of a column of each table "
