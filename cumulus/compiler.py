@@ -2,9 +2,9 @@
 optimizer), one module each in ``cumulus.passes`` and each a function testable on its own;
 the DDL around the SELECT is parsed by ``cumulus.ddl``.
 
-``inline_from.inline_ctes`` (WITH -> subqueries) -> ``unions.split`` (a UNION ALL or a
-SELECT without FROM -> branches, each compiled as a view, joined by ``union_plans`` into one
-plan, ``compile_views``) ->
+``inline_from.inline_ctes`` (WITH -> subqueries) -> ``unions.split`` (a UNION ALL, a
+SELECT without FROM or a FULL JOIN (``full_joins``) -> branches, each compiled as a view,
+joined by ``union_plans`` into one plan, ``compile_views``) ->
 ``inline_from.merge_first_subquery`` (a simple subquery first in FROM merged into the view) ->
 ``lift_subqueries.lift_subqueries`` (subqueries -> hidden views, ``compile_views``) ->
 ``check_support.parse_select`` -> ``check_support.check_supported`` ->

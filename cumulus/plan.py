@@ -50,7 +50,8 @@ PLAN_FORMAT = 1
 SHAPES = ("aggregate", "bag", "distinct")
 # an outer alias (LEFT JOIN, NOT EXISTS, NOT IN) in a cumulus view, or switched to one
 OUTER_REFUSAL = (
-    "LEFT JOIN, NOT EXISTS and NOT IN are maintained in refresh = 'sync' or 'async', not 'cumulus'"
+    "outer joins (LEFT, RIGHT and FULL JOIN), NOT EXISTS and NOT IN are maintained in "
+    "refresh = 'sync' or 'async', not 'cumulus'"
 )
 # a bag view row's multiplicity, as a counted read (a subscription) shows it; ``_`` names are
 # the view's own, never a user's

@@ -232,7 +232,6 @@ def test_a_left_join_view_cannot_switch_to_cumulus(shape: str) -> None:
             "SELECT COUNT(*) FROM a JOIN b ON a.k = b.k RIGHT JOIN a c ON c.k = a.k",
             "a RIGHT JOIN after another join",
         ),
-        ("SELECT COUNT(*) FROM a FULL JOIN b ON a.k = b.k", "FULL OUTER JOIN"),
         ("SELECT COUNT(*) FROM a LEFT JOIN b ON a.k < b.k", "a LEFT JOIN's ON other than"),
         (
             "SELECT COUNT(*) FROM a LEFT JOIN b ON a.k = b.k LEFT JOIN a c ON c.x = b.x",

@@ -98,7 +98,7 @@ def _check_join(join: exp.Join) -> None:
             raise errors.InvalidArgument(f"a {side} JOIN needs ON: {join.sql()}")
         return
     if side:
-        raise refuse(f"{side} OUTER JOIN (only inner joins, LEFT and RIGHT JOIN)")
+        raise refuse(f"{side} OUTER JOIN (only inner joins, LEFT, RIGHT and FULL JOIN)")
     if kind not in ("", "INNER", "CROSS"):
         raise refuse(f"{kind} JOIN")
     if join.method and join.method.upper() != "NATURAL":

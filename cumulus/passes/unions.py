@@ -10,6 +10,8 @@ branches' deltas, so every mode maintains it as it maintains one SELECT.
 - ``s1 UNION ALL s2 ...`` at the top: a bag of the branches' rows, duplicates kept. Branches
   without aggregates merge (a bag's multiplicities add); aggregate or DISTINCT branches keep
   their groups apart, by a hidden group column naming the branch (``union_plans.BRANCH``).
+- ``... FROM a FULL JOIN b ON ...``: a LEFT JOIN and the rows of b no row of a matches
+  (``full_joins``), the groups shared.
 - ``SELECT (SELECT SUM(v) FROM a) AS total, ...`` without FROM: one row, each scalar subquery a
   branch of its own (``union_plans.scalars``).
 """
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from aggview import errors
+from cumulus.passes import full_joins
 from cumulus.passes.check_support import AGGREGATES, refuse
 from cumulus.sqltext import identifier, parse_sql
 
@@ -47,6 +50,9 @@ def split(select_sql: str) -> Union | exp.Select | None:
     if source is None and not statement.args.get("joins"):
         return statement
     node = source.this if source is not None else None
+    full = full_joins.branches(statement)
+    if full is not None:
+        return Union(full, tagged=False)
     if statement.args.get("joins"):
         return None  # a union joined with other tables is a hidden view (``lift_subqueries``)
     if isinstance(node, exp.Subquery) and isinstance(_unwrap(node.this), exp.Union):

@@ -17,8 +17,12 @@ SELECT count(*) FROM events e LEFT JOIN products p USING (prod_id);
 SELECT count(*) FROM events e JOIN shops s ON e.shop_id = s.shop_id RIGHT JOIN products p ON e.prod_id = p.prod_id;
 -- InvalidArgument: SELECT * over a RIGHT JOIN
 SELECT * FROM events e RIGHT JOIN products p ON e.prod_id = p.prod_id;
--- InvalidArgument: FULL OUTER JOIN
-SELECT count(*) FROM events e FULL OUTER JOIN products p ON e.prod_id = p.prod_id;
+-- InvalidArgument: a FULL JOIN beside other joins (only a FULL JOIN of two tables: join the others in a subquery)
+SELECT count(*) FROM events e FULL OUTER JOIN products p ON e.prod_id = p.prod_id JOIN shops s ON e.shop_id = s.shop_id;
+-- InvalidArgument: a FULL JOIN's ON other than equalities of a column of each table
+SELECT count(*) FROM events e FULL JOIN products p ON e.prod_id = p.prod_id AND p.price > 1;
+-- InvalidArgument: FULL JOIN ... USING or NATURAL FULL JOIN
+SELECT count(*) FROM events e FULL JOIN products p USING (prod_id);
 -- InvalidArgument: CROSS JOIN takes no ON or USING
 SELECT count(*) FROM events e CROSS JOIN products p ON e.prod_id = p.prod_id;
 -- InvalidArgument: CROSS JOIN takes no ON or USING
