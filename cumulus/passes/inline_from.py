@@ -99,9 +99,6 @@ def _merge_once(select: exp.Select, schema: Schema) -> exp.Select | None:
     sources = _sources(inner, schema)
     if sources is None or not _qualify(inner, sources):
         return None
-    outputs = _outputs(inner, sources)
-    if outputs is None:
-        return None
     name = identifier(alias.this, "table alias")
     outer = select.copy()
     others = _outer_sources(outer, schema)
@@ -161,19 +158,29 @@ def _alias_of(table: exp.Expression) -> str:
     return identifier(alias.this if alias is not None else table.this, "table alias")
 
 
-def _sources(inner: exp.Select, schema: Schema) -> dict[str, TableSchema] | None:
-    """The inner query's tables by alias (None: a name it cannot resolve, an alias twice)."""
+def _table_schema(item: exp.Expression, schema: Schema) -> TableSchema | None:
+    """A FROM item's schema when it is a table ``schema`` knows (None otherwise)."""
+    if not isinstance(item, exp.Table) or item.args.get("db"):
+        return None
+    try:
+        return schema(identifier(item.this, "table"))
+    except (errors.AggviewError, KeyError):
+        return None
+
+
+def _sources(select: exp.Select, schema: Schema) -> dict[str, TableSchema] | None:
+    """A query's FROM tables by alias (None: an item that is not a known table, an alias
+    twice)."""
+    first = select.args.get("from_")
     found: dict[str, TableSchema] = {}
-    for table in [inner.args["from_"].this, *(j.this for j in inner.args.get("joins") or [])]:
-        if table.args.get("db"):
+    for item in [
+        *([first.this] if first else []),
+        *(j.this for j in select.args.get("joins") or []),
+    ]:
+        resolved = _table_schema(item, schema)
+        if resolved is None or _alias_of(item) in found:
             return None
-        try:
-            resolved = schema(identifier(table.this, "table"))
-        except (errors.AggviewError, KeyError):
-            return None
-        if resolved is None or _alias_of(table) in found:
-            return None
-        found[_alias_of(table)] = resolved
+        found[_alias_of(item)] = resolved
     return found
 
 
@@ -184,9 +191,8 @@ def _outer_sources(select: exp.Select, schema: Schema) -> dict[str, set[str] | N
     for join in select.args.get("joins") or []:
         item = join.this
         if isinstance(item, exp.Table):
-            try:
-                resolved = schema(identifier(item.this, "table"))
-            except (errors.AggviewError, KeyError):
+            resolved = _table_schema(item, schema)
+            if resolved is None:
                 return None
             found[_alias_of(item)] = {c.name for c in resolved.columns}
         elif isinstance(item, exp.Subquery) and item.args.get("alias") is not None:
@@ -333,18 +339,7 @@ def _enclosing_select(node: exp.Expression) -> exp.Select | None:
 
 def _scope_columns(select: exp.Select, schema: Schema) -> dict[str, set[str]] | None:
     """The columns of ``select``'s FROM items by alias (None: one is not a known table)."""
-    first = select.args.get("from_")
-    if first is None:
-        return {}
-    found: dict[str, set[str]] = {}
-    for item in [first.this, *(j.this for j in select.args.get("joins") or [])]:
-        if not isinstance(item, exp.Table) or item.args.get("db"):
-            return None
-        try:
-            resolved = schema(identifier(item.this, "table"))
-        except (errors.AggviewError, KeyError):
-            return None
-        if resolved is None:
-            return None
-        found[_alias_of(item)] = {c.name for c in resolved.columns}
-    return found
+    sources = _sources(select, schema)
+    if sources is None:
+        return None
+    return {alias: {c.name for c in table.columns} for alias, table in sources.items()}
