@@ -228,6 +228,11 @@ SUBQUERIES = {
     "scalar COUNT": "SELECT a.k, a.x FROM a WHERE a.x < (SELECT COUNT(*) FROM b WHERE b.x > 1)",
     "correlated scalar": "SELECT a.g, COUNT(*) AS n, SUM(a.v) AS s FROM a "
     "WHERE a.v >= (SELECT MAX(b.v) FROM b WHERE b.k = a.k) GROUP BY a.g",
+    # TPC-H Q17's shape as written: arithmetic over the correlated aggregate
+    "correlated arithmetic": "SELECT a.g, COUNT(*) AS n, SUM(a.v) AS s FROM a "
+    "WHERE a.v < (SELECT 0.2 * AVG(b.v) FROM b WHERE b.k = a.k) GROUP BY a.g",
+    "correlated ratio": "SELECT a.g, COUNT(*) AS n FROM a "
+    "WHERE a.x >= (SELECT SUM(b.x) / COUNT(*) - 1 FROM b WHERE b.k = a.k) GROUP BY a.g",
     "nested": "SELECT a.g, COUNT(*) AS n FROM a WHERE a.k IN (SELECT b.k FROM b WHERE b.v < "
     "(SELECT AVG(c.v) FROM a c WHERE c.k = b.k))  GROUP BY a.g",
     # TPC-H Q18's and Q15's shapes (tests/test_tpch_shapes.py): a TypeError and a refusal before

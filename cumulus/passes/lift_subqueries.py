@@ -10,9 +10,9 @@ by ``check_support`` as before.
   An uncorrelated EXISTS is a cross join with a hidden ``COUNT(*)`` row, kept while positive.
 - a scalar subquery in WHERE: uncorrelated, an aggregate without GROUP BY (one row, NULL or 0
   over none, as SQL has it), a cross join with that hidden one-row view; correlated by
-  equalities, ``SUM``/``AVG``/``MIN``/``MAX`` as an operand of a comparison of WHERE's
-  conjunction (NULL over no rows, so the comparison is never TRUE then and an inner join with a
-  view grouped by the correlation columns means the same).
+  equalities, ``SUM``/``AVG``/``MIN``/``MAX`` or arithmetic over one (``0.2 * AVG(x)``) as an
+  operand of a comparison of WHERE's conjunction (NULL over no rows, so the comparison is never
+  TRUE then and an inner join with a view grouped by the correlation columns means the same).
 
 A correlation is a column qualified by a table the subquery's FROM does not have; only
 equalities between such a column (or expression of them) and the subquery's own columns
@@ -412,18 +412,37 @@ def _lift_scalars(select: exp.Select, conjunct: exp.Expression, lifter: Lifter) 
     return conjunct
 
 
+ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.Paren)
+
+
+def _null_over_no_rows(item: exp.Expression) -> bool:
+    """Whether a subquery's item is NULL when no row matches, so that the hidden view's
+    missing row (an inner join finds none) means what SQL's NULL does: SUM, AVG, MIN or MAX,
+    or arithmetic with one of them as an operand (``0.2 * AVG(x)``, ``SUM(a) / COUNT(*)``:
+    NULL in, NULL out). COUNT alone is 0 then, and COALESCE or CASE may be anything."""
+    if isinstance(item, exp.Sum | exp.Avg | exp.Min | exp.Max):
+        return True
+    if isinstance(item, ARITHMETIC):
+        operands = [item.this, item.args.get("expression")]
+        return any(_null_over_no_rows(o) for o in operands if isinstance(o, exp.Expression))
+    return False
+
+
 def _check_correlated_scalar(
     conjunct: exp.Expression, node: exp.Subquery, item: exp.Expression
 ) -> None:
-    """A correlated scalar is NULL over no rows only as SUM, AVG, MIN or MAX; as an operand
+    """A correlated scalar must be NULL over no rows (``_null_over_no_rows``); as an operand
     of a comparison that is a conjunct of WHERE, a NULL keeps no row, as the join does."""
-    if not isinstance(item, exp.Sum | exp.Avg | exp.Min | exp.Max):
+    if not _null_over_no_rows(item):
         if item.find(exp.Count):
             raise refuse(
                 "a correlated COUNT subquery (over no rows it is 0, which needs an outer join)",
                 node,
             )
-        raise refuse("a correlated scalar subquery other than SUM, AVG, MIN or MAX", node)
+        raise refuse(
+            "a correlated scalar subquery other than SUM, AVG, MIN or MAX, or arithmetic over them",
+            node,
+        )
     parent = node.parent
     while isinstance(parent, exp.Paren):
         parent = parent.parent

@@ -89,8 +89,8 @@ SELECT count(*) FROM events e WHERE e.cost IN (SELECT max(price) FROM products p
 SELECT count(*) FROM events e WHERE e.prod_id IN (SELECT prod_id, cat_id FROM products);
 -- InvalidArgument: a correlated COUNT subquery (over no rows it is 0, which needs an outer join)
 SELECT count(*) FROM events e WHERE e.shop_id < (SELECT count(*) FROM products p WHERE p.prod_id = e.prod_id);
--- InvalidArgument: a correlated scalar subquery other than SUM, AVG, MIN or MAX
-SELECT count(*) FROM events e WHERE e.cost < (SELECT max(price) + 1 FROM products p WHERE p.prod_id = e.prod_id);
+-- InvalidArgument: a correlated scalar subquery other than SUM, AVG, MIN or MAX, or arithmetic over them
+SELECT count(*) FROM events e WHERE e.cost < (SELECT coalesce(max(price), 0) FROM products p WHERE p.prod_id = e.prod_id);
 -- InvalidArgument: a correlated scalar subquery outside a comparison in WHERE's conjunction
 SELECT count(*) FROM events e WHERE e.cost < 1 OR e.cost > (SELECT max(price) FROM products p WHERE p.prod_id = e.prod_id);
 -- InvalidArgument: a scalar subquery with GROUP BY or HAVING
