@@ -214,6 +214,8 @@ OUTER = {
     "SUM(b.v) AS agg2, MAX(b.x) AS agg3 FROM {0} a LEFT JOIN {1} b ON b.k = a.k GROUP BY a.g",
     "LEFT JOIN grouped by its NULLs": "SELECT b.g AS g0, COUNT(*) AS agg0, SUM(a.v) AS agg1 "
     "FROM {0} a LEFT OUTER JOIN {1} b ON a.x = b.k GROUP BY b.g",
+    "LEFT JOIN ON filter": "SELECT a.g AS g0, COUNT(*) AS agg0, COUNT(b.x) AS agg1 FROM {0} a "
+    "LEFT JOIN {1} b ON b.k = a.k AND b.x > 1 GROUP BY a.g",
     "LEFT JOIN by key, IS NULL": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a "
     "LEFT JOIN {1} b ON b.id = a.x WHERE b.id IS NULL GROUP BY a.g",
 }

@@ -4,7 +4,7 @@
 
 -- joins
 -- InvalidArgument: a LEFT JOIN's ON other than equalities of its table's columns with tables joined before it
-SELECT count(*) FROM events e LEFT JOIN products p ON e.prod_id = p.prod_id AND p.price > 1;
+SELECT count(*) FROM events e LEFT JOIN products p ON e.prod_id = p.prod_id AND p.price > e.cost;
 -- InvalidArgument: a LEFT JOIN's ON other than equalities
 SELECT count(*) FROM events e LEFT JOIN products p ON e.prod_id = p.prod_id AND e.shop_id = 1;
 -- InvalidArgument: a LEFT JOIN's ON other than equalities
