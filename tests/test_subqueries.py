@@ -233,6 +233,11 @@ SUBQUERIES = {
     "WHERE a.v < (SELECT 0.2 * AVG(b.v) FROM b WHERE b.k = a.k) GROUP BY a.g",
     "correlated ratio": "SELECT a.g, COUNT(*) AS n FROM a "
     "WHERE a.x >= (SELECT SUM(b.x) / COUNT(*) - 1 FROM b WHERE b.k = a.k) GROUP BY a.g",
+    # TPC-H Q11's shape: HAVING against an uncorrelated scalar, the groups filtered in WHERE
+    "HAVING scalar": "SELECT a.g, SUM(a.v) AS s FROM a GROUP BY a.g "
+    "HAVING SUM(a.v) > (SELECT SUM(b.v) * 0.1 FROM b) AND COUNT(*) > 1",
+    "HAVING IN over a group column": "SELECT a.k, a.g, MAX(a.x) AS hi FROM a GROUP BY a.k, a.g "
+    "HAVING a.k IN (SELECT b.k FROM b WHERE b.x > 1) AND MIN(a.v) < (SELECT AVG(b.v) FROM b)",
     "nested": "SELECT a.g, COUNT(*) AS n FROM a WHERE a.k IN (SELECT b.k FROM b WHERE b.v < "
     "(SELECT AVG(c.v) FROM a c WHERE c.k = b.k))  GROUP BY a.g",
     # TPC-H Q18's and Q15's shapes (tests/test_tpch_shapes.py): a TypeError and a refusal before

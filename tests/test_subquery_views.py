@@ -197,6 +197,8 @@ SUBQUERIES = {
     "WHERE a.v > (SELECT AVG(b.v) FROM {1} b WHERE b.x IS NOT NULL) GROUP BY a.g",
     "correlated scalar": "SELECT a.g AS g0, COUNT(*) AS agg0, SUM(a.v) AS agg1 FROM {0} a "
     "WHERE a.v >= (SELECT MAX(b.v) FROM {1} b WHERE b.k = a.k) GROUP BY a.g",
+    "HAVING scalar": "SELECT a.g AS g0, SUM(a.v) AS agg0 FROM {0} a GROUP BY a.g "
+    "HAVING SUM(a.v) > (SELECT SUM(b.v) * 0.1 FROM {1} b)",
     "correlated arithmetic": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a "
     "WHERE a.v < (SELECT 0.5 * AVG(b.v) + 1 FROM {1} b WHERE b.k = a.k) GROUP BY a.g",
 }

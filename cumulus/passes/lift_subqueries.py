@@ -24,7 +24,9 @@ correlate.
   (``_anti_join_in``).
 
 Other correlations, a grouped scalar subquery, a correlated COUNT, NOT IN or NOT EXISTS over a
-grouped subquery, subqueries in SELECT, HAVING, ON or GROUP BY are refused by name.
+grouped subquery, a correlated subquery in HAVING, subqueries in SELECT, ON or GROUP BY are
+refused by name. A HAVING conjunct with an uncorrelated subquery filters the groups as a WHERE
+over the grouped query (``_having_as_where``), where the above applies.
 """
 
 from __future__ import annotations
@@ -67,13 +69,85 @@ class Lifter:
 
 def lift_subqueries(select: exp.Select, lifter: Lifter) -> exp.Select:
     """``select`` (a copy) with its subqueries replaced by hidden views ``lifter`` collects."""
-    select = select.copy()
+    select = _having_as_where(select.copy())
     _lift_derived(select, lifter)
     _lift_where(select, lifter)
     left = select.find(exp.Subquery, exp.Exists)
     if left is not None:
-        raise refuse("a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE)", left)
+        raise refuse("a subquery in SELECT, ON or GROUP BY (only in FROM, WHERE and HAVING)", left)
     return select
+
+
+GROUPED = "__grouped"  # the alias of a grouped query whose HAVING had a subquery
+
+
+def _having_as_where(select: exp.Select) -> exp.Select:
+    """``SELECT g, SUM(x) AS s FROM t GROUP BY g HAVING SUM(x) > (SELECT ...)`` as ``SELECT
+    g, s FROM (SELECT g, SUM(x) AS s FROM t GROUP BY g) __grouped WHERE __grouped.s > (SELECT
+    ...)``: the HAVING conjuncts holding an uncorrelated subquery filter the groups as a WHERE
+    over them, where subqueries are lifted (TPC-H Q11). The view is then a bag of the groups
+    that pass, one row each, as the query's rows are. An aggregate those conjuncts read that no
+    item shows becomes a column of the grouped query that the outer query does not show."""
+    having = select.args.get("having")
+    if having is None or not having.find(exp.Subquery, exp.Exists):
+        return select
+    if select.args.get("distinct"):
+        raise refuse("DISTINCT beside a subquery in HAVING", having)
+    names = []
+    for item in select.expressions:
+        if not isinstance(item, exp.Alias | exp.Column):
+            raise refuse(
+                "an unnamed expression beside a subquery in HAVING (name it: ... AS name)", item
+            )
+        names.append(item.alias_or_name)
+    moved: list[exp.Expression] = []
+    kept: list[exp.Expression] = []
+    for conjunct in _conjuncts(having.this):
+        (moved if conjunct.find(exp.Subquery, exp.Exists) else kept).append(conjunct)
+    grouped = select.copy()
+    grouped.set("having", exp.Having(this=exp.and_(*kept)) if kept else None)
+    shown = {item.unalias(): item.alias_or_name for item in select.expressions}
+    filters = []
+    for conjunct in moved:
+        for sub in conjunct.find_all(exp.Subquery, exp.Exists):
+            query = sub.this
+            if isinstance(query, exp.Select) and _outer_columns(query, _inner_aliases(query)):
+                raise refuse("a correlated subquery in HAVING", sub)
+        filters.append(_over_groups(conjunct.copy(), shown, grouped))
+    outer = exp.select(*(_column(GROUPED, name) for name in names)).from_(
+        exp.Subquery(this=grouped, alias=exp.TableAlias(this=exp.to_identifier(GROUPED)))
+    )
+    return outer.where(exp.and_(*filters))
+
+
+def _over_groups(
+    conjunct: exp.Expression, shown: dict[exp.Expression, str], grouped: exp.Select
+) -> exp.Expression:
+    """A HAVING conjunct with the grouped query's aggregates and group columns (outside its
+    subqueries) as columns of ``GROUPED``; an aggregate no item shows is added as one."""
+
+    def outside(node: exp.Expression) -> bool:
+        return not any(isinstance(p, exp.Subquery | exp.Exists) for p in _ancestors(node))
+
+    for node in list(conjunct.find_all(*AGGREGATES, exp.Column)):
+        if not outside(node) or (isinstance(node, exp.Column) and node.find_ancestor(*AGGREGATES)):
+            continue
+        name = shown.get(node)
+        if name is None and isinstance(node, exp.Column):
+            raise refuse("a column in HAVING beside a subquery that SELECT does not show", node)
+        if name is None:
+            name = f"having_{len(grouped.expressions)}"
+            grouped.append("expressions", exp.alias_(node.copy(), name, quoted=True))
+            shown[node.copy()] = name
+        node.replace(_column(GROUPED, name))
+    return conjunct
+
+
+def _ancestors(node: exp.Expression) -> Iterator[exp.Expression]:
+    parent = node.parent
+    while parent is not None:
+        yield parent
+        parent = parent.parent
 
 
 def _table(name: str, alias: str) -> exp.Table:

@@ -97,11 +97,13 @@ SELECT count(*) FROM events e WHERE e.cost < 1 OR e.cost > (SELECT max(price) FR
 SELECT count(*) FROM events e WHERE e.cost > (SELECT max(price) FROM products GROUP BY cat_id);
 -- InvalidArgument: a scalar subquery without an aggregate (it may give more than one row)
 SELECT count(*) FROM events e WHERE e.cost > (SELECT price FROM products WHERE prod_id = 1);
--- InvalidArgument: a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE)
+-- InvalidArgument: a subquery in SELECT, ON or GROUP BY (only in FROM, WHERE and HAVING)
 SELECT (SELECT count(*) FROM products), count(*) FROM events;
--- InvalidArgument: a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE)
+-- InvalidArgument: an unnamed expression beside a subquery in HAVING (name it: ... AS name)
 SELECT count(*) FROM events HAVING count(*) > (SELECT count(*) FROM products);
--- InvalidArgument: a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE)
+-- InvalidArgument: a correlated subquery in HAVING
+SELECT shop_id, sum(cost) AS c FROM events e GROUP BY shop_id HAVING sum(cost) > (SELECT max(price) FROM products p WHERE p.prod_id = e.shop_id);
+-- InvalidArgument: a subquery in SELECT, ON or GROUP BY (only in FROM, WHERE and HAVING)
 SELECT count(*) FROM events e JOIN products p ON p.prod_id = e.prod_id AND p.price > (SELECT avg(cost) FROM events);
 -- InvalidArgument: window function
 SELECT shop_id, sum(cost) OVER (PARTITION BY shop_id) FROM events;
