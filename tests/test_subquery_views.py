@@ -199,6 +199,9 @@ SUBQUERIES = {
     "WHERE a.v >= (SELECT MAX(b.v) FROM {1} b WHERE b.k = a.k) GROUP BY a.g",
     "HAVING scalar": "SELECT a.g AS g0, SUM(a.v) AS agg0 FROM {0} a GROUP BY a.g "
     "HAVING SUM(a.v) > (SELECT SUM(b.v) * 0.1 FROM {1} b)",
+    "EXISTS <>": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a WHERE EXISTS (SELECT 1 FROM "
+    "{1} b WHERE b.k = a.k AND b.x <> a.x) AND NOT EXISTS (SELECT 1 FROM {1} c WHERE "
+    "c.k = a.k AND c.g <> a.g AND c.v > 0) GROUP BY a.g",
     "correlated arithmetic": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a "
     "WHERE a.v < (SELECT 0.5 * AVG(b.v) + 1 FROM {1} b WHERE b.k = a.k) GROUP BY a.g",
 }

@@ -267,9 +267,13 @@ class Correlation:
 
     pairs: list[tuple[exp.Expression, exp.Expression]]
     local: list[exp.Expression]
+    # (its own column, the outer column) of ``inner.c <> outer.d``: EXISTS and NOT EXISTS only
+    unequal: list[tuple[exp.Expression, exp.Expression]] = field(default_factory=list)
 
 
-def _correlation(sub: exp.Select) -> Correlation:
+def _correlation(sub: exp.Select, unequal: bool = False) -> Correlation:
+    """``unequal``: a ``<>`` between a column of its own and an outer column correlates too
+    (``Correlation.unequal``; one at most, beside an equality)."""
     inner = _inner_aliases(sub)
     for key in ("expressions", "joins", "group", "having"):
         value = sub.args.get(key)  # a list, one clause (GROUP BY, HAVING) or None
@@ -291,7 +295,17 @@ def _correlation(sub: exp.Select) -> Correlation:
             if not _outer_columns(right, inner) and _outer_only(left, inner):
                 found.pairs.append((right, left))
                 continue
+        if unequal and isinstance(bare, exp.NEQ) and not found.unequal:
+            sides = [bare.this, bare.expression]
+            owns = [isinstance(x, exp.Column) and not _outer_columns(x, inner) for x in sides]
+            outers = [isinstance(x, exp.Column) and _outer_only(x, inner) for x in sides]
+            if owns[0] and outers[1] or owns[1] and outers[0]:
+                own, outer = sides if owns[0] else sides[::-1]
+                found.unequal.append((own, outer))
+                continue
         raise refuse("a subquery correlated by a condition other than an equality", conjunct)
+    if found.unequal and not found.pairs:
+        raise refuse("a subquery correlated by <> without an equality", found.unequal[0][0])
     return found
 
 
@@ -380,7 +394,9 @@ def _exists(
     sub = _query(node, f"{what} (...)")
     if _grouped(sub):
         raise refuse(f"{what} over a grouped subquery", node)
-    found = _correlation(sub)
+    found = _correlation(sub, unequal=True)
+    if found.unequal:
+        return _exists_other(select, sub, found, lifter, negated)
     if not found.pairs:
         count = exp.alias_(exp.Count(this=exp.Star()), "v0", quoted=True)
         name = lifter.add(_hidden_select(sub, [count], found.local))
@@ -399,6 +415,53 @@ def _exists(
         return []
     select.append("joins", exp.Join(this=_table(name, name), on=on, side="LEFT"))
     return [exp.Is(this=_column(name, "c0"), expression=exp.Null())]
+
+
+def _exists_other(
+    select: exp.Select, sub: exp.Select, found: Correlation, lifter: Lifter, negated: bool
+) -> list[exp.Expression]:
+    """``[NOT] EXISTS (SELECT ... WHERE inner.a = outer.b AND inner.c <> outer.d ...)`` (TPC-H
+    Q21: another supplier of the same order): the rows with ``c <> d`` are those with a
+    non-NULL c, ``n`` per correlation, less those with ``c = d``, ``m`` per (correlation, c).
+    Two hidden views, joined (``n``) and LEFT JOINed on d (``m``, none where no c equals d);
+    EXISTS keeps ``d IS NOT NULL AND n - COALESCE(m, 0) > 0`` (a NULL d makes every ``<>``
+    unknown), NOT EXISTS the rest (both LEFT JOINed: no row for the correlation is 0)."""
+    own, outer = found.unequal[0]
+    keys = [exp.alias_(k.copy(), f"c{i}", quoted=True) for i, (k, _) in enumerate(found.pairs)]
+    counted = _hidden_select(
+        sub, [*keys, exp.alias_(exp.Count(this=own.copy()), "n", quoted=True)], found.local
+    )
+    counted.set("group", exp.Group(expressions=[k.copy() for k, _ in found.pairs]))
+    same = _hidden_select(
+        sub,
+        [
+            *keys,
+            exp.alias_(own.copy(), "cu", quoted=True),
+            exp.alias_(exp.Count(this=exp.Star()), "m", quoted=True),
+        ],
+        found.local,
+    )
+    same.set("group", exp.Group(expressions=[*(k.copy() for k, _ in found.pairs), own.copy()]))
+    n_view, m_view = lifter.add(counted), lifter.add(same)
+    n_on = exp.and_(*_matching(n_view, found.pairs))
+    if negated:
+        select.append("joins", exp.Join(this=_table(n_view, n_view), on=n_on, side="LEFT"))
+    else:
+        _join(select, _table(n_view, n_view), n_on)
+    m_on = exp.and_(
+        *_matching(m_view, found.pairs), exp.EQ(this=outer.copy(), expression=_column(m_view, "cu"))
+    )
+    select.append("joins", exp.Join(this=_table(m_view, m_view), on=m_on, side="LEFT"))
+    zero = exp.Literal.number(0)
+    n = exp.Coalesce(this=_column(n_view, "n"), expressions=[zero.copy()])
+    others = exp.Sub(
+        this=n, expression=exp.Coalesce(this=_column(m_view, "m"), expressions=[zero.copy()])
+    )
+    if negated:
+        none = exp.EQ(this=others, expression=zero.copy())
+        return [exp.Paren(this=exp.or_(exp.Is(this=outer.copy(), expression=exp.Null()), none))]
+    known = exp.Not(this=exp.Is(this=outer.copy(), expression=exp.Null()))
+    return [known, exp.GT(this=others, expression=zero.copy())]
 
 
 def _anti_join_in(select: exp.Select, node: exp.In, lifter: Lifter) -> list[exp.Expression]:

@@ -79,6 +79,12 @@ SELECT count(*) FROM events WHERE shop_id = 1 OR prod_id IN (SELECT prod_id FROM
 SELECT count(*) FROM events e WHERE shop_id = 1 OR EXISTS (SELECT 1 FROM products p WHERE p.prod_id = e.prod_id);
 -- InvalidArgument: a subquery correlated by a condition other than an equality
 SELECT count(*) FROM events e WHERE EXISTS (SELECT 1 FROM products p WHERE p.price < e.cost);
+-- InvalidArgument: a subquery correlated by <> without an equality
+SELECT count(*) FROM events e WHERE EXISTS (SELECT 1 FROM products p WHERE p.prod_id <> e.prod_id);
+-- InvalidArgument: a subquery correlated by a condition other than an equality
+SELECT count(*) FROM events e WHERE EXISTS (SELECT 1 FROM products p WHERE p.prod_id = e.prod_id AND p.cat_id <> e.shop_id AND p.price <> e.cost);
+-- InvalidArgument: a subquery correlated by a condition other than an equality
+SELECT count(*) FROM events e WHERE e.cost > (SELECT max(price) FROM products p WHERE p.prod_id = e.prod_id AND p.cat_id <> e.shop_id);
 -- InvalidArgument: a subquery correlated outside its WHERE
 SELECT count(*) FROM events e WHERE EXISTS (SELECT e.cost FROM products p WHERE p.prod_id = e.prod_id);
 -- InvalidArgument: EXISTS over a grouped subquery
