@@ -221,8 +221,6 @@ SELECT sum(DISTINCT cost) FROM events;
 SELECT avg(DISTINCT cost) FROM events;
 -- InvalidArgument: COUNT(DISTINCT with several arguments)
 SELECT count(DISTINCT shop_id, prod_id) FROM events;
--- InvalidArgument: aggregate FILTER
-SELECT count(*) FILTER (WHERE cost > 0) FROM events;
 
 -- select list and grouping
 -- InvalidArgument: column p.name must appear in GROUP BY or be aggregated
