@@ -297,6 +297,9 @@ class ViewPlan:
     # matches their equalities, a row of NULLs (``cumulus.delta``); each is reached only by
     # equalities with aliases that are not outer themselves
     outer: tuple[str, ...] = ()
+    # refresh = 'cumulus': the plans of the hidden views its subqueries became (read by its
+    # M3 program as nested aggregates, maintained by that program: no view of their own)
+    nested: tuple[ViewPlan, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -384,17 +387,28 @@ class ViewPlan:
     def base_tables(self) -> tuple[str, ...]:
         """Distinct base tables, in FROM order (of every branch): the tables whose writes
         touch this view."""
-        return tuple(dict.fromkeys(t.table for b in self.branch_plans() for t in b.tables))
+        names = {n.name for n in self.nested}
+        return tuple(
+            dict.fromkeys(
+                table
+                for plan in (*self.branch_plans(), *self.nested)
+                for table in (t.table for t in plan.tables)
+                if table not in names
+            )
+        )
 
     def join_columns(self) -> tuple[tuple[str, str], ...]:
         """Distinct (table, column) pairs the joins match on, in edge order: what indexes
-        and the coordinator's lookup cache serve."""
+        and the coordinator's lookup cache serve (a nested aggregate is no table: its
+        M3 program's maps)."""
+        names = {n.name for n in self.nested}
         return tuple(
             dict.fromkeys(
                 (branch.table_of(ref.alias), ref.column)
                 for branch in self.branch_plans()
                 for edge in branch.edges
                 for ref in (edge.left, edge.right)
+                if branch.table_of(ref.alias) not in names
             )
         )
 
@@ -471,6 +485,7 @@ class ViewPlan:
             **({"hidden": list(self.hidden)} if self.hidden else {}),
             **({"branches": [b.to_json() for b in self.branches]} if self.branches else {}),
             **({"outer": list(self.outer)} if self.outer else {}),
+            **({"nested": [n.to_json() for n in self.nested]} if self.nested else {}),
         }
 
     @classmethod
@@ -515,4 +530,8 @@ class ViewPlan:
                 for b in (_field(data, "branches", list, what) if "branches" in data else [])  # type: ignore[operator]
             ),
             outer=tuple(_field(data, "outer", list, what) if "outer" in data else ()),  # type: ignore[operator]
+            nested=tuple(
+                cls.from_json(n)
+                for n in (_field(data, "nested", list, what) if "nested" in data else [])  # type: ignore[operator]
+            ),
         )

@@ -33,7 +33,15 @@ from cumulus.compiler import (
     parse_view_statement,
 )
 from cumulus.m3.canonical import canonical
-from cumulus.m3.delta import Types, delta_terms, fresh, substitute
+from cumulus.m3.delta import (
+    DeltaTerm,
+    Types,
+    delta_terms,
+    factor_vars,
+    fresh,
+    nested_vars,
+    substitute,
+)
 from cumulus.m3.exprs import (
     expr_type,
     from_plan,
@@ -51,6 +59,7 @@ from cumulus.m3.program import (
     Guard,
     Lift,
     MapDecl,
+    MapLift,
     MapRef,
     Part,
     PartSum,
@@ -65,6 +74,7 @@ from cumulus.m3.program import (
 )
 from cumulus.passes.union_plans import NOTHING
 from cumulus.plan import MULTIPLICITY, OUTER_REFUSAL, Aggregate, ViewPlan
+from cumulus.view_rows import row_schema, rows_id
 
 TableLookup = Callable[[str], TableSchema]
 INT_TYPE = ColumnType("INT")
@@ -142,6 +152,7 @@ class _Compiler:
     sources: dict[str, Source] = field(default_factory=dict)
     statements: dict[tuple[str, str], list[Statement]] = field(default_factory=dict)
     queue: list[str] = field(default_factory=list)
+    nested: dict[str, ViewPlan] = field(default_factory=dict)  # hidden views, by name
 
     # --- maps --------------------------------------------------------------------------------
 
@@ -205,10 +216,12 @@ class _Compiler:
         """One SELECT's rows map and each aggregate's column over its maps (None: an argument
         that is NULL in this branch, a union's aggregate another branch feeds)."""
         for ref in plan.tables:
-            if ref.table not in self.sources:
+            if ref.table not in self.sources and ref.table not in self.nested:
                 schema = self.table(ref.table)
                 self.sources[ref.table] = Source(schema.name, schema.columns)
-        query = _join(plan, self.table)
+        query = _join(plan, self.schema)
+        if any(isinstance(f, Rel) and f.relation in self.nested for f in query.body):
+            self.read_nested(query)
         group_names = [g.name for g in plan.group_by]
         value_name = fresh("v", set(group_names))
 
@@ -295,6 +308,253 @@ class _Compiler:
             return definition
         return self.materialize(definition, types, definition.keys, hint, 1)
 
+    # --- nested aggregates (subqueries' hidden views) -----------------------------------------
+
+    def schema(self, name: str) -> TableSchema:
+        """A table's schema; a hidden view's rows as a table (``__count``, its columns)."""
+        plan = self.nested.get(name)
+        return row_schema(plan, rows_id(0, name)) if plan is not None else self.table(name)
+
+    def read_nested(self, query: _Query) -> None:
+        """Each hidden view's atom -> lifts of its maps at the outer query's variables
+        (DBToaster's ``(n ^= N[k])``): a grouped or DISTINCT view's group is there while its
+        COUNT(*) is positive (a semi-join, or an inner join with the groups); a view without
+        GROUP BY has its one row always."""
+        if self.depth is not None:
+            raise errors.InvalidArgument(
+                nested_refusal("a subquery at a bounded --depth", "its maps are every level")
+            )
+        outer_vars = {
+            v
+            for f in query.body
+            if isinstance(f, Rel) and f.relation not in self.nested
+            for v in f.args
+        }
+        body: list[Factor] = []
+        for factor in query.body:
+            if not isinstance(factor, Rel) or factor.relation not in self.nested:
+                body.append(factor)
+                continue
+            hidden = self.nested[factor.relation]
+            names = [c.name for c in self.schema(hidden.name).columns]
+            var_of = dict(zip(names, factor.args, strict=True))
+            body += self.nested_factors(hidden, var_of, outer_vars, query.types)
+        query.body[:] = body
+
+    def nested_factors(
+        self, hidden: ViewPlan, var_of: dict[str, str], outer_vars: set[str], types: Types
+    ) -> list[Factor]:
+        if any(t.table in self.nested for t in hidden.tables) or hidden.branches:
+            raise errors.InvalidArgument(nested_refusal("a subquery over a subquery or a union"))
+        if hidden.having is not None:
+            raise errors.InvalidArgument(nested_refusal("a subquery with HAVING"))
+        if hidden.shape == "bag":  # its rows count: a join with a view, not a nested value
+            raise errors.InvalidArgument(nested_refusal("a subquery in FROM without aggregates"))
+        shape = self.view(hidden)
+        keys = [k for k, _ in shape.keys]
+        if any(var_of[k] not in outer_vars for k in keys):
+            raise errors.InvalidArgument(
+                nested_refusal("a subquery whose columns the outer query does not equate")
+            )
+        taken = set(types) | set(var_of.values())
+
+        def lift(part: Part, var: str | None = None) -> tuple[MapLift, str]:
+            if not isinstance(part, MapRef):
+                raise errors.InvalidArgument(nested_refusal("a subquery over a union"))
+            var = var or fresh(f"{part.name}_v", taken)
+            types[var] = self.maps[part.name].value_type
+            lookup = tuple(var_of[k] for k in part.keys)
+            return MapLift(part.name, lookup, var), var
+
+        out: list[Factor] = []
+        if keys:  # a group (a DISTINCT value) is there while it counts rows
+            found, count = lift(shape.rows)
+            out += [found, Guard({"cmp": ">", "args": [{"var": count}, {"lit": 0, "type": "INT"}]})]
+        column_var = dict(var_of)
+        for column in shape.columns:
+            if column.name in keys or column.name not in var_of and not column.hidden:
+                continue
+            if column.name not in column_var:
+                column_var[column.name] = fresh(column.name, taken)
+            var = column_var[column.name]
+            if column.expr is not None:
+                continue
+            assert column.kind is not None and column.type is not None
+            if RULES[column.kind].keeps_values:
+                raise errors.InvalidArgument(
+                    nested_refusal(f"a {_SHOWN[column.kind]} subquery", "its value is a multiset's")
+                )
+            if not RULES[column.kind].keeps_sum:  # COUNT: its map's value
+                out.append(lift(column.parts[0], var)[0])
+                continue
+            sums = [lift(p) for p in column.parts]
+            assert column.count is not None
+            counted = lift(column.count)
+            out += [f for f, _ in sums] + [counted[0]]
+            total: Expr = {"var": sums[0][1]}
+            for _, each in sums[1:]:
+                total = {"op": "+", "args": [total, {"var": each}]}
+            finish = {"finish": column.kind.value, "type": str(column.type)}
+            out.append(Lift(var, {**finish, "args": [total, {"var": counted[1]}]}))
+            types[var] = column.type
+        for column in shape.columns:  # derived columns, over the others
+            if column.expr is not None and column.name in column_var:
+                expr = rename(column.expr, column_var)
+                out.append(Lift(column_var[column.name], expr))
+                types[column_var[column.name]] = expr_type(expr, types)
+        return out
+
+    def point_delta(self, name: str, relation: str, sign: str, args: tuple[str, ...]) -> Expr:
+        """A nested map's change at its lookup keys for one tuple, as an expression over the
+        trigger's arguments (``CASE WHEN keys = target AND ... THEN value ELSE 0 END``): its
+        new value is the old plus this (a statement reads maps as they were before)."""
+        decl = self.maps[name]
+        terms = self.inner_delta(name, relation, sign, args)
+        zero: Expr = {"lit": 0, "type": "INT"}
+        total: Expr | None = None
+        for term in terms:
+            if term.components or term.tail:
+                raise errors.InvalidArgument(
+                    nested_refusal("a subquery over a join", "its change is not one entry")
+                )
+            inline: dict[str, Expr] = {}
+            conds: list[Expr] = []
+            value: Expr = {"lit": term.coef, "type": "INT"}
+            for factor in term.head:
+                if isinstance(factor, Lift) and factor.var not in args and factor.var not in inline:
+                    inline[factor.var] = _inlined(factor.expr, inline)
+                elif isinstance(factor, Lift):
+                    expr = _inlined(factor.expr, inline)
+                    conds.append(
+                        {"cmp": "=", "args": [_inlined({"var": factor.var}, inline), expr]}
+                    )
+                elif isinstance(factor, Guard):
+                    conds.append(_inlined(factor.pred, inline))
+                elif isinstance(factor, Value):
+                    value = {"op": "*", "args": [value, _inlined(factor.expr, inline)]}
+                else:
+                    raise errors.InvalidArgument(nested_refusal("a subquery over a join"))
+            for i, key in enumerate(term.target):
+                conds.append(
+                    {"cmp": "=", "args": [{"var": f"#key{i}"}, _inlined({"var": key}, inline)]}
+                )
+            case: Expr = {
+                "case": [[{"and": conds} if len(conds) > 1 else conds[0], value]]
+                if conds
+                else [[{"lit": True, "type": "BOOL"}, value]],
+                "else": zero,
+                "type": str(decl.value_type),
+            }
+            total = case if total is None else {"op": "+", "args": [total, case]}
+        return total if total is not None else zero
+
+    def inner_delta(
+        self, name: str, relation: str, sign: str, args: tuple[str, ...]
+    ) -> list[DeltaTerm]:
+        """The delta terms of a nested map for one tuple of ``relation``."""
+        decl = self.maps[name]
+        assert decl.definition is not None
+        return delta_terms(
+            decl.definition,
+            self.map_types[name],
+            relation,
+            sign,
+            args,
+            tuple(c.type for c in self.sources[relation].columns),
+        )
+
+    def renewed(
+        self,
+        factors: list[Factor],
+        relation: str,
+        sign: str,
+        args: tuple[str, ...],
+        taken: set[str],
+    ) -> list[Factor]:
+        """``factors`` with each nested map the update changes read as old + its change."""
+        out: list[Factor] = []
+        for factor in factors:
+            if not isinstance(factor, MapLift) or not self.changes(factor.name, relation):
+                out.append(factor)
+                continue
+            old = fresh(f"{factor.var}_old", taken)
+            delta = self.point_delta(factor.name, relation, sign, args)
+            keyed = rename(delta, {f"#key{i}": k for i, k in enumerate(factor.keys)})
+            out.append(MapLift(factor.name, factor.keys, old))
+            out.append(Lift(factor.var, {"op": "+", "args": [{"var": old}, keyed]}))
+        return out
+
+    def changes(self, name: str, relation: str) -> bool:
+        decl = self.maps[name]
+        assert decl.definition is not None
+        return any(isinstance(f, Rel) and f.relation == relation for f in decl.definition.body)
+
+    def domain_terms(self, decl: MapDecl, relation: str, sign: str) -> list[Statement]:
+        """rest_old * (g(E_new) - g(E_old)): the outer relations' part (the *domain*) as a map
+        keyed by what the nested part g reads, re-derived where the nested maps change (only
+        the updated tuple's group where the lookups' keys are its columns; every entry for an
+        uncorrelated one)."""
+        assert decl.definition is not None
+        args = self.sources[relation].column_names()
+        taken = set(args)
+        apart = {v: fresh(v, taken) for v in self.map_types[decl.name]}
+        body = [substitute(f, apart) for f in decl.definition.body]
+        keys = tuple(apart[k] for k in decl.definition.keys)
+        types = {apart[v]: t for v, t in self.map_types[decl.name].items()}
+        nested = nested_vars(body)
+        g = [
+            f
+            for f in body
+            if isinstance(f, MapLift) or not isinstance(f, Rel) and set(factor_vars(f)) & nested
+        ]
+        rest = [f for f in body if not any(f is h for h in g)]
+        if set(keys) & nested:
+            raise errors.InvalidArgument(nested_refusal("a view grouped by a subquery's value"))
+        reads = dict.fromkeys(keys)
+        for factor in g:
+            reads.update(dict.fromkeys(v for v in factor_vars(factor) if v not in nested))
+        domain = AggSum(tuple(reads), tuple(rest))
+        level = self.levels[decl.name] + 1
+        hint = f"{decl.name}_dom"
+        ref = self.materialize(domain, {v: types[v] for v in types}, domain.keys, hint, level)
+        # where the changed lookups all read one key tuple that the update fixes, bind it
+        pins: dict[str, Expr] = {}
+        consistent = True
+        for factor in g:
+            if not isinstance(factor, MapLift) or not self.changes(factor.name, relation):
+                continue
+            target = self.point_target(factor.name, relation, sign, args)
+            if target is None or len(target) != len(factor.keys):
+                consistent = False
+                continue
+            for key, expr in zip(factor.keys, target, strict=True):
+                if pins.setdefault(key, expr) != expr:
+                    consistent = False
+        pinned = [Lift(k, e) for k, e in pins.items()] if consistent else []
+        new = self.renewed(g, relation, sign, args, taken)
+        minus: Value = Value({"lit": -1, "type": "INT"})
+        return [
+            Statement(MapRef(decl.name, keys), (*pinned, ref, *new)),
+            Statement(MapRef(decl.name, keys), (minus, *pinned, ref, *g)),
+        ]
+
+    def point_target(
+        self, name: str, relation: str, sign: str, args: tuple[str, ...]
+    ) -> tuple[Expr, ...] | None:
+        """The one key a nested map's change for an update is at (as expressions over the
+        trigger's arguments), None where its terms differ."""
+        terms = self.inner_delta(name, relation, sign, args)
+        found: set[str] = set()
+        target: tuple[Expr, ...] | None = None
+        for term in terms:
+            inline: dict[str, Expr] = {}
+            for factor in term.head:
+                if isinstance(factor, Lift) and factor.var not in args:
+                    inline.setdefault(factor.var, _inlined(factor.expr, inline))
+            target = tuple(_inlined({"var": k}, inline) for k in term.target)
+            found.add(repr(target))
+        return target if len(found) == 1 else None
+
     # --- recursion -------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -305,6 +565,13 @@ class _Compiler:
             relations = dict.fromkeys(
                 f.relation for f in decl.definition.body if isinstance(f, Rel)
             )
+            for factor in decl.definition.body:  # a nested aggregate's relations change it too
+                if isinstance(factor, MapLift):
+                    inner = self.maps[factor.name].definition
+                    assert inner is not None
+                    relations.update(
+                        dict.fromkeys(f.relation for f in inner.body if isinstance(f, Rel))
+                    )
             for relation in relations:
                 for sign in ("+", "-"):
                     self.deltas(decl, relation, sign)
@@ -343,7 +610,14 @@ class _Compiler:
                 else:
                     body += component.inline
             body += term.tail
+            if any(isinstance(f, MapLift) for f in body):  # Δrest * g(E_new)
+                taken = set(args) | {v for f in body for v in factor_vars(f)}
+                body = self.renewed(body, relation, sign, args, taken)
             out.append(Statement(MapRef(decl.name, term.target), tuple(body)))
+        if any(
+            isinstance(f, MapLift) and self.changes(f.name, relation) for f in decl.definition.body
+        ):
+            out += self.domain_terms(decl, relation, sign)
 
     def program(self, views: list[View]) -> Program:
         types = {m.name: m.value_type for m in self.maps.values()}
@@ -359,6 +633,40 @@ class _Compiler:
             tuple(views),
             tuple(triggers),
         )
+
+
+_SHOWN = {Kind.MIN: "MIN", Kind.MAX: "MAX", Kind.COUNT_DISTINCT: "COUNT(DISTINCT ...)"}
+
+
+def nested_refusal(construct: str, why: str = "") -> str:
+    """One line naming a subquery construct cumulus does not take and the modes that do."""
+    because = f" ({why})" if why else ""
+    return (
+        f"{construct} is maintained in refresh = 'sync' or 'async', not 'cumulus'{because}; "
+        "cumulus takes scalar SUM, AVG and COUNT subqueries, IN and EXISTS over one table"
+    )
+
+
+def _inlined(expr: Expr, values: dict[str, Expr]) -> Expr:
+    """``expr`` with the lifted variables in ``values`` replaced by their expressions."""
+    if "var" in expr:
+        return values.get(expr["var"], expr)
+    out: Expr = {}
+    for key, value in expr.items():
+        if isinstance(value, dict):
+            out[key] = _inlined(value, values)
+        elif isinstance(value, list):
+            out[key] = [
+                _inlined(v, values)
+                if isinstance(v, dict)
+                else [_inlined(w, values) if isinstance(w, dict) else w for w in v]
+                if isinstance(v, list)
+                else v
+                for v in value
+            ]
+        else:
+            out[key] = value
+    return out
 
 
 def _sum(parts: list[Part]) -> Part:
@@ -430,6 +738,7 @@ def compile_program(
     if len(set(names)) != len(names):
         raise errors.InvalidArgument("two views of one program have the same name")
     compiler = _Compiler(table, depth)
+    compiler.nested = {n.name: n for plan in plans for n in plan.nested}
     views = [compiler.view(plan) for plan in plans]
     compiler.run()
     return compiler.program(views)
@@ -442,7 +751,7 @@ def plan_of(sql: str, name: str, table: TableLookup) -> ViewPlan:
         statement = CreateView(name, False, "sync", 0, sql.strip().rstrip(";"))
     if not isinstance(statement, CreateView):
         raise errors.InvalidArgument("expected a SELECT or CREATE MATERIALIZED VIEW ... AS SELECT")
-    *hidden, plan = compile_views(statement, table)
+    *hidden, plan = compile_views(statement, table, nest=True)
     if hidden:
         raise errors.InvalidArgument(CUMULUS_REFUSAL)
     return plan
