@@ -530,12 +530,17 @@ class _Compiler:
             for key, expr in zip(factor.keys, target, strict=True):
                 if pins.setdefault(key, expr) != expr:
                     consistent = False
-        pinned = [Lift(k, e) for k, e in pins.items()] if consistent else []
+        pins = pins if consistent else {}
+        # a key pinned to an argument is that argument (its reads are slices of one key);
+        # to an expression of them, a lift
+        same = {k: e["var"] for k, e in pins.items() if set(e) == {"var"} and e["var"] in args}
+        pinned = [Lift(k, e) for k, e in pins.items() if k not in same]
         new = self.renewed(g, relation, sign, args, taken)
         minus: Value = Value({"lit": -1, "type": "INT"})
+        target = MapRef(decl.name, tuple(same.get(k, k) for k in keys))
         return [
-            Statement(MapRef(decl.name, keys), (*pinned, ref, *new)),
-            Statement(MapRef(decl.name, keys), (minus, *pinned, ref, *g)),
+            Statement(target, tuple(substitute(f, same) for f in (*pinned, ref, *new))),
+            Statement(target, tuple(substitute(f, same) for f in (minus, *pinned, ref, *g))),
         ]
 
     def point_target(

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from aggview.schema import ColumnType
 from cumulus.m3.exprs import expr_type, rename, vars_of
-from cumulus.m3.program import AggSum, Factor, Guard, Lift, MapLift, Rel, Value
+from cumulus.m3.program import AggSum, Factor, Guard, Lift, MapLift, MapRef, Rel, Value
 
 Types = dict[str, ColumnType]
 
@@ -95,6 +95,8 @@ def substitute(factor: Factor, names: dict[str, str]) -> Factor:
     if isinstance(factor, MapLift):
         keys = tuple(names.get(k, k) for k in factor.keys)
         return MapLift(factor.name, keys, names.get(factor.var, factor.var))
+    if isinstance(factor, MapRef):  # in a statement
+        return MapRef(factor.name, tuple(names.get(k, k) for k in factor.keys))
     raise TypeError(f"a definition holds no {factor!r}")
 
 
