@@ -67,14 +67,23 @@ VIEWS = {
     "WHERE EXISTS (SELECT 1 FROM s WHERE s.k = r.k AND s.y < 3) GROUP BY r.x",
     "EXISTS, uncorrelated": "SELECT COUNT(*) AS n FROM r "
     "WHERE EXISTS (SELECT * FROM s WHERE s.y = 3)",
+    "NOT EXISTS, uncorrelated": "SELECT COUNT(*) AS n, SUM(r.x) AS t FROM r "
+    "WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.y = 3)",
+    "IN over a grouped subquery with HAVING (Q18)": "SELECT r.k, COUNT(*) AS n FROM r "
+    "WHERE r.k IN (SELECT s.k FROM s GROUP BY s.k HAVING SUM(s.y) > 2) GROUP BY r.k",
+    "IN over a grouped self subquery": "SELECT COUNT(*) AS n FROM r "
+    "WHERE r.x IN (SELECT r2.k FROM r r2 GROUP BY r2.k HAVING COUNT(*) > 1)",
 }
 # what cumulus still refuses, by construct (one line naming it and the modes that take it)
 REFUSED = {
     "NOT EXISTS": "SELECT COUNT(*) AS n FROM r WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.k = r.k)",
     "NOT IN": "SELECT COUNT(*) AS n FROM r WHERE r.k NOT IN (SELECT s.k FROM s)",
     "MIN": "SELECT COUNT(*) AS n FROM r WHERE r.x > (SELECT MIN(s.y) FROM s WHERE s.k = r.k)",
-    "IN over a grouped subquery": "SELECT COUNT(*) AS n FROM r WHERE r.k IN "
-    "(SELECT s.k FROM s GROUP BY s.k HAVING SUM(s.y) > 2)",
+    "MAX, uncorrelated": "SELECT COUNT(*) AS n FROM r WHERE r.x = (SELECT MAX(s.y) FROM s)",
+    "EXISTS over a join": "SELECT COUNT(*) AS n FROM r WHERE EXISTS "
+    "(SELECT 1 FROM s JOIN r r2 ON s.k = r2.k WHERE s.k = r.k)",
+    "a FROM subquery not joined on its groups": "SELECT COUNT(*) AS n FROM "
+    "(SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g WHERE g.t > 2",
 }
 
 

@@ -344,10 +344,13 @@ class _Compiler:
     def nested_factors(
         self, hidden: ViewPlan, var_of: dict[str, str], outer_vars: set[str], types: Types
     ) -> list[Factor]:
+        inner = self.distinct_groups(hidden)
+        if inner is not None:  # IN over a grouped subquery (Q18): its groups are distinct
+            names = {g.name: g.source()["col"][1] for g in hidden.group_by}
+            inner_var = {names[k]: v for k, v in var_of.items() if k in names}
+            return self.nested_factors(inner, inner_var, outer_vars, types)
         if any(t.table in self.nested for t in hidden.tables) or hidden.branches:
             raise errors.InvalidArgument(nested_refusal("a subquery over a subquery or a union"))
-        if hidden.having is not None:
-            raise errors.InvalidArgument(nested_refusal("a subquery with HAVING"))
         if hidden.shape == "bag":  # its rows count: a join with a view, not a nested value
             raise errors.InvalidArgument(nested_refusal("a subquery in FROM without aggregates"))
         shape = self.view(hidden)
@@ -372,7 +375,8 @@ class _Compiler:
             out += [found, Guard({"cmp": ">", "args": [{"var": count}, {"lit": 0, "type": "INT"}]})]
         column_var = dict(var_of)
         for column in shape.columns:
-            if column.name in keys or column.name not in var_of and not column.hidden:
+            wanted = column.name in var_of or column.hidden or hidden.having is not None
+            if column.name in keys or not wanted:
                 continue
             if column.name not in column_var:
                 column_var[column.name] = fresh(column.name, taken)
@@ -402,7 +406,25 @@ class _Compiler:
                 expr = rename(column.expr, column_var)
                 out.append(Lift(column_var[column.name], expr))
                 types[column_var[column.name]] = expr_type(expr, types)
+        if hidden.having is not None:  # a group is there while HAVING holds
+            having = from_plan(hidden.having, lambda a, c: c)
+            out.append(Guard(rename(having, column_var)))
         return out
+
+    def distinct_groups(self, hidden: ViewPlan) -> ViewPlan | None:
+        """The grouped hidden view a DISTINCT hidden view only reads every group column of
+        (``x IN (SELECT c FROM ... GROUP BY c HAVING ...)``), else None."""
+        if hidden.shape != "distinct" or len(hidden.tables) != 1 or hidden.filters:
+            return None
+        inner = self.nested.get(hidden.tables[0].table)
+        if inner is None or hidden.edges or hidden.having is not None:
+            return None
+        sources = [g.source() for g in hidden.group_by]
+        if not all(set(s) == {"col"} for s in sources):
+            return None
+        read = sorted(s["col"][1] for s in sources)
+        keys = sorted(g.name for g in inner.group_by)
+        return inner if read == keys and inner.group_by else None
 
     def point_delta(self, name: str, relation: str, sign: str, args: tuple[str, ...]) -> Expr:
         """A nested map's change at its lookup keys for one tuple, as an expression over the
@@ -648,7 +670,8 @@ def nested_refusal(construct: str, why: str = "") -> str:
     because = f" ({why})" if why else ""
     return (
         f"{construct} is maintained in refresh = 'sync' or 'async', not 'cumulus'{because}; "
-        "cumulus takes scalar SUM, AVG and COUNT subqueries, IN and EXISTS over one table"
+        "cumulus takes SUM, AVG and COUNT scalars, IN (also over GROUP BY ... HAVING), EXISTS "
+        "and an uncorrelated NOT EXISTS, over one table each"
     )
 
 
