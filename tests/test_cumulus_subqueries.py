@@ -73,6 +73,19 @@ VIEWS = {
     "WHERE r.k IN (SELECT s.k FROM s GROUP BY s.k HAVING SUM(s.y) > 2) GROUP BY r.k",
     "IN over a grouped self subquery": "SELECT COUNT(*) AS n FROM r "
     "WHERE r.x IN (SELECT r2.k FROM r r2 GROUP BY r2.k HAVING COUNT(*) > 1)",
+    # two nested aggregates an update changes, at one group and at every one: the whole domain
+    "uncorrelated AVG and EXISTS over one table": "SELECT r.k, SUM(r.x) AS t FROM r "
+    "WHERE r.x >= (SELECT AVG(s.y) FROM s) AND EXISTS (SELECT 1 FROM s s2 WHERE s2.k = r.k) "
+    "GROUP BY r.k",
+    "correlated AVG and IN": "SELECT r.k, COUNT(*) AS n FROM r "
+    "WHERE r.x > (SELECT AVG(s.y) FROM s WHERE s.k = r.k) AND r.k IN (SELECT r2.x FROM r r2) "
+    "GROUP BY r.k",
+    "correlated SUM, grouped by it, HAVING": "SELECT r.k, SUM(r.x) AS t, AVG(r.x) AS a FROM r "
+    "WHERE r.x + 2 <= (SELECT SUM(r2.x) FROM r r2 WHERE r2.k = r.k) GROUP BY r.k "
+    "HAVING COUNT(*) > 1",
+    "a grouped FROM subquery joined on its group": "SELECT s.k, SUM(r.x) AS t FROM r "
+    "JOIN (SELECT s.k, SUM(s.y) AS tot FROM s GROUP BY s.k) s ON r.k = s.k WHERE r.x < s.tot "
+    "GROUP BY s.k",
 }
 # what cumulus still refuses, by construct (one line naming it and the modes that take it)
 REFUSED = {

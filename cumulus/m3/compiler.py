@@ -539,20 +539,21 @@ class _Compiler:
         level = self.levels[decl.name] + 1
         hint = f"{decl.name}_dom"
         ref = self.materialize(domain, {v: types[v] for v in types}, domain.keys, hint, level)
-        # where the changed lookups all read one key tuple that the update fixes, bind it
+        # where every changed lookup reads one key tuple, the same, that the update fixes,
+        # bind it (a lookup it changes at every key, or elsewhere: the whole domain)
+        each: list[dict[str, str]] = []
         pins: dict[str, Expr] = {}
-        consistent = True
         for factor in g:
             if not isinstance(factor, MapLift) or not self.changes(factor.name, relation):
                 continue
             target = self.point_target(factor.name, relation, sign, args)
             if target is None or len(target) != len(factor.keys):
-                consistent = False
-                continue
-            for key, expr in zip(factor.keys, target, strict=True):
-                if pins.setdefault(key, expr) != expr:
-                    consistent = False
-        pins = pins if consistent else {}
+                target = ()  # pins nothing: the whole domain
+            mapping = dict(zip(factor.keys, target, strict=False))
+            each.append({k: repr(e) for k, e in mapping.items()})
+            pins.update(mapping)
+        if not each or any(m != each[0] for m in each) or len(each[0]) != len(pins):
+            pins = {}
         # a key pinned to an argument is that argument (its reads are slices of one key);
         # to an expression of them, a lift
         same = {k: e["var"] for k, e in pins.items() if set(e) == {"var"} and e["var"] in args}
