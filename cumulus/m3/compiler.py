@@ -20,7 +20,7 @@ term that replaces two occurrences counts +1).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from aggview import errors
@@ -90,7 +90,10 @@ class _Query:
     nullable: dict[str, bool]
 
 
-def _join(plan: ViewPlan, table: TableLookup) -> _Query:
+def _join(plan: ViewPlan, table: TableLookup, anti: dict[str, Expr] | None = None) -> _Query:
+    """The join as one product; ``anti``: the aliases of NOT EXISTS's hidden views and their
+    IS NULL filters (left out: the nested factors say it, NULLs included)."""
+    anti = anti or {}
     parent: dict[tuple[str, str], tuple[str, str]] = {}
 
     def find(x: tuple[str, str]) -> tuple[str, str]:
@@ -118,7 +121,8 @@ def _join(plan: ViewPlan, table: TableLookup) -> _Query:
                 names[root] = fresh(base, taken)
                 types[names[root]] = column.type
             var = var_of[(ref.alias, column.name)] = names[root]
-            members.setdefault(var, []).append(column.nullable)
+            if ref.alias not in anti:  # NOT EXISTS keeps an outer row whose key is NULL
+                members.setdefault(var, []).append(column.nullable)
     body: list[Factor] = [
         Rel(ref.table, tuple(var_of[(ref.alias, c.name)] for c in schemas[ref.alias].columns))
         for ref in plan.tables
@@ -128,6 +132,8 @@ def _join(plan: ViewPlan, table: TableLookup) -> _Query:
         if len(flags) > 1 and all(flags):  # a joined column: SQL never matches NULL
             body.append(Guard({"notnull": {"var": var}}))
     for pred in plan.filters:
+        if any(pred is p for p in anti.values()):
+            continue
         body.append(Guard(from_plan(pred, lambda a, c: var_of[(a, c)])))
     return _Query(body, var_of, types, nullable)
 
@@ -190,8 +196,9 @@ class _Compiler:
 
     def view(self, plan: ViewPlan) -> View:
         """A view's columns over its maps; a UNION ALL's over each branch's, added up."""
-        if any(b.outer for b in plan.branch_plans()):  # a NULL row is no product of maps
-            raise errors.InvalidArgument(OUTER_REFUSAL)
+        for branch in plan.branch_plans():  # a NULL row is no product of maps
+            if any(self.anti_join(branch, alias) is None for alias in branch.outer):
+                raise errors.InvalidArgument(OUTER_REFUSAL)
         branches = [self.branch(b) for b in plan.branch_plans()]
         rows = _sum([b[0] for b in branches])
         columns: dict[str, ViewColumn] = {}
@@ -219,9 +226,10 @@ class _Compiler:
             if ref.table not in self.sources and ref.table not in self.nested:
                 schema = self.table(ref.table)
                 self.sources[ref.table] = Source(schema.name, schema.columns)
-        query = _join(plan, self.schema)
+        anti = {alias: self.anti_join(plan, alias) for alias in plan.outer}
+        query = _join(plan, self.schema, anti)  # type: ignore[arg-type]
         if any(isinstance(f, Rel) and f.relation in self.nested for f in query.body):
-            self.read_nested(query)
+            self.read_nested(query, {plan.table_of(a) for a in anti})
         group_names = [g.name for g in plan.group_by]
         value_name = fresh("v", set(group_names))
 
@@ -315,7 +323,18 @@ class _Compiler:
         plan = self.nested.get(name)
         return row_schema(plan, rows_id(0, name)) if plan is not None else self.table(name)
 
-    def read_nested(self, query: _Query) -> None:
+    def anti_join(self, plan: ViewPlan, alias: str) -> Expr | None:
+        """A LEFT JOIN that is a correlated NOT EXISTS (``lift_subqueries``: a hidden DISTINCT
+        view kept where none matched, ``c0 IS NULL``): its filter, else None."""
+        hidden = self.nested.get(plan.table_of(alias))
+        if hidden is None or hidden.shape != "distinct" or self.distinct_groups(hidden):
+            return None
+        empty = {"not": {"notnull": {"col": [alias, "c0"]}}}
+        found = [f for f in plan.filters if f == empty]
+        others = [f for f in plan.filters if f != empty and alias in _aliases(f)]
+        return found[0] if found and not others else None
+
+    def read_nested(self, query: _Query, anti: Collection[str] = ()) -> None:
         """Each hidden view's atom -> lifts of its maps at the outer query's variables
         (DBToaster's ``(n ^= N[k])``): a grouped or DISTINCT view's group is there while its
         COUNT(*) is positive (a semi-join, or an inner join with the groups); a view without
@@ -338,7 +357,14 @@ class _Compiler:
             hidden = self.nested[factor.relation]
             names = [c.name for c in self.schema(hidden.name).columns]
             var_of = dict(zip(names, factor.args, strict=True))
-            body += self.nested_factors(hidden, var_of, outer_vars, query.types)
+            made = self.nested_factors(hidden, var_of, outer_vars, query.types)
+            if factor.relation in anti:  # NOT EXISTS: no match, or a NULL key (matches none)
+                found, _ = made
+                assert isinstance(found, MapLift)
+                none = {"cmp": "=", "args": [{"var": found.var}, {"lit": 0, "type": "INT"}]}
+                nulls = [{"not": {"notnull": {"var": k}}} for k in found.keys]
+                made = [found, Guard({"or": [none, *nulls]})]
+            body += made
         query.body[:] = body
 
     def nested_factors(
@@ -672,7 +698,7 @@ def nested_refusal(construct: str, why: str = "") -> str:
     return (
         f"{construct} is maintained in refresh = 'sync' or 'async', not 'cumulus'{because}; "
         "cumulus takes SUM, AVG and COUNT scalars, IN (also over GROUP BY ... HAVING), EXISTS "
-        "and an uncorrelated NOT EXISTS, over one table each"
+        "and NOT EXISTS, over one table each"
     )
 
 
@@ -696,6 +722,17 @@ def _inlined(expr: Expr, values: dict[str, Expr]) -> Expr:
         else:
             out[key] = value
     return out
+
+
+def _aliases(expr: object) -> set[str]:
+    """The aliases a plan expression's columns are of."""
+    if isinstance(expr, dict):
+        if "col" in expr:
+            return {expr["col"][0]}
+        return set().union(*(_aliases(v) for v in expr.values()))
+    if isinstance(expr, list):
+        return set().union(*(_aliases(v) for v in expr))
+    return set()
 
 
 def _sum(parts: list[Part]) -> Part:
