@@ -50,7 +50,7 @@ from cumulus.passes.plan_having import plan_derived, plan_having
 from cumulus.passes.plan_joins import mirror_right_join, outer_joins, plan_where
 from cumulus.passes.plan_select import plan_select
 from cumulus.passes.resolve_tables import resolve_tables
-from cumulus.plan import OUTER_REFUSAL, ViewPlan
+from cumulus.plan import ViewPlan
 from cumulus.sqltext import parse_sql
 from cumulus.view_rows import is_view_rows, row_schema, rows_id
 
@@ -76,10 +76,6 @@ def compile_view(
         raise errors.InvalidArgument(CUMULUS_REFUSAL)
     outer = outer_joins(select)  # before expand_stars: ``ons`` are this tree's nodes
     select = expand_stars(select, tables, scope)
-    if create.mode == "cumulus" and any(
-        scope.tables[alias].name not in nested for alias in outer.values()
-    ):  # a LEFT JOIN with a nested aggregate (NOT EXISTS) is the M3 compiler's to judge
-        raise errors.InvalidArgument(OUTER_REFUSAL)
     edges, filters = plan_where(select, scope, ons, outer)
     shape = view_shape(select)
     if shape == "aggregate" or select.args.get("group") is not None:
@@ -97,7 +93,7 @@ def compile_view(
                 "GROUP BY column (each row is distinct then); "
                 + (f"{', '.join(hidden)} is not shown" if hidden else "there is no GROUP BY")
             )
-    return ViewPlan(
+    plan = ViewPlan(
         name=create.name,
         sql=create.select_sql,
         mode=create.mode,
@@ -117,6 +113,9 @@ def compile_view(
         shape=shape,
         outer=tuple(outer.values()),
     )
+    if create.mode == "cumulus" and plan.outer and not nested:  # (with nested: compile_views)
+        _check_nested(plan, table)  # a LEFT JOIN: refused at CREATE where M3 cannot keep it
+    return plan
 
 
 def compile_views(

@@ -48,10 +48,10 @@ SPECULATION = ("speculative", "conservative")  # how a Cumulus view's runtime ru
 HOSTS = ("local", "grpc", "spark")
 PLAN_FORMAT = 1
 SHAPES = ("aggregate", "bag", "distinct")
-# an outer alias (LEFT JOIN, NOT EXISTS, NOT IN) in a cumulus view, or switched to one
+# an outer alias M3 cannot read (NOT IN, a LEFT JOIN with a subquery's rows) in a cumulus view
 OUTER_REFUSAL = (
-    "outer joins (LEFT, RIGHT and FULL JOIN), NOT EXISTS and NOT IN are maintained in "
-    "refresh = 'sync' or 'async', not 'cumulus'"
+    "NOT IN and a LEFT JOIN with a subquery are maintained in refresh = 'sync' or 'async', "
+    "not 'cumulus'; cumulus takes LEFT, RIGHT and FULL JOIN of tables and NOT EXISTS"
 )
 # a bag view row's multiplicity, as a counted read (a subscription) shows it; ``_`` names are
 # the view's own, never a user's
@@ -360,8 +360,6 @@ class ViewPlan:
     def _check_outer(self, aliases: list[str]) -> None:
         """An outer alias is matched by equalities with inner aliases only (its NULL row
         depends on them alone, which makes the view linear in each other table)."""
-        if self.mode == "cumulus" and any(b.outer for b in (self, *self.branches)):
-            raise InvalidArgument(OUTER_REFUSAL)
         for alias in self.outer:
             if alias not in aliases or alias == aliases[0]:
                 raise InvalidArgument(f"view {self.name}: outer alias {alias!r} is not joined")

@@ -200,6 +200,28 @@ def run_checking_epochs(
     return simulator, simulator.run(stream), checked
 
 
+# a distributed run to draw (``exact_at_every_epoch``): 2-3 switches, links reordering or not
+RUNS = {
+    "nodes": st.integers(1, 4),
+    "switches": st.integers(2, 3),
+    "reorder": st.one_of(st.none(), st.integers(0, 10**6)),
+    "epoch_every": st.sampled_from([3.0, 10.0]),
+}
+
+
+def exact_at_every_epoch(
+    program: Program, stream: list[Update], reorder: int | None, **options: Any
+) -> None:
+    """The stream's updates of the program's relations on a simulator (``options``, links
+    reordering with seed ``reorder``): every committed epoch equals the interpreter over its
+    prefix, and so do the final maps."""
+    read = {source.name for source in program.sources}
+    stream = [u for u in stream if u[1] in read]
+    network = Network(reorder)
+    simulator, _, checked = run_checking_epochs(program, stream, network=network, **options)
+    assert (checked or not stream) and simulator.maps() == interpreted(program, stream)
+
+
 @settings(
     max_examples=examples(15, 30), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

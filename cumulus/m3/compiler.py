@@ -51,6 +51,7 @@ from cumulus.m3.exprs import (
     rename,
     strict_vars,
 )
+from cumulus.m3.outer import split_outer
 from cumulus.m3.printer import statement_text
 from cumulus.m3.program import (
     AggSum,
@@ -196,6 +197,7 @@ class _Compiler:
 
     def view(self, plan: ViewPlan) -> View:
         """A view's columns over its maps; a UNION ALL's over each branch's, added up."""
+        plan = split_outer(plan, self.table, self.nested)  # a LEFT JOIN: matched + unmatched
         for branch in plan.branch_plans():  # a NULL row is no product of maps
             if any(self.anti_join(branch, alias) is None for alias in branch.outer):
                 raise errors.InvalidArgument(OUTER_REFUSAL)

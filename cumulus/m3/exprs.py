@@ -164,6 +164,8 @@ def expr_type(expr: Expr, types: Mapping[str, ColumnType]) -> ColumnType:
         return arithmetic_type(expr["op"], left, right, exp.Var(this=str(expr)))
     if "case" in expr or "coalesce" in expr or "finish" in expr:
         return ColumnType.parse(expr["type"])
+    if "null" in expr and "type" in expr:  # a LEFT JOIN's unmatched column (``outer``)
+        return ColumnType.parse(expr["type"])
     raise InvalidArgument(f"not a value term: {expr!r}")
 
 
