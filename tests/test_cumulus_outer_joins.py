@@ -73,6 +73,19 @@ VIEWS = {
     "LEFT JOIN s ON r.k = s.k LEFT JOIN s c ON r.x = c.k GROUP BY r.x",
     "JOIN then LEFT JOIN": "SELECT s.y, COUNT(*) AS n, SUM(c.x) AS t FROM r "
     "JOIN s ON r.k = s.k LEFT JOIN r c ON s.y = c.k GROUP BY s.y",
+    "LEFT, DISTINCT": "SELECT DISTINCT r.x, s.y FROM r LEFT JOIN s ON r.k = s.k",
+    "LEFT, HAVING": "SELECT r.x, COUNT(s.id) AS c FROM r LEFT JOIN s ON r.k = s.k GROUP BY r.x "
+    "HAVING COUNT(*) > 1",
+    "LEFT, COUNT(DISTINCT) of the outer side": "SELECT r.x, COUNT(DISTINCT s.y) AS c FROM r "
+    "LEFT JOIN s ON r.k = s.k GROUP BY r.x",
+    "LEFT, grouped by a COALESCE of the outer side": "SELECT COALESCE(s.y, -1) AS g, "
+    "COUNT(*) AS n FROM r LEFT JOIN s ON r.k = s.k GROUP BY COALESCE(s.y, -1)",
+    "LEFT and NOT EXISTS": "SELECT r.x, COUNT(*) AS n, SUM(s.y) AS t FROM r "
+    "LEFT JOIN s ON r.k = s.k WHERE NOT EXISTS (SELECT 1 FROM s s2 WHERE s2.k = r.x) "
+    "GROUP BY r.x",
+    "UNION ALL of LEFT JOINs": "SELECT g, COUNT(*) AS n FROM (SELECT r.x AS g FROM r "
+    "LEFT JOIN s ON r.k = s.k UNION ALL SELECT s.y AS g FROM s LEFT JOIN r ON r.k = s.k) u "
+    "GROUP BY g",
 }
 # what cumulus still refuses of outer joins (one line naming it and the modes that take it)
 REFUSED = {

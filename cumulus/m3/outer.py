@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from sqlglot import exp
+
 from aggview.schema import TableSchema
 from cumulus.compiler import CreateView, compile_view
 from cumulus.expressions import compile_predicate
@@ -152,7 +154,8 @@ def _keys_view(name: str, keys: list[str], table: TableLookup, nested: dict[str,
     """The hidden ``SELECT DISTINCT k AS c0, ... FROM b`` (its rows map: b's rows per key)."""
     hidden = f"__{name}_by_{'_'.join(keys)}"
     if hidden not in nested:
-        items = ", ".join(f"{k} AS c{i}" for i, k in enumerate(keys))
-        sql = f"SELECT DISTINCT {items} FROM {name}"
-        nested[hidden] = compile_view(CreateView(hidden, False, "sync", 0, sql), table)
+        items = [exp.alias_(exp.column(k, quoted=True), f"c{i}") for i, k in enumerate(keys)]
+        select = exp.select(*items).distinct().from_(exp.table_(name, quoted=True))
+        create = CreateView(hidden, False, "sync", 0, select.sql())
+        nested[hidden] = compile_view(create, table)
     return hidden
