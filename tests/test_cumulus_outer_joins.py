@@ -178,32 +178,36 @@ def test_a_cumulus_left_join_view_on_a_cluster(client: Client, table_name: str) 
     inserts, deletes and an update that moves a row of b to another key."""
     a, b = f"{table_name}_a", f"{table_name}_b"
     con = duckdb.connect()
-    for name, column in ((a, "g"), (b, "w")):
-        client.sql(f"CREATE TABLE {name} (id INT PRIMARY KEY, k INT, {column} INT)")
-        con.execute(f"CREATE TABLE {name} (id INT, k INT, {column} INT)")
+
+    def both(*statements: str) -> None:
+        """Each statement on the cluster and on duckdb (the reference)."""
+        for sql in statements:
+            client.sql(sql)
+            con.execute(sql)
+
+    both(
+        *(f"CREATE TABLE {t} (id INT PRIMARY KEY, k INT, {c} INT)" for t, c in ((a, "g"), (b, "w")))
+    )
+    rng = random.Random(11)
+    inserts = [
+        f"INSERT INTO {rng.choice([a, b])} VALUES {(i, rng.choice([0, 1, 2]), rng.choice([1, 3]))}"
+        for i in range(24)
+    ]
+    both(*inserts[:10])
     select = (
         f"SELECT {a}.g, COUNT(*) AS n, SUM({b}.w) AS t, COUNT({b}.id) AS c FROM {a} "
         f"LEFT JOIN {b} ON {a}.k = {b}.k GROUP BY {a}.g"
     )
-    rng = random.Random(11)
-
-    def write(steps: range) -> None:
-        for step in steps:
-            table, row = rng.choice([a, b]), (step, rng.choice([0, 1, 2]), rng.choice([1, 2, 3]))
-            client.sql(f"INSERT INTO {table} VALUES {row}")
-            con.execute(f"INSERT INTO {table} VALUES {row}")
-
-    write(range(10))
     view = f"{table_name}_v"
     client.sql(
         f"CREATE MATERIALIZED VIEW {view} WITH (refresh = 'cumulus', epoch_ms = 60000) AS {select}"
     )
-    write(range(10, 24))
+    both(*inserts[10:])
     for table in (a, b):
-        client.sql(f"DELETE FROM {table} WHERE id IN (1, 2, 11)")
-        con.execute(f"DELETE FROM {table} WHERE id IN (1, 2, 11)")
-        client.sql(f"UPDATE {table} SET k = 5 WHERE id IN (3, 12)")
-        con.execute(f"UPDATE {table} SET k = 5 WHERE id IN (3, 12)")
+        both(
+            f"DELETE FROM {table} WHERE id IN (1, 2, 11)",
+            f"UPDATE {table} SET k = 5 WHERE id IN (3, 12)",
+        )
     client.refresh(view)
     assert _rows(list(client.view(view))) == _rows(con.execute(select).fetchall())
     client.sql(f"DROP MATERIALIZED VIEW {view}")
