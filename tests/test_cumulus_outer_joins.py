@@ -32,7 +32,8 @@ from aggcli.cli import main
 from aggclient import Client
 from aggview import errors
 from cumulus.compiler import compile_sql_views
-from cumulus.m3.compiler import compile_program
+from cumulus.m3.compiler import compile_program, plan_of
+from cumulus.m3.outer import DEPTH_REFUSAL
 from cumulus.m3.parser import parse_program
 from cumulus.m3.printer import print_program
 from cumulus.m3.program import MapLift
@@ -117,6 +118,14 @@ def test_the_m3_command_prints_a_left_joins_program(tmp_path: Path, capsys: Any)
     printed = parse_program(capsys.readouterr().out)
     assert any(isinstance(f, MapLift) for m in printed.maps for f in m.definition.body)  # type: ignore[union-attr]
     assert len(printed.maps) == 8
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_a_bounded_depth_refuses_an_outer_join_by_name(depth: int) -> None:
+    plan = plan_of(VIEWS["RIGHT"], "v", TABLES.__getitem__)
+    with pytest.raises(errors.InvalidArgument) as refused:
+        compile_program([plan], TABLES.__getitem__, depth)
+    assert str(refused.value) == DEPTH_REFUSAL
 
 
 def test_a_where_no_null_row_passes_leaves_the_inner_join_only() -> None:

@@ -197,7 +197,7 @@ class _Compiler:
 
     def view(self, plan: ViewPlan) -> View:
         """A view's columns over its maps; a UNION ALL's over each branch's, added up."""
-        plan = split_outer(plan, self.table, self.nested)  # a LEFT JOIN: matched + unmatched
+        plan = split_outer(plan, self.table, self.nested, self.depth)  # LEFT JOIN: 2 branches
         for branch in plan.branch_plans():  # a NULL row is no product of maps
             if any(self.anti_join(branch, alias) is None for alias in branch.outer):
                 raise errors.InvalidArgument(OUTER_REFUSAL)

@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlglot import exp
 
+from aggview import errors
 from aggview.schema import TableSchema
 from cumulus.compiler import CreateView, compile_view
 from cumulus.expressions import compile_predicate
@@ -32,15 +33,26 @@ from cumulus.plan import ColumnRef, Expr, JoinEdge, TableRef, ViewPlan, expr_col
 TableLookup = Callable[[str], TableSchema]
 
 
-def split_outer(plan: ViewPlan, table: TableLookup, nested: dict[str, ViewPlan]) -> ViewPlan:
+DEPTH_REFUSAL = (
+    "an outer join (LEFT, RIGHT or FULL JOIN) is compiled at every level, not at a bounded "
+    "--depth: its unmatched rows read a map of the other table's rows per key"
+)
+
+
+def split_outer(
+    plan: ViewPlan, table: TableLookup, nested: dict[str, ViewPlan], depth: int | None = None
+) -> ViewPlan:
     """``plan`` with each LEFT JOIN over a base table as matched and unmatched branches; the
-    hidden DISTINCT views the unmatched ones read are added to ``nested`` (by name)."""
+    hidden DISTINCT views the unmatched ones read are added to ``nested`` (by name). At a
+    bounded ``depth`` (``aggview m3 --depth``) refused: a lift reads maps, never relations."""
     pieces: list[ViewPlan] = []
     for branch in plan.branch_plans():
         done = [branch]
         for alias in branch.outer:
             if branch.table_of(alias) in nested:  # NOT EXISTS, NOT IN: the compiler's to judge
                 continue
+            if depth is not None:
+                raise errors.InvalidArgument(DEPTH_REFUSAL)
             done = [p for q in done for p in _split(q, alias, table, nested)]
         pieces += done
     if len(pieces) == 1 and pieces[0] is plan:
