@@ -32,6 +32,7 @@ from aggcli.cli import main
 from aggclient import Client
 from aggview import errors
 from cumulus.compiler import compile_sql_views
+from cumulus.ddl import altered_plan, parse_view_statement
 from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.outer import DEPTH_REFUSAL
 from cumulus.m3.parser import parse_program
@@ -169,6 +170,18 @@ def test_cumulus_takes_outer_joins_at_create(shape: str) -> None:
     sql = f"CREATE MATERIALIZED VIEW v WITH (refresh = 'cumulus') AS {VIEWS[shape]}"
     (plan,) = compile_sql_views(sql, TABLES.__getitem__)
     assert plan.mode == "cumulus" and compile_program([plan], TABLES.__getitem__).views
+
+
+def test_a_cumulus_left_join_view_switches_to_sync_and_back() -> None:
+    """Its plan is the one sync maintains (one outer alias and its NULL row): M3's branches
+    are made when its program is compiled, so ALTER keeps the plan either way."""
+    sql = f"CREATE MATERIALIZED VIEW v WITH (refresh = 'cumulus') AS {VIEWS['RIGHT']}"
+    (plan,) = compile_sql_views(sql, TABLES.__getitem__)
+    to_sync = parse_view_statement("ALTER MATERIALIZED VIEW v SET (refresh = 'sync')")
+    synced = altered_plan(plan, to_sync)  # type: ignore[arg-type]
+    assert (synced.mode, synced.outer, synced.nested) == ("sync", plan.outer, ())
+    to_cumulus = parse_view_statement("ALTER MATERIALIZED VIEW v SET (refresh = 'cumulus')")
+    assert altered_plan(synced, to_cumulus).outer == plan.outer  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("construct", sorted(REFUSED))
