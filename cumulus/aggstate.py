@@ -56,6 +56,15 @@ class ViewState:
 
     def __init__(self, plan: ViewPlan, table: Callable[[str], TableSchema]) -> None:
         self.plan = plan
+        if plan.nested:  # a cumulus view's subqueries: their rows as tables
+            from cumulus.view_rows import row_schema, rows_id  # (view_rows reads this module)
+
+            nested, outer = {n.name: n for n in plan.nested}, table
+
+            def table(name: str) -> TableSchema:  # noqa: F811 (the outer lookup, wrapped)
+                found = nested.get(name)
+                return outer(name) if found is None else row_schema(found, rows_id(0, name))
+
         self.schemas: dict[str, TableSchema] = {t.alias: table(t.table) for t in plan.tables}
         self.group_types = [ColumnType.parse(g.type) for g in plan.group_by]
         self.args = [compile_expr(a.arg) if a.arg is not None else None for a in plan.aggregates]

@@ -6,7 +6,8 @@ the DDL around the SELECT is parsed by ``cumulus.ddl``.
 SELECT without FROM or a FULL JOIN (``full_joins``) -> branches, each compiled as a view,
 joined by ``union_plans`` into one plan, ``compile_views``) ->
 ``inline_from.merge_first_subquery`` (a simple subquery first in FROM merged into the view) ->
-``lift_subqueries.lift_subqueries`` (subqueries -> hidden views, ``compile_views``) ->
+``lift_subqueries.lift_subqueries`` (subqueries -> hidden views, ``compile_views``; in
+refresh = 'cumulus' their plans are the view's ``nested``, read by its M3 program) ->
 ``check_support.parse_select`` -> ``check_support.check_supported`` ->
 ``resolve_tables.resolve_tables`` -> ``expand_stars.expand_stars`` (``*`` and ``alias.*``) ->
 ``plan_joins.plan_where`` (resolve and type every column, split the conjunction into join edges
@@ -50,28 +51,32 @@ from cumulus.passes.plan_having import plan_derived, plan_having
 from cumulus.passes.plan_joins import mirror_right_join, outer_joins, plan_where
 from cumulus.passes.plan_select import plan_select
 from cumulus.passes.resolve_tables import resolve_tables
-from cumulus.plan import OUTER_REFUSAL, ViewPlan
+from cumulus.plan import ViewPlan
 from cumulus.sqltext import parse_sql
 from cumulus.view_rows import is_view_rows, row_schema, rows_id
 
-CUMULUS_REFUSAL = (
-    "subqueries and views over views are maintained in refresh = 'sync' or 'async', not 'cumulus'"
+CUMULUS_REFUSAL = "views over views are maintained in refresh = 'sync' or 'async', not 'cumulus'"
+UNION_SUBQUERY_REFUSAL = (
+    "a subquery in a UNION ALL's branch is maintained in refresh = 'sync' or 'async', not 'cumulus'"
 )
 
 
-def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> ViewPlan:
+def compile_view(
+    create: CreateView, table: Callable[[str], TableSchema], nested: frozenset[str] = frozenset()
+) -> ViewPlan:
     """Compile a CREATE MATERIALIZED VIEW; ``table(name)`` returns a schema or raises
-    ``UnknownTable`` (a KeyError or None is taken to mean the same)."""
+    ``UnknownTable`` (a KeyError or None is taken to mean the same). ``nested``: the hidden
+    views a cumulus view reads as nested aggregates (not views over views)."""
     select = parse_select(create.select_sql)
     check_supported(select)
     select = mirror_right_join(select)
     tables, scope, ons = resolve_tables(select, table)
-    if create.mode == "cumulus" and any(map(is_view_rows, scope.tables.values())):
+    if create.mode == "cumulus" and any(
+        is_view_rows(t) and t.name not in nested for t in scope.tables.values()
+    ):
         raise errors.InvalidArgument(CUMULUS_REFUSAL)
     outer = outer_joins(select)  # before expand_stars: ``ons`` are this tree's nodes
     select = expand_stars(select, tables, scope)
-    if create.mode == "cumulus" and outer:
-        raise errors.InvalidArgument(OUTER_REFUSAL)
     edges, filters = plan_where(select, scope, ons, outer)
     shape = view_shape(select)
     if shape == "aggregate" or select.args.get("group") is not None:
@@ -89,7 +94,7 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
                 "GROUP BY column (each row is distinct then); "
                 + (f"{', '.join(hidden)} is not shown" if hidden else "there is no GROUP BY")
             )
-    return ViewPlan(
+    plan = ViewPlan(
         name=create.name,
         sql=create.select_sql,
         mode=create.mode,
@@ -109,6 +114,9 @@ def compile_view(create: CreateView, table: Callable[[str], TableSchema]) -> Vie
         shape=shape,
         outer=tuple(outer.values()),
     )
+    if create.mode == "cumulus" and plan.outer and not nested:  # (with nested: compile_views)
+        _check_nested(plan, table)  # a LEFT JOIN: refused at CREATE where M3 cannot keep it
+    return plan
 
 
 def compile_views(
@@ -116,11 +124,13 @@ def compile_views(
     table: Callable[[str], TableSchema],
     numbers: Iterator[int] | None = None,
     root: str = "",
+    nest: bool = False,
 ) -> list[ViewPlan]:
     """A view and the hidden sync views its subqueries become (``lift_subqueries``), each
-    after the hidden views it reads and the view itself last; ``table(name)`` as for
-    ``compile_view``. The view's plan keeps its SELECT as written and names its hidden views
-    (``__sub_<root>_<n>``, n counted over the tree of them: ``numbers``)."""
+        after the hidden views it reads and the view itself last; ``table(name)`` as for
+        ``compile_view``. The view's plan keeps its SELECT as written and names its hidden views
+        (``__sub_<root>_<n>``, n counted over the tree of them: ``numbers``). In refresh =
+    'cumulus' (or ``nest``: M3 of any view) the hidden views' plans are the view's ``nested``."""
     numbers = itertools.count(1) if numbers is None else numbers
     root = root or create.name
     written = create.select_sql
@@ -131,7 +141,12 @@ def compile_views(
     if shape is not None:
 
         def branch(select_sql: str) -> list[ViewPlan]:
-            return compile_views(replace(create, select_sql=select_sql), table, numbers, root)
+            plans = compile_views(
+                replace(create, select_sql=select_sql), table, numbers, root, nest
+            )
+            if any(p.nested for p in plans):
+                raise errors.InvalidArgument(UNION_SUBQUERY_REFUSAL)
+            return plans
 
         if isinstance(shape, unions.Union):
             plans = union_plans.union_plan(shape.branches, shape.tagged, branch)
@@ -148,8 +163,6 @@ def compile_views(
         if merged is not parsed:
             create = replace(create, select_sql=_rewritten_sql(merged))
         return [replace(compile_view(create, table), sql=written)]
-    if create.mode == "cumulus":
-        raise errors.InvalidArgument(CUMULUS_REFUSAL)
     plans: list[ViewPlan] = []
     known: dict[str, ViewPlan] = {}
 
@@ -162,9 +175,23 @@ def compile_views(
         for plan in compile_views(sub, resolve, numbers, root):
             plans.append(plan)
             known[plan.name] = plan
+    if create.mode == "cumulus" or nest:  # its M3 program maintains them: nested aggregates
+        hidden = frozenset(known)
+        outer = compile_view(replace(create, select_sql=select.sql()), resolve, hidden)
+        plan = replace(outer, sql=written, nested=tuple(plans))
+        _check_nested(plan, table)
+        return [plan]
     outer = compile_view(replace(create, select_sql=select.sql()), resolve)
     hidden_names = tuple(h.name for h in lifter.hidden)
     return [*plans, replace(outer, sql=written, hidden=hidden_names)]
+
+
+def _check_nested(plan: ViewPlan, table: Callable[[str], TableSchema]) -> None:
+    """A view with nested aggregates is refused at CREATE, naming the construct, where its
+    M3 program cannot maintain them (``cumulus.m3.compiler.nested_refusal``)."""
+    from cumulus.m3.compiler import compile_program  # (that module compiles plans with this)
+
+    compile_program([plan], table)
 
 
 def _rewritten_sql(rewritten: exp.Expression) -> str:

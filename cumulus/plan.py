@@ -48,10 +48,10 @@ SPECULATION = ("speculative", "conservative")  # how a Cumulus view's runtime ru
 HOSTS = ("local", "grpc", "spark")
 PLAN_FORMAT = 1
 SHAPES = ("aggregate", "bag", "distinct")
-# an outer alias (LEFT JOIN, NOT EXISTS, NOT IN) in a cumulus view, or switched to one
+# an outer alias M3 cannot read (NOT IN, a LEFT JOIN with a subquery's rows) in a cumulus view
 OUTER_REFUSAL = (
-    "outer joins (LEFT, RIGHT and FULL JOIN), NOT EXISTS and NOT IN are maintained in "
-    "refresh = 'sync' or 'async', not 'cumulus'"
+    "NOT IN and a LEFT JOIN with a subquery are maintained in refresh = 'sync' or 'async', "
+    "not 'cumulus'; cumulus takes LEFT, RIGHT and FULL JOIN of tables and NOT EXISTS"
 )
 # a bag view row's multiplicity, as a counted read (a subscription) shows it; ``_`` names are
 # the view's own, never a user's
@@ -297,6 +297,9 @@ class ViewPlan:
     # matches their equalities, a row of NULLs (``cumulus.delta``); each is reached only by
     # equalities with aliases that are not outer themselves
     outer: tuple[str, ...] = ()
+    # refresh = 'cumulus': the plans of the hidden views its subqueries became (read by its
+    # M3 program as nested aggregates, maintained by that program: no view of their own)
+    nested: tuple[ViewPlan, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -357,8 +360,6 @@ class ViewPlan:
     def _check_outer(self, aliases: list[str]) -> None:
         """An outer alias is matched by equalities with inner aliases only (its NULL row
         depends on them alone, which makes the view linear in each other table)."""
-        if self.mode == "cumulus" and any(b.outer for b in (self, *self.branches)):
-            raise InvalidArgument(OUTER_REFUSAL)
         for alias in self.outer:
             if alias not in aliases or alias == aliases[0]:
                 raise InvalidArgument(f"view {self.name}: outer alias {alias!r} is not joined")
@@ -384,17 +385,28 @@ class ViewPlan:
     def base_tables(self) -> tuple[str, ...]:
         """Distinct base tables, in FROM order (of every branch): the tables whose writes
         touch this view."""
-        return tuple(dict.fromkeys(t.table for b in self.branch_plans() for t in b.tables))
+        names = {n.name for n in self.nested}
+        return tuple(
+            dict.fromkeys(
+                table
+                for plan in (*self.branch_plans(), *self.nested)
+                for table in (t.table for t in plan.tables)
+                if table not in names
+            )
+        )
 
     def join_columns(self) -> tuple[tuple[str, str], ...]:
         """Distinct (table, column) pairs the joins match on, in edge order: what indexes
-        and the coordinator's lookup cache serve."""
+        and the coordinator's lookup cache serve (a nested aggregate is no table: its
+        M3 program's maps)."""
+        names = {n.name for n in self.nested}
         return tuple(
             dict.fromkeys(
                 (branch.table_of(ref.alias), ref.column)
                 for branch in self.branch_plans()
                 for edge in branch.edges
                 for ref in (edge.left, edge.right)
+                if branch.table_of(ref.alias) not in names
             )
         )
 
@@ -471,6 +483,7 @@ class ViewPlan:
             **({"hidden": list(self.hidden)} if self.hidden else {}),
             **({"branches": [b.to_json() for b in self.branches]} if self.branches else {}),
             **({"outer": list(self.outer)} if self.outer else {}),
+            **({"nested": [n.to_json() for n in self.nested]} if self.nested else {}),
         }
 
     @classmethod
@@ -515,4 +528,8 @@ class ViewPlan:
                 for b in (_field(data, "branches", list, what) if "branches" in data else [])  # type: ignore[operator]
             ),
             outer=tuple(_field(data, "outer", list, what) if "outer" in data else ()),  # type: ignore[operator]
+            nested=tuple(
+                cls.from_json(n)
+                for n in (_field(data, "nested", list, what) if "nested" in data else [])  # type: ignore[operator]
+            ),
         )

@@ -25,7 +25,7 @@ from cumulus.m3.parser import parse_program
 from cumulus.m3.program import Program, Source
 from cumulus.runtime.messages import Dispatch
 from cumulus.runtime.node import ProtocolError
-from cumulus.runtime.simulator import Network, Simulator, Update
+from cumulus.runtime.simulator import Network, Report, Simulator, Update
 
 FIXTURES = Path(__file__).parent / "m3_fixtures"
 
@@ -165,6 +165,29 @@ def test_every_committed_epoch_equals_the_interpreter_over_its_prefix(
     destination) in flight across epoch ends and reordered between links, the same."""
     program = _program(name)
     stream = random_stream(program, random.Random(seed), length)
+    simulator, report, checked = run_checking_epochs(
+        program,
+        stream,
+        nodes=nodes,
+        switches=switches,
+        network=Network(reorder),
+        mode=mode,
+        epoch_every=epoch_every,
+        batch=batch,
+    )
+    assert checked and checked == sorted(set(checked))
+    assert simulator.snapshot() == (checked[-1], simulator.maps())  # at rest: committed = newest
+    assert checked[-1] == max(ts[0] for ts in simulator.stamped)
+    assert simulator.log_sizes() == {"write_log_entries": 0, "read_log_entries": 0, "operations": 0}
+    if mode == "conservative" or switches == 1:
+        assert report.corrective == 0  # reads wait for every earlier write, or FIFO from one
+
+
+def run_checking_epochs(
+    program: Program, stream: list[Update], **options: Any
+) -> tuple[Simulator, Report, list[int]]:
+    """The stream run on a simulator (``options``), every committed epoch's snapshot checked
+    to equal the interpreter over the stream's prefix up to its cut (in timestamp order)."""
     checked: list[int] = []
 
     def on_commit(cut: int) -> None:
@@ -173,23 +196,30 @@ def test_every_committed_epoch_equals_the_interpreter_over_its_prefix(
         assert simulator.snapshot(cut) == (cut, interpreted(program, prefix))
         checked.append(cut)
 
-    simulator = Simulator(
-        program,
-        nodes=nodes,
-        switches=switches,
-        network=Network(reorder),
-        mode=mode,
-        epoch_every=epoch_every,
-        on_commit=on_commit,
-        batch=batch,
-    )
-    report = simulator.run(stream)
-    assert checked and checked == sorted(set(checked))
-    assert simulator.snapshot() == (checked[-1], simulator.maps())  # at rest: committed = newest
-    assert checked[-1] == max(ts[0] for ts in simulator.stamped)
-    assert simulator.log_sizes() == {"write_log_entries": 0, "read_log_entries": 0, "operations": 0}
-    if mode == "conservative" or switches == 1:
-        assert report.corrective == 0  # reads wait for every earlier write, or FIFO from one
+    simulator = Simulator(program, on_commit=on_commit, **options)
+    return simulator, simulator.run(stream), checked
+
+
+# a distributed run to draw (``exact_at_every_epoch``): 2-3 switches, links reordering or not
+RUNS = {
+    "nodes": st.integers(1, 4),
+    "switches": st.integers(2, 3),
+    "reorder": st.one_of(st.none(), st.integers(0, 10**6)),
+    "epoch_every": st.sampled_from([3.0, 10.0]),
+}
+
+
+def exact_at_every_epoch(
+    program: Program, stream: list[Update], reorder: int | None, **options: Any
+) -> None:
+    """The stream's updates of the program's relations on a simulator (``options``, links
+    reordering with seed ``reorder``): every committed epoch equals the interpreter over its
+    prefix, and so do the final maps."""
+    read = {source.name for source in program.sources}
+    stream = [u for u in stream if u[1] in read]
+    network = Network(reorder)
+    simulator, _, checked = run_checking_epochs(program, stream, network=network, **options)
+    assert (checked or not stream) and simulator.maps() == interpreted(program, stream)
 
 
 @settings(

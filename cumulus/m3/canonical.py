@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from cumulus.m3.exprs import rename
 from cumulus.m3.printer import expr_text
-from cumulus.m3.program import AggSum, Factor, Guard, Lift, Rel, Value
+from cumulus.m3.program import AggSum, Factor, Guard, Lift, MapLift, Rel, Value
 
 
 @dataclass(frozen=True)
@@ -38,14 +38,24 @@ def _text(factor: Factor, names: dict[str, str]) -> str:
         return "{" + expr_text(rename(factor.pred, names)) + "}"
     if isinstance(factor, Value):
         return "<" + expr_text(rename(factor.expr, names)) + ">"
+    if isinstance(factor, MapLift):
+        keys = ",".join(names[k] for k in factor.keys)
+        return f"({names[factor.var]} ^= {factor.name}[{keys}])"
     assert isinstance(factor, Lift)
     return f"({names[factor.var]} ^= {expr_text(rename(factor.expr, names))})"
+
+
+def _lifted_text(lift: Lift | MapLift, names: dict[str, str]) -> str:
+    """What a lift binds, in canonical names (its variable named after it)."""
+    if isinstance(lift, MapLift):
+        return f"{lift.name}[{','.join(names.get(k, k) for k in lift.keys)}]"
+    return expr_text(rename(lift.expr, names))
 
 
 def canonical(definition: AggSum) -> Canonical:
     atoms = [f for f in definition.body if isinstance(f, Rel)]
     others = [f for f in definition.body if not isinstance(f, Rel)]
-    lifts = [f for f in others if isinstance(f, Lift)]
+    lifts = [f for f in others if isinstance(f, Lift | MapLift)]
     best: Canonical | None = None
     for order in _orders(atoms):
         names: dict[str, str] = {}
@@ -53,7 +63,7 @@ def canonical(definition: AggSum) -> Canonical:
             for arg in atom.args:
                 names.setdefault(arg, f"v{len(names)}")
         # lift variables occur in no atom: name them in the order of their (renamed) terms
-        for lift in sorted(lifts, key=lambda f: expr_text(rename(f.expr, names))):
+        for lift in sorted(lifts, key=lambda f: _lifted_text(f, names)):
             names.setdefault(lift.var, f"v{len(names)}")
         parts = [f"{a.relation}({','.join(names[x] for x in a.args)})" for a in order]
         parts.append("[" + ",".join(sorted(names[k] for k in definition.keys)) + "]")

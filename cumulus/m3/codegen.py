@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from cumulus.expressions import ARITHMETIC, add, literal_value, mul, negate
 from cumulus.m3.exprs import compile_guard, compile_value, is_predicate, vars_of
 from cumulus.m3.order import plan_order, produced
-from cumulus.m3.program import Expr, Factor, Guard, Lift, MapRef, Rel, Value
+from cumulus.m3.program import Expr, Factor, Guard, Lift, MapLift, MapRef, Rel, Value
 
 _COMPARE = {"=": "==", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 INDENT = "    "
@@ -260,6 +260,16 @@ def _factor(
             gen.line(f"{gen.local(factor.var)} = {value}")
         return acc
     keys = factor.keys if isinstance(factor, MapRef) else factor.args
+    if isinstance(factor, MapLift):  # a nested aggregate's value: 0 where it has no entry
+        value = gen.temp("x")
+        access.point(gen, position, gen.key(keys), value)
+        _count(gen)
+        if factor.var in bound:
+            gen.line(f"if ({value} if {value} is not None else 0) == {gen.local(factor.var)}:")
+            gen.depth += 1
+        else:
+            gen.line(f"{gen.local(factor.var)} = {value} if {value} is not None else 0")
+        return acc
     if all(k in bound for k in keys):
         value = gen.temp("x")
         access.point(gen, position, gen.key(keys), value)

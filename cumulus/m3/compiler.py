@@ -20,7 +20,7 @@ term that replaces two occurrences counts +1).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from aggview import errors
@@ -33,7 +33,15 @@ from cumulus.compiler import (
     parse_view_statement,
 )
 from cumulus.m3.canonical import canonical
-from cumulus.m3.delta import Types, delta_terms, fresh, substitute
+from cumulus.m3.delta import (
+    DeltaTerm,
+    Types,
+    delta_terms,
+    factor_vars,
+    fresh,
+    nested_vars,
+    substitute,
+)
 from cumulus.m3.exprs import (
     expr_type,
     from_plan,
@@ -43,6 +51,7 @@ from cumulus.m3.exprs import (
     rename,
     strict_vars,
 )
+from cumulus.m3.outer import split_outer
 from cumulus.m3.printer import statement_text
 from cumulus.m3.program import (
     AggSum,
@@ -51,6 +60,7 @@ from cumulus.m3.program import (
     Guard,
     Lift,
     MapDecl,
+    MapLift,
     MapRef,
     Part,
     PartSum,
@@ -65,6 +75,7 @@ from cumulus.m3.program import (
 )
 from cumulus.passes.union_plans import NOTHING
 from cumulus.plan import MULTIPLICITY, OUTER_REFUSAL, Aggregate, ViewPlan
+from cumulus.view_rows import row_schema, rows_id
 
 TableLookup = Callable[[str], TableSchema]
 INT_TYPE = ColumnType("INT")
@@ -80,7 +91,10 @@ class _Query:
     nullable: dict[str, bool]
 
 
-def _join(plan: ViewPlan, table: TableLookup) -> _Query:
+def _join(plan: ViewPlan, table: TableLookup, anti: dict[str, Expr] | None = None) -> _Query:
+    """The join as one product; ``anti``: the aliases of NOT EXISTS's hidden views and their
+    IS NULL filters (left out: the nested factors say it, NULLs included)."""
+    anti = anti or {}
     parent: dict[tuple[str, str], tuple[str, str]] = {}
 
     def find(x: tuple[str, str]) -> tuple[str, str]:
@@ -108,7 +122,8 @@ def _join(plan: ViewPlan, table: TableLookup) -> _Query:
                 names[root] = fresh(base, taken)
                 types[names[root]] = column.type
             var = var_of[(ref.alias, column.name)] = names[root]
-            members.setdefault(var, []).append(column.nullable)
+            if ref.alias not in anti:  # NOT EXISTS keeps an outer row whose key is NULL
+                members.setdefault(var, []).append(column.nullable)
     body: list[Factor] = [
         Rel(ref.table, tuple(var_of[(ref.alias, c.name)] for c in schemas[ref.alias].columns))
         for ref in plan.tables
@@ -118,6 +133,8 @@ def _join(plan: ViewPlan, table: TableLookup) -> _Query:
         if len(flags) > 1 and all(flags):  # a joined column: SQL never matches NULL
             body.append(Guard({"notnull": {"var": var}}))
     for pred in plan.filters:
+        if any(pred is p for p in anti.values()):
+            continue
         body.append(Guard(from_plan(pred, lambda a, c: var_of[(a, c)])))
     return _Query(body, var_of, types, nullable)
 
@@ -142,6 +159,7 @@ class _Compiler:
     sources: dict[str, Source] = field(default_factory=dict)
     statements: dict[tuple[str, str], list[Statement]] = field(default_factory=dict)
     queue: list[str] = field(default_factory=list)
+    nested: dict[str, ViewPlan] = field(default_factory=dict)  # hidden views, by name
 
     # --- maps --------------------------------------------------------------------------------
 
@@ -179,8 +197,10 @@ class _Compiler:
 
     def view(self, plan: ViewPlan) -> View:
         """A view's columns over its maps; a UNION ALL's over each branch's, added up."""
-        if any(b.outer for b in plan.branch_plans()):  # a NULL row is no product of maps
-            raise errors.InvalidArgument(OUTER_REFUSAL)
+        plan = split_outer(plan, self.table, self.nested, self.depth)  # LEFT JOIN: 2 branches
+        for branch in plan.branch_plans():  # a NULL row is no product of maps
+            if any(self.anti_join(branch, alias) is None for alias in branch.outer):
+                raise errors.InvalidArgument(OUTER_REFUSAL)
         branches = [self.branch(b) for b in plan.branch_plans()]
         rows = _sum([b[0] for b in branches])
         columns: dict[str, ViewColumn] = {}
@@ -205,10 +225,13 @@ class _Compiler:
         """One SELECT's rows map and each aggregate's column over its maps (None: an argument
         that is NULL in this branch, a union's aggregate another branch feeds)."""
         for ref in plan.tables:
-            if ref.table not in self.sources:
+            if ref.table not in self.sources and ref.table not in self.nested:
                 schema = self.table(ref.table)
                 self.sources[ref.table] = Source(schema.name, schema.columns)
-        query = _join(plan, self.table)
+        anti = {alias: self.anti_join(plan, alias) for alias in plan.outer}
+        query = _join(plan, self.schema, anti)  # type: ignore[arg-type]
+        if any(isinstance(f, Rel) and f.relation in self.nested for f in query.body):
+            self.read_nested(query, {plan.table_of(a) for a in anti})
         group_names = [g.name for g in plan.group_by]
         value_name = fresh("v", set(group_names))
 
@@ -295,6 +318,299 @@ class _Compiler:
             return definition
         return self.materialize(definition, types, definition.keys, hint, 1)
 
+    # --- nested aggregates (subqueries' hidden views) -----------------------------------------
+
+    def schema(self, name: str) -> TableSchema:
+        """A table's schema; a hidden view's rows as a table (``__count``, its columns)."""
+        plan = self.nested.get(name)
+        return row_schema(plan, rows_id(0, name)) if plan is not None else self.table(name)
+
+    def anti_join(self, plan: ViewPlan, alias: str) -> Expr | None:
+        """A LEFT JOIN that is a correlated NOT EXISTS (``lift_subqueries``: a hidden DISTINCT
+        view kept where none matched, ``c0 IS NULL``): its filter, else None."""
+        hidden = self.nested.get(plan.table_of(alias))
+        if hidden is None or hidden.shape != "distinct" or self.distinct_groups(hidden):
+            return None
+        empty = {"not": {"notnull": {"col": [alias, "c0"]}}}
+        found = [f for f in plan.filters if f == empty]
+        others = [f for f in plan.filters if f != empty and alias in _aliases(f)]
+        return found[0] if found and not others else None
+
+    def read_nested(self, query: _Query, anti: Collection[str] = ()) -> None:
+        """Each hidden view's atom -> lifts of its maps at the outer query's variables
+        (DBToaster's ``(n ^= N[k])``): a grouped or DISTINCT view's group is there while its
+        COUNT(*) is positive (a semi-join, or an inner join with the groups); a view without
+        GROUP BY has its one row always."""
+        if self.depth is not None:
+            raise errors.InvalidArgument(
+                nested_refusal("a subquery at a bounded --depth", "its maps are every level")
+            )
+        outer_vars = {
+            v
+            for f in query.body
+            if isinstance(f, Rel) and f.relation not in self.nested
+            for v in f.args
+        }
+        body: list[Factor] = []
+        for factor in query.body:
+            if not isinstance(factor, Rel) or factor.relation not in self.nested:
+                body.append(factor)
+                continue
+            hidden = self.nested[factor.relation]
+            names = [c.name for c in self.schema(hidden.name).columns]
+            var_of = dict(zip(names, factor.args, strict=True))
+            made = self.nested_factors(hidden, var_of, outer_vars, query.types)
+            if factor.relation in anti:  # NOT EXISTS: no match, or a NULL key (matches none)
+                found, _ = made
+                assert isinstance(found, MapLift)
+                none = {"cmp": "=", "args": [{"var": found.var}, {"lit": 0, "type": "INT"}]}
+                nulls = [{"not": {"notnull": {"var": k}}} for k in found.keys]
+                made = [found, Guard({"or": [none, *nulls]})]
+            body += made
+        query.body[:] = body
+
+    def nested_factors(
+        self, hidden: ViewPlan, var_of: dict[str, str], outer_vars: set[str], types: Types
+    ) -> list[Factor]:
+        inner = self.distinct_groups(hidden)
+        if inner is not None:  # IN over a grouped subquery (Q18): its groups are distinct
+            names = {g.name: g.source()["col"][1] for g in hidden.group_by}
+            inner_var = {names[k]: v for k, v in var_of.items() if k in names}
+            return self.nested_factors(inner, inner_var, outer_vars, types)
+        if any(t.table in self.nested for t in hidden.tables) or hidden.branches:
+            raise errors.InvalidArgument(nested_refusal("a subquery over a subquery or a union"))
+        if hidden.shape == "bag":  # its rows count: a join with a view, not a nested value
+            raise errors.InvalidArgument(nested_refusal("a subquery in FROM without aggregates"))
+        shape = self.view(hidden)
+        keys = [k for k, _ in shape.keys]
+        if any(var_of[k] not in outer_vars for k in keys):
+            raise errors.InvalidArgument(
+                nested_refusal("a subquery whose columns the outer query does not equate")
+            )
+        taken = set(types) | set(var_of.values())
+
+        def lift(part: Part, var: str | None = None) -> tuple[MapLift, str]:
+            if not isinstance(part, MapRef):
+                raise errors.InvalidArgument(nested_refusal("a subquery over a union"))
+            var = var or fresh(f"{part.name}_v", taken)
+            types[var] = self.maps[part.name].value_type
+            lookup = tuple(var_of[k] for k in part.keys)
+            return MapLift(part.name, lookup, var), var
+
+        out: list[Factor] = []
+        if keys:  # a group (a DISTINCT value) is there while it counts rows
+            found, count = lift(shape.rows)
+            out += [found, Guard({"cmp": ">", "args": [{"var": count}, {"lit": 0, "type": "INT"}]})]
+        column_var = dict(var_of)
+        for column in shape.columns:
+            wanted = column.name in var_of or column.hidden or hidden.having is not None
+            if column.name in keys or not wanted:
+                continue
+            if column.name not in column_var:
+                column_var[column.name] = fresh(column.name, taken)
+            var = column_var[column.name]
+            if column.expr is not None:
+                continue
+            assert column.kind is not None and column.type is not None
+            if RULES[column.kind].keeps_values:
+                raise errors.InvalidArgument(
+                    nested_refusal(f"a {_SHOWN[column.kind]} subquery", "its value is a multiset's")
+                )
+            if not RULES[column.kind].keeps_sum:  # COUNT: its map's value
+                out.append(lift(column.parts[0], var)[0])
+                continue
+            sums = [lift(p) for p in column.parts]
+            assert column.count is not None
+            counted = lift(column.count)
+            out += [f for f, _ in sums] + [counted[0]]
+            total: Expr = {"var": sums[0][1]}
+            for _, each in sums[1:]:
+                total = {"op": "+", "args": [total, {"var": each}]}
+            finish = {"finish": column.kind.value, "type": str(column.type)}
+            out.append(Lift(var, {**finish, "args": [total, {"var": counted[1]}]}))
+            types[var] = column.type
+        for column in shape.columns:  # derived columns, over the others
+            if column.expr is not None and column.name in column_var:
+                expr = rename(column.expr, column_var)
+                out.append(Lift(column_var[column.name], expr))
+                types[column_var[column.name]] = expr_type(expr, types)
+        if hidden.having is not None:  # a group is there while HAVING holds
+            having = from_plan(hidden.having, lambda a, c: c)
+            out.append(Guard(rename(having, column_var)))
+        return out
+
+    def distinct_groups(self, hidden: ViewPlan) -> ViewPlan | None:
+        """The grouped hidden view a DISTINCT hidden view only reads every group column of
+        (``x IN (SELECT c FROM ... GROUP BY c HAVING ...)``), else None."""
+        if hidden.shape != "distinct" or len(hidden.tables) != 1 or hidden.filters:
+            return None
+        inner = self.nested.get(hidden.tables[0].table)
+        if inner is None or hidden.edges or hidden.having is not None:
+            return None
+        sources = [g.source() for g in hidden.group_by]
+        if not all(set(s) == {"col"} for s in sources):
+            return None
+        read = sorted(s["col"][1] for s in sources)
+        keys = sorted(g.name for g in inner.group_by)
+        return inner if read == keys and inner.group_by else None
+
+    def point_delta(self, name: str, relation: str, sign: str, args: tuple[str, ...]) -> Expr:
+        """A nested map's change at its lookup keys for one tuple, as an expression over the
+        trigger's arguments (``CASE WHEN keys = target AND ... THEN value ELSE 0 END``): its
+        new value is the old plus this (a statement reads maps as they were before)."""
+        decl = self.maps[name]
+        terms = self.inner_delta(name, relation, sign, args)
+        zero: Expr = {"lit": 0, "type": "INT"}
+        total: Expr | None = None
+        for term in terms:
+            if term.components or term.tail:
+                raise errors.InvalidArgument(
+                    nested_refusal("a subquery over a join", "its change is not one entry")
+                )
+            inline: dict[str, Expr] = {}
+            conds: list[Expr] = []
+            value: Expr = {"lit": term.coef, "type": "INT"}
+            for factor in term.head:
+                if isinstance(factor, Lift) and factor.var not in args and factor.var not in inline:
+                    inline[factor.var] = _inlined(factor.expr, inline)
+                elif isinstance(factor, Lift):
+                    expr = _inlined(factor.expr, inline)
+                    conds.append(
+                        {"cmp": "=", "args": [_inlined({"var": factor.var}, inline), expr]}
+                    )
+                elif isinstance(factor, Guard):
+                    conds.append(_inlined(factor.pred, inline))
+                elif isinstance(factor, Value):
+                    value = {"op": "*", "args": [value, _inlined(factor.expr, inline)]}
+                else:
+                    raise errors.InvalidArgument(nested_refusal("a subquery over a join"))
+            for i, key in enumerate(term.target):
+                conds.append(
+                    {"cmp": "=", "args": [{"var": f"#key{i}"}, _inlined({"var": key}, inline)]}
+                )
+            case: Expr = {
+                "case": [[{"and": conds} if len(conds) > 1 else conds[0], value]]
+                if conds
+                else [[{"lit": True, "type": "BOOL"}, value]],
+                "else": zero,
+                "type": str(decl.value_type),
+            }
+            total = case if total is None else {"op": "+", "args": [total, case]}
+        return total if total is not None else zero
+
+    def inner_delta(
+        self, name: str, relation: str, sign: str, args: tuple[str, ...]
+    ) -> list[DeltaTerm]:
+        """The delta terms of a nested map for one tuple of ``relation``."""
+        decl = self.maps[name]
+        assert decl.definition is not None
+        return delta_terms(
+            decl.definition,
+            self.map_types[name],
+            relation,
+            sign,
+            args,
+            tuple(c.type for c in self.sources[relation].columns),
+        )
+
+    def renewed(
+        self,
+        factors: list[Factor],
+        relation: str,
+        sign: str,
+        args: tuple[str, ...],
+        taken: set[str],
+    ) -> list[Factor]:
+        """``factors`` with each nested map the update changes read as old + its change."""
+        out: list[Factor] = []
+        for factor in factors:
+            if not isinstance(factor, MapLift) or not self.changes(factor.name, relation):
+                out.append(factor)
+                continue
+            old = fresh(f"{factor.var}_old", taken)
+            delta = self.point_delta(factor.name, relation, sign, args)
+            keyed = rename(delta, {f"#key{i}": k for i, k in enumerate(factor.keys)})
+            out.append(MapLift(factor.name, factor.keys, old))
+            out.append(Lift(factor.var, {"op": "+", "args": [{"var": old}, keyed]}))
+        return out
+
+    def changes(self, name: str, relation: str) -> bool:
+        decl = self.maps[name]
+        assert decl.definition is not None
+        return any(isinstance(f, Rel) and f.relation == relation for f in decl.definition.body)
+
+    def domain_terms(self, decl: MapDecl, relation: str, sign: str) -> list[Statement]:
+        """rest_old * (g(E_new) - g(E_old)): the outer relations' part (the *domain*) as a map
+        keyed by what the nested part g reads, re-derived where the nested maps change (only
+        the updated tuple's group where the lookups' keys are its columns; every entry for an
+        uncorrelated one)."""
+        assert decl.definition is not None
+        args = self.sources[relation].column_names()
+        taken = set(args)
+        apart = {v: fresh(v, taken) for v in self.map_types[decl.name]}
+        body = [substitute(f, apart) for f in decl.definition.body]
+        keys = tuple(apart[k] for k in decl.definition.keys)
+        types = {apart[v]: t for v, t in self.map_types[decl.name].items()}
+        nested = nested_vars(body)
+        g = [
+            f
+            for f in body
+            if isinstance(f, MapLift) or not isinstance(f, Rel) and set(factor_vars(f)) & nested
+        ]
+        rest = [f for f in body if not any(f is h for h in g)]
+        if set(keys) & nested:
+            raise errors.InvalidArgument(nested_refusal("a view grouped by a subquery's value"))
+        reads = dict.fromkeys(keys)
+        for factor in g:
+            reads.update(dict.fromkeys(v for v in factor_vars(factor) if v not in nested))
+        domain = AggSum(tuple(reads), tuple(rest))
+        level = self.levels[decl.name] + 1
+        hint = f"{decl.name}_dom"
+        ref = self.materialize(domain, {v: types[v] for v in types}, domain.keys, hint, level)
+        # where every changed lookup reads one key tuple, the same, that the update fixes,
+        # bind it (a lookup it changes at every key, or elsewhere: the whole domain)
+        each: list[dict[str, str]] = []
+        pins: dict[str, Expr] = {}
+        for factor in g:
+            if not isinstance(factor, MapLift) or not self.changes(factor.name, relation):
+                continue
+            target = self.point_target(factor.name, relation, sign, args)
+            if target is None or len(target) != len(factor.keys):
+                target = ()  # pins nothing: the whole domain
+            mapping = dict(zip(factor.keys, target, strict=False))
+            each.append({k: repr(e) for k, e in mapping.items()})
+            pins.update(mapping)
+        if not each or any(m != each[0] for m in each) or len(each[0]) != len(pins):
+            pins = {}
+        # a key pinned to an argument is that argument (its reads are slices of one key);
+        # to an expression of them, a lift
+        same = {k: e["var"] for k, e in pins.items() if set(e) == {"var"} and e["var"] in args}
+        pinned = [Lift(k, e) for k, e in pins.items() if k not in same]
+        new = self.renewed(g, relation, sign, args, taken)
+        minus: Value = Value({"lit": -1, "type": "INT"})
+        target = MapRef(decl.name, tuple(same.get(k, k) for k in keys))
+        return [
+            Statement(target, tuple(substitute(f, same) for f in (*pinned, ref, *new))),
+            Statement(target, tuple(substitute(f, same) for f in (minus, *pinned, ref, *g))),
+        ]
+
+    def point_target(
+        self, name: str, relation: str, sign: str, args: tuple[str, ...]
+    ) -> tuple[Expr, ...] | None:
+        """The one key a nested map's change for an update is at (as expressions over the
+        trigger's arguments), None where its terms differ."""
+        terms = self.inner_delta(name, relation, sign, args)
+        found: set[str] = set()
+        target: tuple[Expr, ...] | None = None
+        for term in terms:
+            inline: dict[str, Expr] = {}
+            for factor in term.head:
+                if isinstance(factor, Lift) and factor.var not in args:
+                    inline.setdefault(factor.var, _inlined(factor.expr, inline))
+            target = tuple(_inlined({"var": k}, inline) for k in term.target)
+            found.add(repr(target))
+        return target if len(found) == 1 else None
+
     # --- recursion -------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -305,6 +621,13 @@ class _Compiler:
             relations = dict.fromkeys(
                 f.relation for f in decl.definition.body if isinstance(f, Rel)
             )
+            for factor in decl.definition.body:  # a nested aggregate's relations change it too
+                if isinstance(factor, MapLift):
+                    inner = self.maps[factor.name].definition
+                    assert inner is not None
+                    relations.update(
+                        dict.fromkeys(f.relation for f in inner.body if isinstance(f, Rel))
+                    )
             for relation in relations:
                 for sign in ("+", "-"):
                     self.deltas(decl, relation, sign)
@@ -343,7 +666,14 @@ class _Compiler:
                 else:
                     body += component.inline
             body += term.tail
+            if any(isinstance(f, MapLift) for f in body):  # Δrest * g(E_new)
+                taken = set(args) | {v for f in body for v in factor_vars(f)}
+                body = self.renewed(body, relation, sign, args, taken)
             out.append(Statement(MapRef(decl.name, term.target), tuple(body)))
+        if any(
+            isinstance(f, MapLift) and self.changes(f.name, relation) for f in decl.definition.body
+        ):
+            out += self.domain_terms(decl, relation, sign)
 
     def program(self, views: list[View]) -> Program:
         types = {m.name: m.value_type for m in self.maps.values()}
@@ -359,6 +689,52 @@ class _Compiler:
             tuple(views),
             tuple(triggers),
         )
+
+
+_SHOWN = {Kind.MIN: "MIN", Kind.MAX: "MAX", Kind.COUNT_DISTINCT: "COUNT(DISTINCT ...)"}
+
+
+def nested_refusal(construct: str, why: str = "") -> str:
+    """One line naming a subquery construct cumulus does not take and the modes that do."""
+    because = f" ({why})" if why else ""
+    return (
+        f"{construct} is maintained in refresh = 'sync' or 'async', not 'cumulus'{because}; "
+        "cumulus takes SUM, AVG and COUNT scalars, IN (also over GROUP BY ... HAVING), EXISTS "
+        "and NOT EXISTS, over one table each"
+    )
+
+
+def _inlined(expr: Expr, values: dict[str, Expr]) -> Expr:
+    """``expr`` with the lifted variables in ``values`` replaced by their expressions."""
+    if "var" in expr:
+        return values.get(expr["var"], expr)
+    out: Expr = {}
+    for key, value in expr.items():
+        if isinstance(value, dict):
+            out[key] = _inlined(value, values)
+        elif isinstance(value, list):
+            out[key] = [
+                _inlined(v, values)
+                if isinstance(v, dict)
+                else [_inlined(w, values) if isinstance(w, dict) else w for w in v]
+                if isinstance(v, list)
+                else v
+                for v in value
+            ]
+        else:
+            out[key] = value
+    return out
+
+
+def _aliases(expr: object) -> set[str]:
+    """The aliases a plan expression's columns are of."""
+    if isinstance(expr, dict):
+        if "col" in expr:
+            return {expr["col"][0]}
+        return set().union(*(_aliases(v) for v in expr.values()))
+    if isinstance(expr, list):
+        return set().union(*(_aliases(v) for v in expr))
+    return set()
 
 
 def _sum(parts: list[Part]) -> Part:
@@ -430,6 +806,7 @@ def compile_program(
     if len(set(names)) != len(names):
         raise errors.InvalidArgument("two views of one program have the same name")
     compiler = _Compiler(table, depth)
+    compiler.nested = {n.name: n for plan in plans for n in plan.nested}
     views = [compiler.view(plan) for plan in plans]
     compiler.run()
     return compiler.program(views)
@@ -442,7 +819,7 @@ def plan_of(sql: str, name: str, table: TableLookup) -> ViewPlan:
         statement = CreateView(name, False, "sync", 0, sql.strip().rstrip(";"))
     if not isinstance(statement, CreateView):
         raise errors.InvalidArgument("expected a SELECT or CREATE MATERIALIZED VIEW ... AS SELECT")
-    *hidden, plan = compile_views(statement, table)
+    *hidden, plan = compile_views(statement, table, nest=True)
     if hidden:
         raise errors.InvalidArgument(CUMULUS_REFUSAL)
     return plan

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from aggview.schema import ColumnType
 from cumulus.m3.exprs import expr_type, rename, vars_of
-from cumulus.m3.program import AggSum, Factor, Guard, Lift, Rel, Value
+from cumulus.m3.program import AggSum, Factor, Guard, Lift, MapLift, MapRef, Rel, Value
 
 Types = dict[str, ColumnType]
 
@@ -78,6 +78,8 @@ def factor_vars(factor: Factor) -> list[str]:
         return [factor.var, *vars_of(factor.expr)]
     if isinstance(factor, Value):
         return vars_of(factor.expr)
+    if isinstance(factor, MapLift):
+        return [factor.var, *factor.keys]
     return list(factor.keys)
 
 
@@ -90,6 +92,11 @@ def substitute(factor: Factor, names: dict[str, str]) -> Factor:
         return Lift(names.get(factor.var, factor.var), rename(factor.expr, names))
     if isinstance(factor, Value):
         return Value(rename(factor.expr, names))
+    if isinstance(factor, MapLift):
+        keys = tuple(names.get(k, k) for k in factor.keys)
+        return MapLift(factor.name, keys, names.get(factor.var, factor.var))
+    if isinstance(factor, MapRef):  # in a statement
+        return MapRef(factor.name, tuple(names.get(k, k) for k in factor.keys))
     raise TypeError(f"a definition holds no {factor!r}")
 
 
@@ -169,12 +176,21 @@ def _split(term: DeltaTerm, rest: list[Factor], bound: set[str], types: Types) -
     bound = set(bound)
     local: list[Factor] = []
     lifted: list[Factor] = []
-    for factor in rest:
-        if isinstance(factor, Lift) and set(vars_of(factor.expr)) <= bound:
+    growing = True
+    while growing:  # lifts over bound variables, and those over what they bind in turn
+        growing = False
+        for factor in rest:
+            if any(factor is f for f in lifted):
+                continue
+            if isinstance(factor, Lift) and set(vars_of(factor.expr)) <= bound:
+                types.setdefault(factor.var, expr_type(factor.expr, types))
+            elif not (isinstance(factor, MapLift) and set(factor.keys) <= bound):
+                continue
             term.head.append(factor)
             lifted.append(factor)
             bound.add(factor.var)
-            types.setdefault(factor.var, expr_type(factor.expr, types))
+            growing = True
+    nested = nested_vars(rest)
     for factor in rest:
         if any(factor is f for f in lifted):
             continue
@@ -183,11 +199,11 @@ def _split(term: DeltaTerm, rest: list[Factor], bound: set[str], types: Types) -
             local.append(factor)
         elif used <= bound:
             term.head.append(factor)
-        elif used & bound:
+        elif used & bound or used & nested:  # a nested aggregate's value stays in the statement
             term.tail.append(factor)
         else:
             local.append(factor)
-    tail_bound = {f.var for f in term.tail if isinstance(f, Lift)}
+    tail_bound = {f.var for f in term.tail if isinstance(f, Lift | MapLift)}
     classes = _Classes()
     for n, factor in enumerate(local):
         classes.find(f"#{n}")
@@ -203,6 +219,21 @@ def _split(term: DeltaTerm, rest: list[Factor], bound: set[str], types: Types) -
     exported -= tail_bound
     for factors in by_root.values():
         term.components.append(_component(factors, bound, exported, types))
+
+
+def nested_vars(body: list[Factor] | tuple[Factor, ...]) -> set[str]:
+    """Variables bound to a nested aggregate's value (``MapLift``) and the lifts over them:
+    what a materialized map cannot hold (its value changes with the nested maps)."""
+    found = {f.var for f in body if isinstance(f, MapLift)}
+    growing = True
+    while growing:
+        growing = False
+        for factor in body:
+            if isinstance(factor, Lift) and factor.var not in found:
+                if set(vars_of(factor.expr)) & found:
+                    found.add(factor.var)
+                    growing = True
+    return found
 
 
 def _component(

@@ -18,6 +18,7 @@ from sqlglot import exp
 
 from aggview.errors import InvalidArgument
 from aggview.schema import ColumnType
+from cumulus.aggregates import Kind, finish_sum
 from cumulus.expressions import compile_expr, compile_predicate, literal_value
 from cumulus.m3.program import Expr
 from cumulus.typerules import FLOAT, INT, arithmetic_type
@@ -115,8 +116,18 @@ def compile_value(expr: Expr) -> Callable[[Env], Any]:
         return lambda env: value
     if is_predicate(expr):
         raise InvalidArgument(f"a value term cannot be a condition: {expr!r}")
+    if "finish" in expr:
+        return _finish(expr)
     evaluate = compile_expr(to_plan(expr))
     return lambda env: evaluate(lambda _alias, name: env[name])
+
+
+def _finish(expr: Expr) -> Callable[[Env], Any]:
+    """SUM or AVG of a nested aggregate from its sum and count, as a view's column is read
+    (``cumulus.aggregates.finish_sum``: NULL over no value); only at a lift's top."""
+    kind, result = Kind(expr["finish"]), ColumnType.parse(expr["type"])
+    total, count = (compile_value(a) for a in expr["args"])
+    return lambda env: finish_sum(kind, total(env), count(env), result)
 
 
 def compile_guard(pred: Expr) -> Callable[[Env], bool]:
@@ -151,7 +162,9 @@ def expr_type(expr: Expr, types: Mapping[str, ColumnType]) -> ColumnType:
     if "op" in expr:
         left, right = (expr_type(a, types) for a in expr["args"])
         return arithmetic_type(expr["op"], left, right, exp.Var(this=str(expr)))
-    if "case" in expr or "coalesce" in expr:
+    if "case" in expr or "coalesce" in expr or "finish" in expr:
+        return ColumnType.parse(expr["type"])
+    if "null" in expr and "type" in expr:  # a LEFT JOIN's unmatched column (``outer``)
         return ColumnType.parse(expr["type"])
     raise InvalidArgument(f"not a value term: {expr!r}")
 

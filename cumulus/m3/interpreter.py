@@ -33,6 +33,7 @@ from cumulus.m3.program import (
     Factor,
     Guard,
     Lift,
+    MapLift,
     MapRef,
     Part,
     PartSum,
@@ -250,11 +251,31 @@ class Interpreter:
             return multiply
         if isinstance(factor, Lift):
             return _lift(factor, compile_value(factor.expr), factor.var in before, nxt)
+        if isinstance(factor, MapLift):
+            return self._map_lift(factor, before, nxt)
         if isinstance(factor, MapRef):
             store, keys = self.maps[factor.name], factor.keys
         else:
             store, keys = self.relations[factor.relation], factor.args
         return self._lookup(store, keys, before, nxt)
+
+    def _map_lift(self, factor: MapLift, before: frozenset[str], nxt: Step) -> Step:
+        """``(v ^= M[k])``: the entry's value, 0 where there is none (an empty nested
+        aggregate), bound to v (or compared with it, if bound)."""
+        data, counter, getkey = self.maps[factor.name].data, self.counter, key_getter(factor.keys)
+        name, bound = factor.var, factor.var in before
+
+        def read(env: Env, acc: Any) -> None:
+            counter[0] += 1
+            value = data.get(getkey(env), 0)
+            if bound:
+                if value == env[name]:
+                    nxt(env, acc)
+                return
+            env[name] = value
+            nxt(env, acc)
+
+        return read
 
     def _lookup(
         self, store: Store, keys: tuple[str, ...], before: frozenset[str], nxt: Step

@@ -8,11 +8,13 @@ from collections.abc import Sequence
 
 from aggview import errors
 from cumulus.m3.exprs import vars_of
-from cumulus.m3.program import Factor, Guard, Lift, MapRef, Rel, Value
+from cumulus.m3.program import Factor, Guard, Lift, MapLift, MapRef, Rel, Value
 
 
 def produced(factor: Factor) -> set[str]:
     """Variables a factor binds."""
+    if isinstance(factor, MapLift):
+        return {factor.var}
     if isinstance(factor, MapRef):
         return set(factor.keys)
     if isinstance(factor, Rel):
@@ -23,6 +25,8 @@ def produced(factor: Factor) -> set[str]:
 
 
 def needed(factor: Factor) -> set[str]:
+    if isinstance(factor, MapLift):  # a point read: every key bound first
+        return set(factor.keys)
     if isinstance(factor, Guard):
         return set(vars_of(factor.pred))
     if isinstance(factor, Value | Lift):
@@ -35,11 +39,17 @@ def plan_order(body: Sequence[Factor], bound: set[str], where: str) -> list[Fact
     are bound (guards first, they may stop early), then the lookup with most keys bound."""
     remaining, order, bound = list(body), [], set(bound)
     while remaining:
-        ready = [f for f in remaining if isinstance(f, Guard | Value | Lift) and needed(f) <= bound]
+        ready = [
+            f
+            for f in remaining
+            if isinstance(f, Guard | Value | Lift | MapLift) and needed(f) <= bound
+        ]
         if ready:
             pick = next((f for f in ready if isinstance(f, Guard)), ready[0])
         else:
-            lookups = [f for f in remaining if isinstance(f, MapRef | Rel)]
+            lookups = [
+                f for f in remaining if isinstance(f, MapRef | Rel) and not isinstance(f, MapLift)
+            ]
             if not lookups:
                 missing = sorted(set().union(*(needed(f) for f in remaining)) - bound)
                 raise errors.InvalidArgument(

@@ -21,7 +21,9 @@ Grammar (keywords in any case; ``--`` starts a comment, so the section banners a
     mapref    := name ['(' type ')'] '[' ']' '[' name, ... ']'
     pred      := SQL's: OR, AND, NOT, comparisons, IN (...), BETWEEN, IS NOT NULL, LIKE 'p',
                  + - * /, literals, NULL, names, CAST(CASE WHEN p THEN e ... [ELSE e] END AS
-                 type) and CAST(COALESCE(e, ...) AS type) (CASE and COALESCE with their type)
+                 type), CAST(COALESCE(e, ...) AS type) (CASE and COALESCE with their type) and
+                 CAST(SUM(s, n) AS type), CAST(AVG(s, n) AS type) (a nested aggregate
+                 finished from its sum and count: NULL where n is 0)
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from cumulus.m3.program import (
     Guard,
     Lift,
     MapDecl,
+    MapLift,
     MapRef,
     Part,
     PartSum,
@@ -328,7 +331,7 @@ class _Parser(PredicateParser):
         while True:
             start = self.peek()
             for factor in self.factor():
-                if relations_only and isinstance(factor, MapRef):
+                if relations_only and type(factor) is MapRef:  # a nested aggregate: MapLift
                     raise self.fail("a map definition reads base relations, not maps", start)
                 positions.append((factor, start))
             if not self.accept_op("*"):
@@ -339,12 +342,16 @@ class _Parser(PredicateParser):
             if isinstance(factor, Value | Guard | Lift):
                 expr = factor.pred if isinstance(factor, Guard) else factor.expr
                 self.check_bound(vars_of(expr), bound, token)
+            elif isinstance(factor, MapLift):
+                self.check_bound(factor.keys, bound, token)
         return body
 
     def bound_by(self, body: list[Factor], args: set[str]) -> set[str]:
         bound = set(args)
         for factor in body:
-            if isinstance(factor, MapRef):
+            if isinstance(factor, MapLift):
+                bound.add(factor.var)
+            elif isinstance(factor, MapRef):
                 bound.update(factor.keys)
             elif isinstance(factor, Rel):
                 bound.update(factor.args)
@@ -379,8 +386,11 @@ class _Parser(PredicateParser):
                 variable, _ = self.name("a variable")
                 self.take()
                 inner = self.factor()
+                if len(inner) == 1 and type(inner[0]) is MapRef:  # a nested aggregate's value
+                    self.op(")")
+                    return [MapLift(inner[0].name, inner[0].keys, variable)]
                 if len(inner) != 1 or not isinstance(inner[0], Value):
-                    raise self.fail("a lift binds a value term", token)
+                    raise self.fail("a lift binds a value term or a map's value", token)
                 self.op(")")
                 return [Lift(variable, inner[0].expr)]
             self.take()

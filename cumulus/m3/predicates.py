@@ -151,8 +151,15 @@ class PredicateParser(TokenCursor):
                 args.append(self.pred())
             self.op(")")
             expr = {"coalesce": args}
+        elif token.kind == "word" and token.text.upper() in ("SUM", "AVG"):
+            self.op("(")  # a nested aggregate finished from its sum and count
+            total = self.pred()
+            self.op(",")
+            count = self.pred()
+            self.op(")")
+            expr = {"finish": token.text.lower(), "args": [total, count]}
         else:
-            raise self.fail("CAST takes a CASE or a COALESCE", token)
+            raise self.fail("CAST takes a CASE, a COALESCE, a SUM or an AVG", token)
         self.word("AS")
         expr["type"] = str(self.type())
         self.op(")")

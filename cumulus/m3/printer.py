@@ -20,6 +20,7 @@ from cumulus.m3.program import (
     Guard,
     Lift,
     MapDecl,
+    MapLift,
     MapRef,
     Part,
     PartSum,
@@ -142,6 +143,10 @@ def _expr_text(expr: Expr) -> str:
         otherwise = f" ELSE {expr_text(expr['else'])}" if "else" in expr else ""
         shown = type_text(ColumnType.parse(expr["type"]))
         return f"CAST(CASE {whens}{otherwise} END AS {shown})"
+    if "finish" in expr:  # SUM or AVG from a nested aggregate's sum and count
+        args = ", ".join(expr_text(a) for a in expr["args"])
+        shown = type_text(ColumnType.parse(expr["type"]))
+        return f"CAST({expr['finish'].upper()}({args}) AS {shown})"
     if "coalesce" in expr:
         args = ", ".join(expr_text(a) for a in expr["coalesce"])
         return f"CAST(COALESCE({args}) AS {type_text(ColumnType.parse(expr['type']))})"
@@ -158,6 +163,8 @@ def map_ref_text(ref: MapRef, types: dict[str, ColumnType]) -> str:
 
 
 def factor_text(factor: Factor, types: dict[str, ColumnType]) -> str:
+    if isinstance(factor, MapLift):
+        return f"({name(factor.var)} ^= {map_ref_text(factor, types)})"
     if isinstance(factor, MapRef):
         return map_ref_text(factor, types)
     if isinstance(factor, Rel):

@@ -67,6 +67,16 @@ class Lift:
     expr: Expr = field(hash=False)
 
 
+@dataclass(frozen=True)
+class MapLift(MapRef):
+    """``(var ^= name[keys])``: binds var to the map's value at keys (all bound), 0 where it
+    has no entry. A nested aggregate read as a value (DBToaster's ``(n ^= N[k])``): unlike a
+    lookup it does not multiply, so a statement reading it is not linear in the map; the
+    runtime reads it as it reads any map (a slice pushed, corrected when revised)."""
+
+    var: str = ""
+
+
 Factor = MapRef | Rel | Value | Guard | Lift
 
 

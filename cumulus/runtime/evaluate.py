@@ -29,7 +29,7 @@ from cumulus.m3.codegen import (
 )
 from cumulus.m3.exprs import Env, compile_guard, compile_value
 from cumulus.m3.order import plan_order, produced
-from cumulus.m3.program import Guard, Lift, MapRef, Rel, Value
+from cumulus.m3.program import Guard, Lift, MapLift, MapRef, Rel, Value
 from cumulus.runtime.messages import Key
 from cumulus.runtime.placement import Step
 
@@ -132,6 +132,13 @@ class CompiledStep:
                     go(i + 1, env, mul(acc, value))
             elif isinstance(factor, Lift):
                 value = compiled(env)  # NULL binds: a group key may be NULL
+                if factor.var in before:
+                    if value == env[factor.var]:
+                        go(i + 1, env, acc)
+                else:
+                    go(i + 1, {**env, factor.var: value}, acc)
+            elif isinstance(factor, MapLift):  # a nested aggregate's value: 0 without an entry
+                value = tables.get(position, {}).get(tuple(env[k] for k in factor.keys), 0)
                 if factor.var in before:
                     if value == env[factor.var]:
                         go(i + 1, env, acc)

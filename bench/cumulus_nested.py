@@ -1,0 +1,95 @@
+"""Nested aggregates in Cumulus (M3): the program's size and the cost of an update.
+
+Two views over r(id, k, x) and s(id, k, y) at 10^4 rows each: a Q17-like correlated AVG over
+the view's own table, and an uncorrelated AVG of another table. Each is loaded, then fed a
+stream of inserts and deletes (half on each table the view reads) through the reference
+interpreter (generated code, one core); the same view recomputed by duckdb from scratch is the
+comparison. Run once for docs/DECISIONS.md:
+
+    PYTHONPATH=. python -m bench.cumulus_nested
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import duckdb
+
+from aggview.schema import Column, ColumnType, TableSchema
+from cumulus.m3.compiler import compile_program, plan_of
+from cumulus.m3.interpreter import Interpreter
+
+INT = ColumnType.parse("INT")
+ROWS = 10_000
+UPDATES = 2_000
+GROUPS = 1_000  # k in 0..999: ten rows per group
+VIEWS = {
+    "correlated (Q17-like)": "SELECT SUM(r.x) AS t, COUNT(*) AS n FROM r "
+    "WHERE 5 * r.x < (SELECT AVG(r2.x) FROM r r2 WHERE r2.k = r.k)",
+    "uncorrelated": "SELECT r.k, SUM(r.x) AS t FROM r WHERE r.x > (SELECT AVG(s.y) FROM s) "
+    "GROUP BY r.k",
+}
+
+
+def _table(name: str, value: str) -> TableSchema:
+    columns = (Column("id", INT, False), Column("k", INT), Column(value, INT))
+    return TableSchema(name, name, columns, ("id",))
+
+
+TABLES = {"r": _table("r", "x"), "s": _table("s", "y")}
+
+
+def _row(rng: random.Random, row_id: int) -> tuple[int, int, int]:
+    return (row_id, rng.randrange(GROUPS), rng.randrange(100))
+
+
+def measure(name: str, select: str) -> dict[str, Any]:
+    program = compile_program([plan_of(select, "v", TABLES.__getitem__)], TABLES.__getitem__)
+    read = [s.name for s in program.sources]
+    rng = random.Random(1)
+    interp = Interpreter(program)
+    con = duckdb.connect()
+    live: dict[str, dict[int, tuple[int, int, int]]] = {}
+    for table in read:
+        con.execute(f"CREATE TABLE {table} (id INT, k INT, {TABLES[table].columns[2].name} INT)")
+        rows = [_row(rng, i) for i in range(ROWS)]
+        live[table] = {r[0]: r for r in rows}
+        con.executemany(f"INSERT INTO {table} VALUES (?, ?, ?)", rows)
+        for row in rows:
+            interp.insert(table, row)
+    stream = []
+    next_id = ROWS
+    for i in range(UPDATES):
+        table = read[i % len(read)]
+        if i % 2 == 0:
+            row = _row(rng, next_id)
+            next_id += 1
+            live[table][row[0]] = row
+            stream.append(("+", table, row))
+        else:
+            row = live[table].pop(rng.choice(list(live[table])))
+            stream.append(("-", table, row))
+    per_table: dict[str, list[float]] = {t: [] for t in read}
+    for sign, table, row in stream:
+        began = time.perf_counter()
+        interp.apply(sign, table, row)
+        per_table[table].append(time.perf_counter() - began)
+    began = time.perf_counter()
+    for _ in range(20):
+        con.execute(select).fetchall()
+    duck = (time.perf_counter() - began) / 20
+    statements = sum(len(t.statements) for t in program.triggers)
+    return {
+        "view": name,
+        "maps": len(program.maps),
+        "statements": statements,
+        **{f"us per update of {t}": round(1e6 * sum(v) / len(v), 1) for t, v in per_table.items()},
+        "duckdb recomputation ms": round(1e3 * duck, 2),
+    }
+
+
+if __name__ == "__main__":
+    for view, sql in VIEWS.items():
+        print(measure(view, sql))
