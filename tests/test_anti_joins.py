@@ -52,6 +52,10 @@ OUTER = {
     "FROM a LEFT JOIN b ON b.k = a.k AND b.x > 1 GROUP BY a.g",
     "LEFT JOIN ON filters, aliased": "SELECT c.g, COUNT(*) AS n, MAX(c.v) AS hi FROM a "
     "LEFT JOIN b AS c ON c.k = a.k AND c.g LIKE 'a%' AND c.x IS NOT NULL GROUP BY c.g",
+    "LEFT JOIN ON filter, star": "SELECT a.id AS aid, b.* FROM a LEFT JOIN b "
+    "ON a.k = b.k AND b.x > 1",
+    "LEFT JOIN ON filters twice": "SELECT a.g, COUNT(*) AS n FROM a LEFT JOIN b ON a.k = b.k "
+    "AND b.x > 1 LEFT JOIN b c ON c.k = a.x AND c.g = 'a' GROUP BY a.g",
     "LEFT JOIN twice": "SELECT a.g, COUNT(b.id) AS nb, COUNT(c.id) AS nc, COUNT(*) AS n "
     "FROM a LEFT JOIN b ON a.k = b.k LEFT JOIN b c ON c.x = a.x GROUP BY a.g",
     "LEFT JOIN after inner": "SELECT a.g, COUNT(*) AS n, COUNT(c.id) AS nc FROM a "
