@@ -136,11 +136,22 @@ class Memory:
         return found
 
     def apply(self, table: str, before: Row | None, after: Row | None) -> None:
+        """One change of one row: a transaction of its own."""
+        self.apply_batch(table, [(before, after)])
+
+    def apply_batch(self, table: str, rows: list[tuple[Row | None, Row | None]]) -> None:
+        """Changes of rows of one table as one batch (a whole table at once: its initial
+        computation, as a view over existing rows starts)."""
         schema = TABLES[table]
-        some = before if before is not None else after
-        assert some is not None
-        key = encode_key(schema.key_types, [some[c] for c in schema.primary_key])
-        changes: Changes = {table: {key: (before, after)}}
+        batch: dict[bytes, tuple[Row | None, Row | None]] = {}
+        for before, after in rows:
+            some = before if before is not None else after
+            assert some is not None
+            batch[encode_key(schema.key_types, [some[c] for c in schema.primary_key])] = (
+                before,
+                after,
+            )
+        changes: Changes = {table: batch}
         rows_where = with_views(self.base_rows, self.states, self.read)
         deltas, _ = self.loop.run_until_complete(
             cascade(self.states.values(), changes, rows_where, self.read, self.inner)
@@ -149,17 +160,18 @@ class Memory:
             groups = self.groups[name]
             for group, d in delta.items():
                 groups[group] = combine(groups.get(group, {}), d)
-        for t, column in self.indexed:
-            if t != table:
-                continue
-            if before is not None:
-                self.index[(t, column)].get(before.get(column), {}).pop(key, None)
-            if after is not None:
-                self.index[(t, column)].setdefault(after.get(column), {})[key] = after
-        if after is None:
-            self.rows[table].pop(key, None)
-        else:
-            self.rows[table][key] = after
+        for key, (before, after) in batch.items():
+            for t, column in self.indexed:
+                if t != table:
+                    continue
+                if before is not None:
+                    self.index[(t, column)].get(before.get(column), {}).pop(key, None)
+                if after is not None:
+                    self.index[(t, column)].setdefault(after.get(column), {})[key] = after
+            if after is None:
+                self.rows[table].pop(key, None)
+            else:
+                self.rows[table][key] = after
 
     def view(self, name: str) -> list[tuple[Any, ...]]:
         state = self.states[name]
@@ -227,11 +239,11 @@ def measure(name: str, sql: str, rows: int, updates: int, seed: int = 7) -> dict
     keys = max(rows // 10, 1)
     table_rows = {t: {i: _row(rng, t, i, keys) for i in range(rows // 2)} for t in TABLES}
     for t, found in table_rows.items():
-        for values in found.values():
-            if interp is not None and t in read:
+        if interp is not None and t in read:
+            for values in found.values():
                 interp.insert(t, values)
-            if memory is not None:
-                memory.apply(t, None, row_to_storage(TABLES[t], values))
+        if memory is not None:  # each table's rows as one batch: the initial computation
+            memory.apply_batch(t, [(None, row_to_storage(TABLES[t], v)) for v in found.values()])
     stream = []
     for _ in range(updates):
         t = rng.choice(list(TABLES))
