@@ -20,11 +20,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from profiles import examples
 from test_cumulus_runtime import interpreted, run_checking_epochs
+from test_subqueries import DUCK_COLUMNS, SUBQUERIES, shown_row
+from test_subqueries import TABLES as SUBQUERY_TABLES
+from test_views_differential import random_row
 
 from aggclient import Client
 from aggview import errors
 from aggview.schema import Column, ColumnType, TableSchema
+from coordinator.catalog import table_from_create
 from cumulus.compiler import compile_sql_views
+from cumulus.m3.command import program_text
 from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.parser import parse_program
@@ -175,6 +180,17 @@ def test_a_nested_aggregate_is_read_through_a_map_lift() -> None:
     assert "^= __sub_v_1_v0(" in text and "CAST(AVG(" in text
 
 
+def test_aggview_m3_prints_a_view_with_a_subquery() -> None:
+    """``aggview m3`` takes the same SQL (its program text parses back), and refuses at a
+    bounded --depth by name."""
+    schema = "; ".join(DDL.values()).replace("(id INT,", "(id INT PRIMARY KEY,")
+    select = VIEWS["correlated AVG, self (Q17)"]
+    text = program_text(schema, [select], None, table_from_create)
+    assert "^= __sub_" in text and print_program(parse_program(text)) == text
+    with pytest.raises(errors.InvalidArgument, match="bounded --depth is maintained in"):
+        program_text(schema, [select], 1, table_from_create)
+
+
 @pytest.mark.parametrize("construct", sorted(VIEWS))
 def test_each_construct_equals_duckdb_after_every_update(construct: str) -> None:
     check_against_duckdb(VIEWS[construct], random_stream(random.Random(len(construct)), 80))
@@ -227,6 +243,49 @@ def test_the_runtime_is_exact_at_every_epoch(
     assert (checked or not stream) and simulator.maps() == interpreted(program, stream)
 
 
+def _in_cumulus(select: str) -> bool:
+    try:
+        plan_of(select, "v", SUBQUERY_TABLES.__getitem__)
+    except errors.InvalidArgument as refused:
+        assert "refresh = 'sync' or 'async', not 'cumulus'" in str(refused) or (
+            "not supported in a materialized view" in str(refused)
+        ), str(refused)
+        return False
+    return True
+
+
+@pytest.mark.parametrize("shape", sorted(s for s in SUBQUERIES if _in_cumulus(SUBQUERIES[s])))
+def test_the_sync_modes_subquery_shapes_cumulus_takes_equal_duckdb(shape: str) -> None:
+    """``test_subqueries``' shapes (INT, TEXT, DECIMAL and FLOAT columns, NULLs) that cumulus
+    takes: its program's view equals duckdb after every insert, delete and update."""
+    select = SUBQUERIES[shape]
+    program = compile_program(
+        [plan_of(select, "v", SUBQUERY_TABLES.__getitem__)], SUBQUERY_TABLES.__getitem__
+    )
+    interp = Interpreter(program)
+    con = duckdb.connect()
+    for name in SUBQUERY_TABLES:
+        con.execute(f"CREATE TABLE {name} ({DUCK_COLUMNS})")
+    rng = random.Random(len(shape))
+    live: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in SUBQUERY_TABLES}
+    for step in range(60):
+        name = rng.choice(sorted(SUBQUERY_TABLES))
+        if live[name] and rng.random() < 0.35:
+            old = live[name].pop(rng.choice(sorted(live[name])))
+            con.execute(f"DELETE FROM {name} WHERE id = ?", [old["id"]])
+            if name in interp.sources:
+                interp.delete(name, old)
+            continue
+        row = random_row(rng, step)
+        row = {c.name: row[c.name] for c in SUBQUERY_TABLES[name].columns}
+        live[name][step] = row
+        con.execute(f"INSERT INTO {name} VALUES (?, ?, ?, ?, ?, ?)", list(row.values()))
+        if name in interp.sources:
+            interp.insert(name, row)
+        want = sorted(shown_row(r) for r in con.execute(select).fetchall())
+        assert sorted(shown_row(tuple(r.values())) for r in interp.view("v")) == want
+
+
 @pytest.mark.parametrize("construct", sorted(REFUSED))
 def test_what_cumulus_does_not_take_is_refused_naming_it_and_the_modes(construct: str) -> None:
     sql = f"CREATE MATERIALIZED VIEW v WITH (refresh = 'cumulus') AS {REFUSED[construct]}"
@@ -267,4 +326,6 @@ def test_a_cumulus_view_with_a_subquery_on_a_cluster(client: Client, table_name:
         con.execute(f"DELETE FROM {table} WHERE id IN (1, 2, 11)")
     client.refresh(view)
     assert _rows(list(client.view(view))) == _rows(con.execute(select).fetchall())
+    with pytest.raises(errors.FailedPrecondition, match="nested aggregates"):
+        client.sql(f"ALTER MATERIALIZED VIEW {view} SET (refresh = 'sync')")
     client.sql(f"DROP MATERIALIZED VIEW {view}")

@@ -300,9 +300,11 @@ def test_each_subquery_becomes_a_hidden_view_the_query_joins() -> None:
     assert [p.name for p in hidden] == ["__sub_q_2", "__sub_q_1"]
 
 
-def test_hidden_views_of_a_cumulus_view_are_refused_by_name() -> None:
-    with pytest.raises(Exception, match="refresh = 'sync' or 'async'"):
+def test_subqueries_cumulus_does_not_take_are_refused_by_name() -> None:
+    """(Those it takes are nested aggregates of its program: ``test_cumulus_subqueries``.)"""
+    with pytest.raises(Exception, match="a MAX subquery is maintained in refresh = 'sync' or"):
         compile_sql_views(
-            "CREATE MATERIALIZED VIEW q WITH (refresh = 'cumulus') AS " + SUBQUERIES["IN"],
+            "CREATE MATERIALIZED VIEW q WITH (refresh = 'cumulus') AS "
+            + SUBQUERIES["correlated scalar"],
             TABLES.__getitem__,
         )

@@ -370,6 +370,10 @@ class _Compiler:
     def nested_factors(
         self, hidden: ViewPlan, var_of: dict[str, str], outer_vars: set[str], types: Types
     ) -> list[Factor]:
+        """The hidden view's row at the outer variables ``var_of`` (its columns') as lifts of
+        its maps: its group's count (> 0), each column read the way a view reads it (SUM and
+        AVG finished from sum and count, COUNT its map, derived columns over them), HAVING.
+        Its group keys must be outer variables: a point read, never a loop."""
         inner = self.distinct_groups(hidden)
         if inner is not None:  # IN over a grouped subquery (Q18): its groups are distinct
             names = {g.name: g.source()["col"][1] for g in hidden.group_by}
