@@ -35,6 +35,7 @@ from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.parser import parse_program
 from cumulus.m3.printer import print_program
 from cumulus.m3.program import MapLift, Program
+from cumulus.plan import ViewPlan
 from cumulus.runtime.simulator import Network, Update
 
 INT = ColumnType.parse("INT")
@@ -178,6 +179,9 @@ def test_a_nested_aggregate_is_read_through_a_map_lift() -> None:
     assert any(isinstance(f, MapLift) for f in lifts)
     text = print_program(program)
     assert "^= __sub_v_1_v0(" in text and "CAST(AVG(" in text
+    plan = plan_of(VIEWS["correlated AVG, self (Q17)"], "v", TABLES.__getitem__)
+    assert plan.nested and ViewPlan.from_json(plan.to_json()) == plan  # as the catalog keeps it
+    assert plan.base_tables() == ("r",) and plan.join_columns() == (("r", "k"),)
 
 
 def test_aggview_m3_prints_a_view_with_a_subquery() -> None:
@@ -217,6 +221,8 @@ def test_random_streams_equal_duckdb(construct: str, seed: int, steps: int) -> N
     switches=st.integers(2, 3),
     reorder=st.one_of(st.none(), st.integers(0, 10**6)),
     epoch_every=st.sampled_from([3.0, 10.0]),
+    mode=st.sampled_from(["speculative", "conservative"]),
+    batch=st.sampled_from([1, 1, 5]),
 )
 def test_the_runtime_is_exact_at_every_epoch(
     construct: str,
@@ -226,9 +232,12 @@ def test_the_runtime_is_exact_at_every_epoch(
     switches: int,
     reorder: int | None,
     epoch_every: float,
+    mode: str,
+    batch: int,
 ) -> None:
-    """2-3 switches, links reordering: a map lift is read like any map (corrected when a
-    late write revises it), so every committed epoch equals the interpreter over its prefix."""
+    """2-3 switches, links reordering, speculative or conservative, batched: a map lift is read
+    like any map (corrected when a late write revises it), so every committed epoch equals
+    the interpreter over its prefix."""
     program = program_of(VIEWS[construct])
     read = {source.name for source in program.sources}
     stream = [u for u in random_stream(random.Random(seed), steps) if u[1] in read]
@@ -239,6 +248,8 @@ def test_the_runtime_is_exact_at_every_epoch(
         switches=switches,
         network=Network(reorder),
         epoch_every=epoch_every,
+        mode=mode,
+        batch=batch,
     )
     assert (checked or not stream) and simulator.maps() == interpreted(program, stream)
 
