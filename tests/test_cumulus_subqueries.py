@@ -93,6 +93,17 @@ VIEWS = {
     "correlated SUM, grouped by it, HAVING": "SELECT r.k, SUM(r.x) AS t, AVG(r.x) AS a FROM r "
     "WHERE r.x + 2 <= (SELECT SUM(r2.x) FROM r r2 WHERE r2.k = r.k) GROUP BY r.k "
     "HAVING COUNT(*) > 1",
+    "compared by =: uncorrelated COUNT": "SELECT COUNT(*) AS n FROM r "
+    "WHERE r.x = (SELECT COUNT(*) FROM s WHERE s.k = 1)",
+    "compared by =: correlated SUM, self": "SELECT r.k, COUNT(*) AS n FROM r "
+    "WHERE r.x = (SELECT SUM(r2.k) FROM r r2 WHERE r2.k = r.k) GROUP BY r.k",
+    "correlated MIN": "SELECT COUNT(*) AS n FROM r "
+    "WHERE r.x > (SELECT MIN(s.y) FROM s WHERE s.k = r.k)",
+    "correlated MAX, self, by =": "SELECT r.k, COUNT(*) AS n, SUM(r.x) AS t FROM r "
+    "WHERE r.x = (SELECT MAX(r2.x) FROM r r2 WHERE r2.k = r.k) GROUP BY r.k",
+    "uncorrelated MAX": "SELECT COUNT(*) AS n FROM r WHERE r.x = (SELECT MAX(s.y) FROM s)",
+    "uncorrelated MIN, self": "SELECT COUNT(*) AS n FROM r "
+    "WHERE r.x <= (SELECT MIN(r2.x) FROM r r2)",
     "a grouped FROM subquery joined on its group": "SELECT s.k, SUM(r.x) AS t FROM r "
     "JOIN (SELECT s.k, SUM(s.y) AS tot FROM s GROUP BY s.k) s ON r.k = s.k WHERE r.x < s.tot "
     "GROUP BY s.k",
@@ -100,8 +111,8 @@ VIEWS = {
 # what cumulus still refuses, by construct (one line naming it and the modes that take it)
 REFUSED = {
     "NOT IN": "SELECT COUNT(*) AS n FROM r WHERE r.k NOT IN (SELECT s.k FROM s)",
-    "MIN": "SELECT COUNT(*) AS n FROM r WHERE r.x > (SELECT MIN(s.y) FROM s WHERE s.k = r.k)",
-    "MAX, uncorrelated": "SELECT COUNT(*) AS n FROM r WHERE r.x = (SELECT MAX(s.y) FROM s)",
+    "COUNT(DISTINCT)": "SELECT COUNT(*) AS n FROM r "
+    "WHERE r.x > (SELECT COUNT(DISTINCT s.y) FROM s)",
     "EXISTS over a join": "SELECT COUNT(*) AS n FROM r WHERE EXISTS "
     "(SELECT 1 FROM s JOIN r r2 ON s.k = r2.k WHERE s.k = r.k)",
     "a FROM subquery not joined on its groups": "SELECT COUNT(*) AS n FROM "
