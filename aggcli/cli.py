@@ -11,6 +11,7 @@ from typing import Any
 from aggcli.client_commands import equality, run_sql, run_status, run_watch
 from aggcli.options import (
     METRICS_HELP,
+    NO_METRICS_HELP,
     Parser,
     add_client_security,
     add_common,
@@ -217,6 +218,7 @@ def _add_server_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
             "0: a free one", "0: a free one each"
         ),
     )
+    start.add_argument("--no-metrics", action="store_true", help=NO_METRICS_HELP)
     start.add_argument(
         "--replicate",
         action="store_true",

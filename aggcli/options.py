@@ -193,6 +193,20 @@ METRICS_HELP = (
 )
 
 
+NO_METRICS_HELP = (
+    "keep no metrics at all (not even counted in memory: python -m bench.views "
+    "--without-metrics measures what they cost); refuses --metrics-port"
+)
+
+
+def check_metrics_options(args: argparse.Namespace) -> None:
+    """--no-metrics and --metrics-port contradict each other: one error naming both."""
+    if args.no_metrics and args.metrics_port is not None:
+        raise errors.InvalidArgument(
+            "--no-metrics keeps no metrics: --metrics-port has none to serve"
+        )
+
+
 def add_member_options(parser: argparse.ArgumentParser) -> None:
     """What a coordinating process takes: its place among the members, its partitions'
     checkpoints and cache, and failover."""
@@ -219,6 +233,7 @@ def add_member_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--member", type=int, default=0, help="which member this is")
     parser.add_argument("--metrics-port", type=int, default=None, help=METRICS_HELP)
+    parser.add_argument("--no-metrics", action="store_true", help=NO_METRICS_HELP)
     parser.add_argument(
         "--take-lead",
         action="store_true",

@@ -11,7 +11,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from aggcli.options import refuse_taken_port, say, server_tls_dir, tokens_path
+from aggcli.options import (
+    check_metrics_options,
+    refuse_taken_port,
+    say,
+    server_tls_dir,
+    tokens_path,
+)
 from aggview import errors, loops
 
 
@@ -62,6 +68,7 @@ def run_ltm(args: argparse.Namespace) -> None:
             raise errors.InvalidArgument(f"--member-exchange {own!r} is not host:port") from None
     tls_dir = server_tls_dir(args)
     tokens = tokens_path(args, tls_dir)
+    check_metrics_options(args)
     refuse_taken_port(args.host, args.port)
     if args.metrics_port is not None:
         refuse_taken_port(args.host, args.metrics_port)
@@ -84,6 +91,7 @@ def run_ltm(args: argparse.Namespace) -> None:
         exchange_port=exchange_port or 0,
         take_lead=args.take_lead,
         metrics_port=args.metrics_port,
+        metrics=not args.no_metrics,
     )
     loops.run(serve(config))
 
@@ -94,6 +102,7 @@ def run_start(args: argparse.Namespace) -> None:
     if args.ltms < 1:
         raise errors.InvalidArgument("--ltms must be at least 1")
     args.processes = checked_processes(args.ltms, args.processes, args.replicate)
+    check_metrics_options(args)
     from aggview.security import TlsDir, load_tokens
     from coordinator.convert import Limits
 
@@ -128,6 +137,7 @@ def run_start(args: argparse.Namespace) -> None:
         replicate=args.replicate,
         processes=args.processes,
         metrics_port=args.metrics_port,
+        metrics=not args.no_metrics,
         verbose=args.verbose,
         log_format=args.log_format,
     )

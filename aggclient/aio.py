@@ -194,10 +194,11 @@ class AsyncClient(ClientBase):
             return self._stub, self._transactions
         if member not in self._members:
             router = await self._routing()
-            channel = self._open(router.members[member])
-            stub = pb_grpc.AggviewStub(channel)
-            stream = self._stream(stub, self._core.framed_port(member))
-            self._members[member] = (channel, stub, stream)
+            if member not in self._members:  # not opened by another task while this one waited
+                channel = self._open(router.members[member])
+                stub = pb_grpc.AggviewStub(channel)
+                stream = self._stream(stub, self._core.framed_port(member))
+                self._members[member] = (channel, stub, stream)
         _, stub, stream = self._members[member]
         return stub, stream
 

@@ -101,6 +101,7 @@ class LocalCluster:
     # Each member serves /metrics (``--metrics-port``): member m on metrics_port + m, or, with
     # 0, on a free port each (``Server.metrics_url`` says where); None: none does.
     metrics_port: int | None = None
+    metrics: bool = True  # False: the members keep no metrics (``--no-metrics``)
 
     def __post_init__(self) -> None:
         if self.processes == AS_START:
@@ -145,6 +146,8 @@ class LocalCluster:
         return {"ca": self.tls_dir / "ca.pem", "token": token_for(self.tokens_path, role)}
 
     def _metrics_flags(self, member: int) -> list[str]:
+        if not self.metrics:
+            return ["--no-metrics"]
         if self.metrics_port is None:
             return []
         return ["--metrics-port", str(self.metrics_port + member if self.metrics_port else 0)]

@@ -190,6 +190,37 @@ class Metrics:
             server.server_close()
 
 
+def _ignore(*_: object) -> None:
+    """What a log calls after a flush when no series are kept."""
+
+
+class NoMetrics(Metrics):
+    """``--no-metrics``: the hot path's events are not counted (what remains of the metrics'
+    cost is this method call), nothing is served. The refresh times are still kept:
+    ``aggview status`` shows the lags from them."""
+
+    def committed(self, system: bool, started: float) -> None:
+        pass
+
+    def aborted_by(self, exc: BaseException) -> None:
+        pass
+
+    def wal_observer(self, log: str) -> Callable[[float], None]:
+        return _ignore
+
+    def maintained(self, view: str, seconds: float) -> None:
+        pass
+
+    def refreshed(self, view: str, seconds: float) -> None:
+        self._refreshed[view] = time.monotonic()
+
+    def watch(self, state: Callable[[], MemberState]) -> None:
+        pass
+
+    def serve(self, host: str, port: int) -> int:
+        raise ValueError("a member run with --no-metrics serves no /metrics")
+
+
 class _StateCollector(Collector):
     def __init__(
         self, state: Callable[[], MemberState], lags: Callable[[], dict[str, float]]

@@ -140,6 +140,7 @@ def running_cluster(
     store: str = "",
     processes: int = AS_START,
     code: Path | None = None,
+    metrics: bool = True,
 ) -> Iterator[LocalCluster]:
     """A started cluster that is stopped cleanly on the way out, even on Ctrl-C or SIGTERM:
     once an exception (such as the KeyboardInterrupt of Ctrl-C) unwinds through here, further
@@ -153,6 +154,7 @@ def running_cluster(
         replicate="replicated" in setup,
         store=store,
         processes=setup_processes(setup, processes),
+        metrics=metrics,
         **({"code": code} if code is not None else {}),
     )
     try:

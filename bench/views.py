@@ -68,6 +68,7 @@ from bench.measurements import (
     run_facts,
 )
 from bench.views_cases import (
+    NO_METRICS,
     OLD,
     RECOMPUTE_TABLES,
     SCALE,
@@ -238,8 +239,15 @@ def run_on(
                     args.old_processes if old else AS_START,
                 )
                 code = old_code(args) if old else None
+                metrics = not case.name.endswith(NO_METRICS)
                 with running_cluster(
-                    data, args.ltms, not args.no_fsync, store=store, processes=processes, code=code
+                    data,
+                    args.ltms,
+                    not args.no_fsync,
+                    store=store,
+                    processes=processes,
+                    code=code,
+                    metrics=metrics,
                 ) as cluster:
                     pids.extend(s.process.pid for s in cluster.servers if s.process is not None)
                     loop.run_until_complete(bench_case(cluster, case, args, report, pass_index))
@@ -312,6 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="the old code's layout: 0 (code from before members, a8bd9dc and older: a "
         "coordinator and a process per LTM) or its members (newer code)",
+    )
+    parser.add_argument(
+        "--without-metrics",
+        action="store_true",
+        help="also run every case with members that keep no metrics (--no-metrics): the "
+        "ratio metrics/none is what the metrics cost on the hot path",
     )
     parser.add_argument(
         "--hbase",

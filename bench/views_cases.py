@@ -36,6 +36,7 @@ RECOMPUTE_TABLES = ("categories", "products", "events")
 ON_HBASE = " @hbase"
 ONE_PROCESS = " @1 process"
 OLD = " @old"
+NO_METRICS = " @no metrics"
 
 
 def in_processes(processes: int) -> str:
@@ -132,6 +133,8 @@ def store_cases(args: argparse.Namespace) -> list[tuple[Case, str]]:
     chosen = [(case, "") for case in cases(args)]
     if args.old:
         chosen += [(replace(case, name=f"{case.name}{OLD}"), "") for case in cases(args)]
+    if args.without_metrics:
+        chosen += [(replace(case, name=f"{case.name}{NO_METRICS}"), "") for case in cases(args)]
     for processes in layouts(args):
         suffix = in_processes(processes)
         chosen += [(replace(case, name=f"{case.name}{suffix}"), "") for case in cases(args)]

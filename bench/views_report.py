@@ -19,6 +19,7 @@ from bench.measurements import (
 )
 from bench.views_cases import (
     CATEGORY_VIEW,
+    NO_METRICS,
     OLD,
     ON_HBASE,
     PGIVM_REFERENCE,
@@ -82,6 +83,11 @@ def ratios(report: Report, args: argparse.Namespace) -> list[dict[str, Any]]:
                 for case in cases(args):
                     new, old = (f"{case.name}{suffix}", "spread"), (f"{case.name}{OLD}", "spread")
                     add(f"{case.name}{suffix or ' (default)'}/old", clients, new, old)
+    if args.without_metrics:
+        for clients in args.clients:
+            for case in cases(args):
+                on, off = (case.name, "spread"), (f"{case.name}{NO_METRICS}", "spread")
+                add(f"{case.name}: metrics/none", clients, on, off)
     if args.hbase:
         for clients in args.clients:
             for case in cases(args):

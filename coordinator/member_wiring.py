@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
-from aggview.metrics import MemberState, Metrics, ViewState
+from aggview.metrics import MemberState, Metrics, NoMetrics, ViewState
 from aggview.security import TlsDir, Token
 from coordinator import leadership
 from coordinator.catalog import Catalog
@@ -61,6 +61,7 @@ class CoordinatorConfig:
     # Where /metrics is served (``--metrics-port``; 0: a free port); None: not served. The
     # series are kept either way (a counter's increment costs next to nothing).
     metrics_port: int | None = None
+    metrics: bool = True  # False (``--no-metrics``): no series kept (``NoMetrics``)
 
     @property
     def replicates(self) -> bool:
@@ -96,7 +97,7 @@ def build_manager(
     catalog = Catalog(store)
     count = config.partitions
     _check_partitions(catalog, count)
-    metrics = Metrics()
+    metrics = Metrics() if config.metrics else NoMetrics()
     decisions = DecisionLog(
         config.log_dir, fsync=config.fsync, observe=metrics.wal_observer("decisions")
     )

@@ -45,6 +45,7 @@ from cumulus.passes.check_support import check_supported, parse_select
 from cumulus.passes.expand_stars import expand_stars
 from cumulus.passes.inline_from import inline_ctes, merge_first_subquery, qualify_correlations
 from cumulus.passes.lift_subqueries import Lifter, lift_subqueries
+from cumulus.passes.outer_filters import push_outer_filters
 from cumulus.passes.plan_groups import plan_group_by, projected_groups, view_shape
 from cumulus.passes.plan_having import plan_derived, plan_having
 from cumulus.passes.plan_joins import mirror_right_join, outer_joins, plan_where
@@ -155,6 +156,8 @@ def compile_views(
         return [*plans[:-1], replace(plans[-1], sql=written)]
     lifter = Lifter(root, numbers)
     parsed = parse_select(create.select_sql)
+    if create.mode != "cumulus":  # a hidden view, which cumulus does not read
+        parsed = push_outer_filters(parsed, table)
     merged = merge_first_subquery(qualify_correlations(parsed, table), table)
     select = lift_subqueries(merged, lifter)
     if not lifter.hidden:

@@ -48,6 +48,11 @@ OUTER = {
     "WHERE b.id IS NULL GROUP BY a.k",
     "LEFT JOIN WHERE": "SELECT a.g, COUNT(*) AS n, SUM(b.v) AS s FROM a LEFT JOIN b "
     "ON a.k = b.k WHERE a.x > 1 AND (b.v > 0 OR b.v IS NULL) GROUP BY a.g",
+    # ON conditions on the joined table alone filter it before the join (passes/outer_filters)
+    "LEFT JOIN ON filter": "SELECT a.g, COUNT(*) AS n, COUNT(b.x) AS nx, SUM(b.v) AS s "
+    "FROM a LEFT JOIN b ON b.k = a.k AND b.x > 1 GROUP BY a.g",
+    "LEFT JOIN ON filters, aliased": "SELECT c.g, COUNT(*) AS n, MAX(c.v) AS hi FROM a "
+    "LEFT JOIN b AS c ON c.k = a.k AND c.g LIKE 'a%' AND c.x IS NOT NULL GROUP BY c.g",
     "LEFT JOIN twice": "SELECT a.g, COUNT(b.id) AS nb, COUNT(c.id) AS nc, COUNT(*) AS n "
     "FROM a LEFT JOIN b ON a.k = b.k LEFT JOIN b c ON c.x = a.x GROUP BY a.g",
     "LEFT JOIN after inner": "SELECT a.g, COUNT(*) AS n, COUNT(c.id) AS nc FROM a "
@@ -233,6 +238,10 @@ def test_a_left_join_view_cannot_switch_to_cumulus(shape: str) -> None:
             "a RIGHT JOIN after another join",
         ),
         ("SELECT COUNT(*) FROM a LEFT JOIN b ON a.k < b.k", "a LEFT JOIN's ON other than"),
+        # a condition on the preserved table keeps its rows with NULLs: not a filter of b
+        ("SELECT COUNT(*) FROM a LEFT JOIN b ON a.k = b.k AND a.x > 1", "ON other than.*: a.x > 1"),
+        # unqualified, and both tables have x: ambiguous, not moved
+        ("SELECT COUNT(*) FROM a LEFT JOIN b ON a.k = b.k AND x > 1", "column x is ambiguous"),
         (
             "SELECT COUNT(*) FROM a LEFT JOIN b ON a.k = b.k LEFT JOIN a c ON c.x = b.x",
             "a LEFT JOIN's ON other than",
@@ -254,3 +263,21 @@ def test_a_left_join_view_cannot_switch_to_cumulus(shape: str) -> None:
 def test_what_stays_refused_is_named(select: str, named: str) -> None:
     with pytest.raises(Exception, match=named):
         _compiled(select)
+
+
+def test_a_left_joins_own_conditions_filter_its_table_before_the_join() -> None:
+    from cumulus.passes.outer_filters import push_outer_filters
+    from cumulus.sqltext import parse_sql
+
+    select = parse_sql(
+        "SELECT a.g, COUNT(c.x) FROM a LEFT JOIN b AS c ON c.k = a.k AND c.x > 1 AND c.g = 'a' "
+        "JOIN b ON b.id = a.id GROUP BY a.g"
+    )
+    pushed = push_outer_filters(select, TABLES.__getitem__)
+    assert pushed.sql() == (
+        "SELECT a.g, COUNT(c.x) FROM a LEFT JOIN (SELECT * FROM b AS c WHERE c.x > 1 AND "
+        "c.g = 'a') AS c ON c.k = a.k JOIN b ON b.id = a.id GROUP BY a.g"
+    )
+    assert "c.x > 1" in select.sql()  # the view's own SELECT is left as written
+    (*hidden, plan) = _compiled(select.sql())
+    assert len(hidden) == 1 and plan.outer == ("c",)

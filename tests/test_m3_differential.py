@@ -164,6 +164,10 @@ TRICKY = [
     "SELECT CASE WHEN a0.x IS NULL THEN 'none' WHEN a0.x IN (1, 2) THEN 'low' END AS g0, "
     "SUM(COALESCE(a0.x, a0.k)) AS agg0, COUNT(*) - COUNT(a0.x) AS agg1 FROM t0 a0 "
     "WHERE a0.g LIKE '%' OR a0.k IS NULL GROUP BY 1",
+    # aggregate FILTER (WHERE ...), the CASE inside the aggregate every back end takes
+    "SELECT a0.g AS g0, SUM(a1.v) FILTER (WHERE a1.x > 1 OR a0.k IS NULL) AS agg0, "
+    "COUNT(*) FILTER (WHERE a1.g LIKE 'a%') AS agg1, COUNT(DISTINCT a1.x) FILTER "
+    "(WHERE a0.v > a1.v) AS agg2 FROM t0 a0 JOIN t1 a1 ON a0.k = a1.k GROUP BY a0.g",
 ]
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from test_cli import cli
 
 from aggclient import Client
@@ -281,6 +282,46 @@ def test_start_gives_each_member_its_metrics_port(tmp_path: Path) -> None:
     assert process.returncode == 0, out
 
 
+def test_no_metrics_keeps_none_and_the_cluster_works_the_same(tmp_path: Path) -> None:
+    """``--no-metrics`` (what ``bench.views --without-metrics`` compares with): commits, views
+    and status as ever, no /metrics served, and no series counted in memory."""
+    with LocalCluster(tmp_path / "data", ltms=2, processes=2, fsync=False, metrics=False) as c:
+        assert all("--no-metrics" in s.flags or "--no-metrics" in s.args for s in c.servers)
+        with Client(c.address) as client:
+            client.sql("CREATE TABLE t (id INT PRIMARY KEY, g INT, v INT)")
+            client.sql("CREATE MATERIALIZED VIEW s AS SELECT g, SUM(v) AS total FROM t GROUP BY g")
+            for i in range(6):
+                client.sql(f"INSERT INTO t VALUES ({i}, {i % 2}, {i})")
+            assert sorted((r["g"], r["total"]) for r in client.view("s")) == [(0, 6), (1, 9)]
+        assert c.metrics_urls == ["", ""]
+        done = cli("status", c.address, "--format", "json", "--interval", "0")
+        assert done.returncode == 0, done.stderr
+        assert [m["up"] for m in json.loads(done.stdout)["members"]] == [True, True]
+
+
+def test_no_metrics_with_a_metrics_port_is_one_clear_error(tmp_path: Path) -> None:
+    done = cli("start", "--data", str(tmp_path), "--no-metrics", "--metrics-port", "0")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "aggview: --no-metrics keeps no metrics: --metrics-port has none to serve"
+    )
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_no_metrics_counts_nothing_in_memory() -> None:
+    from aggview.metrics import NoMetrics
+
+    kept = NoMetrics()
+    kept.committed(False, time.perf_counter())
+    kept.wal_observer("partition")(0.001)
+    kept.maintained("v", 0.5)
+    kept.refreshed("v", 0.1)
+    text = generate_latest(kept.registry).decode()
+    counted = re.compile(r"^aggview_\w+_(total|count)(\{.*\})? [1-9]", flags=re.MULTILINE)
+    assert not counted.search(text), text
+    assert set(kept.lags()) == {"v"}  # status's lag still known
+
+
 # --------------------------------------------------------------------- a real Prometheus
 
 
@@ -370,3 +411,15 @@ def test_a_real_prometheus_scrapes_every_member(cluster: LocalCluster, tmp_path:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def test_bench_views_runs_every_case_again_without_metrics_and_compares() -> None:
+    from bench.views import build_parser
+    from bench.views_cases import store_cases
+
+    args = build_parser().parse_args(["--parts", "4", "--without-metrics"])
+    names = [case.name for case, _ in store_cases(args)]
+    assert names == ["none", "pg_ivm SQL", "none @no metrics", "pg_ivm SQL @no metrics"]
+    assert "none @no metrics" not in [
+        c.name for c, _ in store_cases(build_parser().parse_args(["--parts", "4"]))
+    ]

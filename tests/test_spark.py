@@ -77,6 +77,7 @@ def test_data_source_reads_exactly_one_snapshot_while_writes_continue(
                     tx.insert(table_name, {"id": i, "v": i * 3})
                 committed[i] = tx.timestamp  # type: ignore[assignment]
                 i += 1
+                stop.wait(0.01)  # a steady stream, not a flat-out one: the read's CPU is Spark's
 
     thread = threading.Thread(target=writer)
     thread.start()
@@ -185,6 +186,7 @@ def test_bulk_load_is_atomic_while_transactions_run(
                 written.append(i)
                 counts.append(len(own.scan(table_name)))  # all of the load or none of it
                 i += 1
+                stop.wait(0.01)  # steady, not flat out: each scan reads up to 5,000 rows
 
     thread = threading.Thread(target=alongside)
     thread.start()

@@ -228,6 +228,22 @@ SUBQUERIES = {
     "scalar COUNT": "SELECT a.k, a.x FROM a WHERE a.x < (SELECT COUNT(*) FROM b WHERE b.x > 1)",
     "correlated scalar": "SELECT a.g, COUNT(*) AS n, SUM(a.v) AS s FROM a "
     "WHERE a.v >= (SELECT MAX(b.v) FROM b WHERE b.k = a.k) GROUP BY a.g",
+    # TPC-H Q17's shape as written: arithmetic over the correlated aggregate
+    "correlated arithmetic": "SELECT a.g, COUNT(*) AS n, SUM(a.v) AS s FROM a "
+    "WHERE a.v < (SELECT 0.2 * AVG(b.v) FROM b WHERE b.k = a.k) GROUP BY a.g",
+    "correlated ratio": "SELECT a.g, COUNT(*) AS n FROM a "
+    "WHERE a.x >= (SELECT SUM(b.x) / COUNT(*) - 1 FROM b WHERE b.k = a.k) GROUP BY a.g",
+    # TPC-H Q11's shape: HAVING against an uncorrelated scalar, the groups filtered in WHERE
+    "HAVING scalar": "SELECT a.g, SUM(a.v) AS s FROM a GROUP BY a.g "
+    "HAVING SUM(a.v) > (SELECT SUM(b.v) * 0.1 FROM b) AND COUNT(*) > 1",
+    "HAVING IN over a group column": "SELECT a.k, a.g, MAX(a.x) AS hi FROM a GROUP BY a.k, a.g "
+    "HAVING a.k IN (SELECT b.k FROM b WHERE b.x > 1) AND MIN(a.v) < (SELECT AVG(b.v) FROM b)",
+    # TPC-H Q21's shape: another row of the same key with a different value, and none late
+    "EXISTS <>": "SELECT a.g, COUNT(*) AS n FROM a WHERE EXISTS (SELECT 1 FROM a a2 "
+    "WHERE a2.k = a.k AND a2.x <> a.x) AND NOT EXISTS (SELECT 1 FROM a a3 WHERE a3.k = a.k "
+    "AND a.x <> a3.x AND a3.v > 0) GROUP BY a.g",
+    "NOT EXISTS <> other table": "SELECT a.k, a.x FROM a WHERE NOT EXISTS (SELECT 1 FROM b "
+    "WHERE b.k = a.k AND b.g <> a.g)",
     "nested": "SELECT a.g, COUNT(*) AS n FROM a WHERE a.k IN (SELECT b.k FROM b WHERE b.v < "
     "(SELECT AVG(c.v) FROM a c WHERE c.k = b.k))  GROUP BY a.g",
     # TPC-H Q18's and Q15's shapes (tests/test_tpch_shapes.py): a TypeError and a refusal before

@@ -197,6 +197,13 @@ SUBQUERIES = {
     "WHERE a.v > (SELECT AVG(b.v) FROM {1} b WHERE b.x IS NOT NULL) GROUP BY a.g",
     "correlated scalar": "SELECT a.g AS g0, COUNT(*) AS agg0, SUM(a.v) AS agg1 FROM {0} a "
     "WHERE a.v >= (SELECT MAX(b.v) FROM {1} b WHERE b.k = a.k) GROUP BY a.g",
+    "HAVING scalar": "SELECT a.g AS g0, SUM(a.v) AS agg0 FROM {0} a GROUP BY a.g "
+    "HAVING SUM(a.v) > (SELECT SUM(b.v) * 0.1 FROM {1} b)",
+    "EXISTS <>": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a WHERE EXISTS (SELECT 1 FROM "
+    "{1} b WHERE b.k = a.k AND b.x <> a.x) AND NOT EXISTS (SELECT 1 FROM {1} c WHERE "
+    "c.k = a.k AND c.g <> a.g AND c.v > 0) GROUP BY a.g",
+    "correlated arithmetic": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a "
+    "WHERE a.v < (SELECT 0.5 * AVG(b.v) + 1 FROM {1} b WHERE b.k = a.k) GROUP BY a.g",
 }
 
 
@@ -212,6 +219,8 @@ OUTER = {
     "SUM(b.v) AS agg2, MAX(b.x) AS agg3 FROM {0} a LEFT JOIN {1} b ON b.k = a.k GROUP BY a.g",
     "LEFT JOIN grouped by its NULLs": "SELECT b.g AS g0, COUNT(*) AS agg0, SUM(a.v) AS agg1 "
     "FROM {0} a LEFT OUTER JOIN {1} b ON a.x = b.k GROUP BY b.g",
+    "LEFT JOIN ON filter": "SELECT a.g AS g0, COUNT(*) AS agg0, COUNT(b.x) AS agg1 FROM {0} a "
+    "LEFT JOIN {1} b ON b.k = a.k AND b.x > 1 GROUP BY a.g",
     "LEFT JOIN by key, IS NULL": "SELECT a.g AS g0, COUNT(*) AS agg0 FROM {0} a "
     "LEFT JOIN {1} b ON b.id = a.x WHERE b.id IS NULL GROUP BY a.g",
 }

@@ -106,6 +106,10 @@ def view_specs(draw: st.DrawFn) -> dict[str, Any]:
                 st.just("MIN(COALESCE(a1.g, 'z'))"),
                 st.just("SUM(CASE WHEN a0.f IS NULL THEN 1.5 ELSE a0.v END)"),
                 st.just("AVG(CASE WHEN a1.g LIKE '_' AND a0.k BETWEEN 1 AND 3 THEN a1.f END)"),
+                # aggregate FILTER (WHERE ...): a CASE inside the aggregate to every back end
+                value.map(lambda v: f"SUM({v}) FILTER (WHERE a0.x > 2 OR a1.g = 'b')"),
+                st.just("COUNT(*) FILTER (WHERE a1.x IS NULL)"),
+                st.just("COUNT(DISTINCT a0.x) FILTER (WHERE a1.k > 1)"),
                 # expressions over aggregates, finished when read (issue #41 step 2)
                 st.just("SUM(a0.v) / SUM(a1.k)"),
                 st.just("SUM(a1.x) - 5 * COUNT(*)"),

@@ -72,7 +72,32 @@ def parse_select(select_sql: str) -> exp.Select:
         raise refuse(statement.key.upper())
     if not isinstance(statement, exp.Select):
         raise errors.InvalidArgument(f"a materialized view needs a SELECT, not {statement.key}")
-    return statement
+    return filters_as_cases(statement)
+
+
+def filters_as_cases(select: exp.Select) -> exp.Select:
+    """``AGG(x) FILTER (WHERE c)`` is ``AGG(CASE WHEN c THEN x END)``: the rows the condition
+    does not keep give NULL, which every aggregate skips (``COUNT(*)`` counts ``CASE WHEN c THEN
+    1 END``; ``COUNT(DISTINCT x)`` the distinct kept values), so every back end maintains it as
+    the CASE it already takes. A FILTER on anything but an aggregate stays, refused by name."""
+    for node in list(select.find_all(exp.Filter)):
+        aggregate, where = node.this, node.expression
+        if not isinstance(aggregate, AGGREGATES) or not isinstance(where, exp.Where):
+            continue
+        condition = where.this
+
+        def kept(value: exp.Expression, condition: exp.Expression = condition) -> exp.Case:
+            return exp.Case(ifs=[exp.If(this=condition.copy(), true=value)])
+
+        argument = aggregate.this
+        if isinstance(argument, exp.Star):
+            aggregate.set("this", kept(exp.Literal.number(1)))
+        elif isinstance(argument, exp.Distinct):
+            argument.set("expressions", [kept(e.copy()) for e in argument.expressions])
+        elif argument is not None:
+            aggregate.set("this", kept(argument.copy()))
+        node.replace(aggregate)
+    return select
 
 
 def unsupported_node(node: exp.Expression) -> errors.InvalidArgument:

@@ -10,9 +10,9 @@ by ``check_support`` as before.
   An uncorrelated EXISTS is a cross join with a hidden ``COUNT(*)`` row, kept while positive.
 - a scalar subquery in WHERE: uncorrelated, an aggregate without GROUP BY (one row, NULL or 0
   over none, as SQL has it), a cross join with that hidden one-row view; correlated by
-  equalities, ``SUM``/``AVG``/``MIN``/``MAX`` as an operand of a comparison of WHERE's
-  conjunction (NULL over no rows, so the comparison is never TRUE then and an inner join with a
-  view grouped by the correlation columns means the same).
+  equalities, ``SUM``/``AVG``/``MIN``/``MAX`` or arithmetic over one (``0.2 * AVG(x)``) as an
+  operand of a comparison of WHERE's conjunction (NULL over no rows, so the comparison is never
+  TRUE then and an inner join with a view grouped by the correlation columns means the same).
 
 A correlation is a column qualified by a table the subquery's FROM does not have; only
 equalities between such a column (or expression of them) and the subquery's own columns
@@ -24,7 +24,9 @@ correlate.
   (``_anti_join_in``).
 
 Other correlations, a grouped scalar subquery, a correlated COUNT, NOT IN or NOT EXISTS over a
-grouped subquery, subqueries in SELECT, HAVING, ON or GROUP BY are refused by name.
+grouped subquery, a correlated subquery in HAVING, subqueries in SELECT, ON or GROUP BY are
+refused by name. A HAVING conjunct with an uncorrelated subquery filters the groups as a WHERE
+over the grouped query (``_having_as_where``), where the above applies.
 """
 
 from __future__ import annotations
@@ -67,13 +69,85 @@ class Lifter:
 
 def lift_subqueries(select: exp.Select, lifter: Lifter) -> exp.Select:
     """``select`` (a copy) with its subqueries replaced by hidden views ``lifter`` collects."""
-    select = select.copy()
+    select = _having_as_where(select.copy())
     _lift_derived(select, lifter)
     _lift_where(select, lifter)
     left = select.find(exp.Subquery, exp.Exists)
     if left is not None:
-        raise refuse("a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE)", left)
+        raise refuse("a subquery in SELECT, ON or GROUP BY (only in FROM, WHERE and HAVING)", left)
     return select
+
+
+GROUPED = "__grouped"  # the alias of a grouped query whose HAVING had a subquery
+
+
+def _having_as_where(select: exp.Select) -> exp.Select:
+    """``SELECT g, SUM(x) AS s FROM t GROUP BY g HAVING SUM(x) > (SELECT ...)`` as ``SELECT
+    g, s FROM (SELECT g, SUM(x) AS s FROM t GROUP BY g) __grouped WHERE __grouped.s > (SELECT
+    ...)``: the HAVING conjuncts holding an uncorrelated subquery filter the groups as a WHERE
+    over them, where subqueries are lifted (TPC-H Q11). The view is then a bag of the groups
+    that pass, one row each, as the query's rows are. An aggregate those conjuncts read that no
+    item shows becomes a column of the grouped query that the outer query does not show."""
+    having = select.args.get("having")
+    if having is None or not having.find(exp.Subquery, exp.Exists):
+        return select
+    if select.args.get("distinct"):
+        raise refuse("DISTINCT beside a subquery in HAVING", having)
+    names = []
+    for item in select.expressions:
+        if not isinstance(item, exp.Alias | exp.Column):
+            raise refuse(
+                "an unnamed expression beside a subquery in HAVING (name it: ... AS name)", item
+            )
+        names.append(item.alias_or_name)
+    moved: list[exp.Expression] = []
+    kept: list[exp.Expression] = []
+    for conjunct in _conjuncts(having.this):
+        (moved if conjunct.find(exp.Subquery, exp.Exists) else kept).append(conjunct)
+    grouped = select.copy()
+    grouped.set("having", exp.Having(this=exp.and_(*kept)) if kept else None)
+    shown = {item.unalias(): item.alias_or_name for item in select.expressions}
+    filters = []
+    for conjunct in moved:
+        for sub in conjunct.find_all(exp.Subquery, exp.Exists):
+            query = sub.this
+            if isinstance(query, exp.Select) and _outer_columns(query, _inner_aliases(query)):
+                raise refuse("a correlated subquery in HAVING", sub)
+        filters.append(_over_groups(conjunct.copy(), shown, grouped))
+    outer = exp.select(*(_column(GROUPED, name) for name in names)).from_(
+        exp.Subquery(this=grouped, alias=exp.TableAlias(this=exp.to_identifier(GROUPED)))
+    )
+    return outer.where(exp.and_(*filters))
+
+
+def _over_groups(
+    conjunct: exp.Expression, shown: dict[exp.Expression, str], grouped: exp.Select
+) -> exp.Expression:
+    """A HAVING conjunct with the grouped query's aggregates and group columns (outside its
+    subqueries) as columns of ``GROUPED``; an aggregate no item shows is added as one."""
+
+    def outside(node: exp.Expression) -> bool:
+        return not any(isinstance(p, exp.Subquery | exp.Exists) for p in _ancestors(node))
+
+    for node in list(conjunct.find_all(*AGGREGATES, exp.Column)):
+        if not outside(node) or (isinstance(node, exp.Column) and node.find_ancestor(*AGGREGATES)):
+            continue
+        name = shown.get(node)
+        if name is None and isinstance(node, exp.Column):
+            raise refuse("a column in HAVING beside a subquery that SELECT does not show", node)
+        if name is None:
+            name = f"having_{len(grouped.expressions)}"
+            grouped.append("expressions", exp.alias_(node.copy(), name, quoted=True))
+            shown[node.copy()] = name
+        node.replace(_column(GROUPED, name))
+    return conjunct
+
+
+def _ancestors(node: exp.Expression) -> Iterator[exp.Expression]:
+    parent = node.parent
+    while parent is not None:
+        yield parent
+        parent = parent.parent
 
 
 def _table(name: str, alias: str) -> exp.Table:
@@ -193,9 +267,13 @@ class Correlation:
 
     pairs: list[tuple[exp.Expression, exp.Expression]]
     local: list[exp.Expression]
+    # (its own column, the outer column) of ``inner.c <> outer.d``: EXISTS and NOT EXISTS only
+    unequal: list[tuple[exp.Expression, exp.Expression]] = field(default_factory=list)
 
 
-def _correlation(sub: exp.Select) -> Correlation:
+def _correlation(sub: exp.Select, unequal: bool = False) -> Correlation:
+    """``unequal``: a ``<>`` between a column of its own and an outer column correlates too
+    (``Correlation.unequal``; one at most, beside an equality)."""
     inner = _inner_aliases(sub)
     for key in ("expressions", "joins", "group", "having"):
         value = sub.args.get(key)  # a list, one clause (GROUP BY, HAVING) or None
@@ -217,7 +295,17 @@ def _correlation(sub: exp.Select) -> Correlation:
             if not _outer_columns(right, inner) and _outer_only(left, inner):
                 found.pairs.append((right, left))
                 continue
+        if unequal and isinstance(bare, exp.NEQ) and not found.unequal:
+            sides = [bare.this, bare.expression]
+            owns = [isinstance(x, exp.Column) and not _outer_columns(x, inner) for x in sides]
+            outers = [isinstance(x, exp.Column) and _outer_only(x, inner) for x in sides]
+            if owns[0] and outers[1] or owns[1] and outers[0]:
+                own, outer = sides if owns[0] else sides[::-1]
+                found.unequal.append((own, outer))
+                continue
         raise refuse("a subquery correlated by a condition other than an equality", conjunct)
+    if found.unequal and not found.pairs:
+        raise refuse("a subquery correlated by <> without an equality", found.unequal[0][0])
     return found
 
 
@@ -306,7 +394,9 @@ def _exists(
     sub = _query(node, f"{what} (...)")
     if _grouped(sub):
         raise refuse(f"{what} over a grouped subquery", node)
-    found = _correlation(sub)
+    found = _correlation(sub, unequal=True)
+    if found.unequal:
+        return _exists_other(select, sub, found, lifter, negated)
     if not found.pairs:
         count = exp.alias_(exp.Count(this=exp.Star()), "v0", quoted=True)
         name = lifter.add(_hidden_select(sub, [count], found.local))
@@ -325,6 +415,53 @@ def _exists(
         return []
     select.append("joins", exp.Join(this=_table(name, name), on=on, side="LEFT"))
     return [exp.Is(this=_column(name, "c0"), expression=exp.Null())]
+
+
+def _exists_other(
+    select: exp.Select, sub: exp.Select, found: Correlation, lifter: Lifter, negated: bool
+) -> list[exp.Expression]:
+    """``[NOT] EXISTS (SELECT ... WHERE inner.a = outer.b AND inner.c <> outer.d ...)`` (TPC-H
+    Q21: another supplier of the same order): the rows with ``c <> d`` are those with a
+    non-NULL c, ``n`` per correlation, less those with ``c = d``, ``m`` per (correlation, c).
+    Two hidden views, joined (``n``) and LEFT JOINed on d (``m``, none where no c equals d);
+    EXISTS keeps ``d IS NOT NULL AND n - COALESCE(m, 0) > 0`` (a NULL d makes every ``<>``
+    unknown), NOT EXISTS the rest (both LEFT JOINed: no row for the correlation is 0)."""
+    own, outer = found.unequal[0]
+    keys = [exp.alias_(k.copy(), f"c{i}", quoted=True) for i, (k, _) in enumerate(found.pairs)]
+    counted = _hidden_select(
+        sub, [*keys, exp.alias_(exp.Count(this=own.copy()), "n", quoted=True)], found.local
+    )
+    counted.set("group", exp.Group(expressions=[k.copy() for k, _ in found.pairs]))
+    same = _hidden_select(
+        sub,
+        [
+            *keys,
+            exp.alias_(own.copy(), "cu", quoted=True),
+            exp.alias_(exp.Count(this=exp.Star()), "m", quoted=True),
+        ],
+        found.local,
+    )
+    same.set("group", exp.Group(expressions=[*(k.copy() for k, _ in found.pairs), own.copy()]))
+    n_view, m_view = lifter.add(counted), lifter.add(same)
+    n_on = exp.and_(*_matching(n_view, found.pairs))
+    if negated:
+        select.append("joins", exp.Join(this=_table(n_view, n_view), on=n_on, side="LEFT"))
+    else:
+        _join(select, _table(n_view, n_view), n_on)
+    m_on = exp.and_(
+        *_matching(m_view, found.pairs), exp.EQ(this=outer.copy(), expression=_column(m_view, "cu"))
+    )
+    select.append("joins", exp.Join(this=_table(m_view, m_view), on=m_on, side="LEFT"))
+    zero = exp.Literal.number(0)
+    n = exp.Coalesce(this=_column(n_view, "n"), expressions=[zero.copy()])
+    others = exp.Sub(
+        this=n, expression=exp.Coalesce(this=_column(m_view, "m"), expressions=[zero.copy()])
+    )
+    if negated:
+        none = exp.EQ(this=others, expression=zero.copy())
+        return [exp.Paren(this=exp.or_(exp.Is(this=outer.copy(), expression=exp.Null()), none))]
+    known = exp.Not(this=exp.Is(this=outer.copy(), expression=exp.Null()))
+    return [known, exp.GT(this=others, expression=zero.copy())]
 
 
 def _anti_join_in(select: exp.Select, node: exp.In, lifter: Lifter) -> list[exp.Expression]:
@@ -412,18 +549,37 @@ def _lift_scalars(select: exp.Select, conjunct: exp.Expression, lifter: Lifter) 
     return conjunct
 
 
+ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.Paren)
+
+
+def _null_over_no_rows(item: exp.Expression) -> bool:
+    """Whether a subquery's item is NULL when no row matches, so that the hidden view's
+    missing row (an inner join finds none) means what SQL's NULL does: SUM, AVG, MIN or MAX,
+    or arithmetic with one of them as an operand (``0.2 * AVG(x)``, ``SUM(a) / COUNT(*)``:
+    NULL in, NULL out). COUNT alone is 0 then, and COALESCE or CASE may be anything."""
+    if isinstance(item, exp.Sum | exp.Avg | exp.Min | exp.Max):
+        return True
+    if isinstance(item, ARITHMETIC):
+        operands = [item.this, item.args.get("expression")]
+        return any(_null_over_no_rows(o) for o in operands if isinstance(o, exp.Expression))
+    return False
+
+
 def _check_correlated_scalar(
     conjunct: exp.Expression, node: exp.Subquery, item: exp.Expression
 ) -> None:
-    """A correlated scalar is NULL over no rows only as SUM, AVG, MIN or MAX; as an operand
+    """A correlated scalar must be NULL over no rows (``_null_over_no_rows``); as an operand
     of a comparison that is a conjunct of WHERE, a NULL keeps no row, as the join does."""
-    if not isinstance(item, exp.Sum | exp.Avg | exp.Min | exp.Max):
+    if not _null_over_no_rows(item):
         if item.find(exp.Count):
             raise refuse(
                 "a correlated COUNT subquery (over no rows it is 0, which needs an outer join)",
                 node,
             )
-        raise refuse("a correlated scalar subquery other than SUM, AVG, MIN or MAX", node)
+        raise refuse(
+            "a correlated scalar subquery other than SUM, AVG, MIN or MAX, or arithmetic over them",
+            node,
+        )
     parent = node.parent
     while isinstance(parent, exp.Paren):
         parent = parent.parent

@@ -4,7 +4,7 @@
 
 -- joins
 -- InvalidArgument: a LEFT JOIN's ON other than equalities of its table's columns with tables joined before it
-SELECT count(*) FROM events e LEFT JOIN products p ON e.prod_id = p.prod_id AND p.price > 1;
+SELECT count(*) FROM events e LEFT JOIN products p ON e.prod_id = p.prod_id AND p.price > e.cost;
 -- InvalidArgument: a LEFT JOIN's ON other than equalities
 SELECT count(*) FROM events e LEFT JOIN products p ON e.prod_id = p.prod_id AND e.shop_id = 1;
 -- InvalidArgument: a LEFT JOIN's ON other than equalities
@@ -79,6 +79,12 @@ SELECT count(*) FROM events WHERE shop_id = 1 OR prod_id IN (SELECT prod_id FROM
 SELECT count(*) FROM events e WHERE shop_id = 1 OR EXISTS (SELECT 1 FROM products p WHERE p.prod_id = e.prod_id);
 -- InvalidArgument: a subquery correlated by a condition other than an equality
 SELECT count(*) FROM events e WHERE EXISTS (SELECT 1 FROM products p WHERE p.price < e.cost);
+-- InvalidArgument: a subquery correlated by <> without an equality
+SELECT count(*) FROM events e WHERE EXISTS (SELECT 1 FROM products p WHERE p.prod_id <> e.prod_id);
+-- InvalidArgument: a subquery correlated by a condition other than an equality
+SELECT count(*) FROM events e WHERE EXISTS (SELECT 1 FROM products p WHERE p.prod_id = e.prod_id AND p.cat_id <> e.shop_id AND p.price <> e.cost);
+-- InvalidArgument: a subquery correlated by a condition other than an equality
+SELECT count(*) FROM events e WHERE e.cost > (SELECT max(price) FROM products p WHERE p.prod_id = e.prod_id AND p.cat_id <> e.shop_id);
 -- InvalidArgument: a subquery correlated outside its WHERE
 SELECT count(*) FROM events e WHERE EXISTS (SELECT e.cost FROM products p WHERE p.prod_id = e.prod_id);
 -- InvalidArgument: EXISTS over a grouped subquery
@@ -89,19 +95,21 @@ SELECT count(*) FROM events e WHERE e.cost IN (SELECT max(price) FROM products p
 SELECT count(*) FROM events e WHERE e.prod_id IN (SELECT prod_id, cat_id FROM products);
 -- InvalidArgument: a correlated COUNT subquery (over no rows it is 0, which needs an outer join)
 SELECT count(*) FROM events e WHERE e.shop_id < (SELECT count(*) FROM products p WHERE p.prod_id = e.prod_id);
--- InvalidArgument: a correlated scalar subquery other than SUM, AVG, MIN or MAX
-SELECT count(*) FROM events e WHERE e.cost < (SELECT max(price) + 1 FROM products p WHERE p.prod_id = e.prod_id);
+-- InvalidArgument: a correlated scalar subquery other than SUM, AVG, MIN or MAX, or arithmetic over them
+SELECT count(*) FROM events e WHERE e.cost < (SELECT coalesce(max(price), 0) FROM products p WHERE p.prod_id = e.prod_id);
 -- InvalidArgument: a correlated scalar subquery outside a comparison in WHERE's conjunction
 SELECT count(*) FROM events e WHERE e.cost < 1 OR e.cost > (SELECT max(price) FROM products p WHERE p.prod_id = e.prod_id);
 -- InvalidArgument: a scalar subquery with GROUP BY or HAVING
 SELECT count(*) FROM events e WHERE e.cost > (SELECT max(price) FROM products GROUP BY cat_id);
 -- InvalidArgument: a scalar subquery without an aggregate (it may give more than one row)
 SELECT count(*) FROM events e WHERE e.cost > (SELECT price FROM products WHERE prod_id = 1);
--- InvalidArgument: a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE)
+-- InvalidArgument: a subquery in SELECT, ON or GROUP BY (only in FROM, WHERE and HAVING)
 SELECT (SELECT count(*) FROM products), count(*) FROM events;
--- InvalidArgument: a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE)
+-- InvalidArgument: an unnamed expression beside a subquery in HAVING (name it: ... AS name)
 SELECT count(*) FROM events HAVING count(*) > (SELECT count(*) FROM products);
--- InvalidArgument: a subquery in SELECT, HAVING, ON or GROUP BY (only in FROM and WHERE)
+-- InvalidArgument: a correlated subquery in HAVING
+SELECT shop_id, sum(cost) AS c FROM events e GROUP BY shop_id HAVING sum(cost) > (SELECT max(price) FROM products p WHERE p.prod_id = e.shop_id);
+-- InvalidArgument: a subquery in SELECT, ON or GROUP BY (only in FROM, WHERE and HAVING)
 SELECT count(*) FROM events e JOIN products p ON p.prod_id = e.prod_id AND p.price > (SELECT avg(cost) FROM events);
 -- InvalidArgument: window function
 SELECT shop_id, sum(cost) OVER (PARTITION BY shop_id) FROM events;
@@ -213,8 +221,6 @@ SELECT sum(DISTINCT cost) FROM events;
 SELECT avg(DISTINCT cost) FROM events;
 -- InvalidArgument: COUNT(DISTINCT with several arguments)
 SELECT count(DISTINCT shop_id, prod_id) FROM events;
--- InvalidArgument: aggregate FILTER
-SELECT count(*) FILTER (WHERE cost > 0) FROM events;
 
 -- select list and grouping
 -- InvalidArgument: column p.name must appear in GROUP BY or be aggregated
