@@ -283,6 +283,11 @@ def altered_plan(plan: ViewPlan, alter: AlterView) -> ViewPlan:
     """``plan`` under ``alter``'s options: a new mode takes its defaults for what is not given;
     an option of another mode than the one the view ends in is an error naming it."""
     mode = alter.refresh or plan.mode
+    if plan.nested and mode != "cumulus":  # its subqueries are maps of its program, no views
+        raise errors.FailedPrecondition(
+            f"materialized view {plan.name} keeps its subqueries as nested aggregates of its "
+            "cumulus program: switching it to another mode is not supported (drop and create it)"
+        )
     if alter.interval_ms and mode != "async":
         raise errors.InvalidArgument(
             f"interval_ms applies only to refresh = 'async'; materialized view {plan.name} "

@@ -316,8 +316,9 @@ def test_each_subquery_becomes_a_hidden_view_the_query_joins() -> None:
     assert [p.name for p in hidden] == ["__sub_q_2", "__sub_q_1"]
 
 
-def test_a_subquery_cumulus_cannot_nest_is_refused_by_name() -> None:
-    with pytest.raises(Exception, match="refresh = 'sync' or 'async'"):
+def test_subqueries_cumulus_does_not_take_are_refused_by_name() -> None:
+    """(Those it takes are nested aggregates of its program: ``test_cumulus_subqueries``.)"""
+    with pytest.raises(Exception, match="a subquery over a subquery or a union is maintained"):
         compile_sql_views(
             "CREATE MATERIALIZED VIEW q WITH (refresh = 'cumulus') AS " + SUBQUERIES["nested"],
             TABLES.__getitem__,

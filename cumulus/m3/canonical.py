@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from cumulus.m3.exprs import rename
 from cumulus.m3.printer import expr_text
-from cumulus.m3.program import AggSum, Factor, Guard, Lift, MapLift, Rel, Value
+from cumulus.m3.program import AggSum, Factor, Guard, Lift, MapExtreme, MapLift, Rel, Value
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,9 @@ def _text(factor: Factor, names: dict[str, str]) -> str:
     if isinstance(factor, Value):
         return "<" + expr_text(rename(factor.expr, names)) + ">"
     if isinstance(factor, MapLift):
-        keys = ",".join(names[k] for k in factor.keys)
-        return f"({names[factor.var]} ^= {factor.name}[{keys}])"
+        keys = ",".join(names.get(k, "_") for k in factor.keys)  # _: a MIN/MAX's placeholder
+        kind = factor.extreme if isinstance(factor, MapExtreme) else ""
+        return f"({names[factor.var]} ^= {kind}{factor.name}[{keys}])"
     assert isinstance(factor, Lift)
     return f"({names[factor.var]} ^= {expr_text(rename(factor.expr, names))})"
 
@@ -48,7 +49,8 @@ def _text(factor: Factor, names: dict[str, str]) -> str:
 def _lifted_text(lift: Lift | MapLift, names: dict[str, str]) -> str:
     """What a lift binds, in canonical names (its variable named after it)."""
     if isinstance(lift, MapLift):
-        return f"{lift.name}[{','.join(names.get(k, k) for k in lift.keys)}]"
+        kind = lift.extreme if isinstance(lift, MapExtreme) else ""
+        return f"{kind}{lift.name}[{','.join(names.get(k, k) for k in lift.keys)}]"
     return expr_text(rename(lift.expr, names))
 
 

@@ -32,9 +32,9 @@ from types import CodeType
 from typing import Any, Protocol
 
 from cumulus.expressions import ARITHMETIC, add, literal_value, mul, negate
-from cumulus.m3.exprs import compile_guard, compile_value, is_predicate, vars_of
+from cumulus.m3.exprs import compile_guard, compile_value, extreme_of, is_predicate, vars_of
 from cumulus.m3.order import plan_order, produced
-from cumulus.m3.program import Expr, Factor, Guard, Lift, MapLift, MapRef, Rel, Value
+from cumulus.m3.program import Expr, Factor, Guard, Lift, MapExtreme, MapLift, MapRef, Rel, Value
 
 _COMPARE = {"=": "==", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 INDENT = "    "
@@ -252,24 +252,15 @@ def _factor(
         gen.depth += 1
         return _multiply(gen, acc, value)
     if isinstance(factor, Lift):
-        value = _term_code(gen, factor.expr)
-        if factor.var in bound:  # NULL is a key like any other (SQL's one NULL group)
-            gen.line(f"if {value} == {gen.local(factor.var)}:")
-            gen.depth += 1
-        else:  # NULL binds too: a group key may be NULL
-            gen.line(f"{gen.local(factor.var)} = {value}")
-        return acc
+        return _bind(gen, factor.var, _term_code(gen, factor.expr), bound, acc)
     keys = factor.keys if isinstance(factor, MapRef) else factor.args
+    if isinstance(factor, MapExtreme):  # a nested MIN or MAX: its slice's extreme value
+        return _extreme(gen, position, factor, bound, acc, access)
     if isinstance(factor, MapLift):  # a nested aggregate's value: 0 where it has no entry
         value = gen.temp("x")
         access.point(gen, position, gen.key(keys), value)
         _count(gen)
-        if factor.var in bound:
-            gen.line(f"if ({value} if {value} is not None else 0) == {gen.local(factor.var)}:")
-            gen.depth += 1
-        else:
-            gen.line(f"{gen.local(factor.var)} = {value} if {value} is not None else 0")
-        return acc
+        return _bind(gen, factor.var, f"({value} if {value} is not None else 0)", bound, acc)
     if all(k in bound for k in keys):
         value = gen.temp("x")
         access.point(gen, position, gen.key(keys), value)
@@ -278,6 +269,35 @@ def _factor(
         _count(gen)
         return _multiply(gen, acc, value)
     return _slice(gen, position, keys, bound, acc, access)
+
+
+def _extreme(
+    gen: Gen, position: int, factor: MapExtreme, bound: set[str], acc: str, access: Access
+) -> str:
+    """The slice's entries gathered by the caller's scan, then ``extreme_of`` them, bound to
+    the variable (or compared with it)."""
+    prefix = tuple(range(len(factor.keys) - 1))
+    entries = gen.temp("e")
+    gen.line(f"{entries} = []")
+    in_loop = gen.in_loop
+    full, value = access.scan(gen, position, prefix, [gen.local(factor.keys[i]) for i in prefix])
+    gen.line(f"{INDENT}{entries}.append(({full}, {value}))")
+    gen.in_loop = in_loop
+    adjusted = "None"
+    if factor.adjust is not None:
+        adjusted = f"({_term_code(gen, factor.adjust[0])}, {_term_code(gen, factor.adjust[1])})"
+    call = f"{gen.const(extreme_of, 'ext')}({entries}, {factor.extreme!r}, {adjusted})"
+    return _bind(gen, factor.var, call, bound, acc)
+
+
+def _bind(gen: Gen, var: str, code: str, bound: set[str], acc: str) -> str:
+    """A lift's line: ``var`` bound to ``code`` (NULL too), or compared with it if bound."""
+    if var in bound:  # NULL is a key like any other (SQL's one NULL group)
+        gen.line(f"if {code} == {gen.local(var)}:")
+        gen.depth += 1
+    else:
+        gen.line(f"{gen.local(var)} = {code}")
+    return acc
 
 
 def _slice(

@@ -60,6 +60,7 @@ from cumulus.m3.program import (
     Guard,
     Lift,
     MapDecl,
+    MapExtreme,
     MapLift,
     MapRef,
     Part,
@@ -72,6 +73,7 @@ from cumulus.m3.program import (
     Value,
     View,
     ViewColumn,
+    lift_keys,
 )
 from cumulus.passes.union_plans import NOTHING
 from cumulus.plan import MULTIPLICITY, OUTER_REFUSAL, Aggregate, ViewPlan
@@ -372,6 +374,10 @@ class _Compiler:
     def nested_factors(
         self, hidden: ViewPlan, var_of: dict[str, str], outer_vars: set[str], types: Types
     ) -> list[Factor]:
+        """The hidden view's row at the outer variables ``var_of`` (its columns') as lifts of
+        its maps: its group's count (> 0), each column read the way a view reads it (SUM and
+        AVG finished from sum and count, COUNT its map, derived columns over them), HAVING.
+        Its group keys must be outer variables: a point read, never a loop."""
         inner = self.distinct_groups(hidden)
         if inner is not None:  # IN over a grouped subquery (Q18): its groups are distinct
             names = {g.name: g.source()["col"][1] for g in hidden.group_by}
@@ -412,6 +418,15 @@ class _Compiler:
             if column.expr is not None:
                 continue
             assert column.kind is not None and column.type is not None
+            if column.kind in (Kind.MIN, Kind.MAX):  # the extreme of its count map's slice
+                part = column.parts[0]
+                assert isinstance(part, MapRef)
+                prefix = tuple(var_of[k] for k in part.keys[:-1])
+                placeholder = fresh(f"{part.name}_any", taken)
+                extreme = "min" if column.kind is Kind.MIN else "max"
+                out.append(MapExtreme(part.name, (*prefix, placeholder), var, extreme))
+                types[var] = column.type
+                continue
             if RULES[column.kind].keeps_values:
                 raise errors.InvalidArgument(
                     nested_refusal(f"a {_SHOWN[column.kind]} subquery", "its value is a multiset's")
@@ -527,12 +542,34 @@ class _Compiler:
             if not isinstance(factor, MapLift) or not self.changes(factor.name, relation):
                 out.append(factor)
                 continue
+            if isinstance(factor, MapExtreme):  # the slice with the updated entry's change
+                value, delta = self.entry_change(factor, relation, sign, args)
+                out.append(replace(factor, adjust=(value, delta)))
+                continue
             old = fresh(f"{factor.var}_old", taken)
             delta = self.point_delta(factor.name, relation, sign, args)
             keyed = rename(delta, {f"#key{i}": k for i, k in enumerate(factor.keys)})
             out.append(MapLift(factor.name, factor.keys, old))
             out.append(Lift(factor.var, {"op": "+", "args": [{"var": old}, keyed]}))
         return out
+
+    def entry_change(
+        self, factor: MapExtreme, relation: str, sign: str, args: tuple[str, ...]
+    ) -> tuple[Expr, Expr]:
+        """A count map's change for one tuple as (its value key, its count change at the
+        lookup's slice): both over the trigger's arguments."""
+        target = self.point_target(factor.name, relation, sign, args)
+        if target is None:
+            raise errors.InvalidArgument(
+                nested_refusal("a subquery over a join", "its change is not one entry")
+            )
+        slice_keys = dict(enumerate(factor.keys[:-1]))
+        delta = rename(
+            self.point_delta(factor.name, relation, sign, args),
+            {f"#key{i}": k for i, k in slice_keys.items()},
+        )
+        last = f"#key{len(factor.keys) - 1}"
+        return target[-1], _inlined(delta, {last: target[-1]})
 
     def changes(self, name: str, relation: str) -> bool:
         decl = self.maps[name]
@@ -577,7 +614,7 @@ class _Compiler:
             target = self.point_target(factor.name, relation, sign, args)
             if target is None or len(target) != len(factor.keys):
                 target = ()  # pins nothing: the whole domain
-            mapping = dict(zip(factor.keys, target, strict=False))
+            mapping = dict(zip(lift_keys(factor), target, strict=False))
             each.append({k: repr(e) for k, e in mapping.items()})
             pins.update(mapping)
         if not each or any(m != each[0] for m in each) or len(each[0]) != len(pins):
@@ -699,8 +736,8 @@ def nested_refusal(construct: str, why: str = "") -> str:
     because = f" ({why})" if why else ""
     return (
         f"{construct} is maintained in refresh = 'sync' or 'async', not 'cumulus'{because}; "
-        "cumulus takes SUM, AVG and COUNT scalars, IN (also over GROUP BY ... HAVING), EXISTS "
-        "and NOT EXISTS, over one table each"
+        "cumulus takes SUM, AVG, COUNT, MIN and MAX scalars, IN (also over GROUP BY ... "
+        "HAVING), EXISTS and NOT EXISTS, over one table each"
     )
 
 

@@ -26,7 +26,18 @@ from dataclasses import dataclass, field
 
 from aggview.schema import ColumnType
 from cumulus.m3.exprs import expr_type, rename, vars_of
-from cumulus.m3.program import AggSum, Factor, Guard, Lift, MapLift, MapRef, Rel, Value
+from cumulus.m3.program import (
+    AggSum,
+    Factor,
+    Guard,
+    Lift,
+    MapExtreme,
+    MapLift,
+    MapRef,
+    Rel,
+    Value,
+    lift_keys,
+)
 
 Types = dict[str, ColumnType]
 
@@ -78,6 +89,8 @@ def factor_vars(factor: Factor) -> list[str]:
         return [factor.var, *vars_of(factor.expr)]
     if isinstance(factor, Value):
         return vars_of(factor.expr)
+    if isinstance(factor, MapExtreme):  # (its placeholder key is no variable)
+        return [factor.var, *lift_keys(factor), *vars_of(list(factor.adjust or ()))]
     if isinstance(factor, MapLift):
         return [factor.var, *factor.keys]
     return list(factor.keys)
@@ -94,7 +107,13 @@ def substitute(factor: Factor, names: dict[str, str]) -> Factor:
         return Value(rename(factor.expr, names))
     if isinstance(factor, MapLift):
         keys = tuple(names.get(k, k) for k in factor.keys)
-        return MapLift(factor.name, keys, names.get(factor.var, factor.var))
+        var = names.get(factor.var, factor.var)
+        if isinstance(factor, MapExtreme):
+            adjust = factor.adjust
+            if adjust is not None:
+                adjust = (rename(adjust[0], names), rename(adjust[1], names))
+            return MapExtreme(factor.name, keys, var, factor.extreme, adjust)
+        return MapLift(factor.name, keys, var)
     if isinstance(factor, MapRef):  # in a statement
         return MapRef(factor.name, tuple(names.get(k, k) for k in factor.keys))
     raise TypeError(f"a definition holds no {factor!r}")
@@ -184,7 +203,7 @@ def _split(term: DeltaTerm, rest: list[Factor], bound: set[str], types: Types) -
                 continue
             if isinstance(factor, Lift) and set(vars_of(factor.expr)) <= bound:
                 types.setdefault(factor.var, expr_type(factor.expr, types))
-            elif not (isinstance(factor, MapLift) and set(factor.keys) <= bound):
+            elif not (isinstance(factor, MapLift) and set(lift_keys(factor)) <= bound):
                 continue
             term.head.append(factor)
             lifted.append(factor)
@@ -223,13 +242,15 @@ def _split(term: DeltaTerm, rest: list[Factor], bound: set[str], types: Types) -
 
 def nested_vars(body: list[Factor] | tuple[Factor, ...]) -> set[str]:
     """Variables bound to a nested aggregate's value (``MapLift``) and the lifts over them:
-    what a materialized map cannot hold (its value changes with the nested maps)."""
-    found = {f.var for f in body if isinstance(f, MapLift)}
+    what a materialized map cannot hold (its value changes with the nested maps). A variable
+    of a relation is none: its lift compares (``x = (SELECT ...)``, a join edge)."""
+    atoms = {a for f in body if isinstance(f, Rel) for a in f.args}  # a lift of one: a test
+    found = {f.var for f in body if isinstance(f, MapLift)} - atoms
     growing = True
     while growing:
         growing = False
         for factor in body:
-            if isinstance(factor, Lift) and factor.var not in found:
+            if isinstance(factor, Lift) and factor.var not in found | atoms:
                 if set(vars_of(factor.expr)) & found:
                     found.add(factor.var)
                     growing = True

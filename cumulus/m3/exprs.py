@@ -10,7 +10,7 @@ each monomial's variables can go to the map of their own relation (seed 003's co
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -128,6 +128,21 @@ def _finish(expr: Expr) -> Callable[[Env], Any]:
     kind, result = Kind(expr["finish"]), ColumnType.parse(expr["type"])
     total, count = (compile_value(a) for a in expr["args"])
     return lambda env: finish_sum(kind, total(env), count(env), result)
+
+
+def extreme_of(
+    entries: Iterable[tuple[tuple[Any, ...], Any]], kind: str, adjusted: tuple[Any, Any] | None
+) -> Any:
+    """MIN or MAX of the last key over a count map's slice (entries with a positive count),
+    one entry's count changed by ``adjusted`` (value, delta); NULL over none."""
+    counts = {key[-1]: count for key, count in entries}
+    if adjusted is not None and adjusted[1]:
+        value, delta = adjusted
+        counts[value] = counts.get(value, 0) + delta
+    present = [v for v, count in counts.items() if count > 0 and v is not None]
+    if not present:
+        return None
+    return min(present) if kind == "min" else max(present)
 
 
 def compile_guard(pred: Expr) -> Callable[[Env], bool]:

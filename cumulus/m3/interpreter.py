@@ -26,13 +26,14 @@ from aggview import errors
 from aggview.schema import INT_MAX, INT_MIN, Column, from_storage, to_storage
 from cumulus.expressions import add, mul
 from cumulus.m3.codegen import TriggerStatement, compile_trigger
-from cumulus.m3.exprs import Env, compile_guard, compile_value
+from cumulus.m3.exprs import Env, compile_guard, compile_value, extreme_of
 from cumulus.m3.order import plan_order, produced
 from cumulus.m3.program import (
     AggSum,
     Factor,
     Guard,
     Lift,
+    MapExtreme,
     MapLift,
     MapRef,
     Part,
@@ -251,6 +252,8 @@ class Interpreter:
             return multiply
         if isinstance(factor, Lift):
             return _lift(factor, compile_value(factor.expr), factor.var in before, nxt)
+        if isinstance(factor, MapExtreme):
+            return self._extreme(factor, before, nxt)
         if isinstance(factor, MapLift):
             return self._map_lift(factor, before, nxt)
         if isinstance(factor, MapRef):
@@ -263,19 +266,29 @@ class Interpreter:
         """``(v ^= M[k])``: the entry's value, 0 where there is none (an empty nested
         aggregate), bound to v (or compared with it, if bound)."""
         data, counter, getkey = self.maps[factor.name].data, self.counter, key_getter(factor.keys)
-        name, bound = factor.var, factor.var in before
 
-        def read(env: Env, acc: Any) -> None:
+        def value(env: Env) -> Any:
             counter[0] += 1
-            value = data.get(getkey(env), 0)
-            if bound:
-                if value == env[name]:
-                    nxt(env, acc)
-                return
-            env[name] = value
-            nxt(env, acc)
+            return data.get(getkey(env), 0)
 
-        return read
+        return _lift(factor, value, factor.var in before, nxt)
+
+    def _extreme(self, factor: MapExtreme, before: frozenset[str], nxt: Step) -> Step:
+        """``(v ^= MIN(cnt[g, *]))``: the slice's extreme value (``extreme_of``)."""
+        store, counter = self.maps[factor.name], self.counter
+        data, prefix = store.data, factor.keys[:-1]
+        index = store.index(tuple(range(len(prefix))))
+        getprefix = key_getter(prefix)
+        adjust = [compile_value(e) for e in factor.adjust] if factor.adjust else None
+        kind = factor.extreme
+
+        def value(env: Env) -> Any:
+            bucket = index.get(getprefix(env), {})
+            counter[0] += len(bucket)
+            adjusted = (adjust[0](env), adjust[1](env)) if adjust else None
+            return extreme_of(((k, data[k]) for k in bucket), kind, adjusted)
+
+        return _lift(factor, value, factor.var in before, nxt)
 
     def _lookup(
         self, store: Store, keys: tuple[str, ...], before: frozenset[str], nxt: Step
@@ -417,7 +430,7 @@ def _check_target(statement: Statement, args: tuple[str, ...], where: str) -> No
         )
 
 
-def _lift(factor: Lift, value: Callable[[Env], Any], bound: bool, nxt: Step) -> Step:
+def _lift(factor: Lift | MapLift, value: Callable[[Env], Any], bound: bool, nxt: Step) -> Step:
     name = factor.var
     if bound:
 

@@ -8,7 +8,17 @@ from collections.abc import Sequence
 
 from aggview import errors
 from cumulus.m3.exprs import vars_of
-from cumulus.m3.program import Factor, Guard, Lift, MapLift, MapRef, Rel, Value
+from cumulus.m3.program import (
+    Factor,
+    Guard,
+    Lift,
+    MapExtreme,
+    MapLift,
+    MapRef,
+    Rel,
+    Value,
+    lift_keys,
+)
 
 
 def produced(factor: Factor) -> set[str]:
@@ -25,6 +35,8 @@ def produced(factor: Factor) -> set[str]:
 
 
 def needed(factor: Factor) -> set[str]:
+    if isinstance(factor, MapExtreme):  # its slice's prefix, and the change it counts
+        return set(lift_keys(factor)) | set(vars_of(list(factor.adjust or ())))
     if isinstance(factor, MapLift):  # a point read: every key bound first
         return set(factor.keys)
     if isinstance(factor, Guard):

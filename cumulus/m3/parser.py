@@ -39,6 +39,7 @@ from cumulus.m3.program import (
     Guard,
     Lift,
     MapDecl,
+    MapExtreme,
     MapLift,
     MapRef,
     Part,
@@ -52,6 +53,7 @@ from cumulus.m3.program import (
     Value,
     View,
     ViewColumn,
+    lift_keys,
 )
 from cumulus.m3.tokens import Token
 from cumulus.sqltext import negated_literal
@@ -343,13 +345,13 @@ class _Parser(PredicateParser):
                 expr = factor.pred if isinstance(factor, Guard) else factor.expr
                 self.check_bound(vars_of(expr), bound, token)
             elif isinstance(factor, MapLift):
-                self.check_bound(factor.keys, bound, token)
+                self.check_bound(lift_keys(factor), bound, token)
         return body
 
     def bound_by(self, body: list[Factor], args: set[str]) -> set[str]:
         bound = set(args)
         for factor in body:
-            if isinstance(factor, MapLift):
+            if isinstance(factor, MapLift):  # (a MIN/MAX's placeholder key binds nothing)
                 bound.add(factor.var)
             elif isinstance(factor, MapRef):
                 bound.update(factor.keys)
@@ -385,6 +387,8 @@ class _Parser(PredicateParser):
                 self.take()
                 variable, _ = self.name("a variable")
                 self.take()
+                if self.peek().text.upper() in ("MIN", "MAX") and self.is_op("(", 1):
+                    return [self.extreme(variable, token)]
                 inner = self.factor()
                 if len(inner) == 1 and type(inner[0]) is MapRef:  # a nested aggregate's value
                     self.op(")")
@@ -404,6 +408,23 @@ class _Parser(PredicateParser):
         if token.kind in ("word", "name"):
             return [self.reference()]
         raise self.fail(f"expected a factor, found {token.shown()}", token)
+
+    def extreme(self, variable: str, token: Token) -> MapExtreme:
+        """``MIN(cnt(type)[][g, v] [, value, delta]) )``: a nested MIN or MAX (its ``^=``
+        lift's rest, the closing parenthesis included)."""
+        kind = self.take().text.lower()
+        self.op("(")
+        ref = self.reference()
+        if type(ref) is not MapRef:
+            raise self.fail("MIN and MAX read a count map", token)
+        adjust = None
+        if self.accept_op(","):
+            value = self.pred()
+            self.op(",")
+            adjust = (value, self.pred())
+        self.op(")")
+        self.op(")")
+        return MapExtreme(ref.name, ref.keys, variable, kind, adjust)
 
     def product_factors(self) -> list[Factor]:
         factors = self.factor()

@@ -20,6 +20,7 @@ from cumulus.m3.program import (
     Guard,
     Lift,
     MapDecl,
+    MapExtreme,
     MapLift,
     MapRef,
     Part,
@@ -163,6 +164,10 @@ def map_ref_text(ref: MapRef, types: dict[str, ColumnType]) -> str:
 
 
 def factor_text(factor: Factor, types: dict[str, ColumnType]) -> str:
+    if isinstance(factor, MapExtreme):
+        adjust = "".join(f", {expr_text(e)}" for e in factor.adjust or ())
+        inner = f"{factor.extreme.upper()}({map_ref_text(factor, types)}{adjust})"
+        return f"({name(factor.var)} ^= {inner})"
     if isinstance(factor, MapLift):
         return f"({name(factor.var)} ^= {map_ref_text(factor, types)})"
     if isinstance(factor, MapRef):

@@ -77,6 +77,22 @@ class MapLift(MapRef):
     var: str = ""
 
 
+@dataclass(frozen=True)
+class MapExtreme(MapLift):
+    """``(var ^= MIN(cnt[g, v]))``: the least (greatest) v of the slice at g whose count is
+    positive, NULL where none is: a nested MIN or MAX read from its count map. The last key
+    is a placeholder, never bound. ``adjust`` (value, delta): that entry's count as changed
+    by the update (the new extreme, read before the update is applied)."""
+
+    extreme: str = "min"
+    adjust: tuple[Expr, Expr] | None = field(default=None, hash=False)
+
+
+def lift_keys(factor: MapLift) -> tuple[str, ...]:
+    """The keys a map lift reads at (bound first): a MIN/MAX's slice prefix."""
+    return factor.keys[:-1] if isinstance(factor, MapExtreme) else factor.keys
+
+
 Factor = MapRef | Rel | Value | Guard | Lift
 
 

@@ -27,9 +27,9 @@ from cumulus.m3.codegen import (
     unpack,
     write_product,
 )
-from cumulus.m3.exprs import Env, compile_guard, compile_value
+from cumulus.m3.exprs import Env, compile_guard, compile_value, extreme_of
 from cumulus.m3.order import plan_order, produced
-from cumulus.m3.program import Guard, Lift, MapLift, MapRef, Rel, Value
+from cumulus.m3.program import Guard, Lift, MapExtreme, MapLift, MapRef, Rel, Value
 from cumulus.runtime.messages import Key
 from cumulus.runtime.placement import Step
 
@@ -132,6 +132,19 @@ class CompiledStep:
                     go(i + 1, env, mul(acc, value))
             elif isinstance(factor, Lift):
                 value = compiled(env)  # NULL binds: a group key may be NULL
+                if factor.var in before:
+                    if value == env[factor.var]:
+                        go(i + 1, env, acc)
+                else:
+                    go(i + 1, {**env, factor.var: value}, acc)
+            elif isinstance(factor, MapExtreme):  # a nested MIN or MAX over its slice
+                prefix = tuple(env[k] for k in factor.keys[:-1])
+                entries = [(k, v) for k, v in tables.get(position, {}).items() if k[:-1] == prefix]
+                adjust = factor.adjust
+                adjusted = None
+                if adjust is not None:
+                    adjusted = (compile_value(adjust[0])(env), compile_value(adjust[1])(env))
+                value = extreme_of(entries, factor.extreme, adjusted)
                 if factor.var in before:
                     if value == env[factor.var]:
                         go(i + 1, env, acc)
