@@ -378,6 +378,9 @@ def _predicate3(pred: Mapping[str, Any]) -> Evaluator:
     if "notnull" in pred:
         inner = compile_expr(pred["notnull"])
         return lambda get: inner(get) is not None
+    if "lit" in pred and pred.get("type") == "BOOL":  # a constant condition (TRUE, FALSE)
+        constant = literal_value(pred)
+        return lambda get: constant
     raise InvalidArgument(f"unknown predicate {dict(pred)!r}")
 
 
