@@ -932,6 +932,35 @@ def test_register_read_makes_an_older_writer_too_late(env: Env) -> None:
     run(main)
 
 
+@pytest.mark.parametrize("steps", range(4))
+def test_a_registered_read_woken_by_a_decision_waits_for_an_older_writer_taking_the_row(
+    env: Env, steps: int
+) -> None:
+    """A read of transaction 40 waits for holder 20; 20's abort wakes it, and an older
+    writer (30) takes the row before the read has run again (``steps`` loop steps later).
+    The read must then wait for 30 and see its commit, or 30 must be too late: never may
+    30 commit below a read at 40 that missed it (a sync view's delta read a stale row)."""
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, insert(b"x", {"v": 1}))
+        assert (await p.prepare(sub(20, update(b"x", {"v": 9})))).outcome == YES
+        reader = asyncio.ensure_future(get(p, 40, b"x", register=True))
+        assert await pending(reader)
+        await p.decide(20, False)
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        vote = await p.prepare(sub(30, update(b"x", {"v": 2})))
+        if vote.outcome == YES:
+            await p.decide(30, True)
+            assert (await reader)["v"] == 2
+        else:
+            assert vote.outcome == TOO_LATE
+            assert (await reader)["v"] == 1
+
+    run(main)
+
+
 def test_register_read_scan_covers_rows_only_in_the_store(env: Env) -> None:
     env.store.write([(TABLE, k, encode_stored(5, {"v": 1})) for k in (b"a", b"b")])
 
@@ -1530,6 +1559,31 @@ def test_merges_commit_in_any_timestamp_order_with_exact_snapshots(
         assert [row["s"] for _, row in state.versions[1:]] == [1000, 1001, 1011, 1111]
         assert await scan(p, 40) == [(G, view(4, 1111))]
         assert not state.busy()
+
+    run(main)
+
+
+def test_a_guarded_merge_is_too_late_for_a_younger_read_while_it_waited_for_a_row(
+    env: Env,
+) -> None:
+    """A view-over-view delta (guarded) goes with row writes (index entries) in one sub: it
+    waits for an older holder of a row, and a younger transaction reads the view row
+    meanwhile (nothing pending there yet). The guard is checked once the rows are taken, so
+    the delta is too late instead of committing below that read."""
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 5, merge(G, view(1, 1000)), insert(b"i", {"v": 1}))
+        assert (await p.prepare(sub(20, update(b"i", {"v": 2})))).outcome == YES
+        guarded = merge(G, view(1, 1))
+        guarded.guarded = True
+        writer = asyncio.ensure_future(p.prepare(sub(30, update(b"i", {"v": 3}), guarded)))
+        assert await pending(writer)
+        assert await get(p, 40, G, register=True) == view(1, 1000)
+        await p.decide(20, True)
+        vote = await writer
+        assert vote.outcome == TOO_LATE, vote
+        assert p.rows[(TABLE, b"i")].holder == 0 and not p.rows[(TABLE, G)].merges
 
     run(main)
 

@@ -75,7 +75,6 @@ class Prepares(PartitionState):
                 if change_id not in self.rows:
                     self.rows[change_id] = RowState(versions=[(0, None)], rts=self.evicted_floor)
             pinned = await self._pin(exclusive + [r for r, _ in merges])
-            self._check_guarded(guarded, ts)
             for row_id in exclusive:
                 if row_id in tx.after or row_id in taken:
                     continue
@@ -86,6 +85,9 @@ class Prepares(PartitionState):
                     raise VoteNo(Outcome.TOO_LATE, "a younger transaction got there first", row_id)
                 taken[row_id] = None
                 tx.before[row_id] = self.rows[row_id].current
+            # Once every row is taken (those waits may let a younger transaction read a view
+            # row meanwhile), in the step that registers the deltas (``_log_prepared``).
+            self._check_guarded(guarded, ts)
             after: dict[RowId, Row | None] = {}  # this round's rows (a bulk load has many)
             for op, row_id in ops:
                 if row_id in superseded:

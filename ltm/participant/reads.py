@@ -41,15 +41,22 @@ class Reads(PartitionState):
         """``register``: a read of transaction ``ts`` itself (view maintenance), which sees
         the committed state before ``ts`` and keeps older writers off the row."""
         state = self.rows[row_id]
-        try:
-            if state.blocks(ts, own=register):  # most reads find the row free: no wait task
+        loop = asyncio.get_running_loop()
+        deadline = 0.0
+        # Checked again here after every wait, so the check, the rts and the version read are
+        # one step of the event loop: the wait ends in a task of its own, and steps pass before
+        # this one resumes, in which an older writer may take the row (its rts not raised yet)
+        # and then commit below this read, which would not have seen it.
+        while state.blocks(ts, own=register):  # most reads find the row free: no wait task
+            deadline = deadline or loop.time() + self.settings.lock_wait_timeout
+            try:
                 await asyncio.wait_for(
-                    state.wait_readable(ts, own=register), self.settings.lock_wait_timeout
+                    state.wait_readable(ts, own=register), deadline - loop.time()
                 )
-        except asyncio.TimeoutError:
-            raise errors.Unavailable(
-                f"row of {row_id[0]} is still held by undecided transaction {state.holder}"
-            ) from None
+            except asyncio.TimeoutError:
+                raise errors.Unavailable(
+                    f"row of {row_id[0]} is still held by undecided transaction {state.holder}"
+                ) from None
         if register:
             state.rts = max(state.rts, ts)
             return state.version_at(ts - 1)[1]
