@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from profiles import examples
-from test_cumulus_runtime import interpreted, run_checking_epochs
+from test_cumulus_runtime import RUNS, exact_at_every_epoch
 from test_subqueries import DUCK_COLUMNS, SUBQUERIES, shown_row
 from test_subqueries import TABLES as SUBQUERY_TABLES
 from test_views_differential import random_row
@@ -36,7 +36,7 @@ from cumulus.m3.parser import parse_program
 from cumulus.m3.printer import print_program
 from cumulus.m3.program import MapLift, Program
 from cumulus.plan import ViewPlan
-from cumulus.runtime.simulator import Network, Update
+from cumulus.runtime.simulator import Update
 
 INT = ColumnType.parse("INT")
 
@@ -228,41 +228,18 @@ def test_random_streams_equal_duckdb(construct: str, seed: int, steps: int) -> N
     construct=st.sampled_from(sorted(VIEWS)),
     seed=st.integers(0, 10**6),
     steps=st.integers(1, 60),
-    nodes=st.integers(1, 4),
-    switches=st.integers(2, 3),
-    reorder=st.one_of(st.none(), st.integers(0, 10**6)),
-    epoch_every=st.sampled_from([3.0, 10.0]),
+    run=st.fixed_dictionaries(RUNS),
     mode=st.sampled_from(["speculative", "conservative"]),
     batch=st.sampled_from([1, 1, 5]),
 )
 def test_the_runtime_is_exact_at_every_epoch(
-    construct: str,
-    seed: int,
-    steps: int,
-    nodes: int,
-    switches: int,
-    reorder: int | None,
-    epoch_every: float,
-    mode: str,
-    batch: int,
+    construct: str, seed: int, steps: int, run: dict[str, Any], mode: str, batch: int
 ) -> None:
     """2-3 switches, links reordering, speculative or conservative, batched: a map lift is read
     like any map (corrected when a late write revises it), so every committed epoch equals
     the interpreter over its prefix."""
-    program = program_of(VIEWS[construct])
-    read = {source.name for source in program.sources}
-    stream = [u for u in random_stream(random.Random(seed), steps) if u[1] in read]
-    simulator, _, checked = run_checking_epochs(
-        program,
-        stream,
-        nodes=nodes,
-        switches=switches,
-        network=Network(reorder),
-        epoch_every=epoch_every,
-        mode=mode,
-        batch=batch,
-    )
-    assert (checked or not stream) and simulator.maps() == interpreted(program, stream)
+    stream = random_stream(random.Random(seed), steps)
+    exact_at_every_epoch(program_of(VIEWS[construct]), stream, mode=mode, batch=batch, **run)
 
 
 def _in_cumulus(select: str) -> bool:
