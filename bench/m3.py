@@ -26,7 +26,7 @@ import asyncio
 import datetime
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,14 +171,15 @@ def run_m3(
     return result
 
 
-class _Tables:
-    """The base tables in storage form, with an index per join column: what the view path's
-    ``rows_where`` reads from LTMs, here from memory."""
+class MemoryTables:
+    """The base tables in storage form, with an index per column the plans join or look up
+    on: what the view path's ``rows_where`` reads from LTMs, here from memory (a column
+    without an index is a scan, counted as one). ``bench.view_joins`` uses it too."""
 
-    def __init__(self, tables: dict[str, TableSchema], plan: ViewPlan) -> None:
+    def __init__(self, tables: dict[str, TableSchema], plans: Sequence[ViewPlan]) -> None:
         self.schemas = tables
-        self.rows: dict[str, dict[bytes, dict[str, Any]]] = {t: {} for t in plan.base_tables()}
-        self.columns = plan.join_columns()
+        self.rows: dict[str, dict[bytes, dict[str, Any]]] = {t: {} for t in tables}
+        self.columns = sorted({c for p in plans for c in p.join_columns() if c[0] in tables})
         self.index: dict[tuple[str, str], dict[Any, dict[bytes, dict[str, Any]]]] = {
             c: {} for c in self.columns
         }
@@ -195,7 +196,7 @@ class _Tables:
             if t != table:
                 continue
             if old is not None:
-                self.index[(t, column)][old[column]].pop(key, None)
+                self.index[(t, column)].get(old[column], {}).pop(key, None)
             if new is not None:
                 self.index[(t, column)].setdefault(new[column], {})[key] = new
         if new is None:
@@ -209,6 +210,11 @@ class _Tables:
         if column is None:  # a scan step
             self.read += len(self.rows[table])
             return {None: list(self.rows[table].items())}
+        if (table, column) not in self.index:
+            rows = self.rows[table].items()
+            found = {v: [(k, r) for k, r in rows if r.get(column) == v] for v in values}
+            self.read += len(rows)
+            return found
         index = self.index[(table, column)]
         found = {v: list(index.get(v, {}).items()) for v in values}
         self.read += sum(len(rows) for rows in found.values())
@@ -219,7 +225,7 @@ def run_view_path(
     plan: ViewPlan, tables: dict[str, TableSchema], scale: dashboard.Scale, updates: list[Update]
 ) -> Result:
     view = ViewState(plan, tables.__getitem__)
-    memory = _Tables(tables, plan)
+    memory = MemoryTables(tables, [plan])
     state: dict[bytes, dict[str, Any]] = {}
 
     async def change(table: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:

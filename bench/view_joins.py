@@ -33,9 +33,9 @@ import duckdb
 import sqlglot
 
 from aggview import errors
-from aggview.keycodec import encode_key
 from aggview.merge import combine
 from aggview.schema import ColumnType, TableSchema, from_storage, row_to_storage
+from bench.m3 import MemoryTables
 from coordinator.catalog import table_from_create
 from cumulus.aggstate import Row, ViewState
 from cumulus.cascade import cascade
@@ -97,34 +97,17 @@ GROUPS = 20
 
 
 class Memory:
-    """Base tables in storage form with an index per column a view joins or looks up on, and
-    each view's stored groups: what ``rows_where`` and a group read get from LTMs, here from
-    memory, so the refresh operator's cost is its own."""
+    """The base tables (``bench.m3.MemoryTables``) and each view's stored groups: what
+    ``rows_where`` and a group read get from LTMs, here from memory, so the refresh operator's
+    cost is its own."""
 
     def __init__(self, plans: list[ViewPlan], relation: Callable[[str], TableSchema]) -> None:
         self.plans = {p.name: p for p in plans}
         self.states = {p.name: ViewState(p, relation) for p in plans}
         self.groups: dict[str, dict[bytes, Row]] = {p.name: {} for p in plans}
-        self.rows: dict[str, dict[bytes, Row]] = {t: {} for t in TABLES}
-        self.indexed = {(t, c) for p in plans for t, c in p.join_columns() if t in TABLES} | {
-            (t, "k") for t in TABLES
-        }
-        self.index: dict[tuple[str, str], dict[Any, dict[bytes, Row]]] = {
-            tc: {} for tc in self.indexed
-        }
+        self.tables = MemoryTables(TABLES, plans)
         self.inner = {t for p in plans for t in p.base_tables() if t in self.plans}
         self.loop = asyncio.new_event_loop()  # one for the run: a loop per update costs more
-
-    async def base_rows(
-        self, table: str, column: str | None, values: list[Any]
-    ) -> dict[Any, list[tuple[bytes, Row]]]:
-        if column is None:
-            return {None: list(self.rows[table].items())}
-        if (table, column) not in self.index:
-            rows = self.rows[table].items()
-            return {v: [(k, r) for k, r in rows if r.get(column) == v] for v in values}
-        index = self.index[(table, column)]
-        return {v: list(index.get(v, {}).items()) for v in values}
 
     async def read(self, name: str, prefixes: list[bytes] | None) -> dict[bytes, Row]:
         groups = self.groups[name]
@@ -142,17 +125,13 @@ class Memory:
     def apply_batch(self, table: str, rows: list[tuple[Row | None, Row | None]]) -> None:
         """Changes of rows of one table as one batch (a whole table at once: its initial
         computation, as a view over existing rows starts)."""
-        schema = TABLES[table]
         batch: dict[bytes, tuple[Row | None, Row | None]] = {}
         for before, after in rows:
             some = before if before is not None else after
             assert some is not None
-            batch[encode_key(schema.key_types, [some[c] for c in schema.primary_key])] = (
-                before,
-                after,
-            )
+            batch[self.tables.key(table, some)] = (before, after)
         changes: Changes = {table: batch}
-        rows_where = with_views(self.base_rows, self.states, self.read)
+        rows_where = with_views(self.tables.rows_where, self.states, self.read)
         deltas, _ = self.loop.run_until_complete(
             cascade(self.states.values(), changes, rows_where, self.read, self.inner)
         )
@@ -161,17 +140,7 @@ class Memory:
             for group, d in delta.items():
                 groups[group] = combine(groups.get(group, {}), d)
         for key, (before, after) in batch.items():
-            for t, column in self.indexed:
-                if t != table:
-                    continue
-                if before is not None:
-                    self.index[(t, column)].get(before.get(column), {}).pop(key, None)
-                if after is not None:
-                    self.index[(t, column)].setdefault(after.get(column), {})[key] = after
-            if after is None:
-                self.rows[table].pop(key, None)
-            else:
-                self.rows[table][key] = after
+            self.tables.put(table, key, before, after)
 
     def view(self, name: str) -> list[tuple[Any, ...]]:
         state = self.states[name]
