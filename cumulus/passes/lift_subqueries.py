@@ -126,11 +126,10 @@ def _over_groups(
     """A HAVING conjunct with the grouped query's aggregates and group columns (outside its
     subqueries) as columns of ``GROUPED``; an aggregate no item shows is added as one."""
 
-    def outside(node: exp.Expression) -> bool:
-        return not any(isinstance(p, exp.Subquery | exp.Exists) for p in _ancestors(node))
-
     for node in list(conjunct.find_all(*AGGREGATES, exp.Column)):
-        if not outside(node) or (isinstance(node, exp.Column) and node.find_ancestor(*AGGREGATES)):
+        if node.find_ancestor(exp.Subquery, exp.Exists) is not None:
+            continue  # the subquery's own: lifted with it
+        if isinstance(node, exp.Column) and node.find_ancestor(*AGGREGATES):
             continue
         name = shown.get(node)
         if name is None and isinstance(node, exp.Column):
@@ -141,13 +140,6 @@ def _over_groups(
             shown[node.copy()] = name
         node.replace(_column(GROUPED, name))
     return conjunct
-
-
-def _ancestors(node: exp.Expression) -> Iterator[exp.Expression]:
-    parent = node.parent
-    while parent is not None:
-        yield parent
-        parent = parent.parent
 
 
 def _table(name: str, alias: str) -> exp.Table:

@@ -22,14 +22,12 @@ from cumulus.sqltext import identifier
 def push_outer_filters(select: exp.Select, table: Callable[[str], TableSchema]) -> exp.Select:
     """``select`` with each LEFT JOIN's own-table conditions moved into a filtered derived
     table (a copy; ``select`` itself where there is none)."""
-    joins = select.args.get("joins") or []
-    if not any(_movable(select, j, table) for j in joins):
-        return select
-    pushed = select.copy()
-    for join in pushed.args["joins"]:
+    pushed, changed = select.copy(), False
+    for join in pushed.args.get("joins") or []:
         moved = _movable(pushed, join, table)
         if not moved:
             continue
+        changed = True
         kept = [c for c in conjuncts(join.args["on"]) if not any(c is m for m in moved)]
         alias = _alias(join.this)
         where = exp.and_(*(m.copy() for m in moved))
@@ -38,7 +36,7 @@ def push_outer_filters(select: exp.Select, table: Callable[[str], TableSchema]) 
             derived.args["from_"].this.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
         join.set("this", derived.subquery(alias))
         join.set("on", exp.and_(*kept) if kept else None)
-    return pushed
+    return pushed if changed else select
 
 
 def _alias(node: exp.Table) -> str:
