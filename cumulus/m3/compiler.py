@@ -50,6 +50,7 @@ from cumulus.m3.exprs import (
     product_type,
     rename,
     strict_vars,
+    substitute_vars,
 )
 from cumulus.m3.outer import split_outer
 from cumulus.m3.printer import statement_text
@@ -76,7 +77,7 @@ from cumulus.m3.program import (
     lift_keys,
 )
 from cumulus.passes.union_plans import NOTHING
-from cumulus.plan import MULTIPLICITY, OUTER_REFUSAL, Aggregate, ViewPlan
+from cumulus.plan import MULTIPLICITY, OUTER_REFUSAL, Aggregate, ViewPlan, expr_columns
 from cumulus.view_rows import row_schema, rows_id
 
 TableLookup = Callable[[str], TableSchema]
@@ -335,7 +336,9 @@ class _Compiler:
             return None
         empty = {"not": {"notnull": {"col": [alias, "c0"]}}}
         found = [f for f in plan.filters if f == empty]
-        others = [f for f in plan.filters if f != empty and alias in _aliases(f)]
+        others = [
+            f for f in plan.filters if f != empty and any(a == alias for a, _ in expr_columns(f))
+        ]
         return found[0] if found and not others else None
 
     def read_nested(self, query: _Query, anti: Collection[str] = ()) -> None:
@@ -487,21 +490,24 @@ class _Compiler:
             value: Expr = {"lit": term.coef, "type": "INT"}
             for factor in term.head:
                 if isinstance(factor, Lift) and factor.var not in args and factor.var not in inline:
-                    inline[factor.var] = _inlined(factor.expr, inline)
+                    inline[factor.var] = substitute_vars(factor.expr, inline)
                 elif isinstance(factor, Lift):
-                    expr = _inlined(factor.expr, inline)
+                    expr = substitute_vars(factor.expr, inline)
                     conds.append(
-                        {"cmp": "=", "args": [_inlined({"var": factor.var}, inline), expr]}
+                        {"cmp": "=", "args": [substitute_vars({"var": factor.var}, inline), expr]}
                     )
                 elif isinstance(factor, Guard):
-                    conds.append(_inlined(factor.pred, inline))
+                    conds.append(substitute_vars(factor.pred, inline))
                 elif isinstance(factor, Value):
-                    value = {"op": "*", "args": [value, _inlined(factor.expr, inline)]}
+                    value = {"op": "*", "args": [value, substitute_vars(factor.expr, inline)]}
                 else:
                     raise errors.InvalidArgument(nested_refusal("a subquery over a join"))
             for i, key in enumerate(term.target):
                 conds.append(
-                    {"cmp": "=", "args": [{"var": f"#key{i}"}, _inlined({"var": key}, inline)]}
+                    {
+                        "cmp": "=",
+                        "args": [{"var": f"#key{i}"}, substitute_vars({"var": key}, inline)],
+                    }
                 )
             case: Expr = {
                 "case": [[{"and": conds} if len(conds) > 1 else conds[0], value]]
@@ -569,7 +575,7 @@ class _Compiler:
             {f"#key{i}": k for i, k in slice_keys.items()},
         )
         last = f"#key{len(factor.keys) - 1}"
-        return target[-1], _inlined(delta, {last: target[-1]})
+        return target[-1], substitute_vars(delta, {last: target[-1]})
 
     def changes(self, name: str, relation: str) -> bool:
         decl = self.maps[name]
@@ -643,8 +649,8 @@ class _Compiler:
             inline: dict[str, Expr] = {}
             for factor in term.head:
                 if isinstance(factor, Lift) and factor.var not in args:
-                    inline.setdefault(factor.var, _inlined(factor.expr, inline))
-            target = tuple(_inlined({"var": k}, inline) for k in term.target)
+                    inline.setdefault(factor.var, substitute_vars(factor.expr, inline))
+            target = tuple(substitute_vars({"var": k}, inline) for k in term.target)
             found.add(repr(target))
         return target if len(found) == 1 else None
 
@@ -739,39 +745,6 @@ def nested_refusal(construct: str, why: str = "") -> str:
         "cumulus takes SUM, AVG, COUNT, MIN and MAX scalars, IN (also over GROUP BY ... "
         "HAVING), EXISTS and NOT EXISTS, over one table each"
     )
-
-
-def _inlined(expr: Expr, values: dict[str, Expr]) -> Expr:
-    """``expr`` with the lifted variables in ``values`` replaced by their expressions."""
-    if "var" in expr:
-        return values.get(expr["var"], expr)
-    out: Expr = {}
-    for key, value in expr.items():
-        if isinstance(value, dict):
-            out[key] = _inlined(value, values)
-        elif isinstance(value, list):
-            out[key] = [
-                _inlined(v, values)
-                if isinstance(v, dict)
-                else [_inlined(w, values) if isinstance(w, dict) else w for w in v]
-                if isinstance(v, list)
-                else v
-                for v in value
-            ]
-        else:
-            out[key] = value
-    return out
-
-
-def _aliases(expr: object) -> set[str]:
-    """The aliases a plan expression's columns are of."""
-    if isinstance(expr, dict):
-        if "col" in expr:
-            return {expr["col"][0]}
-        return set().union(*(_aliases(v) for v in expr.values()))
-    if isinstance(expr, list):
-        return set().union(*(_aliases(v) for v in expr))
-    return set()
 
 
 def _sum(parts: list[Part]) -> Part:

@@ -58,11 +58,16 @@ def vars_of(expr: object) -> list[str]:
 
 def rename(expr: Expr, mapping: Mapping[str, str]) -> Expr:
     """A copy with variables renamed (those not in ``mapping`` kept)."""
+    return substitute_vars(expr, {old: var(new) for old, new in mapping.items()})
+
+
+def substitute_vars(expr: Expr, values: Mapping[str, Expr]) -> Expr:
+    """A copy with the variables in ``values`` replaced by their expressions (others kept)."""
 
     def walk(node: Any) -> Any:
         if isinstance(node, Mapping):
             if "var" in node:
-                return {"var": mapping.get(node["var"], node["var"])}
+                return values.get(node["var"], {"var": node["var"]})
             return {k: walk(v) for k, v in node.items()}
         if isinstance(node, list):
             return [walk(item) for item in node]
