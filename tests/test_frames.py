@@ -47,9 +47,14 @@ def echo_welcome(hello: bytes, certified: bool = False) -> frames.Answer:
     return answer
 
 
-def asker(address: str, hello: bytes = b"hi", context: ssl.SSLContext | None = None) -> AskEach:
+def asker(
+    address: str,
+    hello: bytes = b"hi",
+    context: ssl.SSLContext | None = None,
+    grace: float = 0.5,
+) -> AskEach:
     return AskEach(
-        lambda: frames.FramedCall(address, hello, pb.LtmReplies.FromString, context, grace=0.5),
+        lambda: frames.FramedCall(address, hello, pb.LtmReplies.FromString, context, grace=grace),
         lambda requests: pb.LtmRequests(requests=requests),
         lambda exc: errors.Unavailable(f"stream ended: {exc!r}"),
     )
@@ -127,7 +132,9 @@ def test_a_peer_that_is_down_fails_as_unavailable_after_the_grace() -> None:
         port = probe.sockets[0].getsockname()[1]
         probe.close()
         await probe.wait_closed()
-        stream = asker(f"127.0.0.1:{port}")
+        # a grace the refusals fill even on a loaded machine (0.5 s once timed out a connect
+        # starved of CPU in CI before any refusal came back)
+        stream = asker(f"127.0.0.1:{port}", grace=2.0)
         try:
             with pytest.raises(errors.Unavailable, match="Connection"):
                 await ask(stream, 1)
