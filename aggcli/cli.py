@@ -332,10 +332,18 @@ def _add_cumulus_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 
     add_m3_command(sub, _run_m3)
     cumulus = add_cumulus_commands(sub, _run_cumulus_replay)
-    node = cumulus.add_parser("node", help="one Cumulus DW node (replay --host grpc starts them)")
-    node.add_argument("--program", required=True, help="the M3 program (aggview m3 prints one)")
-    node.add_argument("--number", type=int, required=True, help="this node's number, from 0")
-    node.add_argument("--nodes", type=int, required=True, help="DW nodes in all")
+    node = cumulus.add_parser(
+        "node",
+        help="Cumulus DW nodes: without --program, for the views that name this address in "
+        "their host option (host = 'h1:port,h2:port'); with it, one node of a replay",
+    )
+    node.add_argument(
+        "--program",
+        help="the M3 program (aggview m3 prints one; replay --host grpc starts such nodes); "
+        "default: none, views assign this process their programs",
+    )
+    node.add_argument("--number", type=int, help="this node's number, from 0 (with --program)")
+    node.add_argument("--nodes", type=int, help="DW nodes in all (with --program)")
     node.add_argument("--switches", type=int, default=1, help="update streams")
     node.add_argument(
         "--per-switch",

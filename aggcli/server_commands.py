@@ -182,9 +182,19 @@ def run_hbase_stop(args: argparse.Namespace) -> None:
 
 def run_cumulus_node(args: argparse.Namespace) -> None:
     from aggview.security import TlsDir
-    from cumulus.runtime.dw_server import NodeConfig, serve
+    from cumulus.runtime.dw_server import NodeConfig, NodePool, serve, serve_pool
 
     tls_dir = server_tls_dir(args)
+    tls = TlsDir.load(tls_dir) if tls_dir is not None else None
+    if args.program is None:
+        given = [f"--{k}" for k in ("number", "nodes") if getattr(args, k) is not None]
+        if given:
+            raise errors.InvalidArgument(f"{' and '.join(given)} need --program")
+        refuse_taken_port(args.host, args.port)
+        loops.run(serve_pool(NodePool(args.host, args.port, tls)))
+        return
+    if args.number is None or args.nodes is None:
+        raise errors.InvalidArgument("--program needs --number and --nodes")
     try:
         program_text = Path(args.program).read_text()
     except OSError as exc:
@@ -199,6 +209,6 @@ def run_cumulus_node(args: argparse.Namespace) -> None:
         per_switch=args.per_switch,
         host=args.host,
         port=args.port,
-        tls=TlsDir.load(tls_dir) if tls_dir is not None else None,
+        tls=tls,
     )
     loops.run(serve(config))

@@ -17,7 +17,7 @@ from aggview.security import TlsDir
 from cumulus.m3.printer import print_program
 from cumulus.m3.program import Program
 from cumulus.plan import ViewPlan
-from cumulus.runtime.grpc_host import NO_TIMED_EPOCHS_MS, GrpcRuntime
+from cumulus.runtime.grpc_host import GrpcRuntime, view_runtime_options
 
 
 class SparkStageNodes(GrpcRuntime):
@@ -47,11 +47,7 @@ class SparkStageNodes(GrpcRuntime):
             super().__init__(
                 program,
                 addresses,
-                mode=plan.speculation,
-                epoch_ms=NO_TIMED_EPOCHS_MS,
-                tls=tls,
-                switches=members or 1,
-                stamped=members is not None,
+                **view_runtime_options(plan.speculation, tls, members),
             )
         except BaseException:
             self._stage.close()

@@ -7,6 +7,10 @@
   by its stream, ``coordinator.member_switch``) and epoch coordinator in member 0.
   The nodes die with the process that started them; a dead node fails the next epoch, which
   reports it, and the view loads a new runtime (new nodes) from a snapshot;
+- addresses (``host = 'h1:7100,h2:7100'``): node pools started elsewhere (``aggview cumulus
+  node`` without ``--program``, on machines with cores to spare), each assigned a run of the
+  view (``NodePool``) and driven as the ``grpc`` host's. A node that dies fails the next epoch;
+  the view then loads a new run, retried until every address answers again;
 - ``spark``: the DW nodes as the tasks of a barrier stage of member 0's Spark session
   (``aggspark.view_host``, registered in ``EXTRA_HOSTS`` by the server entry point: this
   layer does not import Spark). A failed stage fails the next epoch, and is recovered the same
@@ -16,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,8 +29,13 @@ from aggview import errors
 from aggview.processes import Server
 from aggview.security import TlsDir
 from cumulus.m3.program import Program
-from cumulus.plan import ViewPlan
-from cumulus.runtime.grpc_host import NO_TIMED_EPOCHS_MS, GrpcRuntime, start_node_processes
+from cumulus.plan import ViewPlan, node_addresses
+from cumulus.runtime.grpc_host import (
+    GrpcRuntime,
+    assign_nodes,
+    start_node_processes,
+    view_runtime_options,
+)
 from cumulus.runtime.simulator import FEED_BATCH, Simulator
 
 # Hosts of other layers, by name: (program, plan, directory, tls, members) -> runtime;
@@ -59,11 +69,7 @@ class NodeProcesses(GrpcRuntime):
             super().__init__(
                 program,
                 [server.address for server in self.servers],
-                mode=plan.speculation,
-                epoch_ms=NO_TIMED_EPOCHS_MS,
-                tls=tls,
-                switches=members or 1,
-                stamped=members is not None,
+                **view_runtime_options(plan.speculation, tls, members),
             )
         except BaseException:
             self._stop_servers()
@@ -79,6 +85,33 @@ class NodeProcesses(GrpcRuntime):
             server.stop()
 
 
+class AssignedNodes(GrpcRuntime):
+    """The gRPC host on node pools at the view's addresses, assigned a run of their own."""
+
+    def __init__(
+        self, program: Program, plan: ViewPlan, tls: TlsDir | None, members: int | None = None
+    ):
+        addresses = node_addresses(plan.host)
+        run = f"{plan.name}-{uuid.uuid4().hex[:12]}"
+        switches = members or 1
+        assign_nodes(
+            program,
+            addresses,
+            view=plan.name,
+            run=run,
+            switches=switches,
+            mode=plan.speculation,
+            per_switch=members is not None,
+            tls=tls,
+        )
+        super().__init__(
+            program,
+            addresses,
+            **view_runtime_options(plan.speculation, tls, members),
+            run=run,
+        )
+
+
 def start_runtime(
     program: Program,
     plan: ViewPlan,
@@ -92,6 +125,8 @@ def start_runtime(
         if directory is None:
             raise ValueError("a gRPC-hosted runtime needs a directory for its nodes' logs")
         return NodeProcesses(program, plan, directory, tls, members)
+    if node_addresses(plan.host):
+        return AssignedNodes(program, plan, tls, members)
     if plan.host == "local":
         return Simulator(
             program,

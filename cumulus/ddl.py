@@ -14,7 +14,7 @@ from sqlglot import exp
 from sqlglot.tokens import Token, Tokenizer, TokenType
 
 from aggview import errors
-from cumulus.plan import HOSTS, MODES, SPECULATION, ViewPlan
+from cumulus.plan import HOSTS, MODES, SPECULATION, ViewPlan, node_addresses
 from cumulus.sqltext import identifier, syntax_error
 
 DEFAULT_ASYNC_INTERVAL_MS = 1000
@@ -180,6 +180,35 @@ def _choice(key: str, kind: str, text: str, allowed: tuple[str, ...]) -> str:
     return choice
 
 
+def _node_addresses(text: str) -> str:
+    """``host = 'h1:7100,h2:7100'``: DW node pools by address, one per node, as
+    ``host:port`` (an IPv6 address in brackets); returned without spaces."""
+    addresses = [part.strip() for part in text.split(",")]
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host.strip("[]") or " " in host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise errors.InvalidArgument(
+                f"host must be 'local', 'grpc', 'spark' or DW node addresses 'host:port,...'; "
+                f"{address!r} is not host:port"
+            )
+    if len(set(addresses)) != len(addresses):
+        raise errors.InvalidArgument(f"host names a DW node address twice: {text!r}")
+    if len(addresses) > MAX_NODES:
+        raise errors.InvalidArgument(f"host names more than {MAX_NODES} DW nodes")
+    return ",".join(addresses)
+
+
+def _nodes_of(values: dict[str, Any], default: int) -> int:
+    """``nodes``: one per address when ``host`` names addresses (a different ``nodes`` is an
+    error), else as given or ``default``."""
+    addresses = node_addresses(values.get("host", ""))
+    if addresses and values.get("nodes", len(addresses)) != len(addresses):
+        raise errors.InvalidArgument(
+            f"nodes = {values['nodes']} but host names {len(addresses)} DW node addresses"
+        )
+    return len(addresses) or values.get("nodes", default)
+
+
 def view_options(options: list[tuple[str, str, str]], allowed: tuple[str, ...]) -> dict[str, Any]:
     """Validate ``refresh`` / ``interval_ms``; every nonsense option is named in the error."""
     unknown = [key for key, _, _ in options if key not in allowed]
@@ -191,7 +220,9 @@ def view_options(options: list[tuple[str, str, str]], allowed: tuple[str, ...]) 
     for key, kind, text in options:
         if key in values:
             raise errors.InvalidArgument(f"view option {key} is given twice")
-        if key in ("refresh", "mode", "host"):
+        if key == "host" and kind == "string" and ":" in text:
+            values[key] = _node_addresses(text)
+        elif key in ("refresh", "mode", "host"):
             choices = {"refresh": MODES, "mode": SPECULATION, "host": HOSTS}[key]
             values[key] = _choice(key, kind, text, choices)
         elif key == "nodes":
@@ -209,7 +240,7 @@ def _create(header: _Header) -> CreateView:
     usage = (
         "CREATE MATERIALIZED VIEW name [WITH (refresh = 'sync'|'async', interval_ms = N)] "
         "| [WITH (refresh = 'cumulus', nodes = N, epoch_ms = M, mode = 'speculative'|"
-        "'conservative', host = 'local'|'grpc'|'spark', feed_ms = F)] AS SELECT ..."
+        "'conservative', host = 'local'|'grpc'|'spark'|'h:p,...', feed_ms = F)] AS SELECT ..."
     )
     if_not_exists = header.accept("IF", "NOT", "EXISTS")
     name = header.name(usage)
@@ -235,7 +266,7 @@ def _create(header: _Header) -> CreateView:
         raise errors.InvalidArgument(f"CREATE MATERIALIZED VIEW {name} has no SELECT")
     if mode != "cumulus":
         return CreateView(name, if_not_exists, mode, interval, select_sql)
-    nodes, speculation = values.get("nodes", DEFAULT_NODES), values.get("mode", "speculative")
+    nodes, speculation = _nodes_of(values, DEFAULT_NODES), values.get("mode", "speculative")
     host, feed = values.get("host", "local"), values.get("feed_ms", 0)
     return CreateView(
         name, if_not_exists, mode, interval, select_sql, nodes, speculation, host, feed
@@ -254,8 +285,8 @@ def _drop(header: _Header) -> DropView:
 
 ALTER_USAGE = (
     "ALTER MATERIALIZED VIEW name SET (refresh = 'sync'|'async'|'cumulus', interval_ms = N, "
-    "nodes = N, epoch_ms = M, mode = 'speculative'|'conservative', host = 'local'|'grpc'|'spark', "
-    "feed_ms = F)"
+    "nodes = N, epoch_ms = M, mode = 'speculative'|'conservative', "
+    "host = 'local'|'grpc'|'spark'|'h:p,...', feed_ms = F)"
 )
 
 
@@ -271,7 +302,7 @@ def _alter(header: _Header) -> AlterView:
         name,
         refresh=values.get("refresh", ""),
         interval_ms=values.get("interval_ms", 0),
-        nodes=values.get("nodes", 0),
+        nodes=_nodes_of(values, 0),
         epoch_ms=values.get("epoch_ms", 0),
         speculation=values.get("mode", ""),
         host=values.get("host", ""),
@@ -317,13 +348,21 @@ def altered_plan(plan: ViewPlan, alter: AlterView) -> ViewPlan:
         return replace(
             plan, mode=mode, interval_ms=interval, nodes=0, speculation="", host="", feed_ms=0
         )
+    nodes = alter.nodes or (plan.nodes if same else DEFAULT_NODES)
+    host = alter.host or (plan.host if same else "local")
+    addresses = node_addresses(host)
+    if addresses and nodes != len(addresses):
+        raise errors.InvalidArgument(
+            f"materialized view {plan.name} would have nodes = {nodes} on {len(addresses)} "
+            "DW node addresses (host); give host with nodes"
+        )
     return replace(
         plan,
         mode=mode,
         interval_ms=alter.epoch_ms or (plan.interval_ms if same else DEFAULT_EPOCH_MS),
-        nodes=alter.nodes or (plan.nodes if same else DEFAULT_NODES),
+        nodes=nodes,
         speculation=alter.speculation or (plan.speculation if same else "speculative"),
-        host=alter.host or (plan.host if same else "local"),
+        host=host,
         feed_ms=alter.feed_ms or (plan.feed_ms if same else 0),
     )
 

@@ -44,9 +44,18 @@ Expr = dict[str, Any]
 
 MODES = ("sync", "async", "cumulus")
 SPECULATION = ("speculative", "conservative")  # how a Cumulus view's runtime runs
-# where its DW nodes run: in the coordinating process, processes of their own, Spark tasks
+# where its DW nodes run: in the coordinating process, processes of their own, Spark tasks;
+# or node pools at addresses, "host:port,host:port" (``node_addresses``)
 HOSTS = ("local", "grpc", "spark")
 PLAN_FORMAT = 1
+
+
+def node_addresses(host: str) -> list[str]:
+    """The DW node pools a cumulus view's ``host`` names, by node number; [] for a host of
+    ``HOSTS`` (checked when the view was created: ``cumulus.ddl``)."""
+    return [] if host in HOSTS or not host else host.split(",")
+
+
 SHAPES = ("aggregate", "bag", "distinct")
 # an outer alias M3 cannot read (NOT IN, a LEFT JOIN with a subquery's rows) in a cumulus view
 OUTER_REFUSAL = (
@@ -309,10 +318,17 @@ class ViewPlan:
         if self.mode != "sync" and self.interval_ms <= 0:
             raise InvalidArgument(f"view {self.name}: an {self.mode} view needs interval_ms > 0")
         if self.mode == "cumulus":
-            if self.nodes < 1 or self.speculation not in SPECULATION or self.host not in HOSTS:
+            addresses = node_addresses(self.host)
+            if (
+                self.nodes < 1
+                or self.speculation not in SPECULATION
+                or (self.host not in HOSTS and not addresses)
+                or (addresses and len(addresses) != self.nodes)
+            ):
                 raise InvalidArgument(
                     f"view {self.name}: a cumulus view needs nodes >= 1, a mode of "
-                    f"{' or '.join(SPECULATION)} and a host of {' or '.join(HOSTS)}"
+                    f"{' or '.join(SPECULATION)} and a host of {' or '.join(HOSTS)} or as "
+                    "many DW node addresses as nodes"
                 )
             if not 0 <= self.feed_ms <= self.interval_ms:
                 raise InvalidArgument(

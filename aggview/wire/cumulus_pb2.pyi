@@ -280,3 +280,27 @@ class NodeStatsReply(_message.Message):
     bytes_sent: _containers.ScalarMap[str, int]
     committed: int
     def __init__(self, corrective_sent: _Optional[int] = ..., corrective_received: _Optional[int] = ..., max_depth: _Optional[int] = ..., deferred_fetches: _Optional[int] = ..., epochs: _Optional[int] = ..., write_log_entries: _Optional[int] = ..., read_log_entries: _Optional[int] = ..., operations: _Optional[int] = ..., messages_sent: _Optional[_Mapping[str, int]] = ..., bytes_sent: _Optional[_Mapping[str, int]] = ..., committed: _Optional[int] = ...) -> None: ...
+
+class AssignRequest(_message.Message):
+    __slots__ = ("view", "run", "program", "number", "nodes", "switches", "mode", "per_switch")
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PER_SWITCH_FIELD_NUMBER: _ClassVar[int]
+    view: str
+    run: str
+    program: str
+    number: int
+    nodes: int
+    switches: int
+    mode: str
+    per_switch: bool
+    def __init__(self, view: _Optional[str] = ..., run: _Optional[str] = ..., program: _Optional[str] = ..., number: _Optional[int] = ..., nodes: _Optional[int] = ..., switches: _Optional[int] = ..., mode: _Optional[str] = ..., per_switch: _Optional[bool] = ...) -> None: ...
+
+class AssignReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -62,6 +62,11 @@ class DwNodeStub:
                 request_serializer=aggview_dot_wire_dot_cumulus__pb2.NodeStatsRequest.SerializeToString,
                 response_deserializer=aggview_dot_wire_dot_cumulus__pb2.NodeStatsReply.FromString,
                 _registered_method=True)
+        self.Assign = channel.unary_unary(
+                '/aggview.v1.DwNode/Assign',
+                request_serializer=aggview_dot_wire_dot_cumulus__pb2.AssignRequest.SerializeToString,
+                response_deserializer=aggview_dot_wire_dot_cumulus__pb2.AssignReply.FromString,
+                _registered_method=True)
 
 
 class DwNodeServicer:
@@ -100,6 +105,12 @@ class DwNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Assign(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DwNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +138,11 @@ def add_DwNodeServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=aggview_dot_wire_dot_cumulus__pb2.NodeStatsRequest.FromString,
                     response_serializer=aggview_dot_wire_dot_cumulus__pb2.NodeStatsReply.SerializeToString,
+            ),
+            'Assign': grpc.unary_unary_rpc_method_handler(
+                    servicer.Assign,
+                    request_deserializer=aggview_dot_wire_dot_cumulus__pb2.AssignRequest.FromString,
+                    response_serializer=aggview_dot_wire_dot_cumulus__pb2.AssignReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +283,33 @@ class DwNode:
             '/aggview.v1.DwNode/Stats',
             aggview_dot_wire_dot_cumulus__pb2.NodeStatsRequest.SerializeToString,
             aggview_dot_wire_dot_cumulus__pb2.NodeStatsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Assign(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aggview.v1.DwNode/Assign',
+            aggview_dot_wire_dot_cumulus__pb2.AssignRequest.SerializeToString,
+            aggview_dot_wire_dot_cumulus__pb2.AssignReply.FromString,
             options,
             channel_credentials,
             insecure,

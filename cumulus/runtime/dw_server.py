@@ -7,7 +7,9 @@ so the state machine never runs twice at once; what it sends goes out batched pe
 each batch received is handed to the node as one ``Batch`` (one call, one epoch check).
 
 The same ``NodeHost`` runs in a process of its own (``aggview cumulus node``) and inside a
-Spark task (``aggspark/dw_stage.py``).
+Spark task (``aggspark/dw_stage.py``). Started without a program, a process is a ``NodePool``:
+views on other machines assign it (``Assign``), each a run of its own, so DW nodes can run
+wherever there are cores and be reached by address.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from aggview import errors
 from aggview.net import GRPC_OPTIONS, SERVER_OPTIONS, add_health, add_reflection, bind
 from aggview.security import MemberGate, TlsDir, member_channel, member_metadata
 from aggview.status import add_service
@@ -37,6 +40,7 @@ log = logging.getLogger("aggview.cumulus")
 
 BATCH = 512  # messages per batch on a stream, at most
 SERVICE = pb.DESCRIPTOR.services_by_name["DwNode"]
+RUN_HEADER = "aggview-dw-run"  # which assigned run a call to a node pool is for
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class NodeConfig:
     host: str = "127.0.0.1"
     port: int = 0
     tls: TlsDir | None = None
+    run: str = ""  # a node pool's run (``RUN_HEADER``); empty for a node of its own
 
 
 class NodeHost:
@@ -94,10 +99,21 @@ class NodeHost:
         credentials = tls.server_credentials(members_only=True) if tls else None
         port = bind(self.server, self.config.host, self.config.port, credentials)
         await self.server.start()
-        self._tasks.append(asyncio.create_task(self._run()))
+        self.begin()
         return port
 
+    def begin(self) -> None:
+        """Starts the node's task (a pool's run has no server of its own)."""
+        self._tasks.append(asyncio.create_task(self._run()))
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What this node's calls to its peers carry: the member secret, and its run."""
+        run = ((RUN_HEADER, self.config.run),) if self.config.run else ()
+        return (*member_metadata(self.config.tls), *run)
+
     async def stop(self) -> None:
+        self.to_driver.put_nowait(None)  # a driver still connected sees its stream end
         for queue in self.links.values():
             queue.put_nowait(None)
         for task in self._tasks:
@@ -149,7 +165,7 @@ class NodeHost:
         self._channels.append(channel)
         stub = pb_grpc.DwNodeStub(channel)
         batches = _batches(queue, self.config.number, self.sent, self.bytes)
-        await stub.Link(batches, metadata=member_metadata(tls))
+        await stub.Link(batches, metadata=self.metadata)
 
     def hello(self, hello: pb.Hello) -> None:
         if len(hello.peers) != self.config.nodes:
@@ -282,6 +298,16 @@ class _Servicer:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.PreloadReply()
 
+    async def Assign(  # noqa: N802
+        self, request: pb.AssignRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AssignReply:
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"DW node {self.host.config.number} runs the program it was started with; a node "
+            "that views assign is started without --program",
+        )
+        raise AssertionError("abort raises")
+
     async def Stats(  # noqa: N802
         self, request: pb.NodeStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.NodeStatsReply:
@@ -314,16 +340,160 @@ def _take(envelopes: Sequence[pb.Envelope], host: NodeHost) -> None:
         host.inbox.put_nowait(batched([decode(envelope) for envelope in envelopes]))
 
 
-async def serve(config: NodeConfig) -> None:
-    """``aggview cumulus node``: one DW node until SIGINT or SIGTERM."""
+class NodePool:
+    """DW nodes for the views that assign this process (``aggview cumulus node`` without
+    ``--program``): a ``NodeHost`` per run, behind one server. A view's new run (its runtime
+    loaded again, after a failure or a restart) replaces its old one; a run ends when its
+    driver's streams have all ended."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, tls: TlsDir | None = None):
+        self.host, self.port, self.tls = host, port, tls
+        self.runs: dict[str, NodeHost] = {}
+        self.views: dict[str, str] = {}  # view -> its run here
+        self.server: grpc.aio.Server | None = None
+        self._watchers: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        gates = [MemberGate(self.tls.secret)] if self.tls is not None else []
+        self.server = grpc.aio.server(
+            interceptors=gates or None, options=[*GRPC_OPTIONS, *SERVER_OPTIONS]
+        )
+        add_service(self.server, SERVICE, _PoolServicer(self))
+        add_health(self.server)
+        add_reflection(self.server, [SERVICE.full_name])
+        credentials = self.tls.server_credentials(members_only=True) if self.tls else None
+        port = bind(self.server, self.host, self.port, credentials)
+        await self.server.start()
+        return port
+
+    async def assign(self, request: pb.AssignRequest) -> None:
+        """A fresh node for ``request.run`` (ValueError for a program or layout that does
+        not parse); the view's previous run here stops."""
+        if not request.view or not request.run:
+            raise ValueError("Assign names a view and a run")
+        if request.run in self.runs:
+            raise ValueError(f"run {request.run!r} is assigned already")
+        if not 0 <= request.number < request.nodes:
+            raise ValueError(f"node number {request.number} of {request.nodes} nodes")
+        config = NodeConfig(
+            request.program,
+            number=request.number,
+            nodes=request.nodes,
+            switches=max(request.switches, 1),
+            mode=request.mode or "speculative",
+            per_switch=request.per_switch,
+            tls=self.tls,
+            run=request.run,
+        )
+        host = NodeHost(config)  # parses the program
+        await self._end(self.views.get(request.view))
+        self.runs[request.run] = host
+        self.views[request.view] = request.run
+        host.begin()
+        log.info("view %s: run %s as node %d", request.view, request.run, request.number)
+        watcher = asyncio.create_task(self._end_when_driven_out(request.view, host))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+
+    async def _end_when_driven_out(self, view: str, host: NodeHost) -> None:
+        await host.finished.wait()
+        if self.views.get(view) == host.config.run:
+            await self._end(host.config.run)
+
+    async def _end(self, run: str | None) -> None:
+        host = self.runs.pop(run, None) if run else None
+        if host is None:
+            return
+        for view, held in list(self.views.items()):
+            if held == run:
+                del self.views[view]
+        await host.stop()
+
+    async def stop(self) -> None:
+        for watcher in list(self._watchers):
+            watcher.cancel()
+        for run in list(self.runs):
+            await self._end(run)
+        if self.server is not None:
+            await self.server.stop(grace=1.0)
+
+
+class _PoolServicer:
+    """Each call reaches the run its metadata names (``RUN_HEADER``)."""
+
+    def __init__(self, pool: NodePool) -> None:
+        self.pool = pool
+
+    async def _run(self, context: grpc.aio.ServicerContext) -> _Servicer:
+        run = dict(context.invocation_metadata() or ()).get(RUN_HEADER, "")
+        host = self.pool.runs.get(run)
+        if host is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no run {run!r} at this DW node: a view assigns it first (Assign), and a "
+                "view's newer run replaces an older one",
+            )
+        return _Servicer(host)
+
+    async def Assign(  # noqa: N802
+        self, request: pb.AssignRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AssignReply:
+        try:
+            await self.pool.assign(request)
+        except (ValueError, TypeError, errors.AggviewError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Assign: {exc}")
+        return pb.AssignReply()
+
+    async def Drive(  # noqa: N802
+        self, requests: AsyncIterator[pb.Batch], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Batch]:
+        async for batch in (await self._run(context)).Drive(requests, context):
+            yield batch
+
+    async def Link(  # noqa: N802
+        self, requests: AsyncIterator[pb.Batch], context: grpc.aio.ServicerContext
+    ) -> pb.LinkReply:
+        return await (await self._run(context)).Link(requests, context)
+
+    async def ReadMap(  # noqa: N802
+        self, request: pb.MapRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MapReply:
+        return await (await self._run(context)).ReadMap(request, context)
+
+    async def Preload(  # noqa: N802
+        self, request: pb.PreloadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreloadReply:
+        return await (await self._run(context)).Preload(request, context)
+
+    async def Stats(  # noqa: N802
+        self, request: pb.NodeStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.NodeStatsReply:
+        return await (await self._run(context)).Stats(request, context)
+
+
+async def _until_signalled() -> None:
     import signal
 
-    host = NodeHost(config)
-    port = await host.start()
-    print(f"cumulus node {config.number} listening on {config.host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+async def serve(config: NodeConfig) -> None:
+    """``aggview cumulus node --program``: one DW node until SIGINT or SIGTERM."""
+    host = NodeHost(config)
+    port = await host.start()
+    print(f"cumulus node {config.number} listening on {config.host}:{port}", flush=True)
+    await _until_signalled()
     await host.stop()
+
+
+async def serve_pool(pool: NodePool) -> None:
+    """``aggview cumulus node`` without ``--program``: DW nodes for the views that assign
+    this process, until SIGINT or SIGTERM."""
+    port = await pool.start()
+    print(f"cumulus node pool listening on {pool.host}:{port}", flush=True)
+    await _until_signalled()
+    await pool.stop()

@@ -31,7 +31,7 @@ from aggview.wire import cumulus_pb2 as pb
 from aggview.wire import cumulus_pb2_grpc as pb_grpc
 from cumulus.m3.printer import print_program
 from cumulus.m3.program import Program
-from cumulus.runtime.dw_server import kind_name
+from cumulus.runtime.dw_server import RUN_HEADER, kind_name
 from cumulus.runtime.epochs import EpochCoordinator, Sends
 from cumulus.runtime.messages import COORDINATOR, Dispatch, EpochCommit, Key
 from cumulus.runtime.placement import Placement
@@ -64,7 +64,9 @@ class GrpcRuntime:
         epoch_ms: int = 1000,
         tls: TlsDir | None = None,
         stamped: bool = False,
+        run: str = "",
     ) -> None:
+        """``run``: the nodes are a node pool's, assigned this run (``NodePool``)."""
         if switches < 1:
             raise ValueError("a Cumulus runtime needs at least one switch")
         self.program = program
@@ -76,6 +78,7 @@ class GrpcRuntime:
         self.epochs = EpochCoordinator(self.switches, len(addresses), external=stamped)
         self.epoch_every = epoch_ms / 1000
         self.tls = tls
+        self.run = run
         self.report = Report()
         self._lock = threading.Condition()
         self._failure: str | None = None
@@ -107,9 +110,7 @@ class GrpcRuntime:
         requests.put(pb.Batch(source=-1, messages=[pb.Envelope(hello=hello)]))
         self._queues[(switch, node)] = requests
         self._pending[(switch, node)] = []
-        responses = self._stubs[node].Drive(
-            iter(requests.get, None), metadata=member_metadata(self.tls)
-        )
+        responses = self._stubs[node].Drive(iter(requests.get, None), metadata=self._metadata)
         thread = threading.Thread(
             target=self._answers, args=(node, responses), name=f"cumulus-drive-{switch}-{node}"
         )
@@ -273,7 +274,8 @@ class GrpcRuntime:
 
     @property
     def _metadata(self) -> tuple[tuple[str, str], ...]:
-        return member_metadata(self.tls)
+        run = ((RUN_HEADER, self.run),) if self.run else ()
+        return (*member_metadata(self.tls), *run)
 
     def _wait(self) -> None:
         self._lock.wait(timeout=1.0)
@@ -345,6 +347,62 @@ class GrpcRuntime:
         for thread in self._threads:
             thread.join(timeout=5)
         for channel in self._channels:
+            channel.close()
+
+
+def view_runtime_options(
+    speculation: str, tls: TlsDir | None, members: int | None
+) -> dict[str, Any]:
+    """``GrpcRuntime``'s options for a cluster's view: an epoch when the view asks for one (no
+    timer), and a switch per member stamped by it (``members``) or one, drained."""
+    return {
+        "mode": speculation,
+        "epoch_ms": NO_TIMED_EPOCHS_MS,
+        "tls": tls,
+        "switches": members or 1,
+        "stamped": members is not None,
+    }
+
+
+def assign_nodes(
+    program: Program,
+    addresses: list[str],
+    *,
+    view: str,
+    run: str,
+    switches: int = 1,
+    mode: str = "speculative",
+    per_switch: bool = False,
+    tls: TlsDir | None = None,
+    timeout: float = 10.0,
+) -> None:
+    """Assigns ``run`` of ``view`` to the node pools at ``addresses`` (``aggview cumulus node``
+    without ``--program``), node i at the i-th; ``errors.Unavailable`` names the first that
+    does not answer, ``errors.InvalidArgument`` the first that refuses."""
+    text = print_program(program)
+    for number, address in enumerate(addresses):
+        channel = _channel(address, tls)
+        try:
+            request = pb.AssignRequest(
+                view=view,
+                run=run,
+                program=text,
+                number=number,
+                nodes=len(addresses),
+                switches=switches,
+                mode=mode,
+                per_switch=per_switch,
+            )
+            pb_grpc.DwNodeStub(channel).Assign(
+                request, metadata=member_metadata(tls), timeout=timeout
+            )
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details()  # type: ignore[attr-defined]
+            where = f"DW node {number} at {address}"
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise errors.Unavailable(f"{where} does not answer: {details}") from None
+            raise errors.InvalidArgument(f"{where} refused the view: {details}") from None
+        finally:
             channel.close()
 
 
