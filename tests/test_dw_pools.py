@@ -43,9 +43,11 @@ def _pools(log_dir: Path, hosts: list[tuple[list[str], str]]) -> list[Server]:
     return started
 
 
-@pytest.fixture
-def pools(tmp_path: Path) -> Iterator[list[Server]]:
-    started = _pools(tmp_path, [([], "")] * 2)
+@pytest.fixture(scope="module")
+def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
+    """Two pools on loopback for the module's tests: each test's views are runs of their own
+    (a test that kills a pool starts it again)."""
+    started = _pools(tmp_path_factory.mktemp("pools"), [([], "")] * 2)
     try:
         yield started
     finally:
