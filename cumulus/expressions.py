@@ -278,7 +278,9 @@ STRICT_FUNCTIONS: Mapping[str, Callable[[Any], Any]] = {
     "month": operator.attrgetter("month"),
     "day": operator.attrgetter("day"),
 }
-FUNCTIONS = frozenset({*STRICT_FUNCTIONS, "substring", "greatest", "least"})
+# the functions NULL exactly when their first argument is (SUBSTRING's others are constants)
+STRICT = frozenset({*STRICT_FUNCTIONS, "substring"})
+FUNCTIONS = frozenset({*STRICT, "greatest", "least"})
 EXTRACT_UNITS = ("YEAR", "MONTH", "DAY")  # EXTRACT's, each the function of its name in lower case
 
 

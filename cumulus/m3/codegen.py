@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from cumulus.expressions import (
     ARITHMETIC,
+    STRICT,
     STRICT_FUNCTIONS,
     add,
     literal_value,
@@ -41,14 +42,7 @@ from cumulus.expressions import (
     negate,
     substring_function,
 )
-from cumulus.m3.exprs import (
-    STRICT,
-    compile_guard,
-    compile_value,
-    extreme_of,
-    is_predicate,
-    vars_of,
-)
+from cumulus.m3.exprs import compile_guard, compile_value, extreme_of, is_predicate, vars_of
 from cumulus.m3.order import plan_order, produced
 from cumulus.m3.program import Expr, Factor, Guard, Lift, MapExtreme, MapLift, MapRef, Rel, Value
 

@@ -19,13 +19,11 @@ from sqlglot import exp
 from aggview.errors import InvalidArgument
 from aggview.schema import ColumnType
 from cumulus.aggregates import Kind, finish_sum
-from cumulus.expressions import STRICT_FUNCTIONS, compile_expr, compile_predicate, literal_value
+from cumulus.expressions import STRICT, compile_expr, compile_predicate, literal_value
 from cumulus.m3.program import Expr
 from cumulus.typerules import FLOAT, INT, TEXT, arithmetic_type
 
 Env = dict[str, Any]
-# functions NULL exactly when their first argument is (SUBSTRING's others are constants)
-STRICT = frozenset({*STRICT_FUNCTIONS, "substring"})
 PREDICATE_KEYS = ("cmp", "in", "between", "not", "and", "or", "like", "notnull")
 ONE: Expr = {"lit": 1, "type": "INT"}
 MINUS_ONE: Expr = {"lit": -1, "type": "INT"}
