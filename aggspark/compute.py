@@ -15,7 +15,7 @@ from aggview.merge import combine
 from aggview.schema import Column, ColumnType, to_storage
 from cumulus.aggstate import NO_GROUP_KEY, Row, ViewState, sum_state
 from cumulus.plan import JoinEdge
-from cumulus.typerules import TEXT, accumulator_type
+from cumulus.typerules import INT, TEXT, accumulator_type
 
 State = dict[bytes, Row]
 _CMP = {"=": "=", "<>": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
@@ -58,8 +58,13 @@ def render(expr: dict[str, Any]) -> str:
         return f"({render(expr['like'])} LIKE {_literal(expr['pattern'], TEXT)})"
     if "notnull" in expr:
         return f"({render(expr['notnull'])} IS NOT NULL)"
-    if "null" in expr:
-        return "NULL"
+    if "null" in expr:  # typed where a LEFT JOIN's unmatched column became it: a function's
+        # argument then has the type Spark needs to resolve the call
+        return (
+            f"CAST(NULL AS {spark_type(ColumnType.parse(expr['type']))})"
+            if "type" in expr
+            else "NULL"
+        )
     if "case" in expr:
         cast = spark_type(ColumnType.parse(expr["type"]))
         whens = " ".join(f"WHEN {render(w)} THEN {render(t)}" for w, t in expr["case"])
@@ -68,7 +73,26 @@ def render(expr: dict[str, Any]) -> str:
     if "coalesce" in expr:
         cast = spark_type(ColumnType.parse(expr["type"]))
         return f"CAST(COALESCE({', '.join(render(a) for a in expr['coalesce'])}) AS {cast})"
+    if "fn" in expr:
+        return _function(expr["fn"], expr["args"], expr.get("type"))
     raise ValueError(f"cannot render {expr!r} to Spark SQL")  # "out" only occurs in HAVING
+
+
+def _function(name: str, args: list[dict[str, Any]], type_text: str | None) -> str:
+    """A scalar function as Spark SQL: GREATEST and LEAST skip NULLs as the evaluator does (their
+    arguments cast to the result type, as the evaluator converts them); SUBSTRING's bounds are
+    constants the compiler checked (start >= 1, length >= 0), where Spark counts as PostgreSQL."""
+    if name in ("greatest", "least"):
+        cast = spark_type(ColumnType.parse(str(type_text)))
+        return f"{name.upper()}({', '.join(f'CAST({render(a)} AS {cast})' for a in args)})"
+    subject = render(args[0])
+    if name == "abs":
+        return f"ABS({subject})"
+    if name == "substring":
+        return f"SUBSTRING({subject}, {', '.join(str(int(a['lit'])) for a in args[1:])})"
+    if name in ("year", "month", "day"):
+        return f"CAST(EXTRACT({name.upper()} FROM {subject}) AS {spark_type(INT)})"
+    raise ValueError(f"cannot render function {name!r} to Spark SQL")
 
 
 def _literal(value: Any, column_type: ColumnType) -> str:

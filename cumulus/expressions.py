@@ -21,7 +21,12 @@ Semantics, chosen to match SQL and to stay exact:
   ``type`` (an INT branch of a DECIMAL CASE is a Decimal), so a value's Python type is its
   SQL type's whatever branch gave it;
 - LIKE: ``%`` any run of characters, ``_`` one character, case-sensitive, no escape character
-  (the compiler refuses a backslash, which PostgreSQL reads as one and duckdb does not).
+  (the compiler refuses a backslash, which PostgreSQL reads as one and duckdb does not);
+- scalar functions (``{"fn": name, "args": [...]}``): ABS, YEAR/MONTH/DAY (EXTRACT from a
+  DATE) and SUBSTRING are NULL on a NULL argument; SUBSTRING takes characters from a constant
+  1-based start >= 1 for a constant length >= 0 (the forms PostgreSQL, duckdb and Spark agree
+  on); GREATEST and LEAST skip NULL arguments (NULL only if all are, as in PostgreSQL and
+  duckdb) and compare their arguments converted to the node's ``type``.
 
 HAVING predicates read view columns with ``{"out": name}``: the lookup is then called as
 ``lookup("", name)``.
@@ -38,6 +43,7 @@ from decimal import Decimal
 from typing import Any
 
 from aggview.errors import InvalidArgument
+from aggview.schema import ColumnType
 
 Lookup = Callable[[str, str], object]
 Evaluator = Callable[[Lookup], Any]
@@ -200,16 +206,23 @@ def compile_expr(expr: Mapping[str, Any]) -> Evaluator:
         return _case(expr)
     if "coalesce" in expr:
         return _coalesce(expr)
+    if "fn" in expr:
+        return _function(expr)
     raise InvalidArgument(f"unknown expression {dict(expr)!r}")
 
 
-def converter(type_text: object) -> Callable[[Any], Any]:
-    """A value of a CASE or COALESCE branch as a value of the node's type (numbers only
-    convert: INT -> DECIMAL -> FLOAT; None stays None)."""
+def converter(type_text: object, scaled: bool = False) -> Callable[[Any], Any]:
+    """A value of a CASE, COALESCE, GREATEST or LEAST argument as a value of the node's type
+    (numbers only convert: INT -> DECIMAL -> FLOAT; None stays None). ``scaled``: a DECIMAL
+    also gets the type's scale, as SQL casts each argument (GREATEST(x, 0) is 0.00, not 0);
+    exact, as no argument has a larger scale than the common type's."""
     if not isinstance(type_text, str):
-        raise InvalidArgument(f"CASE and COALESCE need a type; got {type_text!r}")
+        raise InvalidArgument(f"CASE, COALESCE, GREATEST and LEAST need a type; got {type_text!r}")
     if type_text == "FLOAT":
         return lambda v: None if v is None else float(v)
+    if type_text.startswith("DECIMAL") and scaled:
+        quantum = Decimal(1).scaleb(-(ColumnType.parse(type_text).scale or 0))
+        return lambda v: None if v is None else EXACT.quantize(Decimal(v), quantum)
     if type_text.startswith("DECIMAL"):
         return lambda v: Decimal(v) if type(v) is int else v
     return lambda v: v
@@ -245,6 +258,82 @@ def _coalesce(expr: Mapping[str, Any]) -> Evaluator:
             if value is not None:
                 return convert(value)
         return None
+
+    return evaluate
+
+
+# --- scalar functions ---------------------------------------------------------------------------
+
+
+def _abs(a: Any) -> Any:
+    # Decimal's abs() rounds to the thread's context; EXACT.abs never rounds.
+    return EXACT.abs(a) if type(a) is Decimal else abs(a)
+
+
+# the functions NULL on a NULL argument and of one value (SUBSTRING's bounds are constants),
+# by plan name; generated code (``cumulus.m3.codegen``) calls these same functions
+STRICT_FUNCTIONS: Mapping[str, Callable[[Any], Any]] = {
+    "abs": _abs,
+    "year": operator.attrgetter("year"),
+    "month": operator.attrgetter("month"),
+    "day": operator.attrgetter("day"),
+}
+# the functions NULL exactly when their first argument is (SUBSTRING's others are constants)
+STRICT = frozenset({*STRICT_FUNCTIONS, "substring"})
+FUNCTIONS = frozenset({*STRICT, "greatest", "least"})
+EXTRACT_UNITS = ("YEAR", "MONTH", "DAY")  # EXTRACT's, each the function of its name in lower case
+
+
+def substring_bounds(expr: Mapping[str, Any]) -> tuple[int, int | None]:
+    """SUBSTRING's constant start and length (None: to the end), checked to be the forms every
+    engine agrees on (start >= 1, length >= 0): as 0-based slice bounds."""
+    args = expr.get("args")
+    if not isinstance(args, list) or len(args) not in (2, 3):
+        raise InvalidArgument(f"SUBSTRING needs a string, a start and maybe a length: {expr!r}")
+    bounds: list[int] = []
+    for arg in args[1:]:
+        value = literal_value(arg) if isinstance(arg, Mapping) and "lit" in arg else None
+        if type(value) is not int or value < (0 if bounds else 1):
+            raise InvalidArgument(f"SUBSTRING needs a constant start >= 1, length >= 0: {expr!r}")
+        bounds.append(value)
+    start = bounds[0] - 1
+    return start, (start + bounds[1] if len(bounds) == 2 else None)
+
+
+def substring_function(expr: Mapping[str, Any]) -> Callable[[Any], Any]:
+    """SUBSTRING of one (non-NULL) string, its bounds fixed."""
+    start, end = substring_bounds(expr)
+    return lambda text: text[start:end]
+
+
+def _function(expr: Mapping[str, Any]) -> Evaluator:
+    name, args = expr["fn"], expr.get("args")
+    if name not in FUNCTIONS or not isinstance(args, list) or not args:
+        raise InvalidArgument(f"unknown function or arguments {dict(expr)!r}")
+    if name in ("greatest", "least"):
+        pick = max if name == "greatest" else min
+        return _extreme(pick, args, converter(expr.get("type"), scaled=True))
+    apply = substring_function(expr) if name == "substring" else STRICT_FUNCTIONS[name]
+    if name != "substring" and len(args) != 1:
+        raise InvalidArgument(f"{name.upper()} takes one argument: {dict(expr)!r}")
+    inner = compile_expr(args[0])
+
+    def evaluate(get: Lookup) -> Any:
+        value = inner(get)
+        return None if value is None else apply(value)
+
+    return evaluate
+
+
+def _extreme(
+    pick: Callable[[list[Any]], Any], args: list[Any], convert: Callable[[Any], Any]
+) -> Evaluator:
+    """GREATEST or LEAST: of the non-NULL arguments, each as a value of the result type."""
+    compiled = [compile_expr(a) for a in args]
+
+    def evaluate(get: Lookup) -> Any:
+        present = [convert(v) for v in (arg(get) for arg in compiled) if v is not None]
+        return pick(present) if present else None
 
     return evaluate
 

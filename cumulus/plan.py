@@ -15,7 +15,10 @@ the Spark layer read the same thing after a restart. Expressions and predicates 
   ``{"notnull": e}`` (IS NOT NULL; IS NULL is its ``not``);
 - ``{"null": true}`` (a NULL literal: in an IN list, a CASE result, a COALESCE argument);
   ``{"case": [[p, e], ...], "else": e, "type": T}`` (no "else": NULL) and
-  ``{"coalesce": [e, ...], "type": T}``, T their result type (``typerules.common_type``).
+  ``{"coalesce": [e, ...], "type": T}``, T their result type (``typerules.common_type``);
+- ``{"fn": "abs"|"year"|"month"|"day", "args": [e]}``, ``{"fn": "substring", "args": [e,
+  start, length]}`` (INT literals; no length: to the end) and ``{"fn": "greatest"|"least",
+  "args": [e, ...], "type": T}`` (T as for COALESCE).
 
 A view's ``shape`` says what its rows are. ``aggregate``: one row per group, its aggregates'
 values. ``bag`` (a SELECT without aggregates): a multiset of rows, kept as a GROUP BY over every

@@ -11,9 +11,10 @@ maintenance and the M3 read-out finish values in them, and Spark takes its sums 
   0), DOUBLE for FLOAT; a bulk computation (Spark) casts to that, so it is exact or fails loudly
   where Python's unbounded numbers would not.
 
-- CASE and COALESCE: their results' common type (NULL results aside): numbers widen as ``+``
-  does (INT with DECIMAL is DECIMAL(38, s), anything with FLOAT is FLOAT); other kinds must be
-  the same (DECIMAL of any scale is one kind, widened to the largest).
+- CASE, COALESCE, GREATEST and LEAST: their results' (arguments') common type (NULLs aside):
+  numbers widen as ``+`` does (INT with DECIMAL is DECIMAL(38, s), anything with FLOAT is
+  FLOAT); other kinds must be the same (DECIMAL of any scale is one kind, widened to the
+  largest). ABS keeps its argument's type; EXTRACT is INT; SUBSTRING is TEXT.
 
 COUNT, MIN and MAX (and the rest of each kind's rules) are in ``cumulus.aggregates``.
 """
@@ -62,7 +63,7 @@ def arithmetic_type(
 
 
 def common_type(types: list[ColumnType], node: exp.Expression) -> ColumnType:
-    """The type of a CASE's or COALESCE's results (``common_type`` above)."""
+    """The type of a CASE's or COALESCE's results, or GREATEST's or LEAST's arguments."""
     result = types[0]
     for other in types[1:]:
         if result.kind in NUMERIC and other.kind in NUMERIC:

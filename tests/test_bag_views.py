@@ -48,6 +48,8 @@ def _items(aliases: int) -> list[str]:
         "CASE WHEN a0.x > 2 THEN 'hi' WHEN a1.g LIKE 'b%' THEN 'b' ELSE a0.g END",
         "a0.k * 2 + a1.k",
         "a1.f",
+        "LEAST(a0.v, a1.x)",  # GREATEST/LEAST skip NULLs; DECIMAL(38,2) with its scale
+        "SUBSTRING(a1.g FROM 1 FOR 1)",
     ]
     return items
 

@@ -58,6 +58,8 @@ VIEWS = {
     "LEFT JOIN s ON r.k = s.k WHERE s.y IS NULL OR r.x > s.y",
     "LEFT, COALESCE of the outer side": "SELECT r.x, SUM(COALESCE(s.y, 10)) AS t, "
     "COUNT(*) AS n FROM r LEFT JOIN s ON r.k = s.k GROUP BY r.x",
+    "LEFT, functions of the outer side": "SELECT r.x, SUM(ABS(s.y - 2)) AS t, "
+    "SUM(GREATEST(s.y, r.x)) AS g, COUNT(*) AS n FROM r LEFT JOIN s ON r.k = s.k GROUP BY r.x",
     "LEFT on two equalities": "SELECT r.k, COUNT(*) AS n, COUNT(s.y) AS c FROM r "
     "LEFT JOIN s ON r.k = s.k AND r.x = s.y GROUP BY r.k",
     "LEFT, no GROUP BY": "SELECT COUNT(*) AS n, COUNT(s.id) AS c, SUM(s.y) AS t "

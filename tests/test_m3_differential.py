@@ -168,6 +168,11 @@ TRICKY = [
     "SELECT a0.g AS g0, SUM(a1.v) FILTER (WHERE a1.x > 1 OR a0.k IS NULL) AS agg0, "
     "COUNT(*) FILTER (WHERE a1.g LIKE 'a%') AS agg1, COUNT(DISTINCT a1.x) FILTER "
     "(WHERE a0.v > a1.v) AS agg2 FROM t0 a0 JOIN t1 a1 ON a0.k = a1.k GROUP BY a0.g",
+    # scalar functions: a strict one inline in generated code, GREATEST/LEAST its fallback
+    "SELECT GREATEST(a0.x, a1.k) AS g0, SUM(ABS(a1.v) + LEAST(a0.v, a1.x, NULL)) AS agg0, "
+    "MAX(SUBSTRING(a1.g, 1, 1)) AS agg1, COUNT(DISTINCT EXTRACT(DAY FROM CASE WHEN a0.x IS "
+    "NULL THEN DATE '2024-02-29' ELSE DATE '2024-03-01' END)) AS agg2 FROM t0 a0 JOIN t1 a1 "
+    "ON a0.k = a1.k WHERE ABS(a0.k - a1.x) < 3 OR SUBSTRING(a0.g, 1) = 'b' GROUP BY 1",
 ]
 
 

@@ -162,6 +162,32 @@ def test_spark_computes_theta_joins_as_the_refresh_operator_and_m3_do(
     _same_maps(loaded, streamed)
 
 
+FUNCTIONS = [  # scalar functions rendered to Spark SQL: GREATEST/LEAST skipping NULLs,
+    # SUBSTRING's constant bounds, EXTRACT of a DATE expression
+    TRICKY[-1],
+    "SELECT SUBSTRING(COALESCE(a0.g, 'none') FROM 2 FOR 2) AS g0, SUM(GREATEST(a0.v, a1.x)) "
+    "AS agg0, MAX(LEAST(a0.f, a1.k)) AS agg1, COUNT(ABS(a1.x)) AS agg2, MIN(EXTRACT(MONTH FROM "
+    "CASE WHEN a1.x > 1 THEN DATE '2024-03-01' END)) AS agg3 FROM t0 a0 JOIN t1 a1 "
+    "ON a1.k = a0.x GROUP BY 1",
+]
+
+
+@pytest.mark.parametrize("select", FUNCTIONS)
+def test_spark_computes_functions_as_the_refresh_operator_and_m3_do(
+    spark: Any, select: str
+) -> None:
+    test_spark_computes_theta_joins_as_the_refresh_operator_and_m3_do(spark, select)
+
+
+def test_spark_computes_functions_of_a_left_joins_null_row(spark: Any) -> None:
+    """A function of the NULL row a LEFT JOIN adds where nothing matches: NULL, as the
+    refresh operator computes it (GREATEST and LEAST skip it)."""
+    select = FUNCTIONS[1].replace(" JOIN t1 a1", " LEFT JOIN t1 a1")
+    state, tables, want, _ = _spark_and_scratch(spark, select, "fleft")
+    assert state.plan.outer == ("a1",)
+    assert want and compute_states(spark, state, tables) == want
+
+
 LEFT = [  # issue #41: LEFT JOINs, NULL rows counted by COUNT(*), skipped by COUNT(col)
     "SELECT a0.g AS g0, COUNT(*) AS agg0, COUNT(a1.x) AS agg1, SUM(a1.v) AS agg2, "
     "MIN(a1.x) AS agg3 FROM t0 a0 LEFT JOIN t1 a1 ON a1.k = a0.x GROUP BY a0.g",

@@ -133,6 +133,15 @@ LEFT_TOTALS = (
     "FROM shops s LEFT JOIN events e ON e.shop_id = s.id GROUP BY s.id"
 )
 
+# scalar functions (issue #41) in WHERE and aggregate arguments: Spark SQL's ABS, GREATEST,
+# LEAST, EXTRACT and SUBSTRING give what maintenance and M3 compute
+FUNCTION_TOTALS = (
+    "SELECT e.shop_id AS shop, COUNT(*) AS n, SUM(ABS(e.cost - 1)) AS spread, "
+    "MAX(GREATEST(e.cost, 0.50)) AS top, MIN(EXTRACT(MONTH FROM e.day)) AS first_month, "
+    "MAX(SUBSTRING(e.type FROM 1 FOR 3)) AS kind FROM events e WHERE LEAST(e.cost, 5) > 0.25 "
+    "GROUP BY e.shop_id"
+)
+
 
 @pytest.mark.parametrize(
     ("mode", "select", "groups"),
@@ -144,8 +153,20 @@ LEFT_TOTALS = (
         ("cumulus", THETA_TOTALS, SMALL.shops - 1),
         ("sync", LEFT_TOTALS, SMALL.shops),
         ("async", LEFT_TOTALS, SMALL.shops),
+        ("sync", FUNCTION_TOTALS, SMALL.shops),
+        ("cumulus", FUNCTION_TOTALS, SMALL.shops),
     ],
-    ids=["sync", "async", "cumulus", "sync-theta", "cumulus-theta", "sync-left", "async-left"],
+    ids=[
+        "sync",
+        "async",
+        "cumulus",
+        "sync-theta",
+        "cumulus-theta",
+        "sync-left",
+        "async-left",
+        "sync-functions",
+        "cumulus-functions",
+    ],
 )
 def test_bulk_init_while_clients_write_then_view_equals_recomputation(
     spark: Any, dashboard_cluster: LocalCluster, mode: str, select: str, groups: int

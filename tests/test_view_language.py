@@ -1,5 +1,6 @@
 """The view language's scalar breadth (issue #41): CASE, IN and NOT IN lists (with NULL),
-BETWEEN, COALESCE, LIKE with a constant pattern, OR, IS [NOT] NULL -- compiled by the view
+BETWEEN, COALESCE, LIKE with a constant pattern, OR, IS [NOT] NULL, and the scalar functions
+ABS, EXTRACT(YEAR|MONTH|DAY FROM d), SUBSTRING and GREATEST/LEAST -- compiled by the view
 compiler and evaluated by the one evaluator (sync and async views, the M3 interpreter and the
 Cumulus runtime all use it) -- against duckdb on every row of a grid, NULLs included: three-valued
 logic, a WHERE keeps a row only when its condition is TRUE.
@@ -12,6 +13,7 @@ generator draws these constructs (``test_views_differential``, ``test_m3_differe
 from __future__ import annotations
 
 import asyncio
+import datetime
 import itertools
 import random
 import re
@@ -33,6 +35,8 @@ from cumulus.delta import Changes, join_order, view_delta
 from cumulus.expressions import compile_expr, compile_filters
 from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.interpreter import Interpreter
+from cumulus.m3.parser import parse_program
+from cumulus.m3.printer import print_program
 
 SCHEMA = TableSchema(
     "t",
@@ -84,8 +88,10 @@ VALUES = [
     "CASE WHEN x > 0 OR f > 0 THEN x * 2 + 1 ELSE NULL END",
 ]
 
-GRID = [  # every combination: NULL in each column, LIKE's corner cases, zero and signs
-    {"id": i, "x": x, "g": g, "v": v, "f": f}
+DATES = [None, datetime.date(2024, 2, 29), datetime.date(1999, 12, 31), datetime.date(2024, 1, 1)]
+GRID = [  # every combination: NULL in each column, LIKE's corner cases, zero and signs; and
+    # each date beside every other value's NULL or not
+    {"id": i, "x": x, "g": g, "v": v, "f": f, "d": DATES[i % len(DATES)]}
     for i, (x, g, v, f) in enumerate(
         itertools.product(
             [None, -1, 1, 2, 3],
@@ -95,15 +101,52 @@ GRID = [  # every combination: NULL in each column, LIKE's corner cases, zero an
         )
     )
 ]
+GRID_SCHEMA = TableSchema("t", "t1", (*SCHEMA.columns, Column("d", ColumnType("DATE"))), ("id",))
+
+FUNCTION_VALUES = [
+    "ABS(x)",
+    "ABS(v)",  # DECIMAL(8,2) keeps its scale
+    "ABS(f - 1.5e0)",
+    "ABS(-v * 2)",
+    "EXTRACT(YEAR FROM d)",
+    "EXTRACT(month FROM d)",
+    "EXTRACT(DAY FROM d)",
+    "YEAR(d)",  # sqlglot's Year node: EXTRACT(YEAR FROM d)
+    "DAY(d) + MONTH(d)",
+    "SUBSTRING(g FROM 1 FOR 2)",
+    "SUBSTRING(g, 2)",  # to the end; '' past it
+    "SUBSTRING(g, 2, 0)",  # ''
+    "SUBSTRING(g, 3, 5)",  # past the end of every string
+    "SUBSTRING(g FOR 1)",  # from 1
+    "GREATEST(x, v)",  # INT with DECIMAL(8,2): DECIMAL(38,2), 2 as 2.00
+    "LEAST(x, v, NULL)",  # NULL skipped
+    "GREATEST(x, f)",  # FLOAT
+    "LEAST(x, -1)",
+    "GREATEST(g, 'b')",
+    "LEAST(d, DATE '2024-01-01')",
+    "GREATEST(NULL, x)",  # NULL only where x is
+    "GREATEST(SUBSTRING(g, 1, 1), COALESCE(g, 'zz'))",
+]
+
+FUNCTION_CONDITIONS = [
+    "ABS(x) = 1",
+    "EXTRACT(YEAR FROM d) = 2024",
+    "MONTH(d) IN (1, 12)",
+    "SUBSTRING(g, 1, 1) = 'a'",
+    "SUBSTRING(g, 2) LIKE 'b%'",
+    "GREATEST(x, 2) > 2",
+    "LEAST(x, v) < 0",
+    "LEAST(d, DATE '2000-01-01') < DATE '2000-01-01'",
+]
 
 
 @pytest.fixture(scope="module")
 def grid() -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
-    con.execute("CREATE TABLE t (id INT, x INT, g TEXT, v DECIMAL(8,2), f DOUBLE)")
+    con.execute("CREATE TABLE t (id INT, x INT, g TEXT, v DECIMAL(8,2), f DOUBLE, d DATE)")
     con.executemany(
-        "INSERT INTO t VALUES (?, ?, ?, ?, ?)",
-        [[r[c] for c in ("id", "x", "g", "v", "f")] for r in GRID],
+        "INSERT INTO t VALUES (?, ?, ?, ?, ?, ?)",
+        [[r[c] for c in ("id", "x", "g", "v", "f", "d")] for r in GRID],
     )
     return con
 
@@ -112,13 +155,13 @@ def _lookup(row: dict[str, Any]) -> Any:
     return lambda _alias, column: row[column]
 
 
-@pytest.mark.parametrize("condition", CONDITIONS)
+@pytest.mark.parametrize("condition", CONDITIONS + FUNCTION_CONDITIONS)
 def test_conditions_keep_the_rows_duckdb_keeps(
     grid: duckdb.DuckDBPyConnection, condition: str
 ) -> None:
     plan = compile_sql(
         f"CREATE MATERIALIZED VIEW v AS SELECT COUNT(*) FROM t WHERE {condition}",
-        lambda name: SCHEMA,
+        lambda name: GRID_SCHEMA,
     )
     keep = compile_filters(plan.filters)
     kept = {row["id"] for row in GRID if keep(_lookup(row))}
@@ -127,20 +170,25 @@ def test_conditions_keep_the_rows_duckdb_keeps(
     assert 0 < len(want) < len(GRID) or "NOT IN (1, NULL)" in condition  # a real test
 
 
-@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("value", VALUES + FUNCTION_VALUES)
 def test_values_equal_duckdbs(grid: duckdb.DuckDBPyConnection, value: str) -> None:
     plan = compile_sql(
-        f"CREATE MATERIALIZED VIEW v AS SELECT MAX({value}) FROM t", lambda name: SCHEMA
+        f"CREATE MATERIALIZED VIEW v AS SELECT MAX({value}) FROM t", lambda name: GRID_SCHEMA
     )
     (aggregate,) = plan.aggregates
     evaluate = compile_expr(aggregate.arg)
     want = dict(grid.execute(f"SELECT id, {value} FROM t").fetchall())
-    python_type = {"INT": int, "FLOAT": float, "TEXT": str}.get(aggregate.arg_type or "", Decimal)
+    python_type = {"INT": int, "FLOAT": float, "TEXT": str, "DATE": datetime.date}.get(
+        aggregate.arg_type or "", Decimal
+    )
+    assert any(w is not None for w in want.values())
     for row in GRID:
         got = evaluate(_lookup(row))
         assert got == want[row["id"]], (value, row, got, want[row["id"]])
         # the value has its type's Python type, whatever branch gave it
         assert got is None or type(got) is python_type, (aggregate.arg_type, got)
+        if value in FUNCTION_VALUES and type(got) is Decimal:  # GREATEST(x, v) of 2 is 2.00
+            assert str(got) == str(want[row["id"]]), (value, row, got)
 
 
 def test_group_by_an_expression_by_itself_its_alias_or_its_position() -> None:
@@ -447,3 +495,65 @@ def test_theta_joins_maintained_by_the_refresh_operator_and_m3_equal_duckdb(sele
         assert sorted(map(repr, got)) == want
         assert sorted(repr(tuple(r.values())) for r in interp.view("q")) == want
     assert memory.scans > 0
+
+
+# === scalar functions ===========================================================================
+
+
+def test_duckdbs_greatest_and_least_skip_nulls_as_postgresql_does() -> None:
+    """The reference needs no rewrite: duckdb, like PostgreSQL (and Spark), gives NULL only
+    when every argument is NULL."""
+    con = duckdb.connect()
+    assert con.execute("SELECT greatest(1, NULL), least(NULL, 2), greatest(NULL::INT, NULL)")
+    assert con.fetchall() == [(1, 2, None)]
+
+
+def test_functions_group_filter_and_finish_over_aggregates_in_the_m3_read_out(
+    grid: duckdb.DuckDBPyConnection,
+) -> None:
+    """A function as a group key, in WHERE, inside an aggregate and over aggregates (derived
+    and HAVING): the refresh operator's states and the M3 interpreter read out alike."""
+    schemas = {"t": GRID_SCHEMA}
+    select = (
+        "SELECT EXTRACT(YEAR FROM d) AS y, SUM(ABS(v)) AS s, GREATEST(MIN(x), 0) AS m, "
+        "COUNT(SUBSTRING(g, 2)) AS n FROM t WHERE LEAST(x, 3) >= 0 OR x IS NULL "
+        "GROUP BY EXTRACT(YEAR FROM d) HAVING ABS(SUM(v)) > 0"
+    )
+    plan = plan_of(select, "q", schemas.__getitem__)
+    interp = Interpreter(compile_program([plan], schemas.__getitem__))
+    state = ViewState(plan, schemas.__getitem__)
+    states: dict[bytes, dict[str, Any]] = {}
+    keep = compile_filters(plan.filters)
+    for row in GRID:
+        interp.insert("t", row)
+        binding = {"t": {c: to_storage(GRID_SCHEMA.column(c), row[c], table="t") for c in row}}
+        lookup = state.lookup(binding)
+        if keep(_lookup(row)):
+            key = state.group_key(lookup)
+            states[key] = combine(states.get(key, {}), state.tuple_delta(lookup, 1))
+    finished = [state.finalize(k, s) for k, s in states.items()]
+    want = sorted(map(repr, grid.execute(select).fetchall()))
+    assert len(want) == 3  # 1999, 2024 and NULL
+    assert sorted(repr(tuple(r.values())) for r in finished if r is not None) == want
+    assert sorted(repr(tuple(r.values())) for r in interp.view("q")) == want
+
+
+def test_aggview_m3_prints_functions_that_parse_back(tmp_path: Path, capsys: Any) -> None:
+    schema = tmp_path / "schema.sql"
+    schema.write_text(
+        "CREATE TABLE t (id INT PRIMARY KEY, g TEXT, v DECIMAL(8,2) NOT NULL, d DATE);\n"
+    )
+    main(
+        [
+            "m3",
+            "--schema",
+            str(schema),
+            "SELECT SUBSTRING(g FROM 1 FOR 2) AS p, SUM(GREATEST(v, 0)) AS s FROM t "
+            "WHERE EXTRACT(MONTH FROM d) = 2 AND ABS(v) < 5 GROUP BY 1",
+        ]
+    )
+    text = capsys.readouterr().out
+    assert "(p ^= {SUBSTRING(g, 1, 2)})" in text
+    assert "{CAST(GREATEST(v, 0) AS decimal(38,2))}" in text
+    assert "{EXTRACT(MONTH FROM d) = 2}" in text and "{ABS(v) < 5}" in text
+    assert print_program(parse_program(text)) == text

@@ -83,6 +83,11 @@ def view_specs(draw: st.DrawFn) -> dict[str, Any]:
         f"COALESCE(a{aliases - 1}.x, a0.k, -1)",
         "CASE a1.x WHEN 1 THEN a0.k WHEN 2 THEN -1 END",
         "CASE WHEN a0.g IN ('a', NULL) OR a1.x IS NULL THEN 1 ELSE 0 END",
+        # scalar functions (issue #41): GREATEST/LEAST skip NULLs, SUBSTRING, EXTRACT, ABS
+        f"GREATEST(a0.k, a{aliases - 1}.x)",
+        "SUBSTRING(COALESCE(a1.g, 'none') FROM 2 FOR 2)",
+        "EXTRACT(MONTH FROM CASE WHEN a0.x > 2 THEN DATE '2024-03-01' ELSE DATE '2023-11-30' END)",
+        "ABS(a0.k - a1.k)",
     ]
     group = draw(st.lists(st.sampled_from(columns), max_size=2, unique=True))
     value = st.sampled_from([f"a{i}.v" for i in range(aliases)])
@@ -106,6 +111,10 @@ def view_specs(draw: st.DrawFn) -> dict[str, Any]:
                 st.just("MIN(COALESCE(a1.g, 'z'))"),
                 st.just("SUM(CASE WHEN a0.f IS NULL THEN 1.5 ELSE a0.v END)"),
                 st.just("AVG(CASE WHEN a1.g LIKE '_' AND a0.k BETWEEN 1 AND 3 THEN a1.f END)"),
+                value.map(lambda v: f"SUM(ABS({v}) - GREATEST({v}, a1.x, 0))"),
+                st.sampled_from([f"MAX(LEAST(a{i}.f, a0.v))" for i in range(aliases)]),
+                st.just("MIN(SUBSTRING(COALESCE(a1.g, 'zz'), 1, 1))"),
+                st.just("COUNT(DISTINCT YEAR(CASE WHEN a0.k > 1 THEN DATE '2024-01-31' END))"),
                 # aggregate FILTER (WHERE ...): a CASE inside the aggregate to every back end
                 value.map(lambda v: f"SUM({v}) FILTER (WHERE a0.x > 2 OR a1.g = 'b')"),
                 st.just("COUNT(*) FILTER (WHERE a1.x IS NULL)"),
@@ -117,6 +126,8 @@ def view_specs(draw: st.DrawFn) -> dict[str, Any]:
                 value.map(lambda v: f"CASE WHEN COUNT(*) > 0 THEN SUM({v}) / COUNT(*) END"),
                 st.just("COALESCE(MIN(a1.x), -1) * 2 + COUNT(DISTINCT a0.g)"),
                 st.just("CASE WHEN MAX(a0.g) LIKE 'a%' OR SUM(a0.k) > 3 THEN 1 ELSE 0 END"),
+                st.just("GREATEST(SUM(a0.v), MIN(a1.k), 0)"),
+                st.just("ABS(SUM(a1.x) - 2 * COUNT(*))"),
             ),
             min_size=1,
             max_size=3,
@@ -134,10 +145,13 @@ def view_specs(draw: st.DrawFn) -> dict[str, Any]:
                 "COALESCE(a1.x, a0.k) < 3",
                 "CASE WHEN a0.x IS NULL THEN a1.k ELSE a0.x END >= 2",
                 "(a0.x = 1 OR a1.x = 2 OR a0.g = 'c') AND NOT (a0.k = 0 AND a1.k = 1)",
+                "ABS(a0.k - a1.k) <= 1",
+                "SUBSTRING(a0.g, 1, 1) IN ('a', 'b') OR GREATEST(a0.x, a1.x) > 3",
+                "LEAST(a0.v, a1.x) < 1",
             ]
         )
     )
-    having = draw(st.sampled_from([None, "COUNT(*) > 1"]))
+    having = draw(st.sampled_from([None, "COUNT(*) > 1", "ABS(SUM(a0.k) - 3) > 1"]))
     return {
         "tables": tables,
         "table_of": table_of,

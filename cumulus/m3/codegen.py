@@ -11,9 +11,10 @@ The semantics are the reference interpreter's, step for step: the same factor or
 arithmetic functions (``cumulus.expressions.add``/``mul``/``ARITHMETIC``, exact for INT and
 DECIMAL), SQL NULLs (an operand None makes a result None; a guard passes only TRUE; a NULL or
 zero value term skips the row; a lift binds NULL), the accumulator multiplied factor by factor
-from 1, each entry read counted. Variables, literals, ``+ - * /``, negation, comparisons and
-``IS NOT NULL``, AND, OR, NOT (three-valued) and IN over constants are written inline; any
-other term (CASE, COALESCE, BETWEEN, LIKE, IN over expressions, or a guard containing one) is
+from 1, each entry read counted. Variables, literals, ``+ - * /``, negation, ABS, EXTRACT and
+SUBSTRING (calls of the evaluator's own functions, NULL on NULL), comparisons and ``IS NOT
+NULL``, AND, OR, NOT (three-valued) and IN over constants are written inline; any other term
+(CASE, COALESCE, GREATEST, LEAST, BETWEEN, LIKE, IN over expressions, or a guard containing one) is
 evaluated as a whole by the interpreter's own closure (``compile_value`` / ``compile_guard``)
 over a dict of the variables it reads: never a second evaluator of those.
 
@@ -31,7 +32,16 @@ from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any, Protocol
 
-from cumulus.expressions import ARITHMETIC, add, literal_value, mul, negate
+from cumulus.expressions import (
+    ARITHMETIC,
+    STRICT,
+    STRICT_FUNCTIONS,
+    add,
+    literal_value,
+    mul,
+    negate,
+    substring_function,
+)
 from cumulus.m3.exprs import compile_guard, compile_value, extreme_of, is_predicate, vars_of
 from cumulus.m3.order import plan_order, produced
 from cumulus.m3.program import Expr, Factor, Guard, Lift, MapExtreme, MapLift, MapRef, Rel, Value
@@ -107,6 +117,10 @@ def _value_code(gen: Gen, expr: Expr) -> str | None:
         return _binary(gen, expr["args"], gen.const(ARITHMETIC[expr["op"]], "op") + "({}, {})")
     if "neg" in expr:
         return _unary(gen, _value_code(gen, expr["neg"]), gen.const(negate, "neg") + "({})")
+    if expr.get("fn") in STRICT and isinstance(expr.get("args"), list):
+        name = expr["fn"]
+        apply = substring_function(expr) if name == "substring" else STRICT_FUNCTIONS[name]
+        return _unary(gen, _value_code(gen, expr["args"][0]), gen.const(apply, "fn") + "({})")
     return None
 
 

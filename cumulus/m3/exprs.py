@@ -19,9 +19,9 @@ from sqlglot import exp
 from aggview.errors import InvalidArgument
 from aggview.schema import ColumnType
 from cumulus.aggregates import Kind, finish_sum
-from cumulus.expressions import compile_expr, compile_predicate, literal_value
+from cumulus.expressions import STRICT, compile_expr, compile_predicate, literal_value
 from cumulus.m3.program import Expr
-from cumulus.typerules import FLOAT, INT, arithmetic_type
+from cumulus.typerules import FLOAT, INT, TEXT, arithmetic_type
 
 Env = dict[str, Any]
 PREDICATE_KEYS = ("cmp", "in", "between", "not", "and", "or", "like", "notnull")
@@ -184,9 +184,26 @@ def expr_type(expr: Expr, types: Mapping[str, ColumnType]) -> ColumnType:
         return arithmetic_type(expr["op"], left, right, exp.Var(this=str(expr)))
     if "case" in expr or "coalesce" in expr or "finish" in expr:
         return ColumnType.parse(expr["type"])
+    if "fn" in expr:
+        return _function_type(expr, types)
     if "null" in expr and "type" in expr:  # a LEFT JOIN's unmatched column (``outer``)
         return ColumnType.parse(expr["type"])
     raise InvalidArgument(f"not a value term: {expr!r}")
+
+
+def _function_type(expr: Expr, types: Mapping[str, ColumnType]) -> ColumnType:
+    """ABS keeps its argument's type; EXTRACT is INT, SUBSTRING TEXT; GREATEST and LEAST
+    carry theirs (their arguments' common type, which the printer shows as a CAST)."""
+    name = expr["fn"]
+    if "type" in expr:
+        return ColumnType.parse(expr["type"])
+    if name == "abs":
+        return expr_type(expr["args"][0], types)
+    if name in ("year", "month", "day"):
+        return INT
+    if name == "substring":
+        return TEXT
+    raise InvalidArgument(f"function {name!r} has no known type")
 
 
 def product_type(exprs: list[Expr], types: Mapping[str, ColumnType]) -> ColumnType:
@@ -216,7 +233,8 @@ def monomials(expr: Expr) -> list[list[Expr]]:
 
 
 def strict_vars(expr: Expr) -> list[str]:
-    """The variables whose NULL makes ``expr`` NULL: those outside CASE and COALESCE."""
+    """The variables whose NULL makes ``expr`` NULL: those outside CASE, COALESCE, GREATEST and
+    LEAST (through arithmetic and the functions NULL on a NULL argument)."""
     found: dict[str, None] = {}
 
     def walk(node: Expr) -> None:
@@ -227,6 +245,8 @@ def strict_vars(expr: Expr) -> list[str]:
                 walk(arg)
         elif "neg" in node:
             walk(node["neg"])
+        elif node.get("fn") in STRICT:
+            walk(node["args"][0])
 
     walk(expr)
     return list(found)
@@ -234,9 +254,11 @@ def strict_vars(expr: Expr) -> list[str]:
 
 def nullable_parts(expr: Expr) -> Iterator[Expr]:
     """The sub-terms whose NULL makes ``expr`` NULL besides its strict variables: divisions
-    (by zero), CASE and COALESCE (NULL or not whatever their variables are)."""
-    if "case" in expr or "coalesce" in expr:
+    (by zero), CASE, COALESCE, GREATEST and LEAST (NULL or not whatever their variables are)."""
+    if "case" in expr or "coalesce" in expr or expr.get("fn") in ("greatest", "least"):
         yield expr
+    elif expr.get("fn") in STRICT:
+        yield from nullable_parts(expr["args"][0])
     elif "op" in expr:
         if expr["op"] == "/":
             yield expr

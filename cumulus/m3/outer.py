@@ -26,7 +26,7 @@ from sqlglot import exp
 from aggview import errors
 from aggview.schema import TableSchema
 from cumulus.compiler import CreateView, compile_view
-from cumulus.expressions import compile_predicate
+from cumulus.expressions import STRICT, compile_predicate
 from cumulus.passes.union_plans import NOTHING
 from cumulus.plan import ColumnRef, Expr, JoinEdge, TableRef, ViewPlan, expr_columns
 
@@ -152,13 +152,16 @@ def _null_test(pred: Expr, alias: str) -> str | None:
 
 
 def _null(expr: Expr) -> bool:
-    """Whether ``expr`` is NULL whatever the row (a NULL outside CASE and COALESCE)."""
+    """Whether ``expr`` is NULL whatever the row (a NULL outside CASE, COALESCE, GREATEST and
+    LEAST)."""
     if "null" in expr:
         return True
     if "op" in expr:
         return any(_null(a) for a in expr["args"])
     if "neg" in expr:
         return _null(expr["neg"])
+    if expr.get("fn") in STRICT:  # ABS, EXTRACT, SUBSTRING of NULL
+        return _null(expr["args"][0])
     return False
 
 

@@ -21,7 +21,9 @@ Grammar (keywords in any case; ``--`` starts a comment, so the section banners a
     mapref    := name ['(' type ')'] '[' ']' '[' name, ... ']'
     pred      := SQL's: OR, AND, NOT, comparisons, IN (...), BETWEEN, IS NOT NULL, LIKE 'p',
                  + - * /, literals, NULL, names, CAST(CASE WHEN p THEN e ... [ELSE e] END AS
-                 type), CAST(COALESCE(e, ...) AS type) (CASE and COALESCE with their type) and
+                 type), CAST(COALESCE(e, ...) AS type), CAST(GREATEST(e, ...) AS type),
+                 CAST(LEAST(e, ...) AS type) (with their type), ABS(e), EXTRACT(YEAR|MONTH|DAY
+                 FROM e), SUBSTRING(e, start[, length]) (constants: start >= 1, length >= 0) and
                  CAST(SUM(s, n) AS type), CAST(AVG(s, n) AS type) (a nested aggregate
                  finished from its sum and count: NULL where n is 0)
 """

@@ -9,13 +9,17 @@ from sqlglot import exp
 
 from aggview import errors
 from aggview.schema import ColumnType
+from cumulus.expressions import EXTRACT_UNITS, substring_bounds
 from cumulus.m3.cursor import TokenCursor
 from cumulus.m3.program import (
     Expr,
 )
+from cumulus.m3.tokens import Token
 from cumulus.sqltext import date_literal, literal, negated_literal
 from cumulus.typerules import NUMERIC
 
+# functions written as calls (GREATEST and LEAST only inside a CAST to their type)
+_FUNCTIONS = frozenset({"ABS", "EXTRACT", "SUBSTRING"})
 _COMPARISONS = {"=": "=", "<>": "<>", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 
 
@@ -110,6 +114,10 @@ class PredicateParser(TokenCursor):
             return {"null": True}
         if token.kind == "word" and token.text.upper() == "CAST" and self.is_op("("):
             return self.typed_branches()
+        if token.kind == "word" and token.text.upper() in _FUNCTIONS and self.is_op("("):
+            return self.function(token)
+        if token.kind == "word" and token.text.upper() in ("GREATEST", "LEAST") and self.is_op("("):
+            raise self.fail(f"{token.text.upper()} is written in a CAST to its type", token)
         if token.kind == "word" and token.text.upper() == "DATE" and self.is_op("("):
             self.take()
             text = self.take()
@@ -124,9 +132,36 @@ class PredicateParser(TokenCursor):
             return {"var": token.text}
         raise self.fail(f"expected a value, found {token.shown()}", token)
 
+    def function(self, token: Token) -> Expr:
+        """``ABS(e)``, ``EXTRACT(YEAR|MONTH|DAY FROM e)``, ``SUBSTRING(e, start[, length])``
+        (constants) and, inside a CAST to their type, ``GREATEST(e, ...)``/``LEAST(e, ...)``."""
+        word = token.text.upper()
+        self.op("(")
+        if word == "EXTRACT":
+            unit = self.take()
+            if unit.kind != "word" or unit.text.upper() not in EXTRACT_UNITS:
+                raise self.fail(f"EXTRACT takes {', '.join(EXTRACT_UNITS)}", unit)
+            self.word("FROM")
+            expr: Expr = {"fn": unit.text.lower(), "args": [self.pred()]}
+        else:
+            args = [self.pred()]
+            while self.accept_op(","):
+                args.append(self.pred())
+            expr = {"fn": word.lower(), "args": args}
+        self.op(")")
+        if word == "ABS" and len(expr["args"]) != 1:
+            raise self.fail("ABS takes one argument", token)
+        if word == "SUBSTRING":
+            try:
+                substring_bounds(expr)
+            except errors.InvalidArgument as exc:
+                raise self.fail(str(exc), token) from None
+        return expr
+
     def typed_branches(self) -> Expr:
-        """``CAST(CASE WHEN p THEN e ... [ELSE e] END AS type)`` or ``CAST(COALESCE(e, ...) AS
-        type)``: the forms the printer gives CASE and COALESCE, with their result type."""
+        """``CAST(CASE WHEN p THEN e ... [ELSE e] END AS type)``, ``CAST(COALESCE(e, ...) AS
+        type)`` or ``CAST(GREATEST(e, ...) AS type)`` (LEAST too): the forms the printer gives
+        CASE, COALESCE, GREATEST and LEAST, with their result type."""
         self.op("(")
         token = self.take()
         expr: Expr
@@ -151,6 +186,10 @@ class PredicateParser(TokenCursor):
                 args.append(self.pred())
             self.op(")")
             expr = {"coalesce": args}
+        elif token.kind == "word" and token.text.upper() in ("GREATEST", "LEAST"):
+            expr = self.function(token)
+            if len(expr["args"]) < 2:
+                raise self.fail(f"{token.text.upper()} takes two arguments or more", token)
         elif token.kind == "word" and token.text.upper() in ("SUM", "AVG"):
             self.op("(")  # a nested aggregate finished from its sum and count
             total = self.pred()
@@ -159,7 +198,9 @@ class PredicateParser(TokenCursor):
             self.op(")")
             expr = {"finish": token.text.lower(), "args": [total, count]}
         else:
-            raise self.fail("CAST takes a CASE, a COALESCE, a SUM or an AVG", token)
+            raise self.fail(
+                "CAST takes a CASE, a COALESCE, a GREATEST, a LEAST, a SUM or an AVG", token
+            )
         self.word("AS")
         expr["type"] = str(self.type())
         self.op(")")

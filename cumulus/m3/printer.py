@@ -36,8 +36,9 @@ from cumulus.m3.program import (
 )
 
 RESERVED = frozenset(
-    """aggsum and as between case cast coalesce create date declare else end false hidden having
-    in is like map not null on or query rows stream table then true view when""".split()
+    """abs aggsum and as between case cast coalesce create date declare else end extract false
+    greatest hidden having in is least like map not null on or query rows stream substring table
+    then true view when""".split()
 )
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CMP_TEXT = {"=": "=", "<>": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
@@ -151,7 +152,21 @@ def _expr_text(expr: Expr) -> str:
     if "coalesce" in expr:
         args = ", ".join(expr_text(a) for a in expr["coalesce"])
         return f"CAST(COALESCE({args}) AS {type_text(ColumnType.parse(expr['type']))})"
+    if "fn" in expr:
+        return _function_text(expr)
     raise ValueError(f"cannot print expression {expr!r}")
+
+
+def _function_text(expr: Expr) -> str:
+    """SQL's spelling; GREATEST and LEAST in a CAST to their type (as COALESCE), which the
+    parser cannot know from variables it has no types for."""
+    name, args = expr["fn"], [expr_text(a) for a in expr["args"]]
+    if name in ("year", "month", "day"):
+        return f"EXTRACT({name.upper()} FROM {args[0]})"
+    text = f"{name.upper()}({', '.join(args)})"
+    if "type" in expr:
+        return f"CAST({text} AS {type_text(ColumnType.parse(expr['type']))})"
+    return text
 
 
 # --- factors, statements, declarations -----------------------------------------------------------

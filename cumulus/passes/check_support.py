@@ -7,6 +7,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from aggview import errors
+from cumulus.expressions import EXTRACT_UNITS
 from cumulus.sqltext import parse_sql
 
 AGGREGATES: tuple[type[exp.Expression], ...] = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
@@ -28,7 +29,8 @@ _ALLOWED = (
     exp.Select, exp.From, exp.Join, exp.Table, exp.TableAlias, exp.Identifier, exp.Column,
     exp.Alias, exp.Where, exp.Group, exp.Having, exp.Literal, exp.Boolean, exp.Neg, exp.Paren,
     exp.Not, exp.And, exp.In, exp.Between, exp.Distinct, exp.Cast, exp.DataType, exp.Null,
-    exp.Or, exp.Case, exp.If, exp.Coalesce, exp.Like, exp.Is,
+    exp.Or, exp.Case, exp.If, exp.Coalesce, exp.Like, exp.Is, exp.Abs, exp.Extract, exp.Year,
+    exp.Month, exp.Day, exp.Substring, exp.Greatest, exp.Least,
     *COMPARISONS, *ARITHMETIC, *AGGREGATES,
 )  # fmt: skip
 _SELECT_CLAUSES = frozenset(
@@ -149,6 +151,8 @@ def check_supported(select: exp.Select) -> None:
     for node in select.walk():
         if isinstance(node, exp.Join):
             _check_join(node)
+        elif isinstance(node, exp.Var) and isinstance(node.parent, exp.Extract):
+            continue  # EXTRACT's unit, checked with it
         elif isinstance(node, exp.Star) and (
             isinstance(node.parent, exp.Count) or _star_item(node) is not None
         ):
@@ -165,6 +169,11 @@ def check_supported(select: exp.Select) -> None:
             raise refuse("CAST (only DATE 'YYYY-MM-DD' literals)", node)
         elif isinstance(node, AGGREGATES):
             _check_aggregate(node)
+        elif isinstance(node, exp.Extract) and node.this.name.upper() not in EXTRACT_UNITS:
+            raise errors.InvalidArgument(
+                f"unsupported function EXTRACT({node.this.name.upper()} FROM ...) in "
+                f"{node.sql()} (EXTRACT takes {', '.join(EXTRACT_UNITS)})"
+            )
         elif isinstance(node, exp.Between) and node.args.get("symmetric"):
             raise refuse("BETWEEN SYMMETRIC")
         elif isinstance(node, exp.In) and not node.expressions and not node.args.get("query"):

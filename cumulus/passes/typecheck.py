@@ -20,7 +20,7 @@ from cumulus.passes.check_support import (
 )
 from cumulus.plan import Expr
 from cumulus.sqltext import Typed, date_literal, literal, negated_literal
-from cumulus.typerules import BOOL, DATE, NUMERIC, TEXT, arithmetic_type, common_type
+from cumulus.typerules import BOOL, DATE, INT, NUMERIC, TEXT, arithmetic_type, common_type
 
 ColumnHook = Callable[[exp.Column], Typed]
 AggregateHook = Callable[[exp.Expression], Typed]
@@ -46,6 +46,8 @@ def typed(node: exp.Expression, column: ColumnHook, aggregate: AggregateHook) ->
         args = [_or_null(a, column, aggregate) for a in [node.this, *node.expressions]]
         type_ = _result_type("COALESCE", [t for _, t in args], node)
         return {"coalesce": [e for e, _ in args], "type": str(type_)}, type_
+    if isinstance(node, _FUNCTIONS):
+        return _function(node, column, aggregate)
     if isinstance(node, exp.Neg):
         inner, type_ = typed(node.this, column, aggregate)
         if type_.kind not in NUMERIC:
@@ -106,6 +108,73 @@ def _case(node: exp.Case | exp.If, column: ColumnHook, aggregate: AggregateHook)
         case["else"] = otherwise[0]
     case["type"] = str(type_)
     return case, type_
+
+
+_DATE_PARTS: dict[type[exp.Expression], str] = {
+    exp.Year: "year",
+    exp.Month: "month",
+    exp.Day: "day",
+}
+_FUNCTIONS = (exp.Abs, exp.Extract, exp.Substring, exp.Greatest, exp.Least, *_DATE_PARTS)
+
+
+def _function(node: exp.Func, column: ColumnHook, aggregate: AggregateHook) -> Typed:
+    """ABS, EXTRACT(YEAR|MONTH|DAY FROM d) (or YEAR(d) ...), SUBSTRING and GREATEST/LEAST as
+    ``{"fn": name, "args": [...]}``; GREATEST and LEAST carry their arguments' common type."""
+    if isinstance(node, exp.Greatest | exp.Least):
+        args = [_or_null(a, column, aggregate) for a in [node.this, *node.expressions]]
+        if len(args) < 2:
+            raise errors.InvalidArgument(
+                f"{node.key.upper()} needs two arguments or more: {node.sql()}"
+            )
+        type_ = _result_type(node.key.upper(), [t for _, t in args], node)
+        return {"fn": node.key, "args": [e for e, _ in args], "type": str(type_)}, type_
+    if isinstance(node, exp.Substring):
+        return _substring(node, column, aggregate)
+    if isinstance(node, exp.Abs):
+        value, type_ = typed(node.this, column, aggregate)
+        if type_.kind not in NUMERIC:
+            raise errors.TypeMismatch(f"ABS of {type_}, not a number: {node.sql()}")
+        return {"fn": "abs", "args": [value]}, type_
+    if isinstance(node, exp.Extract):  # check_support let through YEAR, MONTH and DAY only
+        part, subject = node.this.name.lower(), node.expression
+    else:
+        part, subject = _DATE_PARTS[type(node)], node.this
+    value, type_ = typed(subject, column, aggregate)
+    if type_ != DATE:
+        raise errors.TypeMismatch(
+            f"EXTRACT({part.upper()} FROM ...) of {type_}, not DATE: {node.sql()}"
+        )
+    return {"fn": part, "args": [value]}, INT
+
+
+def _substring(node: exp.Substring, column: ColumnHook, aggregate: AggregateHook) -> Typed:
+    """SUBSTRING(t FROM a [FOR b]) with constants a >= 1 and b >= 0: where PostgreSQL, duckdb
+    and Spark agree (a start below 1 counts positions before the string in PostgreSQL, from its
+    end in duckdb and Spark; a negative length is an error in PostgreSQL only)."""
+    value, type_ = typed(node.this, column, aggregate)
+    if type_ != TEXT:
+        raise errors.TypeMismatch(f"SUBSTRING of {type_}, not TEXT: {node.sql()}")
+    bounds: list[Expr] = []
+    for key in ("start", "length"):
+        bound = node.args.get(key)
+        if bound is None:
+            continue
+        lit, bound_type = typed(bound, column, aggregate)
+        if "lit" not in lit or bound_type != INT:
+            raise refuse("SUBSTRING with a start or length that is not an integer constant", node)
+        bounds.append(lit)
+    if bounds[0]["lit"] < 1:
+        raise refuse(
+            "SUBSTRING with a start below 1 (PostgreSQL counts it before the string, "
+            "duckdb and Spark from its end)",
+            node,
+        )
+    if len(bounds) == 2 and bounds[1]["lit"] < 0:
+        raise refuse(
+            "SUBSTRING with a negative length (an error in PostgreSQL, not in duckdb)", node
+        )
+    return {"fn": "substring", "args": [value, *bounds]}, TEXT
 
 
 def comparable(left: Typed, right: Typed, node: exp.Expression) -> tuple[Expr, Expr]:

@@ -207,6 +207,36 @@ SELECT sum(nullif(cost, 0)) FROM events;
 SELECT stddev(cost) FROM events;
 -- InvalidArgument: unsupported function MY_UDF
 SELECT my_udf(cost), count(*) FROM events;
+-- InvalidArgument: unsupported function EXTRACT(EPOCH FROM ...) in EXTRACT(EPOCH FROM ts) (EXTRACT takes YEAR, MONTH, DAY)
+SELECT sum(EXTRACT(EPOCH FROM ts)) FROM events;
+-- InvalidArgument: unsupported function EXTRACT(DOW FROM ...)
+SELECT EXTRACT(DOW FROM ts) AS dow, count(*) FROM events GROUP BY 1;
+-- InvalidArgument: unsupported function DATE_PART
+SELECT count(*) FROM events WHERE date_part('year', ts) = 2024;
+-- InvalidArgument: unsupported function LOWER
+SELECT count(*) FROM products WHERE substring(lower(name), 1, 1) = 'a';
+-- TypeMismatch: EXTRACT(YEAR FROM ...) of TEXT, not DATE: EXTRACT(YEAR FROM name)
+SELECT EXTRACT(YEAR FROM name), count(*) FROM products GROUP BY 1;
+-- TypeMismatch: ABS of TEXT, not a number: ABS(name)
+SELECT sum(abs(name)) FROM products;
+-- TypeMismatch: SUBSTRING of INT, not TEXT
+SELECT substring(prod_id, 1) AS p, count(*) FROM products GROUP BY 1;
+-- InvalidArgument: SUBSTRING with a start below 1 (PostgreSQL counts it before the string, duckdb and Spark from its end) is not supported in a materialized view: SUBSTRING(name, 0, 2)
+SELECT substring(name, 0, 2) AS p, count(*) FROM products GROUP BY 1;
+-- InvalidArgument: SUBSTRING with a start below 1
+SELECT substring(name FROM -1) AS p, count(*) FROM products GROUP BY 1;
+-- InvalidArgument: SUBSTRING with a negative length (an error in PostgreSQL, not in duckdb)
+SELECT count(*) FROM products WHERE substring(name, 2, -1) = '';
+-- InvalidArgument: SUBSTRING with a start or length that is not an integer constant
+SELECT substring(name, prod_id, 2) AS p, count(*) FROM products GROUP BY 1;
+-- InvalidArgument: SUBSTRING with a start or length that is not an integer constant
+SELECT substring(name, 1, 2.0) AS p, count(*) FROM products GROUP BY 1;
+-- TypeMismatch: GREATEST(cost, name) mixes DECIMAL(10,2) with TEXT
+SELECT sum(greatest(cost, name)) FROM events e JOIN products p ON e.prod_id = p.prod_id;
+-- InvalidArgument: GREATEST needs two arguments or more
+SELECT sum(greatest(cost)) FROM events;
+-- InvalidArgument: LEAST whose every result is NULL
+SELECT count(*) FROM events WHERE least(NULL, NULL) > 1;
 -- InvalidArgument: aggregate nested in an aggregate: SUM(MAX(cost))
 SELECT sum(max(cost)) FROM events;
 -- InvalidArgument: aggregate SUM(cost) in WHERE
