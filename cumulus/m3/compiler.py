@@ -92,11 +92,21 @@ class _Query:
     var_of: dict[tuple[str, str], str]
     types: Types
     nullable: dict[str, bool]
+    # a looked-up alias's (``_join``) columns in WHERE: (alias, column) -> a variable that is
+    # NULL where none of its rows matched
+    optional: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
-def _join(plan: ViewPlan, table: TableLookup, anti: dict[str, Expr] | None = None) -> _Query:
+def _join(
+    plan: ViewPlan,
+    table: TableLookup,
+    anti: dict[str, Expr] | None = None,
+    looked_up: Collection[str] = (),
+) -> _Query:
     """The join as one product; ``anti``: the aliases of NOT EXISTS's hidden views and their
-    IS NULL filters (left out: the nested factors say it, NULLs included)."""
+    IS NULL filters (left out: the nested factors say it, NULLs included); ``looked_up``: other
+    LEFT JOINed hidden views (NOT IN's, ``<>`` correlations'), whose columns WHERE reads as
+    variables of their own (``_Query.optional``), NULL where no row of theirs matched."""
     anti = anti or {}
     parent: dict[tuple[str, str], tuple[str, str]] = {}
 
@@ -125,8 +135,8 @@ def _join(plan: ViewPlan, table: TableLookup, anti: dict[str, Expr] | None = Non
                 names[root] = fresh(base, taken)
                 types[names[root]] = column.type
             var = var_of[(ref.alias, column.name)] = names[root]
-            if ref.alias not in anti:  # NOT EXISTS keeps an outer row whose key is NULL
-                members.setdefault(var, []).append(column.nullable)
+            if ref.alias not in anti and ref.alias not in looked_up:  # an outer row whose key
+                members.setdefault(var, []).append(column.nullable)  # is NULL is kept
     body: list[Factor] = [
         Rel(ref.table, tuple(var_of[(ref.alias, c.name)] for c in schemas[ref.alias].columns))
         for ref in plan.tables
@@ -135,11 +145,21 @@ def _join(plan: ViewPlan, table: TableLookup, anti: dict[str, Expr] | None = Non
     for var, flags in members.items():
         if len(flags) > 1 and all(flags):  # a joined column: SQL never matches NULL
             body.append(Guard({"notnull": {"var": var}}))
+    optional: dict[tuple[str, str], str] = {}
+
+    def column_var(alias: str, column: str) -> str:
+        if alias not in looked_up:
+            return var_of[(alias, column)]
+        if (alias, column) not in optional:
+            name = optional[(alias, column)] = fresh(f"{column}_or_null", taken)
+            types[name] = schemas[alias].column(column).type
+        return optional[(alias, column)]
+
     for pred in plan.filters:
         if any(pred is p for p in anti.values()):
             continue
-        body.append(Guard(from_plan(pred, lambda a, c: var_of[(a, c)])))
-    return _Query(body, var_of, types, nullable)
+        body.append(Guard(from_plan(pred, column_var)))
+    return _Query(body, var_of, types, nullable, optional)
 
 
 def _not_null(expr: Expr, query: _Query) -> list[Factor]:
@@ -202,8 +222,7 @@ class _Compiler:
         """A view's columns over its maps; a UNION ALL's over each branch's, added up."""
         plan = split_outer(plan, self.table, self.nested, self.depth)  # LEFT JOIN: 2 branches
         for branch in plan.branch_plans():  # a NULL row is no product of maps
-            if any(self.anti_join(branch, alias) is None for alias in branch.outer):
-                raise errors.InvalidArgument(OUTER_REFUSAL)
+            self.looked_up(branch)
         branches = [self.branch(b) for b in plan.branch_plans()]
         rows = _sum([b[0] for b in branches])
         columns: dict[str, ViewColumn] = {}
@@ -231,10 +250,12 @@ class _Compiler:
             if ref.table not in self.sources and ref.table not in self.nested:
                 schema = self.table(ref.table)
                 self.sources[ref.table] = Source(schema.name, schema.columns)
-        anti = {alias: self.anti_join(plan, alias) for alias in plan.outer}
-        query = _join(plan, self.schema, anti)  # type: ignore[arg-type]
+        looked_up = self.looked_up(plan)
+        anti = {a: f for a in plan.outer if (f := self.anti_join(plan, a)) is not None}
+        query = _join(plan, self.schema, anti, looked_up)
         if any(isinstance(f, Rel) and f.relation in self.nested for f in query.body):
-            self.read_nested(query, {plan.table_of(a) for a in anti})
+            by_table = {plan.table_of(a): a for a in looked_up}
+            self.read_nested(query, {plan.table_of(a) for a in anti}, by_table)
         group_names = [g.name for g in plan.group_by]
         value_name = fresh("v", set(group_names))
 
@@ -341,7 +362,25 @@ class _Compiler:
         ]
         return found[0] if found and not others else None
 
-    def read_nested(self, query: _Query, anti: Collection[str] = ()) -> None:
+    def looked_up(self, plan: ViewPlan) -> list[str]:
+        """The outer aliases that are no anti-join: LEFT JOINs with a hidden view (NOT IN's,
+        a ``<>`` correlation's) read at the outer query's values, one row or none, whose
+        columns only WHERE reads (elsewhere a NULL row is no product of maps)."""
+        found = [a for a in plan.outer if self.anti_join(plan, a) is None]
+        read = [g.source() for g in plan.group_by] + [a.arg for a in plan.aggregates if a.arg]
+        for alias in found:
+            if plan.table_of(alias) not in self.nested or any(
+                a == alias for expr in read for a, _ in expr_columns(expr)
+            ):
+                raise errors.InvalidArgument(OUTER_REFUSAL)
+        return found
+
+    def read_nested(
+        self,
+        query: _Query,
+        anti: Collection[str] = (),
+        looked_up: dict[str, str] | None = None,
+    ) -> None:
         """Each hidden view's atom -> lifts of its maps at the outer query's variables
         (DBToaster's ``(n ^= N[k])``): a grouped or DISTINCT view's group is there while its
         COUNT(*) is positive (a semi-join, or an inner join with the groups); a view without
@@ -364,7 +403,11 @@ class _Compiler:
             hidden = self.nested[factor.relation]
             names = [c.name for c in self.schema(hidden.name).columns]
             var_of = dict(zip(names, factor.args, strict=True))
-            made = self.nested_factors(hidden, var_of, outer_vars, query.types)
+            alias = (looked_up or {}).get(factor.relation)
+            optional = None
+            if alias is not None:  # its columns WHERE reads, NULL where no row matched
+                optional = {c: v for (a, c), v in query.optional.items() if a == alias}
+            made = self.nested_factors(hidden, var_of, outer_vars, query.types, optional)
             if factor.relation in anti:  # NOT EXISTS: no match, or a NULL key (matches none)
                 found, _ = made
                 assert isinstance(found, MapLift)
@@ -375,12 +418,22 @@ class _Compiler:
         query.body[:] = body
 
     def nested_factors(
-        self, hidden: ViewPlan, var_of: dict[str, str], outer_vars: set[str], types: Types
+        self,
+        hidden: ViewPlan,
+        var_of: dict[str, str],
+        outer_vars: set[str],
+        types: Types,
+        optional: dict[str, str] | None = None,
     ) -> list[Factor]:
         """The hidden view's row at the outer variables ``var_of`` (its columns') as lifts of
         its maps: its group's count (> 0), each column read the way a view reads it (SUM and
         AVG finished from sum and count, COUNT its map, derived columns over them), HAVING.
-        Its group keys must be outer variables: a point read, never a loop."""
+        Its group keys must be outer variables: a point read, never a loop. ``optional``
+        (a LEFT JOIN with it): no guard, but its columns' variables (column -> variable) lifted
+        as the column where its row matched (the count positive, no key NULL, HAVING TRUE),
+        else NULL."""
+        if optional is not None and (self.distinct_groups(hidden) or hidden.shape == "bag"):
+            raise errors.InvalidArgument(OUTER_REFUSAL)
         inner = self.distinct_groups(hidden)
         if inner is not None:  # IN over a grouped subquery (Q18): its groups are distinct
             names = {g.name: g.source()["col"][1] for g in hidden.group_by}
@@ -396,6 +449,10 @@ class _Compiler:
             raise errors.InvalidArgument(
                 nested_refusal("a subquery whose columns the outer query does not equate")
             )
+        if optional is not None and (
+            not keys or any(var_of[c] in outer_vars for c in var_of if c not in keys)
+        ):  # matched by its values, or by nothing: more than a lookup's row
+            raise errors.InvalidArgument(OUTER_REFUSAL)
         taken = set(types) | set(var_of.values())
 
         def lift(part: Part, var: str | None = None) -> tuple[MapLift, str]:
@@ -407,9 +464,15 @@ class _Compiler:
             return MapLift(part.name, lookup, var), var
 
         out: list[Factor] = []
+        matched: list[Expr] = []
         if keys:  # a group (a DISTINCT value) is there while it counts rows
             found, count = lift(shape.rows)
-            out += [found, Guard({"cmp": ">", "args": [{"var": count}, {"lit": 0, "type": "INT"}]})]
+            out.append(found)
+            matched.append({"cmp": ">", "args": [{"var": count}, {"lit": 0, "type": "INT"}]})
+            if optional is None:
+                out.append(Guard(matched[0]))
+            else:  # a NULL key matches nothing
+                matched += [{"notnull": {"var": var_of[k]}} for k in keys]
         column_var = dict(var_of)
         for column in shape.columns:
             wanted = column.name in var_of or column.hidden or hidden.having is not None
@@ -435,7 +498,11 @@ class _Compiler:
                     nested_refusal(f"a {_SHOWN[column.kind]} subquery", "its value is a multiset's")
                 )
             if not RULES[column.kind].keeps_sum:  # COUNT: its map's value
-                out.append(lift(column.parts[0], var)[0])
+                if keys and column.parts[0] == shape.rows:  # COUNT(*): the count read above
+                    out.append(Lift(var, {"var": count}))
+                    types[var] = column.type
+                else:
+                    out.append(lift(column.parts[0], var)[0])
                 continue
             sums = [lift(p) for p in column.parts]
             assert column.count is not None
@@ -453,8 +520,16 @@ class _Compiler:
                 out.append(Lift(column_var[column.name], expr))
                 types[column_var[column.name]] = expr_type(expr, types)
         if hidden.having is not None:  # a group is there while HAVING holds
-            having = from_plan(hidden.having, lambda a, c: c)
-            out.append(Guard(rename(having, column_var)))
+            having = rename(from_plan(hidden.having, lambda a, c: c), column_var)
+            if optional is None:
+                out.append(Guard(having))
+            else:
+                matched.append(having)
+        for column_name, var in (optional or {}).items():
+            kind = str(self.schema(hidden.name).column(column_name).type)
+            when = {"and": matched} if len(matched) > 1 else matched[0]
+            value = {"var": column_var[column_name]}  # (no ELSE: NULL)
+            out.append(Lift(var, {"case": [[when, value]], "type": kind}))
         return out
 
     def distinct_groups(self, hidden: ViewPlan) -> ViewPlan | None:
@@ -610,21 +685,22 @@ class _Compiler:
         level = self.levels[decl.name] + 1
         hint = f"{decl.name}_dom"
         ref = self.materialize(domain, {v: types[v] for v in types}, domain.keys, hint, level)
-        # where every changed lookup reads one key tuple, the same, that the update fixes,
-        # bind it (a lookup it changes at every key, or elsewhere: the whole domain)
-        each: list[dict[str, str]] = []
-        pins: dict[str, Expr] = {}
+        # the keys every changed lookup reads where the update fixes them, the same for all,
+        # are bound (elsewhere no lookup changes); a lookup it changes at every key, or
+        # elsewhere, binds none: the whole domain
+        each: list[dict[str, Expr]] = []
         for factor in g:
             if not isinstance(factor, MapLift) or not self.changes(factor.name, relation):
                 continue
             target = self.point_target(factor.name, relation, sign, args)
             if target is None or len(target) != len(factor.keys):
                 target = ()  # pins nothing: the whole domain
-            mapping = dict(zip(lift_keys(factor), target, strict=False))
-            each.append({k: repr(e) for k, e in mapping.items()})
-            pins.update(mapping)
-        if not each or any(m != each[0] for m in each) or len(each[0]) != len(pins):
-            pins = {}
+            each.append(dict(zip(lift_keys(factor), target, strict=False)))
+        pins = {
+            k: e
+            for k, e in (each[0] if each else {}).items()
+            if all(k in m and repr(m[k]) == repr(e) for m in each)
+        }
         # a key pinned to an argument is that argument (its reads are slices of one key);
         # to an expression of them, a lift
         same = {k: e["var"] for k, e in pins.items() if set(e) == {"var"} and e["var"] in args}
@@ -743,7 +819,7 @@ def nested_refusal(construct: str, why: str = "") -> str:
     return (
         f"{construct} is maintained in refresh = 'sync' or 'async', not 'cumulus'{because}; "
         "cumulus takes SUM, AVG, COUNT, MIN and MAX scalars, IN (also over GROUP BY ... "
-        "HAVING), EXISTS and NOT EXISTS, over one table each"
+        "HAVING), NOT IN, EXISTS and NOT EXISTS (also correlated by one <>), over one table each"
     )
 
 
