@@ -8,7 +8,8 @@ comparison. Run once for docs/DECISIONS.md:
 
     PYTHONPATH=. python -m bench.cumulus_nested [a view's name, or part of it, ...]
 
-Also NOT IN (correlated and not) and a Q21-like EXISTS and NOT EXISTS correlated by ``<>``.
+Also NOT IN (correlated and not), a Q21-like EXISTS and NOT EXISTS correlated by ``<>``, and
+subqueries over a join (a write re-deriving one key's domain, or all of it).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ VIEWS = {
     "EXISTS and NOT EXISTS by <> (Q21-like)": "SELECT r.k, COUNT(*) AS n FROM r "
     "WHERE EXISTS (SELECT 1 FROM s WHERE s.k = r.k AND s.y <> r.x) AND NOT EXISTS "
     "(SELECT 1 FROM s s2 WHERE s2.k = r.k AND s2.y <> r.x AND s2.y > 90) GROUP BY r.k",
+    "EXISTS over a join, each write at its key": "SELECT r.k, COUNT(*) AS n FROM r "
+    "WHERE EXISTS (SELECT 1 FROM s JOIN r r2 ON s.k = r2.k WHERE s.k = r.k AND r2.x > 90) "
+    "GROUP BY r.k",
+    "SUM over a join, s's writes everywhere": "SELECT r.k, COUNT(*) AS n FROM r "
+    "WHERE r.x < (SELECT SUM(s.y) FROM s JOIN r r2 ON s.id = r2.id WHERE r2.k = r.k) "
+    "GROUP BY r.k",
 }
 
 

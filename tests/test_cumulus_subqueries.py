@@ -126,6 +126,21 @@ VIEWS = {
     "EXISTS and NOT EXISTS by <>, self (Q21)": "SELECT r.k, COUNT(*) AS n FROM r "
     "WHERE EXISTS (SELECT 1 FROM r r2 WHERE r2.k = r.k AND r2.x <> r.x) AND NOT EXISTS "
     "(SELECT 1 FROM r r3 WHERE r3.k = r.k AND r3.x <> r.x AND r3.id > 2) GROUP BY r.k",
+    # over a join: the nested map's change at a key is the delta's components read there
+    # (pinned to the written key where the updated table holds it, else the whole domain)
+    "EXISTS over a join, self": "SELECT COUNT(*) AS n FROM r WHERE EXISTS "
+    "(SELECT 1 FROM s JOIN r r2 ON s.k = r2.k WHERE s.k = r.k)",
+    "correlated SUM over a join, by the other table's column": "SELECT r.k, COUNT(*) AS n "
+    "FROM r WHERE r.x < (SELECT SUM(s.y) FROM s JOIN r r2 ON s.id = r2.id WHERE r2.k = r.k) "
+    "GROUP BY r.k",
+    "uncorrelated AVG over a join": "SELECT r.k, SUM(r.x) AS t FROM r "
+    "WHERE r.x > (SELECT AVG(s.y) FROM s JOIN r r2 ON s.k = r2.x) GROUP BY r.k",
+    "IN over a join": "SELECT r.k, COUNT(*) AS n FROM r WHERE r.x IN "
+    "(SELECT s.y FROM s JOIN r r2 ON s.k = r2.k WHERE r2.x > 1) GROUP BY r.k",
+    "NOT EXISTS over a join": "SELECT COUNT(*) AS n FROM r WHERE NOT EXISTS "
+    "(SELECT 1 FROM s, r r2 WHERE s.k = r2.x AND s.k = r.k)",
+    "NOT IN over a join": "SELECT COUNT(*) AS n FROM r WHERE r.x NOT IN "
+    "(SELECT s.y FROM s JOIN r r2 ON s.k = r2.k WHERE s.k = r.k)",
     # a LEFT JOIN with a grouped subquery on its groups, read in WHERE: a lookup or NULLs
     "LEFT JOIN with a grouped subquery": "SELECT r.k, COUNT(*) AS n FROM r LEFT JOIN "
     "(SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g ON r.k = g.k "
@@ -140,10 +155,21 @@ REFUSED = {
     "WHERE g.k IS NULL",
     "COUNT(DISTINCT)": "SELECT COUNT(*) AS n FROM r "
     "WHERE r.x > (SELECT COUNT(DISTINCT s.y) FROM s)",
-    "EXISTS over a join": "SELECT COUNT(*) AS n FROM r WHERE EXISTS "
-    "(SELECT 1 FROM s JOIN r r2 ON s.k = r2.k WHERE s.k = r.k)",
+    "MIN over a join": "SELECT COUNT(*) AS n FROM r WHERE r.x >= "
+    "(SELECT MIN(s.y) FROM s JOIN r r2 ON s.k = r2.k WHERE s.k = r.k)",
+    "a join's condition across its tables": "SELECT COUNT(*) AS n FROM r WHERE r.x >= "
+    "(SELECT SUM(s.y) FROM s JOIN r r2 ON s.k = r2.k WHERE s.y > r2.x AND s.k = r.k)",
     "a FROM subquery not joined on its groups": "SELECT COUNT(*) AS n FROM "
     "(SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g WHERE g.t > 2",
+}
+# how each refusal begins: the construct it names
+REFUSED_AS = {
+    "a LEFT JOIN with a subquery SELECT reads": "a LEFT JOIN with a subquery whose columns",
+    "a LEFT JOIN with a subquery on its value": "a LEFT JOIN with a subquery whose columns",
+    "COUNT(DISTINCT)": "a COUNT(DISTINCT ...) subquery",
+    "MIN over a join": "a MIN subquery over a join",
+    "a join's condition across its tables": "a subquery over a join with a condition across",
+    "a FROM subquery not joined on its groups": "a subquery whose columns the outer query",
 }
 
 
@@ -341,6 +367,7 @@ def test_what_cumulus_does_not_take_is_refused_naming_it_and_the_modes(construct
         compile_program(compile_sql_views(sql, TABLES.__getitem__), TABLES.__getitem__)
     message = str(refused.value)
     assert "refresh = 'sync' or 'async', not 'cumulus'" in message and "\n" not in message
+    assert message.startswith(REFUSED_AS[construct]), message
 
 
 def test_a_cumulus_view_with_a_subquery_on_a_cluster(client: Client, table_name: str) -> None:

@@ -51,6 +51,7 @@ from cumulus.m3.exprs import (
     rename,
     strict_vars,
     substitute_vars,
+    vars_of,
 )
 from cumulus.m3.outer import split_outer
 from cumulus.m3.printer import statement_text
@@ -547,18 +548,28 @@ class _Compiler:
         keys = sorted(g.name for g in inner.group_by)
         return inner if read == keys and inner.group_by else None
 
-    def point_delta(self, name: str, relation: str, sign: str, args: tuple[str, ...]) -> Expr:
+    def point_delta(
+        self, name: str, relation: str, sign: str, args: tuple[str, ...], taken: set[str]
+    ) -> tuple[Expr, list[Factor]]:
         """A nested map's change at its lookup keys for one tuple, as an expression over the
         trigger's arguments (``CASE WHEN keys = target AND ... THEN value ELSE 0 END``): its
-        new value is the old plus this (a statement reads maps as they were before)."""
+        new value is the old plus this (a statement reads maps as they were before). Over a
+        join the change is the delta's components read at the lookup keys (returned, lifts to
+        place before it): a key a component exports is that component's, one the update fixes
+        a condition, so the change at any key is point reads (none where a component would
+        loop: a condition mixing the update with the other tables)."""
         decl = self.maps[name]
         terms = self.inner_delta(name, relation, sign, args)
         zero: Expr = {"lit": 0, "type": "INT"}
         total: Expr | None = None
+        reads: list[Factor] = []
         for term in terms:
-            if term.components or term.tail:
+            if term.tail:
                 raise errors.InvalidArgument(
-                    nested_refusal("a subquery over a join", "its change is not one entry")
+                    nested_refusal(
+                        "a subquery over a join with a condition across its tables",
+                        "its change at a key is no product of lookups",
+                    )
                 )
             inline: dict[str, Expr] = {}
             conds: list[Expr] = []
@@ -577,13 +588,29 @@ class _Compiler:
                     value = {"op": "*", "args": [value, substitute_vars(factor.expr, inline)]}
                 else:
                     raise errors.InvalidArgument(nested_refusal("a subquery over a join"))
+            exported: dict[str, str] = {}  # a component's key -> the lookup key it is
             for i, key in enumerate(term.target):
-                conds.append(
-                    {
-                        "cmp": "=",
-                        "args": [{"var": f"#key{i}"}, substitute_vars({"var": key}, inline)],
-                    }
+                if key in args or key in inline or key in exported:
+                    known = exported.get(key)
+                    at = {"var": known} if known else substitute_vars({"var": key}, inline)
+                    conds.append({"cmp": "=", "args": [{"var": f"#key{i}"}, at]})
+                else:
+                    exported[key] = f"#key{i}"
+            for component in term.components:
+                if any(k not in args and k not in exported for k in component.lookup):
+                    raise errors.InvalidArgument(
+                        nested_refusal("a subquery over a join", "its change is not one entry")
+                    )
+                ref = self.materialize(
+                    component.definition,
+                    component.types,
+                    component.lookup,
+                    f"{name}_{relation}",
+                    self.levels[name] + 1,
                 )
+                var = fresh(f"{ref.name}_d", taken)
+                reads.append(MapLift(ref.name, tuple(exported.get(k, k) for k in ref.keys), var))
+                value = {"op": "*", "args": [value, {"var": var}]}
             case: Expr = {
                 "case": [[{"and": conds} if len(conds) > 1 else conds[0], value]]
                 if conds
@@ -592,7 +619,7 @@ class _Compiler:
                 "type": str(decl.value_type),
             }
             total = case if total is None else {"op": "+", "args": [total, case]}
-        return total if total is not None else zero
+        return (total if total is not None else zero), reads
 
     def inner_delta(
         self, name: str, relation: str, sign: str, args: tuple[str, ...]
@@ -624,33 +651,42 @@ class _Compiler:
                 out.append(factor)
                 continue
             if isinstance(factor, MapExtreme):  # the slice with the updated entry's change
-                value, delta = self.entry_change(factor, relation, sign, args)
+                value, delta, reads = self.entry_change(factor, relation, sign, args, taken)
+                out += reads
                 out.append(replace(factor, adjust=(value, delta)))
                 continue
             old = fresh(f"{factor.var}_old", taken)
-            delta = self.point_delta(factor.name, relation, sign, args)
-            keyed = rename(delta, {f"#key{i}": k for i, k in enumerate(factor.keys)})
+            delta, reads = self.point_delta(factor.name, relation, sign, args, taken)
+            at = {f"#key{i}": k for i, k in enumerate(factor.keys)}
+            out += [substitute(f, at) for f in reads]
             out.append(MapLift(factor.name, factor.keys, old))
-            out.append(Lift(factor.var, {"op": "+", "args": [{"var": old}, keyed]}))
+            out.append(Lift(factor.var, {"op": "+", "args": [{"var": old}, rename(delta, at)]}))
         return out
 
     def entry_change(
-        self, factor: MapExtreme, relation: str, sign: str, args: tuple[str, ...]
-    ) -> tuple[Expr, Expr]:
+        self,
+        factor: MapExtreme,
+        relation: str,
+        sign: str,
+        args: tuple[str, ...],
+        taken: set[str],
+    ) -> tuple[Expr, Expr, list[Factor]]:
         """A count map's change for one tuple as (its value key, its count change at the
-        lookup's slice): both over the trigger's arguments."""
+        lookup's slice): both over the trigger's arguments, and the lifts they read (over a
+        join, the delta's components at the updated entry)."""
         target = self.point_target(factor.name, relation, sign, args)
-        if target is None:
+        if target is None or any(set(vars_of(e)) - set(args) for e in target):
             raise errors.InvalidArgument(
-                nested_refusal("a subquery over a join", "its change is not one entry")
+                nested_refusal(
+                    f"a {factor.extreme.upper()} subquery over a join",
+                    "its change is not one entry",
+                )
             )
-        slice_keys = dict(enumerate(factor.keys[:-1]))
-        delta = rename(
-            self.point_delta(factor.name, relation, sign, args),
-            {f"#key{i}": k for i, k in slice_keys.items()},
-        )
+        at = {f"#key{i}": k for i, k in enumerate(factor.keys[:-1])}
+        delta, reads = self.point_delta(factor.name, relation, sign, args, taken)
         last = f"#key{len(factor.keys) - 1}"
-        return target[-1], substitute_vars(delta, {last: target[-1]})
+        delta = substitute_vars(rename(delta, at), {last: target[-1]})
+        return target[-1], delta, [substitute(f, at) for f in reads]
 
     def changes(self, name: str, relation: str) -> bool:
         decl = self.maps[name]
@@ -695,7 +731,9 @@ class _Compiler:
             target = self.point_target(factor.name, relation, sign, args)
             if target is None or len(target) != len(factor.keys):
                 target = ()  # pins nothing: the whole domain
-            each.append(dict(zip(lift_keys(factor), target, strict=False)))
+            mapping = dict(zip(lift_keys(factor), target, strict=False))
+            # (a key a join's component exports changes at many values: not pinned)
+            each.append({k: e for k, e in mapping.items() if set(vars_of(e)) <= set(args)})
         pins = {
             k: e
             for k, e in (each[0] if each else {}).items()
@@ -819,7 +857,8 @@ def nested_refusal(construct: str, why: str = "") -> str:
     return (
         f"{construct} is maintained in refresh = 'sync' or 'async', not 'cumulus'{because}; "
         "cumulus takes SUM, AVG, COUNT, MIN and MAX scalars, IN (also over GROUP BY ... "
-        "HAVING), NOT IN, EXISTS and NOT EXISTS (also correlated by one <>), over one table each"
+        "HAVING), NOT IN, EXISTS and NOT EXISTS (also correlated by one <>), over a table or a "
+        "join (MIN and MAX over one table)"
     )
 
 
