@@ -141,6 +141,19 @@ VIEWS = {
     "(SELECT 1 FROM s, r r2 WHERE s.k = r2.x AND s.k = r.k)",
     "NOT IN over a join": "SELECT COUNT(*) AS n FROM r WHERE r.x NOT IN "
     "(SELECT s.y FROM s JOIN r r2 ON s.k = r2.k WHERE s.k = r.k)",
+    # MIN and MAX over a join: a write of the table without the value changes many entries
+    # of a slice, read by SLICE of the delta's component into the extreme's adjustment (Q2)
+    "correlated MIN over a join, self": "SELECT COUNT(*) AS n FROM r WHERE r.x >= "
+    "(SELECT MIN(s.y) FROM s JOIN r r2 ON s.k = r2.k WHERE s.k = r.k)",
+    "correlated MAX over a join, by the other table's column, by =": "SELECT r.k, COUNT(*) AS n "
+    "FROM r WHERE r.x = (SELECT MAX(s.y) FROM s JOIN r r2 ON s.id = r2.id WHERE r2.k = r.k) "
+    "GROUP BY r.k",
+    "uncorrelated MIN over a join": "SELECT COUNT(*) AS n, SUM(r.x) AS t FROM r "
+    "WHERE r.x <= (SELECT MIN(s.y) FROM s JOIN r r2 ON s.k = r2.x)",
+    # a column compared by = with a nested MAX, in a join with the nested table: the lift stays
+    # in the statement (in a delta's component map it was the old value)
+    "joined with the table of a MAX compared by =": "SELECT COUNT(*) AS n FROM r "
+    "JOIN s ON r.id = s.id WHERE r.x = (SELECT MAX(s2.y) FROM s s2 WHERE s2.k = r.k)",
     # a LEFT JOIN with a grouped subquery on its groups, read in WHERE: a lookup or NULLs
     "LEFT JOIN with a grouped subquery": "SELECT r.k, COUNT(*) AS n FROM r LEFT JOIN "
     "(SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g ON r.k = g.k "
@@ -155,8 +168,8 @@ REFUSED = {
     "WHERE g.k IS NULL",
     "COUNT(DISTINCT)": "SELECT COUNT(*) AS n FROM r "
     "WHERE r.x > (SELECT COUNT(DISTINCT s.y) FROM s)",
-    "MIN over a join": "SELECT COUNT(*) AS n FROM r WHERE r.x >= "
-    "(SELECT MIN(s.y) FROM s JOIN r r2 ON s.k = r2.k WHERE s.k = r.k)",
+    "MIN over a self-join": "SELECT COUNT(*) AS n FROM r WHERE r.x >= "
+    "(SELECT MIN(s.y) FROM s JOIN s s3 ON s.k = s3.k WHERE s.k = r.k)",
     "a join's condition across its tables": "SELECT COUNT(*) AS n FROM r WHERE r.x >= "
     "(SELECT SUM(s.y) FROM s JOIN r r2 ON s.k = r2.k WHERE s.y > r2.x AND s.k = r.k)",
     "a FROM subquery not joined on its groups": "SELECT COUNT(*) AS n FROM "
@@ -167,7 +180,7 @@ REFUSED_AS = {
     "a LEFT JOIN with a subquery SELECT reads": "a LEFT JOIN with a subquery whose columns",
     "a LEFT JOIN with a subquery on its value": "a LEFT JOIN with a subquery whose columns",
     "COUNT(DISTINCT)": "a COUNT(DISTINCT ...) subquery",
-    "MIN over a join": "a MIN subquery over a join",
+    "MIN over a self-join": "a MIN subquery over a join",
     "a join's condition across its tables": "a subquery over a join with a condition across",
     "a FROM subquery not joined on its groups": "a subquery whose columns the outer query",
 }

@@ -34,6 +34,7 @@ from cumulus.compiler import (
 )
 from cumulus.m3.canonical import canonical
 from cumulus.m3.delta import (
+    Component,
     DeltaTerm,
     Types,
     delta_terms,
@@ -184,6 +185,7 @@ class _Compiler:
     statements: dict[tuple[str, str], list[Statement]] = field(default_factory=dict)
     queue: list[str] = field(default_factory=list)
     nested: dict[str, ViewPlan] = field(default_factory=dict)  # hidden views, by name
+    extremes: set[str] = field(default_factory=set)  # count maps a nested MIN or MAX reads
 
     # --- maps --------------------------------------------------------------------------------
 
@@ -492,6 +494,7 @@ class _Compiler:
                 placeholder = fresh(f"{part.name}_any", taken)
                 extreme = "min" if column.kind is Kind.MIN else "max"
                 out.append(MapExtreme(part.name, (*prefix, placeholder), var, extreme))
+                self.extremes.add(part.name)
                 types[var] = column.type
                 continue
             if RULES[column.kind].keeps_values:
@@ -571,31 +574,7 @@ class _Compiler:
                         "its change at a key is no product of lookups",
                     )
                 )
-            inline: dict[str, Expr] = {}
-            conds: list[Expr] = []
-            value: Expr = {"lit": term.coef, "type": "INT"}
-            for factor in term.head:
-                if isinstance(factor, Lift) and factor.var not in args and factor.var not in inline:
-                    inline[factor.var] = substitute_vars(factor.expr, inline)
-                elif isinstance(factor, Lift):
-                    expr = substitute_vars(factor.expr, inline)
-                    conds.append(
-                        {"cmp": "=", "args": [substitute_vars({"var": factor.var}, inline), expr]}
-                    )
-                elif isinstance(factor, Guard):
-                    conds.append(substitute_vars(factor.pred, inline))
-                elif isinstance(factor, Value):
-                    value = {"op": "*", "args": [value, substitute_vars(factor.expr, inline)]}
-                else:
-                    raise errors.InvalidArgument(nested_refusal("a subquery over a join"))
-            exported: dict[str, str] = {}  # a component's key -> the lookup key it is
-            for i, key in enumerate(term.target):
-                if key in args or key in inline or key in exported:
-                    known = exported.get(key)
-                    at = {"var": known} if known else substitute_vars({"var": key}, inline)
-                    conds.append({"cmp": "=", "args": [{"var": f"#key{i}"}, at]})
-                else:
-                    exported[key] = f"#key{i}"
+            inline, conds, value, exported = _term_head(term, args, term.target)
             for component in term.components:
                 if any(k not in args and k not in exported for k in component.lookup):
                     raise errors.InvalidArgument(
@@ -611,13 +590,7 @@ class _Compiler:
                 var = fresh(f"{ref.name}_d", taken)
                 reads.append(MapLift(ref.name, tuple(exported.get(k, k) for k in ref.keys), var))
                 value = {"op": "*", "args": [value, {"var": var}]}
-            case: Expr = {
-                "case": [[{"and": conds} if len(conds) > 1 else conds[0], value]]
-                if conds
-                else [[{"lit": True, "type": "BOOL"}, value]],
-                "else": zero,
-                "type": str(decl.value_type),
-            }
+            case = _when(conds, value, str(decl.value_type))
             total = case if total is None else {"op": "+", "args": [total, case]}
         return (total if total is not None else zero), reads
 
@@ -673,20 +646,70 @@ class _Compiler:
     ) -> tuple[Expr, Expr, list[Factor]]:
         """A count map's change for one tuple as (its value key, its count change at the
         lookup's slice): both over the trigger's arguments, and the lifts they read (over a
-        join, the delta's components at the updated entry)."""
+        join, the delta's components at the updated entry). Where the update fixes no value
+        (a write of a joined table without the aggregated column: many entries of a slice),
+        the value is the changed entries, ``SLICE`` of the one component that exports the
+        value, and the change the rest of the delta's product (``slice_change``)."""
         target = self.point_target(factor.name, relation, sign, args)
-        if target is None or any(set(vars_of(e)) - set(args) for e in target):
-            raise errors.InvalidArgument(
-                nested_refusal(
-                    f"a {factor.extreme.upper()} subquery over a join",
-                    "its change is not one entry",
-                )
-            )
+        if target is None or set(vars_of(target[-1])) - set(args):
+            return self.slice_change(factor, relation, sign, args, taken)
         at = {f"#key{i}": k for i, k in enumerate(factor.keys[:-1])}
         delta, reads = self.point_delta(factor.name, relation, sign, args, taken)
         last = f"#key{len(factor.keys) - 1}"
         delta = substitute_vars(rename(delta, at), {last: target[-1]})
         return target[-1], delta, [substitute(f, at) for f in reads]
+
+    def slice_change(
+        self,
+        factor: MapExtreme,
+        relation: str,
+        sign: str,
+        args: tuple[str, ...],
+        taken: set[str],
+    ) -> tuple[Expr, Expr, list[Factor]]:
+        """A count map's change at the lookup's slice for a write that changes many of its
+        entries: one delta term whose value key only one component exports (its slice at the
+        lookup, read by ``SLICE``), times the other components' point reads."""
+        refusal = nested_refusal(
+            f"a {factor.extreme.upper()} subquery over a join", "its change is not one slice's"
+        )
+        terms = self.inner_delta(factor.name, relation, sign, args)
+        if len(terms) != 1 or terms[0].tail:
+            raise errors.InvalidArgument(refusal)
+        term = terms[0]
+        value_key = term.target[-1]
+        inline, conds, scale, exported = _term_head(term, args, term.target[:-1])
+        if value_key in args or value_key in inline or value_key in exported:
+            raise errors.InvalidArgument(refusal)
+        sliced = [c for c in term.components if value_key in c.lookup]
+        if len(sliced) != 1:
+            raise errors.InvalidArgument(refusal)
+        reads: list[Factor] = []
+        entries = fresh(f"{factor.var}_changed", taken)
+        for component in term.components:
+            known = set(args) | set(exported) | ({value_key} if component is sliced[0] else set())
+            if any(k not in known for k in component.lookup):
+                raise errors.InvalidArgument(refusal)
+            component = _value_last(component, value_key)
+            ref = self.materialize(
+                component.definition,
+                component.types,
+                component.lookup,
+                f"{factor.name}_{relation}",
+                self.levels[factor.name] + 1,
+            )
+            keys = tuple(exported.get(k, k) for k in ref.keys)
+            if value_key in component.lookup:
+                if ref.keys[-1] != value_key or value_key in ref.keys[:-1]:
+                    raise errors.InvalidArgument(refusal)  # (its slice is by its last key)
+                reads.append(MapExtreme(ref.name, keys, entries, "slice"))
+                continue
+            var = fresh(f"{ref.name}_d", taken)
+            reads.append(MapLift(ref.name, keys, var))
+            scale = {"op": "*", "args": [scale, {"var": var}]}
+        at = {f"#key{i}": k for i, k in enumerate(factor.keys[:-1])}
+        delta = rename(_when(conds, scale, str(self.maps[factor.name].value_type)), at)
+        return {"var": entries}, delta, [substitute(f, at) for f in reads]
 
     def changes(self, name: str, relation: str) -> bool:
         decl = self.maps[name]
@@ -809,6 +832,8 @@ class _Compiler:
                 body.append(Value({"lit": term.coef, "type": "INT"}))
             body += term.head
             for n, component in enumerate(term.components, 1):
+                if decl.name in self.extremes:  # its slice read by value: ``slice_change``
+                    component = _value_last(component, term.target[-1])
                 if self.deeper(level):
                     hint = f"{decl.name}_{relation}" + (f"{n}" if len(term.components) > 1 else "")
                     body.append(
@@ -858,8 +883,63 @@ def nested_refusal(construct: str, why: str = "") -> str:
         f"{construct} is maintained in refresh = 'sync' or 'async', not 'cumulus'{because}; "
         "cumulus takes SUM, AVG, COUNT, MIN and MAX scalars, IN (also over GROUP BY ... "
         "HAVING), NOT IN, EXISTS and NOT EXISTS (also correlated by one <>), over a table or a "
-        "join (MIN and MAX over one table)"
+        "join (MIN and MAX: not over a self-join)"
     )
+
+
+def _term_head(
+    term: DeltaTerm, args: tuple[str, ...], target: tuple[str, ...]
+) -> tuple[dict[str, Expr], list[Expr], Expr, dict[str, str]]:
+    """A nested map's delta term at the lookup keys ``#key0, ...`` (``target``, its keys):
+    the head's lifts of non-arguments (inlined), its conditions (guards, equalities, the keys
+    the update fixes equal to the lookup's), its coefficient times its values, and the keys a
+    component exports (key -> the lookup key it is read at)."""
+    inline: dict[str, Expr] = {}
+    conds: list[Expr] = []
+    value: Expr = {"lit": term.coef, "type": "INT"}
+    for factor in term.head:
+        if isinstance(factor, Lift) and factor.var not in args and factor.var not in inline:
+            inline[factor.var] = substitute_vars(factor.expr, inline)
+        elif isinstance(factor, Lift):
+            expr = substitute_vars(factor.expr, inline)
+            conds.append({"cmp": "=", "args": [substitute_vars({"var": factor.var}, inline), expr]})
+        elif isinstance(factor, Guard):
+            conds.append(substitute_vars(factor.pred, inline))
+        elif isinstance(factor, Value):
+            value = {"op": "*", "args": [value, substitute_vars(factor.expr, inline)]}
+        else:
+            raise errors.InvalidArgument(nested_refusal("a subquery over a join"))
+    exported: dict[str, str] = {}
+    for i, key in enumerate(target):
+        if key in args or key in inline or key in exported:
+            known = exported.get(key)
+            at = {"var": known} if known else substitute_vars({"var": key}, inline)
+            conds.append({"cmp": "=", "args": [{"var": f"#key{i}"}, at]})
+        else:
+            exported[key] = f"#key{i}"
+    return inline, conds, value, exported
+
+
+def _value_last(component: Component, value_key: str) -> Component:
+    """The component keyed with ``value_key`` (a count map's value) last where it has it: a
+    ``SLICE`` reads a slice by its last key, and a map made first keeps its key order."""
+    if value_key not in component.lookup or component.lookup[-1] == value_key:
+        return component
+    order = [i for i, k in enumerate(component.lookup) if k != value_key]
+    order.append(component.lookup.index(value_key))
+    keys = tuple(component.definition.keys[i] for i in order)
+    return replace(
+        component,
+        definition=AggSum(keys, component.definition.body),
+        lookup=tuple(component.lookup[i] for i in order),
+    )
+
+
+def _when(conds: list[Expr], value: Expr, kind: str) -> Expr:
+    """``CASE WHEN conds THEN value ELSE 0 END`` (of type ``kind``)."""
+    true: Expr = {"lit": True, "type": "BOOL"}
+    when = {"and": conds} if len(conds) > 1 else conds[0] if conds else true
+    return {"case": [[when, value]], "else": {"lit": 0, "type": "INT"}, "type": kind}
 
 
 def _sum(parts: list[Part]) -> Part:
