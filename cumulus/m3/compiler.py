@@ -186,6 +186,7 @@ class _Compiler:
     queue: list[str] = field(default_factory=list)
     nested: dict[str, ViewPlan] = field(default_factory=dict)  # hidden views, by name
     extremes: set[str] = field(default_factory=set)  # count maps a nested MIN or MAX reads
+    taken: set[str] = field(default_factory=set)  # the variables of the statement being made
 
     # --- maps --------------------------------------------------------------------------------
 
@@ -652,7 +653,9 @@ class _Compiler:
         value, and the change the rest of the delta's product (``slice_change``)."""
         target = self.point_target(factor.name, relation, sign, args)
         if target is None or set(vars_of(target[-1])) - set(args):
-            return self.slice_change(factor, relation, sign, args, taken)
+            terms = self.inner_delta(factor.name, relation, sign, args)
+            self.taken = taken
+            return self.slice_change(factor, terms, args, f"{factor.name}_{relation}")
         at = {f"#key{i}": k for i, k in enumerate(factor.keys[:-1])}
         delta, reads = self.point_delta(factor.name, relation, sign, args, taken)
         last = f"#key{len(factor.keys) - 1}"
@@ -660,20 +663,16 @@ class _Compiler:
         return target[-1], delta, [substitute(f, at) for f in reads]
 
     def slice_change(
-        self,
-        factor: MapExtreme,
-        relation: str,
-        sign: str,
-        args: tuple[str, ...],
-        taken: set[str],
+        self, factor: MapExtreme, terms: list[DeltaTerm], args: tuple[str, ...], hint: str
     ) -> tuple[Expr, Expr, list[Factor]]:
         """A count map's change at the lookup's slice for a write that changes many of its
-        entries: one delta term whose value key only one component exports (its slice at the
-        lookup, read by ``SLICE``), times the other components' point reads."""
+        entries (its delta ``terms``): one term whose value key only one component exports
+        (its slice at the lookup, read by ``SLICE``), times the other components' point
+        reads (``hint``: their maps' names). Its variables: ``self.taken``'s."""
+        taken = self.taken
         refusal = nested_refusal(
             f"a {factor.extreme.upper()} subquery over a join", "its change is not one slice's"
         )
-        terms = self.inner_delta(factor.name, relation, sign, args)
         if len(terms) != 1 or terms[0].tail:
             raise errors.InvalidArgument(refusal)
         term = terms[0]
@@ -695,7 +694,7 @@ class _Compiler:
                 component.definition,
                 component.types,
                 component.lookup,
-                f"{factor.name}_{relation}",
+                hint,
                 self.levels[factor.name] + 1,
             )
             keys = tuple(exported.get(k, k) for k in ref.keys)
