@@ -34,7 +34,7 @@ from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.parser import parse_program
 from cumulus.m3.printer import print_program
-from cumulus.m3.program import MapLift, Program
+from cumulus.m3.program import MapExtreme, MapLift, Program
 from cumulus.plan import ViewPlan
 from cumulus.runtime.simulator import Update
 
@@ -259,6 +259,22 @@ def test_a_nested_aggregate_is_read_through_a_map_lift() -> None:
     plan = plan_of(VIEWS["correlated AVG, self (Q17)"], "v", TABLES.__getitem__)
     assert plan.nested and ViewPlan.from_json(plan.to_json()) == plan  # as the catalog keeps it
     assert plan.base_tables() == ("r",) and plan.join_columns() == (("r", "k"),)
+
+
+def test_a_min_over_a_join_reads_the_changed_slice_into_the_new_min() -> None:
+    """A write of r2 changes the count map of MIN(s.y) at every s row of its key: the delta's
+    component holding y is read by ``SLICE`` and merged into the MIN (printed and parsed)."""
+    program = program_of(VIEWS["correlated MIN over a join, self"])
+    text = print_program(program)
+    assert "^= SLICE(" in text and print_program(parse_program(text)) == text
+    changed = [
+        f
+        for t in program.triggers
+        for s in t.statements
+        for f in s.body
+        if isinstance(f, MapExtreme) and f.extreme == "slice"
+    ]
+    assert changed and all(f.keys[-1] not in {k for k in f.keys[:-1]} for f in changed)
 
 
 def test_aggview_m3_prints_a_view_with_a_subquery() -> None:
