@@ -1,17 +1,21 @@
 """Nested aggregates in Cumulus (M3): the program's size and the cost of an update.
 
-Two views over r(id, k, x) and s(id, k, y) at 10^4 rows each: a Q17-like correlated AVG over
+Views over r(id, k, x) and s(id, k, y) at 10^4 rows each: a Q17-like correlated AVG over
 the view's own table, and an uncorrelated AVG of another table. Each is loaded, then fed a
 stream of inserts and deletes (half on each table the view reads) through the reference
 interpreter (generated code, one core); the same view recomputed by duckdb from scratch is the
 comparison. Run once for docs/DECISIONS.md:
 
-    PYTHONPATH=. python -m bench.cumulus_nested
+    PYTHONPATH=. python -m bench.cumulus_nested [--small] [a view's name, or part of it, ...]
+
+Also NOT IN (correlated and not), a Q21-like EXISTS and NOT EXISTS correlated by ``<>``, and
+subqueries over a join (a write re-deriving one key's domain, or all of it).
 """
 
 from __future__ import annotations
 
 import random
+import sys
 import time
 from typing import Any
 
@@ -29,6 +33,22 @@ VIEWS = {
     "correlated (Q17-like)": "SELECT SUM(r.x) AS t, COUNT(*) AS n FROM r "
     "WHERE 5 * r.x < (SELECT AVG(r2.x) FROM r r2 WHERE r2.k = r.k)",
     "uncorrelated": "SELECT r.k, SUM(r.x) AS t FROM r WHERE r.x > (SELECT AVG(s.y) FROM s) "
+    "GROUP BY r.k",
+    "NOT IN, correlated": "SELECT r.k, COUNT(*) AS n FROM r "
+    "WHERE r.x NOT IN (SELECT s.y FROM s WHERE s.k = r.k) GROUP BY r.k",
+    "NOT IN, uncorrelated": "SELECT r.k, COUNT(*) AS n FROM r "
+    "WHERE r.x NOT IN (SELECT s.y FROM s WHERE s.k < 10) GROUP BY r.k",
+    "EXISTS and NOT EXISTS by <> (Q21-like)": "SELECT r.k, COUNT(*) AS n FROM r "
+    "WHERE EXISTS (SELECT 1 FROM s WHERE s.k = r.k AND s.y <> r.x) AND NOT EXISTS "
+    "(SELECT 1 FROM s s2 WHERE s2.k = r.k AND s2.y <> r.x AND s2.y > 90) GROUP BY r.k",
+    "EXISTS over a join, each write at its key": "SELECT r.k, COUNT(*) AS n FROM r "
+    "WHERE EXISTS (SELECT 1 FROM s JOIN r r2 ON s.k = r2.k WHERE s.k = r.k AND r2.x > 90) "
+    "GROUP BY r.k",
+    "MIN over a join, r's writes a slice": "SELECT r.k, COUNT(*) AS n FROM r "
+    "WHERE r.x >= (SELECT MIN(s.y) FROM s JOIN r r2 ON s.id = r2.id WHERE r2.k = r.k) "
+    "GROUP BY r.k",
+    "SUM over a join, s's writes everywhere": "SELECT r.k, COUNT(*) AS n FROM r "
+    "WHERE r.x < (SELECT SUM(s.y) FROM s JOIN r r2 ON s.id = r2.id WHERE r2.k = r.k) "
     "GROUP BY r.k",
 }
 
@@ -91,5 +111,10 @@ def measure(name: str, select: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    wanted = sys.argv[1:]  # names (or parts of them) to run; all by default
+    if "--small" in wanted:  # 10^3 rows a table in 100 groups, 200 updates: the whole-domain
+        wanted.remove("--small")  # views' loads (every write of s re-derives all) end soon
+        ROWS, GROUPS, UPDATES = 1_000, 100, 200
     for view, sql in VIEWS.items():
-        print(measure(view, sql))
+        if not wanted or any(w in view for w in wanted):
+            print(measure(view, sql))

@@ -90,12 +90,20 @@ VIEWS = {
     "UNION ALL of LEFT JOINs": "SELECT g, COUNT(*) AS n FROM (SELECT r.x AS g FROM r "
     "LEFT JOIN s ON r.k = s.k UNION ALL SELECT s.y AS g FROM s LEFT JOIN r ON r.k = s.k) u "
     "GROUP BY g",
+    # a grouped subquery on its groups is one row or none: a lookup (its columns NULL or not)
+    "LEFT JOIN with a grouped subquery": "SELECT COUNT(*) AS n FROM r LEFT JOIN "
+    "(SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g ON r.k = g.k",
+    "LEFT JOIN with a grouped subquery, WHERE on it": "SELECT r.x, COUNT(*) AS n FROM r "
+    "LEFT JOIN (SELECT s.k, COUNT(*) AS c FROM s GROUP BY s.k) g ON r.k = g.k "
+    "WHERE g.c IS NULL OR g.c < 2 GROUP BY r.x",
+    "NOT IN": "SELECT COUNT(*) AS n FROM r WHERE r.k NOT IN (SELECT s.k FROM s)",
 }
 # what cumulus still refuses of outer joins (one line naming it and the modes that take it)
 REFUSED = {
-    "a LEFT JOIN with a grouped subquery": "SELECT COUNT(*) AS n FROM r LEFT JOIN "
-    "(SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g ON r.k = g.k",
-    "NOT IN": "SELECT COUNT(*) AS n FROM r WHERE r.k NOT IN (SELECT s.k FROM s)",
+    "a LEFT JOIN with a grouped subquery SELECT reads": "SELECT COUNT(*) AS n, SUM(g.t) AS t "
+    "FROM r LEFT JOIN (SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g ON r.k = g.k",
+    "a LEFT JOIN with a subquery's rows": "SELECT COUNT(*) AS n FROM r LEFT JOIN "
+    "(SELECT s.k, s.y FROM s) g ON r.k = g.k WHERE g.y IS NULL",
 }
 
 

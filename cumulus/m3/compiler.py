@@ -34,6 +34,7 @@ from cumulus.compiler import (
 )
 from cumulus.m3.canonical import canonical
 from cumulus.m3.delta import (
+    Component,
     DeltaTerm,
     Types,
     delta_terms,
@@ -51,6 +52,7 @@ from cumulus.m3.exprs import (
     rename,
     strict_vars,
     substitute_vars,
+    vars_of,
 )
 from cumulus.m3.outer import split_outer
 from cumulus.m3.printer import statement_text
@@ -92,11 +94,21 @@ class _Query:
     var_of: dict[tuple[str, str], str]
     types: Types
     nullable: dict[str, bool]
+    # a looked-up alias's (``_join``) columns in WHERE: (alias, column) -> a variable that is
+    # NULL where none of its rows matched
+    optional: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
-def _join(plan: ViewPlan, table: TableLookup, anti: dict[str, Expr] | None = None) -> _Query:
+def _join(
+    plan: ViewPlan,
+    table: TableLookup,
+    anti: dict[str, Expr] | None = None,
+    looked_up: Collection[str] = (),
+) -> _Query:
     """The join as one product; ``anti``: the aliases of NOT EXISTS's hidden views and their
-    IS NULL filters (left out: the nested factors say it, NULLs included)."""
+    IS NULL filters (left out: the nested factors say it, NULLs included); ``looked_up``: other
+    LEFT JOINed hidden views (NOT IN's, ``<>`` correlations'), whose columns WHERE reads as
+    variables of their own (``_Query.optional``), NULL where no row of theirs matched."""
     anti = anti or {}
     parent: dict[tuple[str, str], tuple[str, str]] = {}
 
@@ -125,8 +137,8 @@ def _join(plan: ViewPlan, table: TableLookup, anti: dict[str, Expr] | None = Non
                 names[root] = fresh(base, taken)
                 types[names[root]] = column.type
             var = var_of[(ref.alias, column.name)] = names[root]
-            if ref.alias not in anti:  # NOT EXISTS keeps an outer row whose key is NULL
-                members.setdefault(var, []).append(column.nullable)
+            if ref.alias not in anti and ref.alias not in looked_up:  # an outer row whose key
+                members.setdefault(var, []).append(column.nullable)  # is NULL is kept
     body: list[Factor] = [
         Rel(ref.table, tuple(var_of[(ref.alias, c.name)] for c in schemas[ref.alias].columns))
         for ref in plan.tables
@@ -135,11 +147,21 @@ def _join(plan: ViewPlan, table: TableLookup, anti: dict[str, Expr] | None = Non
     for var, flags in members.items():
         if len(flags) > 1 and all(flags):  # a joined column: SQL never matches NULL
             body.append(Guard({"notnull": {"var": var}}))
+    optional: dict[tuple[str, str], str] = {}
+
+    def column_var(alias: str, column: str) -> str:
+        if alias not in looked_up:
+            return var_of[(alias, column)]
+        if (alias, column) not in optional:
+            name = optional[(alias, column)] = fresh(f"{column}_or_null", taken)
+            types[name] = schemas[alias].column(column).type
+        return optional[(alias, column)]
+
     for pred in plan.filters:
         if any(pred is p for p in anti.values()):
             continue
-        body.append(Guard(from_plan(pred, lambda a, c: var_of[(a, c)])))
-    return _Query(body, var_of, types, nullable)
+        body.append(Guard(from_plan(pred, column_var)))
+    return _Query(body, var_of, types, nullable, optional)
 
 
 def _not_null(expr: Expr, query: _Query) -> list[Factor]:
@@ -163,6 +185,8 @@ class _Compiler:
     statements: dict[tuple[str, str], list[Statement]] = field(default_factory=dict)
     queue: list[str] = field(default_factory=list)
     nested: dict[str, ViewPlan] = field(default_factory=dict)  # hidden views, by name
+    extremes: set[str] = field(default_factory=set)  # count maps a nested MIN or MAX reads
+    taken: set[str] = field(default_factory=set)  # the variables of the statement being made
 
     # --- maps --------------------------------------------------------------------------------
 
@@ -202,8 +226,7 @@ class _Compiler:
         """A view's columns over its maps; a UNION ALL's over each branch's, added up."""
         plan = split_outer(plan, self.table, self.nested, self.depth)  # LEFT JOIN: 2 branches
         for branch in plan.branch_plans():  # a NULL row is no product of maps
-            if any(self.anti_join(branch, alias) is None for alias in branch.outer):
-                raise errors.InvalidArgument(OUTER_REFUSAL)
+            self.looked_up(branch)
         branches = [self.branch(b) for b in plan.branch_plans()]
         rows = _sum([b[0] for b in branches])
         columns: dict[str, ViewColumn] = {}
@@ -231,10 +254,12 @@ class _Compiler:
             if ref.table not in self.sources and ref.table not in self.nested:
                 schema = self.table(ref.table)
                 self.sources[ref.table] = Source(schema.name, schema.columns)
-        anti = {alias: self.anti_join(plan, alias) for alias in plan.outer}
-        query = _join(plan, self.schema, anti)  # type: ignore[arg-type]
+        looked_up = self.looked_up(plan)
+        anti = {a: f for a in plan.outer if (f := self.anti_join(plan, a)) is not None}
+        query = _join(plan, self.schema, anti, looked_up)
         if any(isinstance(f, Rel) and f.relation in self.nested for f in query.body):
-            self.read_nested(query, {plan.table_of(a) for a in anti})
+            by_table = {plan.table_of(a): a for a in looked_up}
+            self.read_nested(query, {plan.table_of(a) for a in anti}, by_table)
         group_names = [g.name for g in plan.group_by]
         value_name = fresh("v", set(group_names))
 
@@ -341,7 +366,25 @@ class _Compiler:
         ]
         return found[0] if found and not others else None
 
-    def read_nested(self, query: _Query, anti: Collection[str] = ()) -> None:
+    def looked_up(self, plan: ViewPlan) -> list[str]:
+        """The outer aliases that are no anti-join: LEFT JOINs with a hidden view (NOT IN's,
+        a ``<>`` correlation's) read at the outer query's values, one row or none, whose
+        columns only WHERE reads (elsewhere a NULL row is no product of maps)."""
+        found = [a for a in plan.outer if self.anti_join(plan, a) is None]
+        read = [g.source() for g in plan.group_by] + [a.arg for a in plan.aggregates if a.arg]
+        for alias in found:
+            if plan.table_of(alias) not in self.nested or any(
+                a == alias for expr in read for a, _ in expr_columns(expr)
+            ):
+                raise errors.InvalidArgument(OUTER_REFUSAL)
+        return found
+
+    def read_nested(
+        self,
+        query: _Query,
+        anti: Collection[str] = (),
+        looked_up: dict[str, str] | None = None,
+    ) -> None:
         """Each hidden view's atom -> lifts of its maps at the outer query's variables
         (DBToaster's ``(n ^= N[k])``): a grouped or DISTINCT view's group is there while its
         COUNT(*) is positive (a semi-join, or an inner join with the groups); a view without
@@ -364,7 +407,11 @@ class _Compiler:
             hidden = self.nested[factor.relation]
             names = [c.name for c in self.schema(hidden.name).columns]
             var_of = dict(zip(names, factor.args, strict=True))
-            made = self.nested_factors(hidden, var_of, outer_vars, query.types)
+            alias = (looked_up or {}).get(factor.relation)
+            optional = None
+            if alias is not None:  # its columns WHERE reads, NULL where no row matched
+                optional = {c: v for (a, c), v in query.optional.items() if a == alias}
+            made = self.nested_factors(hidden, var_of, outer_vars, query.types, optional)
             if factor.relation in anti:  # NOT EXISTS: no match, or a NULL key (matches none)
                 found, _ = made
                 assert isinstance(found, MapLift)
@@ -375,12 +422,22 @@ class _Compiler:
         query.body[:] = body
 
     def nested_factors(
-        self, hidden: ViewPlan, var_of: dict[str, str], outer_vars: set[str], types: Types
+        self,
+        hidden: ViewPlan,
+        var_of: dict[str, str],
+        outer_vars: set[str],
+        types: Types,
+        optional: dict[str, str] | None = None,
     ) -> list[Factor]:
         """The hidden view's row at the outer variables ``var_of`` (its columns') as lifts of
         its maps: its group's count (> 0), each column read the way a view reads it (SUM and
         AVG finished from sum and count, COUNT its map, derived columns over them), HAVING.
-        Its group keys must be outer variables: a point read, never a loop."""
+        Its group keys must be outer variables: a point read, never a loop. ``optional``
+        (a LEFT JOIN with it): no guard, but its columns' variables (column -> variable) lifted
+        as the column where its row matched (the count positive, no key NULL, HAVING TRUE),
+        else NULL."""
+        if optional is not None and (self.distinct_groups(hidden) or hidden.shape == "bag"):
+            raise errors.InvalidArgument(OUTER_REFUSAL)
         inner = self.distinct_groups(hidden)
         if inner is not None:  # IN over a grouped subquery (Q18): its groups are distinct
             names = {g.name: g.source()["col"][1] for g in hidden.group_by}
@@ -396,6 +453,10 @@ class _Compiler:
             raise errors.InvalidArgument(
                 nested_refusal("a subquery whose columns the outer query does not equate")
             )
+        if optional is not None and (
+            not keys or any(var_of[c] in outer_vars for c in var_of if c not in keys)
+        ):  # matched by its values, or by nothing: more than a lookup's row
+            raise errors.InvalidArgument(OUTER_REFUSAL)
         taken = set(types) | set(var_of.values())
 
         def lift(part: Part, var: str | None = None) -> tuple[MapLift, str]:
@@ -407,9 +468,15 @@ class _Compiler:
             return MapLift(part.name, lookup, var), var
 
         out: list[Factor] = []
+        matched: list[Expr] = []
         if keys:  # a group (a DISTINCT value) is there while it counts rows
             found, count = lift(shape.rows)
-            out += [found, Guard({"cmp": ">", "args": [{"var": count}, {"lit": 0, "type": "INT"}]})]
+            out.append(found)
+            matched.append({"cmp": ">", "args": [{"var": count}, {"lit": 0, "type": "INT"}]})
+            if optional is None:
+                out.append(Guard(matched[0]))
+            else:  # a NULL key matches nothing
+                matched += [{"notnull": {"var": var_of[k]}} for k in keys]
         column_var = dict(var_of)
         for column in shape.columns:
             wanted = column.name in var_of or column.hidden or hidden.having is not None
@@ -428,6 +495,7 @@ class _Compiler:
                 placeholder = fresh(f"{part.name}_any", taken)
                 extreme = "min" if column.kind is Kind.MIN else "max"
                 out.append(MapExtreme(part.name, (*prefix, placeholder), var, extreme))
+                self.extremes.add(part.name)
                 types[var] = column.type
                 continue
             if RULES[column.kind].keeps_values:
@@ -435,7 +503,11 @@ class _Compiler:
                     nested_refusal(f"a {_SHOWN[column.kind]} subquery", "its value is a multiset's")
                 )
             if not RULES[column.kind].keeps_sum:  # COUNT: its map's value
-                out.append(lift(column.parts[0], var)[0])
+                if keys and column.parts[0] == shape.rows:  # COUNT(*): the count read above
+                    out.append(Lift(var, {"var": count}))
+                    types[var] = column.type
+                else:
+                    out.append(lift(column.parts[0], var)[0])
                 continue
             sums = [lift(p) for p in column.parts]
             assert column.count is not None
@@ -453,8 +525,16 @@ class _Compiler:
                 out.append(Lift(column_var[column.name], expr))
                 types[column_var[column.name]] = expr_type(expr, types)
         if hidden.having is not None:  # a group is there while HAVING holds
-            having = from_plan(hidden.having, lambda a, c: c)
-            out.append(Guard(rename(having, column_var)))
+            having = rename(from_plan(hidden.having, lambda a, c: c), column_var)
+            if optional is None:
+                out.append(Guard(having))
+            else:
+                matched.append(having)
+        for column_name, var in (optional or {}).items():
+            kind = str(self.schema(hidden.name).column(column_name).type)
+            when = {"and": matched} if len(matched) > 1 else matched[0]
+            value = {"var": column_var[column_name]}  # (no ELSE: NULL)
+            out.append(Lift(var, {"case": [[when, value]], "type": kind}))
         return out
 
     def distinct_groups(self, hidden: ViewPlan) -> ViewPlan | None:
@@ -472,52 +552,48 @@ class _Compiler:
         keys = sorted(g.name for g in inner.group_by)
         return inner if read == keys and inner.group_by else None
 
-    def point_delta(self, name: str, relation: str, sign: str, args: tuple[str, ...]) -> Expr:
+    def point_delta(
+        self, name: str, relation: str, sign: str, args: tuple[str, ...], taken: set[str]
+    ) -> tuple[Expr, list[Factor]]:
         """A nested map's change at its lookup keys for one tuple, as an expression over the
         trigger's arguments (``CASE WHEN keys = target AND ... THEN value ELSE 0 END``): its
-        new value is the old plus this (a statement reads maps as they were before)."""
+        new value is the old plus this (a statement reads maps as they were before). Over a
+        join the change is the delta's components read at the lookup keys (returned, lifts to
+        place before it): a key a component exports is that component's, one the update fixes
+        a condition, so the change at any key is point reads (none where a component would
+        loop: a condition mixing the update with the other tables)."""
         decl = self.maps[name]
         terms = self.inner_delta(name, relation, sign, args)
         zero: Expr = {"lit": 0, "type": "INT"}
         total: Expr | None = None
+        reads: list[Factor] = []
         for term in terms:
-            if term.components or term.tail:
+            if term.tail:
                 raise errors.InvalidArgument(
-                    nested_refusal("a subquery over a join", "its change is not one entry")
-                )
-            inline: dict[str, Expr] = {}
-            conds: list[Expr] = []
-            value: Expr = {"lit": term.coef, "type": "INT"}
-            for factor in term.head:
-                if isinstance(factor, Lift) and factor.var not in args and factor.var not in inline:
-                    inline[factor.var] = substitute_vars(factor.expr, inline)
-                elif isinstance(factor, Lift):
-                    expr = substitute_vars(factor.expr, inline)
-                    conds.append(
-                        {"cmp": "=", "args": [substitute_vars({"var": factor.var}, inline), expr]}
+                    nested_refusal(
+                        "a subquery over a join with a condition across its tables",
+                        "its change at a key is no product of lookups",
                     )
-                elif isinstance(factor, Guard):
-                    conds.append(substitute_vars(factor.pred, inline))
-                elif isinstance(factor, Value):
-                    value = {"op": "*", "args": [value, substitute_vars(factor.expr, inline)]}
-                else:
-                    raise errors.InvalidArgument(nested_refusal("a subquery over a join"))
-            for i, key in enumerate(term.target):
-                conds.append(
-                    {
-                        "cmp": "=",
-                        "args": [{"var": f"#key{i}"}, substitute_vars({"var": key}, inline)],
-                    }
                 )
-            case: Expr = {
-                "case": [[{"and": conds} if len(conds) > 1 else conds[0], value]]
-                if conds
-                else [[{"lit": True, "type": "BOOL"}, value]],
-                "else": zero,
-                "type": str(decl.value_type),
-            }
+            inline, conds, value, exported = _term_head(term, args, term.target)
+            for component in term.components:
+                if any(k not in args and k not in exported for k in component.lookup):
+                    raise errors.InvalidArgument(
+                        nested_refusal("a subquery over a join", "its change is not one entry")
+                    )
+                ref = self.materialize(
+                    component.definition,
+                    component.types,
+                    component.lookup,
+                    f"{name}_{relation}",
+                    self.levels[name] + 1,
+                )
+                var = fresh(f"{ref.name}_d", taken)
+                reads.append(MapLift(ref.name, tuple(exported.get(k, k) for k in ref.keys), var))
+                value = {"op": "*", "args": [value, {"var": var}]}
+            case = _when(conds, value, str(decl.value_type))
             total = case if total is None else {"op": "+", "args": [total, case]}
-        return total if total is not None else zero
+        return (total if total is not None else zero), reads
 
     def inner_delta(
         self, name: str, relation: str, sign: str, args: tuple[str, ...]
@@ -549,33 +625,90 @@ class _Compiler:
                 out.append(factor)
                 continue
             if isinstance(factor, MapExtreme):  # the slice with the updated entry's change
-                value, delta = self.entry_change(factor, relation, sign, args)
+                value, delta, reads = self.entry_change(factor, relation, sign, args, taken)
+                out += reads
                 out.append(replace(factor, adjust=(value, delta)))
                 continue
             old = fresh(f"{factor.var}_old", taken)
-            delta = self.point_delta(factor.name, relation, sign, args)
-            keyed = rename(delta, {f"#key{i}": k for i, k in enumerate(factor.keys)})
+            delta, reads = self.point_delta(factor.name, relation, sign, args, taken)
+            at = {f"#key{i}": k for i, k in enumerate(factor.keys)}
+            out += [substitute(f, at) for f in reads]
             out.append(MapLift(factor.name, factor.keys, old))
-            out.append(Lift(factor.var, {"op": "+", "args": [{"var": old}, keyed]}))
+            out.append(Lift(factor.var, {"op": "+", "args": [{"var": old}, rename(delta, at)]}))
         return out
 
     def entry_change(
-        self, factor: MapExtreme, relation: str, sign: str, args: tuple[str, ...]
-    ) -> tuple[Expr, Expr]:
+        self,
+        factor: MapExtreme,
+        relation: str,
+        sign: str,
+        args: tuple[str, ...],
+        taken: set[str],
+    ) -> tuple[Expr, Expr, list[Factor]]:
         """A count map's change for one tuple as (its value key, its count change at the
-        lookup's slice): both over the trigger's arguments."""
+        lookup's slice): both over the trigger's arguments, and the lifts they read (over a
+        join, the delta's components at the updated entry). Where the update fixes no value
+        (a write of a joined table without the aggregated column: many entries of a slice),
+        the value is the changed entries, ``SLICE`` of the one component that exports the
+        value, and the change the rest of the delta's product (``slice_change``)."""
         target = self.point_target(factor.name, relation, sign, args)
-        if target is None:
-            raise errors.InvalidArgument(
-                nested_refusal("a subquery over a join", "its change is not one entry")
-            )
-        slice_keys = dict(enumerate(factor.keys[:-1]))
-        delta = rename(
-            self.point_delta(factor.name, relation, sign, args),
-            {f"#key{i}": k for i, k in slice_keys.items()},
-        )
+        if target is None or set(vars_of(target[-1])) - set(args):
+            terms = self.inner_delta(factor.name, relation, sign, args)
+            self.taken = taken
+            return self.slice_change(factor, terms, args, f"{factor.name}_{relation}")
+        at = {f"#key{i}": k for i, k in enumerate(factor.keys[:-1])}
+        delta, reads = self.point_delta(factor.name, relation, sign, args, taken)
         last = f"#key{len(factor.keys) - 1}"
-        return target[-1], substitute_vars(delta, {last: target[-1]})
+        delta = substitute_vars(rename(delta, at), {last: target[-1]})
+        return target[-1], delta, [substitute(f, at) for f in reads]
+
+    def slice_change(
+        self, factor: MapExtreme, terms: list[DeltaTerm], args: tuple[str, ...], hint: str
+    ) -> tuple[Expr, Expr, list[Factor]]:
+        """A count map's change at the lookup's slice for a write that changes many of its
+        entries (its delta ``terms``): one term whose value key only one component exports
+        (its slice at the lookup, read by ``SLICE``), times the other components' point
+        reads (``hint``: their maps' names). Its variables: ``self.taken``'s."""
+        taken = self.taken
+        refusal = nested_refusal(
+            f"a {factor.extreme.upper()} subquery over a join", "its change is not one slice's"
+        )
+        if len(terms) != 1 or terms[0].tail:
+            raise errors.InvalidArgument(refusal)
+        term = terms[0]
+        value_key = term.target[-1]
+        inline, conds, scale, exported = _term_head(term, args, term.target[:-1])
+        if value_key in args or value_key in inline or value_key in exported:
+            raise errors.InvalidArgument(refusal)
+        sliced = [c for c in term.components if value_key in c.lookup]
+        if len(sliced) != 1:
+            raise errors.InvalidArgument(refusal)
+        reads: list[Factor] = []
+        entries = fresh(f"{factor.var}_changed", taken)
+        for component in term.components:
+            known = set(args) | set(exported) | ({value_key} if component is sliced[0] else set())
+            if any(k not in known for k in component.lookup):
+                raise errors.InvalidArgument(refusal)
+            component = _value_last(component, value_key)
+            ref = self.materialize(
+                component.definition,
+                component.types,
+                component.lookup,
+                hint,
+                self.levels[factor.name] + 1,
+            )
+            keys = tuple(exported.get(k, k) for k in ref.keys)
+            if value_key in component.lookup:
+                if ref.keys[-1] != value_key or value_key in ref.keys[:-1]:
+                    raise errors.InvalidArgument(refusal)  # (its slice is by its last key)
+                reads.append(MapExtreme(ref.name, keys, entries, "slice"))
+                continue
+            var = fresh(f"{ref.name}_d", taken)
+            reads.append(MapLift(ref.name, keys, var))
+            scale = {"op": "*", "args": [scale, {"var": var}]}
+        at = {f"#key{i}": k for i, k in enumerate(factor.keys[:-1])}
+        delta = rename(_when(conds, scale, str(self.maps[factor.name].value_type)), at)
+        return {"var": entries}, delta, [substitute(f, at) for f in reads]
 
     def changes(self, name: str, relation: str) -> bool:
         decl = self.maps[name]
@@ -610,10 +743,10 @@ class _Compiler:
         level = self.levels[decl.name] + 1
         hint = f"{decl.name}_dom"
         ref = self.materialize(domain, {v: types[v] for v in types}, domain.keys, hint, level)
-        # where every changed lookup reads one key tuple, the same, that the update fixes,
-        # bind it (a lookup it changes at every key, or elsewhere: the whole domain)
-        each: list[dict[str, str]] = []
-        pins: dict[str, Expr] = {}
+        # the keys every changed lookup reads where the update fixes them, the same for all,
+        # are bound (elsewhere no lookup changes); a lookup it changes at every key, or
+        # elsewhere, binds none: the whole domain
+        each: list[dict[str, Expr]] = []
         for factor in g:
             if not isinstance(factor, MapLift) or not self.changes(factor.name, relation):
                 continue
@@ -621,10 +754,13 @@ class _Compiler:
             if target is None or len(target) != len(factor.keys):
                 target = ()  # pins nothing: the whole domain
             mapping = dict(zip(lift_keys(factor), target, strict=False))
-            each.append({k: repr(e) for k, e in mapping.items()})
-            pins.update(mapping)
-        if not each or any(m != each[0] for m in each) or len(each[0]) != len(pins):
-            pins = {}
+            # (a key a join's component exports changes at many values: not pinned)
+            each.append({k: e for k, e in mapping.items() if set(vars_of(e)) <= set(args)})
+        pins = {
+            k: e
+            for k, e in (each[0] if each else {}).items()
+            if all(k in m and repr(m[k]) == repr(e) for m in each)
+        }
         # a key pinned to an argument is that argument (its reads are slices of one key);
         # to an expression of them, a lift
         same = {k: e["var"] for k, e in pins.items() if set(e) == {"var"} and e["var"] in args}
@@ -695,6 +831,8 @@ class _Compiler:
                 body.append(Value({"lit": term.coef, "type": "INT"}))
             body += term.head
             for n, component in enumerate(term.components, 1):
+                if decl.name in self.extremes:  # its slice read by value: ``slice_change``
+                    component = _value_last(component, term.target[-1])
                 if self.deeper(level):
                     hint = f"{decl.name}_{relation}" + (f"{n}" if len(term.components) > 1 else "")
                     body.append(
@@ -743,8 +881,64 @@ def nested_refusal(construct: str, why: str = "") -> str:
     return (
         f"{construct} is maintained in refresh = 'sync' or 'async', not 'cumulus'{because}; "
         "cumulus takes SUM, AVG, COUNT, MIN and MAX scalars, IN (also over GROUP BY ... "
-        "HAVING), EXISTS and NOT EXISTS, over one table each"
+        "HAVING), NOT IN, EXISTS and NOT EXISTS (also correlated by one <>), over a table or a "
+        "join (MIN and MAX: not over a self-join)"
     )
+
+
+def _term_head(
+    term: DeltaTerm, args: tuple[str, ...], target: tuple[str, ...]
+) -> tuple[dict[str, Expr], list[Expr], Expr, dict[str, str]]:
+    """A nested map's delta term at the lookup keys ``#key0, ...`` (``target``, its keys):
+    the head's lifts of non-arguments (inlined), its conditions (guards, equalities, the keys
+    the update fixes equal to the lookup's), its coefficient times its values, and the keys a
+    component exports (key -> the lookup key it is read at)."""
+    inline: dict[str, Expr] = {}
+    conds: list[Expr] = []
+    value: Expr = {"lit": term.coef, "type": "INT"}
+    for factor in term.head:
+        if isinstance(factor, Lift) and factor.var not in args and factor.var not in inline:
+            inline[factor.var] = substitute_vars(factor.expr, inline)
+        elif isinstance(factor, Lift):
+            expr = substitute_vars(factor.expr, inline)
+            conds.append({"cmp": "=", "args": [substitute_vars({"var": factor.var}, inline), expr]})
+        elif isinstance(factor, Guard):
+            conds.append(substitute_vars(factor.pred, inline))
+        elif isinstance(factor, Value):
+            value = {"op": "*", "args": [value, substitute_vars(factor.expr, inline)]}
+        else:
+            raise errors.InvalidArgument(nested_refusal("a subquery over a join"))
+    exported: dict[str, str] = {}
+    for i, key in enumerate(target):
+        if key in args or key in inline or key in exported:
+            known = exported.get(key)
+            at = {"var": known} if known else substitute_vars({"var": key}, inline)
+            conds.append({"cmp": "=", "args": [{"var": f"#key{i}"}, at]})
+        else:
+            exported[key] = f"#key{i}"
+    return inline, conds, value, exported
+
+
+def _value_last(component: Component, value_key: str) -> Component:
+    """The component keyed with ``value_key`` (a count map's value) last where it has it: a
+    ``SLICE`` reads a slice by its last key, and a map made first keeps its key order."""
+    if value_key not in component.lookup or component.lookup[-1] == value_key:
+        return component
+    order = [i for i, k in enumerate(component.lookup) if k != value_key]
+    order.append(component.lookup.index(value_key))
+    keys = tuple(component.definition.keys[i] for i in order)
+    return replace(
+        component,
+        definition=AggSum(keys, component.definition.body),
+        lookup=tuple(component.lookup[i] for i in order),
+    )
+
+
+def _when(conds: list[Expr], value: Expr, kind: str) -> Expr:
+    """``CASE WHEN conds THEN value ELSE 0 END`` (of type ``kind``)."""
+    true: Expr = {"lit": True, "type": "BOOL"}
+    when = {"and": conds} if len(conds) > 1 else conds[0] if conds else true
+    return {"case": [[when, value]], "else": {"lit": 0, "type": "INT"}, "type": kind}
 
 
 def _sum(parts: list[Part]) -> Part:

@@ -210,6 +210,7 @@ def _split(term: DeltaTerm, rest: list[Factor], bound: set[str], types: Types) -
             bound.add(factor.var)
             growing = True
     nested = nested_vars(rest)
+    atoms = {a for f in rest if isinstance(f, Rel) for a in f.args}
     for factor in rest:
         if any(factor is f for f in lifted):
             continue
@@ -218,11 +219,15 @@ def _split(term: DeltaTerm, rest: list[Factor], bound: set[str], types: Types) -
             local.append(factor)
         elif used <= bound:
             term.head.append(factor)
-        elif used & bound or used & nested:  # a nested aggregate's value stays in the statement
+        elif used & bound or used & nested or isinstance(factor, MapLift):
+            # a nested aggregate's value stays in the statement (the update may change its
+            # map: read in a component's map it would be the old value), a column compared
+            # with one too
             term.tail.append(factor)
         else:
             local.append(factor)
-    tail_bound = {f.var for f in term.tail if isinstance(f, Lift | MapLift)}
+    # (a lift of a relation's column tests it: the component keeps the column)
+    tail_bound = {f.var for f in term.tail if isinstance(f, Lift | MapLift) and f.var not in atoms}
     classes = _Classes()
     for n, factor in enumerate(local):
         classes.find(f"#{n}")

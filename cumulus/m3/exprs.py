@@ -139,11 +139,17 @@ def extreme_of(
     entries: Iterable[tuple[tuple[Any, ...], Any]], kind: str, adjusted: tuple[Any, Any] | None
 ) -> Any:
     """MIN or MAX of the last key over a count map's slice (entries with a positive count),
-    one entry's count changed by ``adjusted`` (value, delta); NULL over none."""
+    one entry's count changed by ``adjusted`` (value, delta), or, where the value is a slice
+    (``SLICE``'s ((value, count), ...): a write changing many entries of one slice, as over a
+    join), each of its entries' counts times delta; NULL over none. ``kind`` "slice": the
+    slice itself, as ((value, count), ...)."""
     counts = {key[-1]: count for key, count in entries}
+    if kind == "slice":
+        return tuple(counts.items())
     if adjusted is not None and adjusted[1]:
         value, delta = adjusted
-        counts[value] = counts.get(value, 0) + delta
+        for each, count in value if isinstance(value, tuple) else ((value, 1),):
+            counts[each] = counts.get(each, 0) + delta * count
     present = [v for v, count in counts.items() if count > 0 and v is not None]
     if not present:
         return None

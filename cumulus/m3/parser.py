@@ -389,7 +389,7 @@ class _Parser(PredicateParser):
                 self.take()
                 variable, _ = self.name("a variable")
                 self.take()
-                if self.peek().text.upper() in ("MIN", "MAX") and self.is_op("(", 1):
+                if self.peek().text.upper() in ("MIN", "MAX", "SLICE") and self.is_op("(", 1):
                     return [self.extreme(variable, token)]
                 inner = self.factor()
                 if len(inner) == 1 and type(inner[0]) is MapRef:  # a nested aggregate's value
@@ -413,7 +413,8 @@ class _Parser(PredicateParser):
 
     def extreme(self, variable: str, token: Token) -> MapExtreme:
         """``MIN(cnt(type)[][g, v] [, value, delta]) )``: a nested MIN or MAX (its ``^=``
-        lift's rest, the closing parenthesis included)."""
+        lift's rest, the closing parenthesis included); ``SLICE(m(type)[][g, v])`` the
+        entries of a slice the adjustment of one reads."""
         kind = self.take().text.lower()
         self.op("(")
         ref = self.reference()

@@ -82,7 +82,9 @@ class MapExtreme(MapLift):
     """``(var ^= MIN(cnt[g, v]))``: the least (greatest) v of the slice at g whose count is
     positive, NULL where none is: a nested MIN or MAX read from its count map. The last key
     is a placeholder, never bound. ``adjust`` (value, delta): that entry's count as changed
-    by the update (the new extreme, read before the update is applied)."""
+    by the update (the new extreme, read before the update is applied); a value bound by a
+    ``SLICE`` (``extreme`` "slice": the slice's entries as ((v, count), ...), no extreme) is
+    many entries' change, each count times delta."""
 
     extreme: str = "min"
     adjust: tuple[Expr, Expr] | None = field(default=None, hash=False)
