@@ -401,6 +401,10 @@ PRODUCTS = 12  # ids 0..11 exist at first
 INSERTS = 40  # events per inserter and round (four inserters, two rounds, four layouts)
 LOADED = range(PRODUCTS, PRODUCTS + 500)  # arrive by a bulk load while events for them go in
 NAMES = ["red", "green", "blue"]
+# seconds between a churner's transactions: hundreds of changes to cached rows race each
+# round's inserts either way; flat out, the churners of a sync layout spent three times the
+# CPU of its inserts while those waited for the cores
+CHURN_PACE = 0.01
 
 
 def recompute(client: Client, select: str) -> list[tuple[Any, ...]]:
@@ -490,6 +494,7 @@ def churn(address: str, seed: int, stop: threading.Event, failures: list[BaseExc
             except BaseException as exc:  # noqa: BLE001 - reported by the test
                 failures.append(exc)
                 return
+            stop.wait(CHURN_PACE)
 
 
 def insert_events(address: str, seed: int, count: int, failures: list[BaseException]) -> None:
