@@ -158,10 +158,15 @@ class _Load:
     async def loop(self, seed: int) -> None:
         """One closed-loop client: a transaction of k new events after another."""
         rng = random.Random(seed)
+        # where changes are asked, each client's first transaction is one: a run that a loaded
+        # machine cuts to a few transactions still changes a dimension under its mode's reads
+        first_change = bool(self.moves or self.renames)
         while time.perf_counter() < self.deadline:
             draw = rng.random() if self.moves or self.renames else 1.0
-            if draw < self.moves + self.renames:
-                await self.change_dimension(rng, seed, draw < self.moves)
+            if first_change or draw < self.moves + self.renames:
+                move = draw < self.moves if draw < self.moves + self.renames else self.moves > 0
+                first_change = False
+                await self.change_dimension(rng, seed, move)
                 continue
             started = time.perf_counter()
             events = [
