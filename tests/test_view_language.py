@@ -26,6 +26,7 @@ import duckdb
 import pytest
 
 from aggcli.cli import main
+from aggview import errors
 from aggview.keycodec import encode_key
 from aggview.merge import combine
 from aggview.schema import Column, ColumnType, TableSchema, row_to_storage, to_storage
@@ -203,6 +204,28 @@ def test_group_by_an_expression_by_itself_its_alias_or_its_position() -> None:
         assert column.expr is not None and "case" in column.expr
         assert plan.output == ("bucket", "count")
         assert plan.columns_of("t") == ("x", "g")
+
+
+def test_dbtoasters_listmax_and_listmin_are_greatest_and_least_of_two() -> None:
+    """DBToaster's queries write ``LISTMAX(a, b)``: the same plan (and so the same M3 program
+    and maintenance in every mode) as ``GREATEST(a, b)``; other arities stay refused."""
+
+    def compiled(select: str) -> tuple[Any, str]:
+        plan = compile_sql(f"CREATE MATERIALIZED VIEW v AS {select}", lambda name: SCHEMA)
+        data = plan.to_json()
+        data.pop("sql")  # the text as written
+        return data, print_program(compile_program([plan], lambda name: SCHEMA))
+
+    for listed, standard in (("LISTMAX(x, 1)", "GREATEST(x, 1)"), ("LISTMIN(v, x)", "LEAST(v, x)")):
+        ours = compiled(f"SELECT g, SUM({listed}) AS s FROM t WHERE {listed} > 0 GROUP BY g")
+        assert ours == compiled(
+            f"SELECT g, SUM({standard}) AS s FROM t WHERE {standard} > 0 GROUP BY g"
+        )
+    with pytest.raises(errors.InvalidArgument, match="unsupported function LISTMAX"):
+        compile_sql(
+            "CREATE MATERIALIZED VIEW v AS SELECT g, SUM(LISTMAX(x, 1, 2)) FROM t GROUP BY g",
+            lambda name: SCHEMA,
+        )
 
 
 # === expressions over aggregates (step 2) =======================================================

@@ -74,7 +74,23 @@ def parse_select(select_sql: str) -> exp.Select:
         raise refuse(statement.key.upper())
     if not isinstance(statement, exp.Select):
         raise errors.InvalidArgument(f"a materialized view needs a SELECT, not {statement.key}")
-    return filters_as_cases(statement)
+    return dbtoaster_functions(filters_as_cases(statement))
+
+
+# DBToaster's names for GREATEST and LEAST of two values (its queries write them)
+_DBTOASTER_EXTREMES = {"LISTMAX": exp.Greatest, "LISTMIN": exp.Least}
+
+
+def dbtoaster_functions(select: exp.Select) -> exp.Select:
+    """``LISTMAX(a, b)`` and ``LISTMIN(a, b)``, as DBToaster's queries write them, are
+    ``GREATEST(a, b)`` and ``LEAST(a, b)`` (which every back end maintains); other arities
+    stay refused by name."""
+    for node in list(select.find_all(exp.Anonymous)):
+        kind = _DBTOASTER_EXTREMES.get(node.name.upper())
+        if kind is not None and len(node.expressions) == 2:
+            first, second = (e.copy() for e in node.expressions)
+            node.replace(kind(this=first, expressions=[second], ignore_nulls=True))
+    return select
 
 
 def filters_as_cases(select: exp.Select) -> exp.Select:
