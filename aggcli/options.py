@@ -79,8 +79,9 @@ class Parser(argparse.ArgumentParser):
 
 def address_type(text: str) -> str:
     """HOST:PORT, checked: a bare host would make gRPC dial port 443."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+    from aggview.net import is_host_port  # gRPC's health and reflection: not at start
+
+    if not is_host_port(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:7070)")
     return text
 

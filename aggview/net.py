@@ -47,6 +47,12 @@ GRPC_OPTIONS = [
 CONTROL_OPTIONS = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
 
+def is_host_port(text: str) -> bool:
+    """``host:port`` (``[v6]:port``) with a port gRPC can dial: a bare host would dial 443."""
+    host, sep, port = text.rpartition(":")
+    return bool(sep and host.strip("[]") and port.isdigit() and 0 < int(port) < 65536)
+
+
 def keep_alive(sock: socket.socket | None) -> None:
     """TCP keepalive and a send timeout on a framed stream's socket: the same promise as the
     gRPC channels' keepalive (a host cut off is noticed within about three seconds, whether

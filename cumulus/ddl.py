@@ -183,10 +183,11 @@ def _choice(key: str, kind: str, text: str, allowed: tuple[str, ...]) -> str:
 def _node_addresses(text: str) -> str:
     """``host = 'h1:7100,h2:7100'``: DW node pools by address, one per node, as
     ``host:port`` (an IPv6 address in brackets); returned without spaces."""
+    from aggview.net import is_host_port  # gRPC's health and reflection: servers only
+
     addresses = [part.strip() for part in text.split(",")]
     for address in addresses:
-        host, _, port = address.rpartition(":")
-        if not host.strip("[]") or " " in host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not is_host_port(address) or " " in address:
             raise errors.InvalidArgument(
                 f"host must be 'local', 'grpc', 'spark' or DW node addresses 'host:port,...'; "
                 f"{address!r} is not host:port"
