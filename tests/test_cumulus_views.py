@@ -206,14 +206,7 @@ def test_a_view_on_node_processes_recovers_from_a_killed_node_and_drop_stops_the
         _write(client, rng, range(60, 90), ids)
         with pytest.raises(errors.AggviewError, match="DW node"):
             client.refresh("hosted")
-        deadline = time.monotonic() + 60
-        while True:  # loaded again in the background
-            try:
-                _assert_epoch_exact(client, "hosted", select)
-                break
-            except errors.FailedPrecondition:
-                assert time.monotonic() < deadline, "the runtime was not loaded again in 60 s"
-                time.sleep(0.2)
+        _until_epoch_exact(client, "hosted", select, errors.FailedPrecondition)
         _wait_for_nodes(tmp_path, lambda found: len(found) == 2 and not set(nodes) & set(found))
         client.sql("DROP MATERIALIZED VIEW hosted")
         _wait_for_nodes(tmp_path, lambda found: not found)
@@ -263,6 +256,21 @@ def _assert_epoch_exact(client: Client, view: str, select: str) -> None:
         expected = snapshot.sql(select)
     key = lambda r: repr(r["g"])  # noqa: E731
     assert sorted(rows, key=key) == sorted(expected, key=key)
+
+
+def _until_epoch_exact(
+    client: Client, view: str, select: str, loading: type[Exception], seconds: float = 60
+) -> None:
+    """``_assert_epoch_exact`` once the view's runtime is loaded again in the background
+    after a failed epoch (``loading``: what its reads raise until then)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            _assert_epoch_exact(client, view, select)
+            return
+        except loading:
+            assert time.monotonic() < deadline, f"{view} was not loaded again in {seconds} s"
+            time.sleep(0.2)
 
 
 def _node_processes(under: Path) -> list[int]:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import random
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from conftest import own_cluster
-from test_cumulus_views import _assert_epoch_exact, _write
+from test_cumulus_views import _assert_epoch_exact, _until_epoch_exact, _write
 
 from aggclient import Client
 from aggview import errors
@@ -55,18 +54,6 @@ def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
             server.stop()
 
 
-def _until_exact(client: Client, view: str, select: str, seconds: float = 60) -> None:
-    """The view's runtime is loaded again in the background after a failed epoch."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            _assert_epoch_exact(client, view, select)
-            return
-        except errors.AggviewError:  # the failed epoch, then "not loaded" until it is
-            assert time.monotonic() < deadline, f"{view} not loaded again in {seconds} s"
-            time.sleep(0.3)
-
-
 def test_views_share_node_pools_by_address_and_survive_a_pool_restart(
     tmp_path: Path, pools: list[Server]
 ) -> None:
@@ -94,8 +81,9 @@ def test_views_share_node_pools_by_address_and_survive_a_pool_restart(
             client.refresh("totals")
         pools[0].start()  # on its address again: a new run of each view
         _write(client, rng, range(90, 120), ids)
-        _until_exact(client, "totals", TOTALS)
-        _until_exact(client, "big", BIG)
+        # the failed epoch's error, then "not loaded" until the new run is
+        _until_epoch_exact(client, "totals", TOTALS, errors.AggviewError)
+        _until_epoch_exact(client, "big", BIG, errors.AggviewError)
         client.sql("DROP MATERIALIZED VIEW big")
         _write(client, rng, range(120, 140), ids)
         _assert_epoch_exact(client, "totals", TOTALS)

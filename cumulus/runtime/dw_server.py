@@ -386,7 +386,7 @@ class NodePool:
             run=request.run,
         )
         host = NodeHost(config)  # parses the program
-        await self._end(self.views.get(request.view))
+        await self._end(request.view)
         self.runs[request.run] = host
         self.views[request.view] = request.run
         host.begin()
@@ -398,22 +398,20 @@ class NodePool:
     async def _end_when_driven_out(self, view: str, host: NodeHost) -> None:
         await host.finished.wait()
         if self.views.get(view) == host.config.run:
-            await self._end(host.config.run)
+            await self._end(view)
 
-    async def _end(self, run: str | None) -> None:
-        host = self.runs.pop(run, None) if run else None
-        if host is None:
-            return
-        for view, held in list(self.views.items()):
-            if held == run:
-                del self.views[view]
-        await host.stop()
+    async def _end(self, view: str) -> None:
+        """Stops the view's run here, if it has one."""
+        run = self.views.pop(view, None)
+        host = self.runs.pop(run, None) if run is not None else None
+        if host is not None:
+            await host.stop()
 
     async def stop(self) -> None:
         for watcher in list(self._watchers):
             watcher.cancel()
-        for run in list(self.runs):
-            await self._end(run)
+        for view in list(self.views):
+            await self._end(view)
         if self.server is not None:
             await self.server.stop(grace=1.0)
 
