@@ -176,6 +176,12 @@ class RowState:
             return True
         return any(merge_ts <= limit for merge_ts in self.merges)
 
+    def blocker(self, ts: int, own: bool) -> int:
+        """The oldest transaction a read at ``ts`` waits for (0: none), for messages."""
+        limit = ts - 1 if own else ts
+        waits_for = [t for t in (self.holder, *self.merges) if t and t <= limit]
+        return min(waits_for, default=0)
+
     async def wait_readable(self, ts: int, *, own: bool = False) -> None:
         """Waits until no transaction at or below ``ts`` holds the row or has a view delta
         pending on it (those are decided, so the wait is short: the coordinator reads only

@@ -602,6 +602,24 @@ def test_lock_wait_timeout_makes_a_stuck_wait_too_late(env: Env) -> None:
     run(main)
 
 
+def test_a_read_that_waits_too_long_names_the_transaction_it_waited_for(env: Env) -> None:
+    """A read in a writing transaction aborts like a lock wait (the client retries it); a
+    snapshot read reports the row unavailable. Both name the undecided transaction."""
+
+    async def main() -> None:
+        p = env.participant(lock_wait_timeout=0.1)
+        await commit(p, 10, insert(b"x", ROW_X))
+        assert (await p.prepare(sub(20, update(b"x", {"v": 2})))).outcome == YES
+        with pytest.raises(errors.TooLate, match="undecided transaction 20; retry it"):
+            await get(p, 30, b"x", register=True)
+        with pytest.raises(errors.Unavailable, match="undecided transaction 20$"):
+            await get(p, 30, b"x")
+        await p.decide(20, True)
+        assert (await get(p, 30, b"x"))["v"] == 2
+
+    run(main)
+
+
 def test_row_state_hand_off_survives_a_cancelled_waiter() -> None:
     """A waiter cancelled (timed out) just after being handed the row must not keep it."""
 

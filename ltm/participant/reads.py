@@ -49,18 +49,31 @@ class Reads(PartitionState):
         # and then commit below this read, which would not have seen it.
         while state.blocks(ts, own=register):  # most reads find the row free: no wait task
             deadline = deadline or loop.time() + self.settings.lock_wait_timeout
+            blocker = state.blocker(ts, own=register)
             try:
                 await asyncio.wait_for(
                     state.wait_readable(ts, own=register), deadline - loop.time()
                 )
             except asyncio.TimeoutError:
-                raise errors.Unavailable(
-                    f"row of {row_id[0]} is still held by undecided transaction {state.holder}"
-                ) from None
+                raise self._read_wait_timeout(row_id, blocker, register) from None
         if register:
             state.rts = max(state.rts, ts)
             return state.version_at(ts - 1)[1]
         return state.version_at(ts)[1]
+
+    def _read_wait_timeout(self, row_id: RowId, blocker: int, register: bool) -> Exception:
+        """A read that waited ``lock_wait_timeout`` for an older transaction's decision. In a
+        writing transaction (``register``) it aborts like a lock wait that timed out, and the
+        client retries it; a snapshot read reports the row unavailable."""
+        waited = f"{self.settings.lock_wait_timeout:g} s"
+        if register:
+            return errors.TooLate(
+                f"row of {row_id[0]} was held for {waited} by undecided transaction "
+                f"{blocker}; retry it"
+            )
+        return errors.Unavailable(
+            f"row of {row_id[0]} is still held after {waited} by undecided transaction {blocker}"
+        )
 
     async def _scan(self, request: pb.ReadRequest) -> list[tuple[bytes, bytes]]:
         ts, table = request.ts, request.table
