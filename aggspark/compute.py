@@ -65,14 +65,19 @@ def render(expr: dict[str, Any]) -> str:
             if "type" in expr
             else "NULL"
         )
+    # CASE and COALESCE cast each branch to the result type, not only the result: Spark
+    # first widens the branches to a common type, which for DECIMAL(38, 1) beside
+    # DECIMAL(8, 2) keeps 38 digits by dropping the second scale digit (1.55 became 1.6).
     if "case" in expr:
         cast = spark_type(ColumnType.parse(expr["type"]))
-        whens = " ".join(f"WHEN {render(w)} THEN {render(t)}" for w, t in expr["case"])
-        otherwise = f" ELSE {render(expr['else'])}" if "else" in expr else ""
-        return f"CAST(CASE {whens}{otherwise} END AS {cast})"
+        whens = " ".join(
+            f"WHEN {render(w)} THEN CAST({render(t)} AS {cast})" for w, t in expr["case"]
+        )
+        otherwise = f" ELSE CAST({render(expr['else'])} AS {cast})" if "else" in expr else ""
+        return f"CASE {whens}{otherwise} END"
     if "coalesce" in expr:
         cast = spark_type(ColumnType.parse(expr["type"]))
-        return f"CAST(COALESCE({', '.join(render(a) for a in expr['coalesce'])}) AS {cast})"
+        return f"COALESCE({', '.join(f'CAST({render(a)} AS {cast})' for a in expr['coalesce'])})"
     if "fn" in expr:
         return _function(expr["fn"], expr["args"], expr.get("type"))
     raise ValueError(f"cannot render {expr!r} to Spark SQL")  # "out" only occurs in HAVING

@@ -169,6 +169,10 @@ FUNCTIONS = [  # scalar functions rendered to Spark SQL: GREATEST/LEAST skipping
     "AS agg0, MAX(LEAST(a0.f, a1.k)) AS agg1, COUNT(ABS(a1.x)) AS agg2, MIN(EXTRACT(MONTH FROM "
     "CASE WHEN a1.x > 1 THEN DATE '2024-03-01' END)) AS agg3 FROM t0 a0 JOIN t1 a1 "
     "ON a1.k = a0.x GROUP BY 1",
+    # a branch of DECIMAL(38, 1) beside one of DECIMAL(8, 2): Spark's common type of the two
+    # rounded a0.v to one digit
+    "SELECT a0.g AS g0, SUM(CASE WHEN a0.f IS NULL THEN 1.5 ELSE a0.v END) AS agg0, "
+    "SUM(COALESCE(CASE WHEN a0.x > 0 THEN a0.v END, 0.5)) AS agg1 FROM t0 a0 GROUP BY a0.g",
 ]
 
 
