@@ -80,6 +80,8 @@ def render(expr: dict[str, Any]) -> str:
         return f"COALESCE({', '.join(f'CAST({render(a)} AS {cast})' for a in expr['coalesce'])})"
     if "fn" in expr:
         return _function(expr["fn"], expr["args"], expr.get("type"))
+    if "finish" in expr:  # an M3 lift of a nested SUM or AVG (``cumulus.m3.exprs._finish``)
+        return _finish(expr["finish"], ColumnType.parse(expr["type"]), *expr["args"])
     raise ValueError(f"cannot render {expr!r} to Spark SQL")  # "out" only occurs in HAVING
 
 
@@ -98,6 +100,24 @@ def _function(name: str, args: list[dict[str, Any]], type_text: str | None) -> s
     if name in ("year", "month", "day"):
         return f"CAST(EXTRACT({name.upper()} FROM {subject}) AS {spark_type(INT)})"
     raise ValueError(f"cannot render function {name!r} to Spark SQL")
+
+
+def _finish(kind: str, result: ColumnType, total: dict[str, Any], count: dict[str, Any]) -> str:
+    """SUM or AVG from a sum and a count as ``finish_sum`` computes it: NULL over no value,
+    AVG rounded half-even. The quotient is taken at scale s + 11 (a count below 10^10), so
+    its half-up rounding cannot make a tie that ``bround`` then rounds the wrong way."""
+    s, n = render(total), render(count)
+    if result.kind == "FLOAT":
+        value = f"CAST({s} AS DOUBLE)" + (f" / CAST({n} AS DOUBLE)" if kind == "avg" else "")
+    else:
+        scale = result.scale or 0
+        if kind == "avg":
+            wide = 10 if result.kind == "INT" else scale  # INT truncates the exact quotient
+            s = f"(CAST({s} AS DECIMAL(27, {wide})) / CAST({n} AS DECIMAL(10, 0)))"
+        rounded = s if result.kind == "INT" else f"bround({s}, {scale})"
+        target = result if result.kind == "INT" else accumulator_type(result)  # BIGINT truncates
+        value = f"CAST({rounded} AS {spark_type(target)})"
+    return f"(CASE WHEN COALESCE({n}, 0) = 0 THEN NULL ELSE {value} END)"
 
 
 def _literal(value: Any, column_type: ColumnType) -> str:

@@ -153,6 +153,7 @@ FUNCTION_TOTALS = (
         ("cumulus", THETA_TOTALS, SMALL.shops - 1),
         ("sync", LEFT_TOTALS, SMALL.shops),
         ("async", LEFT_TOTALS, SMALL.shops),
+        ("cumulus", LEFT_TOTALS, SMALL.shops),  # the unmatched rows' map reads Rows_e[shop]
         ("sync", FUNCTION_TOTALS, SMALL.shops),
         ("cumulus", FUNCTION_TOTALS, SMALL.shops),
     ],
@@ -164,6 +165,7 @@ FUNCTION_TOTALS = (
         "cumulus-theta",
         "sync-left",
         "async-left",
+        "cumulus-left",
         "sync-functions",
         "cumulus-functions",
     ],
