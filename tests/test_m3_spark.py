@@ -351,7 +351,7 @@ def spark_specs(draw: st.DrawFn) -> tuple[str, int, int]:
 
 
 @settings(
-    max_examples=examples(4, 30),
+    max_examples=examples(3, 30),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
