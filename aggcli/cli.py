@@ -60,6 +60,7 @@ def _run_docker_build(args: argparse.Namespace) -> None:
                 f"started dockerd (pid {engine.started.pid}, log {docker_images.DOCKERD_LOG}); "
                 "it runs on after this command"
             )
+        print(f"compose: {' '.join(docker_images.ensure_compose(install=True))}")
     built = docker_images.build_images(
         source, base=args.base, mirror=args.mirror, install=args.start_engine, output=sys.stdout
     )

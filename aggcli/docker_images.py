@@ -184,6 +184,35 @@ def ensure_engine(*, log: Path, install: bool = False, timeout: float = 60.0) ->
     )
 
 
+def compose_cli() -> list[str] | None:
+    """``docker compose`` (the plugin) where it answers, else ``docker-compose`` (Debian's
+    1.29), else None."""
+    docker = shutil.which("docker")
+    if docker is not None:
+        version = subprocess.run(
+            [docker, "compose", "version"], capture_output=True, timeout=60, check=False
+        )
+        if version.returncode == 0:
+            return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return [legacy] if legacy is not None else None
+
+
+def ensure_compose(*, install: bool = False) -> list[str]:
+    """A compose CLI for ``docker/compose.yaml``: the one there, or Debian's docker-compose
+    installed when ``install`` (as root); DockerUnavailable saying why not."""
+    cli = compose_cli()
+    if cli is None and install:
+        apt_install("docker-compose")
+        cli = compose_cli()
+    if cli is None:
+        raise DockerUnavailable(
+            "no `docker compose` (plugin) or `docker-compose` CLI installed "
+            "(Debian: docker-compose)"
+        )
+    return cli
+
+
 # ---------------------------------------------------------------------------- images
 
 

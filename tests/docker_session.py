@@ -38,6 +38,8 @@ class DockerImages:
     aggview: str
     hbase: str
     setup_seconds: float
+    compose: list[str] | None  # the compose CLI (Debian's docker-compose installed if missing)
+    compose_problem: str  # why there is none
 
 
 class DockerSkip(Exception):
@@ -65,30 +67,19 @@ def docker_session() -> Iterator[DockerImages]:
                         docker_images.build_images(ROOT, install=True)
                 except docker_images.DockerUnavailable as exc:
                     raise DockerSkip(str(exc)) from None
+                try:  # only the compose tests need it: they skip saying why where it is missing
+                    compose, compose_problem = docker_images.ensure_compose(install=True), ""
+                except docker_images.DockerUnavailable as exc:
+                    compose, compose_problem = None, str(exc)
             yield DockerImages(
                 docker_images.AGGVIEW_IMAGE,
                 docker_images.HBASE_IMAGE,
                 time.monotonic() - started,
+                compose,
+                compose_problem,
             )
         finally:
             if engine.started is not None:  # ours: once no other session uses it
                 fcntl.flock(users, fcntl.LOCK_UN)
                 fcntl.flock(users, fcntl.LOCK_EX)
                 engine.stop()
-
-
-def compose_cli() -> list[str] | None:
-    """``docker compose`` (the plugin) where it answers, else ``docker-compose`` (Debian's
-    1.29), else None."""
-    import shutil
-    import subprocess
-
-    docker = shutil.which("docker")
-    if docker is not None:
-        version = subprocess.run(
-            [docker, "compose", "version"], capture_output=True, text=True, timeout=60
-        )
-        if version.returncode == 0:
-            return [docker, "compose"]
-    legacy = shutil.which("docker-compose")
-    return [legacy] if legacy is not None else None

@@ -13,7 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from docker_session import DockerImages, compose_cli
+from docker_session import DockerImages
 
 from aggclient import Client
 from aggview.processes import free_port
@@ -52,9 +52,9 @@ def _all_healthy(health: dict[str, str]) -> bool:
 
 
 def test_compose_runs_a_cluster_on_hbase(docker_images: DockerImages) -> None:
-    cli = compose_cli()
+    cli = docker_images.compose
     if cli is None:
-        pytest.skip("no `docker compose` (plugin) or `docker-compose` CLI installed")
+        pytest.skip(docker_images.compose_problem)
     project = f"aggview-test-{uuid.uuid4().hex[:10]}"
     port = free_port()
     env = {**os.environ, "AGGVIEW_PORT": str(port), "AGGVIEW_HBASE_IMAGE": docker_images.hbase}

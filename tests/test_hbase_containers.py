@@ -21,14 +21,14 @@ from typing import Any
 import happybase
 import pytest
 import yaml
-from docker_session import DockerImages, compose_cli
+from docker_session import DockerImages
 from profiles import PROFILE
 from store_contract import StoreContract
 from test_store_hbase import check_after_restart, run_view_workload
 from thriftpy2.thrift import TException
 
 from aggcli.cli import build_parser
-from aggcli.docker_images import HBASE_IMAGE
+from aggcli.docker_images import HBASE_IMAGE, compose_cli
 
 THRIFT_PORT = 9090
 READY_TIMEOUT = 300.0
