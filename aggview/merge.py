@@ -30,6 +30,23 @@ def combine(delta: Row, more: Row) -> Row:
     return out
 
 
+def accumulate(total: Row, more: Row) -> None:
+    """Adds ``more`` into ``total`` in place, as ``combine`` would: for a sum of many deltas
+    (a view computed from scratch), where copying a group's multiset for every joined tuple
+    made MIN, MAX and COUNT(DISTINCT) quadratic in the group's distinct values. ``total``'s
+    multisets must be its own: built here (copied from ``more`` when first seen)."""
+    for field, change in more.items():
+        if isinstance(change, dict):
+            multiset = total.get(field)
+            if multiset is None:
+                total[field] = dict(change)
+                continue
+            for value, count in change.items():
+                multiset[value] = multiset.get(value, 0) + count
+        else:
+            total[field] = total.get(field, 0) + change
+
+
 def negate(delta: Row) -> Row:
     """The delta that undoes ``delta`` (every number and multiplicity negated)."""
     return {

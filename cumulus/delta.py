@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aggview.merge import combine
+from aggview.merge import accumulate
 from aggview.schema import Column, to_storage
 from cumulus.aggstate import Row, ViewState
 from cumulus.plan import MULTIPLICITY, ViewPlan, expr_columns
@@ -163,7 +163,7 @@ async def view_delta(view: ViewState, changes: Changes, rows_where: RowsWhere) -
     out = await _branch_delta(view, changes, rows_where)
     for branch in view.branches:
         for key, delta in (await _branch_delta(branch, changes, rows_where)).items():
-            out[key] = combine(out.get(key, {}), delta)
+            accumulate(out.setdefault(key, {}), delta)
     return out
 
 
@@ -226,7 +226,7 @@ async def _join_from(
             sign *= binding[alias][MULTIPLICITY]
         lookup = view.lookup(binding)
         key = view.group_key(lookup)
-        out[key] = combine(out.get(key, {}), view.tuple_delta(lookup, sign))
+        accumulate(out.setdefault(key, {}), view.tuple_delta(lookup, sign))
 
 
 async def _flips(

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import random
 import threading
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from lookup_check import lookup_mismatches
 
 from aggclient import Client
 from aggclient.bulk_client import BulkClient
 from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.merge import gather
+from aggview.merge import accumulate, combine, gather
 from aggview.partition_map import group_of, partial_key, partition_of
 from loadgen import dashboard
 
@@ -192,6 +196,27 @@ def test_partial_rows_add_up_and_cancel_out() -> None:
     assert gather(rows, partials=True) == {g1: {"_count": 1, "s0": 6, "m0": {3: 1}}}
     assert partition_of("u7_sales", partial_key(g1, 3), 4) == 3
     assert gather([(g1, {"_count": 1})], partials=False) == {g1: {"_count": 1}}
+
+
+_NUMBERS = st.dictionaries(st.sampled_from(["_count", "s0"]), st.integers(-3, 3))
+_MULTISETS = st.dictionaries(
+    st.sampled_from(["m0", "m1"]), st.dictionaries(st.integers(0, 3), st.integers(-2, 2))
+)
+_DELTAS = st.lists(st.tuples(_NUMBERS, _MULTISETS).map(lambda p: {**p[0], **p[1]}), max_size=12)
+
+
+@given(deltas=_DELTAS)
+def test_accumulate_adds_in_place_as_combine_does(deltas: list[dict[str, Any]]) -> None:
+    """Unit: a sum of deltas built in place equals the one ``combine`` builds, and leaves the
+    deltas it read as they were (their multisets are copied, not shared)."""
+    before = copy.deepcopy(deltas)
+    expected: dict[str, Any] = {}
+    total: dict[str, Any] = {}
+    for delta in deltas:
+        expected = combine(expected, delta)
+        accumulate(total, delta)
+    assert total == expected
+    assert deltas == before
 
 
 def test_a_group_whose_float_sums_do_not_cancel_exactly_is_gone_with_its_rows(
