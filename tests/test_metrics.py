@@ -23,6 +23,7 @@ from test_cli import cli
 from aggclient import Client
 from agglauncher.cluster import LocalCluster
 from aggview.processes import free_port
+from bench.metrics_share import metrics_share
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSACTIONS = 12  # the clients' transactions the module's cluster runs
@@ -423,3 +424,14 @@ def test_bench_views_runs_every_case_again_without_metrics_and_compares() -> Non
     assert "none @no metrics" not in [
         c.name for c, _ in store_cases(build_parser().parse_args(["--parts", "4"]))
     ]
+
+
+def test_metrics_share_counts_the_samples_in_metrics_code() -> None:
+    """Unit: bench.metrics_share's reading of py-spy's raw stacks (a stack, a space, its count)."""
+    raw = (
+        "serve (ltm/a.py:1);committed (aggview/metrics.py:141) 3\n"
+        "serve (ltm/a.py:1);inc (prometheus_client/metrics.py:9) 2\n"
+        "serve (ltm/a.py:1);prepare (ltm/b.py:7) 15\n"
+        "\n"
+    )
+    assert metrics_share(raw) == (5, 20)
