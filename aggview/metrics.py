@@ -131,6 +131,7 @@ class Metrics:
             buckets=REFRESH_BUCKETS,
             registry=r,
         )
+        self._maintenance_of: dict[str, Any] = {}  # view -> its labelled maintenance counter
         self._refreshed: dict[str, float] = {}  # view -> when its last refresh here ended
         self.metrics_port = 0  # where ``serve`` listens (0: not serving)
 
@@ -158,7 +159,10 @@ class Metrics:
         return flushed
 
     def maintained(self, view: str, seconds: float) -> None:
-        self._maintenance.labels(view).inc(seconds)
+        child = self._maintenance_of.get(view)
+        if child is None:  # ``labels`` checks and locks on every call: once per view
+            child = self._maintenance_of[view] = self._maintenance.labels(view)
+        child.inc(seconds)
 
     def refreshed(self, view: str, seconds: float) -> None:
         self._refresh.labels(view).observe(seconds)

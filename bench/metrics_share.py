@@ -4,10 +4,11 @@ A throughput ratio with and without metrics (``python -m bench.views --without-m
 moves ±30 % from pass to pass on a 2-core machine, ten times the 3 % it should bound. This
 measures the cost directly instead: a cluster under the pg_ivm workload (one-row event inserts
 under the sync view ``SELECT p.cat_id, SUM(e.cost), COUNT(*) … GROUP BY p.cat_id``, ``--clients``
-tasks on one AsyncClient), each member sampled by ``py-spy`` meanwhile; the share is the samples
-whose stack holds a frame of ``aggview/metrics.py`` or ``prometheus_client`` over all samples
-of the members' threads that ran. Needs ``py-spy`` (``pip install py-spy``) and root or
-ptrace rights.
+tasks on one AsyncClient), each member sampled by ``py-spy --gil`` meanwhile; the share is the
+samples whose stack holds a frame of ``aggview/metrics.py`` or ``prometheus_client`` over all
+samples that held the GIL (Python running: a thread blocked on a queue or in ``fdatasync`` is
+left out, so the share is an upper bound of the metrics' share of the members' CPU). Needs
+``py-spy`` (``pip install py-spy``) and root or ptrace rights.
 
     python -m bench.metrics_share                       # 1 and 8 clients, about a minute
     python -m bench.metrics_share --clients 8 --seconds 30 --processes 2
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
@@ -38,17 +40,21 @@ PRODUCTS, CATEGORIES = 5_000, 20
 METRICS_FRAMES = ("aggview/metrics.py", "prometheus_client")
 
 
-def metrics_share(raw: str) -> tuple[int, int]:
+def metrics_share(raw: str, where: Counter[str] | None = None) -> tuple[int, int]:
     """(samples in metrics code, all samples) of py-spy's ``--format raw`` output: one line
-    per distinct stack, frames joined by ``;``, then its count."""
+    per distinct stack, frames joined by ``;``, then its count. ``where`` counts the samples
+    in metrics code by their outermost metrics frame (the call the hot path makes)."""
     metrics = total = 0
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         total += int(count)
-        if any(name in stack for name in METRICS_FRAMES):
+        frames = [f for f in stack.split(";") if any(name in f for name in METRICS_FRAMES)]
+        if frames:
             metrics += int(count)
+            if where is not None:
+                where[frames[0]] += int(count)
     return metrics, total
 
 
@@ -92,8 +98,8 @@ def sample(pids: list[int], seconds: float, out: Path) -> list[subprocess.Popen[
         raise SystemExit("needs py-spy: pip install py-spy")
     return [
         subprocess.Popen(
-            [spy, "record", "--subprocesses", "-p", str(pid), "-d", str(int(seconds)), "-r", "200"]
-            + ["--format", "raw", "-o", str(out / f"{pid}.txt")],
+            [spy, "record", "--subprocesses", "--gil", "-p", str(pid), "-d", str(int(seconds))]
+            + ["-r", "200", "--format", "raw", "-o", str(out / f"{pid}.txt")],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -124,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         with LocalCluster(Path(tmp) / "data", ltms=args.ltms, processes=args.processes) as cluster:
             asyncio.run(setup(cluster.address))
             pids = [server.process.pid for server in cluster.servers if server.process]
+            where: dict[int, Counter[str]] = {clients: Counter() for clients in args.clients}
             print("clients | tx/s | member samples | in metrics code | share")
             print("--- | --- | --- | --- | ---")
             for number, clients in enumerate(args.clients):
@@ -134,11 +141,15 @@ def main(argv: list[str] | None = None) -> None:
                 commits = asyncio.run(run_case(cluster.address, pids, clients, first_id, args, out))
                 metrics = total = 0
                 for path in out.glob("*.txt"):
-                    m, t = metrics_share(path.read_text())
+                    m, t = metrics_share(path.read_text(), where[clients])
                     metrics, total = metrics + m, total + t
                 rate = commits / (args.warmup + args.seconds + 2)
                 share = f"{100 * metrics / total:.2f} %" if total else "-"
                 print(f"{clients} | {rate:,.0f} | {total:,} | {metrics:,} | {share}")
+            for clients, frames in where.items():  # where the hot path enters metrics code
+                print(f"\n{clients} client(s), samples by call into metrics code:")
+                for frame, count in frames.most_common(8):
+                    print(f"  {count:5,}  {frame}")
 
 
 if __name__ == "__main__":
