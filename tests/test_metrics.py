@@ -4,19 +4,24 @@ server, and `aggview status` (aggclient.status) against a running cluster."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from test_cli import cli
 
@@ -435,3 +440,49 @@ def test_metrics_share_counts_the_samples_in_metrics_code() -> None:
         "\n"
     )
     assert metrics_share(raw) == (5, 20)
+
+
+@given(st.lists(st.floats(0, 20, allow_nan=False), max_size=30), st.integers(1, 3))
+def test_hot_path_series_sum_their_threads_as_prometheus_client_counts(
+    took: list[float], threads: int
+) -> None:
+    """Unit: the flushes of one log, observed from several threads (a log thread each) into
+    per-thread counts, scrape as the histogram and counter prometheus-client's own give."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from aggview.metrics import LATENCY_BUCKETS, Metrics
+
+    kept = Metrics()
+    observe = kept.wal_observer("partition")
+    workers = [
+        threading.Thread(target=lambda part=took[n::threads]: [observe(t) for t in part])
+        for n in range(threads)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    reference = CollectorRegistry()
+    own = Histogram(
+        "aggview_wal_flush_seconds", "", ["log"], buckets=LATENCY_BUCKETS, registry=reference
+    )
+    for t in took:
+        own.labels("partition").observe(t)
+
+    def series(registry: Any, name: str) -> dict[str, float]:
+        return {
+            str(sorted(sample.labels.items())): sample.value
+            for family in registry.collect()
+            for sample in family.samples
+            if sample.name == name
+        }
+
+    for suffix in ("_bucket", "_count"):
+        name = "aggview_wal_flush_seconds" + suffix
+        assert series(kept.registry, name) == series(reference, name)
+    if took:
+        [total] = series(kept.registry, "aggview_wal_flush_seconds_sum").values()
+        assert math.isclose(total, sum(took), rel_tol=1e-9, abs_tol=1e-12)
+        assert series(kept.registry, "aggview_wal_flushes_total") == {
+            str([("log", "partition")]): len(took)
+        }
