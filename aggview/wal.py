@@ -215,12 +215,16 @@ class WriteAheadLog:
         """On the log's thread: writes and syncs a group, then runs ``then(error)`` on the
         loop (the group's appenders hear of a failure)."""
         error: BaseException | None = None
+        started = time.perf_counter()
         try:
             self._write_and_sync(fd, chunk, retired)
         except Exception as exc:  # noqa: BLE001 - handed to the loop
             error = exc
+        took = time.perf_counter() - started
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
             loop.call_soon_threadsafe(then, error)
+        if error is None and self.observe is not None:  # counted once the waiters are told
+            self.observe(took)
 
     def _take(self) -> tuple[bytes, int, list[int], int]:
         """The next group (hold the mutex): its bytes, the descriptor to write them to, old
@@ -291,7 +295,6 @@ class WriteAheadLog:
             _settle(waiter, error)
 
     def _write_and_sync(self, fd: int, chunk: bytes, retired: list[int]) -> None:
-        started = time.perf_counter() if self.observe is not None else 0.0
         for old in retired:  # records written there before the switch must be durable too
             if self.fsync:
                 os.fdatasync(old)
@@ -299,8 +302,6 @@ class WriteAheadLog:
         write_all(fd, chunk)
         if self.fsync:
             os.fdatasync(fd)
-        if self.observe is not None:
-            self.observe(time.perf_counter() - started)
 
     @property
     def segment(self) -> int:
