@@ -3,7 +3,7 @@
 A throughput ratio with and without metrics (``python -m bench.views --without-metrics``)
 moves ±30 % from pass to pass on a 2-core machine, ten times the 3 % it should bound. This
 measures the cost directly instead: a cluster under the pg_ivm workload (one-row event inserts
-under the sync view ``SELECT p.cat_id, SUM(e.cost), COUNT(*) … GROUP BY p.cat_id``, ``--clients``
+of the dashboard schema at the thesis scale under ``bench.views``' pg_ivm view, ``--clients``
 tasks on one AsyncClient), each member sampled by ``py-spy --gil`` meanwhile; the share is the
 samples whose stack holds a frame of ``aggview/metrics.py`` or ``prometheus_client`` over all
 samples that held the GIL (Python running: a thread blocked on a queue or in ``fdatasync`` is
@@ -24,19 +24,14 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from decimal import Decimal
 from pathlib import Path
 
-from aggclient.client import AsyncClient
+from aggclient.client import AsyncClient, Client
 from agglauncher.cluster import LocalCluster
+from bench.views_cases import PGIVM_SQL, PGIVM_VIEW
+from bench.views_workload import SCALE, make_event
+from loadgen import dashboard
 
-SCHEMA = (
-    "CREATE TABLE products (id INT PRIMARY KEY, cat_id INT NOT NULL)",
-    "CREATE TABLE events (id INT PRIMARY KEY, prod_id INT NOT NULL, cost DECIMAL(10,2) NOT NULL)",
-    "CREATE MATERIALIZED VIEW cat_totals AS SELECT p.cat_id, SUM(e.cost) AS s, COUNT(*) AS n "
-    "FROM events e JOIN products p ON e.prod_id = p.id GROUP BY p.cat_id",
-)
-PRODUCTS, CATEGORIES = 5_000, 20
 METRICS_FRAMES = ("aggview/metrics.py", "prometheus_client")
 
 
@@ -58,15 +53,12 @@ def metrics_share(raw: str, where: Counter[str] | None = None) -> tuple[int, int
     return metrics, total
 
 
-async def setup(address: str) -> None:
-    async with AsyncClient(address) as client:
-        await client.sql(SCHEMA[0])
-        await client.sql(SCHEMA[1])
-        for first in range(0, PRODUCTS, 500):
-            async with client.transaction() as tx:
-                for i in range(first, first + 500):
-                    tx.insert("products", {"id": i, "cat_id": i % CATEGORIES})
-        await client.sql(SCHEMA[2])
+def setup(address: str) -> None:
+    """The dashboard tables at the thesis scale and pg_ivm's view, as ``bench.views`` has them."""
+    with Client(address) as client:
+        dashboard.create_schema(client)
+        dashboard.populate(client, SCALE)
+        client.sql(dashboard.view_ddl(PGIVM_VIEW, PGIVM_SQL))
 
 
 async def load(address: str, clients: int, seconds: float, first_id: int) -> int:
@@ -81,9 +73,8 @@ async def load(address: str, clients: int, seconds: float, first_id: int) -> int
             event_id = first_id + number * 10_000_000
             while time.monotonic() < end:
                 event_id += 1
-                row = {"id": event_id, "prod_id": rng.randrange(PRODUCTS), "cost": Decimal("1.25")}
                 async with client.transaction() as tx:
-                    tx.insert("events", row)
+                    tx.insert("events", make_event(rng, event_id, None))
                 done += 1
 
         await asyncio.gather(*(task(n) for n in range(clients)))
@@ -128,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="aggview-metrics-share-") as tmp:
         with LocalCluster(Path(tmp) / "data", ltms=args.ltms, processes=args.processes) as cluster:
-            asyncio.run(setup(cluster.address))
+            setup(cluster.address)
             pids = [server.process.pid for server in cluster.servers if server.process]
             where: dict[int, Counter[str]] = {clients: Counter() for clients in args.clients}
             print("clients | tx/s | member samples | in metrics code | share")
