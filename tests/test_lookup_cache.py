@@ -405,6 +405,10 @@ NAMES = ["red", "green", "blue"]
 # round's inserts either way; flat out, the churners of a sync layout spent three times the
 # CPU of its inserts while those waited for the cores
 CHURN_PACE = 0.01
+# and a churner runs at most this many transactions ahead of the inserts begun: on a busy
+# machine the inserts slow down, and paced by the clock alone the churners' share grew with it
+# (a CI run: 31 s a test instead of 10)
+CHURN_LEAD = 20
 
 
 def recompute(client: Client, select: str) -> list[tuple[Any, ...]]:
@@ -462,13 +466,25 @@ def bulk_load_once(client: Client, ids: range) -> None:
 SLOW_NOT_SILENT = None
 
 
-def churn(address: str, seed: int, stop: threading.Event, failures: list[BaseException]) -> None:
+def churn(
+    address: str,
+    seed: int,
+    stop: threading.Event,
+    failures: list[BaseException],
+    inserted: list[int],
+) -> None:
     """Changes to the cached rows: categories renamed, products moved, repriced, deleted and
-    inserted again, and a product changed in the same transaction as a new event of it."""
+    inserted again, and a product changed in the same transaction as a new event of it; about
+    one per event ``inserted`` (their count), never more than ``CHURN_LEAD`` ahead."""
     rng = random.Random(seed)
     event_id = 1_000_000 * (seed + 1)
+    done = 0
     with Client(address, silent_after=SLOW_NOT_SILENT) as client:
         while not stop.is_set():
+            if done > inserted[0] + CHURN_LEAD:
+                stop.wait(CHURN_PACE)
+                continue
+            done += 1
             product = rng.randrange(PRODUCTS)
             try:
                 action = rng.randrange(5)
@@ -497,11 +513,14 @@ def churn(address: str, seed: int, stop: threading.Event, failures: list[BaseExc
             stop.wait(CHURN_PACE)
 
 
-def insert_events(address: str, seed: int, count: int, failures: list[BaseException]) -> None:
+def insert_events(
+    address: str, seed: int, count: int, failures: list[BaseException], inserted: list[int]
+) -> None:
     rng = random.Random(seed)
     try:
         with Client(address, silent_after=SLOW_NOT_SILENT) as client:
             for i in range(count):
+                inserted[0] += 1  # the churners' pace (a lost += under threads: no matter)
                 with client.transaction() as tx:
                     tx.insert(
                         "lc_e",
@@ -543,14 +562,23 @@ def test_views_stay_exact_while_their_cached_rows_change(
         for round_number in range(2):  # the second bulk-loads products mid-way
             failures: list[BaseException] = []
             stop = threading.Event()
+            inserted = [0]
             churners = [
-                threading.Thread(target=churn, args=(fresh_cluster.address, s, stop, failures))
+                threading.Thread(
+                    target=churn, args=(fresh_cluster.address, s, stop, failures, inserted)
+                )
                 for s in (round_number * 2, round_number * 2 + 1)
             ]
             inserters = [
                 threading.Thread(
                     target=insert_events,
-                    args=(fresh_cluster.address, 10 * round_number + s + 1, INSERTS, failures),
+                    args=(
+                        fresh_cluster.address,
+                        10 * round_number + s + 1,
+                        INSERTS,
+                        failures,
+                        inserted,
+                    ),
                 )
                 for s in range(4)
             ]
