@@ -43,10 +43,12 @@ def schemas_for(names: list[str]) -> dict[str, TableSchema]:
     return {n: table_from_create(sqlglot.parse_one(table_ddl(n)), lambda t: t) for n in names}
 
 
-def programs_for(select: str, names: list[str]) -> dict[int | None, Program]:
+def programs_for(
+    select: str, names: list[str], depths: tuple[int | None, ...] = DEPTHS
+) -> dict[int | None, Program]:
     schemas = schemas_for(names)
     plan = plan_of(select, "q", schemas.__getitem__)
-    return {d: compile_program([plan], schemas.__getitem__, depth=d) for d in DEPTHS}
+    return {d: compile_program([plan], schemas.__getitem__, depth=d) for d in depths}
 
 
 def check_round_trip(program: Program) -> None:
@@ -71,8 +73,17 @@ def check_definitions(interp: Interpreter) -> None:
             assert got == want, decl.name
 
 
-def replay(select: str, names: list[str], seed: int, steps: int, spec: dict[str, Any]) -> None:
-    programs = programs_for(select, names)
+def replay(
+    select: str,
+    names: list[str],
+    seed: int,
+    steps: int,
+    spec: dict[str, Any],
+    depths: tuple[int | None, ...] = DEPTHS,
+) -> None:
+    """The programs of ``select`` at each of ``depths`` (a subquery's: unbounded only) equal
+    duckdb after every one of ``steps`` random changes."""
+    programs = programs_for(select, names, depths)
     for program in programs.values():
         check_round_trip(program)
     interps = {d: Interpreter(p, keep_relations=True) for d, p in programs.items()}

@@ -4,12 +4,15 @@ in FROM merged into the query that reads them, so every mode takes what pg_ivm t
 - ``WITH t AS (q) ... FROM t``: every reference to ``t`` becomes ``(q) AS t`` (a CTE may read
   the ones before it). ``WITH RECURSIVE`` and column lists (``WITH t(a, b)``) are refused.
 - ``FROM (SELECT e1 AS c1, ... FROM t1 JOIN t2 ON ... WHERE w) s``, the first item of FROM, whose
-  SELECT has no aggregate, GROUP BY, HAVING, DISTINCT, ORDER BY, LIMIT, outer join, subquery or
-  union, read by a query without outer joins: its tables (and inner joins) come first in the
-  outer FROM, ``w`` is added to the outer WHERE, and each column of ``s`` is replaced by its
-  expression. A bag of rows filtered and joined is the same whether it is named first or not, so
-  the view means the same, and it is maintained as one view over base tables (Cumulus takes it;
-  sync and async save a hidden view). Under an outer join the subquery stays whole: moved out of
+  SELECT has no aggregate, GROUP BY, HAVING, DISTINCT, ORDER BY, LIMIT, outer join or union,
+  and subqueries only in ``w``, read by a query without outer joins: its tables (and inner joins)
+  come first in the outer FROM, ``w`` is added to the outer WHERE, and each column of ``s`` is
+  replaced by its expression. ``w``'s subqueries keep their scopes (their references to the
+  subquery's tables are qualified first, by ``qualify_correlations``): TPC-H Q22's customers
+  above the average and without orders become one level of nesting, which Cumulus maintains.
+  A bag of rows filtered and joined is the same whether it is named first or not, so the view
+  means the same, and it is maintained as one view over base tables (Cumulus takes it; sync and
+  async save a hidden view). Under an outer join the subquery stays whole: moved out of
   a RIGHT JOIN's nullable side, its WHERE would drop the NULL rows.
 
 Anything else is left as it was (a hidden view: ``lift_subqueries``), including a merge that
@@ -106,6 +109,8 @@ def _merge_once(select: exp.Select, schema: Schema) -> exp.Select | None:
         return None
     taken = set(others) | {name}
     renames = {a: _fresh(f"{name}_{a}", taken) for a in sources if a in taken}
+    if renames and inner.find(exp.Subquery, exp.Exists):
+        return None  # a subquery's own tables may have the alias renamed: left whole
     for column in inner.find_all(exp.Column):
         qualifier = column.table
         if qualifier in renames:
@@ -138,19 +143,35 @@ def _inside(node: exp.Expression, ancestor: exp.Expression) -> bool:
 
 
 def _simple(inner: exp.Expression) -> bool:
-    """A SELECT of rows filtered and inner-joined, nothing that groups, orders or nests."""
+    """A SELECT of rows filtered and inner-joined, nothing that groups or orders, and subqueries
+    only in its WHERE (each a condition on its rows: merged, the condition of the view's)."""
     if not isinstance(inner, exp.Select) or inner.args.get("from_") is None:
         return False
     if any(inner.args.get(k) for k in ("group", "having", "distinct", "order", "limit", "with_")):
         return False
-    if inner.find(exp.Subquery, exp.Exists, exp.Window, *AGGREGATES):
-        return False
+    where = inner.args.get("where")
+    for found in inner.find_all(exp.Subquery, exp.Exists, exp.Window, *AGGREGATES):
+        nested = _nested_in(found, inner)
+        if nested is None or where is None or not _inside(nested, where):
+            return False
     for join in inner.args.get("joins") or []:
         if join.side or join.args.get("using") or join.method:
             return False
     return all(isinstance(j.this, exp.Table) for j in inner.args.get("joins") or []) and (
         isinstance(inner.args["from_"].this, exp.Table)
     )
+
+
+def _nested_in(node: exp.Expression, select: exp.Select) -> exp.Expression | None:
+    """The subquery (or EXISTS) of ``select`` that holds ``node``, the outermost one; None
+    when ``node`` is in ``select``'s own scope."""
+    found = None
+    parent: exp.Expression | None = node
+    while parent is not None and parent is not select:
+        if isinstance(parent, exp.Subquery | exp.Exists | exp.Select):
+            found = parent
+        parent = parent.parent
+    return found
 
 
 def _alias_of(table: exp.Expression) -> str:
@@ -206,8 +227,8 @@ def _qualify(inner: exp.Select, sources: dict[str, TableSchema]) -> bool:
     """Every column of the inner query qualified by its table's alias (False: one no table or
     several tables have)."""
     for column in list(inner.find_all(exp.Column)):
-        if column.table:
-            continue
+        if column.table or _nested_in(column, inner) is not None:
+            continue  # a subquery's: its own table's, or qualified by qualify_correlations
         name = identifier(column.this, "column")
         owners = [a for a, s in sources.items() if any(c.name == name for c in s.columns)]
         if len(owners) != 1:
