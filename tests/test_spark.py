@@ -62,6 +62,22 @@ def item_rows(n: int, start: int = 0) -> list[list[Any]]:
 # ----------------------------------------------------------------------------- data source
 
 
+def test_python_workers_import_the_installed_pyspark(spark: Any) -> None:
+    """Not ``pyspark.zip`` from SPARK_HOME, which Python compiles again in every worker
+    process (1.8 CPU-s against 0.6): the installed package, with its bytecode cache."""
+    import pyspark
+    from pyspark.sql.functions import udf
+
+    @udf("string")
+    def imported_from(_: int) -> str:
+        import pyspark as worker_pyspark
+
+        return str(worker_pyspark.__file__)
+
+    [row] = spark.range(1).select(imported_from("id").alias("path")).collect()
+    assert row.path == pyspark.__file__
+
+
 def test_data_source_reads_exactly_one_snapshot_while_writes_continue(
     spark: Any, cluster: LocalCluster, client: Client, table_name: str
 ) -> None:
