@@ -68,11 +68,12 @@ def test_python_workers_import_the_installed_pyspark(spark: Any) -> None:
     import pyspark
     from pyspark.sql.functions import udf
 
-    @udf("string")
-    def imported_from(_: int) -> str:
+    def imported_from(_):  # type: ignore[no-untyped-def]  # hints would make it a pandas UDF
         import pyspark as worker_pyspark
 
         return str(worker_pyspark.__file__)
+
+    imported_from = udf(imported_from, "string")
 
     [row] = spark.range(1).select(imported_from("id").alias("path")).collect()
     assert row.path == pyspark.__file__
