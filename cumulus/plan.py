@@ -61,12 +61,12 @@ def node_addresses(host: str) -> list[str]:
 
 SHAPES = ("aggregate", "bag", "distinct")
 # an outer alias M3 cannot read (a LEFT JOIN with a subquery's rows that is no lookup of one
-# row, or whose columns SELECT or GROUP BY read) in a cumulus view
+# row) in a cumulus view
 OUTER_REFUSAL = (
-    "a LEFT JOIN with a subquery whose columns SELECT or GROUP BY read, or not on its group "
-    "columns, is maintained in refresh = 'sync' or 'async', not 'cumulus'; cumulus takes LEFT, "
-    "RIGHT and FULL JOIN of tables, NOT EXISTS, NOT IN, and a LEFT JOIN with a grouped "
-    "subquery on its group columns whose columns WHERE reads"
+    "a LEFT JOIN with a subquery other than a grouped one on exactly its group columns is "
+    "maintained in refresh = 'sync' or 'async', not 'cumulus'; cumulus takes LEFT, RIGHT and "
+    "FULL JOIN of tables, NOT EXISTS, NOT IN, and a LEFT JOIN with a grouped subquery on its "
+    "group columns"
 )
 # a bag view row's multiplicity, as a counted read (a subscription) shows it; ``_`` names are
 # the view's own, never a user's

@@ -96,12 +96,18 @@ VIEWS = {
     "LEFT JOIN with a grouped subquery, WHERE on it": "SELECT r.x, COUNT(*) AS n FROM r "
     "LEFT JOIN (SELECT s.k, COUNT(*) AS c FROM s GROUP BY s.k) g ON r.k = g.k "
     "WHERE g.c IS NULL OR g.c < 2 GROUP BY r.x",
+    "LEFT JOIN with a grouped subquery SELECT reads": "SELECT COUNT(*) AS n, SUM(g.t) AS t "
+    "FROM r LEFT JOIN (SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g ON r.k = g.k",
+    "LEFT JOIN with a grouped subquery, grouped by a COALESCE of it": "SELECT "
+    "COALESCE(g.c, 0) AS c, COUNT(*) AS n, SUM(r.x) AS t FROM r LEFT JOIN "
+    "(SELECT s.k, COUNT(s.y) AS c FROM s GROUP BY s.k) g ON r.k = g.k GROUP BY COALESCE(g.c, 0)",
     "NOT IN": "SELECT COUNT(*) AS n FROM r WHERE r.k NOT IN (SELECT s.k FROM s)",
 }
 # what cumulus still refuses of outer joins (one line naming it and the modes that take it)
 REFUSED = {
-    "a LEFT JOIN with a grouped subquery SELECT reads": "SELECT COUNT(*) AS n, SUM(g.t) AS t "
-    "FROM r LEFT JOIN (SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g ON r.k = g.k",
+    "a LEFT JOIN with a grouped subquery on its value": "SELECT COUNT(*) AS n, SUM(g.t) AS t "
+    "FROM r LEFT JOIN (SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g ON r.k = g.k "
+    "AND r.x = g.t",
     "a LEFT JOIN with a subquery's rows": "SELECT COUNT(*) AS n FROM r LEFT JOIN "
     "(SELECT s.k, s.y FROM s) g ON r.k = g.k WHERE g.y IS NULL",
 }

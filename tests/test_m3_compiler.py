@@ -167,9 +167,9 @@ def test_min_max_distinct_avg_and_having_read_like_the_view_path() -> None:
         ("SELECT COUNT(*) FROM t WHERE g ILIKE 'a%'", "ILIKE"),
         (
             "SELECT SUM(s.n) FROM orders o LEFT JOIN (SELECT c.custkey, COUNT(*) AS n "
-            "FROM customer c GROUP BY c.custkey) s ON o.custkey = s.custkey",
-            "a LEFT JOIN with a subquery whose columns SELECT or GROUP BY read, or not on its "
-            "group columns, is maintained in refresh = 'sync' or 'async'",
+            "FROM customer c GROUP BY c.custkey) s ON o.custkey = s.custkey AND o.ordkey = s.n",
+            "a LEFT JOIN with a subquery other than a grouped one on exactly its group columns "
+            "is maintained in refresh = 'sync' or 'async'",
         ),
         (
             "SELECT COUNT(*) FROM t WHERE x > (SELECT COUNT(DISTINCT x) FROM t)",

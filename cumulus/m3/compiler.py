@@ -98,6 +98,10 @@ class _Query:
     # NULL where none of its rows matched
     optional: dict[tuple[str, str], str] = field(default_factory=dict)
 
+    def column(self, alias: str, column: str) -> str:
+        """The variable a column is read as: a looked-up alias's own, else the join's."""
+        return self.optional.get((alias, column)) or self.var_of[(alias, column)]
+
 
 def _join(
     plan: ViewPlan,
@@ -161,6 +165,8 @@ def _join(
         if any(pred is p for p in anti.values()):
             continue
         body.append(Guard(from_plan(pred, column_var)))
+    for expr in [g.source() for g in plan.group_by] + [a.arg for a in plan.aggregates if a.arg]:
+        from_plan(expr, column_var)  # a looked-up column read as a group key or summed
     return _Query(body, var_of, types, nullable, optional)
 
 
@@ -287,7 +293,7 @@ class _Compiler:
         if kind is Kind.COUNT_STAR:
             return ViewColumn(aggregate.name, Kind.COUNT, (rows,), None, result, aggregate.hidden)
         assert aggregate.arg is not None
-        arg = from_plan(aggregate.arg, lambda a, c: query.var_of[(a, c)])
+        arg = from_plan(aggregate.arg, query.column)
         present = _not_null(arg, query)
         rule = RULES[kind]
         if rule.keeps_sum:
@@ -317,8 +323,7 @@ class _Compiler:
         group names (and the value for a count map). A variable standing for two keys (two
         joined group columns, or MIN(x) grouped by x) is lifted into a second key."""
         wanted: list[tuple[str, Expr]] = [
-            (g.name, from_plan(g.source(), lambda a, c: query.var_of[(a, c)]))
-            for g in plan.group_by
+            (g.name, from_plan(g.source(), query.column)) for g in plan.group_by
         ]
         if value is not None:
             wanted.append((value_name, value))
@@ -368,15 +373,12 @@ class _Compiler:
 
     def looked_up(self, plan: ViewPlan) -> list[str]:
         """The outer aliases that are no anti-join: LEFT JOINs with a hidden view (NOT IN's,
-        a ``<>`` correlation's) read at the outer query's values, one row or none, whose
-        columns only WHERE reads (elsewhere a NULL row is no product of maps)."""
+        a ``<>`` correlation's, a user's grouped subquery) read at the outer query's values,
+        one row or none, whose columns are lifted values, NULL where none matched: read by
+        WHERE, as group keys (the view grouped by a nested value) or in aggregates."""
         found = [a for a in plan.outer if self.anti_join(plan, a) is None]
-        read = [g.source() for g in plan.group_by] + [a.arg for a in plan.aggregates if a.arg]
-        for alias in found:
-            if plan.table_of(alias) not in self.nested or any(
-                a == alias for expr in read for a, _ in expr_columns(expr)
-            ):
-                raise errors.InvalidArgument(OUTER_REFUSAL)
+        if any(plan.table_of(alias) not in self.nested for alias in found):
+            raise errors.InvalidArgument(OUTER_REFUSAL)
         return found
 
     def read_nested(
@@ -734,9 +736,9 @@ class _Compiler:
             if isinstance(f, MapLift) or not isinstance(f, Rel) and set(factor_vars(f)) & nested
         ]
         rest = [f for f in body if not any(f is h for h in g)]
-        if set(keys) & nested:
-            raise errors.InvalidArgument(nested_refusal("a view grouped by a subquery's value"))
-        reads = dict.fromkeys(keys)
+        # a key that is a nested value (a view grouped by a subquery's value) is no key of the
+        # domain: the lifts bind it, old and new, so a changed value moves the group's entry
+        reads = dict.fromkeys(k for k in keys if k not in nested)
         for factor in g:
             reads.update(dict.fromkeys(v for v in factor_vars(factor) if v not in nested))
         domain = AggSum(tuple(reads), tuple(rest))
