@@ -5,6 +5,8 @@ the DDL around the SELECT is parsed by ``cumulus.ddl``.
 ``inline_from.inline_ctes`` (WITH -> subqueries) -> ``unions.split`` (a UNION ALL, a
 SELECT without FROM or a FULL JOIN (``full_joins``) -> branches, each compiled as a view,
 joined by ``union_plans`` into one plan, ``compile_views``) ->
+``preaggregate.preaggregate_left_join`` (in cumulus: a per-row aggregate of a LEFT JOIN
+first in FROM -> a LEFT JOIN with the joined table pre-aggregated) ->
 ``inline_from.merge_first_subquery`` (a simple subquery first in FROM merged into the view) ->
 ``lift_subqueries.lift_subqueries`` (subqueries -> hidden views, ``compile_views``; in
 refresh = 'cumulus' their plans are the view's ``nested``, read by its M3 program) ->
@@ -50,6 +52,7 @@ from cumulus.passes.plan_groups import plan_group_by, projected_groups, view_sha
 from cumulus.passes.plan_having import plan_derived, plan_having
 from cumulus.passes.plan_joins import mirror_right_join, outer_joins, plan_where
 from cumulus.passes.plan_select import plan_select
+from cumulus.passes.preaggregate import preaggregate_left_join
 from cumulus.passes.resolve_tables import resolve_tables
 from cumulus.plan import ViewPlan
 from cumulus.sqltext import parse_sql
@@ -154,13 +157,15 @@ def compile_views(
             plans = union_plans.scalars(shape, branch)
         return [*plans[:-1], replace(plans[-1], sql=written)]
     lifter = Lifter(root, numbers)
-    parsed = parse_select(create.select_sql)
+    written_select = parsed = parse_select(create.select_sql)
+    if create.mode == "cumulus" or nest:  # a per-row aggregate of a LEFT JOIN: one nesting
+        parsed = preaggregate_left_join(parsed, table)
     if create.mode != "cumulus":  # a hidden view, which cumulus does not read
         parsed = push_outer_filters(parsed, table)
     merged = merge_first_subquery(qualify_correlations(parsed, table), table)
     select = lift_subqueries(merged, lifter)
     if not lifter.hidden:
-        if merged is not parsed:
+        if merged is not written_select:
             create = replace(create, select_sql=_rewritten_sql(merged))
         return [replace(compile_view(create, table), sql=written)]
     plans: list[ViewPlan] = []

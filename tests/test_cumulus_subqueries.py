@@ -171,6 +171,18 @@ VIEWS = {
     "grouped by a joined FROM subquery's value": "SELECT g.tot, COUNT(*) AS n, SUM(r.x) AS t "
     "FROM r JOIN (SELECT s.k, SUM(s.y) AS tot FROM s GROUP BY s.k) g ON r.k = g.k "
     "GROUP BY g.tot",
+    # a per-row aggregate of a LEFT JOIN in FROM (``passes/preaggregate``): the joined table
+    # pre-aggregated, a LEFT JOIN lookup (TPC-H Q13's shape)
+    "a per-row COUNT of a LEFT JOIN, grouped by it (Q13)": "SELECT d.n, COUNT(*) AS c FROM "
+    "(SELECT r.id, COUNT(s.id) AS n FROM r LEFT JOIN s ON r.k = s.k AND s.y > 1 "
+    "GROUP BY r.id) d GROUP BY d.n",
+    "a per-row SUM and MAX of a LEFT JOIN, filtered": "SELECT d.x, SUM(d.t) AS t, "
+    "COUNT(*) AS c, MAX(d.m) AS m FROM (SELECT r.id, r.x, SUM(s.y) AS t, MAX(s.y) AS m "
+    "FROM r LEFT JOIN s ON s.k = r.x WHERE r.k IS NOT NULL GROUP BY r.id, r.x) d "
+    "WHERE d.t IS NULL OR d.t < 6 GROUP BY d.x",
+    "a per-row COUNT and AVG of a LEFT JOIN, self": "SELECT n, a, COUNT(*) AS c FROM "
+    "(SELECT r.id, COUNT(r2.x) AS n, AVG(r2.x) AS a FROM r LEFT OUTER JOIN r r2 "
+    "ON r2.k = r.x GROUP BY r.id) d GROUP BY n, a",
     "grouped by a correlated scalar's ratio, self": "SELECT g.a, COUNT(*) AS n FROM r "
     "LEFT JOIN (SELECT r2.k, AVG(r2.x) AS a FROM r r2 GROUP BY r2.k) g ON r.k = g.k "
     "WHERE r.x > 0 GROUP BY g.a",

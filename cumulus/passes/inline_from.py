@@ -99,8 +99,8 @@ def _merge_once(select: exp.Select, schema: Schema) -> exp.Select | None:
         # an outer join keeps the subquery whole: under a RIGHT JOIN its WHERE would filter the
         # NULL rows away, and a LEFT JOIN's ON must stay equalities of columns
         return None
-    sources = _sources(inner, schema)
-    if sources is None or not _qualify(inner, sources):
+    sources = table_sources(inner, schema)
+    if sources is None or not qualify_columns(inner, sources):
         return None
     name = identifier(alias.this, "table alias")
     outer = select.copy()
@@ -108,7 +108,7 @@ def _merge_once(select: exp.Select, schema: Schema) -> exp.Select | None:
     if others is None:
         return None
     taken = set(others) | {name}
-    renames = {a: _fresh(f"{name}_{a}", taken) for a in sources if a in taken}
+    renames = {a: fresh_alias(f"{name}_{a}", taken) for a in sources if a in taken}
     if renames and inner.find(exp.Subquery, exp.Exists):
         return None  # a subquery's own tables may have the alias renamed: left whole
     for column in inner.find_all(exp.Column):
@@ -116,11 +116,11 @@ def _merge_once(select: exp.Select, schema: Schema) -> exp.Select | None:
         if qualifier in renames:
             column.set("table", exp.to_identifier(renames[qualifier], quoted=True))
     for table in [inner.args["from_"].this, *(j.this for j in inner.args.get("joins") or [])]:
-        alias_now = _alias_of(table)
+        alias_now = alias_of(table)
         if alias_now in renames:
             table.set("alias", exp.TableAlias(this=exp.to_identifier(renames[alias_now], True)))
     outputs = _outputs(inner, {renames.get(a, a): s for a, s in sources.items()})
-    if outputs is None or not _replace_columns(outer, name, outputs, others):
+    if outputs is None or not replace_columns(outer, name, outputs, others):
         return None
     outer.set("from_", exp.From(this=inner.args["from_"].this.copy()))
     joins = [j.copy() for j in inner.args.get("joins") or []]
@@ -174,7 +174,7 @@ def _nested_in(node: exp.Expression, select: exp.Select) -> exp.Expression | Non
     return found
 
 
-def _alias_of(table: exp.Expression) -> str:
+def alias_of(table: exp.Expression) -> str:
     alias = table.args.get("alias")
     return identifier(alias.this if alias is not None else table.this, "table alias")
 
@@ -189,7 +189,7 @@ def _table_schema(item: exp.Expression, schema: Schema) -> TableSchema | None:
         return None
 
 
-def _sources(select: exp.Select, schema: Schema) -> dict[str, TableSchema] | None:
+def table_sources(select: exp.Select, schema: Schema) -> dict[str, TableSchema] | None:
     """A query's FROM tables by alias (None: an item that is not a known table, an alias
     twice)."""
     first = select.args.get("from_")
@@ -199,9 +199,9 @@ def _sources(select: exp.Select, schema: Schema) -> dict[str, TableSchema] | Non
         *(j.this for j in select.args.get("joins") or []),
     ]:
         resolved = _table_schema(item, schema)
-        if resolved is None or _alias_of(item) in found:
+        if resolved is None or alias_of(item) in found:
             return None
-        found[_alias_of(item)] = resolved
+        found[alias_of(item)] = resolved
     return found
 
 
@@ -215,7 +215,7 @@ def _outer_sources(select: exp.Select, schema: Schema) -> dict[str, set[str] | N
             resolved = _table_schema(item, schema)
             if resolved is None:
                 return None
-            found[_alias_of(item)] = {c.name for c in resolved.columns}
+            found[alias_of(item)] = {c.name for c in resolved.columns}
         elif isinstance(item, exp.Subquery) and item.args.get("alias") is not None:
             found[identifier(item.args["alias"].this, "table alias")] = None
         else:
@@ -223,7 +223,7 @@ def _outer_sources(select: exp.Select, schema: Schema) -> dict[str, set[str] | N
     return found
 
 
-def _qualify(inner: exp.Select, sources: dict[str, TableSchema]) -> bool:
+def qualify_columns(inner: exp.Select, sources: dict[str, TableSchema]) -> bool:
     """Every column of the inner query qualified by its table's alias (False: one no table or
     several tables have)."""
     for column in list(inner.find_all(exp.Column)):
@@ -265,7 +265,7 @@ def _outputs(
     return outputs
 
 
-def _replace_columns(
+def replace_columns(
     outer: exp.Select,
     name: str,
     outputs: dict[str, exp.Expression],
@@ -305,7 +305,7 @@ def _replace_columns(
     return True
 
 
-def _fresh(base: str, taken: set[str]) -> str:
+def fresh_alias(base: str, taken: set[str]) -> str:
     name, n = base[:60], 1
     while name in taken:
         n += 1
@@ -360,7 +360,7 @@ def _enclosing_select(node: exp.Expression) -> exp.Select | None:
 
 def _scope_columns(select: exp.Select, schema: Schema) -> dict[str, set[str]] | None:
     """The columns of ``select``'s FROM items by alias (None: one is not a known table)."""
-    sources = _sources(select, schema)
+    sources = table_sources(select, schema)
     if sources is None:
         return None
     return {alias: {c.name for c in table.columns} for alias, table in sources.items()}
