@@ -79,39 +79,20 @@ CTE) lifted the inner FROM subquery as a second scalar ("needs a SELECT of one c
 
 from __future__ import annotations
 
-import functools
-import itertools
-import random
-import threading
-from decimal import Decimal
-from typing import Any
-
-import duckdb
 import pytest
-import sqlglot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from profiles import examples
-from sqlglot import exp
-from test_m3_differential import DEPTHS, check_definitions, check_round_trip
-from test_subqueries import Stack
-from test_view_language import stored_changes
-from tpch_data import COLUMNS, PRIMARY_KEYS, Batch, Stream, ddl
+from shape_suite import create, every_mode_equals_duckdb, maintain, replay
+from test_m3_differential import DEPTHS
+from tpch_data import TPCH
 
-from aggclient import Client
 from agglauncher.cluster import LocalCluster
 from aggview import errors
-from aggview.schema import TableSchema
-from coordinator.catalog import table_from_create
 from cumulus.compiler import compile_sql_views
-from cumulus.m3.compiler import compile_program, nested_refusal, plan_of
-from cumulus.m3.interpreter import Interpreter
-from cumulus.m3.printer import print_program
-from cumulus.sqltext import divided_as_views_divide
+from cumulus.m3.compiler import nested_refusal
 
-SCHEMAS: dict[str, TableSchema] = {
-    t: table_from_create(sqlglot.parse_one(ddl(t)), lambda n: n) for t in COLUMNS
-}
+SCHEMAS = TPCH.schemas
 REVENUE = "l_extendedprice * (1 - l_discount)"
 GERMAN_STOCK = (
     "FROM partsupp, supplier, nation WHERE ps_suppkey = s_suppkey AND s_nationkey = n_nationkey "
@@ -307,10 +288,6 @@ REFUSED_IN_CUMULUS = {
 }
 
 
-def create(name: str, select: str, mode: str) -> str:
-    return f"CREATE MATERIALIZED VIEW {name} WITH (refresh = '{mode}') AS {select}"
-
-
 # === refusals and the acceptance table ===========================================================
 
 
@@ -346,72 +323,6 @@ def test_the_acceptance_table_is_what_the_compiler_does() -> None:
     assert len(WRITTEN) == 22
 
 
-# === the comparison with duckdb ==================================================================
-
-
-def duck() -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect()
-    for table in COLUMNS:  # no key: duckdb's index costs more than the rest of a batch
-        con.execute(ddl(table).split(", PRIMARY KEY")[0] + ")")
-    return con
-
-
-def duck_apply(con: duckdb.DuckDBPyConnection, table: str, key: tuple, new: dict | None) -> None:
-    where = " AND ".join(f"{c} = ?" for c in PRIMARY_KEYS[table])
-    con.execute(f"DELETE FROM {table} WHERE {where}", list(key))
-    if new is not None:
-        names = [c for c, _ in COLUMNS[table]]
-        marks = ", ".join("?" * len(names))
-        con.execute(f"INSERT INTO {table} VALUES ({marks})", [new[c] for c in names])
-
-
-@functools.cache
-def reference(select: str) -> str:
-    """The SELECT as duckdb runs it to mean what the view means ("/" as views divide)."""
-    return divided_as_views_divide(select)
-
-
-def recomputed(con: duckdb.DuckDBPyConnection, select: str) -> list[tuple[Any, ...]]:
-    return con.execute(reference(select)).fetchall()
-
-
-def _exact(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return format((value + 0).normalize(), "f")  # 1.50 and 1.5 alike, -0 as 0
-    return value
-
-
-def assert_rows(
-    name: str, columns: tuple[str, ...], got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]
-) -> None:
-    """The same multiset of rows: DECIMAL, INT, TEXT and DATE exactly; ``APPROX``'s columns
-    within 1e-6 absolute plus 1e-9 relative."""
-    approx = [c in APPROX.get(name, ()) for c in columns]
-
-    def key(row: tuple[Any, ...]) -> str:
-        return repr([_exact(v) for v, a in zip(row, approx, strict=True) if not a])
-
-    got, want = sorted(got, key=key), sorted(want, key=key)
-    assert [key(r) for r in got] == [key(r) for r in want], (name, got, want)
-    for got_row, want_row in zip(got, want, strict=True):
-        for g, w, a in zip(got_row, want_row, approx, strict=True):
-            if a and g is not None and w is not None:
-                assert abs(float(g) - float(w)) <= 1e-6 + 1e-9 * abs(float(w)), (got_row, want_row)
-            else:
-                assert (g is None) == (w is None), (name, got_row, want_row)
-
-
-def read_tables(plans: list[Any]) -> list[str]:
-    return sorted({t for p in plans for t in p.base_tables() if t in SCHEMAS})
-
-
-def batches(stream: Stream, tables: list[str], count: int) -> Any:
-    """The initial load (children first), then ``count`` random batches."""
-    yield from stream.initial(tables)
-    for _ in range(count):
-        yield stream.batch(tables)
-
-
 # === sync: the refresh operator ==================================================================
 
 
@@ -425,27 +336,9 @@ SEEDS = {
 }
 
 
-def maintain(name: str, seed: int, count: int, select: str = "") -> int:
-    """The view of ``SHAPES[name]`` (or ``select``) maintained by the refresh operator equals
-    duckdb after every batch; returns how many of those comparisons saw a nonempty view."""
-    select = select or SHAPES[name]
-    stack = Stack([(name, select)], SCHEMAS)
-    output = stack.plans[name].output
-    con, stream = duck(), Stream(random.Random(seed))
-    nonempty = 0
-    for batch in batches(stream, read_tables(list(stack.plans.values())), count):
-        for (table, key), (_, new) in batch.items():
-            duck_apply(con, table, key, new)
-        stack.apply(stored_changes(SCHEMAS, batch))
-        want = recomputed(con, select)
-        assert_rows(name, output, stack.values(name), want)
-        nonempty += any(any(v not in (None, 0) for v in row) for row in want)
-    return nonempty
-
-
 @pytest.mark.parametrize("name", sorted(SHAPES, key=lambda n: int(n[1:])))
 def test_the_refresh_operator_maintains_each_query_as_duckdb_recomputes_it(name: str) -> None:
-    seen = maintain(name, SEEDS[name], COUNT)
+    seen = maintain(TPCH, name, SHAPES[name], SEEDS[name], COUNT, APPROX.get(name, ()))
     assert seen >= 5, (
         f"{name}: the view was nonempty {seen} times (5 wanted): the seed tests little"
     )
@@ -453,7 +346,7 @@ def test_the_refresh_operator_maintains_each_query_as_duckdb_recomputes_it(name:
 
 @pytest.mark.parametrize("name", REWRITTEN_FOR_CUMULUS)
 def test_the_refresh_operator_maintains_the_written_sql_it_takes(name: str) -> None:
-    seen = maintain(name, SEEDS[name], COUNT, WRITTEN[name])
+    seen = maintain(TPCH, name, WRITTEN[name], SEEDS[name], COUNT, APPROX.get(name, ()))
     assert seen >= 5, f"{name}: the view was nonempty {seen} times (5 wanted)"
 
 
@@ -462,7 +355,7 @@ def test_the_refresh_operator_maintains_the_written_sql_it_takes(name: str) -> N
 def test_random_streams_maintained_by_the_refresh_operator_equal_duckdb(
     name: str, seed: int
 ) -> None:
-    maintain(name, seed, count=8)
+    maintain(TPCH, name, SHAPES[name], seed, 8, APPROX.get(name, ()))
 
 
 # === cumulus: M3 programs ========================================================================
@@ -477,172 +370,22 @@ LARGE = ("q5", "q7", "q8", "q9")
 def test_m3_programs_of_each_query_equal_duckdb_after_every_change(name: str) -> None:
     large = name in LARGE and examples(True, False)
     depths = (None,) if large else DEPTHS
-    seen = replay(name, SEEDS[name], COUNT, depths, round_trip=not large)
+    seen = replay(
+        TPCH, name, SHAPES[name], SEEDS[name], COUNT, depths, not large, APPROX.get(name, ())
+    )
     assert seen >= 5, (
         f"{name}: the view was nonempty {seen} times (5 wanted): the seed tests little"
     )
 
 
-def replay(
-    name: str,
-    seed: int,
-    count: int,
-    depths: tuple[int | None, ...] = DEPTHS,
-    round_trip: bool = True,
-    select: str = "",
-) -> int:
-    """The query's M3 program (of ``SHAPES[name]`` or ``select``) at each depth, one change at
-    a time (an update a delete and an insert), equals duckdb after every change; every map its
-    definition at the end. Returns how many comparisons saw a nonempty view."""
-    select = select or SHAPES[name]
-    plan = plan_of(select, name, SCHEMAS.__getitem__)
-    if plan.nested:  # nested aggregates: maintained with every level materialized
-        depths = (None,)
-    programs = {d: compile_program([plan], SCHEMAS.__getitem__, depth=d) for d in depths}
-    for program in programs.values() if round_trip else ():
-        check_round_trip(program)
-    interps = {d: Interpreter(p, keep_relations=True) for d, p in programs.items()}
-    con, stream = duck(), Stream(random.Random(seed))
-    nonempty = 0
-    for batch in batches(stream, read_tables([plan]), count):
-        for (table, key), (old, new) in batch.items():
-            duck_apply(con, table, key, new)
-            for interp in interps.values():
-                if old is None:
-                    interp.insert(table, new)
-                elif new is None:
-                    interp.delete(table, old)
-                else:
-                    interp.update(table, old, new)
-            want = recomputed(con, select)
-            for depth, interp in interps.items():
-                try:
-                    got = [tuple(row.values()) for row in interp.view(name)]
-                    assert_rows(name, plan.output, got, want)
-                except AssertionError:
-                    print(f"--depth {depth}: {select}\n{print_program(programs[depth])}")
-                    raise
-            nonempty += any(any(v not in (None, 0) for v in row) for row in want)
-    for interp in interps.values():
-        check_definitions(interp)
-    return nonempty
-
-
 @pytest.mark.parametrize("name", REWRITTEN_FOR_CUMULUS)
 def test_m3_programs_of_the_written_sql_equal_duckdb_after_every_change(name: str) -> None:
     """Q16 as TPC-H writes it (NOT IN over supplier), as cumulus now takes it."""
-    seen = replay(name, SEEDS[name], COUNT, select=WRITTEN[name])
+    seen = replay(TPCH, name, WRITTEN[name], SEEDS[name], COUNT, approx=APPROX.get(name, ()))
     assert seen >= 5, f"{name}: the view was nonempty {seen} times (5 wanted)"
 
 
 # === every mode on a cluster =====================================================================
-
-_runs = itertools.count()
-
-
-def prefixed(select: str, prefix: str) -> str:
-    """``select`` over the tables named ``prefix``+name (each under its old name as alias)."""
-    tree = sqlglot.parse_one(select)
-    for table in list(tree.find_all(exp.Table)):
-        if table.name in COLUMNS:
-            if not table.alias:
-                table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name)))
-            table.set("this", exp.to_identifier(prefix + table.name))
-    return tree.sql()
-
-
-def commit(client: Client, prefix: str, batch: Batch) -> None:
-    with client.transaction() as tx:
-        for (table, key), (old, new) in batch.items():
-            row_key = dict(zip(PRIMARY_KEYS[table], key, strict=True))
-            if old is None:
-                tx.insert(prefix + table, new)
-            elif new is None:
-                tx.delete(prefix + table, row_key)
-            elif changed := {c: v for c, v in new.items() if old[c] != v}:
-                tx.update(prefix + table, row_key, changed)
-
-
-def writers(address: str, prefix: str, stream: Stream, tables: list[str]) -> None:
-    """Three clients, three transactions each, concurrently; a batch drawn from ``stream``
-    may meet a row another client deleted or inserted first (nothing applied then)."""
-    lock, failures = threading.Lock(), []
-
-    def work() -> None:
-        with Client(address) as client:
-            for _ in range(3):
-                with lock:
-                    batch = stream.batch(tables)
-                try:
-                    commit(client, prefix, batch)
-                except (errors.RowNotFound, errors.AlreadyExists):
-                    pass
-                except BaseException as exc:  # noqa: BLE001 - reported below
-                    failures.append(exc)
-
-    threads = [threading.Thread(target=work) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not failures, failures
-
-
-def every_mode_equals_duckdb(
-    cluster: LocalCluster,
-    name: str,
-    seed: int,
-    modes: tuple[str, ...] = ("sync", "async", "cumulus"),
-) -> list[int]:
-    """``every_mode_equals_recomputation`` over the TPC-H tables: ``SHAPES[name]`` as a sync,
-    an async and a cumulus view (2 DW nodes; ``modes``: those of them) equals duckdb over a
-    snapshot of the tables as created (an initial load with children first) and after each of
-    two rounds of concurrent writers; returns the number of rows each time."""
-    prefix = f"tpch{next(_runs)}_"
-    select = SHAPES[name]
-    plans = compile_sql_views(create(name, select, "sync"), SCHEMAS.__getitem__)
-    plan, tables = plans[-1], read_tables(plans)
-    stream = Stream(random.Random(seed))
-    views = {mode: f"{prefix}{name}_{mode}" for mode in modes}
-    options = {
-        "sync": "refresh = 'sync'",
-        "async": "refresh = 'async', interval_ms = 60000",
-        "cumulus": "refresh = 'cumulus', nodes = 2, epoch_ms = 60000",
-    }
-    sizes = []
-    with Client(cluster.address) as client:
-        for table in tables:
-            client.sql(ddl(table).replace(f"TABLE {table} (", f"TABLE {prefix}{table} (", 1))
-        for batch in stream.initial(tables):
-            commit(client, prefix, batch)
-        for mode, view in views.items():
-            client.sql(
-                f"CREATE MATERIALIZED VIEW {view} WITH ({options[mode]}) AS "
-                + prefixed(select, prefix)
-            )
-        for round_number in range(-1, 2):  # -1: as created
-            if round_number >= 0:
-                writers(cluster.address, prefix, stream, tables)
-            for mode in ("async", "cumulus"):
-                if mode in views:
-                    client.refresh(views[mode])
-            con = duck()
-            with client.snapshot() as snapshot:  # no write since: every view at this state
-                for table in tables:
-                    stream.live[table] = {}
-                    for row in snapshot.scan(prefix + table):
-                        key = tuple(row[c] for c in PRIMARY_KEYS[table])
-                        stream.live[table][key] = dict(row)
-                        duck_apply(con, table, key, dict(row))
-            want = recomputed(con, select)
-            for view in views.values():
-                got = [tuple(row.values()) for row in client.view(view)]
-                assert_rows(name, plan.output, got, want)
-            sizes.append(len(want))
-        for view in views.values():
-            client.sql(f"DROP MATERIALIZED VIEW {view}")
-    return sizes
-
 
 # seeds whose initial load gives the view two rows or more; and Q18, whose subqueries are
 # hidden views in sync and async (views over views on the cluster), nested aggregates in cumulus
@@ -653,5 +396,6 @@ CLUSTER_MODES: dict[str, tuple[str, ...]] = {}
 @pytest.mark.parametrize("name", sorted(CLUSTER_SEEDS))
 def test_queries_equal_duckdb_on_a_cluster_in_every_mode(cluster: LocalCluster, name: str) -> None:
     modes = CLUSTER_MODES.get(name, ("sync", "async", "cumulus"))
-    sizes = every_mode_equals_duckdb(cluster, name, CLUSTER_SEEDS[name], modes)
+    seed, approx = CLUSTER_SEEDS[name], APPROX.get(name, ())
+    sizes = every_mode_equals_duckdb(cluster, TPCH, name, SHAPES[name], seed, modes, approx)
     assert sizes[0] >= 2, f"{name}: the view as created has {sizes[0]} rows, the seed tests little"

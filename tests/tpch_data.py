@@ -7,24 +7,20 @@ that contain every constant the queries compare with, and dates from a list that
 boundary date of their ranges and a day either side, so a handful of rows per table reaches
 every branch of every predicate.
 
-The stream: an initial load with children before parents (line items before their orders,
-orders before their customers, ..., regions last), then batches of 1-4 changes of distinct
-rows: inserts, deletes and updates of any column outside the key (foreign keys too). Foreign
-keys are drawn from the parent's whole key domain, so a child may refer to a parent not
-inserted yet or already deleted.
+Its streams (``shape_suite.Stream``): an initial load with children before parents (line
+items before their orders, orders before their customers, ..., regions last), then random
+batches of inserts, deletes and updates.
 """
 
 from __future__ import annotations
 
 import datetime
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-Key = tuple[Any, ...]
-Row = dict[str, Any]
-Batch = dict[tuple[str, Key], tuple[Row | None, Row | None]]  # (table, key) -> (old, new)
+from shape_suite import Dataset
 
 # table -> [(column, type)], its primary key; types as both our DDL and duckdb's take them
 COLUMNS: dict[str, list[tuple[str, str]]] = {
@@ -189,93 +185,4 @@ def _values() -> dict[str, Callable[[random.Random], Any]]:
 
 
 VALUES = _values()
-
-
-def ddl(table: str) -> str:
-    """CREATE TABLE for our catalog and for duckdb alike."""
-    columns = [f"{name} {kind} NOT NULL" for name, kind in COLUMNS[table]]
-    key = ", ".join(PRIMARY_KEYS[table])
-    return f"CREATE TABLE {table} ({', '.join(columns)}, PRIMARY KEY ({key}))"
-
-
-def key_of(table: str, row: Row) -> Key:
-    return tuple(row[c] for c in PRIMARY_KEYS[table])
-
-
-def new_row(rng: random.Random, table: str, key: Key) -> Row:
-    row: Row = dict(zip(PRIMARY_KEYS[table], key, strict=True))
-    for column, _ in COLUMNS[table]:
-        if column in VALUES:
-            row[column] = VALUES[column](rng)
-    return row
-
-
-class Stream:
-    """The live rows of every table and random batches of changes to them."""
-
-    def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
-        self.live: dict[str, dict[Key, Row]] = {t: {} for t in COLUMNS}
-
-    def _free_key(self, table: str, taken: set[Key]) -> Key | None:
-        for _ in range(20):
-            key = tuple(self.rng.choice(d) for d in DOMAINS[table])
-            if key not in self.live[table] and key not in taken:
-                return key
-        return None
-
-    def change(
-        self, table: str, taken: set[Key], action: str | None = None
-    ) -> tuple[Key, Row | None, Row | None] | None:
-        """One change of a row of ``table`` outside ``taken``: (key, old, new), None if none."""
-        rng = self.rng
-        existing = sorted(set(self.live[table]) - taken)
-        if action is None:
-            action = rng.choice(["insert", "insert", "delete", "update", "update"])
-        if action != "insert" and existing:
-            key = rng.choice(existing)
-            old = self.live[table][key]
-            if action == "delete":
-                return key, old, None
-            new = dict(old)
-            editable = [c for c, _ in COLUMNS[table] if c in VALUES]
-            for column in rng.sample(editable, rng.randint(1, min(2, len(editable)))):
-                new[column] = VALUES[column](rng)
-            return key, old, new
-        key = self._free_key(table, taken)
-        return None if key is None else (key, None, new_row(rng, table, key))
-
-    def apply(self, batch: Batch) -> None:
-        for (table, key), (_, new) in batch.items():
-            if new is None:
-                self.live[table].pop(key)
-            else:
-                self.live[table][key] = new
-
-    def initial(self, tables: list[str], size: int = 4) -> Iterator[Batch]:
-        """Inserts into ``tables`` (``ROWS`` a table), children before parents, ``size`` a
-        batch."""
-        order = [t for t in CHILDREN_FIRST if t in tables]
-        pending = [(t, i) for t in order for i in range(ROWS.get(t, 3))]
-        while pending:
-            batch: Batch = {}
-            for table, _ in pending[:size]:
-                found = self.change(table, {k for t, k in batch if t == table}, "insert")
-                if found is not None:
-                    key, old, new = found
-                    batch[(table, key)] = (old, new)
-            del pending[:size]
-            self.apply(batch)
-            yield batch
-
-    def batch(self, tables: list[str]) -> Batch:
-        """1-4 changes of distinct rows of ``tables`` (the tables a query reads)."""
-        batch: Batch = {}
-        for _ in range(self.rng.randint(1, 4)):
-            table = self.rng.choice(tables)
-            found = self.change(table, {k for t, k in batch if t == table})
-            if found is not None:
-                key, old, new = found
-                batch[(table, key)] = (old, new)
-        self.apply(batch)
-        return batch
+TPCH = Dataset("tpch", COLUMNS, PRIMARY_KEYS, CHILDREN_FIRST, DOMAINS, ROWS, VALUES)
