@@ -46,7 +46,7 @@ from cumulus.passes import union_plans, unions
 from cumulus.passes.check_support import check_supported, parse_select
 from cumulus.passes.expand_stars import expand_stars
 from cumulus.passes.inline_from import inline_ctes, merge_first_subquery, qualify_correlations
-from cumulus.passes.lift_subqueries import Lifter, lift_subqueries
+from cumulus.passes.lift_subqueries import Lifter, lift_subqueries, scalar_column
 from cumulus.passes.outer_filters import push_outer_filters
 from cumulus.passes.plan_groups import plan_group_by, projected_groups, view_shape
 from cumulus.passes.plan_having import plan_derived, plan_having
@@ -88,7 +88,13 @@ def compile_view(
         groups = projected_groups(select, scope)
     columns, aggregates, output, names, pending = plan_select(select, scope, groups)
     derived, aggregates = plan_derived(pending, scope, columns, aggregates, names)
-    having, aggregates = plan_having(select, scope, columns, aggregates, names, derived)
+    read = {t.name for t in scope.tables.values()}
+    scalars = {  # hidden one-row views HAVING reads unjoined (``lift_subqueries.scalar_column``)
+        scalar_column(name, c.name): c.type
+        for name in sorted(nested - read)
+        for c in table(name).columns
+    }
+    having, aggregates = plan_having(select, scope, columns, aggregates, names, derived, scalars)
     if shape == "aggregate" and select.args.get("distinct") is not None:
         hidden = [c.name for c in columns if c.name not in output]
         if hidden or not columns:
@@ -163,7 +169,7 @@ def compile_views(
     if create.mode != "cumulus":  # a hidden view, which cumulus does not read
         parsed = push_outer_filters(parsed, table)
     merged = merge_first_subquery(qualify_correlations(parsed, table), table)
-    select = lift_subqueries(merged, lifter)
+    select = lift_subqueries(merged, lifter, read_scalars=create.mode == "cumulus" or nest)
     if not lifter.hidden:
         if merged is not written_select:
             create = replace(create, select_sql=_rewritten_sql(merged))

@@ -171,6 +171,14 @@ VIEWS = {
     "grouped by a joined FROM subquery's value": "SELECT g.tot, COUNT(*) AS n, SUM(r.x) AS t "
     "FROM r JOIN (SELECT s.k, SUM(s.y) AS tot FROM s GROUP BY s.k) g ON r.k = g.k "
     "GROUP BY g.tot",
+    # HAVING against uncorrelated scalars (TPC-H Q11): keyless maps, compared when read
+    "HAVING against an uncorrelated AVG": "SELECT r.k, SUM(r.x) AS t FROM r GROUP BY r.k "
+    "HAVING SUM(r.x) > (SELECT AVG(s.y) FROM s)",
+    "HAVING against a share of the table's rows, self": "SELECT r.k, COUNT(*) AS n FROM r "
+    "GROUP BY r.k HAVING 3 * COUNT(*) >= (SELECT COUNT(*) FROM r r2) AND COUNT(*) > 1",
+    "HAVING against a filtered MAX and a SUM": "SELECT r.x, MIN(r.k) AS lo FROM r "
+    "GROUP BY r.x HAVING MAX(r.k) >= (SELECT MAX(s.y) FROM s WHERE s.k > 0) "
+    "OR r.x < (SELECT SUM(s.y) - 6 FROM s)",
     # a per-row aggregate of a LEFT JOIN in FROM (``passes/preaggregate``): the joined table
     # pre-aggregated, a LEFT JOIN lookup (TPC-H Q13's shape)
     "a per-row COUNT of a LEFT JOIN, grouped by it (Q13)": "SELECT d.n, COUNT(*) AS c FROM "

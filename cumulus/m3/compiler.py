@@ -78,6 +78,7 @@ from cumulus.m3.program import (
     ViewColumn,
     lift_keys,
 )
+from cumulus.passes.lift_subqueries import scalar_column
 from cumulus.passes.union_plans import NOTHING
 from cumulus.plan import MULTIPLICITY, OUTER_REFUSAL, Aggregate, ViewPlan, expr_columns
 from cumulus.view_rows import row_schema, rows_id
@@ -247,11 +248,28 @@ class _Compiler:
             )
         ordered = [columns[name] if name in columns else ViewColumn(name) for name in plan.output]
         ordered += [columns[a.name] for a in plan.aggregates if a.hidden]
+        ordered += self.scalars(plan)
         if plan.shape == "bag":  # the multiplicity: a row is read as often as it counts
             ordered.append(ViewColumn(MULTIPLICITY, Kind.COUNT, (rows,), None, INT_TYPE))
         having = from_plan(plan.having, lambda a, c: c) if plan.having else None
         keys = tuple((g.name, ColumnType.parse(g.type)) for g in plan.group_by)
         return View(plan.name, keys, rows, tuple(ordered), having)
+
+    def scalars(self, plan: ViewPlan) -> list[ViewColumn]:
+        """The columns of the hidden one-row views HAVING reads unjoined (uncorrelated scalar
+        subqueries, ``lift_subqueries.scalar_column``), hidden, named as HAVING reads them:
+        keyless maps, read once and the same for every group (``readout``)."""
+        wanted = _out_names(plan.having) if plan.having is not None else set()
+        out: list[ViewColumn] = []
+        for hidden in plan.nested:
+            if scalar_column(hidden.name, "v0") not in wanted:
+                continue
+            shape = self.view(hidden)
+            names = {c.name: scalar_column(hidden.name, c.name) for c in shape.columns}
+            for column in shape.columns:
+                expr = rename(column.expr, names) if column.expr is not None else None
+                out.append(replace(column, name=names[column.name], hidden=True, expr=expr))
+        return out
 
     def branch(self, plan: ViewPlan) -> tuple[Part, list[ViewColumn | None]]:
         """One SELECT's rows map and each aggregate's column over its maps (None: an argument
@@ -875,6 +893,18 @@ class _Compiler:
 
 
 _SHOWN = {Kind.MIN: "MIN", Kind.MAX: "MAX", Kind.COUNT_DISTINCT: "COUNT(DISTINCT ...)"}
+
+
+def _out_names(expr: object) -> set[str]:
+    """The view columns a plan expression reads (its ``{"out": name}`` nodes)."""
+    if isinstance(expr, dict):
+        found = {expr["out"]} if isinstance(expr.get("out"), str) else set()
+        for value in expr.values():
+            found |= _out_names(value)
+        return found
+    if isinstance(expr, list):
+        return set().union(*(_out_names(v) for v in expr)) if expr else set()
+    return set()
 
 
 def nested_refusal(construct: str, why: str = "") -> str:

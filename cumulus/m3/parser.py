@@ -260,21 +260,25 @@ class _Parser(PredicateParser):
         kind = Kind[kind_token.text.upper()]
         rule = RULES[kind]
         self.op("(")
-        parts = [self.view_part(keys, 1 if rule.keeps_values else 0)]
+        parts = [self.view_part(keys, 1 if rule.keeps_values else 0, hidden)]
         while rule.keeps_sum and self.accept_op("+"):
-            parts.append(self.view_part(keys, 0))
+            parts.append(self.view_part(keys, 0, hidden))
         count = None
         if rule.keeps_sum:
             self.op(",", f" and the count {kind.name} reads")
-            count = self.view_part(keys, 0)
+            count = self.view_part(keys, 0, hidden)
         self.op(")")
         self.op(":")
         return ViewColumn(column, kind, tuple(parts), count, self.type(), hidden)
 
-    def view_part(self, keys: set[str], extra: int) -> Part:
+    def view_part(self, keys: set[str], extra: int, hidden: bool = False) -> Part:
+        """A part a view column reads: by every group key (and a count map's value); a hidden
+        column's (a scalar subquery's HAVING reads) may read by none, the same in each group."""
         start = self.peek()
         part = self.part()
         used = part.keys
+        if hidden and not set(used) & keys and len(used) == extra:
+            return part
         if not keys <= set(used) or len([k for k in used if k not in keys]) != extra:
             want = "all group keys and one value variable" if extra else "the group keys only"
             raise self.fail(f"a view reads maps by {want}", start)

@@ -5,7 +5,8 @@
 - COUNT reads its map; SUM and AVG the sum of their monomial maps and their count map; MIN, MAX
   and COUNT(DISTINCT) the per-group count map cnt[g, v] as the multiset of the values v;
 - a derived column (an expression over aggregates and group keys) is evaluated from them;
-- HAVING is applied last, over the view's columns (hidden aggregates included);
+- HAVING is applied last, over the view's columns (hidden aggregates included, and the
+  values of uncorrelated scalar subqueries it compares with: keyless maps, read once);
 - a bag view (no aggregates) has one column, ``__count``: its group's COUNT(*), the row's
   multiplicity (DBToaster's bag: the map's value); the row is read that many times. A distinct
   view has none: each group is read once.
@@ -108,8 +109,13 @@ def expand(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _column(
     interp: Interpreter, column: ViewColumn, names: list[str], groups: list[Key]
 ) -> dict[Key, Any]:
-    """The column's value per group: its maps as the kind's state, finished by its rule."""
+    """The column's value per group: its maps as the kind's state, finished by its rule. A
+    column whose maps are not keyed by the groups (a scalar subquery's, read by HAVING) is
+    read once and is the same for every group."""
     assert column.kind is not None and column.type is not None
+    if names and not set(names) <= set(column.parts[0].keys):
+        value = _column(interp, column, [], [()])[()]
+        return dict.fromkeys(groups, value)
     rule = RULES[column.kind]
     if rule.keeps_values:
         part = column.parts[0]

@@ -67,9 +67,14 @@ class Lifter:
         return name
 
 
-def lift_subqueries(select: exp.Select, lifter: Lifter) -> exp.Select:
-    """``select`` (a copy) with its subqueries replaced by hidden views ``lifter`` collects."""
-    select = _having_as_where(select.copy())
+def lift_subqueries(select: exp.Select, lifter: Lifter, read_scalars: bool = False) -> exp.Select:
+    """``select`` (a copy) with its subqueries replaced by hidden views ``lifter`` collects;
+    ``read_scalars`` (cumulus): HAVING's uncorrelated scalars as values read with the view
+    (``_having_scalars``)."""
+    select = select.copy()
+    if read_scalars:
+        _having_scalars(select, lifter)
+    select = _having_as_where(select)
     _lift_derived(select, lifter)
     _lift_where(select, lifter)
     left = select.find(exp.Subquery, exp.Exists)
@@ -79,6 +84,39 @@ def lift_subqueries(select: exp.Select, lifter: Lifter) -> exp.Select:
 
 
 GROUPED = "__grouped"  # the alias of a grouped query whose HAVING had a subquery
+
+
+def scalar_column(hidden: str, column: str) -> str:
+    """The name HAVING reads a hidden one-row view's column by (``_having_scalars``)."""
+    return f"{hidden}__{column}"
+
+
+def _having_scalars(select: exp.Select, lifter: Lifter) -> None:
+    """Cumulus: each uncorrelated scalar subquery of HAVING (an aggregate, no GROUP BY) is a
+    hidden one-row view whose value HAVING reads as a column of its own (``scalar_column``),
+    unjoined: the M3 program keeps the view's groups and the scalar's maps, and HAVING
+    compares them when the view is read (TPC-H Q11), where a WHERE over the grouped query
+    would be a subquery over a subquery. Left as it is where any subquery of HAVING is
+    another kind (``_having_as_where`` takes it)."""
+    having = select.args.get("having")
+    found = list(having.find_all(exp.Subquery, exp.Exists)) if having is not None else []
+    subs: list[tuple[exp.Subquery, exp.Select]] = []
+    for node in found:
+        sub = node.this
+        if not isinstance(node, exp.Subquery) or not isinstance(sub, exp.Select):
+            return
+        if isinstance(node.parent, exp.In) or sub.args.get("group") or sub.args.get("having"):
+            return
+        if len(sub.expressions) != 1 or not sub.expressions[0].find(*AGGREGATES):
+            return
+        if sub.find(exp.Subquery, exp.Exists) or _outer_columns(sub, _inner_aliases(sub)):
+            return
+        subs.append((node, sub))
+    for node, sub in subs:
+        item = exp.alias_(sub.expressions[0].unalias().copy(), "v0", quoted=True)
+        local = _conjuncts(sub.args["where"].this) if sub.args.get("where") else []
+        name = lifter.add(_hidden_select(sub, [item], local))
+        node.replace(exp.column(scalar_column(name, "v0"), quoted=True))
 
 
 def _having_as_where(select: exp.Select) -> exp.Select:

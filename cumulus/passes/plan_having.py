@@ -85,13 +85,17 @@ def plan_having(
     aggregates: list[tuple[Aggregate, str]],
     names: OutputNames,
     derived: list[Derived],
+    scalars: dict[str, ColumnType] | None = None,
 ) -> tuple[Expr | None, list[tuple[Aggregate, str]]]:
     """HAVING over view columns (``{"out": name}``) and the aggregates extended by the hidden
-    ones only HAVING uses; an aggregate also in SELECT is reused, never computed twice."""
+    ones only HAVING uses; an aggregate also in SELECT is reused, never computed twice.
+    ``scalars``: values HAVING may read by name beside them (a cumulus view's uncorrelated
+    scalar subqueries, read with the view)."""
     having = select.args.get("having")
     if having is None:
         return None, list(aggregates)
     hooks = _ViewColumns(scope, columns, aggregates, names, "HAVING", "_having")
     hooks.outputs.update({d.name: ColumnType.parse(d.type) for d in derived})
+    hooks.outputs.update(scalars or {})
     preds = [predicate(term, hooks.column, hooks.aggregate) for term in conjuncts(having.this)]
     return (preds[0] if len(preds) == 1 else {"and": preds}), hooks.aggregates
