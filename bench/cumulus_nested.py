@@ -8,8 +8,9 @@ comparison. Run once for docs/DECISIONS.md:
 
     PYTHONPATH=. python -m bench.cumulus_nested [--small] [a view's name, or part of it, ...]
 
-Also NOT IN (correlated and not), a Q21-like EXISTS and NOT EXISTS correlated by ``<>``, and
-subqueries over a join (a write re-deriving one key's domain, or all of it).
+Also NOT IN (correlated and not), a Q21-like EXISTS and NOT EXISTS correlated by ``<>``,
+subqueries over a join (a write re-deriving one key's domain, or all of it), a view grouped by
+a per-row count (Q13-like) and HAVING against an uncorrelated total (Q11-like).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ VIEWS = {
     "SUM over a join, s's writes everywhere": "SELECT r.k, COUNT(*) AS n FROM r "
     "WHERE r.x < (SELECT SUM(s.y) FROM s JOIN r r2 ON s.id = r2.id WHERE r2.k = r.k) "
     "GROUP BY r.k",
+    # grouped by a nested value (Q13-like: s's rows per r.k, pre-aggregated, as group keys)
+    "grouped by a per-row count (Q13-like)": "SELECT d.n, COUNT(*) AS c FROM (SELECT r.id, "
+    "COUNT(s.y) AS n FROM r LEFT JOIN s ON r.k = s.k AND s.y > 10 GROUP BY r.id) d GROUP BY d.n",
+    # HAVING against an uncorrelated total (Q11-like): keyless maps, compared when read
+    "HAVING against a total (Q11-like)": "SELECT r.k, SUM(r.x) AS t FROM r GROUP BY r.k "
+    "HAVING SUM(r.x) * 2000 > (SELECT SUM(s.y) FROM s)",
 }
 
 
@@ -97,6 +104,9 @@ def measure(name: str, select: str) -> dict[str, Any]:
         interp.apply(sign, table, row)
         per_table[table].append(time.perf_counter() - began)
     began = time.perf_counter()
+    interp.view("v")
+    read = time.perf_counter() - began
+    began = time.perf_counter()
     for _ in range(20):
         con.execute(select).fetchall()
     duck = (time.perf_counter() - began) / 20
@@ -106,6 +116,7 @@ def measure(name: str, select: str) -> dict[str, Any]:
         "maps": len(program.maps),
         "statements": statements,
         **{f"us per update of {t}": round(1e6 * sum(v) / len(v), 1) for t, v in per_table.items()},
+        "read ms": round(1e3 * read, 2),
         "duckdb recomputation ms": round(1e3 * duck, 2),
     }
 
