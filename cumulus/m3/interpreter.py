@@ -17,9 +17,11 @@ raises an ``aggview.errors`` exception that names it and leaves every map as it 
 
 from __future__ import annotations
 
+import datetime
 import functools
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from aggview import errors
@@ -490,8 +492,18 @@ def _row_checker(
     return check
 
 
+def _as_stored(value: Decimal, precision: int | None, scale: int | None) -> bool:
+    """Whether a DECIMAL value is already as a stored one reads back: finite, at the column's
+    scale, within its precision, and not a negative zero (which reads back as 0)."""
+    if scale is None or precision is None or not value.is_finite():
+        return False
+    sign, _, exponent = value.as_tuple()
+    return exponent == -scale and (not sign or bool(value)) and value.adjusted() < precision - scale
+
+
 def _converter(table: str, column: Column) -> Callable[[Any], Any]:
     kind, nullable = column.type.kind, column.nullable
+    scale, precision = column.type.scale, column.type.precision
 
     def convert(value: Any) -> Any:
         if value is None:
@@ -504,6 +516,10 @@ def _converter(table: str, column: Column) -> Callable[[Any], Any]:
             return value
         if kind == "FLOAT" and type(value) is float and value == value:
             return value + 0.0  # -0.0 and 0.0 are one key
+        if kind == "DECIMAL" and type(value) is Decimal and _as_stored(value, precision, scale):
+            return value
+        if kind == "DATE" and type(value) is datetime.date:
+            return value
         return from_storage(column.type, to_storage(column, value, table=table))
 
     return convert
