@@ -43,7 +43,7 @@ from aggview import errors
 from aggview.schema import TableSchema
 from cumulus.ddl import CreateView, parse_view_statement
 from cumulus.passes import union_plans, unions
-from cumulus.passes.check_support import check_supported, parse_select
+from cumulus.passes.check_support import check_supported, parse_select, refuse_row_limits
 from cumulus.passes.expand_stars import expand_stars
 from cumulus.passes.inline_from import inline_ctes, merge_first_subquery, qualify_correlations
 from cumulus.passes.lift_subqueries import Lifter, lift_subqueries, scalar_column
@@ -144,6 +144,7 @@ def compile_views(
     root = root or create.name
     written = create.select_sql
     statement = parse_sql(written)
+    refuse_row_limits(statement)
     if statement.args.get("with_") is not None:
         create = replace(create, select_sql=_rewritten_sql(inline_ctes(statement)))
     shape = unions.split(create.select_sql)

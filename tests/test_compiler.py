@@ -19,7 +19,7 @@ from aggview import errors
 from aggview.schema import Column, ColumnType, TableSchema
 from cumulus import typerules
 from cumulus.aggregates import RULES, Kind
-from cumulus.compiler import compile_sql, compile_view
+from cumulus.compiler import compile_sql, compile_sql_views, compile_view
 from cumulus.ddl import (
     DEFAULT_ASYNC_INTERVAL_MS,
     DEFAULT_EPOCH_MS,
@@ -584,6 +584,20 @@ def test_refusals(error: str, fragment: str, select: str) -> None:
         compile_sql(f"CREATE MATERIALIZED VIEW v AS {select}", table)
     assert type(caught.value).__name__ == error, str(caught.value)
     assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "options", ["", " WITH (refresh = 'async')", " WITH (refresh = 'cumulus')"]
+)
+def test_a_row_limit_in_a_subquery_is_refused_in_every_mode(options: str) -> None:
+    """A subquery's LIMIT was dropped with its ORDER BY (found 2026-12-03): every row of the
+    subquery counted, a wrong view. Now refused, in every mode, naming the subquery."""
+    select = (
+        "SELECT count(*) FROM events WHERE prod_id IN "
+        "(SELECT prod_id FROM products ORDER BY price LIMIT 3)"
+    )
+    with pytest.raises(errors.InvalidArgument, match="LIMIT is not supported .*: SELECT prod_id"):
+        compile_sql_views(f"CREATE MATERIALIZED VIEW v{options} AS {select}", table)
 
 
 # === passes alone ==============================================================================

@@ -68,6 +68,14 @@ def refuse(construct: str, node: exp.Expression | None = None) -> errors.Invalid
     return errors.InvalidArgument(f"{construct} is not supported in a materialized view{where}")
 
 
+def refuse_row_limits(statement: exp.Expression) -> None:
+    """LIMIT, OFFSET or FETCH anywhere, a subquery's too, is refused by name: the rows they
+    keep depend on an order a view does not keep (dropped, they would change the answer)."""
+    for node in statement.find_all(exp.Limit, exp.Offset, exp.Fetch):
+        name = {exp.Limit: "LIMIT", exp.Offset: "OFFSET"}.get(type(node), "FETCH")
+        raise refuse(name, node.parent if isinstance(node.parent, exp.Query) else node)
+
+
 def parse_select(select_sql: str) -> exp.Select:
     statement = parse_sql(select_sql)
     if isinstance(statement, exp.SetOperation):

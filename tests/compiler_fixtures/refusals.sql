@@ -121,6 +121,16 @@ SELECT shop_id, count(*) FROM events GROUP BY shop_id ORDER BY shop_id;
 SELECT shop_id, count(*) FROM events GROUP BY shop_id LIMIT 10;
 -- InvalidArgument: OFFSET
 SELECT shop_id, count(*) FROM events GROUP BY shop_id OFFSET 10;
+-- InvalidArgument: LIMIT is not supported in a materialized view: SELECT prod_id FROM products
+SELECT count(*) FROM events WHERE prod_id IN (SELECT prod_id FROM products ORDER BY price LIMIT 3);
+-- InvalidArgument: LIMIT is not supported in a materialized view: SELECT 1 FROM products
+SELECT count(*) FROM events e WHERE EXISTS (SELECT 1 FROM products p WHERE p.prod_id = e.prod_id LIMIT 0);
+-- InvalidArgument: OFFSET is not supported in a materialized view: SELECT MAX(price) FROM products
+SELECT shop_id, sum(cost) FROM events GROUP BY shop_id HAVING sum(cost) > (SELECT MAX(price) FROM products OFFSET 1);
+-- InvalidArgument: FETCH is not supported in a materialized view
+SELECT count(*) FROM events WHERE prod_id NOT IN (SELECT prod_id FROM products FETCH FIRST 2 ROWS ONLY);
+-- InvalidArgument: LIMIT is not supported in a materialized view
+WITH cheap AS (SELECT prod_id FROM products LIMIT 5) SELECT count(*) FROM events WHERE prod_id IN (SELECT prod_id FROM cheap);
 -- InvalidArgument: SELECT DISTINCT over aggregates is supported only when the SELECT shows every GROUP BY column
 SELECT DISTINCT count(*) FROM events GROUP BY shop_id;
 -- InvalidArgument: SELECT DISTINCT ON
