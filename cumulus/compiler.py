@@ -34,7 +34,7 @@ Type rules (view maintenance, M3 and Spark must agree with them): arithmetic, SU
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 
 from sqlglot import exp
@@ -190,12 +190,28 @@ def compile_views(
     if create.mode == "cumulus" or nest:  # its M3 program maintains them: nested aggregates
         hidden = frozenset(known)
         outer = compile_view(replace(create, select_sql=select.sql()), resolve, hidden)
+        _one_row_alone(outer, known)
         plan = replace(outer, sql=written, nested=tuple(plans))
         _check_nested(plan, table)
         return [plan]
     outer = compile_view(replace(create, select_sql=select.sql()), resolve)
     hidden_names = tuple(h.name for h in lifter.hidden)
     return [*plans, replace(outer, sql=written, hidden=hidden_names)]
+
+
+def _one_row_alone(plan: ViewPlan, nested: Mapping[str, ViewPlan]) -> None:
+    """A cumulus view whose FROM holds only subqueries of one row (an aggregate without GROUP
+    BY) is refused: SQL gives it its row even over no rows, which an M3 program, whose maps
+    start empty and change only by its triggers, never counts (found 2026-12-03). Sync and
+    async take it: a view is initialized from the hidden view's rows, which have that row.
+    Beside a table, the row is read by a lookup that has it always."""
+    one_row = [t.table in nested and not nested[t.table].group_by for t in plan.tables]
+    if all(one_row) and not plan.branches:
+        raise errors.InvalidArgument(
+            "a view over subqueries of one row alone (an aggregate without GROUP BY in FROM, "
+            "with no table beside it) is maintained in refresh = 'sync' or 'async', not "
+            "'cumulus' (its row is there over no rows, where M3's maps start empty)"
+        )
 
 
 def _check_nested(plan: ViewPlan, table: Callable[[str], TableSchema]) -> None:

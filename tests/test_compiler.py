@@ -600,6 +600,20 @@ def test_a_row_limit_in_a_subquery_is_refused_in_every_mode(options: str) -> Non
         compile_sql_views(f"CREATE MATERIALIZED VIEW v{options} AS {select}", table)
 
 
+def test_cumulus_refuses_a_view_over_a_one_row_subquery_alone() -> None:
+    """Its row is SQL's even over no rows: an M3 program's maps start empty and never counted
+    it (COUNT(*) 0 where SQL has 1; found 2026-12-03). Sync and async take it
+    (``test_subquery_views``); beside a table, cumulus does too."""
+    select = "SELECT count(*) AS n FROM (SELECT SUM(cost) AS t FROM events) d"
+    for options in ("", " WITH (refresh = 'async')"):
+        compile_sql_views(f"CREATE MATERIALIZED VIEW v{options} AS {select}", table)
+    cumulus = " WITH (refresh = 'cumulus')"
+    with pytest.raises(errors.InvalidArgument, match="a view over subqueries of one row alone"):
+        compile_sql_views(f"CREATE MATERIALIZED VIEW v{cumulus} AS {select}", table)
+    joined = "SELECT count(*) AS n FROM shops, (SELECT SUM(cost) AS t FROM events) d"
+    compile_sql_views(f"CREATE MATERIALIZED VIEW v{cumulus} AS {joined}", table)
+
+
 # === passes alone ==============================================================================
 
 
