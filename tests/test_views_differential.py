@@ -148,6 +148,9 @@ def view_specs(draw: st.DrawFn) -> dict[str, Any]:
                 "ABS(a0.k - a1.k) <= 1",
                 "SUBSTRING(a0.g, 1, 1) IN ('a', 'b') OR GREATEST(a0.x, a1.x) > 3",
                 "LEAST(a0.v, a1.x) < 1",
+                # IS [NOT] DISTINCT FROM: TRUE or FALSE, NULL equal to NULL (2026-12-03)
+                "a0.x IS DISTINCT FROM a1.x",
+                "NOT (a0.k IS NOT DISTINCT FROM a1.k) OR a1.g IS NOT DISTINCT FROM 'b'",
             ]
         )
     )

@@ -82,7 +82,36 @@ def parse_select(select_sql: str) -> exp.Select:
         raise refuse(statement.key.upper())
     if not isinstance(statement, exp.Select):
         raise errors.InvalidArgument(f"a materialized view needs a SELECT, not {statement.key}")
-    return dbtoaster_functions(filters_as_cases(statement))
+    return null_safe_comparisons(dbtoaster_functions(filters_as_cases(statement)))
+
+
+def null_safe_comparisons(select: exp.Select) -> exp.Select:
+    """``a IS NOT DISTINCT FROM b`` is ``(a IS NULL AND b IS NULL) OR (a IS NOT NULL AND b IS
+    NOT NULL AND a = b)`` and ``IS DISTINCT FROM`` its negation: conditions that are TRUE or
+    FALSE, never NULL, made of what every back end maintains."""
+    for node in list(select.find_all(exp.NullSafeEQ, exp.NullSafeNEQ)):
+        a, b = node.this, node.expression
+
+        def null(side: exp.Expression) -> exp.Expression:
+            return exp.Is(this=side.copy(), expression=exp.Null())
+
+        def known(side: exp.Expression) -> exp.Expression:
+            return exp.not_(null(side))
+
+        same = exp.or_(
+            exp.and_(null(a), null(b)),
+            exp.and_(known(a), known(b), exp.EQ(this=a.copy(), expression=b.copy())),
+        )
+        if isinstance(node, exp.NullSafeEQ):
+            node.replace(exp.paren(same))
+        else:
+            differ = exp.or_(
+                exp.and_(null(a), known(b)),
+                exp.and_(known(a), null(b)),
+                exp.and_(known(a), known(b), exp.NEQ(this=a.copy(), expression=b.copy())),
+            )
+            node.replace(exp.paren(differ))
+    return select
 
 
 # DBToaster's names for GREATEST and LEAST of two values (its queries write them)
