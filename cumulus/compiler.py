@@ -167,8 +167,7 @@ def compile_views(
     written_select = parsed = parse_select(create.select_sql)
     if create.mode == "cumulus" or nest:  # a per-row aggregate of a LEFT JOIN: one nesting
         parsed = preaggregate_left_join(parsed, table)
-    if create.mode != "cumulus":  # a hidden view, which cumulus does not read
-        parsed = push_outer_filters(parsed, table)
+    parsed = push_outer_filters(parsed, table)  # (M3: its table, filtered, ``m3.outer``)
     merged = merge_first_subquery(qualify_correlations(parsed, table), table)
     select = lift_subqueries(merged, lifter, read_scalars=create.mode == "cumulus" or nest)
     if not lifter.hidden:

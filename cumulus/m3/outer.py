@@ -17,6 +17,7 @@ JOIN's two LEFT-JOIN branches follow.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -27,6 +28,7 @@ from aggview import errors
 from aggview.schema import TableSchema
 from cumulus.compiler import CreateView, compile_view
 from cumulus.expressions import STRICT, compile_predicate
+from cumulus.passes.check_support import parse_select
 from cumulus.passes.union_plans import NOTHING
 from cumulus.plan import ColumnRef, Expr, JoinEdge, TableRef, ViewPlan, expr_columns
 
@@ -49,11 +51,12 @@ def split_outer(
     for branch in plan.branch_plans():
         done = [branch]
         for alias in branch.outer:
-            if branch.table_of(alias) in nested:  # NOT EXISTS, NOT IN: the compiler's to judge
-                continue
+            filtered = _filtered_table(nested.get(branch.table_of(alias)))
+            if filtered is None and branch.table_of(alias) in nested:
+                continue  # NOT EXISTS, NOT IN, a grouped subquery: the compiler's to judge
             if depth is not None:
                 raise errors.InvalidArgument(DEPTH_REFUSAL)
-            done = [p for q in done for p in _split(q, alias, table, nested)]
+            done = [p for q in done for p in _split(q, alias, table, nested, filtered)]
         pieces += done
     if len(pieces) == 1 and pieces[0] is plan:
         return plan
@@ -73,11 +76,41 @@ def _body(piece: ViewPlan) -> dict[str, Any]:
     }
 
 
+def _filtered_table(hidden: ViewPlan | None) -> ViewPlan | None:
+    """``hidden`` where it is one table's rows filtered, every column as it is (``SELECT *
+    FROM b WHERE ...``: what ``push_outer_filters`` makes of a LEFT JOIN's ON conditions on
+    its own table), else None."""
+    if hidden is None or hidden.shape != "bag" or len(hidden.tables) != 1:
+        return None
+    if hidden.nested or hidden.hidden or hidden.branches or hidden.outer or not hidden.filters:
+        return None
+    (ref,) = hidden.tables
+    for group in hidden.group_by:  # each column of the table, under its own name
+        if group.ref is None or (group.ref.alias, group.ref.column) != (ref.alias, group.name):
+            return None
+    return hidden
+
+
 def _split(
-    plan: ViewPlan, alias: str, table: TableLookup, nested: dict[str, ViewPlan]
+    plan: ViewPlan,
+    alias: str,
+    table: TableLookup,
+    nested: dict[str, ViewPlan],
+    filtered: ViewPlan | None = None,
 ) -> list[ViewPlan]:
     """The matched and unmatched branches for one outer alias (one left out where WHERE
-    keeps none of its rows; at least one kept)."""
+    keeps none of its rows; at least one kept). ``filtered``: the alias reads that hidden
+    view, one table's rows under the LEFT JOIN's own conditions: its table, those conditions
+    in the matched branch and in the unmatched one's key view."""
+    if filtered is not None:
+        (inner,) = filtered.tables
+        on = tuple(_aliased(f, inner.alias, alias) for f in filtered.filters)
+        tables = tuple(
+            replace(t, table=inner.table) if t.alias == alias else t for t in plan.tables
+        )
+        plan = replace(plan, tables=tables)
+    else:
+        on = ()
     schema = table(plan.table_of(alias))
     keys: list[str] = []
     edges: list[JoinEdge] = []
@@ -90,8 +123,10 @@ def _split(
             mine, other = other, mine
         edges.append(JoinEdge(other, ColumnRef(alias, f"c{len(keys)}")))
         keys.append(mine.column)
-    matched = replace(plan, outer=tuple(a for a in plan.outer if a != alias))
-    hidden = _keys_view(plan.table_of(alias), keys, table, nested)
+    matched = replace(
+        plan, outer=tuple(a for a in plan.outer if a != alias), filters=(*plan.filters, *on)
+    )
+    hidden = _keys_view(plan.table_of(alias), keys, table, nested, filtered)
     types = {c.name: str(c.type) for c in schema.columns}
 
     def null(expr: Any) -> Any:
@@ -145,6 +180,18 @@ def _split(
     return out or [matched]
 
 
+def _aliased(expr: Any, old: str, new: str) -> Any:
+    """``expr`` with the columns of alias ``old`` as ``new``'s."""
+    if isinstance(expr, dict):
+        col = expr.get("col")
+        if col is not None and col[0] == old:
+            return {**expr, "col": [new, col[1]]}
+        return {k: _aliased(v, old, new) for k, v in expr.items()}
+    if isinstance(expr, list):
+        return [_aliased(v, old, new) for v in expr]
+    return expr
+
+
 def _null_test(pred: Expr, alias: str) -> str | None:
     """The column of ``alias`` that ``pred`` says IS NULL, else None."""
     col = pred.get("not", {}).get("notnull", {}).get("col")
@@ -165,12 +212,23 @@ def _null(expr: Expr) -> bool:
     return False
 
 
-def _keys_view(name: str, keys: list[str], table: TableLookup, nested: dict[str, ViewPlan]) -> str:
-    """The hidden ``SELECT DISTINCT k AS c0, ... FROM b`` (its rows map: b's rows per key)."""
+def _keys_view(
+    name: str,
+    keys: list[str],
+    table: TableLookup,
+    nested: dict[str, ViewPlan],
+    filtered: ViewPlan | None = None,
+) -> str:
+    """The hidden ``SELECT DISTINCT k AS c0, ... FROM b`` (its rows map: b's rows per key);
+    over ``filtered`` (b's rows under the LEFT JOIN's own conditions), its FROM and WHERE."""
     hidden = f"__{name}_by_{'_'.join(keys)}"
+    source: exp.Select = exp.select("*").from_(exp.table_(name, quoted=True))
+    if filtered is not None:
+        source = parse_select(filtered.sql)
+        hidden += "_where_" + hashlib.sha1(filtered.sql.encode()).hexdigest()[:8]
     if hidden not in nested:
         items = [exp.alias_(exp.column(k, quoted=True), f"c{i}") for i, k in enumerate(keys)]
-        select = exp.select(*items).distinct().from_(exp.table_(name, quoted=True))
+        select = source.select(*items, append=False).distinct()
         create = CreateView(hidden, False, "sync", 0, select.sql())
         nested[hidden] = compile_view(create, table)
     return hidden
