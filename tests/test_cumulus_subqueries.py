@@ -359,7 +359,7 @@ def test_the_refresh_operator_maintains_each_construct_as_duckdb(construct: str)
     con = duckdb.connect()
     for ddl in DDL.values():
         con.execute(ddl)
-    for sign, table, row in random_stream(random.Random(len(construct)), 40):
+    for sign, table, row in random_stream(random.Random(len(construct)), 30):
         change = (row, None) if sign == "-" else (None, row)
         stack.apply(stored_changes(TABLES, {(table, row["id"]): change}))
         if sign == "+":
