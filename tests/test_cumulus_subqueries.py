@@ -181,6 +181,18 @@ VIEWS = {
     "HAVING against a filtered MAX and a SUM": "SELECT r.x, MIN(r.k) AS lo FROM r "
     "GROUP BY r.x HAVING MAX(r.k) >= (SELECT MAX(s.y) FROM s WHERE s.k > 0) "
     "OR r.x < (SELECT SUM(s.y) - 6 FROM s)",
+    # combined: MIN, MAX and COUNT(DISTINCT) over nested values (count maps keyed by them),
+    # a per-row MIN grouped by, two scalars in one HAVING, a filtered LEFT JOIN beside one
+    "MIN and MAX of a lookup's value": "SELECT r.k, MIN(g.t) AS lo, MAX(g.t) AS hi FROM r "
+    "LEFT JOIN (SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g ON r.k = g.k GROUP BY r.k",
+    "COUNT(DISTINCT) grouped by a lookup's value": "SELECT g.t, COUNT(DISTINCT r.x) AS d "
+    "FROM r LEFT JOIN (SELECT s.k, COUNT(*) AS t FROM s GROUP BY s.k) g ON r.k = g.k "
+    "GROUP BY g.t",
+    "grouped by a per-row MIN": "SELECT d.lo, COUNT(*) AS c FROM (SELECT r.id, MIN(s.y) AS lo "
+    "FROM r LEFT JOIN s ON r.k = s.k GROUP BY r.id) d GROUP BY d.lo",
+    "HAVING between two scalars, a filtered LEFT JOIN": "SELECT r.k, COUNT(s.id) AS c FROM r "
+    "LEFT JOIN s ON r.k = s.k AND s.y > 1 GROUP BY r.k HAVING COUNT(*) BETWEEN "
+    "(SELECT MIN(s2.y) FROM s s2) AND (SELECT MAX(s2.y) FROM s s2)",
     # a per-row aggregate of a LEFT JOIN in FROM (``passes/preaggregate``): the joined table
     # pre-aggregated, a LEFT JOIN lookup (TPC-H Q13's shape)
     "a per-row COUNT of a LEFT JOIN, grouped by it (Q13)": "SELECT d.n, COUNT(*) AS c FROM "
