@@ -88,10 +88,10 @@ def compile_view(
         groups = projected_groups(select, scope)
     columns, aggregates, output, names, pending = plan_select(select, scope, groups)
     derived, aggregates = plan_derived(pending, scope, columns, aggregates, names)
-    read = {t.name for t in scope.tables.values()}
+    unjoined = sorted(nested - {t.name for t in scope.tables.values()})
     scalars = {  # hidden one-row views HAVING reads unjoined (``lift_subqueries.scalar_column``)
         scalar_column(name, c.name): c.type
-        for name in sorted(nested - read)
+        for name in (unjoined if select.args.get("having") is not None else [])
         for c in table(name).columns
     }
     having, aggregates = plan_having(select, scope, columns, aggregates, names, derived, scalars)
@@ -164,12 +164,13 @@ def compile_views(
             plans = union_plans.scalars(shape, branch)
         return [*plans[:-1], replace(plans[-1], sql=written)]
     lifter = Lifter(root, numbers)
+    in_m3 = create.mode == "cumulus" or nest  # an M3 program maintains it (and its subqueries)
     written_select = parsed = parse_select(create.select_sql)
-    if create.mode == "cumulus" or nest:  # a per-row aggregate of a LEFT JOIN: one nesting
+    if in_m3:  # a per-row aggregate of a LEFT JOIN: one nesting
         parsed = preaggregate_left_join(parsed, table)
     parsed = push_outer_filters(parsed, table)  # (M3: its table, filtered, ``m3.outer``)
     merged = merge_first_subquery(qualify_correlations(parsed, table), table)
-    select = lift_subqueries(merged, lifter, read_scalars=create.mode == "cumulus" or nest)
+    select = lift_subqueries(merged, lifter, read_scalars=in_m3)
     if not lifter.hidden:
         if merged is not written_select:
             create = replace(create, select_sql=_rewritten_sql(merged))
@@ -186,7 +187,7 @@ def compile_views(
         for plan in compile_views(sub, resolve, numbers, root):
             plans.append(plan)
             known[plan.name] = plan
-    if create.mode == "cumulus" or nest:  # its M3 program maintains them: nested aggregates
+    if in_m3:  # its M3 program maintains them: nested aggregates
         hidden = frozenset(known)
         outer = compile_view(replace(create, select_sql=select.sql()), resolve, hidden)
         _one_row_alone(outer, known)

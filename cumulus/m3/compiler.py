@@ -248,18 +248,18 @@ class _Compiler:
             )
         ordered = [columns[name] if name in columns else ViewColumn(name) for name in plan.output]
         ordered += [columns[a.name] for a in plan.aggregates if a.hidden]
-        ordered += self.scalars(plan)
+        having = from_plan(plan.having, lambda a, c: c) if plan.having else None
+        ordered += self.scalars(plan, set(vars_of(having)) if having is not None else set())
         if plan.shape == "bag":  # the multiplicity: a row is read as often as it counts
             ordered.append(ViewColumn(MULTIPLICITY, Kind.COUNT, (rows,), None, INT_TYPE))
-        having = from_plan(plan.having, lambda a, c: c) if plan.having else None
         keys = tuple((g.name, ColumnType.parse(g.type)) for g in plan.group_by)
         return View(plan.name, keys, rows, tuple(ordered), having)
 
-    def scalars(self, plan: ViewPlan) -> list[ViewColumn]:
+    def scalars(self, plan: ViewPlan, wanted: set[str]) -> list[ViewColumn]:
         """The columns of the hidden one-row views HAVING reads unjoined (uncorrelated scalar
-        subqueries, ``lift_subqueries.scalar_column``), hidden, named as HAVING reads them:
-        keyless maps, read once and the same for every group (``readout``)."""
-        wanted = _out_names(plan.having) if plan.having is not None else set()
+        subqueries, ``lift_subqueries.scalar_column``; ``wanted``: the names HAVING reads),
+        hidden, named as HAVING reads them: keyless maps, read once and the same for every
+        group (``readout``)."""
         out: list[ViewColumn] = []
         for hidden in plan.nested:
             if scalar_column(hidden.name, "v0") not in wanted:
@@ -893,18 +893,6 @@ class _Compiler:
 
 
 _SHOWN = {Kind.MIN: "MIN", Kind.MAX: "MAX", Kind.COUNT_DISTINCT: "COUNT(DISTINCT ...)"}
-
-
-def _out_names(expr: object) -> set[str]:
-    """The view columns a plan expression reads (its ``{"out": name}`` nodes)."""
-    if isinstance(expr, dict):
-        found = {expr["out"]} if isinstance(expr.get("out"), str) else set()
-        for value in expr.values():
-            found |= _out_names(value)
-        return found
-    if isinstance(expr, list):
-        return set().union(*(_out_names(v) for v in expr)) if expr else set()
-    return set()
 
 
 def nested_refusal(construct: str, why: str = "") -> str:

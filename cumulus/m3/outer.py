@@ -104,7 +104,10 @@ def _split(
     in the matched branch and in the unmatched one's key view."""
     if filtered is not None:
         (inner,) = filtered.tables
-        on = tuple(_aliased(f, inner.alias, alias) for f in filtered.filters)
+        on = tuple(
+            _with_columns(f, inner.alias, lambda column: {"col": [alias, column]})
+            for f in filtered.filters
+        )
         tables = tuple(
             replace(t, table=inner.table) if t.alias == alias else t for t in plan.tables
         )
@@ -131,14 +134,7 @@ def _split(
 
     def null(expr: Any) -> Any:
         """``expr`` with b's columns as typed NULLs."""
-        if isinstance(expr, dict):
-            col = expr.get("col")
-            if col is not None and col[0] == alias:
-                return {"null": True, "type": types[col[1]]}
-            return {k: null(v) for k, v in expr.items()}
-        if isinstance(expr, list):
-            return [null(v) for v in expr]
-        return expr
+        return _with_columns(expr, alias, lambda column: {"null": True, "type": types[column]})
 
     filters: list[Expr] = []
     kept = True
@@ -180,15 +176,15 @@ def _split(
     return out or [matched]
 
 
-def _aliased(expr: Any, old: str, new: str) -> Any:
-    """``expr`` with the columns of alias ``old`` as ``new``'s."""
+def _with_columns(expr: Any, alias: str, made: Callable[[str], Expr]) -> Any:
+    """``expr`` with each column of ``alias`` replaced by ``made(column)``."""
     if isinstance(expr, dict):
         col = expr.get("col")
-        if col is not None and col[0] == old:
-            return {**expr, "col": [new, col[1]]}
-        return {k: _aliased(v, old, new) for k, v in expr.items()}
+        if col is not None and col[0] == alias:
+            return made(col[1])
+        return {k: _with_columns(v, alias, made) for k, v in expr.items()}
     if isinstance(expr, list):
-        return [_aliased(v, old, new) for v in expr]
+        return [_with_columns(v, alias, made) for v in expr]
     return expr
 
 

@@ -88,29 +88,21 @@ def parse_select(select_sql: str) -> exp.Select:
 def null_safe_comparisons(select: exp.Select) -> exp.Select:
     """``a IS NOT DISTINCT FROM b`` is ``(a IS NULL AND b IS NULL) OR (a IS NOT NULL AND b IS
     NOT NULL AND a = b)`` and ``IS DISTINCT FROM`` its negation: conditions that are TRUE or
-    FALSE, never NULL, made of what every back end maintains."""
+    FALSE, never NULL (so NOT keeps them so), made of what every back end maintains."""
     for node in list(select.find_all(exp.NullSafeEQ, exp.NullSafeNEQ)):
         a, b = node.this, node.expression
-
-        def null(side: exp.Expression) -> exp.Expression:
-            return exp.Is(this=side.copy(), expression=exp.Null())
-
-        def known(side: exp.Expression) -> exp.Expression:
-            return exp.not_(null(side))
-
-        same = exp.or_(
-            exp.and_(null(a), null(b)),
-            exp.and_(known(a), known(b), exp.EQ(this=a.copy(), expression=b.copy())),
-        )
-        if isinstance(node, exp.NullSafeEQ):
-            node.replace(exp.paren(same))
-        else:
-            differ = exp.or_(
-                exp.and_(null(a), known(b)),
-                exp.and_(known(a), null(b)),
-                exp.and_(known(a), known(b), exp.NEQ(this=a.copy(), expression=b.copy())),
+        null_a, null_b = (exp.Is(this=x.copy(), expression=exp.Null()) for x in (a, b))
+        same = exp.paren(
+            exp.or_(
+                exp.and_(null_a, null_b),
+                exp.and_(
+                    exp.not_(null_a.copy()),
+                    exp.not_(null_b.copy()),
+                    exp.EQ(this=a.copy(), expression=b.copy()),
+                ),
             )
-            node.replace(exp.paren(differ))
+        )
+        node.replace(same if isinstance(node, exp.NullSafeEQ) else exp.not_(same))
     return select
 
 
