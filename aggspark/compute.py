@@ -209,7 +209,7 @@ def _branch_states(spark: Any, state: ViewState, tables: dict[str, str]) -> Stat
     plan = state.plan
     width = len(plan.group_by)
     out: State = {}
-    for row in spark.sql(main).toLocalIterator():
+    for row in spark.sql(main).collect():
         if not row["_count"]:
             continue  # an aggregate without GROUP BY over no rows: no stored group
         key = state.encode_group(list(row[:width])) if width else NO_GROUP_KEY
@@ -227,7 +227,7 @@ def _branch_states(spark: Any, state: ViewState, tables: dict[str, str]) -> Stat
         arg_type = state.arg_types[i]
         assert arg_type is not None
         column = Column("v", arg_type)
-        for row in spark.sql(query).toLocalIterator():
+        for row in spark.sql(query).collect():
             key = state.encode_group(list(row[:width])) if width else NO_GROUP_KEY
             stored = to_storage(column, row["v"], table=plan.name)
             out[key].setdefault(f"m{i}", {})[json.dumps(stored)] = int(row["c"])

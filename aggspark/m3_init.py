@@ -197,7 +197,7 @@ def initial_maps(spark: Any, program: Program, tables: dict[str, str]) -> dict[s
                 frame.createOrReplaceTempView(views[name])
             entries: dict[Key, Any] = {}
             width = len(decl.keys)
-            for row in frame.toLocalIterator():
+            for row in frame.collect():
                 if row["value"] is not None and row["value"] != 0:
                     entries[tuple(row[:width])] = _value(decl.value_type, row["value"])
             out[name] = entries
@@ -220,6 +220,6 @@ def initial_relations(
     out = {}
     for relation in sorted(read):
         columns = ", ".join(quote(c) for c in program.source(relation).column_names())
-        rows = spark.sql(f"SELECT {columns} FROM {tables[relation]}").toLocalIterator()
+        rows = spark.sql(f"SELECT {columns} FROM {tables[relation]}").collect()
         out[relation] = [tuple(row) for row in rows]
     return out

@@ -141,6 +141,22 @@ def _output_to(log: Path) -> Iterator[None]:
 LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
+def extra_settings() -> dict[str, str]:
+    """``AGGVIEW_SPARK_CONF='key=value,...'``: Spark settings added to every session aggview
+    starts (after its own, so they win), for what the defaults do not fit."""
+    out = {}
+    for item in filter(
+        None, (i.strip() for i in os.environ.get("AGGVIEW_SPARK_CONF", "").split(","))
+    ):
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise errors.FailedPrecondition(
+                f"AGGVIEW_SPARK_CONF: {item!r} is not key=value (settings are separated by commas)"
+            )
+        out[key.strip()] = value.strip()
+    return out
+
+
 def spark_session(master: str | None = None) -> Any:
     """The process's Spark session (created once), with the aggview Data Source registered."""
     global _session
@@ -184,6 +200,8 @@ def spark_session(master: str | None = None) -> Any:
                 os.environ.get("AGGVIEW_SPARK_JAVA_OPTIONS", LOCAL_JAVA_OPTIONS),
             )
         )
+    for key, value in extra_settings().items():
+        builder = builder.config(key, value)
     log = spark_log()
     try:
         with _output_to(log):

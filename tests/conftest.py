@@ -23,6 +23,15 @@ from aggview.processes import PORT_RANGE, process_tree_cpu_seconds
 # Every cluster a test starts checks each answer of the coordinator's lookup cache against the
 # LTMs; a difference anywhere fails the session (see pytest_sessionfinish).
 os.environ.setdefault("AGGVIEW_LOOKUP_CACHE_CHECK", "1")
+# The suite's Spark jobs read a few hundred rows each: two shuffle partitions (the local
+# master's two cores) and expressions interpreted instead of compiled to Java (whole-stage
+# code generation compiles each query's code with Janino, more CPU than these rows ever cost)
+# take about a quarter off the Spark files' CPU; the results are Spark's either way.
+os.environ.setdefault(
+    "AGGVIEW_SPARK_CONF",
+    "spark.sql.shuffle.partitions=2,spark.default.parallelism=2,"
+    "spark.sql.codegen.wholeStage=false,spark.sql.codegen.factoryMode=NO_CODEGEN",
+)
 # Property tests: ``ci`` (the default) or ``thorough`` (HYPOTHESIS_PROFILE; see profiles.py).
 settings.register_profile("ci", settings())
 settings.register_profile("thorough", settings(max_examples=500))

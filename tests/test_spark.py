@@ -62,6 +62,24 @@ def item_rows(n: int, start: int = 0) -> list[list[Any]]:
 # ----------------------------------------------------------------------------- data source
 
 
+def test_spark_settings_from_the_environment_are_read_or_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, spark: Any
+) -> None:
+    """The suite's own AGGVIEW_SPARK_CONF reached its session; a malformed one is named."""
+    from aggspark.session import extra_settings
+
+    assert spark.conf.get("spark.sql.shuffle.partitions") == extra_settings().get(
+        "spark.sql.shuffle.partitions", "4"
+    )
+    monkeypatch.setenv("AGGVIEW_SPARK_CONF", " a.b = 1 ,, c=x=y ")
+    assert extra_settings() == {"a.b": "1", "c": "x=y"}
+    monkeypatch.setenv("AGGVIEW_SPARK_CONF", "a.b=1,spark.sql.ansi.enabled")
+    with pytest.raises(
+        errors.FailedPrecondition, match="'spark.sql.ansi.enabled' is not key=value"
+    ):
+        extra_settings()
+
+
 def test_python_workers_import_the_installed_pyspark(spark: Any) -> None:
     """Not ``pyspark.zip`` from SPARK_HOME, which Python compiles again in every worker
     process (1.8 CPU-s against 0.6): the installed package, with its bytecode cache."""
