@@ -10,7 +10,8 @@ comparison. Run once for docs/DECISIONS.md:
 
 Also NOT IN (correlated and not), a Q21-like EXISTS and NOT EXISTS correlated by ``<>``,
 subqueries over a join (a write re-deriving one key's domain, or all of it), a view grouped by
-a per-row count (Q13-like) and HAVING against an uncorrelated total (Q11-like).
+a per-row count (Q13-like), HAVING against an uncorrelated total (Q11-like) and the top group
+of a grouped subquery (Q15-like).
 """
 
 from __future__ import annotations
@@ -57,15 +58,20 @@ VIEWS = {
     # HAVING against an uncorrelated total (Q11-like): keyless maps, compared when read
     "HAVING against a total (Q11-like)": "SELECT r.k, SUM(r.x) AS t FROM r GROUP BY r.k "
     "HAVING SUM(r.x) * 2000 > (SELECT SUM(s.y) FROM s)",
+    # the top group of a grouped subquery (Q15-like; u is s with k NOT NULL): its MAX read at
+    # each row of u by its key, compared with the view's rows when read
+    "the top of a grouped subquery (Q15-like)": "SELECT r.id, g.t FROM r JOIN (SELECT u.k, "
+    "SUM(u.y) AS t FROM u GROUP BY u.k) g ON r.k = g.k WHERE g.t = (SELECT MAX(m.t) FROM "
+    "(SELECT u.k, SUM(u.y) AS t FROM u GROUP BY u.k) m)",
 }
 
 
-def _table(name: str, value: str) -> TableSchema:
-    columns = (Column("id", INT, False), Column("k", INT), Column(value, INT))
+def _table(name: str, value: str, k_nullable: bool = True) -> TableSchema:
+    columns = (Column("id", INT, False), Column("k", INT, k_nullable), Column(value, INT))
     return TableSchema(name, name, columns, ("id",))
 
 
-TABLES = {"r": _table("r", "x"), "s": _table("s", "y")}
+TABLES = {"r": _table("r", "x"), "s": _table("s", "y"), "u": _table("u", "y", False)}
 
 
 def _row(rng: random.Random, row_id: int) -> tuple[int, int, int]:

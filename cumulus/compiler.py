@@ -45,6 +45,7 @@ from cumulus.ddl import CreateView, parse_view_statement
 from cumulus.passes import union_plans, unions
 from cumulus.passes.check_support import check_supported, parse_select, refuse_row_limits
 from cumulus.passes.expand_stars import expand_stars
+from cumulus.passes.extreme_domains import extreme_domains
 from cumulus.passes.inline_from import inline_ctes, merge_first_subquery, qualify_correlations
 from cumulus.passes.lift_subqueries import Lifter, lift_subqueries, scalar_column
 from cumulus.passes.outer_filters import push_outer_filters
@@ -166,8 +167,8 @@ def compile_views(
     lifter = Lifter(root, numbers)
     in_m3 = create.mode == "cumulus" or nest  # an M3 program maintains it (and its subqueries)
     written_select = parsed = parse_select(create.select_sql)
-    if in_m3:  # a per-row aggregate of a LEFT JOIN: one nesting
-        parsed = preaggregate_left_join(parsed, table)
+    if in_m3:  # a per-row aggregate of a LEFT JOIN, MIN/MAX over a grouped one: one nesting
+        parsed = extreme_domains(preaggregate_left_join(parsed, table), table)
     parsed = push_outer_filters(parsed, table)  # (M3: its table, filtered, ``m3.outer``)
     merged = merge_first_subquery(qualify_correlations(parsed, table), table)
     select = lift_subqueries(merged, lifter, read_scalars=in_m3)

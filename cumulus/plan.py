@@ -96,6 +96,23 @@ def _type_string(text: object, what: str) -> str:
     return text
 
 
+HIDDEN_PREFIX = "__sub_"  # hidden views' names: never a user's (``_`` names are the system's)
+
+
+def _compares_with_scalars(having: object) -> bool:
+    """Whether a HAVING reads a hidden one-row view's value (``{"out": "__sub_..."}``): a
+    cumulus view's WHERE conjunct over its rows' own columns and an uncorrelated scalar
+    subquery, compared when the view is read; a view without aggregates may have that one."""
+    if isinstance(having, Mapping):
+        out = having.get("out")
+        if isinstance(out, str) and out.startswith(HIDDEN_PREFIX):
+            return True
+        return any(_compares_with_scalars(v) for v in having.values())
+    if isinstance(having, list):
+        return any(_compares_with_scalars(v) for v in having)
+    return False
+
+
 def expr_columns(expr: object) -> Iterator[tuple[str, str]]:
     """Every (alias, column) an expression or predicate reads, in tree order, repeats included."""
     if isinstance(expr, Mapping):
@@ -348,11 +365,14 @@ class ViewPlan:
         if self.shape not in SHAPES:
             raise InvalidArgument(f"view {self.name}: shape must be {', '.join(SHAPES)}")
         if self.shape != "aggregate" and (
-            self.aggregates or self.derived or self.having or not self.group_by
+            self.aggregates
+            or self.derived
+            or not self.group_by
+            or (self.having and not _compares_with_scalars(self.having))
         ):
             raise InvalidArgument(
                 f"view {self.name}: a {self.shape} view has columns, and no aggregate, derived "
-                "column or HAVING"
+                "column or HAVING (but a cumulus view's comparison with its scalar subqueries)"
             )
         aliases = [t.alias for t in self.tables]
         if not aliases or len(set(aliases)) != len(aliases):

@@ -208,6 +208,16 @@ VIEWS = {
     "grouped by a correlated scalar's ratio, self": "SELECT g.a, COUNT(*) AS n FROM r "
     "LEFT JOIN (SELECT r2.k, AVG(r2.x) AS a FROM r r2 GROUP BY r2.k) g ON r.k = g.k "
     "WHERE r.x > 0 GROUP BY g.a",
+    # MIN/MAX over a grouped subquery (TPC-H Q15): read at each row of its table by its key,
+    # compared with the view's rows when read (the WHERE conjunct over their own columns)
+    "MAX over a grouped subquery, compared with a bag's rows": "SELECT r.k, r.x FROM r "
+    "WHERE r.x = (SELECT MAX(g.t) FROM (SELECT s.id, SUM(s.y) AS t FROM s GROUP BY s.id) g)",
+    "MIN over a filtered grouped subquery, compared with groups": "SELECT r.k, SUM(r.x) AS t "
+    "FROM r WHERE r.k <= (SELECT MIN(g.t) FROM (SELECT s.id, COUNT(*) AS t FROM s "
+    "WHERE s.y > 0 GROUP BY s.id) g WHERE g.t > 0) GROUP BY r.k",
+    "the top of a joined grouped subquery (Q15-like)": "SELECT r.id, t FROM r JOIN "
+    "(SELECT s.id, SUM(s.y) AS t FROM s GROUP BY s.id) g ON r.k = g.id "
+    "WHERE t >= (SELECT MAX(t) FROM (SELECT s.id, SUM(s.y) AS t FROM s GROUP BY s.id) m) - 1",
 }
 # what cumulus still refuses, by construct (one line naming it and the modes that take it)
 REFUSED = {
@@ -222,6 +232,8 @@ REFUSED = {
     "(SELECT SUM(s.y) FROM s JOIN r r2 ON s.k = r2.k WHERE s.y > r2.x AND s.k = r.k)",
     "a FROM subquery not joined on its groups": "SELECT COUNT(*) AS n FROM "
     "(SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g WHERE g.t > 2",
+    "MAX over a subquery grouped by a nullable column": "SELECT COUNT(*) AS n FROM r WHERE "
+    "r.k = (SELECT MAX(g.t) FROM (SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g)",
 }
 # how each refusal begins: the construct it names
 REFUSED_AS = {
@@ -230,6 +242,8 @@ REFUSED_AS = {
     "MIN over a self-join": "a MIN subquery over a join",
     "a join's condition across its tables": "a subquery over a join with a condition across",
     "a FROM subquery not joined on its groups": "a subquery whose columns the outer query",
+    "MAX over a subquery grouped by a nullable column": "MIN or MAX over a subquery grouped by "
+    "s.k, which may be NULL",
 }
 
 

@@ -93,7 +93,7 @@ def _merge_once(select: exp.Select, schema: Schema) -> exp.Select | None:
     if alias is None or alias.this is None or alias.args.get("columns"):
         return None
     for found in select.find_all(exp.Subquery, exp.Exists):
-        if found is not node and not _inside(found, node):
+        if found is not node and not inside(found, node):
             return None  # a nested scope's columns would need its own resolution: a hidden view
     if any(j.side for j in select.args.get("joins") or []):
         # an outer join keeps the subquery whole: under a RIGHT JOIN its WHERE would filter the
@@ -133,7 +133,8 @@ def _merge_once(select: exp.Select, schema: Schema) -> exp.Select | None:
     return outer
 
 
-def _inside(node: exp.Expression, ancestor: exp.Expression) -> bool:
+def inside(node: exp.Expression, ancestor: exp.Expression) -> bool:
+    """Whether ``ancestor`` holds ``node`` below it."""
     parent = node.parent
     while parent is not None:
         if parent is ancestor:
@@ -152,7 +153,7 @@ def _simple(inner: exp.Expression) -> bool:
     where = inner.args.get("where")
     for found in inner.find_all(exp.Subquery, exp.Exists, exp.Window, *AGGREGATES):
         nested = _nested_in(found, inner)
-        if nested is None or where is None or not _inside(nested, where):
+        if nested is None or where is None or not inside(nested, where):
             return False
     for join in inner.args.get("joins") or []:
         if join.side or join.args.get("using") or join.method:

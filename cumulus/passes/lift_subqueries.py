@@ -26,7 +26,10 @@ correlate.
 Other correlations, a grouped scalar subquery, a correlated COUNT, NOT IN or NOT EXISTS over a
 grouped subquery, a correlated subquery in HAVING, subqueries in SELECT, ON or GROUP BY are
 refused by name. A HAVING conjunct with an uncorrelated subquery filters the groups as a WHERE
-over the grouped query (``_having_as_where``), where the above applies.
+over the grouped query (``_having_as_where``), where the above applies. In cumulus, HAVING's
+uncorrelated scalars are read with the view instead (``_having_scalars``), and a WHERE conjunct
+comparing group columns with such a scalar over a subquery in FROM moves to HAVING first
+(``_where_scalars_as_having``: TPC-H Q15).
 """
 
 from __future__ import annotations
@@ -38,9 +41,8 @@ from sqlglot import exp
 
 from aggview import errors
 from cumulus.passes.check_support import AGGREGATES, COMPARISONS, refuse
+from cumulus.plan import HIDDEN_PREFIX
 from cumulus.sqltext import identifier
-
-HIDDEN_PREFIX = "__sub_"  # hidden views' names: never a user's (``_`` names are the system's)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ def lift_subqueries(select: exp.Select, lifter: Lifter, read_scalars: bool = Fal
     (``_having_scalars``)."""
     select = select.copy()
     if read_scalars:
+        _where_scalars_as_having(select)
         _having_scalars(select, lifter)
     select = _having_as_where(select)
     _lift_derived(select, lifter)
@@ -102,6 +105,8 @@ def _having_scalars(select: exp.Select, lifter: Lifter) -> None:
     found = list(having.find_all(exp.Subquery, exp.Exists)) if having is not None else []
     subs: list[tuple[exp.Subquery, exp.Select]] = []
     for node in found:
+        if node.find_ancestor(exp.Subquery, exp.Exists) in found:
+            continue  # a derived table of another one's FROM: lifted with that one's view
         sub = node.this
         if not isinstance(node, exp.Subquery) or not isinstance(sub, exp.Select):
             return
@@ -109,7 +114,7 @@ def _having_scalars(select: exp.Select, lifter: Lifter) -> None:
             return
         if len(sub.expressions) != 1 or not sub.expressions[0].find(*AGGREGATES):
             return
-        if sub.find(exp.Subquery, exp.Exists) or _outer_columns(sub, _inner_aliases(sub)):
+        if _subquery_beyond_from(sub) or _outer_columns(sub, _inner_aliases(sub)):
             return
         subs.append((node, sub))
     for node, sub in subs:
@@ -117,6 +122,80 @@ def _having_scalars(select: exp.Select, lifter: Lifter) -> None:
         local = _conjuncts(sub.args["where"].this) if sub.args.get("where") else []
         name = lifter.add(_hidden_select(sub, [item], local))
         node.replace(exp.column(scalar_column(name, "v0"), quoted=True))
+
+
+def _where_scalars_as_having(select: exp.Select) -> None:
+    """Cumulus: a WHERE conjunct comparing the rows' group columns (GROUP BY's, or every
+    SELECT item of a view without aggregates) with an uncorrelated scalar subquery over a
+    subquery (TPC-H Q15's ``total_revenue = (SELECT MAX(total_revenue) FROM revenue)``) is
+    moved to HAVING: it is the same for every row of a group, so it keeps or drops whole groups
+    either way, and as HAVING it is compared when the view is read (``_having_scalars``), where
+    in WHERE it would be a subquery over a subquery."""
+    where = select.args.get("where")
+    if where is None:
+        return
+    grouped = select.args.get("group")
+    items = grouped.expressions if grouped is not None else select.expressions
+    if grouped is None and any(i.find(*AGGREGATES) for i in select.expressions):
+        return  # one group of every row: nothing is the same for all of it but constants
+    group_columns = [i.unalias() for i in items if isinstance(i.unalias(), exp.Column)]
+    kept, moved = [], []
+    for conjunct in _conjuncts(where.this):
+        (moved if _group_scalar_comparison(conjunct, group_columns) else kept).append(conjunct)
+    if not moved:
+        return
+    select.set("where", exp.Where(this=exp.and_(*kept)) if kept else None)
+    having = select.args.get("having")
+    both = [having.this, *moved] if having is not None else moved
+    select.set("having", exp.Having(this=exp.and_(*both)))
+
+
+def _group_scalar_comparison(conjunct: exp.Expression, group_columns: list[exp.Column]) -> bool:
+    """A comparison whose one subquery is an uncorrelated scalar over a subquery in FROM,
+    anything else in it a group column or a constant (``x >= (SELECT MAX(t) ...) - 1``)."""
+    if not isinstance(_unparen(conjunct), tuple(COMPARISONS)):
+        return False
+    subs = [n for n in conjunct.find_all(exp.Subquery, exp.Exists)]
+    tops = [n for n in subs if n.find_ancestor(exp.Subquery, exp.Exists) not in subs]
+    if len(tops) != 1 or not isinstance(tops[0], exp.Subquery):
+        return False
+    sub = tops[0].this
+    if not isinstance(sub, exp.Select) or sub.args.get("group") or _subquery_beyond_from(sub):
+        return False
+    if not any(isinstance(n.parent, exp.From | exp.Join) for n in sub.find_all(exp.Subquery)):
+        return False  # over tables only: WHERE takes it as it is
+    if _outer_columns(sub, _inner_aliases(sub)):
+        return False  # correlated
+    if any(not _nested(a, conjunct) for a in conjunct.find_all(*AGGREGATES)):
+        return False
+
+    def grouped(column: exp.Column) -> bool:
+        same = [
+            g
+            for g in group_columns
+            if g.name == column.name
+            and (not g.table or not column.table or g.table == column.table)
+        ]
+        return len(same) == 1
+
+    outside = [c for c in conjunct.find_all(exp.Column) if not _nested(c, conjunct)]
+    return all(grouped(c) for c in outside)
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+def _subquery_beyond_from(sub: exp.Select) -> bool:
+    """Whether ``sub`` holds a subquery other than a derived table of its own FROM or JOINs
+    (those are hidden views the scalar's own view reads, one nesting down)."""
+    for found in sub.find_all(exp.Subquery, exp.Exists):
+        holder = found.parent
+        if not (isinstance(holder, exp.From | exp.Join) and holder.parent is sub):
+            return True
+    return False
 
 
 def _having_as_where(select: exp.Select) -> exp.Select:

@@ -14,7 +14,7 @@ from aggview.schema import ColumnType
 from cumulus.passes.check_support import AGGREGATES
 from cumulus.passes.resolve_tables import Scope, typed_column
 from cumulus.passes.typecheck import no_aggregates, typed
-from cumulus.plan import ColumnRef, Expr
+from cumulus.plan import HIDDEN_PREFIX, ColumnRef, Expr
 from cumulus.sqltext import identifier
 
 
@@ -24,7 +24,8 @@ def view_shape(select: exp.Select) -> str:
     gives it). See ``cumulus.plan``."""
     if select.find(*AGGREGATES) is not None:
         return "aggregate"
-    if select.args.get("having") is not None:
+    having = select.args.get("having")
+    if having is not None and not _reads_scalar(having):
         raise errors.InvalidArgument(
             "HAVING without an aggregate is not supported in a materialized view (write the "
             "condition in WHERE)"
@@ -32,6 +33,13 @@ def view_shape(select: exp.Select) -> str:
     if select.args.get("distinct") is not None or select.args.get("group") is not None:
         return "distinct"
     return "bag"
+
+
+def _reads_scalar(having: exp.Having) -> bool:
+    """Whether HAVING compares the rows with a cumulus view's uncorrelated scalar subquery
+    (``lift_subqueries.where_scalars_as_having``: a WHERE conjunct over the rows' own columns,
+    the same for every row of a group, read as HAVING when the view is read)."""
+    return any(c.name.startswith(HIDDEN_PREFIX) for c in having.find_all(exp.Column))
 
 
 def projected_groups(select: exp.Select, scope: Scope) -> list[Group]:
