@@ -215,6 +215,10 @@ VIEWS = {
     "MIN over a filtered grouped subquery, compared with groups": "SELECT r.k, SUM(r.x) AS t "
     "FROM r WHERE r.k <= (SELECT MIN(g.t) FROM (SELECT s.id, COUNT(*) AS t FROM s "
     "WHERE s.y > 0 GROUP BY s.id) g WHERE g.t > 0) GROUP BY r.k",
+    "the view itself MAX over a grouped subquery": "SELECT MAX(g.t) AS m FROM "
+    "(SELECT s.id, SUM(s.y) AS t FROM s GROUP BY s.id) g",
+    "the view itself MIN over a filtered grouped subquery": "SELECT MIN(t) AS m FROM "
+    "(SELECT s.id, COUNT(*) AS t FROM s WHERE s.y > 1 GROUP BY s.id) g WHERE t > 0",
     "the top of a joined grouped subquery (Q15-like)": "SELECT r.id, t FROM r JOIN "
     "(SELECT s.id, SUM(s.y) AS t FROM s GROUP BY s.id) g ON r.k = g.id "
     "WHERE t >= (SELECT MAX(t) FROM (SELECT s.id, SUM(s.y) AS t FROM s GROUP BY s.id) m) - 1",

@@ -25,8 +25,12 @@ from cumulus.sqltext import identifier
 
 
 def extreme_domains(select: exp.Select, schema: Schema) -> exp.Select:
-    """``select`` with each scalar subquery of that shape in its domain form (module
+    """``select`` in its domain form where it is itself that shape (a view of the top
+    group's value), else with each scalar subquery of that shape in it so (module
     docstring); ``select`` itself where there is none."""
+    top = _domain_form(select, schema)  # the view itself: MIN or MAX over one
+    if top is not None:
+        return top
     copy = select.copy()
     changed = False
     for node in list(copy.find_all(exp.Subquery)):
