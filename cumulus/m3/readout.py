@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from cumulus.aggregates import RULES, M, N, S
 from cumulus.expressions import add
-from cumulus.m3.exprs import compile_guard, compile_value
+from cumulus.m3.exprs import compile_guard, compile_value, vars_of
 from cumulus.m3.program import MapRef, Part, View, ViewColumn
 from cumulus.plan import MULTIPLICITY
 
@@ -29,9 +29,12 @@ if TYPE_CHECKING:
 
 def _project(values: dict[Key, Any], part: Part, names: list[str]) -> dict[Key, Any]:
     """Entries keyed by the part's variables -> keyed by ``names`` (the view's group keys,
-    then the value variable of a count map)."""
+    then the value variable of a count map); ``values`` itself where those are its keys in
+    order (read, never changed)."""
     keys = list(part.keys)
     positions = [keys.index(n) for n in names]
+    if positions == list(range(len(keys))):
+        return values  # keyed as wanted already (each key once: nothing to add up)
     out: dict[Key, Any] = {}
     for key, value in values.items():
         projected = tuple(key[i] for i in positions)
@@ -75,23 +78,39 @@ def read_view(interp: Interpreter, view: View, counted: bool = False) -> list[di
     groups = [g for g, count in rows.items() if count > 0]
     if not names and not groups:
         groups = [()]  # SQL: an aggregate without GROUP BY has one row
-    computed: dict[str, dict[Key, Any]] = {}
-    for column in view.columns:
-        if column.kind is not None:
-            computed[column.name] = _column(interp, column, names, groups)
     having = compile_guard(view.having) if view.having is not None else None
+    kinds = [c for c in view.columns if c.kind is not None]
+    computed: dict[str, dict[Key, Any]] = {}
+    reads = set(vars_of(view.having)) if view.having is not None else set()
+    if having is not None and reads <= set(names) | {c.name for c in kinds}:
+        # HAVING over group keys and columns of maps alone: the groups it keeps first, the
+        # other columns for those only (a view compared with a scalar keeps few of its groups)
+        for column in kinds:
+            if column.name in reads:
+                computed[column.name] = _column(interp, column, names, groups)
+        groups = [g for g in groups if having(_env(names, g, computed))]
+        having = None
+    for column in kinds:
+        if column.name not in computed:
+            computed[column.name] = _column(interp, column, names, groups)
     derived = [(c.name, compile_value(c.expr)) for c in view.columns if c.expr is not None]
     out = []
     for group in groups:
-        env: dict[str, Any] = dict(zip(names, group, strict=True))
-        for name, values in computed.items():
-            env[name] = values[group]
+        env = _env(names, group, computed)
         for name, evaluate in derived:
             env[name] = evaluate(env)
         if having is not None and not having(env):
             continue
         out.append({c.name: env[c.name] for c in view.columns if not c.hidden})
     return out if counted else expand(out)
+
+
+def _env(names: list[str], group: Key, computed: dict[str, dict[Key, Any]]) -> dict[str, Any]:
+    """A group's keys and computed columns by name (what HAVING and derived columns read)."""
+    env: dict[str, Any] = dict(zip(names, group, strict=True))
+    for name, values in computed.items():
+        env[name] = values[group]
+    return env
 
 
 def expand(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
