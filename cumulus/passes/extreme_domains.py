@@ -84,9 +84,10 @@ def _domain_form(sub: exp.Expression, schema: Schema) -> exp.Select | None:
             return None  # a key not shown: nothing to join it by
         if column.nullable:
             raise errors.InvalidArgument(
-                f"MIN or MAX over a subquery grouped by {key.sql()}, which may be NULL, is "
-                "maintained in refresh = 'sync' or 'async', not 'cumulus' (cumulus reads each "
-                "group's value at its rows' key, and a NULL key's group matches no row; "
+                f"MIN or MAX over a subquery grouped by {key.table}.{key.name}, which may be "
+                "NULL, is maintained in refresh = 'sync' or 'async', not 'cumulus' (cumulus "
+                "reads each group's value at its rows' key, and a NULL key's group matches no "
+                "row; "
                 "declare the column NOT NULL)"
             )
         on.append(exp.EQ(this=key.copy(), expression=exp.column(shown[0], table=g, quoted=True)))
