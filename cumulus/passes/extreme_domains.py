@@ -87,14 +87,14 @@ def _domain_form(sub: exp.Expression, schema: Schema) -> exp.Select | None:
                 f"MIN or MAX over a subquery grouped by {key.table}.{key.name}, which may be "
                 "NULL, is maintained in refresh = 'sync' or 'async', not 'cumulus' (cumulus "
                 "reads each group's value at its rows' key, and a NULL key's group matches no "
-                "row; "
-                "declare the column NOT NULL)"
+                "row; declare the column NOT NULL)"
             )
         on.append(exp.EQ(this=key.copy(), expression=exp.column(shown[0], table=g, quoted=True)))
     form = inner.copy()
     form.set("group", None)
     form.set("expressions", [_qualified(item.copy(), g)])
-    form.set("joins", [*(form.args.get("joins") or []), _join(derived.copy(), exp.and_(*on))])
+    joined = exp.Join(this=derived.copy(), on=exp.and_(*on))
+    form.set("joins", [*(form.args.get("joins") or []), joined])
     where = sub.args.get("where")
     if where is not None:
         kept = _qualified(where.this.copy(), g)
@@ -109,7 +109,3 @@ def _qualified(node: exp.Expression, alias: str) -> exp.Expression:
         if not column.table:
             column.set("table", exp.to_identifier(alias))
     return node
-
-
-def _join(derived: exp.Subquery, on: exp.Expression) -> exp.Join:
-    return exp.Join(this=derived, on=on)

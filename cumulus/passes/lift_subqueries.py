@@ -102,11 +102,9 @@ def _having_scalars(select: exp.Select, lifter: Lifter) -> None:
     would be a subquery over a subquery. Left as it is where any subquery of HAVING is
     another kind (``_having_as_where`` takes it)."""
     having = select.args.get("having")
-    found = list(having.find_all(exp.Subquery, exp.Exists)) if having is not None else []
+    found = _outermost_subqueries(having) if having is not None else []
     subs: list[tuple[exp.Subquery, exp.Select]] = []
-    for node in found:
-        if node.find_ancestor(exp.Subquery, exp.Exists) in found:
-            continue  # a derived table of another one's FROM: lifted with that one's view
+    for node in found:  # (a derived table of one's FROM is lifted with that one's view)
         sub = node.this
         if not isinstance(node, exp.Subquery) or not isinstance(sub, exp.Select):
             return
@@ -155,8 +153,7 @@ def _group_scalar_comparison(conjunct: exp.Expression, group_columns: list[exp.C
     anything else in it a group column or a constant (``x >= (SELECT MAX(t) ...) - 1``)."""
     if not isinstance(_unparen(conjunct), tuple(COMPARISONS)):
         return False
-    subs = [n for n in conjunct.find_all(exp.Subquery, exp.Exists)]
-    tops = [n for n in subs if n.find_ancestor(exp.Subquery, exp.Exists) not in subs]
+    tops = _outermost_subqueries(conjunct)
     if len(tops) != 1 or not isinstance(tops[0], exp.Subquery):
         return False
     sub = tops[0].this
@@ -180,6 +177,12 @@ def _group_scalar_comparison(conjunct: exp.Expression, group_columns: list[exp.C
 
     outside = [c for c in conjunct.find_all(exp.Column) if not _nested(c, conjunct)]
     return all(grouped(c) for c in outside)
+
+
+def _outermost_subqueries(node: exp.Expression) -> list[exp.Expression]:
+    """The subqueries and EXISTS of ``node`` that no other one of it holds."""
+    found = node.find_all(exp.Subquery, exp.Exists)
+    return [n for n in found if n is node or not _nested(n.parent, node)]
 
 
 def _unparen(node: exp.Expression) -> exp.Expression:
