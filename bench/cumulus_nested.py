@@ -11,7 +11,7 @@ comparison. Run once for docs/DECISIONS.md:
 Also NOT IN (correlated and not), a Q21-like EXISTS and NOT EXISTS correlated by ``<>``,
 subqueries over a join (a write re-deriving one key's domain, or all of it), a view grouped by
 a per-row count (Q13-like), HAVING against an uncorrelated total (Q11-like) and the top group
-of a grouped subquery (Q15-like).
+of a grouped subquery (Q15-like), IN over a subquery with a correlated SUM (Q20-like).
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ VIEWS = {
     "the top of a grouped subquery (Q15-like)": "SELECT r.id, g.t FROM r JOIN (SELECT u.k, "
     "SUM(u.y) AS t FROM u GROUP BY u.k) g ON r.k = g.k WHERE g.t = (SELECT MAX(m.t) FROM "
     "(SELECT u.k, SUM(u.y) AS t FROM u GROUP BY u.k) m)",
+    # IN over a subquery with a correlated SUM (Q20-like): the IN's rows joined, the view
+    # grouped by r's key (a row of r once while any row of s qualifies)
+    "IN over a subquery with a SUM (Q20-like)": "SELECT r.id, r.x FROM r WHERE r.k IN "
+    "(SELECT s.k FROM s WHERE s.y * 10 > (SELECT SUM(r2.x) FROM r r2 WHERE r2.k = s.id))",
 }
 
 

@@ -55,6 +55,7 @@ from cumulus.passes.plan_joins import mirror_right_join, outer_joins, plan_where
 from cumulus.passes.plan_select import plan_select
 from cumulus.passes.preaggregate import preaggregate_left_join
 from cumulus.passes.resolve_tables import resolve_tables
+from cumulus.passes.semi_joins import grouped_semi_joins
 from cumulus.plan import ViewPlan
 from cumulus.sqltext import parse_sql
 from cumulus.view_rows import is_view_rows, row_schema, rows_id
@@ -170,7 +171,10 @@ def compile_views(
     if in_m3:  # a per-row aggregate of a LEFT JOIN, MIN/MAX over a grouped one: one nesting
         parsed = extreme_domains(preaggregate_left_join(parsed, table), table)
     parsed = push_outer_filters(parsed, table)  # (M3: its table, filtered, ``m3.outer``)
-    merged = merge_first_subquery(qualify_correlations(parsed, table), table)
+    qualified = qualify_correlations(parsed, table)
+    if in_m3:  # IN over a subquery over a subquery: a join grouped by the view's keys
+        qualified = grouped_semi_joins(qualified, table)
+    merged = merge_first_subquery(qualified, table)
     select = lift_subqueries(merged, lifter, read_scalars=in_m3)
     if not lifter.hidden:
         if merged is not written_select:

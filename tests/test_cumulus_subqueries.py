@@ -222,6 +222,18 @@ VIEWS = {
     "the top of a joined grouped subquery (Q15-like)": "SELECT r.id, t FROM r JOIN "
     "(SELECT s.id, SUM(s.y) AS t FROM s GROUP BY s.id) g ON r.k = g.id "
     "WHERE t >= (SELECT MAX(t) FROM (SELECT s.id, SUM(s.y) AS t FROM s GROUP BY s.id) m) - 1",
+    # IN over a subquery that holds one (TPC-H Q20) in a view of rows: the IN's rows joined
+    # and the view grouped by its tables' keys (``passes/semi_joins``), one nesting
+    "IN over a subquery with a correlated SUM (Q20-like)": "SELECT r.k, r.x FROM r "
+    "WHERE r.id IN (SELECT s.k FROM s WHERE s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = s.id))",
+    "IN over a subquery with a SUM, unqualified, filtered": "SELECT k, x FROM r WHERE id IN "
+    "(SELECT s.k FROM s WHERE s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = s.id)) AND x > 1",
+    "IN over a subquery with an IN and a SUM by two keys": "SELECT r.k FROM r WHERE r.k IN "
+    "(SELECT s.k FROM s WHERE s.id IN (SELECT t.k FROM r t WHERE t.x > 2) "
+    "AND s.y > (SELECT SUM(u.x) FROM r u WHERE u.k = s.id AND u.id = s.k))",
+    "IN over a joined subquery with an AVG, duplicates kept": "SELECT r.x FROM r WHERE r.x IN "
+    "(SELECT s.y FROM s JOIN r q ON q.id = s.k WHERE q.x > (SELECT AVG(t.x) FROM r t "
+    "WHERE t.k = s.k))",
 }
 # what cumulus still refuses, by construct (one line naming it and the modes that take it)
 REFUSED = {
@@ -238,6 +250,8 @@ REFUSED = {
     "(SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g WHERE g.t > 2",
     "MAX over a subquery grouped by a nullable column": "SELECT COUNT(*) AS n FROM r WHERE "
     "r.k = (SELECT MAX(g.t) FROM (SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g)",
+    "IN over a subquery with a SUM, under COUNT": "SELECT COUNT(*) AS n FROM r WHERE r.id IN "
+    "(SELECT s.k FROM s WHERE s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = s.id))",
 }
 # how each refusal begins: the construct it names
 REFUSED_AS = {
@@ -248,6 +262,7 @@ REFUSED_AS = {
     "a FROM subquery not joined on its groups": "a subquery whose columns the outer query",
     "MAX over a subquery grouped by a nullable column": "MIN or MAX over a subquery grouped by "
     "s.k, which may be NULL",
+    "IN over a subquery with a SUM, under COUNT": "a subquery over a subquery",
 }
 
 

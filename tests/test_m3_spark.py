@@ -251,6 +251,9 @@ NESTED = [  # a correlated DECIMAL AVG (finished, rounded half-even), MIN, NOT E
     "SELECT MAX(m.s) AS agg0 FROM (SELECT b.v, SUM(b.x) AS s FROM t1 b GROUP BY b.v) m",
     "SELECT a0.k AS g0, COUNT(*) AS agg0 FROM t0 a0 WHERE a0.k <= (SELECT MIN(m.n) FROM "
     "(SELECT b.v, COUNT(*) AS n FROM t1 b GROUP BY b.v) m) GROUP BY a0.k",
+    # IN over a subquery with a correlated SUM (TPC-H Q20): a join grouped by a0's key
+    "SELECT a0.k, a0.x FROM t0 a0 WHERE a0.x IN (SELECT b.k FROM t1 b "
+    "WHERE b.v > (SELECT SUM(c.v) FROM t2 c WHERE c.k = b.x))",
 ]
 
 

@@ -87,7 +87,7 @@ def _merge_once(select: exp.Select, schema: Schema) -> exp.Select | None:
     if not isinstance(node, exp.Subquery) or not isinstance(node.this, exp.Select):
         return None
     inner = merge_first_subquery(node.this.copy(), schema)  # its own first, inside out
-    if not _simple(inner):
+    if not simple(inner):
         return None
     alias = node.args.get("alias")
     if alias is None or alias.this is None or alias.args.get("columns"):
@@ -143,7 +143,7 @@ def inside(node: exp.Expression, ancestor: exp.Expression) -> bool:
     return False
 
 
-def _simple(inner: exp.Expression) -> bool:
+def simple(inner: exp.Expression) -> bool:
     """A SELECT of rows filtered and inner-joined, nothing that groups or orders, and subqueries
     only in its WHERE (each a condition on its rows: merged, the condition of the view's)."""
     if not isinstance(inner, exp.Select) or inner.args.get("from_") is None:

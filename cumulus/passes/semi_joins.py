@@ -1,0 +1,111 @@
+"""Pass 0d, in refresh = 'cumulus' (and ``aggview m3``): a view of rows without aggregates whose
+WHERE keeps them ``x IN (SELECT y FROM t ... WHERE w)``, where ``w`` holds a subquery of its
+own (TPC-H Q20: suppliers with a part whose stock exceeds half of what they shipped), is read
+as a join with the subquery's rows, grouped by every key of the view's own tables:
+
+``SELECT a.c FROM a WHERE a.x IN (SELECT t.y FROM t WHERE w)`` becomes
+``SELECT a.c FROM a, t WHERE a.x = t.y AND w GROUP BY a.<primary key>, a.c``.
+
+A row of ``a`` joins as many rows of ``t`` as ``y`` matches its ``x`` (none: a NULL ``x``, or
+no match); grouped by ``a``'s primary key it is one group while it joins any, and the group's
+row shows ``a.c`` once: the rows ``IN`` keeps, once each, duplicates of ``a.c`` from distinct
+rows of ``a`` included (primary keys are NOT NULL, so every row of ``a`` is a group of its
+own). ``w``'s subqueries become the view's own, one level of nesting where ``IN`` over them was
+two, which cumulus maintains. Left as it was (and refused further on where cumulus cannot take
+it): a view with aggregates, GROUP BY, DISTINCT, a star, an outer join or a FROM subquery; an
+``IN`` subquery that is not a plain filtered inner join of tables (``inline_from``'s simple
+subquery) of one column, or whose aliases the view uses.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from cumulus.passes.check_support import AGGREGATES
+from cumulus.passes.inline_from import Schema, alias_of, qualify_columns, simple, table_sources
+
+
+def grouped_semi_joins(select: exp.Select, schema: Schema) -> exp.Select:
+    """``select`` with each such ``IN`` read as a join and the view grouped by its tables'
+    keys (module docstring); ``select`` itself where there is none."""
+    if not _plain_rows(select):
+        return select
+    outer = table_sources(select, schema)
+    if outer is None:
+        return select
+    form = select.copy()
+    if not qualify_columns(form, outer):
+        return select
+    where = form.args.get("where")
+    conjuncts = _conjuncts(where.this) if where is not None else []
+    taken = set(outer)
+    kept: list[exp.Expression] = []
+    added: list[exp.Expression] = []
+    for conjunct in conjuncts:
+        merged = _merged(conjunct, schema, taken)
+        if merged is None:
+            kept.append(conjunct)
+            continue
+        tables, conditions = merged
+        form.set("joins", [*(form.args.get("joins") or []), *(exp.Join(this=t) for t in tables)])
+        added += conditions
+    if not added:
+        return select
+    form.set("where", exp.Where(this=exp.and_(*kept, *added)))
+    keys = [
+        exp.column(name, table=alias, quoted=True)
+        for alias, table in outer.items()
+        for name in table.primary_key
+    ]
+    shown = [item.unalias().copy() for item in form.expressions]
+    form.set("group", exp.Group(expressions=[*keys, *(s for s in shown if s not in keys)]))
+    return form
+
+
+def _conjuncts(condition: exp.Expression) -> list[exp.Expression]:
+    """The terms of a conjunction (parentheses around one dropped), or the condition alone."""
+    condition = condition.unnest()
+    if not isinstance(condition, exp.And):
+        return [condition]
+    return [term for part in condition.flatten() for term in _conjuncts(part)]
+
+
+def _plain_rows(select: exp.Select) -> bool:
+    """A view of rows as they are: no aggregate, grouping, DISTINCT, star or outer join."""
+    if any(select.args.get(k) for k in ("group", "having", "distinct", "order", "limit", "with_")):
+        return False
+    for item in select.expressions:
+        if item.find(exp.Star) or item.find(exp.Subquery, exp.Exists, *AGGREGATES):
+            return False
+    return all(
+        not (join.side or join.args.get("using") or join.method)
+        and isinstance(join.this, exp.Table)
+        for join in select.args.get("joins") or []
+    )
+
+
+def _merged(
+    conjunct: exp.Expression, schema: Schema, taken: set[str]
+) -> tuple[list[exp.Expression], list[exp.Expression]] | None:
+    """For ``x IN (SELECT y FROM t ... WHERE w)`` with a subquery in ``w``: ``t ...`` (its
+    tables) and the terms of ``x = y AND w``, its aliases added to ``taken``; else None."""
+    if not isinstance(conjunct, exp.In) or conjunct.args.get("query") is None:
+        return None
+    sub = conjunct.args["query"].this
+    if not simple(sub) or len(sub.expressions) != 1 or sub.args.get("where") is None:
+        return None
+    if not any(s is not sub for s in sub.find_all(exp.Select)):
+        return None  # one level already: IN over it is maintained as it is
+    sub = sub.copy()
+    sources = table_sources(sub, schema)
+    if sources is None or set(sources) & taken or not qualify_columns(sub, sources):
+        return None
+    taken |= set(sources)
+    joins = sub.args.get("joins") or []
+    tables = [sub.args["from_"].this, *(join.this for join in joins)]
+    assert [alias_of(t) for t in tables] == list(sources)
+    ons = [join.args["on"] for join in joins if join.args.get("on") is not None]  # inner joins
+    equal = exp.EQ(this=conjunct.this.copy(), expression=sub.expressions[0].unalias().copy())
+    conditions = [equal, *(c.copy() for on in ons for c in _conjuncts(on))]
+    conditions += [c.copy() for c in _conjuncts(sub.args["where"].this)]
+    return [t.copy() for t in tables], conditions
