@@ -234,6 +234,14 @@ VIEWS = {
     "IN over a joined subquery with an AVG, duplicates kept": "SELECT r.x FROM r WHERE r.x IN "
     "(SELECT s.y FROM s JOIN r q ON q.id = s.k WHERE q.x > (SELECT AVG(t.x) FROM r t "
     "WHERE t.k = s.k))",
+    "SELECT DISTINCT over IN with a SUM": "SELECT DISTINCT r.k FROM r WHERE r.id IN "
+    "(SELECT s.k FROM s WHERE s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = s.id))",
+    "IN with a SUM, correlated, beside a JOIN ON": "SELECT r.k, s2.y FROM r JOIN s s2 "
+    "ON s2.k = r.id WHERE r.id IN (SELECT s.k FROM s WHERE s.y = r.x "
+    "AND s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = s.id))",
+    "two INs with SUMs, an expression shown": "SELECT r.x + 1 AS y FROM r WHERE r.id IN "
+    "(SELECT s.k FROM s WHERE s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = s.id)) AND r.k IN "
+    "(SELECT q.id FROM s q WHERE q.y > (SELECT SUM(t2.x) FROM r t2 WHERE t2.k = q.k))",
 }
 # what cumulus still refuses, by construct (one line naming it and the modes that take it)
 REFUSED = {

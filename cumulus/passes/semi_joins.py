@@ -4,7 +4,8 @@ own (TPC-H Q20: suppliers with a part whose stock exceeds half of what they ship
 as a join with the subquery's rows, grouped by every key of the view's own tables:
 
 ``SELECT a.c FROM a WHERE a.x IN (SELECT t.y FROM t WHERE w)`` becomes
-``SELECT a.c FROM a, t WHERE a.x = t.y AND w GROUP BY a.<primary key>, a.c``.
+``SELECT a.c FROM a, t WHERE a.x = t.y AND w GROUP BY a.<primary key>, a.c`` (SELECT
+DISTINCT: ``GROUP BY a.c`` alone, each shown row once).
 
 A row of ``a`` joins as many rows of ``t`` as ``y`` matches its ``x`` (none: a NULL ``x``, or
 no match); grouped by ``a``'s primary key it is one group while it joins any, and the group's
@@ -12,7 +13,7 @@ row shows ``a.c`` once: the rows ``IN`` keeps, once each, duplicates of ``a.c`` 
 rows of ``a`` included (primary keys are NOT NULL, so every row of ``a`` is a group of its
 own). ``w``'s subqueries become the view's own, one level of nesting where ``IN`` over them was
 two, which cumulus maintains. Left as it was (and refused further on where cumulus cannot take
-it): a view with aggregates, GROUP BY, DISTINCT, a star, an outer join or a FROM subquery; an
+it): a view with aggregates, GROUP BY, a star, an outer join or a FROM subquery; an
 ``IN`` subquery that is not a plain filtered inner join of tables (``inline_from``'s simple
 subquery) of one column, or whose aliases the view uses.
 """
@@ -57,6 +58,9 @@ def grouped_semi_joins(select: exp.Select, schema: Schema) -> exp.Select:
         for alias, table in outer.items()
         for name in table.primary_key
     ]
+    if form.args.get("distinct") is not None:  # its rows once each: grouped by them alone
+        keys = []
+        form.set("distinct", None)
     shown = [item.unalias().copy() for item in form.expressions]
     form.set("group", exp.Group(expressions=[*keys, *(s for s in shown if s not in keys)]))
     return form
@@ -71,9 +75,12 @@ def _conjuncts(condition: exp.Expression) -> list[exp.Expression]:
 
 
 def _plain_rows(select: exp.Select) -> bool:
-    """A view of rows as they are: no aggregate, grouping, DISTINCT, star or outer join."""
-    if any(select.args.get(k) for k in ("group", "having", "distinct", "order", "limit", "with_")):
+    """A view of rows (or of DISTINCT rows): no aggregate, grouping, star or outer join."""
+    if any(select.args.get(k) for k in ("group", "having", "order", "limit", "with_")):
         return False
+    distinct = select.args.get("distinct")
+    if distinct is not None and distinct.args.get("on") is not None:
+        return False  # DISTINCT ON
     for item in select.expressions:
         if item.find(exp.Star) or item.find(exp.Subquery, exp.Exists, *AGGREGATES):
             return False
