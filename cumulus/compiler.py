@@ -171,9 +171,11 @@ def compile_views(
     if in_m3:  # a per-row aggregate of a LEFT JOIN, MIN/MAX over a grouped one: one nesting
         parsed = extreme_domains(preaggregate_left_join(parsed, table), table)
     parsed = push_outer_filters(parsed, table)  # (M3: its table, filtered, ``m3.outer``)
-    qualified = qualify_correlations(parsed, table)
-    if in_m3:  # IN over a subquery over a subquery: a join grouped by the view's keys
-        qualified = grouped_semi_joins(qualified, table)
+    # IN over a subquery over a subquery: a join grouped by the view's keys (in sync and
+    # async only where the inner subquery reads the view's tables, which hidden views cannot)
+    qualified = grouped_semi_joins(
+        qualify_correlations(parsed, table), table, only_reaching_out=not in_m3
+    )
     merged = merge_first_subquery(qualified, table)
     select = lift_subqueries(merged, lifter, read_scalars=in_m3)
     if not lifter.hidden:

@@ -239,6 +239,9 @@ VIEWS = {
     "IN with a SUM, correlated, beside a JOIN ON": "SELECT r.k, s2.y FROM r JOIN s s2 "
     "ON s2.k = r.id WHERE r.id IN (SELECT s.k FROM s WHERE s.y = r.x "
     "AND s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = s.id))",
+    # the SUM reads the view's own table, two levels out: sync and async read it so too
+    "IN whose SUM reads the view's table": "SELECT r.k FROM r WHERE r.id IN (SELECT s.k "
+    "FROM s WHERE s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = r.k))",
     "two INs with SUMs, an expression shown": "SELECT r.x + 1 AS y FROM r WHERE r.id IN "
     "(SELECT s.k FROM s WHERE s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = s.id)) AND r.k IN "
     "(SELECT q.id FROM s q WHERE q.y > (SELECT SUM(t2.x) FROM r t2 WHERE t2.k = q.k))",

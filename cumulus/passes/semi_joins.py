@@ -26,9 +26,13 @@ from cumulus.passes.check_support import AGGREGATES
 from cumulus.passes.inline_from import Schema, alias_of, qualify_columns, simple, table_sources
 
 
-def grouped_semi_joins(select: exp.Select, schema: Schema) -> exp.Select:
+def grouped_semi_joins(
+    select: exp.Select, schema: Schema, *, only_reaching_out: bool = False
+) -> exp.Select:
     """``select`` with each such ``IN`` read as a join and the view grouped by its tables'
-    keys (module docstring); ``select`` itself where there is none."""
+    keys (module docstring); ``select`` itself where there is none. ``only_reaching_out``
+    (refresh = 'sync' and 'async', whose hidden views take one level of correlation): only
+    where a subquery inside the IN's reads the view's own tables, two levels out."""
     if not _plain_rows(select):
         return select
     outer = table_sources(select, schema)
@@ -43,7 +47,7 @@ def grouped_semi_joins(select: exp.Select, schema: Schema) -> exp.Select:
     kept: list[exp.Expression] = []
     added: list[exp.Expression] = []
     for conjunct in conjuncts:
-        merged = _merged(conjunct, schema, taken)
+        merged = _merged(conjunct, schema, taken, set(outer) if only_reaching_out else None)
         if merged is None:
             kept.append(conjunct)
             continue
@@ -92,10 +96,11 @@ def _plain_rows(select: exp.Select) -> bool:
 
 
 def _merged(
-    conjunct: exp.Expression, schema: Schema, taken: set[str]
+    conjunct: exp.Expression, schema: Schema, taken: set[str], reaching: set[str] | None
 ) -> tuple[list[exp.Expression], list[exp.Expression]] | None:
-    """For ``x IN (SELECT y FROM t ... WHERE w)`` with a subquery in ``w``: ``t ...`` (its
-    tables) and the terms of ``x = y AND w``, its aliases added to ``taken``; else None."""
+    """For ``x IN (SELECT y FROM t ... WHERE w)`` with a subquery in ``w`` (that reads one of
+    the aliases ``reaching``, unless None): ``t ...`` (its tables) and the terms of ``x = y AND
+    w``, its aliases added to ``taken``; else None."""
     if not isinstance(conjunct, exp.In) or conjunct.args.get("query") is None:
         return None
     sub = conjunct.args["query"].this
@@ -103,6 +108,8 @@ def _merged(
         return None
     if not any(s is not sub for s in sub.find_all(exp.Select)):
         return None  # one level already: IN over it is maintained as it is
+    if reaching is not None and not _reads_out(sub, reaching):
+        return None
     sub = sub.copy()
     sources = table_sources(sub, schema)
     if sources is None or set(sources) & taken or not qualify_columns(sub, sources):
@@ -116,3 +123,28 @@ def _merged(
     conditions = [equal, *(c.copy() for on in ons for c in _conjuncts(on))]
     conditions += [c.copy() for c in _conjuncts(sub.args["where"].this)]
     return [t.copy() for t in tables], conditions
+
+
+def _reads_out(sub: exp.Select, outer: set[str]) -> bool:
+    """Whether a subquery inside ``sub`` reads a column of an ``outer`` alias that neither it
+    nor a query around it up to ``sub`` names in its own FROM."""
+    for column in sub.find_all(exp.Column):
+        alias = column.table
+        if not alias or alias not in outer:
+            continue
+        scope = column.find_ancestor(exp.Select)
+        if scope is sub:
+            continue  # sub's own correlation: one level, hidden views take it
+        while scope is not None and alias not in _own_aliases(scope):
+            if scope is sub:
+                return True
+            scope = scope.find_ancestor(exp.Select)
+    return False
+
+
+def _own_aliases(select: exp.Select) -> set[str]:
+    first = select.args.get("from_")
+    items = [*([first.this] if first else []), *(j.this for j in select.args.get("joins") or [])]
+    return {alias_of(item) for item in items if isinstance(item, exp.Table)} | {
+        item.alias for item in items if isinstance(item, exp.Subquery) and item.alias
+    }
