@@ -46,7 +46,12 @@ from cumulus.passes import union_plans, unions
 from cumulus.passes.check_support import check_supported, parse_select, refuse_row_limits
 from cumulus.passes.expand_stars import expand_stars
 from cumulus.passes.extreme_domains import extreme_domains
-from cumulus.passes.inline_from import inline_ctes, merge_first_subquery, qualify_correlations
+from cumulus.passes.inline_from import (
+    inline_ctes,
+    merge_first_subquery,
+    qualify_correlations,
+    refuse_skipped_levels,
+)
 from cumulus.passes.lift_subqueries import Lifter, lift_subqueries, scalar_column
 from cumulus.passes.outer_filters import push_outer_filters
 from cumulus.passes.plan_groups import plan_group_by, projected_groups, view_shape
@@ -177,6 +182,7 @@ def compile_views(
         qualify_correlations(parsed, table), table, only_reaching_out=not in_m3
     )
     merged = merge_first_subquery(qualified, table)
+    refuse_skipped_levels(merged)
     select = lift_subqueries(merged, lifter, read_scalars=in_m3)
     if not lifter.hidden:
         if merged is not written_select:

@@ -281,3 +281,33 @@ def test_an_unqualified_outer_column_of_a_subquery_is_the_enclosing_tables() -> 
         "SELECT o.g FROM o JOIN p ON o.id = p.id WHERE EXISTS (SELECT 1 FROM i WHERE i.y = k)"
     )
     assert qualify_correlations(both, schemas.__getitem__) is both  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["sync", "cumulus"])
+@pytest.mark.parametrize(
+    ("select", "column"),
+    [
+        (
+            "SELECT o.k FROM a o WHERE o.x > (SELECT SUM(s.v) FROM b s "
+            "WHERE s.v > (SELECT SUM(t.x) FROM a t WHERE t.k = o.k))",
+            "o.k",
+        ),
+        (
+            "SELECT o.k FROM a o WHERE EXISTS (SELECT 1 FROM b s WHERE s.k = o.k "
+            "AND s.v IN (SELECT t.x FROM a t WHERE t.id = o.id))",
+            "o.id",
+        ),
+    ],
+)
+def test_a_column_of_a_query_two_levels_out_is_refused_by_name(
+    select: str, column: str, mode: str
+) -> None:
+    """Each subquery is a view of its own over its tables and the query right around it:
+    one that skips a level is named (before: "unknown table alias", naming hidden views)."""
+    with pytest.raises(errors.InvalidArgument) as refused:
+        _compiled(select, mode)
+    assert str(refused.value) == (
+        f"a subquery reads {column} of a query 2 levels around it, which no materialized view "
+        "maintains: a subquery may read its own tables and those of the query right around it"
+    )
+    assert "__sub" not in str(refused.value)

@@ -352,6 +352,37 @@ def _qualify_scope(select: exp.Select, outer: list[dict[str, set[str]]], schema:
     return changed
 
 
+def own_aliases(select: exp.Select) -> set[str]:
+    """The aliases ``select``'s own FROM names (tables and subqueries)."""
+    first = select.args.get("from_")
+    items = [*([first.this] if first else []), *(j.this for j in select.args.get("joins") or [])]
+    return {alias_of(item) for item in items if isinstance(item, exp.Table)} | {
+        item.alias for item in items if isinstance(item, exp.Subquery) and item.alias
+    }
+
+
+def refuse_skipped_levels(select: exp.Select) -> None:
+    """A subquery's column of a query two or more levels around it (not the one right around
+    it) is refused by name: each subquery is maintained as a view of its own, over what its
+    own FROM and the query right around it name (before, the hidden view's compile said
+    "unknown table alias", naming hidden views)."""
+    for column in select.find_all(exp.Column):
+        alias = column.table
+        scope = _enclosing_select(column)
+        if not alias or scope is None or scope is select:
+            continue
+        levels = 0
+        while scope is not None and alias not in own_aliases(scope):
+            levels += 1
+            scope = _enclosing_select(scope)
+        if scope is not None and levels >= 2:
+            raise errors.InvalidArgument(
+                f"a subquery reads {column.sql()} of a query {levels} levels around it, which "
+                "no materialized view maintains: a subquery may read its own tables and those "
+                "of the query right around it"
+            )
+
+
 def _enclosing_select(node: exp.Expression) -> exp.Select | None:
     parent = node.parent
     while parent is not None and not isinstance(parent, exp.Select):

@@ -23,7 +23,14 @@ from __future__ import annotations
 from sqlglot import exp
 
 from cumulus.passes.check_support import AGGREGATES
-from cumulus.passes.inline_from import Schema, alias_of, qualify_columns, simple, table_sources
+from cumulus.passes.inline_from import (
+    Schema,
+    alias_of,
+    own_aliases,
+    qualify_columns,
+    simple,
+    table_sources,
+)
 
 
 def grouped_semi_joins(
@@ -135,16 +142,8 @@ def _reads_out(sub: exp.Select, outer: set[str]) -> bool:
         scope = column.find_ancestor(exp.Select)
         if scope is sub:
             continue  # sub's own correlation: one level, hidden views take it
-        while scope is not None and alias not in _own_aliases(scope):
+        while scope is not None and alias not in own_aliases(scope):
             if scope is sub:
                 return True
             scope = scope.find_ancestor(exp.Select)
     return False
-
-
-def _own_aliases(select: exp.Select) -> set[str]:
-    first = select.args.get("from_")
-    items = [*([first.this] if first else []), *(j.this for j in select.args.get("joins") or [])]
-    return {alias_of(item) for item in items if isinstance(item, exp.Table)} | {
-        item.alias for item in items if isinstance(item, exp.Subquery) and item.alias
-    }
