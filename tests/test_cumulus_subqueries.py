@@ -242,6 +242,11 @@ VIEWS = {
     # the SUM reads the view's own table, two levels out: sync and async read it so too
     "IN whose SUM reads the view's table": "SELECT r.k FROM r WHERE r.id IN (SELECT s.k "
     "FROM s WHERE s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = r.k))",
+    "EXISTS over a subquery with a SUM": "SELECT r.k, r.x FROM r WHERE EXISTS (SELECT 1 "
+    "FROM s WHERE s.k = r.id AND s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = s.id))",
+    "EXISTS whose SUM reads the view's table, filtered": "SELECT r.k FROM r WHERE r.x > 1 "
+    "AND EXISTS (SELECT * FROM s WHERE s.k = r.id AND s.y > (SELECT SUM(t.x) FROM r t "
+    "WHERE t.k = r.k))",
     "two INs with SUMs, an expression shown": "SELECT r.x + 1 AS y FROM r WHERE r.id IN "
     "(SELECT s.k FROM s WHERE s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = s.id)) AND r.k IN "
     "(SELECT q.id FROM s q WHERE q.y > (SELECT SUM(t2.x) FROM r t2 WHERE t2.k = q.k))",
@@ -263,6 +268,8 @@ REFUSED = {
     "r.k = (SELECT MAX(g.t) FROM (SELECT s.k, SUM(s.y) AS t FROM s GROUP BY s.k) g)",
     "IN over a subquery with a SUM, under COUNT": "SELECT COUNT(*) AS n FROM r WHERE r.id IN "
     "(SELECT s.k FROM s WHERE s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = s.id))",
+    "NOT EXISTS over a subquery with a SUM": "SELECT r.k FROM r WHERE NOT EXISTS (SELECT 1 "
+    "FROM s WHERE s.k = r.id AND s.y > (SELECT SUM(t.x) FROM r t WHERE t.k = s.id))",
 }
 # how each refusal begins: the construct it names
 REFUSED_AS = {
@@ -274,6 +281,7 @@ REFUSED_AS = {
     "MAX over a subquery grouped by a nullable column": "MIN or MAX over a subquery grouped by "
     "s.k, which may be NULL",
     "IN over a subquery with a SUM, under COUNT": "a subquery over a subquery",
+    "NOT EXISTS over a subquery with a SUM": "a subquery over a subquery",
 }
 
 

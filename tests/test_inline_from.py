@@ -293,8 +293,8 @@ def test_an_unqualified_outer_column_of_a_subquery_is_the_enclosing_tables() -> 
             "o.k",
         ),
         (
-            "SELECT o.k FROM a o WHERE EXISTS (SELECT 1 FROM b s WHERE s.k = o.k "
-            "AND s.v IN (SELECT t.x FROM a t WHERE t.id = o.id))",
+            "SELECT COUNT(*) AS n FROM a o WHERE EXISTS (SELECT 1 FROM b s WHERE s.k = o.k "
+            "AND s.x IN (SELECT t.x FROM a t WHERE t.id = o.id))",
             "o.id",
         ),
     ],

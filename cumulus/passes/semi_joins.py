@@ -1,7 +1,8 @@
 """Pass 0d, in refresh = 'cumulus' (and ``aggview m3``): a view of rows without aggregates whose
-WHERE keeps them ``x IN (SELECT y FROM t ... WHERE w)``, where ``w`` holds a subquery of its
-own (TPC-H Q20: suppliers with a part whose stock exceeds half of what they shipped), is read
-as a join with the subquery's rows, grouped by every key of the view's own tables:
+WHERE keeps them ``x IN (SELECT y FROM t ... WHERE w)`` (or ``EXISTS (SELECT ... FROM t ...
+WHERE w)``, the same without ``x = y``), where ``w`` holds a subquery of its own (TPC-H Q20:
+suppliers with a part whose stock exceeds half of what they shipped), is read as a join with
+the subquery's rows, grouped by every key of the view's own tables:
 
 ``SELECT a.c FROM a WHERE a.x IN (SELECT t.y FROM t WHERE w)`` becomes
 ``SELECT a.c FROM a, t WHERE a.x = t.y AND w GROUP BY a.<primary key>, a.c`` (SELECT
@@ -107,11 +108,17 @@ def _merged(
 ) -> tuple[list[exp.Expression], list[exp.Expression]] | None:
     """For ``x IN (SELECT y FROM t ... WHERE w)`` with a subquery in ``w`` (that reads one of
     the aliases ``reaching``, unless None): ``t ...`` (its tables) and the terms of ``x = y AND
-    w``, its aliases added to ``taken``; else None."""
-    if not isinstance(conjunct, exp.In) or conjunct.args.get("query") is None:
+    w``, its aliases added to ``taken``; for ``EXISTS (SELECT ... FROM t ... WHERE w)``, the
+    terms of ``w``; else None."""
+    if isinstance(conjunct, exp.In) and conjunct.args.get("query") is not None:
+        sub = conjunct.args["query"].this
+        if not isinstance(sub, exp.Select) or len(sub.expressions) != 1:
+            return None
+    elif isinstance(conjunct, exp.Exists):
+        sub = conjunct.this
+    else:
         return None
-    sub = conjunct.args["query"].this
-    if not simple(sub) or len(sub.expressions) != 1 or sub.args.get("where") is None:
+    if not simple(sub) or sub.args.get("where") is None:
         return None
     if not any(s is not sub for s in sub.find_all(exp.Select)):
         return None  # one level already: IN over it is maintained as it is
@@ -126,8 +133,10 @@ def _merged(
     tables = [sub.args["from_"].this, *(join.this for join in joins)]
     assert [alias_of(t) for t in tables] == list(sources)
     ons = [join.args["on"] for join in joins if join.args.get("on") is not None]  # inner joins
-    equal = exp.EQ(this=conjunct.this.copy(), expression=sub.expressions[0].unalias().copy())
-    conditions = [equal, *(c.copy() for on in ons for c in _conjuncts(on))]
+    conditions = [c.copy() for on in ons for c in _conjuncts(on)]
+    if isinstance(conjunct, exp.In):
+        shown = sub.expressions[0].unalias().copy()
+        conditions.insert(0, exp.EQ(this=conjunct.this.copy(), expression=shown))
     conditions += [c.copy() for c in _conjuncts(sub.args["where"].this)]
     return [t.copy() for t in tables], conditions
 
