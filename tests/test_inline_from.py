@@ -311,3 +311,23 @@ def test_a_column_of_a_query_two_levels_out_is_refused_by_name(
         "maintains: a subquery may read its own tables and those of the query right around it"
     )
     assert "__sub" not in str(refused.value)
+
+
+@pytest.mark.parametrize("mode", ["sync", "cumulus"])
+@pytest.mark.parametrize(
+    "select",
+    [
+        "SELECT COUNT(*) AS n FROM b s WHERE s.v IN (SELECT t.x FROM a t)",
+        "SELECT COUNT(*) AS n FROM b s WHERE EXISTS (SELECT 1 FROM a t WHERE t.x = s.v)",
+    ],
+)
+def test_a_subquerys_column_of_another_type_is_named_as_written(select: str, mode: str) -> None:
+    """IN, or a correlated =, between a DECIMAL and an INT: the refusal names the user's
+    column and the subquery, not the hidden view it became (before: ``"__sub_q_1"."v0"``)."""
+    with pytest.raises(errors.TypeMismatch) as refused:
+        _compiled(select, mode)
+    assert str(refused.value) == (
+        "s.v (DECIMAL(8,2)) is compared with a subquery's column of type INT (by IN, or a "
+        "correlated =); they must have the same type, as a join's columns (index keys are "
+        "encoded per type)"
+    )

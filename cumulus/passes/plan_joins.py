@@ -16,7 +16,7 @@ from aggview import errors
 from cumulus.passes.check_support import refuse
 from cumulus.passes.resolve_tables import Scope, typed_column
 from cumulus.passes.typecheck import conjuncts, no_aggregates, predicate
-from cumulus.plan import ColumnRef, Expr, JoinEdge
+from cumulus.plan import HIDDEN_PREFIX, ColumnRef, Expr, JoinEdge
 from cumulus.sqltext import identifier
 
 
@@ -30,6 +30,17 @@ def _edge(pred: Expr, scope: Scope, node: exp.Expression) -> JoinEdge | None:
     lt = scope.tables[left.alias].column(left.column).type
     rt = scope.tables[right.alias].column(right.column).type
     if lt.kind != rt.kind or lt.scale != rt.scale:
+        hidden = [
+            ref for ref in (left, right) if scope.tables[ref.alias].name.startswith(HIDDEN_PREFIX)
+        ]
+        if len(hidden) == 1:  # a subquery lifted as a hidden view: say it as the user wrote it
+            mine = right if hidden[0] is left else left
+            theirs = rt if hidden[0] is right else lt
+            raise errors.TypeMismatch(
+                f"{mine.alias}.{mine.column} ({lt if mine is left else rt}) is compared with a "
+                f"subquery's column of type {theirs} (by IN, or a correlated =); they must have "
+                "the same type, as a join's columns (index keys are encoded per type)"
+            )
         raise errors.TypeMismatch(
             f"join condition {node.sql()} compares {lt} with {rt}; join columns must have the "
             "same type (index keys are encoded per type)"
