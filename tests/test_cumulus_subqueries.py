@@ -518,14 +518,27 @@ def test_what_cumulus_does_not_take_is_refused_naming_it_and_the_modes(construct
     assert message.startswith(REFUSED_AS[construct]), message
 
 
-def test_a_cumulus_view_with_a_subquery_on_a_cluster(client: Client, table_name: str) -> None:
-    """Created on a cluster in refresh = 'cumulus' over tables holding rows (its maps loaded
-    from them, no hidden view of its own), read exact after writes to both tables."""
+def _r_and_s(client: Client, table_name: str) -> tuple[str, str, duckdb.DuckDBPyConnection]:
+    """Tables like r(id, k, x) and s(id, k, y), named after the test, on the cluster (primary
+    key id) and in duckdb."""
     r, s = f"{table_name}_r", f"{table_name}_s"
     con = duckdb.connect()
     for name, column in ((r, "x"), (s, "y")):
         client.sql(f"CREATE TABLE {name} (id INT PRIMARY KEY, k INT, {column} INT)")
         con.execute(f"CREATE TABLE {name} (id INT, k INT, {column} INT)")
+    return r, s, con
+
+
+def _on_both(client: Client, con: duckdb.DuckDBPyConnection, statement: str) -> None:
+    """A write on the cluster and the same in duckdb."""
+    client.sql(statement)
+    con.execute(statement)
+
+
+def test_a_cumulus_view_with_a_subquery_on_a_cluster(client: Client, table_name: str) -> None:
+    """Created on a cluster in refresh = 'cumulus' over tables holding rows (its maps loaded
+    from them, no hidden view of its own), read exact after writes to both tables."""
+    r, s, con = _r_and_s(client, table_name)
     select = (
         f"SELECT {r}.k, COUNT(*) AS n FROM {r} WHERE {r}.x > "
         f"(SELECT AVG({s}.y) FROM {s} WHERE {s}.k = {r}.k) GROUP BY {r}.k"
@@ -535,8 +548,7 @@ def test_a_cumulus_view_with_a_subquery_on_a_cluster(client: Client, table_name:
     def write(steps: range) -> None:
         for step in steps:
             table, row = rng.choice([r, s]), (step, rng.choice([0, 1]), rng.choice([1, 2, 3, 4]))
-            client.sql(f"INSERT INTO {table} VALUES {row}")
-            con.execute(f"INSERT INTO {table} VALUES {row}")
+            _on_both(client, con, f"INSERT INTO {table} VALUES {row}")
 
     write(range(10))
     view = f"{table_name}_v"
@@ -545,8 +557,7 @@ def test_a_cumulus_view_with_a_subquery_on_a_cluster(client: Client, table_name:
     )
     write(range(10, 24))
     for table in (r, s):
-        client.sql(f"DELETE FROM {table} WHERE id IN (1, 2, 11)")
-        con.execute(f"DELETE FROM {table} WHERE id IN (1, 2, 11)")
+        _on_both(client, con, f"DELETE FROM {table} WHERE id IN (1, 2, 11)")
     client.refresh(view)
     assert _rows(list(client.view(view))) == _rows(con.execute(select).fetchall())
     with pytest.raises(errors.FailedPrecondition, match="nested aggregates"):
@@ -561,11 +572,7 @@ def test_exists_over_a_nested_sum_on_a_cluster_in_every_mode(
     """EXISTS over a subquery whose SUM reads the view's own table, two levels out: every mode
     reads it as a join grouped by r's key (``passes/semi_joins``); created over rows, exact
     after inserts and deletes of both tables."""
-    r, s = f"{table_name}_r", f"{table_name}_s"
-    con = duckdb.connect()
-    for name, column in ((r, "x"), (s, "y")):
-        client.sql(f"CREATE TABLE {name} (id INT PRIMARY KEY, k INT, {column} INT)")
-        con.execute(f"CREATE TABLE {name} (id INT, k INT, {column} INT)")
+    r, s, con = _r_and_s(client, table_name)
     select = (
         f"SELECT {r}.k, {r}.x FROM {r} WHERE EXISTS (SELECT 1 FROM {s} WHERE {s}.k = {r}.id "
         f"AND {s}.y > (SELECT SUM(t.x) FROM {r} t WHERE t.k = {r}.k))"
@@ -578,10 +585,8 @@ def test_exists_over_a_nested_sum_on_a_cluster_in_every_mode(
             table = r if step < 8 or rng.random() < 0.4 else s
             row = (step, *row[1:]) if table == s else row
             if table == r:
-                client.sql(f"DELETE FROM {r} WHERE id = {row[0]}")
-                con.execute(f"DELETE FROM {r} WHERE id = {row[0]}")
-            client.sql(f"INSERT INTO {table} VALUES {row}")
-            con.execute(f"INSERT INTO {table} VALUES {row}")
+                _on_both(client, con, f"DELETE FROM {r} WHERE id = {row[0]}")
+            _on_both(client, con, f"INSERT INTO {table} VALUES {row}")
 
     write(range(14))
     view = f"{table_name}_v"
@@ -592,8 +597,7 @@ def test_exists_over_a_nested_sum_on_a_cluster_in_every_mode(
     seen = []
     for steps in (range(14, 26), range(26, 40)):
         write(steps)
-        client.sql(f"DELETE FROM {s} WHERE id IN ({steps.start}, {steps.start + 3})")
-        con.execute(f"DELETE FROM {s} WHERE id IN ({steps.start}, {steps.start + 3})")
+        _on_both(client, con, f"DELETE FROM {s} WHERE id IN ({steps.start}, {steps.start + 3})")
         if mode != "sync":  # (sync: fresh in every commit)
             client.refresh(view)
         want = _rows(con.execute(select).fetchall())

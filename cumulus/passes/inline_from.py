@@ -155,11 +155,14 @@ def simple(inner: exp.Expression) -> bool:
         nested = _nested_in(found, inner)
         if nested is None or where is None or not inside(nested, where):
             return False
-    for join in inner.args.get("joins") or []:
-        if join.side or join.args.get("using") or join.method:
-            return False
-    return all(isinstance(j.this, exp.Table) for j in inner.args.get("joins") or []) and (
-        isinstance(inner.args["from_"].this, exp.Table)
+    return inner_joins_of_tables(inner) and isinstance(inner.args["from_"].this, exp.Table)
+
+
+def inner_joins_of_tables(select: exp.Select) -> bool:
+    """Whether every join of ``select`` is an inner (or comma) join of a table."""
+    joins = select.args.get("joins") or []
+    return all(isinstance(j.this, exp.Table) for j in joins) and not any(
+        j.side or j.args.get("using") or j.method for j in joins
     )
 
 
@@ -352,7 +355,7 @@ def _qualify_scope(select: exp.Select, outer: list[dict[str, set[str]]], schema:
     return changed
 
 
-def own_aliases(select: exp.Select) -> set[str]:
+def _own_aliases(select: exp.Select) -> set[str]:
     """The aliases ``select``'s own FROM names (tables and subqueries)."""
     first = select.args.get("from_")
     items = [*([first.this] if first else []), *(j.this for j in select.args.get("joins") or [])]
@@ -361,20 +364,24 @@ def own_aliases(select: exp.Select) -> set[str]:
     }
 
 
+def naming_scope(column: exp.Column) -> tuple[exp.Select | None, int]:
+    """The query whose own FROM names the qualified ``column``'s alias (None: none does), and
+    how many queries out from the column's own it is (0: its own)."""
+    scope, levels = _enclosing_select(column), 0
+    while scope is not None and column.table not in _own_aliases(scope):
+        scope, levels = _enclosing_select(scope), levels + 1
+    return scope, levels
+
+
 def refuse_skipped_levels(select: exp.Select) -> None:
     """A subquery's column of a query two or more levels around it (not the one right around
     it) is refused by name: each subquery is maintained as a view of its own, over what its
     own FROM and the query right around it name (before, the hidden view's compile said
     "unknown table alias", naming hidden views)."""
     for column in select.find_all(exp.Column):
-        alias = column.table
-        scope = _enclosing_select(column)
-        if not alias or scope is None or scope is select:
+        if not column.table:
             continue
-        levels = 0
-        while scope is not None and alias not in own_aliases(scope):
-            levels += 1
-            scope = _enclosing_select(scope)
+        scope, levels = naming_scope(column)
         if scope is not None and levels >= 2:
             raise errors.InvalidArgument(
                 f"a subquery reads {column.sql()} of a query {levels} levels around it, which "

@@ -30,22 +30,25 @@ def _edge(pred: Expr, scope: Scope, node: exp.Expression) -> JoinEdge | None:
     lt = scope.tables[left.alias].column(left.column).type
     rt = scope.tables[right.alias].column(right.column).type
     if lt.kind != rt.kind or lt.scale != rt.scale:
-        hidden = [
-            ref for ref in (left, right) if scope.tables[ref.alias].name.startswith(HIDDEN_PREFIX)
-        ]
-        if len(hidden) == 1:  # a subquery lifted as a hidden view: say it as the user wrote it
-            mine = right if hidden[0] is left else left
-            theirs = rt if hidden[0] is right else lt
+        if _lifted(scope, left) != _lifted(scope, right):  # say it as the user wrote it
+            (mine, mine_type), theirs = (
+                ((right, rt), lt) if _lifted(scope, left) else ((left, lt), rt)
+            )
             raise errors.TypeMismatch(
-                f"{mine.alias}.{mine.column} ({lt if mine is left else rt}) is compared with a "
-                f"subquery's column of type {theirs} (by IN, or a correlated =); they must have "
-                "the same type, as a join's columns (index keys are encoded per type)"
+                f"{mine.alias}.{mine.column} ({mine_type}) is compared with a subquery's column "
+                f"of type {theirs} (by IN, or a correlated =); they must have the same type, as "
+                "a join's columns (index keys are encoded per type)"
             )
         raise errors.TypeMismatch(
             f"join condition {node.sql()} compares {lt} with {rt}; join columns must have the "
             "same type (index keys are encoded per type)"
         )
     return JoinEdge(left, right)
+
+
+def _lifted(scope: Scope, ref: ColumnRef) -> bool:
+    """Whether the column is a subquery's, lifted as a hidden view."""
+    return scope.tables[ref.alias].name.startswith(HIDDEN_PREFIX)
 
 
 def mirror_right_join(select: exp.Select) -> exp.Select:

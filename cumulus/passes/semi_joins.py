@@ -27,11 +27,14 @@ from cumulus.passes.check_support import AGGREGATES
 from cumulus.passes.inline_from import (
     Schema,
     alias_of,
-    own_aliases,
+    inner_joins_of_tables,
+    inside,
+    naming_scope,
     qualify_columns,
     simple,
     table_sources,
 )
+from cumulus.passes.typecheck import conjuncts
 
 
 def grouped_semi_joins(
@@ -50,11 +53,11 @@ def grouped_semi_joins(
     if not qualify_columns(form, outer):
         return select
     where = form.args.get("where")
-    conjuncts = _conjuncts(where.this) if where is not None else []
+    terms = list(conjuncts(where.this)) if where is not None else []
     taken = set(outer)
     kept: list[exp.Expression] = []
     added: list[exp.Expression] = []
-    for conjunct in conjuncts:
+    for conjunct in terms:
         merged = _merged(conjunct, schema, taken, set(outer) if only_reaching_out else None)
         if merged is None:
             kept.append(conjunct)
@@ -78,14 +81,6 @@ def grouped_semi_joins(
     return form
 
 
-def _conjuncts(condition: exp.Expression) -> list[exp.Expression]:
-    """The terms of a conjunction (parentheses around one dropped), or the condition alone."""
-    condition = condition.unnest()
-    if not isinstance(condition, exp.And):
-        return [condition]
-    return [term for part in condition.flatten() for term in _conjuncts(part)]
-
-
 def _plain_rows(select: exp.Select) -> bool:
     """A view of rows (or of DISTINCT rows): no aggregate, grouping, star or outer join."""
     if any(select.args.get(k) for k in ("group", "having", "order", "limit", "with_")):
@@ -96,11 +91,7 @@ def _plain_rows(select: exp.Select) -> bool:
     for item in select.expressions:
         if item.find(exp.Star) or item.find(exp.Subquery, exp.Exists, *AGGREGATES):
             return False
-    return all(
-        not (join.side or join.args.get("using") or join.method)
-        and isinstance(join.this, exp.Table)
-        for join in select.args.get("joins") or []
-    )
+    return inner_joins_of_tables(select)
 
 
 def _merged(
@@ -133,26 +124,21 @@ def _merged(
     tables = [sub.args["from_"].this, *(join.this for join in joins)]
     assert [alias_of(t) for t in tables] == list(sources)
     ons = [join.args["on"] for join in joins if join.args.get("on") is not None]  # inner joins
-    conditions = [c.copy() for on in ons for c in _conjuncts(on)]
+    conditions = [c.copy() for on in ons for c in conjuncts(on)]
     if isinstance(conjunct, exp.In):
         shown = sub.expressions[0].unalias().copy()
         conditions.insert(0, exp.EQ(this=conjunct.this.copy(), expression=shown))
-    conditions += [c.copy() for c in _conjuncts(sub.args["where"].this)]
+    conditions += [c.copy() for c in conjuncts(sub.args["where"].this)]
     return [t.copy() for t in tables], conditions
 
 
 def _reads_out(sub: exp.Select, outer: set[str]) -> bool:
-    """Whether a subquery inside ``sub`` reads a column of an ``outer`` alias that neither it
-    nor a query around it up to ``sub`` names in its own FROM."""
+    """Whether a subquery inside ``sub`` reads a column of an ``outer`` alias named outside
+    ``sub`` (two levels out or more; ``sub``'s own correlation is one level, which hidden
+    views take)."""
     for column in sub.find_all(exp.Column):
-        alias = column.table
-        if not alias or alias not in outer:
-            continue
-        scope = column.find_ancestor(exp.Select)
-        if scope is sub:
-            continue  # sub's own correlation: one level, hidden views take it
-        while scope is not None and alias not in own_aliases(scope):
-            if scope is sub:
+        if column.table in outer:
+            scope, levels = naming_scope(column)
+            if scope is not None and levels >= 2 and scope is not sub and not inside(scope, sub):
                 return True
-            scope = scope.find_ancestor(exp.Select)
     return False
