@@ -131,8 +131,11 @@ def test_permanent_loss_of_members_fails_over_twice_and_loses_nothing(
             lambda: status(cluster, 0, partition=0).replicated,
         )
 
-        # 3. member 2 dies too: partition 2 goes to member 0, partition 1 back to member 1
-        time.sleep(0.5)
+        # 3. member 2 dies too: partition 2 goes to member 0, partition 1 back to member 1. Its
+        # logs must have their copies at the kill: on a loaded machine a copy that answers
+        # nothing for 0.3 s is dropped (serving without it), and a partition whose only copy
+        # is out of sync rightly waits for its member (the next test) instead of failing over.
+        wait_for("member 2's logs to reach their copies", lambda: served_logs_copied(cluster, 2))
         cluster.member(2).kill()
         wait_for("member 1 to serve partition 1", lambda: 1 in status(cluster, 1).serving, 30)
         wait_until_serving(cluster.address, "accounts")
@@ -756,6 +759,13 @@ def member_logs_copied(cluster: LocalCluster, members: list[int]) -> bool:
     """Every partition's log and every member's decision log in sync with its copy."""
     partitions = all(status(cluster, m, partition=m).replicated for m in members)
     return partitions and all(decision_log(cluster, m).in_sync for m in members)
+
+
+def served_logs_copied(cluster: LocalCluster, member: int) -> bool:
+    """Every partition ``member`` serves, and its decision log, in sync with its copy."""
+    serving = status(cluster, member).serving
+    partitions = all(status(cluster, member, partition=p).replicated for p in serving)
+    return partitions and decision_log(cluster, member).in_sync
 
 
 def check_transfers_and_view(cluster: LocalCluster, outcomes: transfers.Outcomes) -> None:
