@@ -51,7 +51,9 @@ def nodes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[Serve
     ],
     indirect=True,
 )
-def test_processes_give_the_simulators_maps_and_exact_snapshots(nodes: list[Server]) -> None:
+def test_processes_give_the_simulators_maps_and_exact_snapshots(
+    nodes: list[Server], caplog: pytest.LogCaptureFixture
+) -> None:
     name = "seed003_q3" if len(nodes) == 2 else "with_deletes"
     mode = "speculative" if len(nodes) == 2 else "conservative"
     switches = 2 if len(nodes) == 2 else 1
@@ -79,6 +81,10 @@ def test_processes_give_the_simulators_maps_and_exact_snapshots(nodes: list[Serv
         assert latencies and min(latencies) >= 0
     finally:
         runtime.close()
+    # the driver's close ends each Drive stream at both ends (the nodes once kept their answers
+    # open until they stopped, and close cut them after waiting), and the nodes serve on
+    assert "after the driver closed" not in caplog.text
+    assert all(node.running() for node in nodes)
     simulated = Simulator(program, nodes=len(nodes), switches=switches, mode=mode)
     simulated.run(stream)
     assert simulated.maps() == want

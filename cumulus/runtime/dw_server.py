@@ -240,8 +240,19 @@ class _Servicer:
             if hello.switch_id != 0:  # only switch 0's stream carries the node's answers
                 await reader
                 return
-            async for batch in _batches(host.to_driver, host.config.number):
-                yield batch
+            # the driver's end of its requests ends the answers too: its close waits for them
+            answering = [True]
+
+            def driver_left(_: asyncio.Task[None]) -> None:
+                if answering[0]:
+                    host.to_driver.put_nowait(None)
+
+            reader.add_done_callback(driver_left)
+            try:
+                async for batch in _batches(host.to_driver, host.config.number):
+                    yield batch
+            finally:
+                answering[0] = False
             if host.failure is not None:
                 await context.abort(grpc.StatusCode.INTERNAL, host.failure)
         finally:

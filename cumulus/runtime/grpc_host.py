@@ -13,6 +13,7 @@ and not yet written is held under ``WINDOW``, so a fast stream cannot swamp the 
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -39,12 +40,15 @@ from cumulus.runtime.simulator import Report, Update
 from cumulus.runtime.switch import Clock, Switch
 from cumulus.runtime.wire import decode, decode_entries, encode, encode_entries
 
+log = logging.getLogger(__name__)
+
 BATCH = 256
 LINGER = 0.005
 PRELOAD_CHUNK = 20_000  # map entries per Preload message
 WINDOW = 20_000
 STALL = 120.0  # seconds without any answer from the nodes before a run is declared stuck
 NO_TIMED_EPOCHS_MS = 10**9  # epoch_ms of a view's runtime: an epoch when it has fed one, no timer
+CLOSE_WAIT = 5.0  # seconds a close waits for the nodes to end their Drive streams
 
 
 def _channel(address: str, tls: TlsDir | None) -> grpc.Channel:
@@ -340,12 +344,19 @@ class GrpcRuntime:
         }
 
     def close(self) -> None:
-        """Ends every Drive stream (the nodes see the driver leave) and closes the channels."""
+        """Ends every Drive stream (the nodes see the driver leave and end their answers) and
+        closes the channels; a stream a node leaves open is cut after ``CLOSE_WAIT``."""
         for key in self._queues:
             self._flush(key)
             self._queues[key].put(None)
+        deadline = time.monotonic() + CLOSE_WAIT
         for thread in self._threads:
-            thread.join(timeout=5)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        left = [thread.name for thread in self._threads if thread.is_alive()]
+        if left:
+            log.warning(
+                "DW nodes left %s open %.0fs after the driver closed: cut", left, CLOSE_WAIT
+            )
         for channel in self._channels:
             channel.close()
 
