@@ -14,7 +14,7 @@ from aggview import errors
 from aggview.keycodec import table_key
 from aggview.partition_map import partition_of
 from aggview.schema import TableSchema
-from aggview.values import from_row
+from aggview.values import from_value
 from aggview.wire import client_pb2 as pb
 
 UNREACHABLE_FOR = 5.0  # seconds a member that did not answer gets no routed transaction
@@ -73,9 +73,15 @@ class Router:
         schema = self._schemas.get(op.table)
         if schema is None:
             return None
-        row = from_row(op.values if op.kind == pb.Operation.INSERT else op.key)
+        columns = (op.values if op.kind == pb.Operation.INSERT else op.key).columns
+        key_values = {}
+        for column in schema.primary_key:  # only the key is decoded, not the whole row
+            value = columns.get(column)  # (a map's ``[]`` would add the column)
+            if value is None:
+                return None
+            key_values[column] = value
         try:
-            key = table_key(schema, {c: row[c] for c in schema.primary_key})
+            key = table_key(schema, {c: from_value(v) for c, v in key_values.items()})
         except (KeyError, errors.AggviewError, TypeError, ValueError):
             return None
         return partition_of(schema.table_id, key, self.partitions) % len(self.members)

@@ -29,8 +29,10 @@ from aggclient.core import (
     answered,
     step,
 )
-from aggclient.routing import UNREACHABLE_FOR
+from aggclient.routing import UNREACHABLE_FOR, Router
 from aggview import errors
+from aggview.keycodec import table_key
+from aggview.partition_map import partition_of
 from aggview.schema import Column, ColumnType, TableSchema
 from aggview.status import SILENT_MEMBERS_KEY
 from aggview.values import to_row
@@ -226,3 +228,35 @@ def test_an_error_sent_back_is_an_answer() -> None:
     assert answered(grpc.StatusCode.PERMISSION_DENIED)
     assert not answered(grpc.StatusCode.UNAVAILABLE)
     assert not answered(grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def test_a_row_goes_to_the_member_of_its_keys_partition_and_stays_as_sent() -> None:
+    """The route decodes only a row's key: a two-column key places the row where the servers'
+    partition map does (other columns, a NULL among them, change nothing), and an operation
+    without its key goes to the address given, unchanged (a map's ``[]`` would add it)."""
+    schema = TableSchema(
+        "t",
+        "t_1",
+        (
+            Column("a", ColumnType("INT"), nullable=False),
+            Column("b", ColumnType("TEXT"), nullable=False),
+            Column("note", ColumnType("TEXT")),
+        ),
+        ("a", "b"),
+    )
+    router = Router(MEMBERS, 6)
+    router.learn(
+        "t", pb.DescribeReply(kind=pb.DescribeReply.TABLE, schema_json=json.dumps(schema.to_json()))
+    )
+    for a in range(40):
+        row = {"a": a, "b": f"k{a % 3}", "note": None if a % 2 else "x"}
+        op = pb.Operation(kind=pb.Operation.INSERT, table="t", values=to_row(row))
+        key = table_key(schema, {"a": a, "b": row["b"]})
+        assert router.member_for([op]) == partition_of("t_1", key, 6) % len(MEMBERS)
+        delete = pb.Operation(
+            kind=pb.Operation.DELETE, table="t", key=to_row({"a": a, "b": row["b"]})
+        )
+        assert router.member_for([delete]) == router.member_for([op])
+    keyless = pb.Operation(kind=pb.Operation.INSERT, table="t", values=to_row({"a": 1}))
+    assert router.member_for([keyless]) is None
+    assert sorted(keyless.values.columns) == ["a"]
