@@ -205,6 +205,14 @@ def test_a_malformed_drive_is_refused_and_the_node_stays_up(nodes: list[Server])
     with pytest.raises(grpc.RpcError) as caught:
         list(stub.Drive(iter(wrong_peers)))
     assert "2 peer addresses for 1 nodes" in (caught.value.details() or "")
+    # a malformed message after a good start ends the stream with the reason (the answers
+    # end with the requests; before, they would have ended as if the driver had just left)
+    hello = pb.Envelope(hello=pb.Hello(switch_id=0, peers=[nodes[0].address]))
+    later = [pb.Batch(messages=[hello]), pb.Batch(messages=[pb.Envelope()])]
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.Drive(iter(later)))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a runtime message" in (caught.value.details() or "")
     with pytest.raises(grpc.RpcError) as caught:
         stub.ReadMap(pb.MapRequest(map="nope"))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND

@@ -253,6 +253,9 @@ class _Servicer:
                     yield batch
             finally:
                 answering[0] = False
+            refused = reader.exception() if reader.done() and not reader.cancelled() else None
+            if isinstance(refused, ValueError | TypeError):  # a malformed message ended it
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(refused))
             if host.failure is not None:
                 await context.abort(grpc.StatusCode.INTERNAL, host.failure)
         finally:
