@@ -74,14 +74,10 @@ class Router:
         if schema is None:
             return None
         columns = (op.values if op.kind == pb.Operation.INSERT else op.key).columns
-        key_values = {}
-        for column in schema.primary_key:  # only the key is decoded, not the whole row
-            value = columns.get(column)  # (a map's ``[]`` would add the column)
-            if value is None:
-                return None
-            key_values[column] = value
-        try:
-            key = table_key(schema, {c: from_value(v) for c, v in key_values.items()})
+        if any(c not in columns for c in schema.primary_key):  # (``[]`` would add a column)
+            return None
+        try:  # only the key is decoded, not the whole row
+            key = table_key(schema, {c: from_value(columns[c]) for c in schema.primary_key})
         except (KeyError, errors.AggviewError, TypeError, ValueError):
             return None
         return partition_of(schema.table_id, key, self.partitions) % len(self.members)

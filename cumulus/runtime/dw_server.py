@@ -241,10 +241,10 @@ class _Servicer:
                 await reader
                 return
             # the driver's end of its requests ends the answers too: its close waits for them
-            answering = [True]
+            answering = True
 
             def driver_left(_: asyncio.Task[None]) -> None:
-                if answering[0]:
+                if answering:  # (not once this stream ended otherwise)
                     host.to_driver.put_nowait(None)
 
             reader.add_done_callback(driver_left)
@@ -252,7 +252,7 @@ class _Servicer:
                 async for batch in _batches(host.to_driver, host.config.number):
                     yield batch
             finally:
-                answering[0] = False
+                answering = False
             refused = reader.exception() if reader.done() and not reader.cancelled() else None
             if isinstance(refused, ValueError | TypeError):  # a malformed message ended it
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(refused))
