@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 from hypothesis import settings
 from lookup_check import lookup_mismatches
@@ -32,6 +33,20 @@ os.environ.setdefault(
     "spark.sql.shuffle.partitions=2,spark.default.parallelism=2,"
     "spark.sql.codegen.wholeStage=false,spark.sql.codegen.factoryMode=NO_CODEGEN",
 )
+# duckdb, the oracle, answers statements over a few hundred rows: its default pool of one
+# thread per core costs a fifth more CPU per statement than one thread (measured) and competes
+# with the other workers for the 2 cores, so every connection the tests open has one thread
+# unless it asks for more.
+_duckdb_connect = duckdb.connect
+
+
+def _one_thread_duckdb(
+    database: str = ":memory:", read_only: bool = False, config: dict | None = None, **kwargs: Any
+) -> Any:
+    return _duckdb_connect(database, read_only, {"threads": 1, **(config or {})}, **kwargs)
+
+
+duckdb.connect = _one_thread_duckdb
 # Property tests: ``ci`` (the default) or ``thorough`` (HYPOTHESIS_PROFILE; see profiles.py).
 settings.register_profile("ci", settings())
 settings.register_profile("thorough", settings(max_examples=500))
