@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -249,10 +249,11 @@ class AsyncClient(ClientBase):
                 return await self._transact(stream, request)
             if alone:
                 call = stub.Commit(request, timeout=self.timeout, metadata=self._metadata)
-                answer = self._committed(call)
-            else:
-                answer = self._transact(stream, request)
-            return await self._watched(asyncio.ensure_future(answer), watch, {member: stub})
+                committed = asyncio.ensure_future(self._committed(call))
+                return await self._watched(committed, watch, {member: stub})
+            # the stream's own future of the answer: no task between it and the watch
+            sent = stream.send(pb.TransactRequest(operations=operations), *self._deadline())
+            return _timestamp(await self._watched(sent, watch, {member: stub}))
 
         try:
             return await self.retry.arun(once, self._retried)
@@ -306,17 +307,15 @@ class AsyncClient(ClientBase):
 
     async def _transact(self, stream: Stream, request: pb.CommitRequest) -> int:
         reply = await stream.ask(
-            pb.TransactRequest(operations=request.operations),
-            self.timeout,
-            lambda: errors.Unavailable(
-                f"no answer within {self.timeout:g}s (the transaction may or may not have "
-                "committed)"
-            ),
+            pb.TransactRequest(operations=request.operations), *self._deadline()
         )
-        if reply.code:
-            code = CODE_BY_NUMBER.get(reply.code, grpc.StatusCode.UNKNOWN)
-            raise error_from_status(code, reply.message, reply.reason)
-        return reply.timestamp  # type: ignore[no-any-return]
+        return _timestamp(reply)
+
+    def _deadline(self) -> tuple[float, Callable[[], Exception]]:
+        """How long a transaction on the stream waits for its answer, and what it hears then."""
+        return self.timeout, lambda: errors.Unavailable(
+            f"no answer within {self.timeout:g}s (the transaction may or may not have committed)"
+        )
 
     def _stream_ended(self, exc: BaseException | None) -> errors.AggviewError:
         """What transactions still waiting hear when the stream ends (the coordinator
@@ -398,3 +397,11 @@ class AsyncClient(ClientBase):
     async def refresh(self, name: str) -> int:
         stub = await self._leader()
         return (await self._call(stub.Refresh, pb.RefreshRequest(view=name))).timestamp
+
+
+def _timestamp(reply: pb.TransactReply) -> int:
+    """A transaction's answer on the stream: its commit timestamp, or the error it carries."""
+    if reply.code:
+        code = CODE_BY_NUMBER.get(reply.code, grpc.StatusCode.UNKNOWN)
+        raise error_from_status(code, reply.message, reply.reason)
+    return reply.timestamp  # type: ignore[no-any-return]

@@ -119,7 +119,10 @@ class AskEach(Generic[Request, Reply]):
         self._call: Any = None
         self._outbox: list[Request] = []
         self._writer_of: Any = None  # the call a write task is busy with, if any
+        # answers awaited by request id (until answered, expired or the call ends), and
+        # the timers that expire them
         self._waiting: dict[int, asyncio.Future[Reply]] = {}
+        self._expiries: dict[int, asyncio.TimerHandle] = {}
         self._ids = itertools.count(1)
         self.messages_written = 0  # each carrying requests_written / messages_written requests
         self.requests_written = 0
@@ -135,23 +138,60 @@ class AskEach(Generic[Request, Reply]):
     ) -> Reply:
         """Sends ``request`` (its id is set here) and returns its answer; ``expired()`` is
         raised when none came within ``timeout`` seconds."""
+        return await self.send(request, timeout, expired)
+
+    def send(
+        self, request: Request, timeout: float, expired: Callable[[], Exception]
+    ) -> asyncio.Future[Reply]:
+        """``ask`` without awaiting: the future of the answer, for a caller that waits on it
+        with other things (no task to wrap the request in)."""
         loop = asyncio.get_running_loop()
         if self._call is None:
             self._call = self._open_call()
             self._spawn(self._read(self._call))
-        request.id = next(self._ids)  # type: ignore[attr-defined]
+        call = self._call
+        request.id = ident = next(self._ids)  # type: ignore[attr-defined]
         answer: asyncio.Future[Reply] = loop.create_future()
-        self._waiting[request.id] = answer  # type: ignore[attr-defined]
+        self._waiting[ident] = answer
+        self._expiries[ident] = loop.call_later(timeout, self._expire, ident, expired)
         self._outbox.append(request)
-        if self._writer_of is not self._call:  # none, or one still busy with an ended call
-            self._writer_of = self._call
-            self._spawn(self._write(self._call))
-        expiry = loop.call_later(timeout, _expire, answer, expired)
+        if self._writer_of is not call:  # none, or one still busy with an ended call
+            self._writer_of = call
+            if hasattr(call, "try_write"):
+                loop.call_soon(self._flush, call)
+            else:
+                self._spawn(self._write(call))
+        return answer
+
+    def _flush(self, call: Any) -> None:
+        """Writes what was asked during the loop pass that scheduled it, as ``_write`` does
+        but with no task, while the call takes messages without waiting (``try_write``: a
+        connection of ours, open, its buffer not full); what it cannot take, or a linger
+        that is due, goes to a writer task."""
+        if call is not self._call:
+            self._writer_of = None
+            return
         try:
-            return await answer
-        finally:
-            expiry.cancel()
-            self._waiting.pop(request.id, None)  # type: ignore[attr-defined]
+            if self._busy is not None and len(self._waiting) >= self._busy:
+                self._spawn(self._write(call))
+                return
+            while self._outbox:
+                count = self._fitting()
+                if not call.try_write(self._pack(self._outbox[:count])):
+                    self._spawn(self._write(call))  # it clears ``_writer_of`` when done
+                    return
+                del self._outbox[:count]
+                self.messages_written += 1
+                self.requests_written += count
+        except Exception as exc:  # noqa: BLE001 - every waiter hears of it
+            self.end(call, exc)
+        self._writer_of = None
+
+    def _expire(self, ident: int, expired: Callable[[], Exception]) -> None:
+        self._expiries.pop(ident, None)
+        answer = self._waiting.pop(ident, None)
+        if answer is not None and not answer.done():
+            answer.set_exception(expired())
 
     async def _write(self, call: Any) -> None:
         try:
@@ -185,7 +225,10 @@ class AskEach(Generic[Request, Reply]):
         try:
             async for message in call:
                 for reply in message.replies:
-                    answer = self._waiting.get(reply.id)
+                    answer = self._waiting.pop(reply.id, None)
+                    expiry = self._expiries.pop(reply.id, None)
+                    if expiry is not None:
+                        expiry.cancel()
                     if answer is not None and not answer.done():
                         answer.set_result(reply)
             self.end(call, None)
@@ -201,6 +244,9 @@ class AskEach(Generic[Request, Reply]):
         self._outbox.clear()
         failure = self._failure(exc)
         waiting, self._waiting = self._waiting, {}
+        expiries, self._expiries = self._expiries, {}
+        for expiry in expiries.values():
+            expiry.cancel()
         for answer in waiting.values():
             if not answer.done():
                 answer.set_exception(failure)
@@ -227,8 +273,3 @@ class AskEach(Generic[Request, Reply]):
         if call is not None:  # gRPC's own task for the call ends once its status is in
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(call.code(), 5)
-
-
-def _expire(answer: asyncio.Future[Any], expired: Callable[[], Exception]) -> None:
-    if not answer.done():
-        answer.set_exception(expired())

@@ -91,6 +91,43 @@ def test_concurrent_requests_find_their_answers() -> None:
     asyncio.run(main())
 
 
+def test_requests_of_one_loop_pass_share_a_message_written_without_a_task() -> None:
+    """On an open connection the requests asked in one pass of the loop go out together at
+    the start of the next, by a plain callback: no writer task per request (a one-client
+    commit paid a task, its step and its completion on top of its own)."""
+
+    async def main() -> None:
+        server = await frames.FramedServer(echo_welcome).start("127.0.0.1", 0)
+        stream = asker(f"127.0.0.1:{server.port}")
+        writers: list[str] = []
+        loop = asyncio.get_running_loop()
+
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
+            if coro.__qualname__ == "AskEach._write":
+                writers.append(coro.__qualname__)
+            return asyncio.Task(coro, loop=loop)
+
+        try:
+            await ask(stream, 0)  # opens the connection (the first write waits for it)
+            loop.set_task_factory(factory)
+            before = stream.messages_written
+            expired = lambda: errors.Unavailable("no answer")  # noqa: E731
+            answers = [
+                stream.send(pb.LtmRequest(prepare=pb.PrepareRequest(low_watermark=n)), 5, expired)
+                for n in (1, 2, 3)
+            ]
+            replies = await asyncio.gather(*answers)
+            assert [r.vote.ts for r in replies] == [1, 2, 3]
+            assert stream.messages_written == before + 1
+            assert writers == []
+        finally:
+            loop.set_task_factory(None)
+            await stream.close()
+            await server.close()
+
+    asyncio.run(main())
+
+
 def test_a_refused_stream_says_why_and_the_server_goes_on() -> None:
     async def main() -> None:
         server = await frames.FramedServer(echo_welcome).start("127.0.0.1", 0)
