@@ -120,8 +120,7 @@ def _execute(
             declared = ", ".join(f'"{c}" {t}' for c, t in columns)
             con.execute(f'CREATE TABLE "{name}" ({declared})')
             if rows:
-                marks = ", ".join("?" for _ in columns)
-                con.executemany(f'INSERT INTO "{name}" VALUES ({marks})', rows)
+                _load(con, name, rows)
         con.execute("SET lock_configuration = true")
         try:
             result = con.execute(_named(statement).sql(dialect="duckdb"))
@@ -131,3 +130,28 @@ def _execute(
         return columns, result.fetchall()
     finally:
         con.close()
+
+
+_LOADING = "aggview rows being loaded"  # a name no table of ours has (a space in it)
+
+
+def _load(con: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
+    """The rows into table ``name`` a column at a time, through Arrow (duckdb's executemany
+    binds them a row at a time: 6.1 s for 8,000 rows of three columns, Arrow 14 ms), cast to
+    the declared types by the INSERT; a row at a time where Arrow cannot hold a value (an
+    integer past 64 bits, a decimal past 38 digits), so the error, if any, is duckdb's as
+    before."""
+    import pyarrow as pa
+
+    try:
+        columns = zip(*rows, strict=True)
+        table = pa.table({f"c{i}": pa.array(column) for i, column in enumerate(columns)})
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        marks = ", ".join("?" for _ in rows[0])
+        con.executemany(f'INSERT INTO "{name}" VALUES ({marks})', rows)
+        return
+    con.register(_LOADING, table)
+    try:
+        con.execute(f'INSERT INTO "{name}" SELECT * FROM "{_LOADING}"')
+    finally:
+        con.unregister(_LOADING)
