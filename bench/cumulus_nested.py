@@ -24,6 +24,7 @@ from typing import Any
 import duckdb
 
 from aggview.schema import Column, ColumnType, TableSchema
+from coordinator.adhoc import load_rows
 from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.interpreter import Interpreter
 
@@ -93,7 +94,7 @@ def measure(name: str, select: str) -> dict[str, Any]:
         con.execute(f"CREATE TABLE {table} (id INT, k INT, {TABLES[table].columns[2].name} INT)")
         rows = [_row(rng, i) for i in range(ROWS)]
         live[table] = {r[0]: r for r in rows}
-        con.executemany(f"INSERT INTO {table} VALUES (?, ?, ?)", rows)
+        load_rows(con, table, rows)
         for row in rows:
             interp.insert(table, row)
     stream = []

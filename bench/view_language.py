@@ -17,6 +17,7 @@ from typing import Any
 import duckdb
 import sqlglot
 
+from coordinator.adhoc import load_rows
 from coordinator.catalog import table_from_create
 from cumulus.m3.compiler import compile_program, plan_of
 from cumulus.m3.interpreter import Interpreter
@@ -76,10 +77,7 @@ def measure(sql: str, rows: int, updates: int, seed: int = 7) -> tuple[float, fl
     m3_us = (time.perf_counter() - start) / updates * 1e6
     con = duckdb.connect()
     con.execute(DDL)
-    con.executemany(
-        "INSERT INTO t VALUES (?, ?, ?, ?, ?)",
-        [[r[c] for c in ("id", "k", "g", "v", "x")] for r in table.values()],
-    )
+    load_rows(con, "t", [[r[c] for c in ("id", "k", "g", "v", "x")] for r in table.values()])
     query = sqlglot.parse_one(sql).sql(dialect="duckdb")
     con.execute(query).fetchall()  # warm
     runs = 20

@@ -10,6 +10,7 @@ which may answer it cheaper. Pure reading: nothing here writes.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from sqlglot import exp
@@ -120,7 +121,7 @@ def _execute(
             declared = ", ".join(f'"{c}" {t}' for c, t in columns)
             con.execute(f'CREATE TABLE "{name}" ({declared})')
             if rows:
-                _load(con, name, rows)
+                load_rows(con, name, rows)
         con.execute("SET lock_configuration = true")
         try:
             result = con.execute(_named(statement).sql(dialect="duckdb"))
@@ -135,23 +136,29 @@ def _execute(
 _LOADING = "aggview rows being loaded"  # a name no table of ours has (a space in it)
 
 
-def _load(con: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
-    """The rows into table ``name`` a column at a time, through Arrow (duckdb's executemany
-    binds them a row at a time: 6.1 s for 8,000 rows of three columns, Arrow 14 ms), cast to
-    the declared types by the INSERT; a row at a time where Arrow cannot hold a value (an
-    integer past 64 bits, a decimal past 38 digits), so the error, if any, is duckdb's as
-    before."""
+def load_rows(
+    con: Any, name: str, rows: Sequence[Sequence[Any]], columns: Sequence[str] = ()
+) -> None:
+    """The rows into duckdb table ``name`` (into its ``columns``, when given) a column at a
+    time, through Arrow (duckdb's executemany binds them a row at a time: 6.1 s for 8,000
+    rows of three columns, Arrow 14 ms), cast to the declared types by the INSERT; a row at a
+    time where Arrow cannot hold a value (an integer past 64 bits, a decimal past 38 digits),
+    so the error, if any, is duckdb's as before. The server's ad-hoc queries and the tests'
+    duckdb oracles load their rows here."""
     import pyarrow as pa
 
+    into = f'"{name}"'
+    if columns:
+        into += " (" + ", ".join(f'"{c}"' for c in columns) + ")"
     try:
-        columns = zip(*rows, strict=True)
-        table = pa.table({f"c{i}": pa.array(column) for i, column in enumerate(columns)})
+        values = zip(*rows, strict=True)
+        table = pa.table({f"c{i}": pa.array(column) for i, column in enumerate(values)})
     except (pa.ArrowException, OverflowError, TypeError, ValueError):
         marks = ", ".join("?" for _ in rows[0])
-        con.executemany(f'INSERT INTO "{name}" VALUES ({marks})', rows)
+        con.executemany(f"INSERT INTO {into} VALUES ({marks})", rows)
         return
     con.register(_LOADING, table)
     try:
-        con.execute(f'INSERT INTO "{name}" SELECT * FROM "{_LOADING}"')
+        con.execute(f'INSERT INTO {into} SELECT * FROM "{_LOADING}"')
     finally:
         con.unregister(_LOADING)

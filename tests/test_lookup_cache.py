@@ -29,6 +29,7 @@ from aggclient.bulk_client import BulkClient
 from agglauncher.cluster import LocalCluster
 from aggview import errors
 from aggview.schema import TableSchema
+from coordinator.adhoc import load_rows
 from coordinator.clock import Clock, Notice, Writes
 from coordinator.lookup_cache import ENTRY_OVERHEAD, LookupCache
 from coordinator.timestamp_oracle import TimestampOracle
@@ -416,10 +417,10 @@ def recompute(client: Client, select: str) -> list[tuple[Any, ...]]:
     con.execute("CREATE TABLE lc_c (id INT, name TEXT)")
     con.execute("CREATE TABLE lc_p (id INT, cat INT, price DECIMAL(8,2))")
     con.execute("CREATE TABLE lc_e (id INT, pid INT, cost DECIMAL(8,2))")
-    for table, columns in (("lc_c", 2), ("lc_p", 3), ("lc_e", 3)):
+    for table in ("lc_c", "lc_p", "lc_e"):
         rows = [tuple(r.values()) for r in client.scan(table)]
         if rows:
-            con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * columns)})", rows)
+            load_rows(con, table, rows)
     return sorted(con.execute(select).fetchall())
 
 

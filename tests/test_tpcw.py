@@ -25,6 +25,7 @@ from aggclient.bulk_client import BulkClient
 from agglauncher.cluster import LocalCluster
 from aggview import errors
 from aggview.processes import free_port
+from coordinator.adhoc import load_rows
 from loadgen import modes_bench, tpcw, tpcw_bench, tpcw_population
 
 pytest.importorskip("pyspark")
@@ -138,8 +139,7 @@ def recompute(client: Client) -> duckdb.DuckDBPyConnection:
         names = [part.split()[0] for part in columns.split(", ")]
         rows = [tuple(row[c] for c in names) for row in client.scan(table)]
         if rows:
-            marks = ", ".join("?" for _ in names)
-            con.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+            load_rows(con, table, rows)
     return con
 
 

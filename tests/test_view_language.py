@@ -30,6 +30,7 @@ from aggview import errors
 from aggview.keycodec import encode_key
 from aggview.merge import combine
 from aggview.schema import Column, ColumnType, TableSchema, row_to_storage, to_storage
+from coordinator.adhoc import load_rows
 from cumulus.aggstate import ViewState
 from cumulus.compiler import compile_sql
 from cumulus.delta import Changes, join_order, view_delta
@@ -145,10 +146,7 @@ FUNCTION_CONDITIONS = [
 def grid() -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     con.execute("CREATE TABLE t (id INT, x INT, g TEXT, v DECIMAL(8,2), f DOUBLE, d DATE)")
-    con.executemany(
-        "INSERT INTO t VALUES (?, ?, ?, ?, ?, ?)",
-        [[r[c] for c in ("id", "x", "g", "v", "f", "d")] for r in GRID],
-    )
+    load_rows(con, "t", [[r[c] for c in ("id", "x", "g", "v", "f", "d")] for r in GRID])
     return con
 
 

@@ -22,6 +22,7 @@ from agglauncher.cluster import LocalCluster
 from aggview import errors
 from aggview.merge import accumulate, combine, gather
 from aggview.partition_map import group_of, partial_key, partition_of
+from coordinator.adhoc import load_rows
 from loadgen import dashboard
 
 SMALL = dashboard.Scale(shops=5, products=40, categories=4)
@@ -34,12 +35,7 @@ def recompute(client: Client, select: str) -> list[tuple]:  # type: ignore[type-
     for table in ("categories", "shops", "products", "events"):
         rows = client.scan(table)
         if rows:
-            columns = list(rows[0])
-            con.executemany(
-                f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
-                f"({', '.join('?' for _ in columns)})",
-                [tuple(r.values()) for r in rows],
-            )
+            load_rows(con, table, [tuple(r.values()) for r in rows], list(rows[0]))
     return sorted(con.execute(select).fetchall(), key=repr)
 
 

@@ -25,6 +25,7 @@ from profiles import examples
 from aggclient import Client
 from agglauncher.cluster import LocalCluster
 from aggview import errors
+from coordinator.adhoc import load_rows
 from cumulus.sqltext import divided_as_views_divide
 
 _names = itertools.count()
@@ -218,7 +219,7 @@ def recompute(
         con.execute(table_ddl(name).replace("FLOAT", "DOUBLE"))  # duckdb's FLOAT is 32-bit
         rows = [(r["id"], r["k"], r["g"], r["v"], r["x"], r["f"]) for r in client.scan(name)]
         if rows:
-            con.executemany(f"INSERT INTO {name} VALUES (?, ?, ?, ?, ?, ?)", rows)
+            load_rows(con, name, rows)
     for name, view_select in views:
         con.execute(f"CREATE VIEW {name} AS {reference(view_select)}")
     return con.execute(reference(select)).fetchall()
