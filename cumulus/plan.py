@@ -426,16 +426,21 @@ class ViewPlan:
 
     def base_tables(self) -> tuple[str, ...]:
         """Distinct base tables, in FROM order (of every branch): the tables whose writes
-        touch this view."""
-        names = {n.name for n in self.nested}
-        return tuple(
-            dict.fromkeys(
-                table
-                for plan in (*self.branch_plans(), *self.nested)
-                for table in (t.table for t in plan.tables)
-                if table not in names
+        touch this view. Worked out once per plan (it is frozen): a member asks for every
+        view's at each batch of commits it dispatches."""
+        known = self.__dict__.get("_base_tables")
+        if known is None:
+            names = {n.name for n in self.nested}
+            known = tuple(
+                dict.fromkeys(
+                    table
+                    for plan in (*self.branch_plans(), *self.nested)
+                    for table in (t.table for t in plan.tables)
+                    if table not in names
+                )
             )
-        )
+            object.__setattr__(self, "_base_tables", known)
+        return known  # type: ignore[no-any-return]
 
     def join_columns(self) -> tuple[tuple[str, str], ...]:
         """Distinct (table, column) pairs the joins match on, in edge order: what indexes
