@@ -121,21 +121,19 @@ class FramedCall:
         writer.write(framed(message.SerializeToString()))
         await writer.drain()
 
-    def try_write(self, message: Any) -> bool:
-        """Writes ``message`` at once when that needs no wait (the connection open and
-        welcomed, its send buffer below the transport's high-water mark): True; False when
-        ``write`` must do it."""
+    def writable(self) -> bool:
+        """Whether ``write_nowait`` may write now: the connection open and welcomed, its send
+        buffer below the transport's high-water mark (else ``write`` waits for it)."""
         opening = self._opening
         if not opening.done() or opening.cancelled() or opening.exception() is not None:
             return False
-        writer = opening.result()[1]
-        transport = writer.transport
-        if transport.is_closing() or (
-            transport.get_write_buffer_size() >= transport.get_write_buffer_limits()[1]
-        ):
-            return False
-        writer.write(framed(message.SerializeToString()))
-        return True
+        transport = opening.result()[1].transport
+        size, (_, high) = transport.get_write_buffer_size(), transport.get_write_buffer_limits()
+        return not transport.is_closing() and size < high
+
+    def write_nowait(self, message: Any) -> None:
+        """``write`` without waiting; only when ``writable()``."""
+        self._opening.result()[1].write(framed(message.SerializeToString()))
 
     async def _replies(self) -> AsyncIterator[Any]:
         reader, _ = await self._opening

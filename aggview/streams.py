@@ -157,7 +157,7 @@ class AskEach(Generic[Request, Reply]):
         self._outbox.append(request)
         if self._writer_of is not call:  # none, or one still busy with an ended call
             self._writer_of = call
-            if hasattr(call, "try_write"):
+            if hasattr(call, "write_nowait"):
                 loop.call_soon(self._flush, call)
             else:
                 self._spawn(self._write(call))
@@ -165,27 +165,20 @@ class AskEach(Generic[Request, Reply]):
 
     def _flush(self, call: Any) -> None:
         """Writes what was asked during the loop pass that scheduled it, as ``_write`` does
-        but with no task, while the call takes messages without waiting (``try_write``: a
-        connection of ours, open, its buffer not full); what it cannot take, or a linger
-        that is due, goes to a writer task."""
-        if call is not self._call:
-            self._writer_of = None
-            return
+        but with no task, while the call takes messages without waiting (a connection of
+        ours, open, its buffer not full); what it cannot take, or a linger that is due, goes
+        to a writer task."""
         try:
-            if self._busy is not None and len(self._waiting) >= self._busy:
-                self._spawn(self._write(call))
-                return
-            while self._outbox:
-                count = self._fitting()
-                if not call.try_write(self._pack(self._outbox[:count])):
-                    self._spawn(self._write(call))  # it clears ``_writer_of`` when done
-                    return
-                del self._outbox[:count]
-                self.messages_written += 1
-                self.requests_written += count
+            while call is self._call and self._outbox and not self._lingering():
+                if not call.writable():
+                    break
+                call.write_nowait(self._next_message())
         except Exception as exc:  # noqa: BLE001 - every waiter hears of it
             self.end(call, exc)
-        self._writer_of = None
+        if call is self._call and self._outbox:
+            self._spawn(self._write(call))  # it clears ``_writer_of`` when done
+        else:
+            self._writer_of = None
 
     def _expire(self, ident: int, expired: Callable[[], Exception]) -> None:
         self._expiries.pop(ident, None)
@@ -195,19 +188,28 @@ class AskEach(Generic[Request, Reply]):
 
     async def _write(self, call: Any) -> None:
         try:
-            if self._busy is not None and len(self._waiting) >= self._busy:
+            if self._lingering():
                 await asyncio.sleep(self._linger)
             while self._outbox and call is self._call:
-                count = self._fitting()
-                batch, self._outbox = self._outbox[:count], self._outbox[count:]
-                self.messages_written += 1
-                self.requests_written += len(batch)
-                await call.write(self._pack(batch))
+                await call.write(self._next_message())
         except Exception as exc:  # noqa: BLE001 - every waiter hears of it
             self.end(call, exc)
         finally:
             if self._writer_of is call:
                 self._writer_of = None
+
+    def _lingering(self) -> bool:
+        """Busy enough that the next write waits ``linger`` for more requests to join it."""
+        return self._busy is not None and len(self._waiting) >= self._busy
+
+    def _next_message(self) -> Any:
+        """The next message of queued requests (at least one), taken off the queue, counted."""
+        count = self._fitting()
+        message = self._pack(self._outbox[:count])
+        del self._outbox[:count]
+        self.messages_written += 1
+        self.requests_written += count
+        return message
 
     def _fitting(self) -> int:
         """How many queued requests the next message takes (at least one)."""

@@ -6,7 +6,6 @@ hold a value, one at a time."""
 from __future__ import annotations
 
 import datetime
-import math
 from decimal import Decimal
 from typing import Any
 
@@ -60,8 +59,6 @@ def tables(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[tuple[Any, ...]
 
 
 def same(got: Any, loaded: Any) -> bool:
-    if isinstance(loaded, float) and isinstance(got, float):
-        return got == loaded or (math.isinf(got) and got == loaded)
     return bool(got == loaded) and type(got) is type(loaded)
 
 
