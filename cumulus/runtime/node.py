@@ -48,7 +48,8 @@ from cumulus.runtime.messages import (
     Slice,
     Timestamp,
 )
-from cumulus.runtime.placement import Placement, matches
+from cumulus.runtime.placement import Placement
+from cumulus.runtime.readlog import ReadEntry, ReadLog
 
 Outbox = list[tuple[int, Message]]
 # a slice as served: (statement, factor, entries)
@@ -81,15 +82,6 @@ class NodeStats:
     max_depth: int = 0
     deferred_fetches: int = 0
     epochs: int = 0
-
-
-@dataclass(slots=True, unsafe_hash=True)
-class _ReadEntry:
-    ts: Timestamp
-    pattern: Key
-    writer: int
-    statement: int
-    factor: int
 
 
 class ProtocolError(RuntimeError):
@@ -156,7 +148,7 @@ class Node:
         ]
         self.maps: dict[str, MapLog] = defaultdict(MapLog)
         self._homes: dict[str, dict[Any, int]] = defaultdict(dict)
-        self.reads: dict[str, list[_ReadEntry]] = defaultdict(list)  # by map, sorted by ts
+        self.reads: dict[str, ReadLog] = defaultdict(ReadLog)  # by map
         self.operations: dict[tuple[Timestamp, int], Operation] = {}
         self.pending_writes: dict[str, list[Timestamp]] = defaultdict(list)  # sorted
         # FETCHes to look at, and those parked: by the map whose pending write blocks them
@@ -399,11 +391,7 @@ class Node:
                 if log_reads:
                     log = self.reads[read.map]
                     for writer in writers:
-                        entry = _ReadEntry(ts, pattern, writer, fetch.statement, read.factor)
-                        if not log or log[-1].ts <= ts:  # in order, as most reads are
-                            log.append(entry)
-                        else:
-                            bisect.insort(log, entry, key=lambda e: e.ts)
+                        log.add(ReadEntry(ts, pattern, writer, fetch.statement, read.factor), bound)
                 else:
                     newest = newest_read.get(read.map)
                     if newest is None or newest < ts:
@@ -495,13 +483,11 @@ class Node:
             self._unlogged(map_name, ts)
             return
         log = self.reads.get(map_name)
-        if not log or log[-1].ts <= ts:
+        if log is None or log.newest is None or log.newest <= ts:
             return  # no read of this map at a later timestamp was served yet
         late: dict[int, list[Read]] = defaultdict(list)
-        start = bisect.bisect_right(log, ts, key=lambda e: e.ts)
-        for entry in log[start:]:
-            if matches(entry.pattern, key):
-                late[entry.writer].append(Read(entry.ts, entry.statement, entry.factor))
+        for entry in log.late(key, ts):
+            late[entry.writer].append(Read(entry.ts, entry.statement, entry.factor))
         for writer, reads in late.items():
             self.stats.corrective_sent += 1
             self.stats.max_depth = max(self.stats.max_depth, depth + 1)
@@ -602,8 +588,8 @@ class Node:
         for log in self.maps.values():
             log.fold(cut)
         self._log_entries = sum(log.entries() for log in self.maps.values())
-        for name, reads in self.reads.items():
-            self.reads[name] = reads[bisect.bisect_left(reads, (cut + 1, -1), key=lambda e: e.ts) :]
+        for reads in self.reads.values():
+            reads.prune(cut)
         self.operations = {k: op for k, op in self.operations.items() if k[0][0] > cut}
         for switch, puts in self._put_ts.items():  # all written: the count is what matters
             folded = bisect.bisect_right(puts, (cut, 1 << 62))

@@ -134,6 +134,3 @@ def _step(number: int, statement: Statement, args: set[str]) -> Step:
         guards,
     )
 
-
-def matches(pattern: Key, key: Key) -> bool:
-    return all(p is WILD or p == k for p, k in zip(pattern, key, strict=True))
