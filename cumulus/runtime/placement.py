@@ -133,4 +133,3 @@ def _step(number: int, statement: Statement, args: set[str]) -> Step:
         tuple(reads),
         guards,
     )
-
