@@ -8,6 +8,7 @@ not into the user's terminal; the project shows job progress itself (``aggspark.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
@@ -19,14 +20,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from aggspark import class_archive
 from aggview import errors
 from aggview.processes import log_tail
 
 _session: Any = None
+_writing: class_archive.Writing | None = None  # the class archive this session's JVM writes
 
 
-def check_java() -> None:
-    """PySpark 4 needs Java 17+; say so plainly instead of a JVM launch stack trace."""
+def check_java() -> str:
+    """PySpark 4 needs Java 17+; say so plainly instead of a JVM launch stack trace. Returns
+    what ``java -version`` said."""
     java = (
         shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin"))
         if os.environ.get("JAVA_HOME")
@@ -48,6 +52,7 @@ def check_java() -> None:
         raise errors.FailedPrecondition(
             f"the Spark layer needs Java 17 or newer; {java} is Java {version}"
         )
+    return out
 
 
 def _java_major(version_output: str) -> int | None:
@@ -67,8 +72,12 @@ def spark_log() -> Path:
     ``aggview/spark-<pid>.log`` under the user's cache directory."""
     if os.environ.get("AGGVIEW_SPARK_LOG"):
         return Path(os.environ["AGGVIEW_SPARK_LOG"])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "aggview" / f"spark-{os.getpid()}.log"
+    return cache_directory() / f"spark-{os.getpid()}.log"
+
+
+def cache_directory() -> Path:
+    """aggview's directory under the user's cache directory."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aggview"
 
 
 def _use_this_interpreter() -> None:
@@ -93,9 +102,8 @@ def _home_without_zips() -> None:
     package = Path(pyspark.__file__).parent
     if not (package / "jars").is_dir():
         return  # not pip's layout: leave Spark to find its home
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     digest = hashlib.sha1(str(package).encode()).hexdigest()[:12]
-    home = cache / "aggview" / f"spark-home-{pyspark.__version__}-{digest}"
+    home = cache_directory() / f"spark-home-{pyspark.__version__}-{digest}"
     try:
         if not home.is_dir():
             staging = home.with_name(f"{home.name}.{os.getpid()}")
@@ -157,12 +165,14 @@ def extra_settings() -> dict[str, str]:
     return out
 
 
-def spark_session(master: str | None = None) -> Any:
-    """The process's Spark session (created once), with the aggview Data Source registered."""
-    global _session
+def spark_session(master: str | None = None, write_classes: bool = False) -> Any:
+    """The process's Spark session (created once), with the aggview Data Source registered.
+    ``write_classes``: where no class archive is kept yet, this session's JVM records it
+    (``aggspark.class_archive``'s writer; ``stop_session`` waits for it)."""
+    global _session, _writing
     if _session is not None:
         return _session
-    check_java()
+    java_version = check_java()
     try:
         from pyspark.sql import SparkSession
     except ImportError:
@@ -191,14 +201,17 @@ def spark_session(master: str | None = None) -> Any:
         .config("spark.python.worker.reuse", "true")
         .config("spark.ui.showConsoleProgress", "false")  # progress is shown by the project
     )
+    writing = None
     if master.startswith("local"):
+        java_options = os.environ.get("AGGVIEW_SPARK_JAVA_OPTIONS")
+        if java_options is None:  # ours: with the class archive where one is kept
+            java_options, writing = class_archive.java_options(
+                cache_directory(), java_version, LOCAL_JAVA_OPTIONS, record=write_classes
+            )
         builder = (
             builder.config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
-            .config(
-                "spark.driver.extraJavaOptions",
-                os.environ.get("AGGVIEW_SPARK_JAVA_OPTIONS", LOCAL_JAVA_OPTIONS),
-            )
+            .config("spark.driver.extraJavaOptions", java_options)
         )
     for key, value in extra_settings().items():
         builder = builder.config(key, value)
@@ -210,13 +223,32 @@ def spark_session(master: str | None = None) -> Any:
         raise errors.FailedPrecondition(
             f"Spark did not start ({exc}); the end of its log {log}:\n{log_tail(log, 20)}"
         ) from None
+    if writing is not None:  # the archive is named once the JVM exits: at stop, or at exit
+        _writing = writing
+        atexit.register(stop_session)
     _session.sparkContext.setLogLevel("ERROR")
     _session.dataSource.register(AggviewDataSource)
     return _session
 
 
+def writing_classes() -> bool:
+    """Whether stopping the session waits for its JVM to write the class archive."""
+    return _writing is not None
+
+
 def stop_session() -> None:
-    global _session
+    """Stops the process's session; where its JVM writes the class archive, also the JVM,
+    waiting for the archive (a few seconds, once per machine)."""
+    global _session, _writing
     if _session is not None:
         _session.stop()
         _session = None
+        if _writing is not None:
+            from pyspark import SparkContext
+
+            writing, _writing = _writing, None
+            gateway = SparkContext._gateway
+            SparkContext._gateway = SparkContext._jvm = None  # a next session starts a JVM
+            with contextlib.suppress(Exception):  # py4j's own shutdown, best effort
+                gateway.shutdown()
+            class_archive.finish(writing, getattr(gateway, "proc", None))

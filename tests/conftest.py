@@ -183,6 +183,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not hasattr(session.config, "workerinput"):
+        # a Spark class archive's writer a session started (once per machine) ends with the run
+        from aggspark.class_archive import wait_for_writer
+        from aggspark.session import cache_directory
+
+        wait_for_writer(cache_directory(), timeout=180)
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None:
         return

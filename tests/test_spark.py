@@ -97,6 +97,20 @@ def test_python_workers_import_the_installed_pyspark(spark: Any) -> None:
     assert row.path == pyspark.__file__
 
 
+def test_the_sessions_jvm_maps_the_class_archive_it_names(spark: Any) -> None:
+    """A JVM that cannot use the archive it is given (another class path, another build)
+    goes on without it, silently: the archive must be mapped in the JVM's memory."""
+    from aggspark.session import LOCAL_JAVA_OPTIONS
+
+    options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions")
+    assert LOCAL_JAVA_OPTIONS in options
+    if "-XX:SharedArchiveFile=" not in options:
+        pytest.skip("this session's JVM writes the archive (or another one was writing it)")
+    archive = options.split("-XX:SharedArchiveFile=")[1].split()[0]
+    jvm = spark.sparkContext._gateway.proc.pid
+    assert archive in Path(f"/proc/{jvm}/maps").read_text()
+
+
 def test_data_source_reads_exactly_one_snapshot_while_writes_continue(
     spark: Any, cluster: LocalCluster, client: Client, table_name: str
 ) -> None:
