@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aggview.processes import alive
+
 ENV = "AGGVIEW_SPARK_CDS"
 LOCK_ENV = "AGGVIEW_SPARK_CDS_LOCK"  # the writer's lock, taken for it by the process starting it
 KEEP = 4  # archives kept at most (a new one removes the oldest beyond these)
@@ -195,7 +197,7 @@ def _held(lock: Path) -> bool:
             return False
     except OSError:
         return False
-    return _alive(pid)
+    return alive(pid)
 
 
 def _holder(lock: Path) -> int:
@@ -205,23 +207,11 @@ def _holder(lock: Path) -> int:
         return 0
 
 
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _sweep(directory: Path) -> None:
     """Files a writer that died left: ``<archive>.<pid>.partial`` of pids no longer alive."""
     for partial in directory.glob("spark-classes-*.partial"):
         pid = partial.suffixes[-2].lstrip(".") if len(partial.suffixes) >= 2 else ""
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             with contextlib.suppress(OSError):
                 partial.unlink()
 

@@ -331,3 +331,27 @@ class Server:
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs: an exited child of ours is reaped on the way, a zombie is dead."""
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False  # our child, and it has exited (now reaped)
+    except ChildProcessError:
+        pass  # not our child: ask the kernel
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return False

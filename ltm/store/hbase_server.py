@@ -26,7 +26,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from aggview import errors
-from aggview.processes import free_port, log_tail
+from aggview.processes import alive, free_port, log_tail
 
 POM = Path(__file__).with_name("hbase_pom.xml")
 SPLIT_TOOL = Path(__file__).with_name("hbase_tools") / "SplitTable.java"
@@ -229,7 +229,7 @@ class StandaloneHBase:
         except (OSError, ValueError):
             return None
         record = Running(**{**data, "ports": Ports(**data["ports"])})
-        if any(_alive(pid) and _runs_hbase(pid) for pid in (record.master_pid, record.thrift_pid)):
+        if any(alive(pid) and _runs_hbase(pid) for pid in (record.master_pid, record.thrift_pid)):
             return record
         return None
 
@@ -382,7 +382,7 @@ class StandaloneHBase:
         _terminate(record.thrift_pid, grace=15)
         if record.framed_pid:
             _terminate(record.framed_pid, grace=15)
-        if clean and _alive(record.master_pid):
+        if clean and alive(record.master_pid):
             self._shutdown_master()
         _terminate(record.master_pid, grace=60 if clean else 5)
         with contextlib.suppress(OSError):
@@ -405,22 +405,6 @@ class StandaloneHBase:
             )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        if waited == pid:
-            return False  # our child, and it has exited (now reaped)
-    except ChildProcessError:
-        pass  # not our child: ask the kernel
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _zombie(pid)
-
-
 def _runs_hbase(pid: int) -> bool:
     """The pid is still one of HBase's JVMs (not a process that reused the number)."""
     try:
@@ -430,27 +414,20 @@ def _runs_hbase(pid: int) -> bool:
     return MASTER_CLASS.encode() in command or THRIFT_CLASS.encode() in command
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return False
-
-
 def _terminate(pid: int, grace: float) -> None:
     """SIGTERM, then SIGKILL if ``pid`` is still alive after ``grace`` seconds."""
-    if not _alive(pid):
+    if not alive(pid):
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not alive(pid):
             return
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    while _alive(pid):
+    while alive(pid):
         time.sleep(0.05)
 
 
