@@ -12,6 +12,7 @@ from typing import Any
 import sqlglot
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from profiles import examples
 
 from aggview.schema import ColumnType
 from coordinator.adhoc import _execute
@@ -62,7 +63,7 @@ def same(got: Any, loaded: Any) -> bool:
     return bool(got == loaded) and type(got) is type(loaded)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(50, 300), deadline=None)  # a duckdb connection each
 @given(tables())
 def test_every_value_comes_back_as_loaded(table: tuple[list[Any], list[tuple[Any, ...]]]) -> None:
     columns, rows = table

@@ -77,7 +77,7 @@ def replay_both(program: Program, stream: list[Update], runtime_steps: bool = Tr
 
 
 @settings(
-    max_examples=examples(40, 100), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(25, 100), deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 @given(case=compiled_cases())
 def test_generated_statements_equal_the_interpreters_evaluation(
