@@ -13,7 +13,8 @@ name, and a file gets that name only after the JVM that wrote it exited cleanly:
 session's ``stop_session`` closes the JVM's stdin (its signal to exit, as when Python exits),
 waits for it, and renames the file. One process at a time writes (a lock file holding its pid;
 a dead writer's lock and file are swept). The archive's name covers what it is valid for (the
-Spark home, the Java build, the JVM options); the newest two are kept.
+Spark home, the Java build, the JVM options); it is removed once its Spark home is gone (a
+deleted venv), or when four newer ones are kept.
 ``AGGVIEW_SPARK_CDS=0`` turns it off."""
 
 from __future__ import annotations

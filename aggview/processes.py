@@ -334,7 +334,10 @@ class Server:
 
 
 def alive(pid: int) -> bool:
-    """Whether ``pid`` runs: an exited child of ours is reaped on the way, a zombie is dead."""
+    """Whether ``pid`` runs: an exited child of ours is reaped on the way, a zombie is dead.
+    Not a pid (0 or less: to ``waitpid`` and ``kill``, a process group) is not alive."""
+    if pid <= 0:
+        return False
     try:
         waited, _ = os.waitpid(pid, os.WNOHANG)
         if waited == pid:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,15 @@ def test_a_lock_held_by_a_live_process_keeps_others_from_recording(tmp_path: Pat
         holder.wait()
     # its holder gone, the lock is taken
     assert java_options(tmp_path, JAVA, OPTIONS, record=True)[1] is not None
+
+
+def test_an_empty_or_unreadable_lock_names_no_process(tmp_path: Path) -> None:
+    """A lock without a pid is nobody's: never ``waitpid(0)`` (any child of ours) or
+    ``kill(0)`` (our process group)."""
+    lock = archive_for(tmp_path, JAVA, OPTIONS).with_suffix(".jsa.lock")
+    lock.write_text("")
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    time.sleep(1.0)  # exited, not reaped yet
+    assert java_options(tmp_path, JAVA, OPTIONS, record=True)[1] is not None  # taken
+    # still ours to reap (reaped elsewhere, Popen would find no child and say 0)
+    assert child.wait(timeout=10) == 3
