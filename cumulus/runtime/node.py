@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,6 +237,9 @@ class Node:
                     "same switch: its host promised them in order"
                 )
             self._last_dispatch[message.ts[1]] = message.ts
+        if self.mode == "speculative" and self._here_and_now(message):
+            self._dispatch_here(message, out)
+            return
         steps = self.placement.steps[message.trigger]
         stream = message.ts[1] if self.per_switch else 0
         version = (stream, message.puts_before)
@@ -265,6 +268,53 @@ class Node:
                 self._ready.append(op)
         if message.fetches:
             self._candidates += [(message, fetch) for fetch in message.fetches]
+
+    def _here_and_now(self, message: Dispatch) -> bool:
+        """Whether the update's statements that read here are written here and read nothing
+        elsewhere, and no earlier write pending here blocks their reads: then they are read and
+        written at once (``_dispatch_here``), as the protocol would once its own PUSH arrived."""
+        if not message.fetches:
+            return False
+        me, fetched = (self.number,), set()
+        for fetch in message.fetches:
+            if fetch.writers != me:
+                return False
+            fetched.add(fetch.statement)
+        if fetched != {statement for statement, pushes in message.puts if pushes}:
+            return False  # a statement read elsewhere too (it waits for two PUSHes)
+        if any(pushes > 1 for _, pushes in message.puts):
+            return False
+        steps, pending_writes, ts = (
+            self.placement.steps[message.trigger],
+            self.pending_writes,
+            message.ts,
+        )
+        for fetch in message.fetches:
+            for read in steps[fetch.statement].reads:
+                if read.factor in fetch.factors:
+                    pending = pending_writes.get(read.map)
+                    if pending and pending[0] < ts:
+                        return False
+        return True
+
+    def _dispatch_here(self, message: Dispatch, out: Outbox) -> None:
+        """``_here_and_now``'s update: each statement's slices read as ``_serve`` reads them,
+        then its result written, with no PUSH, pending write or waiting operation."""
+        tables: dict[int, Tables] = {}
+        for fetch, factor, entries in self._read_slices(message, message.fetches):
+            mine = tables.setdefault(fetch.statement, {})
+            table = mine.get(factor)
+            if table is None:
+                mine[factor] = dict(entries)  # its own: a corrective revises it
+            else:
+                table.update(entries)
+        for statement, pushes in message.puts:
+            op = Operation(message.ts, statement, message.trigger, message.args, pushes, pushes)
+            if pushes:
+                op.tables = tables[statement]
+                if self.log_reads:  # a corrective may revise its reads
+                    self.operations[(message.ts, statement)] = op
+            self._written_op(op, out)
 
     def _push(self, message: Push) -> None:
         pieces = [(p.statement, p.factor, p.entries) for p in message.slices]
@@ -369,16 +419,16 @@ class Node:
             _, _, dispatch, fetch = heapq.heappop(waiting)
             self._candidates.append((dispatch, fetch))
 
-    def _serve(self, work: list[tuple[Dispatch, Fetch]], out: Outbox) -> None:
-        """PUSHes for the fetches of one update: one message per writer (to itself: taken at
-        once, as if it came back, with no message)."""
-        dispatch = work[0][0]
-        ts, reads, args = dispatch.ts, self._reads[dispatch.trigger], dispatch.args
+    def _read_slices(
+        self, dispatch: Dispatch, fetches: Sequence[Fetch]
+    ) -> Iterator[tuple[Fetch, int, dict[Key, Any]]]:
+        """Each fetch's slices as of just before the update (a slice read once per map and
+        pattern), each read logged for the fetch's writers where a corrective may revise it,
+        else the map's newest read noted: (fetch, factor, entries)."""
+        ts, args, reads = dispatch.ts, dispatch.args, self._reads[dispatch.trigger]
         maps, log_reads, newest_read = self.maps, self.log_reads, self._newest_read
-        by_writer: dict[int, tuple[list[int], list[_Piece]]] = {}
-        seen: dict[tuple[str, Key], dict[Key, Any]] = {}  # slices read already
-        for _, fetch in work:
-            writers = fetch.writers
+        seen: dict[tuple[str, Key], dict[Key, Any]] = {}
+        for fetch in fetches:
             for read, pattern_of, bound in reads[fetch.statement]:
                 if read.factor not in fetch.factors:
                     continue
@@ -387,25 +437,30 @@ class Node:
                 if entries is None:
                     entries = maps[read.map].slice_before(pattern, ts, bound)
                     seen[(read.map, pattern)] = entries
-                piece = (fetch.statement, read.factor, entries)
                 if log_reads:
                     log = self.reads[read.map]
-                    for writer in writers:
+                    for writer in fetch.writers:
                         log.add(ReadEntry(ts, pattern, writer, fetch.statement, read.factor), bound)
                 else:
                     newest = newest_read.get(read.map)
                     if newest is None or newest < ts:
                         newest_read[read.map] = ts
-                for writer in writers:
-                    mine = by_writer.get(writer)
-                    if mine is None:
-                        mine = by_writer[writer] = ([], [])
-                    mine[1].append(piece)
-            for writer in writers:
-                mine = by_writer.get(writer)
-                if mine is None:
-                    mine = by_writer[writer] = ([], [])
-                mine[0].append(fetch.statement)
+                yield fetch, read.factor, entries
+
+    def _serve(self, work: list[tuple[Dispatch, Fetch]], out: Outbox) -> None:
+        """PUSHes for the fetches of one update: one message per writer (to itself: taken at
+        once, as if it came back, with no message)."""
+        dispatch = work[0][0]
+        ts = dispatch.ts
+        by_writer: dict[int, tuple[list[int], list[_Piece]]] = {}
+        fetches = [fetch for _, fetch in work]
+        for fetch in fetches:
+            for writer in fetch.writers:
+                by_writer.setdefault(writer, ([], []))[0].append(fetch.statement)
+        for fetch, factor, entries in self._read_slices(dispatch, fetches):
+            piece = (fetch.statement, factor, entries)
+            for writer in fetch.writers:
+                by_writer[writer][1].append(piece)
         pairs: dict[int, tuple[tuple[Key, Any], ...]] = {}  # a slice's entries, as sent
         for writer, (statements, pieces) in by_writer.items():
             if writer == self.number:
