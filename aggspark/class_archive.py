@@ -58,35 +58,6 @@ def archive_for(directory: Path, java_version: str, options: str) -> Path:
     return directory / f"spark-classes-{hashlib.sha1(key.encode()).hexdigest()[:16]}.jsa"
 
 
-def java_options(
-    directory: Path,
-    java_version: str,
-    options: str,
-    record: bool = False,
-    later: Callable[[Path], object] = lambda lock: write_later(lock),
-) -> tuple[str, Writing | None]:
-    """``options`` with the archive's where one is complete. Where none is: ``record``, this
-    JVM writes it at its exit (the ``Writing`` to finish then) unless another process is
-    writing it; otherwise ``later`` starts a writer in the background (``write_later``)."""
-    if os.environ.get(ENV, "1") == "0":
-        return options, None
-    try:
-        archive = archive_for(directory, java_version, options)
-        if archive.is_file():
-            return f"{options} -XX:SharedArchiveFile={archive}", None
-        lock = archive.with_name(archive.name + ".lock")
-        if not record:
-            if not _held(lock):
-                later(lock)
-            return options, None
-        if not _lock(lock):
-            return options, None
-        partial = archive.with_name(f"{archive.name}.{os.getpid()}.partial")
-        return f"{options} -XX:ArchiveClassesAtExit={partial}", Writing(partial, archive, lock)
-    except OSError:  # no cache directory to write: no archive
-        return options, None
-
-
 def write_later(lock: Path) -> subprocess.Popen[bytes] | None:
     """Starts ``python -m aggspark.class_archive``, on its own and at a low priority, holding
     ``lock`` for it: a local session that records the classes of a small job and names the
@@ -112,6 +83,35 @@ def write_later(lock: Path) -> subprocess.Popen[bytes] | None:
         )
     lock.write_text(str(writer.pid))  # the writer's now (it also says so itself)
     return writer
+
+
+def java_options(
+    directory: Path,
+    java_version: str,
+    options: str,
+    record: bool = False,
+    later: Callable[[Path], object] = write_later,
+) -> tuple[str, Writing | None]:
+    """``options`` with the archive's where one is complete. Where none is: ``record``, this
+    JVM writes it at its exit (the ``Writing`` to finish then) unless another process is
+    writing it; otherwise ``later`` starts a writer in the background (``write_later``)."""
+    if os.environ.get(ENV, "1") == "0":
+        return options, None
+    try:
+        archive = archive_for(directory, java_version, options)
+        if archive.is_file():
+            return f"{options} -XX:SharedArchiveFile={archive}", None
+        lock = archive.with_name(archive.name + ".lock")
+        if not record:
+            if not _held(lock):
+                later(lock)
+            return options, None
+        if not _lock(lock):
+            return options, None
+        partial = archive.with_name(f"{archive.name}.{os.getpid()}.partial")
+        return f"{options} -XX:ArchiveClassesAtExit={partial}", Writing(partial, archive, lock)
+    except OSError:  # no cache directory to write: no archive
+        return options, None
 
 
 def wait_for_writer(directory: Path, timeout: float) -> None:

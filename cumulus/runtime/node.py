@@ -284,18 +284,7 @@ class Node:
             return False  # a statement read elsewhere too (it waits for two PUSHes)
         if any(pushes > 1 for _, pushes in message.puts):
             return False
-        steps, pending_writes, ts = (
-            self.placement.steps[message.trigger],
-            self.pending_writes,
-            message.ts,
-        )
-        for fetch in message.fetches:
-            for read in steps[fetch.statement].reads:
-                if read.factor in fetch.factors:
-                    pending = pending_writes.get(read.map)
-                    if pending and pending[0] < ts:
-                        return False
-        return True
+        return not any(self._blocked_on(message, fetch) for fetch in message.fetches)
 
     def _dispatch_here(self, message: Dispatch, out: Outbox) -> None:
         """``_here_and_now``'s update: each statement's slices read as ``_serve`` reads them,
@@ -381,16 +370,22 @@ class Node:
                 self.stats.deferred_fetches += 1
                 return True
             return False
-        step = self.placement.steps[dispatch.trigger][fetch.statement]
-        for read in step.reads:
+        blocking = self._blocked_on(dispatch, fetch)
+        if blocking is None:
+            return False
+        heapq.heappush(self._by_map[blocking], (dispatch.ts, self._parked, dispatch, fetch))
+        self.stats.deferred_fetches += 1
+        return True
+
+    def _blocked_on(self, dispatch: Dispatch, fetch: Fetch) -> str | None:
+        """A map the FETCH reads with a write pending here at an earlier timestamp, if any
+        (speculative mode: the read waits for it, not to be corrected at once)."""
+        for read in self.placement.steps[dispatch.trigger][fetch.statement].reads:
             if read.factor in fetch.factors:
                 pending = self.pending_writes.get(read.map)
                 if pending and pending[0] < dispatch.ts:
-                    waiting = self._by_map[read.map]
-                    heapq.heappush(waiting, (dispatch.ts, self._parked, dispatch, fetch))
-                    self.stats.deferred_fetches += 1
-                    return True
-        return False
+                    return read.map
+        return None
 
     def _earlier_written(self, ts: Timestamp) -> bool:
         """per_switch: every switch went past ``ts`` (its own: FIFO, so it has) and every PUT
