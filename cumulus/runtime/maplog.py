@@ -101,8 +101,17 @@ class MapLog:
 
     def fold(self, cut: int) -> None:
         """Garbage collection at a committed cut: the writes up to it become the base."""
+        current, base = self.current, self.base
         for key in list(self.history):
             entries = self.history[key]
+            if entries[-1][0][0] <= cut:  # every write folds: the base is the newest value
+                value = current.get(key)
+                if value is None:  # zeros are not kept
+                    base.pop(key, None)
+                else:
+                    base[key] = value
+                del self.history[key]
+                continue
             split = bisect.bisect_left(entries, (cut + 1, -1), key=lambda e: e[0])
             for _, delta in entries[:split]:
                 accumulate(self.base, key, delta)

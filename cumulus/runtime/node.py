@@ -422,20 +422,24 @@ class Node:
         else the map's newest read noted: (fetch, factor, entries)."""
         ts, args, reads = dispatch.ts, dispatch.args, self._reads[dispatch.trigger]
         maps, log_reads, newest_read = self.maps, self.log_reads, self._newest_read
-        seen: dict[tuple[str, Key], dict[Key, Any]] = {}
+        seen: dict[tuple[str, Key], tuple[dict[Key, Any], Key]] = {}
         for fetch in fetches:
             for read, pattern_of, bound in reads[fetch.statement]:
                 if read.factor not in fetch.factors:
                     continue
                 pattern = pattern_of(args)
-                entries = seen.get((read.map, pattern))
-                if entries is None:
+                slice_read = seen.get((read.map, pattern))
+                if slice_read is None:
                     entries = maps[read.map].slice_before(pattern, ts, bound)
-                    seen[(read.map, pattern)] = entries
+                    values = tuple([pattern[i] for i in bound]) if log_reads else ()
+                    seen[(read.map, pattern)] = (entries, values)
+                else:
+                    entries, values = slice_read
                 if log_reads:
                     log = self.reads[read.map]
                     for writer in fetch.writers:
-                        log.add(ReadEntry(ts, pattern, writer, fetch.statement, read.factor), bound)
+                        entry = ReadEntry(ts, pattern, writer, fetch.statement, read.factor)
+                        log.add(entry, bound, values)
                 else:
                     newest = newest_read.get(read.map)
                     if newest is None or newest < ts:
@@ -677,6 +681,8 @@ class Node:
                 f"node {self.number} has no snapshot at {cut}: it committed {self.committed}"
             )
         log = self.maps[map_name]
+        if cut == self.committed:  # folded at the commit: the base is the map at the cut
+            return dict(log.base)
         found = {}
         for key in log.keys():
             value = log.value_at(key, cut)

@@ -49,13 +49,15 @@ class ReadLog:
     def __len__(self) -> int:
         return self._count
 
-    def add(self, entry: ReadEntry, bound: tuple[int, ...]) -> None:
+    def add(self, entry: ReadEntry, bound: tuple[int, ...], values: Key | None = None) -> None:
         """A read at ``entry.ts`` of the keys matching ``entry.pattern``, whose positions
-        ``bound`` are the ones it does not leave open."""
+        ``bound`` are the ones it does not leave open; ``values``, the pattern's values there,
+        if the caller has them (one slice is often read for several statements)."""
         self._served += 1
         self._count += 1
         item = (entry.ts, self._served, entry)
-        values = tuple([entry.pattern[i] for i in bound])
+        if values is None:
+            values = tuple([entry.pattern[i] for i in bound])
         shape = self.by_shape.get(bound)
         if shape is None:
             shape = self.by_shape[bound] = {}
