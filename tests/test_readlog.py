@@ -39,7 +39,7 @@ def test_a_late_write_finds_exactly_the_reads_a_scan_finds(steps: list[tuple[Any
     for step in steps:
         if step[0] == "read":
             _, ts, pattern, writer = step
-            entry = ReadEntry(ts, pattern, writer, 0, 0)
+            entry = ReadEntry(ts, pattern, writer, ((0, 0),))
             log.add(entry, tuple(i for i, p in enumerate(pattern) if p is not WILD))
             scanned.append(entry)
         elif step[0] == "write":
@@ -57,9 +57,9 @@ def test_a_late_write_finds_exactly_the_reads_a_scan_finds(steps: list[tuple[Any
 
 def test_reads_at_one_timestamp_come_back_in_the_order_served() -> None:
     log = ReadLog()
-    first = ReadEntry((5, 0), (1, WILD), writer=0, statement=0, factor=0)
-    second = ReadEntry((5, 0), (WILD, 2), writer=1, statement=1, factor=0)
-    earlier = ReadEntry((4, 1), (1, 2), writer=2, statement=2, factor=1)
+    first = ReadEntry((5, 0), (1, WILD), writer=0, uses=((0, 0),))
+    second = ReadEntry((5, 0), (WILD, 2), writer=1, uses=((1, 0),))
+    earlier = ReadEntry((4, 1), (1, 2), writer=2, uses=((2, 1),))
     log.add(first, (0,))
     log.add(second, (1,))
     log.add(earlier, (0, 1))
@@ -67,6 +67,6 @@ def test_reads_at_one_timestamp_come_back_in_the_order_served() -> None:
     assert list(log.late((1, 2), (4, 1))) == [first, second]
     assert list(log.late((1, 3), (4, 1))) == [first]
     assert list(log.late((1, 2), (5, 0))) == []
-    later = ReadEntry((6, 0), (1, WILD), writer=0, statement=3, factor=0)
+    later = ReadEntry((6, 0), (1, WILD), writer=0, uses=((3, 0),))
     log.add(later, (0,))
     assert list(log.late((1, 2), (5, 0))) == [later]  # not the reads at the write's own ts

@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,18 +291,17 @@ class Node:
         then its result written, with no PUSH, pending write or waiting operation."""
         tables: dict[int, Tables] = {}
         for fetch, factor, entries in self._read_slices(message, message.fetches):
-            mine = tables.setdefault(fetch.statement, {})
-            table = mine.get(factor)
-            if table is None:
-                mine[factor] = dict(entries)  # its own: a corrective revises it
-            else:
-                table.update(entries)
+            mine = tables.get(fetch.statement)
+            if mine is None:
+                mine = tables[fetch.statement] = {}
+            _put_slice(mine, factor, entries)
+        ts, trigger, args, log_reads = message.ts, message.trigger, message.args, self.log_reads
         for statement, pushes in message.puts:
-            op = Operation(message.ts, statement, message.trigger, message.args, pushes, pushes)
+            op = Operation(ts, statement, trigger, args, pushes, pushes)
             if pushes:
                 op.tables = tables[statement]
-                if self.log_reads:  # a corrective may revise its reads
-                    self.operations[(message.ts, statement)] = op
+                if log_reads:  # a corrective may revise its reads
+                    self.operations[(ts, statement)] = op
             self._written_op(op, out)
 
     def _push(self, message: Push) -> None:
@@ -317,11 +316,7 @@ class Node:
             op = ops.get(statement)
             if op is None:
                 op = ops[statement] = self._operation(ts, statement)
-            table = op.tables.get(factor)
-            if table is None:
-                op.tables[factor] = dict(entries)
-            else:
-                table.update(entries)
+            _put_slice(op.tables, factor, entries)
         for statement in statements:
             op = ops.get(statement) or self._operation(ts, statement)
             op.heard += 1
@@ -416,35 +411,44 @@ class Node:
 
     def _read_slices(
         self, dispatch: Dispatch, fetches: Sequence[Fetch]
-    ) -> Iterator[tuple[Fetch, int, dict[Key, Any]]]:
-        """Each fetch's slices as of just before the update (a slice read once per map and
-        pattern), each read logged for the fetch's writers where a corrective may revise it,
-        else the map's newest read noted: (fetch, factor, entries)."""
+    ) -> list[tuple[Fetch, int, dict[Key, Any]]]:
+        """Each fetch's slices as of just before the update, as (fetch, factor, entries): a
+        slice is read once per map and pattern, and shared by the statements that read it
+        (``_put_slice``). Where a corrective may revise a read, each slice is logged once per
+        writer with the (statement, factor) pairs it was read for; else the map's newest read
+        is noted."""
         ts, args, reads = dispatch.ts, dispatch.args, self._reads[dispatch.trigger]
-        maps, log_reads, newest_read = self.maps, self.log_reads, self._newest_read
-        seen: dict[tuple[str, Key], tuple[dict[Key, Any], Key]] = {}
+        maps, log_reads = self.maps, self.log_reads
+        seen: dict[tuple[str, Key], dict[Key, Any]] = {}
+        uses: dict[tuple[str, Key, int], tuple[tuple[int, ...], list[tuple[int, int]]]] = {}
+        served = []
         for fetch in fetches:
             for read, pattern_of, bound in reads[fetch.statement]:
                 if read.factor not in fetch.factors:
                     continue
                 pattern = pattern_of(args)
-                slice_read = seen.get((read.map, pattern))
-                if slice_read is None:
+                entries = seen.get((read.map, pattern))
+                if entries is None:
                     entries = maps[read.map].slice_before(pattern, ts, bound)
-                    values = tuple([pattern[i] for i in bound]) if log_reads else ()
-                    seen[(read.map, pattern)] = (entries, values)
-                else:
-                    entries, values = slice_read
+                    seen[(read.map, pattern)] = entries
                 if log_reads:
-                    log = self.reads[read.map]
                     for writer in fetch.writers:
-                        entry = ReadEntry(ts, pattern, writer, fetch.statement, read.factor)
-                        log.add(entry, bound, values)
-                else:
-                    newest = newest_read.get(read.map)
-                    if newest is None or newest < ts:
-                        newest_read[read.map] = ts
-                yield fetch, read.factor, entries
+                        use = uses.get((read.map, pattern, writer))
+                        if use is None:
+                            use = uses[(read.map, pattern, writer)] = (bound, [])
+                        use[1].append((fetch.statement, read.factor))
+                served.append((fetch, read.factor, entries))
+        if log_reads:
+            for (map_name, pattern, writer), (bound, used) in uses.items():
+                entry = ReadEntry(ts, pattern, writer, tuple(used))
+                self.reads[map_name].add(entry, bound)
+        else:
+            newest_read = self._newest_read
+            for map_name, _ in seen:
+                newest = newest_read.get(map_name)
+                if newest is None or newest < ts:
+                    newest_read[map_name] = ts
+        return served
 
     def _serve(self, work: list[tuple[Dispatch, Fetch]], out: Outbox) -> None:
         """PUSHes for the fetches of one update: one message per writer (to itself: taken at
@@ -541,7 +545,9 @@ class Node:
             return  # no read of this map at a later timestamp was served yet
         late: dict[int, list[Read]] = defaultdict(list)
         for entry in log.late(key, ts):
-            late[entry.writer].append(Read(entry.ts, entry.statement, entry.factor))
+            reads = late[entry.writer]
+            for statement, factor in entry.uses:
+                reads.append(Read(entry.ts, statement, factor))
         for writer, reads in late.items():
             self.stats.corrective_sent += 1
             self.stats.max_depth = max(self.stats.max_depth, depth + 1)
@@ -579,7 +585,9 @@ class Node:
         touched: dict[tuple[Timestamp, int], Operation] = {}
         for read in message.reads:
             op = self.operations[(read.ts, read.statement)]
-            accumulate(op.tables.setdefault(read.factor, {}), message.key, message.delta)
+            table = dict(op.tables.get(read.factor, ()))  # its own: slices are shared
+            accumulate(table, message.key, message.delta)
+            op.tables[read.factor] = table
             touched[(read.ts, read.statement)] = op
         for op in touched.values():
             if op.result is None:
@@ -689,3 +697,14 @@ class Node:
             if value != 0:
                 found[key] = value
         return found
+
+
+def _put_slice(tables: Tables, factor: int, entries: Mapping[Key, Any] | Iterable[Any]) -> None:
+    """A slice into an operation's table for ``factor``. A slice read here is shared, not
+    copied: the statements reading it hold the same dict, and nothing changes a table in
+    place (``_revise`` replaces the one it revises)."""
+    table = tables.get(factor)
+    if table is None:
+        tables[factor] = entries if type(entries) is dict else dict(entries)
+    else:
+        tables[factor] = {**table, **dict(entries)}

@@ -20,11 +20,13 @@ from cumulus.runtime.messages import Key, Timestamp
 
 @dataclass(slots=True, unsafe_hash=True)
 class ReadEntry:
+    """A slice read at ``ts`` for ``writer``, with the (statement, factor) pairs it was read
+    for (a corrective names each)."""
+
     ts: Timestamp
     pattern: Key
     writer: int
-    statement: int
-    factor: int
+    uses: tuple[tuple[int, int], ...]
 
 
 def _ts(entry: tuple[Timestamp, int, ReadEntry]) -> Timestamp:
@@ -49,15 +51,13 @@ class ReadLog:
     def __len__(self) -> int:
         return self._count
 
-    def add(self, entry: ReadEntry, bound: tuple[int, ...], values: Key | None = None) -> None:
+    def add(self, entry: ReadEntry, bound: tuple[int, ...]) -> None:
         """A read at ``entry.ts`` of the keys matching ``entry.pattern``, whose positions
-        ``bound`` are the ones it does not leave open; ``values``, the pattern's values there,
-        if the caller has them (one slice is often read for several statements)."""
+        ``bound`` are the ones it does not leave open."""
         self._served += 1
         self._count += 1
         item = (entry.ts, self._served, entry)
-        if values is None:
-            values = tuple([entry.pattern[i] for i in bound])
+        values = tuple([entry.pattern[i] for i in bound])
         shape = self.by_shape.get(bound)
         if shape is None:
             shape = self.by_shape[bound] = {}
