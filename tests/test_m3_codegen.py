@@ -24,6 +24,7 @@ from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.parser import parse_program
 from cumulus.m3.program import Guard, MapDecl, MapRef, Program, Source, Statement, Trigger, Value
 from cumulus.runtime.evaluate import CompiledStep
+from cumulus.runtime.messages import WILD
 from cumulus.runtime.placement import Placement, relation_map
 from cumulus.runtime.simulator import Network, Simulator, Update
 
@@ -39,8 +40,9 @@ def exact(stores: dict[str, Any]) -> Exact:
 
 
 def check_runtime_steps(program: Program, interp: Interpreter, update: Update) -> None:
-    """Every step of the update's trigger, generated and walked over the interpreter's whole
-    maps as the pushed tables (a pushed slice is a part of them), gives the same result."""
+    """Every step of the update's trigger, generated and walked over the slices a read node
+    would push (each read's entries matching its pattern at the update's values), gives the
+    same result."""
     sign, relation, row = update
     values = interp.check(sign, relation, row)
     placement = Placement(program, 1)
@@ -53,7 +55,12 @@ def check_runtime_steps(program: Program, interp: Interpreter, update: Update) -
         for read in step.reads:
             name = read.map[1:] if read.map.startswith("@") else read.map
             stores = interp.relations if read.map == relation_map(name) else interp.maps
-            tables[read.factor] = dict(stores[name].data)
+            pattern = placement.pattern_of(read.keys, args)(values)
+            tables[read.factor] = {
+                key: value
+                for key, value in stores[name].data.items()
+                if all(p is WILD or p == k for p, k in zip(pattern, key, strict=True))
+            }
         compiled = CompiledStep(step, args)
         assert hasattr(compiled.run, "source")  # generated, not the walk
         got, want = compiled.run(values, tables), compiled.walk(values, tables)

@@ -14,7 +14,7 @@ as the oracle the generated code is tested against.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from cumulus.expressions import add, mul
@@ -39,7 +39,19 @@ Tables = dict[int, dict[Key, Any]]  # factor position -> the entries received fo
 class TableAccess:
     """Reads the tables a writer was pushed: a point is ``dict.get``; a slice scans its table
     once (checking the bound positions), or, inside a loop, an index on the bound positions
-    built at its first use in the run."""
+    built at its first use in the run.
+
+    A pushed table holds only the slice read for the factor's pattern: its entries' keys equal
+    the trigger's arguments wherever the factor's key is one (a corrective revises only keys
+    of that pattern). Those positions are not checked again, so a slice bound by arguments
+    alone is one pass over its table even inside a loop, with no index."""
+
+    def __init__(self, body: Sequence[Any], args: Sequence[str]) -> None:
+        self._given: dict[int, frozenset[int]] = {}  # per factor, its positions set by args
+        for position, factor in enumerate(body):
+            if isinstance(factor, MapRef | Rel):
+                keys = factor.keys if isinstance(factor, MapRef) else factor.args
+                self._given[position] = frozenset(i for i, k in enumerate(keys) if k in args)
 
     def prologue(self, gen: Gen, position: int, factor: MapRef | Rel) -> None:
         gen.line(f"_tab{position} = _tables.get({position}, _EMPTY)")
@@ -51,6 +63,10 @@ class TableAccess:
     def scan(
         self, gen: Gen, position: int, bound: tuple[int, ...], values: list[str]
     ) -> tuple[str, str]:
+        given = self._given.get(position, frozenset())
+        if given:
+            kept = [(i, v) for i, v in zip(bound, values, strict=True) if i not in given]
+            bound, values = tuple(i for i, _ in kept), [v for _, v in kept]
         full, value = gen.temp("k"), gen.temp("x")
         if not bound or not gen.in_loop:  # one pass needs no index
             gen.line(f"for {full}, {value} in _tab{position}.items():")
@@ -75,7 +91,7 @@ def generate(step: Step, args: tuple[str, ...]) -> Callable[[Key, Tables], dict[
         accumulate(gen, "_out", gen.key(step.target_keys), acc)
 
     where = f"statement {step.number} of {step.target}"
-    write_product(gen, step.body, args, TableAccess(), emit, where)
+    write_product(gen, step.body, args, TableAccess(step.body, args), emit, where)
     gen.line("return {k: v for k, v in _out.items() if v != 0}")
     return finish(gen, "def run(_args, _tables):", "run")
 
