@@ -151,6 +151,7 @@ class Node:
         self.reads: dict[str, ReadLog] = defaultdict(ReadLog)  # by map
         self.operations: dict[tuple[Timestamp, int], Operation] = {}
         self.pending_writes: dict[str, list[Timestamp]] = defaultdict(list)  # sorted
+        self._pending = 0  # how many timestamps pending_writes holds, over every map
         # FETCHes to look at, and those parked: by the map whose pending write blocks them
         # (speculative) or by the version they wait for (conservative)
         self._candidates: list[tuple[Dispatch, Fetch]] = []
@@ -264,6 +265,7 @@ class Node:
                 pending.append(ts)
             else:
                 bisect.insort(pending, ts)
+            self._pending += 1
             if op.heard >= pushes:
                 self._ready.append(op)
         if message.fetches:
@@ -273,18 +275,25 @@ class Node:
         """Whether the update's statements that read here are written here and read nothing
         elsewhere, and no earlier write pending here blocks their reads: then they are read and
         written at once (``_dispatch_here``), as the protocol would once its own PUSH arrived."""
-        if not message.fetches:
+        fetches = message.fetches
+        if not fetches:
             return False
-        me, fetched = (self.number,), set()
-        for fetch in message.fetches:
+        me = (self.number,)
+        for fetch in fetches:
             if fetch.writers != me:
                 return False
-            fetched.add(fetch.statement)
-        if fetched != {statement for statement, pushes in message.puts if pushes}:
-            return False  # a statement read elsewhere too (it waits for two PUSHes)
-        if any(pushes > 1 for _, pushes in message.puts):
+        reading = 0  # statements that wait for a PUSH: each for one, from here
+        for _, pushes in message.puts:
+            if pushes > 1:
+                return False  # read elsewhere too: it waits for two PUSHes
+            reading += pushes
+        # a FETCH here writes here, so its statement is one of those: all of them are here
+        # if the counts agree (a statement has one FETCH per node)
+        if len(fetches) != reading:
             return False
-        return not any(self._blocked_on(message, fetch) for fetch in message.fetches)
+        if not self._pending:
+            return True
+        return not any(self._blocked_on(message, fetch) for fetch in fetches)
 
     def _dispatch_here(self, message: Dispatch, out: Outbox) -> None:
         """``_here_and_now``'s update: each statement's slices read as ``_serve`` reads them,
@@ -485,6 +494,7 @@ class Node:
         step = self.placement.steps[op.trigger][op.statement]
         pending = self.pending_writes[step.target]
         pending.pop(bisect.bisect_left(pending, op.ts))
+        self._pending -= 1
         self._release(step.target)
         self._written_op(op, out)
 
