@@ -350,6 +350,10 @@ def _count(gen: Gen) -> None:
 
 
 def _multiply(gen: Gen, acc: str, value: str) -> str:
+    """``acc * value`` as a new temporary; the first factor is taken as it is (1 times an int,
+    a float or a Decimal is that value, of its type and exponent), not multiplied by 1."""
+    if acc == "1":
+        return value
     result = gen.temp("a")
     gen.line(f"{result} = _mul({acc}, {value})")
     return result
