@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from profiles import examples
 from test_cumulus_runtime import compiled_cases
 from test_m3_differential import TRICKY, programs_for
+from test_readlog import matches
 from test_views_differential import random_row
 
 from aggview.schema import Column, ColumnType
@@ -24,7 +25,6 @@ from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.parser import parse_program
 from cumulus.m3.program import Guard, MapDecl, MapRef, Program, Source, Statement, Trigger, Value
 from cumulus.runtime.evaluate import CompiledStep
-from cumulus.runtime.messages import WILD
 from cumulus.runtime.placement import Placement, relation_map
 from cumulus.runtime.simulator import Network, Simulator, Update
 
@@ -57,9 +57,7 @@ def check_runtime_steps(program: Program, interp: Interpreter, update: Update) -
             stores = interp.relations if read.map == relation_map(name) else interp.maps
             pattern = placement.pattern_of(read.keys, args)(values)
             tables[read.factor] = {
-                key: value
-                for key, value in stores[name].data.items()
-                if all(p is WILD or p == k for p, k in zip(pattern, key, strict=True))
+                key: value for key, value in stores[name].data.items() if matches(pattern, key)
             }
         compiled = CompiledStep(step, args)
         assert hasattr(compiled.run, "source")  # generated, not the walk

@@ -15,7 +15,8 @@ from cumulus.runtime.readlog import ReadEntry, ReadLog
 WIDTH = 3
 
 
-def _matches(pattern: tuple[Any, ...], key: tuple[Any, ...]) -> bool:
+def matches(pattern: tuple[Any, ...], key: tuple[Any, ...]) -> bool:
+    """Whether ``key`` fits ``pattern`` (WILD fits anything)."""
     return all(p is WILD or p == k for p, k in zip(pattern, key, strict=True))
 
 
@@ -45,7 +46,7 @@ def test_a_late_write_finds_exactly_the_reads_a_scan_finds(steps: list[tuple[Any
         elif step[0] == "write":
             _, ts, key = step
             late = [e for e in sorted(scanned, key=lambda e: e.ts) if e.ts > ts]
-            expected = [e for e in late if _matches(e.pattern, key)]
+            expected = [e for e in late if matches(e.pattern, key)]
             assert list(log.late(key, ts)) == expected
         else:
             cut = step[1]

@@ -29,7 +29,7 @@ from cumulus.m3.codegen import (
 )
 from cumulus.m3.exprs import Env, compile_guard, compile_value, extreme_of
 from cumulus.m3.order import plan_order, produced
-from cumulus.m3.program import Guard, Lift, MapExtreme, MapLift, MapRef, Rel, Value
+from cumulus.m3.program import Factor, Guard, Lift, MapExtreme, MapLift, MapRef, Rel, Value
 from cumulus.runtime.messages import Key
 from cumulus.runtime.placement import Step
 
@@ -46,7 +46,7 @@ class TableAccess:
     of that pattern). Those positions are not checked again, so a slice bound by arguments
     alone is one pass over its table even inside a loop, with no index."""
 
-    def __init__(self, body: Sequence[Any], args: Sequence[str]) -> None:
+    def __init__(self, body: Sequence[Factor], args: Sequence[str]) -> None:
         self._given: dict[int, frozenset[int]] = {}  # per factor, its positions set by args
         for position, factor in enumerate(body):
             if isinstance(factor, MapRef | Rel):

@@ -114,7 +114,7 @@ class MapLog:
                 continue
             split = bisect.bisect_left(entries, (cut + 1, -1), key=lambda e: e[0])
             for _, delta in entries[:split]:
-                accumulate(self.base, key, delta)
+                accumulate(base, key, delta)
             if split == len(entries):
                 del self.history[key]
             elif split:
