@@ -24,6 +24,7 @@ from aggview.schema import Column, ColumnType
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.parser import parse_program
 from cumulus.m3.program import Guard, MapDecl, MapRef, Program, Source, Statement, Trigger, Value
+from cumulus.m3.value_kinds import typing_of
 from cumulus.runtime.evaluate import CompiledStep
 from cumulus.runtime.placement import Placement, relation_map
 from cumulus.runtime.simulator import Network, Simulator, Update
@@ -50,6 +51,7 @@ def check_runtime_steps(program: Program, interp: Interpreter, update: Update) -
         i for i, t in enumerate(program.triggers) if (t.sign, t.relation) == (sign, relation)
     )
     args = program.triggers[index].args
+    typing = typing_of(program, program.triggers[index])
     for step in placement.steps[index]:
         tables = {}
         for read in step.reads:
@@ -59,12 +61,33 @@ def check_runtime_steps(program: Program, interp: Interpreter, update: Update) -
             tables[read.factor] = {
                 key: value for key, value in stores[name].data.items() if matches(pattern, key)
             }
-        compiled = CompiledStep(step, args)
+        compiled = CompiledStep(step, args, typing)  # as a node compiles it
         assert hasattr(compiled.run, "source")  # generated, not the walk
         got, want = compiled.run(values, tables), compiled.walk(values, tables)
         assert {k: (type(v), str(v)) for k, v in got.items()} == {
             k: (type(v), str(v)) for k, v in want.items()
         }, compiled.run.source
+
+
+# what the generated code takes a kind's values to be (``cumulus.m3.value_kinds``)
+ASSUMED = {"INT": int, "DECIMAL": Decimal}
+
+
+def assert_kinds_hold(program: Program, maps: dict[str, Any]) -> None:
+    """Every map's values and keys are what the generated code assumes: the value kind's type
+    (INT and DECIMAL, the kinds its arithmetic relies on), each key of its kind or None, and
+    never None where the map's definition says so."""
+    for trigger in program.triggers:
+        typing = typing_of(program, trigger)
+        for name, kind, keys in typing.maps:
+            for key, value in maps[name].data.items():
+                if kind in ASSUMED:
+                    assert type(value) is ASSUMED[kind], (name, key, value)
+                for (key_kind, never_null), part in zip(keys, key, strict=True):
+                    if part is None:
+                        assert not never_null, (name, key)
+                    elif key_kind in ASSUMED:
+                        assert type(part) is ASSUMED[key_kind], (name, key)
 
 
 def replay_both(program: Program, stream: list[Update], runtime_steps: bool = True) -> None:
@@ -77,6 +100,7 @@ def replay_both(program: Program, stream: list[Update], runtime_steps: bool = Tr
         generated.apply(*update)
         walked.apply(*update)
         assert exact(generated.maps) == exact(walked.maps), update
+        assert_kinds_hold(program, walked.maps)
         assert exact(generated.relations) == exact(walked.relations)
         assert generated.counter == walked.counter  # the same entries read
 

@@ -8,9 +8,12 @@ The source is ``compile()``d once (code objects are cached by source text) and r
 ``exec`` in a namespace holding the maps, helpers and constants.
 
 The semantics are the reference interpreter's, step for step: the same factor order, the same
-arithmetic functions (``cumulus.expressions.add``/``mul``/``ARITHMETIC``, exact for INT and
-DECIMAL), SQL NULLs (an operand None makes a result None; a guard passes only TRUE; a NULL or
-zero value term skips the row; a lift binds NULL), the accumulator multiplied factor by factor
+arithmetic (``cumulus.expressions.add``/``mul``/``ARITHMETIC``, exact for INT and DECIMAL;
+given the trigger's ``Typing``, INT with INT is Python's operator and INT or DECIMAL with a
+DECIMAL the exact context's method, which is what those functions do for such operands, and a
+value never NULL is not tested for NULL: ``cumulus.m3.value_kinds``), SQL NULLs (an operand
+None makes a result None; a guard passes only TRUE; a NULL or zero value term skips the row; a
+lift binds NULL), the accumulator multiplied factor by factor
 from 1, each entry read counted. Variables, literals, ``+ - * /``, negation, ABS, EXTRACT and
 SUBSTRING (calls of the evaluator's own functions, NULL on NULL), comparisons and ``IS NOT
 NULL``, AND, OR, NOT (three-valued) and IN over constants are written inline; any other term
@@ -29,11 +32,13 @@ import functools
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from types import CodeType
 from typing import Any, Protocol
 
 from cumulus.expressions import (
     ARITHMETIC,
+    EXACT,
     STRICT,
     STRICT_FUNCTIONS,
     add,
@@ -45,9 +50,16 @@ from cumulus.expressions import (
 from cumulus.m3.exprs import compile_guard, compile_value, extreme_of, is_predicate, vars_of
 from cumulus.m3.order import plan_order, produced
 from cumulus.m3.program import Expr, Factor, Guard, Lift, MapExtreme, MapLift, MapRef, Rel, Value
+from cumulus.m3.value_kinds import UNKNOWN, Known, Typing
 
 _COMPARE = {"=": "==", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 INDENT = "    "
+# INT with INT is Python's own operator (what ``add``, ``_sub`` and ``mul`` do for two ints);
+# INT or DECIMAL with a DECIMAL the exact context's method (what they do then)
+_NATIVE = {"+": "{} + {}", "-": "{} - {}", "*": "{} * {}"}
+_EXACT = {"+": "_eadd({}, {})", "-": "_esub({}, {})", "*": "_emul({}, {})"}
+_EXACT_NAMES = {"_eadd": EXACT.add, "_esub": EXACT.subtract, "_emul": EXACT.multiply}
+_LITERAL_KINDS = {int: "INT", Decimal: "DECIMAL", float: "FLOAT", str: "TEXT", bool: "BOOL"}
 
 
 class Access(Protocol):
@@ -78,9 +90,20 @@ class Gen:
     fresh: Callable[[], int] = field(default_factory=lambda: itertools.count().__next__)
     in_loop: bool = False  # whether the line being written is inside a slice's loop
     counting: bool = True  # count each entry read in ``_counter[0]`` (the interpreter's measure)
+    typing: Typing | None = None  # what the values may be assumed to be (None: nothing)
+    known: dict[str, Known] = field(default_factory=dict)  # by code: its kind, never NULL
 
     def line(self, text: str) -> None:
         self.lines.append(INDENT * self.depth + text)
+
+    def kind_of(self, code: str) -> Known:
+        return self.known.get(code, UNKNOWN)
+
+    def assume(self, code: str, known: Known) -> str:
+        """Notes what ``code``'s value is (only where a typing is given) and returns it."""
+        if self.typing is not None:
+            self.known[code] = known
+        return code
 
     def temp(self, stem: str = "t") -> str:
         return f"_{stem}{self.fresh()}"
@@ -88,7 +111,7 @@ class Gen:
     def const(self, value: Any, stem: str = "c") -> str:
         name = self.temp(stem)
         self.namespace[name] = value
-        return name
+        return self.assume(name, (_LITERAL_KINDS.get(type(value)), value is not None))
 
     def local(self, var: str) -> str:
         if var not in self.names:
@@ -105,6 +128,10 @@ def tuple_code(names: Sequence[str]) -> str:
 
 
 # --- expressions ---------------------------------------------------------------------------
+#
+# Each function returns a Python expression and, where the generator has a typing, notes what
+# its value is (``Gen.assume``): an operand never NULL is not tested for NULL, INT arithmetic
+# is Python's operators, and a three-valued predicate that cannot be NULL is a plain bool.
 
 
 def _value_code(gen: Gen, expr: Expr) -> str | None:
@@ -114,42 +141,73 @@ def _value_code(gen: Gen, expr: Expr) -> str | None:
     if "lit" in expr:
         return gen.const(literal_value(expr))
     if "op" in expr and expr["op"] in ARITHMETIC and len(expr.get("args", ())) == 2:
-        return _binary(gen, expr["args"], gen.const(ARITHMETIC[expr["op"]], "op") + "({}, {})")
+        return _arithmetic(gen, expr["op"], expr["args"])
     if "neg" in expr:
-        return _unary(gen, _value_code(gen, expr["neg"]), gen.const(negate, "neg") + "({})")
+        inner = _value_code(gen, expr["neg"])
+        if inner is not None and gen.kind_of(inner)[0] == "INT":
+            return _unary(gen, inner, "-{}", "INT")
+        return _unary(gen, inner, gen.const(negate, "neg") + "({})", gen.kind_of(inner or "")[0])
     if expr.get("fn") in STRICT and isinstance(expr.get("args"), list):
         name = expr["fn"]
         apply = substring_function(expr) if name == "substring" else STRICT_FUNCTIONS[name]
-        return _unary(gen, _value_code(gen, expr["args"][0]), gen.const(apply, "fn") + "({})")
+        call = gen.const(apply, "fn") + "({})"
+        return _unary(gen, _value_code(gen, expr["args"][0]), call, total=False)
     return None
 
 
-def _unary(gen: Gen, inner: str | None, template: str) -> str | None:
-    """NULL if the operand is, else ``template`` of it (None if the operand is not inline)."""
+def _arithmetic(gen: Gen, op: str, args: Sequence[Expr]) -> str | None:
+    """``+ - * /`` as ``cumulus.expressions`` computes them, inline where the kinds allow."""
+    codes = [_value_code(gen, a) for a in args]
+    if None in codes:
+        return None
+    kinds = {gen.kind_of(code)[0] for code in codes if code is not None}
+    if op in _NATIVE and kinds == {"INT"}:
+        return _binary(gen, codes, "(" + _NATIVE[op] + ")", "INT")
+    if op in _EXACT and _exact(kinds):
+        return _binary(gen, codes, _EXACT[op], "DECIMAL")
+    return _binary(gen, codes, gen.const(ARITHMETIC[op], "op") + "({}, {})", total=op != "/")
+
+
+def _unary(
+    gen: Gen, inner: str | None, template: str, kind: str | None = None, total: bool = True
+) -> str | None:
+    """NULL if the operand is, else ``template`` of it (None if the operand is not inline);
+    with an operand never NULL, the result is not either if the operation is ``total``."""
     if inner is None:
         return None
+    if gen.kind_of(inner)[1]:
+        return gen.assume(f"({template.format(inner)})", (kind, total))
     t = gen.temp()
     return f"(None if ({t} := {inner}) is None else {template.format(t)})"
 
 
-def _binary(gen: Gen, args: Sequence[Expr], template: str) -> str | None:
-    """NULL if either operand is (the right one is not evaluated when the left is NULL)."""
-    codes = [_value_code(gen, a) for a in args]
+def _binary(
+    gen: Gen,
+    codes: Sequence[str | None],
+    template: str,
+    kind: str | None = None,
+    total: bool = True,
+) -> str | None:
+    """NULL if either operand is (the right one is not evaluated when the left is NULL);
+    ``kind`` is the result's, never NULL where no operand is and the operation is ``total``.
+    An operand known never NULL is written in place, with no test."""
     if None in codes:
         return None
     names, tests = [], []
     for code in codes:
         assert code is not None
-        if code.isidentifier():  # a local or a constant: read as it is
-            name = code
+        if gen.kind_of(code)[1]:
+            names.append(code)
+        elif code.isidentifier():  # a local or a constant: read as it is
+            names.append(code)
+            if gen.namespace.get(code, None) is None:  # a constant (never NULL) needs no test
+                tests.append(f"{code} is None")
         else:
             name = gen.temp()
-            code = f"({name} := {code})"
-        names.append(name)
-        if gen.namespace.get(code, None) is None:  # a constant (never NULL) needs no test
-            tests.append(f"{code} is None")
+            names.append(name)
+            tests.append(f"({name} := {code}) is None")
     if not tests:  # parenthesized: ``1 == 1 is True`` would chain the comparisons
-        return f"({template.format(*names)})"
+        return gen.assume(f"({template.format(*names)})", (kind, total))
     return f"(None if {' or '.join(tests)} else {template.format(*names)})"
 
 
@@ -160,7 +218,9 @@ def _guard_code(gen: Gen, pred: Expr) -> str:
         if inner is not None:
             return f"{inner} is not None"
     code = _predicate_code(gen, pred)
-    return f"({code}) is True" if code is not None else _fallback(gen, compile_guard(pred), pred)
+    if code is None:
+        return _fallback(gen, compile_guard(pred), pred)
+    return code if gen.kind_of(code)[1] else f"({code}) is True"
 
 
 def _predicate_code(gen: Gen, pred: Expr) -> str | None:
@@ -168,12 +228,13 @@ def _predicate_code(gen: Gen, pred: Expr) -> str | None:
     ``cumulus.expressions`` evaluates it (AND and OR stop at their first deciding part); None
     where it is not written inline (BETWEEN, LIKE, IN over non-constants)."""
     if "cmp" in pred and pred["cmp"] in _COMPARE and len(pred.get("args", ())) == 2:
-        return _binary(gen, pred["args"], "{} " + _COMPARE[pred["cmp"]] + " {}")
+        codes = [_value_code(gen, a) for a in pred["args"]]
+        return _binary(gen, codes, "{} " + _COMPARE[pred["cmp"]] + " {}", "BOOL")
     if "notnull" in pred:
         inner = _value_code(gen, pred["notnull"])
-        return None if inner is None else f"({inner} is not None)"
+        return None if inner is None else gen.assume(f"({inner} is not None)", ("BOOL", True))
     if "not" in pred:
-        return _unary(gen, _predicate_code(gen, pred["not"]), "not {}")
+        return _unary(gen, _predicate_code(gen, pred["not"]), "not {}", "BOOL")
     for key, decisive in (("and", False), ("or", True)):
         if key in pred and isinstance(pred[key], list) and pred[key]:
             parts = [_predicate_code(gen, p) for p in pred[key]]
@@ -186,6 +247,9 @@ def _predicate_code(gen: Gen, pred: Expr) -> str | None:
 def _connective(gen: Gen, parts: list[str | None], decisive: bool) -> str:
     """``decisive`` if a part is (the rest not evaluated), else NULL if a part is NULL, else
     the other truth value."""
+    if all(gen.kind_of(str(part))[1] for part in parts):  # two-valued: Python's own
+        joined = (" or " if decisive else " and ").join(str(part) for part in parts)
+        return gen.assume(f"({joined})", ("BOOL", True))
     temps = [gen.temp() for _ in parts]
     code = f"(None if {' or '.join(f'{t} is None' for t in temps)} else {not decisive})"
     for t, part in reversed(list(zip(temps, parts, strict=True))):
@@ -201,6 +265,8 @@ def _in_constants(gen: Gen, pred: Expr) -> str | None:
         return None
     constants = gen.const(frozenset(literal_value(v) for v in values if "lit" in v), "set")
     miss = None if any("null" in v for v in values) else False
+    if miss is False and gen.kind_of(subject)[1]:
+        return gen.assume(f"({subject} in {constants})", ("BOOL", True))
     t = gen.temp()
     return f"(None if ({t} := {subject}) is None else (({t} in {constants}) or {miss}))"
 
@@ -249,6 +315,9 @@ def unpack(gen: Gen, args: Sequence[str], source: str) -> None:
     """The trigger's arguments as locals, from the tuple named ``source``."""
     if args:
         gen.line(f"{', '.join(gen.local(a) for a in args)}, = {source}")
+    if gen.typing is not None:
+        for arg, known in zip(args, gen.typing.args, strict=True):
+            gen.assume(gen.local(arg), known)
 
 
 def _factor(
@@ -261,8 +330,11 @@ def _factor(
         return acc
     if isinstance(factor, Value):
         value = gen.temp("x")
-        gen.line(f"{value} = {_term_code(gen, factor.expr)}")
-        gen.line(f"if {value} is not None and {value} != 0:")
+        code = _term_code(gen, factor.expr)
+        gen.line(f"{value} = {code}")
+        known = gen.kind_of(code)
+        gen.line(f"if {value} != 0:" if known[1] else f"if {value} is not None and {value} != 0:")
+        gen.assume(value, (known[0], True))
         gen.depth += 1
         return _multiply(gen, acc, value)
     if isinstance(factor, Lift):
@@ -274,15 +346,22 @@ def _factor(
         value = gen.temp("x")
         access.point(gen, position, gen.key(keys), value)
         _count(gen)
-        return _bind(gen, factor.var, f"({value} if {value} is not None else 0)", bound, acc)
+        code = f"({value} if {value} is not None else 0)"  # an INT 0 whatever the map's kind
+        gen.assume(code, ("INT" if _value_kind(gen, factor) == "INT" else None, True))
+        return _bind(gen, factor.var, code, bound, acc)
     if all(k in bound for k in keys):
         value = gen.temp("x")
         access.point(gen, position, gen.key(keys), value)
         gen.line(f"if {value} is not None:")
+        gen.assume(value, (_value_kind(gen, factor), True))
         gen.depth += 1
         _count(gen)
         return _multiply(gen, acc, value)
-    return _slice(gen, position, keys, bound, acc, access)
+    return _slice(gen, position, factor, bound, acc, access)
+
+
+def _value_kind(gen: Gen, factor: MapRef | Rel) -> str | None:
+    return gen.typing.value(factor) if gen.typing is not None else None
 
 
 def _extreme(
@@ -311,19 +390,21 @@ def _bind(gen: Gen, var: str, code: str, bound: set[str], acc: str) -> str:
         gen.depth += 1
     else:
         gen.line(f"{gen.local(var)} = {code}")
+        gen.assume(gen.local(var), gen.kind_of(code))
     return acc
 
 
 def _slice(
     gen: Gen,
     position: int,
-    keys: Sequence[str],
+    factor: MapRef | Rel,
     bound: set[str],
     acc: str,
     access: Access,
 ) -> str:
     """A loop over the entries fitting the bound keys, binding the open ones in key order (a
     repeated open key binds at its first position and must be equal at the others)."""
+    keys = factor.keys if isinstance(factor, MapRef) else factor.args
     positions = tuple(i for i, k in enumerate(keys) if k in bound)
     values = [gen.local(keys[i]) for i in positions]
     full, value = access.scan(gen, position, positions, values)
@@ -340,6 +421,9 @@ def _slice(
             first[k] = i
     for k, i in first.items():
         gen.line(f"{gen.local(k)} = {full}[{i}]")
+        if gen.typing is not None:
+            gen.assume(gen.local(k), gen.typing.key(factor, i))
+    gen.assume(value, (_value_kind(gen, factor), True))
     _count(gen)
     return _multiply(gen, acc, value)
 
@@ -355,21 +439,39 @@ def _multiply(gen: Gen, acc: str, value: str) -> str:
     if acc == "1":
         return value
     result = gen.temp("a")
-    gen.line(f"{result} = _mul({acc}, {value})")
+    gen.line(f"{result} = {_exact_or_native(gen, '*', acc, value)}")
+    kinds = {gen.kind_of(acc)[0], gen.kind_of(value)[0]}
+    gen.assume(result, ("INT" if kinds == {"INT"} else "DECIMAL" if _exact(kinds) else None, True))
     return result
 
 
+def _exact(kinds: set[str | None]) -> bool:
+    return "DECIMAL" in kinds and kinds <= {"INT", "DECIMAL"}
+
+
+def _exact_or_native(gen: Gen, op: str, a: str, b: str) -> str:
+    """``a op b`` of two values never NULL, as ``add`` or ``mul`` computes it."""
+    kinds = {gen.kind_of(a)[0], gen.kind_of(b)[0]}
+    if kinds == {"INT"}:
+        return _NATIVE[op].format(a, b)
+    if _exact(kinds):
+        return _EXACT[op].format(a, b)
+    return f"{'_add' if op == '+' else '_mul'}({a}, {b})"
+
+
 def accumulate(gen: Gen, out: str, key: str, acc: str) -> None:
-    """``out[key] += acc``, the first delta for a key taken as it is (as the interpreter)."""
+    """``out[key] += acc``, the first delta for a key taken as it is (as the interpreter):
+    every delta of one emit is of the accumulator's kind."""
     old = gen.temp("o")
+    gen.assume(old, gen.kind_of(acc))
     gen.line(f"{old} = {out}.get({key})")
-    gen.line(f"{out}[{key}] = {acc} if {old} is None else _add({old}, {acc})")
+    gen.line(f"{out}[{key}] = {acc} if {old} is None else {_exact_or_native(gen, '+', old, acc)}")
 
 
 def finish(gen: Gen, header: str, name: str) -> Callable[..., Any]:
     """Compiles the function (once per source text) and returns it from its namespace."""
     source = "\n".join([header, *(gen.lines or [INDENT + "pass"])])
-    namespace = {**gen.namespace, "_add": add, "_mul": mul}
+    namespace = {**gen.namespace, "_add": add, "_mul": mul, **_EXACT_NAMES}
     exec(_code(source), namespace)
     function = namespace[name]
     function.source = source  # shown when a test or a person wants to see what runs
@@ -436,10 +538,11 @@ def compile_trigger(
     statements: Sequence[TriggerStatement],
     store_of: Callable[[MapRef | Rel], Store],
     counter: list[int],
+    typing: Typing | None = None,
 ) -> Callable[[tuple[Any, ...]], None]:
     """``fire(values)``: every statement's delta computed from the maps as they were before the
     trigger, then each applied in statement order (``Store.add``: zeros vanish)."""
-    gen = Gen(namespace={"_counter": counter})
+    gen = Gen(namespace={"_counter": counter}, typing=typing)
     unpack(gen, args, "_values")
     access = StoreAccess(store_of)
     outs = []

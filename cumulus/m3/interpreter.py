@@ -48,6 +48,7 @@ from cumulus.m3.program import (
     part_refs,
     view_parts,
 )
+from cumulus.m3.value_kinds import typing_of
 
 Key = tuple[Any, ...]
 Step = Callable[[Env, Any], None]
@@ -183,7 +184,8 @@ class Interpreter:
             target = self.maps[statement.target.name]
             parts.append(TriggerStatement(statement.body, statement.target.keys, target, where))
         try:
-            return compile_trigger(args, parts, self._store_of, self.counter)
+            typing = typing_of(self.program, self.program.trigger(sign, relation))
+            return compile_trigger(args, parts, self._store_of, self.counter, typing)
         except (SyntaxError, RecursionError):
             return self._compile_trigger(sign, relation, args, statements)
 

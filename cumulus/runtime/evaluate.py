@@ -30,6 +30,7 @@ from cumulus.m3.codegen import (
 from cumulus.m3.exprs import Env, compile_guard, compile_value, extreme_of
 from cumulus.m3.order import plan_order, produced
 from cumulus.m3.program import Factor, Guard, Lift, MapExtreme, MapLift, MapRef, Rel, Value
+from cumulus.m3.value_kinds import Typing
 from cumulus.runtime.messages import Key
 from cumulus.runtime.placement import Step
 
@@ -81,9 +82,13 @@ class TableAccess:
 
 
 @functools.lru_cache(maxsize=1024)
-def generate(step: Step, args: tuple[str, ...]) -> Callable[[Key, Tables], dict[Key, Any]]:
-    """``run(args, tables)``: the step as generated Python, compiled once per (step, args)."""
-    gen = Gen(namespace={"_EMPTY": {}, "_index": _index}, counting=False)
+def generate(
+    step: Step, args: tuple[str, ...], typing: Typing | None = None
+) -> Callable[[Key, Tables], dict[Key, Any]]:
+    """``run(args, tables)``: the step as generated Python, compiled once per (step, args,
+    typing); with the trigger's ``typing``, INT arithmetic inline and no NULL tests of values
+    never NULL."""
+    gen = Gen(namespace={"_EMPTY": {}, "_index": _index}, counting=False, typing=typing)
     unpack(gen, args, "_args")
     gen.line("_out = {}")
 
@@ -100,14 +105,14 @@ class CompiledStep:
     """A step's product, planned and compiled once: ``run(args, tables)`` -> {target key: value}
     (generated code; ``walk`` where Python cannot compile it)."""
 
-    def __init__(self, step: Step, args: tuple[str, ...]) -> None:
+    def __init__(self, step: Step, args: tuple[str, ...], typing: Typing | None = None) -> None:
         self.step = step
         self.args = args
         # one writer: the target's first key is an argument, so the switch sent the PUT only
         # to the node holding it
         self.single_writer = not step.target_keys or step.target_keys[0] in args
         try:
-            self.run = generate(step, args)
+            self.run = generate(step, args, typing)
         except (SyntaxError, RecursionError):
             self.run = self.walk
         order = plan_order(step.body, set(args), f"statement {step.number} of {step.target}")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cumulus.expressions import add
+from cumulus.m3.value_kinds import typing_of
 from cumulus.runtime.evaluate import CompiledStep, Tables
 from cumulus.runtime.maplog import BEFORE_ALL, MapLog, accumulate
 from cumulus.runtime.messages import (
@@ -127,7 +128,7 @@ class Node:
         self._last_dispatch: dict[int, Timestamp] = {}  # ordered: per switch, the newest
         program = placement.program
         self.compiled = [
-            [CompiledStep(step, trigger.args) for step in steps]
+            [CompiledStep(step, trigger.args, typing_of(program, trigger)) for step in steps]
             for trigger, steps in zip(program.triggers, placement.steps, strict=True)
         ]
         # per trigger, per step: its reads, each with its pattern as a function of the values
