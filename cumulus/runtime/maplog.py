@@ -77,12 +77,7 @@ class MapLog:
             return {pattern: value} if value != 0 else {}
         candidates: Iterable[Key] = self.latest
         if bound:
-            index = self.indexes.get(bound)
-            if index is None:
-                index = self.indexes[bound] = {}
-                for key in self.latest:
-                    index.setdefault(tuple([key[i] for i in bound]), []).append(key)
-            candidates = index.get(tuple([pattern[i] for i in bound]), ())
+            candidates = self.index(bound).get(tuple([pattern[i] for i in bound]), ())
         current = self.current
         if self.newest < ts:  # nothing written at or after ts: the newest values (not zeros)
             return {key: current[key] for key in candidates if key in current}
@@ -98,6 +93,24 @@ class MapLog:
             if value != 0:
                 found[key] = value
         return found
+
+    def index(self, bound: tuple[int, ...]) -> dict[Key, list[Key]]:
+        """Every key ever written, by its values at the ``bound`` positions (kept as keys are
+        written: one built here stays current)."""
+        index = self.indexes.get(bound)
+        if index is None:
+            index = self.indexes[bound] = {}
+            for key in self.latest:
+                index.setdefault(tuple([key[i] for i in bound]), []).append(key)
+        return index
+
+    def preloaded(self, key: Key, value: Any) -> None:
+        """An entry's value before every timestamp (nothing written yet)."""
+        if key not in self.latest:
+            for bound, index in self.indexes.items():
+                index.setdefault(tuple([key[i] for i in bound]), []).append(key)
+        self.base[key] = self.current[key] = value
+        self.latest[key] = BEFORE_ALL
 
     def fold(self, cut: int) -> None:
         """Garbage collection at a committed cut: the writes up to it become the base."""

@@ -30,7 +30,8 @@ from typing import Any
 from cumulus.expressions import add
 from cumulus.m3.value_kinds import typing_of
 from cumulus.runtime.evaluate import CompiledStep, Tables
-from cumulus.runtime.maplog import BEFORE_ALL, MapLog, accumulate
+from cumulus.runtime.fused import fuse, reads_of
+from cumulus.runtime.maplog import MapLog, accumulate
 from cumulus.runtime.messages import (
     COORDINATOR,
     Batch,
@@ -127,10 +128,15 @@ class Node:
         self._newest_read: dict[str, Timestamp] = {}
         self._last_dispatch: dict[int, Timestamp] = {}  # ordered: per switch, the newest
         program = placement.program
+        self._typings = [typing_of(program, trigger) for trigger in program.triggers]
         self.compiled = [
-            [CompiledStep(step, trigger.args, typing_of(program, trigger)) for step in steps]
-            for trigger, steps in zip(program.triggers, placement.steps, strict=True)
+            [CompiledStep(step, trigger.args, typing) for step in steps]
+            for trigger, steps, typing in zip(
+                program.triggers, placement.steps, self._typings, strict=True
+            )
         ]
+        # per (trigger, statements written here): the update's fused function (``_fused``)
+        self._fusions: dict[tuple[int, tuple[int, ...]], Any] = {}
         # per trigger, per step: its reads, each with its pattern as a function of the values
         # and the pattern's bound positions (those not WILD)
         self._reads = [
@@ -298,7 +304,10 @@ class Node:
 
     def _dispatch_here(self, message: Dispatch, out: Outbox) -> None:
         """``_here_and_now``'s update: each statement's slices read as ``_serve`` reads them,
-        then its result written, with no PUSH, pending write or waiting operation."""
+        then its result written, with no PUSH, pending write or waiting operation; where no
+        read is logged, by one generated function over the maps in place (``_fused``)."""
+        if not self.log_reads and self._fused(message):
+            return
         tables: dict[int, Tables] = {}
         for fetch, factor, entries in self._read_slices(message, message.fetches):
             mine = tables.get(fetch.statement)
@@ -313,6 +322,46 @@ class Node:
                 if log_reads:  # a corrective may revise its reads
                     self.operations[(ts, statement)] = op
             self._written_op(op, out)
+
+    def _fused(self, message: Dispatch) -> bool:
+        """The update's statements run as one function reading this node's maps in place
+        (``cumulus.runtime.fused``): only if nothing at or after its timestamp was written to
+        a map they read, so that the maps are as they were just before it."""
+        ts, trigger = message.ts, message.trigger
+        statements = tuple(statement for statement, _ in message.puts)
+        fused = self._fusions.get((trigger, statements))
+        if fused is None:
+            steps = tuple(self.compiled[trigger][statement] for statement in statements)
+            run = fuse(
+                [step.step for step in steps],
+                self.placement.program.triggers[trigger].args,
+                self._typings[trigger],
+                self.maps.__getitem__,
+            )
+            reads = reads_of([step.step for step in steps])
+            fused = self._fusions[(trigger, statements)] = (run, steps, reads)
+        run, steps, reads = fused
+        maps, newest_read = self.maps, self._newest_read
+        for name in reads:
+            if maps[name].newest >= ts:
+                return False
+        for name in reads:
+            newest = newest_read.get(name)
+            if newest is None or newest < ts:
+                newest_read[name] = ts
+        deltas = run(message.args)
+        completed = self.completed
+        for step, result in zip(steps, deltas, strict=True):
+            completed.append(ts)
+            if self.placement.nodes > 1 and not step.single_writer:
+                result = self._mine(step, result)
+            target = maps[step.step.target]
+            for key, delta in result.items():
+                if delta != 0:
+                    target.write(key, delta, ts)
+                    self._log_entries += 1
+            self._unlogged(step.step.target, ts)
+        return True
 
     def _push(self, message: Push) -> None:
         pieces = [(p.statement, p.factor, p.entries) for p in message.slices]
@@ -532,10 +581,14 @@ class Node:
         step = self.compiled[op.trigger][op.statement]
         if self.placement.nodes == 1 or step.single_writer:
             return step.run(op.args, op.tables)  # one writer: the switch sent the PUT here alone
+        return self._mine(step, step.run(op.args, op.tables))
+
+    def _mine(self, step: CompiledStep, result: dict[Key, Any]) -> dict[Key, Any]:
+        """The entries of a statement's result whose keys this node holds."""
         target = step.step.target
         homes = self._homes[target]  # the node of each first key seen (hashing costs)
         mine, owned = self.number, {}
-        for key, value in step.run(op.args, op.tables).items():
+        for key, value in result.items():
             home = homes.get(key[0])
             if home is None:
                 home = homes[key[0]] = self.placement.node_of(target, key)
@@ -684,8 +737,7 @@ class Node:
         log = self.maps[map_name]
         for key, value in entries.items():
             if value != 0:
-                log.base[key] = log.current[key] = value
-                log.latest[key] = BEFORE_ALL
+                log.preloaded(key, value)
 
     # --------------------------------------------------------------------------- reads
 
