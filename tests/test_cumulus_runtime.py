@@ -618,7 +618,7 @@ def test_seed_003_figure_3_reads_from_the_write_log_and_revises_later_reads() ->
     for counter in (3, 4, 5, 7):
         for _, message in switch.dispatch((counter, 0), 1, (2, counter)):
             assert node.handle(message) == []  # its push to itself is taken in place
-            seen[counter] = node.operations[((counter, 0), 0)].tables[0][(2,)]
+            seen[counter] = node.entries("out")[(counter,)]  # out[j] += m_c[2] as read
     assert seen == {3: 2, 4: 2, 5: 2, 7: 6}
     ((_, write),) = switch.dispatch((3, 1), 0, (2, 10))
     ((_, late),) = node.handle(write)

@@ -71,6 +71,7 @@ class Operation:
     tables: Tables = field(default_factory=dict)
     result: dict[Key, Any] | None = None  # None until evaluated
     version: tuple[int, int] = (0, 0)  # conservative: (stream, the update's place in its PUTs)
+    local: bool = False  # read here in place (``Node._fused``): a corrective reads again
 
     @property
     def ready(self) -> bool:
@@ -306,7 +307,7 @@ class Node:
         """``_here_and_now``'s update: each statement's slices read as ``_serve`` reads them,
         then its result written, with no PUSH, pending write or waiting operation; where no
         read is logged, by one generated function over the maps in place (``_fused``)."""
-        if not self.log_reads and self._fused(message):
+        if self._fused(message, out):
             return
         tables: dict[int, Tables] = {}
         for fetch, factor, entries in self._read_slices(message, message.fetches):
@@ -323,45 +324,77 @@ class Node:
                     self.operations[(ts, statement)] = op
             self._written_op(op, out)
 
-    def _fused(self, message: Dispatch) -> bool:
+    def _fused(self, message: Dispatch, out: Outbox) -> bool:
         """The update's statements run as one function reading this node's maps in place
         (``cumulus.runtime.fused``): only if nothing at or after its timestamp was written to
-        a map they read, so that the maps are as they were just before it."""
-        ts, trigger = message.ts, message.trigger
+        a map they read, so that the maps are as they were just before it. Where reads are
+        logged, each (map, pattern) read is logged once for this node, and each statement
+        kept as an operation with its result: a corrective reads its slices again
+        (``_revise``), the late write included."""
+        ts, trigger, args = message.ts, message.trigger, message.args
         statements = tuple(statement for statement, _ in message.puts)
         fused = self._fusions.get((trigger, statements))
         if fused is None:
-            steps = tuple(self.compiled[trigger][statement] for statement in statements)
-            run = fuse(
-                [step.step for step in steps],
-                self.placement.program.triggers[trigger].args,
-                self._typings[trigger],
-                self.maps.__getitem__,
-            )
-            reads = reads_of([step.step for step in steps])
-            fused = self._fusions[(trigger, statements)] = (run, steps, reads)
-        run, steps, reads = fused
-        maps, newest_read = self.maps, self._newest_read
+            fused = self._fusions[(trigger, statements)] = self._fuse(trigger, statements)
+        run, steps, reads, logged = fused
+        maps = self.maps
         for name in reads:
             if maps[name].newest >= ts:
                 return False
-        for name in reads:
-            newest = newest_read.get(name)
-            if newest is None or newest < ts:
-                newest_read[name] = ts
-        deltas = run(message.args)
-        completed = self.completed
+        if self.log_reads:
+            for name, pattern_of, bound, uses in logged:
+                self.reads[name].add(ReadEntry(ts, pattern_of(args), self.number, uses), bound)
+        else:
+            newest_read = self._newest_read
+            for name in reads:
+                newest = newest_read.get(name)
+                if newest is None or newest < ts:
+                    newest_read[name] = ts
+        deltas = run(args)  # zeros included: skipped when written
+        completed, several, log_reads = self.completed, self.placement.nodes > 1, self.log_reads
         for step, result in zip(steps, deltas, strict=True):
             completed.append(ts)
-            if self.placement.nodes > 1 and not step.single_writer:
+            if several and not step.single_writer:
                 result = self._mine(step, result)
-            target = maps[step.step.target]
+            target = step.step.target
+            if log_reads:  # a corrective may revise it
+                statement = step.step.number
+                op = Operation(ts, statement, trigger, args, 0, 0, {}, result, local=True)
+                self.operations[(ts, statement)] = op
+                later = self.reads.get(target)
+                if later is not None and later.newest is not None and later.newest > ts:
+                    for key, delta in result.items():  # a write may be late: checked
+                        if delta != 0:
+                            self._write(target, key, delta, ts, 0, out)
+                    continue
+            log, written = maps[target], 0
             for key, delta in result.items():
                 if delta != 0:
-                    target.write(key, delta, ts)
-                    self._log_entries += 1
-            self._unlogged(step.step.target, ts)
+                    log.write(key, delta, ts)
+                    written += 1
+            self._log_entries += written
+            if not log_reads:
+                self._unlogged(target, ts)
         return True
+
+    def _fuse(self, trigger: int, statements: tuple[int, ...]) -> tuple[Any, ...]:
+        """``_fused``'s plan for the statements of a trigger written here: the generated
+        function, the steps, the maps read, and the reads to log, one per map and key shape
+        with the (statement, factor) pairs it serves."""
+        steps = tuple(self.compiled[trigger][statement] for statement in statements)
+        run = fuse(
+            [step.step for step in steps],
+            self.placement.program.triggers[trigger].args,
+            self._typings[trigger],
+            self.maps.__getitem__,
+        )
+        logged: dict[tuple[str, tuple[str, ...]], tuple[Any, Any, list[tuple[int, int]]]] = {}
+        for statement in statements:
+            for read, pattern_of, bound in self._reads[trigger][statement]:
+                entry = logged.setdefault((read.map, read.keys), (pattern_of, bound, []))
+                entry[2].append((statement, read.factor))
+        plan = [(name, p, b, tuple(uses)) for (name, _), (p, b, uses) in logged.items()]
+        return run, steps, reads_of([step.step for step in steps]), plan
 
     def _push(self, message: Push) -> None:
         pieces = [(p.statement, p.factor, p.entries) for p in message.slices]
@@ -649,6 +682,10 @@ class Node:
         touched: dict[tuple[Timestamp, int], Operation] = {}
         for read in message.reads:
             op = self.operations[(read.ts, read.statement)]
+            if op.local:  # read here: its slices are read again, the late write in them
+                self._read_again(op)
+                touched[(read.ts, read.statement)] = op
+                continue
             table = dict(op.tables.get(read.factor, ()))  # its own: slices are shared
             accumulate(table, message.key, message.delta)
             op.tables[read.factor] = table
@@ -663,6 +700,17 @@ class Node:
                 if diff != 0:
                     self._write(step.target, key, diff, op.ts, message.depth, out)
             op.result = revised
+
+    def _read_again(self, op: Operation) -> None:
+        """A fused operation's slices as of just before it, now (every write known here
+        below its timestamp in them): a corrective's re-evaluation sees each late write once,
+        however many correctives for it are still on their way (the others then change
+        nothing)."""
+        tables: Tables = {}
+        for read, pattern_of, bound in self._reads[op.trigger][op.statement]:
+            entries = self.maps[read.map].slice_before(pattern_of(op.args), op.ts, bound)
+            _put_slice(tables, read.factor, entries)
+        op.tables = tables
 
     def _settle(self, cause: tuple[int, int], out: Outbox) -> None:
         del self._caused[cause]
