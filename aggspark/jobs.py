@@ -19,7 +19,7 @@ from typing import Any
 from aggclient.bulk_client import BulkClient
 from aggclient.client import Client
 from aggspark.compute import State, compute_states, needed_columns
-from aggspark.m3_init import initial_maps
+from aggspark.m3_init import initial_maps, initial_relations
 from aggspark.source import encode_staged, staging_name, view_states
 from aggview import errors
 from aggview.merge import normalized
@@ -28,7 +28,9 @@ from aggview.schema import TableSchema
 from aggview.values import encode_entry
 from cumulus.aggstate import Row, ViewState
 from cumulus.m3.compiler import compile_program
+from cumulus.m3.interpreter import Interpreter
 from cumulus.plan import ViewPlan
+from cumulus.runtime.placement import relation_map
 from cumulus.view_rows import is_view_rows
 
 Progress = Callable[[str], None]
@@ -160,10 +162,14 @@ def _cumulus_maps(
     The program's relations carry every column of their tables, so all are read."""
     plan = state.plan
     schemas = {t: state.schemas[plan.aliases_of(t)[0]] for t in plan.base_tables()}
-    program = compile_program([plan], schemas.__getitem__)
+    program = compile_program([plan], schemas.__getitem__, plan.program_depth)
     columns = {t: list(s.column_names) for t, s in schemas.items()}
     with snapshot_tables(spark, address, state, snapshot, options, columns) as tables:
         maps = initial_maps(spark, program, tables)
+        relations = initial_relations(spark, program, tables)
+    checker = Interpreter(program)  # a relation's rows as the runtime keeps them: converted
+    for name, rows in relations.items():
+        maps[relation_map(name)] = {checker.check("+", name, row): 1 for row in rows}
     return [encode_entry(name, k, v) for name, found in maps.items() for k, v in found.items()]
 
 

@@ -34,6 +34,7 @@ from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
 from cumulus.m3.readout import expand, maps_read, read_view
 from cumulus.plan import ViewPlan
+from cumulus.runtime.placement import relation_map
 from cumulus.runtime.reads import roll_up
 from cumulus.runtime.simulator import FEED_BATCH, Simulator, Update, holding
 
@@ -56,7 +57,9 @@ class CumulusView:
         switches stamped by the members (None: one switch, drained)."""
         self.plan = plan
         self.schemas = dict(schemas)
-        self.program: Program = compile_program([plan], self.schemas.__getitem__)
+        self.program: Program = compile_program(
+            [plan], self.schemas.__getitem__, plan.program_depth
+        )
         self.shape = self.program.views[0]
         self._read = maps_read(self.shape)  # what rows are read from (not every map)
         self._reader: Interpreter | None = None
@@ -112,20 +115,30 @@ class CumulusView:
         definitions), installed on the nodes before any update. Entries of maps the program
         does not have, or keys of another width, are refused, naming them."""
         reference = Interpreter(self.program)
+        widths = {m.name: len(m.keys) for m in self.program.maps}
+        read = {relation_map(name): name for name in reference.relations}
+        for source in self.program.sources:
+            if relation_map(source.name) in read:
+                widths[relation_map(source.name)] = len(source.columns)
         for name, entries in maps.items():
-            decl = next((m for m in self.program.maps if m.name == name), None)
-            if decl is None:
+            if name not in widths:
                 raise errors.InvalidArgument(f"the view's program has no map {name!r}")
             for key in entries:
-                if len(key) != len(decl.keys):
+                if len(key) != widths[name]:
                     raise errors.InvalidArgument(
-                        f"map {name} has {len(decl.keys)} key columns, not {len(key)}"
+                        f"map {name} has {widths[name]} key columns, not {len(key)}"
                     )
-            reference.maps[name].data.update(entries)
+            store = reference.relations[read[name]] if name in read else reference.maps[name]
+            store.data.update(entries)
         self._install(reference, ts)
 
     def _install(self, reference: Interpreter, ts: int) -> None:
-        self.runtime.preload({name: store.data for name, store in reference.maps.items()})
+        """The reference's maps, and the relations a depth-bounded program reads (their rows,
+        each counted once), onto the nodes."""
+        maps = {name: store.data for name, store in reference.maps.items()}
+        for name, store in reference.relations.items():
+            maps[relation_map(name)] = store.data
+        self.runtime.preload(maps)
         self._last = (read_view(reference, self.shape, counted=True), ts)
         self.fed_at = self._loaded_at = ts
         self._count()

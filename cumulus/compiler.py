@@ -119,6 +119,7 @@ def compile_view(
         speculation=create.speculation,
         host=create.host,
         feed_ms=create.feed_ms,
+        depth=create.depth,
         tables=tables,
         edges=edges,
         filters=filters,
@@ -232,7 +233,7 @@ def _check_nested(plan: ViewPlan, table: Callable[[str], TableSchema]) -> None:
     M3 program cannot maintain them (``cumulus.m3.compiler.nested_refusal``)."""
     from cumulus.m3.compiler import compile_program  # (that module compiles plans with this)
 
-    compile_program([plan], table)
+    compile_program([plan], table, plan.program_depth)
 
 
 def _rewritten_sql(rewritten: exp.Expression) -> str:

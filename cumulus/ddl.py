@@ -21,8 +21,9 @@ DEFAULT_ASYNC_INTERVAL_MS = 1000
 DEFAULT_EPOCH_MS = 100  # a Cumulus view's epoch: how often its committed snapshot moves
 DEFAULT_NODES = 2
 MAX_NODES = 64
-VIEW_OPTIONS = ("refresh", "interval_ms", "nodes", "epoch_ms", "mode", "host", "feed_ms")
-CUMULUS_OPTIONS = ("nodes", "epoch_ms", "mode", "host", "feed_ms")
+VIEW_OPTIONS = ("refresh", "interval_ms", "nodes", "epoch_ms", "mode", "host", "feed_ms", "depth")
+CUMULUS_OPTIONS = ("nodes", "epoch_ms", "mode", "host", "feed_ms", "depth")
+MAX_DEPTH = 16  # a cumulus view's M3 program: how many levels of delta maps at most
 MIN_INTERVAL_MS = 10
 MAX_INTERVAL_MS = 86_400_000
 
@@ -38,6 +39,7 @@ class CreateView:
     speculation: str = ""  # cumulus: speculative or conservative
     host: str = ""  # cumulus: where its DW nodes run (local, grpc or spark)
     feed_ms: int = 0  # cumulus: how often changes are fed between epochs (0: at epochs)
+    depth: int = 0  # cumulus: its M3 program's depth (0: unbounded)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class AlterView:
     speculation: str = ""
     host: str = ""
     feed_ms: int = 0
+    depth: int = 0
 
 
 ViewStatement = CreateView | DropView | AlterView
@@ -232,6 +235,13 @@ def view_options(options: list[tuple[str, str, str]], allowed: tuple[str, ...]) 
                     f"nodes must be a whole number from 1 to {MAX_NODES}; got {text}"
                 )
             values[key] = int(text)
+        elif key == "depth":
+            if kind != "number" or not _INTEGER.fullmatch(text) or not 1 <= int(text) <= MAX_DEPTH:
+                raise errors.InvalidArgument(
+                    f"depth must be a whole number from 1 to {MAX_DEPTH} (leave it out for "
+                    f"every level of delta maps); got {text}"
+                )
+            values[key] = int(text)
         else:
             values[key] = _interval(kind, text, key)
     return values
@@ -241,7 +251,8 @@ def _create(header: _Header) -> CreateView:
     usage = (
         "CREATE MATERIALIZED VIEW name [WITH (refresh = 'sync'|'async', interval_ms = N)] "
         "| [WITH (refresh = 'cumulus', nodes = N, epoch_ms = M, mode = 'speculative'|"
-        "'conservative', host = 'local'|'grpc'|'spark'|'h:p,...', feed_ms = F)] AS SELECT ..."
+        "'conservative', host = 'local'|'grpc'|'spark'|'h:p,...', feed_ms = F, depth = D)] "
+        "AS SELECT ..."
     )
     if_not_exists = header.accept("IF", "NOT", "EXISTS")
     name = header.name(usage)
@@ -270,7 +281,16 @@ def _create(header: _Header) -> CreateView:
     nodes, speculation = _nodes_of(values, DEFAULT_NODES), values.get("mode", "speculative")
     host, feed = values.get("host", "local"), values.get("feed_ms", 0)
     return CreateView(
-        name, if_not_exists, mode, interval, select_sql, nodes, speculation, host, feed
+        name,
+        if_not_exists,
+        mode,
+        interval,
+        select_sql,
+        nodes,
+        speculation,
+        host,
+        feed,
+        values.get("depth", 0),
     )
 
 
@@ -287,7 +307,7 @@ def _drop(header: _Header) -> DropView:
 ALTER_USAGE = (
     "ALTER MATERIALIZED VIEW name SET (refresh = 'sync'|'async'|'cumulus', interval_ms = N, "
     "nodes = N, epoch_ms = M, mode = 'speculative'|'conservative', "
-    "host = 'local'|'grpc'|'spark'|'h:p,...', feed_ms = F)"
+    "host = 'local'|'grpc'|'spark'|'h:p,...', feed_ms = F, depth = D)"
 )
 
 
@@ -308,6 +328,7 @@ def _alter(header: _Header) -> AlterView:
         speculation=values.get("mode", ""),
         host=values.get("host", ""),
         feed_ms=values.get("feed_ms", 0),
+        depth=values.get("depth", 0),
     )
 
 
@@ -333,6 +354,7 @@ def altered_plan(plan: ViewPlan, alter: AlterView) -> ViewPlan:
             ("mode", alter.speculation),
             ("host", alter.host),
             ("feed_ms", alter.feed_ms),
+            ("depth", alter.depth),
         )
         if value and mode != "cumulus"
     ]
@@ -343,11 +365,20 @@ def altered_plan(plan: ViewPlan, alter: AlterView) -> ViewPlan:
         )
     same = mode == plan.mode
     if mode == "sync":
-        return replace(plan, mode=mode, interval_ms=0, nodes=0, speculation="", host="", feed_ms=0)
+        return replace(
+            plan, mode=mode, interval_ms=0, nodes=0, speculation="", host="", feed_ms=0, depth=0
+        )
     if mode == "async":
         interval = alter.interval_ms or (plan.interval_ms if same else DEFAULT_ASYNC_INTERVAL_MS)
         return replace(
-            plan, mode=mode, interval_ms=interval, nodes=0, speculation="", host="", feed_ms=0
+            plan,
+            mode=mode,
+            interval_ms=interval,
+            nodes=0,
+            speculation="",
+            host="",
+            feed_ms=0,
+            depth=0,
         )
     nodes = alter.nodes or (plan.nodes if same else DEFAULT_NODES)
     host = alter.host or (plan.host if same else "local")
@@ -365,6 +396,7 @@ def altered_plan(plan: ViewPlan, alter: AlterView) -> ViewPlan:
         speculation=alter.speculation or (plan.speculation if same else "speculative"),
         host=host,
         feed_ms=alter.feed_ms or (plan.feed_ms if same else 0),
+        depth=alter.depth or (plan.depth if same else 0),
     )
 
 

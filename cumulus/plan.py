@@ -316,6 +316,9 @@ class ViewPlan:
     # cumulus: how often committed changes are fed to the runtime between epochs (its
     # tentative values run ahead of the last epoch); 0: only at each epoch
     feed_ms: int = 0
+    # cumulus: its M3 program's depth (DBToaster's --depth: how many levels of delta maps it
+    # keeps; below them it reads the base relations); 0: every level
+    depth: int = 0
     derived: tuple[Derived, ...] = ()  # SELECT items computed from the columns when read
     shape: str = "aggregate"  # or "bag" (rows with duplicates) or "distinct" (see above)
     # the hidden views its subqueries became (``cumulus.passes.lift_subqueries``), created and
@@ -353,14 +356,16 @@ class ViewPlan:
                     f"{' or '.join(SPECULATION)} and a host of {' or '.join(HOSTS)} or as "
                     "many DW node addresses as nodes"
                 )
+            if self.depth < 0:
+                raise InvalidArgument(f"view {self.name}: depth must be 0 or more")
             if not 0 <= self.feed_ms <= self.interval_ms:
                 raise InvalidArgument(
                     f"view {self.name}: feed_ms must be between 0 and epoch_ms "
                     f"({self.interval_ms}); got {self.feed_ms}"
                 )
-        elif self.nodes or self.speculation or self.host or self.feed_ms:
+        elif self.nodes or self.speculation or self.host or self.feed_ms or self.depth:
             raise InvalidArgument(
-                f"view {self.name}: nodes, mode, host and feed_ms are for cumulus views"
+                f"view {self.name}: nodes, mode, host, feed_ms and depth are for cumulus views"
             )
         if self.shape not in SHAPES:
             raise InvalidArgument(f"view {self.name}: shape must be {', '.join(SHAPES)}")
@@ -423,6 +428,11 @@ class ViewPlan:
         if not self.branches:
             return (self,)
         return (replace(self, branches=()), *self.branches)
+
+    @property
+    def program_depth(self) -> int | None:
+        """The depth its M3 program is compiled at (None: every level of delta maps)."""
+        return self.depth or None
 
     def base_tables(self) -> tuple[str, ...]:
         """Distinct base tables, in FROM order (of every branch): the tables whose writes
@@ -521,6 +531,7 @@ class ViewPlan:
                     "speculation": self.speculation,
                     "host": self.host,
                     "feed_ms": self.feed_ms,
+                    **({"depth": self.depth} if self.depth else {}),
                 }
                 if self.nodes
                 else {}
@@ -564,6 +575,7 @@ class ViewPlan:
             if "nodes" in data  # type: ignore[operator]
             else "",
             feed_ms=_field(data, "feed_ms", int, what) if "feed_ms" in data else 0,  # type: ignore[operator]
+            depth=_field(data, "depth", int, what) if "depth" in data else 0,  # type: ignore[operator]
             derived=tuple(
                 Derived.from_json(d)
                 for d in (_field(data, "derived", list, what) if "derived" in data else [])  # type: ignore[operator]

@@ -49,16 +49,19 @@ def view_ddl(
     speculation: str = "speculative",
     host: str = "local",
     feed_ms: int = 0,
+    depth: int = 0,
 ) -> str:
     """``mode``: sync, async (refreshed every ``interval_ms``) or cumulus (an epoch every
     ``interval_ms`` on ``nodes`` DW nodes hosted by ``host``, ``speculation`` speculative or
-    conservative)."""
+    conservative, its M3 program at ``depth``: 0 for every level)."""
     options = {
         "sync": "",
         "async": f" WITH (refresh = 'async', interval_ms = {interval_ms})",
         "cumulus": f" WITH (refresh = 'cumulus', epoch_ms = {interval_ms}, nodes = {nodes}, "
         f"mode = '{speculation}', host = '{host}'"
-        + (f", feed_ms = {feed_ms})" if feed_ms else ")"),
+        + (f", feed_ms = {feed_ms}" if feed_ms else "")
+        + (f", depth = {depth}" if depth else "")
+        + ")",
     }[mode]
     return f"CREATE MATERIALIZED VIEW {name}{options} AS {select}"
 

@@ -54,9 +54,9 @@ from loadgen.report import RunReport, percentiles
 MODES = ("none", "sync", "async", "cumulus")
 MODE_USAGE = (
     "none, sync, async:<interval ms> (e.g. async:500) or "
-    "cumulus:<epoch ms>[:<nodes>][:conservative][:grpc|:spark][:feed<ms>] (e.g. "
+    "cumulus:<epoch ms>[:<nodes>][:conservative][:grpc|:spark][:feed<ms>][:depth<N>] (e.g. "
     "cumulus:100:2, cumulus:100:2:spark, cumulus:1000:2:feed50: changes fed every 50 ms, "
-    "tentative reads measured too)"
+    "tentative reads measured too; cumulus:100:1:depth1: the M3 program at depth 1)"
 )
 HOSTS = ("local", "grpc", "spark")
 
@@ -69,6 +69,7 @@ class Mode:
     speculation: str = ""  # cumulus: speculative or conservative
     host: str = "local"  # cumulus: where the DW nodes run (local, grpc or spark)
     feed_ms: int = 0  # cumulus: changes fed between epochs every feed_ms (tentative reads)
+    depth: int = 0  # cumulus: its M3 program's depth (0: every level)
 
     @property
     def label(self) -> str:
@@ -78,7 +79,8 @@ class Mode:
             how = "spec" if self.speculation == "speculative" else "cons"
             where = "" if self.host == "local" else f" {self.host}"
             feed = f" feed {self.feed_ms} ms" if self.feed_ms else ""
-            return f"cumulus {how} {self.interval_ms} ms x{self.nodes}{where}{feed}"
+            depth = f" depth {self.depth}" if self.depth else ""
+            return f"cumulus {how} {self.interval_ms} ms x{self.nodes}{where}{feed}{depth}"
         return self.kind
 
     @classmethod
@@ -90,13 +92,13 @@ class Mode:
             if rest:
                 raise errors.InvalidArgument(f"mode {kind} takes no interval; got {text!r}")
             return cls(kind)
-        if len(rest) > (1 if kind == "async" else 5):
+        if len(rest) > (1 if kind == "async" else 6):
             raise errors.InvalidArgument(f"mode {text!r}: use {MODE_USAGE}")
         value = _number(text, rest[0] if rest else "500", "the interval", 1, 3_600_000)
         if kind == "async":
             return cls("async", value)
         nodes = _number(text, rest[1], "the nodes", 1, 64) if len(rest) > 1 else 2
-        speculation, host, feed = "speculative", "local", 0
+        speculation, host, feed, depth = "speculative", "local", 0, 0
         for part in rest[2:]:
             if part in ("speculative", "conservative"):
                 speculation = part
@@ -104,12 +106,14 @@ class Mode:
                 host = part
             elif part.startswith("feed"):
                 feed = _number(text, part.removeprefix("feed"), "the feed interval", 10, value)
+            elif part.startswith("depth"):
+                depth = _number(text, part.removeprefix("depth"), "the depth", 1, 16)
             else:
                 raise errors.InvalidArgument(
                     f"mode {text!r}: after the nodes come speculative or conservative, "
-                    f"{', '.join(HOSTS)}, and feed<ms>; got {part!r}"
+                    f"{', '.join(HOSTS)}, feed<ms> and depth<N>; got {part!r}"
                 )
-        return cls("cumulus", value, nodes, speculation, host, feed)
+        return cls("cumulus", value, nodes, speculation, host, feed, depth)
 
 
 def _number(text: str, part: str, what: str, low: int, high: int) -> int:
@@ -245,6 +249,7 @@ def _setup(address: str, mode: Mode, scale: dashboard.Scale, options: dict[str, 
                     mode.speculation,
                     mode.host,
                     mode.feed_ms,
+                    mode.depth,
                 )
             )
 

@@ -54,9 +54,10 @@ _runs = itertools.count()
     mode=st.sampled_from(["speculative", "conservative"]),
     host=st.sampled_from(["local", "local", "grpc"]),
     feed=st.sampled_from(["", ", feed_ms = 20"]),
+    depth=st.sampled_from(["", ", depth = 1", ", depth = 2"]),
 )
 def test_cumulus_views_equal_recomputation(
-    cluster: LocalCluster, spec: dict, nodes: int, mode: str, host: str, feed: str
+    cluster: LocalCluster, spec: dict, nodes: int, mode: str, host: str, feed: str, depth: str
 ) -> None:
     run = next(_runs)
     names = [f"c{run}_t{i}" for i in range(spec["tables"])]
@@ -68,7 +69,7 @@ def test_cumulus_views_equal_recomputation(
         view = f"c{run}_cumulus"
         client.sql(
             f"CREATE MATERIALIZED VIEW {view} WITH (refresh = 'cumulus', nodes = {nodes}, "
-            f"epoch_ms = 60000, mode = '{mode}', host = '{host}'{feed}) AS {select}"
+            f"epoch_ms = 60000, mode = '{mode}', host = '{host}'{feed}{depth}) AS {select}"
         )
         assert_same(client.view(view), recompute(client, names, select), spec)
         for round_number in range(3):
@@ -325,6 +326,8 @@ def test_cumulus_view_options_and_reads_are_checked(client: Client, table_name: 
         "mode = 'eager'": "mode must be 'speculative' or 'conservative'",
         "interval_ms = 100": "interval_ms applies only to refresh = 'async'",
         "epoch_ms = 2": "epoch_ms must be between 10 and",
+        "depth = 0": "depth must be a whole number from 1 to 16",
+        "depth = 'full'": "depth must be a whole number from 1 to 16",
     }
     for option, message in bad.items():
         with pytest.raises(errors.InvalidArgument, match=message):
@@ -335,6 +338,11 @@ def test_cumulus_view_options_and_reads_are_checked(client: Client, table_name: 
     with pytest.raises(errors.InvalidArgument, match="nodes applies only to refresh = 'cumulus'"):
         client.sql(
             f"CREATE MATERIALIZED VIEW {table_name}_bad WITH (refresh = 'async', nodes = 2) "
+            f"AS SELECT g, SUM(v) AS s FROM {table_name} GROUP BY g"
+        )
+    with pytest.raises(errors.InvalidArgument, match="depth applies only to refresh = 'cumulus'"):
+        client.sql(
+            f"CREATE MATERIALIZED VIEW {table_name}_bad WITH (refresh = 'sync', depth = 1) "
             f"AS SELECT g, SUM(v) AS s FROM {table_name} GROUP BY g"
         )
     client.sql(

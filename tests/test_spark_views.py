@@ -196,6 +196,23 @@ def test_bulk_init_while_clients_write_then_view_equals_recomputation(
     assert verified.ok and verified.groups == groups
 
 
+def test_a_cumulus_view_at_depth_1_is_initialized_with_the_relations_it_reads(
+    spark: Any, dashboard_cluster: LocalCluster
+) -> None:
+    """At a bounded depth the program reads its base relations: Spark sends their rows with
+    the maps, and the view stays exact while writers go on."""
+    address = dashboard_cluster.address
+    ddl = dashboard.view_ddl("shop_totals_d1", SHOP_TOTALS, "cumulus", 200, depth=1)
+    with churning([address] * 2):
+        result = jobs.init_view(spark, address, sql=ddl)
+        time.sleep(0.5)
+    assert result.entries > 0
+    with Client(address) as client:
+        client.refresh("shop_totals_d1")
+        assert same(as_tuples(client.view("shop_totals_d1")), recompute(client, SHOP_TOTALS))
+        client.sql("DROP MATERIALIZED VIEW shop_totals_d1")
+
+
 def test_verify_catches_a_view_row_corrupted_in_the_store(
     spark: Any, dashboard_cluster: LocalCluster
 ) -> None:

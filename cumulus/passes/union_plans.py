@@ -42,6 +42,7 @@ def _neutral(branch: ViewPlan, first: ViewPlan) -> ViewPlan:
         speculation="",
         host="",
         feed_ms=0,
+        depth=0,
         output=first.output,
         derived=first.derived,
         having=first.having,
