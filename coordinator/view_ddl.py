@@ -211,10 +211,11 @@ class ViewDdl(ViewsShared):
             await self._stop_refresher(view)
             async with view.lock:  # a refresh or epoch asked for before the ALTER ends first
                 pass
-            same_runtime = (old.nodes, old.speculation, old.host) == (
+            same_runtime = (old.nodes, old.speculation, old.host, old.depth) == (
                 plan.nodes,
                 plan.speculation,
                 plan.host,
+                plan.depth,
             )
             if old.mode == plan.mode and (plan.mode == "async" or same_runtime):
                 self._replan(view, plan)  # a new interval, or epoch: the refresher restarts
@@ -324,8 +325,9 @@ def _describe(plan: ViewPlan) -> str:
     if plan.mode == "async":
         return f"async, refreshed every {plan.interval_ms} ms"
     if plan.mode == "cumulus":
+        depth = f", depth {plan.depth}" if plan.depth else ""
         return (
             f"cumulus ({plan.speculation}, {plan.nodes} nodes, an epoch every "
-            f"{plan.interval_ms} ms)"
+            f"{plan.interval_ms} ms{depth})"
         )
     return "sync"

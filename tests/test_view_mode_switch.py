@@ -49,7 +49,10 @@ def targets(draw: st.DrawFn) -> str:
     nodes = draw(st.integers(1, 2))
     speculation = draw(st.sampled_from(["speculative", "conservative"]))
     epoch = draw(st.sampled_from([30, 60000]))
-    return f"refresh = 'cumulus', nodes = {nodes}, epoch_ms = {epoch}, mode = '{speculation}'"
+    depth = draw(st.sampled_from(["", ", depth = 1"]))
+    return (
+        f"refresh = 'cumulus', nodes = {nodes}, epoch_ms = {epoch}, mode = '{speculation}'{depth}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -165,10 +168,23 @@ def test_bad_switches_are_refused_and_the_view_stays(client: Client, table_name:
     client.sql(f"ALTER MATERIALIZED VIEW {view} SET (refresh = 'cumulus', nodes = 1)")
     with pytest.raises(errors.InvalidArgument, match="interval_ms applies only"):
         client.sql(f"ALTER MATERIALIZED VIEW {view} SET (interval_ms = 50)")
+    with pytest.raises(errors.InvalidArgument, match="depth must be a whole number"):
+        client.sql(f"ALTER MATERIALIZED VIEW {view} SET (depth = 0)")
     with client.transaction() as tx:
         tx.insert(table_name, {"id": 2, "g": 1, "v": 4})
     client.refresh(view)
     assert list(client.view(view)) == [{"g": 1, "s": 7}]
+    # a new depth is a new program: the runtime is loaded again, from a snapshot
+    message = client.sql(f"ALTER MATERIALIZED VIEW {view} SET (depth = 1)").message
+    assert "depth 1" in message
+    with client.transaction() as tx:
+        tx.insert(table_name, {"id": 3, "g": 2, "v": 5})
+        tx.update(table_name, {"id": 1}, {"g": 2})
+    client.refresh(view)
+    assert sorted(client.view(view), key=lambda r: r["g"]) == [
+        {"g": 1, "s": 4},
+        {"g": 2, "s": 8},
+    ]
     client.sql(f"DROP MATERIALIZED VIEW {view}")
 
 
