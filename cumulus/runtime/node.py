@@ -305,8 +305,8 @@ class Node:
 
     def _dispatch_here(self, message: Dispatch, out: Outbox) -> None:
         """``_here_and_now``'s update: each statement's slices read as ``_serve`` reads them,
-        then its result written, with no PUSH, pending write or waiting operation; where no
-        read is logged, by one generated function over the maps in place (``_fused``)."""
+        then its result written, with no PUSH, pending write or waiting operation: by one
+        generated function over the maps in place wherever it can (``_fused``)."""
         if self._fused(message, out):
             return
         tables: dict[int, Tables] = {}
@@ -328,7 +328,7 @@ class Node:
         """The update's statements run as one function reading this node's maps in place
         (``cumulus.runtime.fused``): only if nothing at or after its timestamp was written to
         a map they read, so that the maps are as they were just before it. Where reads are
-        logged, each (map, pattern) read is logged once for this node, and each statement
+        logged, each map's read is logged once per key shape for this node, and each statement
         kept as an operation with its result: a corrective reads its slices again
         (``_revise``), the late write included."""
         ts, trigger, args = message.ts, message.trigger, message.args
@@ -683,8 +683,9 @@ class Node:
         for read in message.reads:
             op = self.operations[(read.ts, read.statement)]
             if op.local:  # read here: its slices are read again, the late write in them
-                self._read_again(op)
-                touched[(read.ts, read.statement)] = op
+                if (read.ts, read.statement) not in touched:
+                    self._read_again(op)
+                    touched[(read.ts, read.statement)] = op
                 continue
             table = dict(op.tables.get(read.factor, ()))  # its own: slices are shared
             accumulate(table, message.key, message.delta)
