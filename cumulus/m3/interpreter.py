@@ -467,12 +467,13 @@ def _row_checker(
     """Checks and converts a row: arity, NOT NULL, types (exact DECIMAL scale, 64-bit INT)."""
     columns = source.columns
     names = source.column_names()
+    known = frozenset(names)
     converters = [_converter(source.name, column) for column in columns]
 
     def check(row: Sequence[Any] | Mapping[str, Any], shown_by: Callable[[], str]) -> Key:
         """``shown_by()`` names the row in an error (written only when there is one)."""
         if isinstance(row, Mapping):
-            unknown = [k for k in row if k not in names]
+            unknown = [k for k in row if k not in known]
             if unknown:
                 raise errors.UnknownColumn(
                     f"{shown_by()}: {source.name} has no column {unknown[0]!r}"
@@ -487,7 +488,7 @@ def _row_checker(
         else:
             raise errors.InvalidArgument(f"{shown_by()}: a row is a tuple or a dict")
         try:
-            return tuple(convert(v) for convert, v in zip(converters, values, strict=True))
+            return tuple([convert(v) for convert, v in zip(converters, values, strict=True)])
         except errors.TypeMismatch as exc:
             raise errors.TypeMismatch(f"{shown_by()}: {exc}") from None
 
