@@ -115,11 +115,9 @@ class CumulusView:
         definitions), installed on the nodes before any update. Entries of maps the program
         does not have, or keys of another width, are refused, naming them."""
         reference = Interpreter(self.program)
-        widths = {m.name: len(m.keys) for m in self.program.maps}
         read = {relation_map(name): name for name in reference.relations}
-        for source in self.program.sources:
-            if relation_map(source.name) in read:
-                widths[relation_map(source.name)] = len(source.columns)
+        widths = {m.name: len(m.keys) for m in self.program.maps}
+        widths.update({r: len(self.program.source(n).columns) for r, n in read.items()})
         for name, entries in maps.items():
             if name not in widths:
                 raise errors.InvalidArgument(f"the view's program has no map {name!r}")

@@ -543,20 +543,32 @@ def compile_trigger(
     """``fire(values)``: every statement's delta computed from the maps as they were before the
     trigger, then each applied in statement order (``Store.add``: zeros vanish)."""
     gen = Gen(namespace={"_counter": counter}, typing=typing)
+    parts = [(s.body, s.target_keys, s.where) for s in statements]
+    outs = write_deltas(gen, args, parts, StoreAccess(store_of))
+    for out, statement in zip(outs, statements, strict=True):
+        apply = gen.const(statement.target.add, "apply")
+        gen.line(f"for _key, _delta in {out}.items():")
+        gen.line(f"{INDENT}{apply}(_key, _delta)")
+    return finish(gen, "def fire(_values):", "fire")
+
+
+def write_deltas(
+    gen: Gen,
+    args: Sequence[str],
+    statements: Sequence[tuple[Sequence[Factor], tuple[str, ...], str]],
+    access: Access,
+) -> list[str]:
+    """The trigger's arguments unpacked from ``_values``, then each statement (body, target
+    keys, where) summed into a dict of its own, all from the same state: the dicts' names."""
     unpack(gen, args, "_values")
-    access = StoreAccess(store_of)
     outs = []
-    for number, statement in enumerate(statements):
+    for number, (body, keys, where) in enumerate(statements):
         out = f"_out{number}"
         gen.line(f"{out} = {{}}")
-        keys = statement.target_keys
 
         def emit(gen: Gen, acc: str, out: str = out, keys: tuple[str, ...] = keys) -> None:
             accumulate(gen, out, gen.key(keys), acc)
 
-        write_product(gen, statement.body, args, access, emit, statement.where)
-        outs.append((out, gen.const(statement.target.add, "apply")))
-    for out, apply in outs:
-        gen.line(f"for _key, _delta in {out}.items():")
-        gen.line(f"{INDENT}{apply}(_key, _delta)")
-    return finish(gen, "def fire(_values):", "fire")
+        write_product(gen, body, args, access, emit, where)
+        outs.append(out)
+    return outs

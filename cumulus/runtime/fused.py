@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cumulus.m3.codegen import INDENT, Gen, accumulate, finish, tuple_code, unpack, write_product
+from cumulus.m3.codegen import INDENT, Gen, finish, tuple_code, write_deltas
 from cumulus.m3.program import MapRef, Rel
 from cumulus.m3.value_kinds import Typing
 from cumulus.runtime.maplog import MapLog
@@ -72,22 +72,7 @@ def fuse(
 ) -> Callable[[Key], Deltas]:
     """``run(values)``: each step's delta (zeros included) from the maps as they are now."""
     gen = Gen(counting=False, typing=typing)
-    unpack(gen, args, "_values")
-    access = LogAccess(log_of)
-    outs = []
-    for number, step in enumerate(steps):
-        out = f"_out{number}"
-        outs.append(out)
-        gen.line(f"{out} = {{}}")
-
-        def emit(gen: Gen, acc: str, out: str = out, keys: tuple[str, ...] = step.target_keys):
-            accumulate(gen, out, gen.key(keys), acc)
-
-        write_product(gen, step.body, args, access, emit, f"statement {step.number}")
+    parts = [(step.body, step.target_keys, f"statement {step.number}") for step in steps]
+    outs = write_deltas(gen, args, parts, LogAccess(log_of))
     gen.line(f"return {tuple_code(outs)}")
     return finish(gen, "def run(_values):", "run")
-
-
-def reads_of(steps: Sequence[Step]) -> tuple[str, ...]:
-    """The maps the steps read (the node notes its newest read of each)."""
-    return tuple(sorted({read.map for step in steps for read in step.reads}))

@@ -52,8 +52,7 @@ class MapLog:
             del current[key]
         latest = self.latest.get(key)
         if latest is None:
-            for bound, index in self.indexes.items():
-                index.setdefault(tuple([key[i] for i in bound]), []).append(key)
+            self._indexed(key)
         if latest is None or latest < ts:
             self.latest[key] = ts
             if self.newest < ts:
@@ -115,11 +114,15 @@ class MapLog:
                 index.setdefault(tuple([key[i] for i in bound]), []).append(key)
         return index
 
+    def _indexed(self, key: Key) -> None:
+        """A key written for the first time, into every index built so far."""
+        for bound, index in self.indexes.items():
+            index.setdefault(tuple([key[i] for i in bound]), []).append(key)
+
     def preloaded(self, key: Key, value: Any) -> None:
         """An entry's value before every timestamp (nothing written yet)."""
         if key not in self.latest:
-            for bound, index in self.indexes.items():
-                index.setdefault(tuple([key[i] for i in bound]), []).append(key)
+            self._indexed(key)
         self.base[key] = self.current[key] = value
         self.latest[key] = BEFORE_ALL
 

@@ -30,7 +30,7 @@ from typing import Any
 from cumulus.expressions import add
 from cumulus.m3.value_kinds import typing_of
 from cumulus.runtime.evaluate import CompiledStep, Tables
-from cumulus.runtime.fused import fuse, reads_of
+from cumulus.runtime.fused import fuse
 from cumulus.runtime.maplog import MapLog, accumulate
 from cumulus.runtime.messages import (
     COORDINATOR,
@@ -345,11 +345,7 @@ class Node:
             for name, pattern_of, bound, uses in logged:
                 self.reads[name].add(ReadEntry(ts, pattern_of(args), self.number, uses), bound)
         else:
-            newest_read = self._newest_read
-            for name in reads:
-                newest = newest_read.get(name)
-                if newest is None or newest < ts:
-                    newest_read[name] = ts
+            self._note_reads(reads, ts)
         deltas = run(args)  # zeros included: skipped when written
         completed, several, log_reads = self.completed, self.placement.nodes > 1, self.log_reads
         for step, result in zip(steps, deltas, strict=True):
@@ -394,7 +390,7 @@ class Node:
                 entry = logged.setdefault((read.map, read.keys), (pattern_of, bound, []))
                 entry[2].append((statement, read.factor))
         plan = [(name, p, b, tuple(uses)) for (name, _), (p, b, uses) in logged.items()]
-        return run, steps, reads_of([step.step for step in steps]), plan
+        return run, steps, tuple({name for name, *_ in plan}), plan
 
     def _push(self, message: Push) -> None:
         pieces = [(p.statement, p.factor, p.entries) for p in message.slices]
@@ -535,12 +531,17 @@ class Node:
                 entry = ReadEntry(ts, pattern, writer, tuple(used))
                 self.reads[map_name].add(entry, bound)
         else:
-            newest_read = self._newest_read
-            for map_name, _ in seen:
-                newest = newest_read.get(map_name)
-                if newest is None or newest < ts:
-                    newest_read[map_name] = ts
+            self._note_reads([map_name for map_name, _ in seen], ts)
         return served
+
+    def _note_reads(self, map_names: Iterable[str], ts: Timestamp) -> None:
+        """Where reads are not logged, the newest read of each map (``_unlogged`` checks
+        every write against it)."""
+        newest_read = self._newest_read
+        for name in map_names:
+            newest = newest_read.get(name)
+            if newest is None or newest < ts:
+                newest_read[name] = ts
 
     def _serve(self, work: list[tuple[Dispatch, Fetch]], out: Outbox) -> None:
         """PUSHes for the fetches of one update: one message per writer (to itself: taken at
