@@ -23,12 +23,12 @@ from coordinator.catalog import table_from_create
 from cumulus.runtime.grpc_host import GrpcRuntime, start_node_processes
 from cumulus.runtime.replay import replay
 from cumulus.runtime.simulator import Simulator
-from cumulus.runtime.wire import encode_entries
+from cumulus.runtime.wire import decode_entries, encode_entries
 
 
 @pytest.fixture
 def nodes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[Server]]:
-    program = _program(request.param["program"])
+    program = _program(request.param["program"], request.param.get("replicas", 0))
     servers = start_node_processes(
         program,
         request.param["nodes"],
@@ -46,7 +46,7 @@ def nodes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[Serve
 @pytest.mark.parametrize(
     "nodes",
     [
-        {"program": "seed003_q3", "nodes": 2, "switches": 2},
+        {"program": "seed003_q3", "nodes": 2, "switches": 2, "replicas": 3},
         {"program": "with_deletes", "nodes": 3, "switches": 1, "mode": "conservative"},
     ],
     indirect=True,
@@ -57,7 +57,7 @@ def test_processes_give_the_simulators_maps_and_exact_snapshots(
     name = "seed003_q3" if len(nodes) == 2 else "with_deletes"
     mode = "speculative" if len(nodes) == 2 else "conservative"
     switches = 2 if len(nodes) == 2 else 1
-    program = _program(name)
+    program = _program(name, 3 if len(nodes) == 2 else 0)  # q3's dimensions replicated
     stream = random_stream(program, random.Random(11), 1500)
     runtime = GrpcRuntime(
         program, [s.address for s in nodes], switches=switches, mode=mode, epoch_ms=50
@@ -91,21 +91,24 @@ def test_processes_give_the_simulators_maps_and_exact_snapshots(
 
 
 @pytest.mark.parametrize(
-    "nodes", [{"program": "seed003_q3", "nodes": 2, "switches": 1}], indirect=True
+    "nodes", [{"program": "seed003_q3", "nodes": 2, "switches": 1, "replicas": 3}], indirect=True
 )
 def test_maps_preloaded_over_grpc_then_fed_equal_the_interpreter(nodes: list[Server]) -> None:
     """What a cumulus view on node processes does at each load: the maps over a snapshot
     go to the nodes in Preload calls, each entry to the node holding its key; the updates
     after the snapshot run the protocol on top. A Preload of the wrong node's key, of a map
-    that does not exist, or after updates is refused and the nodes serve on."""
-    program = _program("seed003_q3")
+    that does not exist, or after updates is refused and the nodes serve on. The maps of
+    replicated relations (customer and orders) go to every node."""
+    program = _program("seed003_q3", 3)
     stream = random_stream(program, random.Random(8), 600)
     runtime = GrpcRuntime(program, [s.address for s in nodes], epoch_ms=10**9)
     try:
         loaded = interpreted(program, stream[:400])
         runtime.preload(loaded)
         stub = runtime._stubs[0]
-        name, entries = next((n, e) for n, e in loaded.items() if len(e) > 1)
+        assert runtime.placement.replicated  # some maps are everywhere
+        partitioned = [(n, e) for n, e in loaded.items() if n not in runtime.placement.replicated]
+        name, entries = next((n, e) for n, e in partitioned if len(e) > 1)
         stranger = next(k for k in entries if runtime.placement.node_of(name, k) != 0)
         wrong = pb.PreloadRequest(map=name, entries=encode_entries({stranger: entries[stranger]}))
         with pytest.raises(grpc.RpcError) as caught:
@@ -117,7 +120,12 @@ def test_maps_preloaded_over_grpc_then_fed_equal_the_interpreter(nodes: list[Ser
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
         runtime.feed(stream[400:])
         runtime.finish()
-        assert runtime.snapshot()[1] == interpreted(program, stream)
+        want = interpreted(program, stream)
+        assert runtime.snapshot()[1] == want
+        for replica in runtime.placement.replicated:  # each node holds the whole map
+            for node_stub in runtime._stubs:
+                reply = node_stub.ReadMap(pb.MapRequest(map=replica, committed=False))
+                assert decode_entries(reply.entries) == want[replica]
         with pytest.raises(errors.FailedPrecondition, match="preload after updates"):
             runtime.preload(loaded)
         with pytest.raises(grpc.RpcError) as caught:

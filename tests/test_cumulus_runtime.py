@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,30 @@ PROGRAMS = {
 }
 
 
-def _program(name: str) -> Program:
-    return parse_program(PROGRAMS[name])
+def _program(name: str, replicas: int = 0) -> Program:
+    """The named program, its i-th relation replicated (``Source.replicated``) where bit i of
+    ``replicas`` is set: where maps live must never change what they hold."""
+    return replicated(parse_program(PROGRAMS[name]), replicas)
+
+
+def replicated(program: Program, replicas: int) -> Program:
+    sources = [
+        replace(s, replicated=bool(replicas >> i & 1)) for i, s in enumerate(program.sources)
+    ]
+    return replace(program, sources=tuple(sources))
+
+
+def copies_agree(simulator: Simulator, cut: int | None = None) -> bool:
+    """Every node holds the same entries of each replicated map (newest, or at ``cut``;
+    FLOAT sums to their last bits, added in another order)."""
+    for name in simulator.placement.replicated:
+        if cut is None:
+            copies = [node.entries(name) for node in simulator.nodes]
+        else:
+            copies = [node.snapshot(name, cut) for node in simulator.nodes]
+        if not all(close_enough({name: c}, {name: copies[0]}) for c in copies):
+            return False
+    return True
 
 
 def random_row(source: Source, rng: random.Random) -> list[Any]:
@@ -121,15 +144,23 @@ def interpreted(program: Program, stream: list[Update]) -> dict[str, dict[Any, A
     reorder=st.one_of(st.none(), st.integers(0, 10**6)),
     seed=st.integers(0, 10**6),
     length=st.integers(1, 120),
+    replicas=st.integers(0, 7),
 )
 def test_at_quiescence_every_map_equals_the_interpreter(
-    name: str, nodes: int, switches: int, reorder: int | None, seed: int, length: int
+    name: str,
+    nodes: int,
+    switches: int,
+    reorder: int | None,
+    seed: int,
+    length: int,
+    replicas: int,
 ) -> None:
-    program = _program(name)
+    program = _program(name, replicas)
     stream = random_stream(program, random.Random(seed), length)
     simulator = Simulator(program, nodes=nodes, switches=switches, network=Network(reorder))
     report = simulator.run(stream)
     assert simulator.maps() == interpreted(program, stream)
+    assert copies_agree(simulator)
     if switches == 1:
         assert report.corrective == 0  # FIFO from the one switch: every node knows its PUTs
 
@@ -147,6 +178,7 @@ def test_at_quiescence_every_map_equals_the_interpreter(
     seed=st.integers(0, 10**6),
     length=st.integers(1, 120),
     batch=st.sampled_from([1, 1, 2, 5, 24]),
+    replicas=st.integers(0, 7),
 )
 def test_every_committed_epoch_equals_the_interpreter_over_its_prefix(
     name: str,
@@ -158,13 +190,14 @@ def test_every_committed_epoch_equals_the_interpreter_over_its_prefix(
     seed: int,
     length: int,
     batch: int,
+    replicas: int,
 ) -> None:
     """Epochs close while updates and corrections are in flight; each commit's snapshot is the
     stream's prefix up to the cut in timestamp order, exactly. A message for a committed
     timestamp arriving after the commit would raise ProtocolError in the node. With batches
     (a switch's ``batch`` updates per message to a node, a node's replies one message per
     destination) in flight across epoch ends and reordered between links, the same."""
-    program = _program(name)
+    program = _program(name, replicas)
     stream = random_stream(program, random.Random(seed), length)
     simulator, report, checked = run_checking_epochs(
         program,
@@ -195,6 +228,7 @@ def run_checking_epochs(
         order = sorted(range(len(simulator.stamped)), key=lambda i: simulator.stamped[i])
         prefix = [stream[i] for i in order if simulator.stamped[i][0] <= cut]
         assert simulator.snapshot(cut) == (cut, interpreted(program, prefix))
+        assert copies_agree(simulator, cut)
         checked.append(cut)
 
     simulator = Simulator(program, on_commit=on_commit, **options)
@@ -234,14 +268,22 @@ def exact_at_every_epoch(
     seed=st.integers(0, 10**6),
     length=st.integers(2, 120),
     split=st.floats(0, 1),
+    replicas=st.integers(0, 7),
 )
 def test_maps_preloaded_from_a_snapshot_then_fed_equal_the_interpreter(
-    name: str, nodes: int, switches: int, mode: str, seed: int, length: int, split: float
+    name: str,
+    nodes: int,
+    switches: int,
+    mode: str,
+    seed: int,
+    length: int,
+    split: float,
+    replicas: int,
 ) -> None:
     """A view over tables that hold rows: the maps over the snapshot are computed outside
     the runtime and preloaded; the updates after it run the protocol on top. Every commit
     equals the interpreter over snapshot + prefix, and a preload after updates is refused."""
-    program = _program(name)
+    program = _program(name, replicas)
     stream = random_stream(program, random.Random(seed), length)
     cut = int(split * length)
     simulator = Simulator(program, nodes=nodes, switches=switches, mode=mode)
@@ -254,6 +296,7 @@ def test_maps_preloaded_from_a_snapshot_then_fed_equal_the_interpreter(
     assert simulator.snapshot() == (0, interpreted(program, stream[:cut]))  # no epoch yet
     simulator.run(stream[middle:])
     assert simulator.snapshot()[1] == interpreted(program, stream) == simulator.maps()
+    assert copies_agree(simulator)
     if cut < length:
         with pytest.raises(ProtocolError, match="preload after updates"):
             simulator.preload(interpreted(program, stream[:1]))
@@ -412,6 +455,8 @@ def compiled_cases(
     names = [f"t{i}" for i in range(spec["tables"])]
     depth = draw(st.sampled_from([None, 1]))
     program = programs_for(select(spec, names), names)[depth]
+    # the compiler replicates the relations joined on their keys; any choice must hold
+    program = replicated(program, draw(st.integers(0, 2 ** len(program.sources) - 1)))
     rng = random.Random(spec["seed"])
     names = [s.name for s in program.sources]  # a self-join reads fewer tables than drawn
     rows: dict[str, dict[int, dict[str, Any]]] = {n: {} for n in names}
@@ -458,6 +503,7 @@ def test_compiled_views_run_distributed_equal_the_interpreter(
     simulator = Simulator(program, nodes=nodes, switches=switches, network=Network(reorder))
     report = simulator.run(stream)
     assert close_enough(simulator.maps(), interpreted(program, stream))
+    assert copies_agree(simulator)
     if switches == 1:
         assert report.corrective == 0
 

@@ -25,6 +25,7 @@ from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.parser import parse_program
 from cumulus.m3.printer import print_program
 from cumulus.m3.program import AggSum, MapRef, Program, Rel
+from cumulus.runtime.placement import Placement
 
 TABLES = [
     "CREATE TABLE customer (custkey INT PRIMARY KEY, name TEXT, nationkey INT, "
@@ -227,3 +228,31 @@ def test_a_theta_join_is_a_guard_and_a_cross_product_a_product_of_maps() -> None
     assert "q_s(int)[][name] += q_s_customer(int)[][];" in text
     assert relation_reads(band) == relation_reads(cross) == 0  # no statement scans a relation
     assert parse_program(text) == cross
+
+
+def test_relations_joined_on_their_whole_key_are_replicated_tables() -> None:
+    """A relation every FROM joins on its whole primary key (a dimension) is a ``CREATE
+    TABLE``, and the maps only its triggers write are kept on every node; a relation some FROM
+    reads otherwise (alone, or by a column that is not its key) stays a stream."""
+    program = compiled(Q3)
+    assert {s.name: s.replicated for s in program.sources} == {
+        "customer": True,
+        "orders": True,
+        "lineitem": False,  # joined on ordkey, half of its key
+    }
+    text = print_program(program)
+    assert "CREATE TABLE customer(" in text and "CREATE STREAM lineitem(" in text
+    assert print_program(parse_program(text)) == text
+    placement = Placement(program, 2)
+    written_by: dict[str, set[str]] = {}
+    for trigger, statement in program.statements():
+        written_by.setdefault(statement.target.name, set()).add(trigger.relation)
+    assert placement.replicated == {
+        name for name, by in written_by.items() if by <= {"customer", "orders"}
+    }
+    assert placement.replicated and Placement(program, 1).replicated == set()
+    also_alone = compiled(Q3, "SELECT o.sprior, COUNT(*) FROM orders o GROUP BY o.sprior")
+    assert not also_alone.source("orders").replicated
+    assert also_alone.source("customer").replicated
+    self_join = compiled("SELECT a.g, SUM(b.v) FROM t a JOIN t b ON a.x = b.id GROUP BY a.g")
+    assert not self_join.source("t").replicated  # alias a is not joined on its key

@@ -80,7 +80,7 @@ from cumulus.m3.program import (
 )
 from cumulus.passes.lift_subqueries import scalar_column
 from cumulus.passes.union_plans import NOTHING
-from cumulus.plan import MULTIPLICITY, OUTER_REFUSAL, Aggregate, ViewPlan, expr_columns
+from cumulus.plan import MULTIPLICITY, OUTER_REFUSAL, Aggregate, TableRef, ViewPlan, expr_columns
 from cumulus.view_rows import row_schema, rows_id
 
 TableLookup = Callable[[str], TableSchema]
@@ -194,6 +194,9 @@ class _Compiler:
     nested: dict[str, ViewPlan] = field(default_factory=dict)  # hidden views, by name
     extremes: set[str] = field(default_factory=set)  # count maps a nested MIN or MAX reads
     taken: set[str] = field(default_factory=set)  # the variables of the statement being made
+    # relations some FROM joins on their whole primary key, and those some FROM does not
+    looked_up_by_key: set[str] = field(default_factory=set)
+    not_by_key: set[str] = field(default_factory=set)
 
     # --- maps --------------------------------------------------------------------------------
 
@@ -278,6 +281,9 @@ class _Compiler:
             if ref.table not in self.sources and ref.table not in self.nested:
                 schema = self.table(ref.table)
                 self.sources[ref.table] = Source(schema.name, schema.columns)
+            if ref.table not in self.nested:
+                by_key = _joined_on_key(plan, ref, self.table(ref.table).primary_key)
+                (self.looked_up_by_key if by_key else self.not_by_key).add(ref.table)
         looked_up = self.looked_up(plan)
         anti = {a: f for a in plan.outer if (f := self.anti_join(plan, a)) is not None}
         query = _join(plan, self.schema, anti, looked_up)
@@ -883,13 +889,26 @@ class _Compiler:
             for sign in ("+", "-"):
                 merged = _merge(self.statements.get((sign, relation), []), types)
                 triggers.append(Trigger(sign, relation, source.column_names(), tuple(merged)))
+        dimensions = self.looked_up_by_key - self.not_by_key
+        sources = [replace(s, replicated=s.name in dimensions) for s in self.sources.values()]
         return Program(
-            tuple(self.sources.values()),
+            tuple(sources),
             tuple(self.maps.values()),
             (),
             tuple(views),
             tuple(triggers),
         )
+
+
+def _joined_on_key(plan: ViewPlan, ref: TableRef, key: tuple[str, ...]) -> bool:
+    """Whether ``plan`` equates every primary key column of ``ref`` with another alias's column:
+    a lookup, each of its rows meeting the rows that carry its key (a dimension)."""
+    joined = set()
+    for edge in plan.edges:
+        for mine, other in ((edge.left, edge.right), (edge.right, edge.left)):
+            if mine.alias == ref.alias and other.alias != ref.alias:
+                joined.add(mine.column)
+    return bool(key) and set(key) <= joined
 
 
 _SHOWN = {Kind.MIN: "MIN", Kind.MAX: "MAX", Kind.COUNT_DISTINCT: "COUNT(DISTINCT ...)"}

@@ -104,6 +104,7 @@ class _Parser(PredicateParser):
         self.take()
         if not (self.is_word("STREAM") or self.is_word("TABLE")):
             raise self.fail(f"expected STREAM or TABLE, found {self.peek().shown()}")
+        replicated = self.is_word("TABLE")
         self.take()
         relation, token = self.name("a relation name")
         if relation in self.sources:
@@ -126,7 +127,7 @@ class _Parser(PredicateParser):
         if not columns:
             raise self.fail(f"relation {relation} has no columns", token)
         self.op(";")
-        self.sources[relation] = Source(relation, tuple(columns))
+        self.sources[relation] = Source(relation, tuple(columns), replicated)
 
     def map_decl(self) -> None:
         self.pos += 2

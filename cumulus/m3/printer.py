@@ -225,7 +225,8 @@ def source_text(source: Source) -> str:
         f"{name(c.name)} {type_text(c.type)}{'' if c.nullable else ' NOT NULL'}"
         for c in source.columns
     )
-    return f"CREATE STREAM {name(source.name)}({columns});"
+    kind = "TABLE" if source.replicated else "STREAM"
+    return f"CREATE {kind} {name(source.name)}({columns});"
 
 
 def keys_text(keys: tuple[tuple[str, ColumnType], ...]) -> str:

@@ -108,10 +108,15 @@ class AggSum:
 
 @dataclass(frozen=True)
 class Source:
-    """A base relation the program's triggers fire on (``CREATE STREAM``)."""
+    """A base relation the program's triggers fire on (``CREATE STREAM``). ``replicated``
+    (``CREATE TABLE``): a dimension, which every view joins on its whole primary key, so
+    each of its rows meets many of the facts' and its updates are the rare ones; the maps only
+    its triggers write are kept whole on every DW node (``Placement``), so that a fact's
+    update reads them where it writes."""
 
     name: str
     columns: tuple[Column, ...]
+    replicated: bool = False
 
     def column_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)

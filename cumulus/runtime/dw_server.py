@@ -299,7 +299,8 @@ class _Servicer:
     ) -> pb.PreloadReply:
         node = await self._holding(request.map, context)
         entries = decode_entries(request.entries)
-        strangers = [k for k in entries if node.placement.node_of(request.map, k) != node.number]
+        holders = node.placement.holders
+        strangers = [k for k in entries if node.number not in holders(request.map, k)]
         if strangers:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,

@@ -304,7 +304,8 @@ class GrpcRuntime:
         for name, entries in maps.items():
             by_node: dict[int, dict[Key, Any]] = {}
             for key, value in entries.items():
-                by_node.setdefault(self.placement.node_of(name, key), {})[key] = value
+                for holder in self.placement.holders(name, key):
+                    by_node.setdefault(holder, {})[key] = value
             for number, part in by_node.items():
                 items = list(part.items())
                 for start in range(0, len(items), PRELOAD_CHUNK):
@@ -329,7 +330,8 @@ class GrpcRuntime:
             if names is not None and m.name not in names:
                 continue
             out[m.name] = {}
-            for stub in self._stubs:
+            copies = self._stubs[:1] if m.name in self.placement.replicated else self._stubs
+            for stub in copies:
                 request.map = m.name
                 reply = stub.ReadMap(request, metadata=self._metadata)
                 out[m.name].update(decode_entries(reply.entries))

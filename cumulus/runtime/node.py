@@ -620,6 +620,8 @@ class Node:
     def _mine(self, step: CompiledStep, result: dict[Key, Any]) -> dict[Key, Any]:
         """The entries of a statement's result whose keys this node holds."""
         target = step.step.target
+        if target in self.placement.replicated:
+            return result  # every node holds all of it
         homes = self._homes[target]  # the node of each first key seen (hashing costs)
         mine, owned = self.number, {}
         for key, value in result.items():

@@ -6,6 +6,12 @@ has one writer, and a read whose first key is a trigger argument has one read no
 variable in that position makes it every node (seed 001, Trigger Dispatch: the region of
 partitions the loop variables' projection intersects).
 
+A map that only the triggers of replicated relations write (dimensions: ``Source.replicated``)
+is kept whole on every node instead: its statements are written at every node, and a statement
+reading it reads the copy where it writes (``cumulus.runtime.switch``), so the updates of the
+facts, which are most updates, read their dimensions' maps without a message (seed 003 §4's
+co-clustering by data flow, bought with space: each dimension's maps once per node).
+
 The relations a program reads directly (bounded ``--depth``) are kept as maps too, named
 ``@relation``, keyed by the whole row with its multiplicity, and maintained by one more
 statement on each of the relation's triggers: the runtime knows only maps.
@@ -80,14 +86,25 @@ class Placement:
         self.key_counts = {m.name: len(m.keys) for m in program.maps}
         for source in program.sources:
             self.key_counts[relation_map(source.name)] = len(source.columns)
+        self.replicated = _replicated_maps(program, self.steps) if nodes > 1 else frozenset()
+        self._everywhere = tuple(range(nodes))
+
+    def holders(self, map_name: str, key: Key) -> tuple[int, ...]:
+        """The nodes holding the entry at ``key``: every node for a replicated map."""
+        if map_name in self.replicated:
+            return self._everywhere
+        return (self.node_of(map_name, key),)
 
     def node_of(self, map_name: str, key: Key) -> int:
+        """The node holding the entry at ``key`` of a map that is not replicated."""
         if not self.key_counts.get(map_name):
             return zlib.crc32(map_name.encode()) % self.nodes
         return stable_hash(key[0]) % self.nodes
 
     def nodes_for(self, map_name: str, pattern: Key) -> tuple[int, ...]:
         """The nodes holding entries that match ``pattern`` (WILD where a key is open)."""
+        if map_name in self.replicated:
+            return self._everywhere
         if not self.key_counts.get(map_name) or pattern[0] is not WILD:
             return (self.node_of(map_name, pattern),)
         return tuple(range(self.nodes))
@@ -108,11 +125,26 @@ class Placement:
     ) -> Callable[[Key], tuple[int, ...]]:
         """``nodes_for`` the map's entries an update can touch, as a function of the trigger's
         argument values, planned once: a constant unless the first key is an argument."""
-        if not self.key_counts.get(map_name) or self.nodes == 1 or keys[0] not in args:
+        if (
+            not self.key_counts.get(map_name)
+            or self.nodes == 1
+            or map_name in self.replicated
+            or keys[0] not in args
+        ):
             fixed = self.nodes_for(map_name, (WILD,) * len(keys) if keys else ())
             return lambda values: fixed
         at = args.index(keys[0])
         return lambda values: (self.node_of(map_name, (values[at],)),)
+
+
+def _replicated_maps(program: Program, steps: list[tuple[Step, ...]]) -> frozenset[str]:
+    """The maps written by statements of replicated relations' triggers and no others."""
+    replicated = {source.name for source in program.sources if source.replicated}
+    writers: dict[str, set[str]] = {}
+    for trigger, trigger_steps in zip(program.triggers, steps, strict=True):
+        for step in trigger_steps:
+            writers.setdefault(step.target, set()).add(trigger.relation)
+    return frozenset(name for name, by in writers.items() if by <= replicated)
 
 
 def _step(number: int, statement: Statement, args: set[str]) -> Step:

@@ -328,7 +328,8 @@ class Simulator:
         for name, entries in maps.items():
             by_node: dict[int, dict[Key, Any]] = {}
             for key, value in entries.items():
-                by_node.setdefault(self.placement.node_of(name, key), {})[key] = value
+                for holder in self.placement.holders(name, key):
+                    by_node.setdefault(holder, {})[key] = value
             for number, part in by_node.items():
                 self.nodes[number].preload(name, part)
 
@@ -340,7 +341,8 @@ class Simulator:
         }
         for node in self.nodes:
             for name in out:
-                out[name].update(node.entries(name))
+                if node.number == 0 or name not in self.placement.replicated:
+                    out[name].update(node.entries(name))  # a replicated map: node 0's copy
         return out
 
     def snapshot(
@@ -354,7 +356,8 @@ class Simulator:
         }
         for node in self.nodes:
             for name in out:
-                out[name].update(node.snapshot(name, cut))
+                if node.number == 0 or name not in self.placement.replicated:
+                    out[name].update(node.snapshot(name, cut))
         return cut, out
 
 

@@ -36,6 +36,7 @@ class _Route:
     guards: list[Callable[[dict[str, Any]], bool]]
     writers: Callable[[tuple[Any, ...]], tuple[int, ...]]
     reads: list[tuple[int, Callable[[tuple[Any, ...]], tuple[int, ...]]]]
+    local: tuple[int, ...]  # the factors reading replicated maps: read where written
 
 
 class Clock:
@@ -65,7 +66,12 @@ class Switch:
                         step.number,
                         [compile_guard(g.pred) for g in step.switch_guards],
                         placement.route(step.target, step.target_keys, args),
-                        [(r.factor, placement.route(r.map, r.keys, args)) for r in step.reads],
+                        [
+                            (r.factor, placement.route(r.map, r.keys, args))
+                            for r in step.reads
+                            if r.map not in placement.replicated
+                        ],
+                        tuple(r.factor for r in step.reads if r.map in placement.replicated),
                     )
                     for step in steps
                 ]
@@ -86,6 +92,7 @@ class Switch:
                             for name, keys in keyed
                             if placement.nodes > 1
                             and placement.key_counts.get(name)
+                            and name not in placement.replicated
                             and keys[0] in trigger.args
                         }
                     )
@@ -179,7 +186,9 @@ class Switch:
         self, trigger: int, values: tuple[Any, ...], passed: tuple[bool, ...]
     ) -> list[tuple[int, tuple[tuple[int, int], ...], tuple[Fetch, ...]]]:
         """Per node, in node order: the update's PUTs (statement, PUSHes to wait for) and
-        FETCHes, for the routes whose guards passed."""
+        FETCHes, for the routes whose guards passed. A replicated map is read where the
+        statement writes: by each writer from its own copy where the statement reads nothing
+        else, else at its one writer, or (several writers) at the first, for all of them."""
         failed = {i for i, ok in zip(self._guarded[trigger], passed, strict=True) if not ok}
         puts: dict[int, list[tuple[int, int]]] = defaultdict(list)
         fetches: dict[int, list[Fetch]] = defaultdict(list)
@@ -191,6 +200,13 @@ class Switch:
             for factor, nodes_of in route.reads:
                 for node in nodes_of(values):
                     by_node.setdefault(node, []).append(factor)
+            if route.local and not by_node:
+                for writer in writers:
+                    fetches[writer].append(Fetch(route.number, route.local, (writer,)))
+                    puts[writer].append((route.number, 1))
+                continue
+            if route.local:
+                by_node.setdefault(writers[0], []).extend(route.local)
             for node, factors in by_node.items():
                 fetches[node].append(Fetch(route.number, tuple(factors), writers))
             for writer in writers:
