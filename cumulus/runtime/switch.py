@@ -188,7 +188,8 @@ class Switch:
         """Per node, in node order: the update's PUTs (statement, PUSHes to wait for) and
         FETCHes, for the routes whose guards passed. A replicated map is read where the
         statement writes: by each writer from its own copy where the statement reads nothing
-        else, else at its one writer, or (several writers) at the first, for all of them."""
+        else, else at its one writer; with several writers, by a node that reads for all of
+        them anyway (a writer if one does), so that it adds no PUSH."""
         failed = {i for i, ok in zip(self._guarded[trigger], passed, strict=True) if not ok}
         puts: dict[int, list[tuple[int, int]]] = defaultdict(list)
         fetches: dict[int, list[Fetch]] = defaultdict(list)
@@ -205,8 +206,11 @@ class Switch:
                     fetches[writer].append(Fetch(route.number, route.local, (writer,)))
                     puts[writer].append((route.number, 1))
                 continue
-            if route.local:
-                by_node.setdefault(writers[0], []).extend(route.local)
+            if route.local:  # with what a writer reads, else with what some node reads
+                home = writers[0]
+                if len(writers) > 1 and home not in by_node:
+                    home = next((w for w in writers if w in by_node), next(iter(by_node)))
+                by_node.setdefault(home, []).extend(route.local)
             for node, factors in by_node.items():
                 fetches[node].append(Fetch(route.number, tuple(factors), writers))
             for writer in writers:
