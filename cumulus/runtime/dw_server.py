@@ -336,7 +336,7 @@ class _Servicer:
             epochs=stats.epochs,
             write_log_entries=sum(m.entries() for m in node.maps.values()),
             read_log_entries=sum(len(r) for r in node.reads.values()),
-            operations=len(node.operations),
+            operations=node.kept_operations,
             messages_sent=dict(host.sent),
             bytes_sent=dict(host.bytes),
             committed=node.committed,

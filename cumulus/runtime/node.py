@@ -78,6 +78,18 @@ class Operation:
         return self.result is None and self.expected is not None and self.heard >= self.expected
 
 
+@dataclass(slots=True)
+class LocalUpdate:
+    """An update whose statements ran here as one function (``Node._fused``) where a
+    corrective may still revise its reads: what each statement wrote here, so a corrective
+    makes it an ``Operation`` then (most never get one)."""
+
+    trigger: int
+    args: Key
+    statements: tuple[int, ...]
+    results: list[dict[Key, Any]]
+
+
 @dataclass
 class NodeStats:
     corrective_sent: int = 0
@@ -158,6 +170,7 @@ class Node:
         self._homes: dict[str, dict[Any, int]] = defaultdict(dict)
         self.reads: dict[str, ReadLog] = defaultdict(ReadLog)  # by map
         self.operations: dict[tuple[Timestamp, int], Operation] = {}
+        self.local: dict[Timestamp, LocalUpdate] = {}  # fused updates a corrective may revise
         self.pending_writes: dict[str, list[Timestamp]] = defaultdict(list)  # sorted
         self._pending = 0  # how many timestamps pending_writes holds, over every map
         # FETCHes to look at, and those parked: by the map whose pending write blocks them
@@ -348,15 +361,15 @@ class Node:
             self._note_reads(reads, ts)
         deltas = run(args)  # zeros included: skipped when written
         completed, several, log_reads = self.completed, self.placement.nodes > 1, self.log_reads
+        if log_reads:  # a corrective may revise them: what each statement wrote is kept
+            kept = self.local[ts] = LocalUpdate(trigger, args, statements, [])
         for step, result in zip(steps, deltas, strict=True):
             completed.append(ts)
             if several and not step.single_writer:
                 result = self._mine(step, result)
             target = step.step.target
-            if log_reads:  # a corrective may revise it
-                statement = step.step.number
-                op = Operation(ts, statement, trigger, args, 0, 0, {}, result, local=True)
-                self.operations[(ts, statement)] = op
+            if log_reads:
+                kept.results.append(result)
                 later = self.reads.get(target)
                 if later is not None and later.newest is not None and later.newest > ts:
                     for key, delta in result.items():  # a write may be late: checked
@@ -684,7 +697,7 @@ class Node:
     def _revise(self, message: Corrective, out: Outbox) -> None:
         touched: dict[tuple[Timestamp, int], Operation] = {}
         for read in message.reads:
-            op = self.operations[(read.ts, read.statement)]
+            op = self.operations.get((read.ts, read.statement)) or self._unfused(read)
             if op.local:  # read here: its slices are read again, the late write in them
                 if (read.ts, read.statement) not in touched:
                     self._read_again(op)
@@ -704,6 +717,16 @@ class Node:
                 if diff != 0:
                     self._write(step.target, key, diff, op.ts, message.depth, out)
             op.result = revised
+
+    def _unfused(self, read: Read) -> Operation:
+        """The operation of a statement that ran in a fused update (``LocalUpdate``), made
+        when a corrective first names it."""
+        kept = self.local[read.ts]
+        result = kept.results[kept.statements.index(read.statement)]
+        op = Operation(read.ts, read.statement, kept.trigger, kept.args, 0, 0, {}, result)
+        op.local = True
+        self.operations[(read.ts, read.statement)] = op
+        return op
 
     def _read_again(self, op: Operation) -> None:
         """A fused operation's slices as of just before it, now (every write known here
@@ -769,6 +792,7 @@ class Node:
         for reads in self.reads.values():
             reads.prune(cut)
         self.operations = {k: op for k, op in self.operations.items() if k[0][0] > cut}
+        self.local = {ts: kept for ts, kept in self.local.items() if ts[0] > cut}
         for switch, puts in self._put_ts.items():  # all written: the count is what matters
             folded = bisect.bisect_right(puts, (cut, 1 << 62))
             del puts[:folded]
@@ -784,12 +808,17 @@ class Node:
         """This node's part of a map computed outside the runtime before any update (the map's
         definition over a snapshot, DBToaster's SYSTEM READY): its base, as if written before
         every timestamp."""
-        if self.operations or self.committed:
+        if self.operations or self.local or self.committed:
             raise ProtocolError(f"node {self.number}: preload after updates")
         log = self.maps[map_name]
         for key, value in entries.items():
             if value != 0:
                 log.preloaded(key, value)
+
+    @property
+    def kept_operations(self) -> int:
+        """Operations a corrective may still revise: kept as such, or in fused updates."""
+        return len(self.operations) + sum(len(kept.statements) for kept in self.local.values())
 
     # --------------------------------------------------------------------------- reads
 

@@ -317,7 +317,7 @@ class Simulator:
                 len(h) for n in self.nodes for m in n.maps.values() for h in m.history.values()
             ),
             "read_log_entries": sum(len(log) for n in self.nodes for log in n.reads.values()),
-            "operations": sum(len(n.operations) for n in self.nodes),
+            "operations": sum(n.kept_operations for n in self.nodes),
         }
 
     def preload(self, maps: Mapping[str, Mapping[Key, Any]]) -> None:
