@@ -27,7 +27,7 @@ from aggcli.server_commands import (
     run_ltm,
     run_start,
 )
-from aggview import errors, logformat
+from aggview import errors, logformat, loops
 from aggview.processes import die_with_parent
 
 DESCRIPTION = (
@@ -99,6 +99,7 @@ def _run_cumulus_replay(args: argparse.Namespace) -> None:
 
         return spark_nodes(spark_session(), program_text, nodes, switches=switches, mode=mode)
 
+    loops.collect_less()  # the simulator host runs the DW nodes in this process
     run_replay(args, table_from_create, spark_nodes)
 
 

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from aggview import errors
+from aggview import errors, loops
 from aggview.security import TlsDir
 from cumulus.runtime.dw_server import NodeConfig, NodeHost
 
@@ -108,6 +108,7 @@ def _task(report_to: str) -> Any:
 
         (config,) = list(configs)
         context = BarrierTaskContext.get()
+        loops.collect_less()  # a DW node's heaps, as in a server's process
         yield asyncio.run(_serve(config, context, report_to))
 
     return run

@@ -5,6 +5,7 @@ installed, the standard library's otherwise; ``AGGVIEW_LOOP=asyncio`` chooses th
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -23,8 +24,20 @@ def chosen() -> str:
     return "uvloop"
 
 
+YOUNG_GENERATION = 20_000  # allocations between collections of the youngest (CPython: 700)
+
+
+def collect_less() -> None:
+    """The cyclic garbage collector looks at new objects every ``YOUNG_GENERATION``
+    allocations. A server keeps big, long-lived heaps (a cumulus runtime's maps and their
+    logs), and a young collection every 700 allocations spent two fifths of the runtime's
+    CPU promoting and rescanning them; transactions showed no difference."""
+    gc.set_threshold(YOUNG_GENERATION, 10, 10)
+
+
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on the chosen loop."""
+    """``asyncio.run(main)`` on the chosen loop, collecting less (``collect_less``)."""
+    collect_less()
     if chosen() == "uvloop":
         import uvloop
 
