@@ -60,6 +60,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from aggview import loops
 from aggview.processes import process_cpu_seconds
 from bench import m3
 from cumulus.m3.compiler import compile_program, plan_of
@@ -487,6 +488,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="sim: updates per switch message, a node's replies one message per destination "
         "(default 1: every message alone)",
     )
+    parser.add_argument(
+        "--collector",
+        choices=["servers", "default"],
+        default="servers",
+        help="this process's cyclic collector as aggview's servers run it (default) or CPython's",
+    )
     args = parser.parse_args(argv)
     if args.host not in HOSTS:
         parser.error(f"--host is one of {', '.join(HOSTS)}")
@@ -504,6 +511,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    if args.collector == "servers":
+        loops.collect_less()
     started, load = time.perf_counter(), os.getloadavg()[0]
     measured = revision()  # before the run: the code imported now is the code measured
     cells: list[Cell] = sorted(

@@ -21,6 +21,7 @@ checkout's directory (its packages win)::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import time
@@ -147,7 +148,15 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--json", help="write every figure here")
     parser.add_argument("--batch", type=int, default=1, help="the simulator's batch (default 1)")
+    parser.add_argument(
+        "--collector",
+        choices=["servers", "default"],
+        default="servers",
+        help="the cyclic collector as aggview's servers run it (default) or CPython's",
+    )
     args = parser.parse_args()
+    if args.collector == "servers":  # aggview.loops.collect_less, spelled out: an older
+        gc.set_threshold(20_000, 10, 10)  # checkout measured with this file has none
     nodes = [int(n) for n in args.nodes.split(",")]
     results = {}
     for shape in args.shapes.split(","):
