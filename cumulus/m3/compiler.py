@@ -278,12 +278,13 @@ class _Compiler:
         """One SELECT's rows map and each aggregate's column over its maps (None: an argument
         that is NULL in this branch, a union's aggregate another branch feeds)."""
         for ref in plan.tables:
-            if ref.table not in self.sources and ref.table not in self.nested:
-                schema = self.table(ref.table)
+            if ref.table in self.nested:
+                continue
+            schema = self.table(ref.table)
+            if ref.table not in self.sources:
                 self.sources[ref.table] = Source(schema.name, schema.columns)
-            if ref.table not in self.nested:
-                by_key = _joined_on_key(plan, ref, self.table(ref.table).primary_key)
-                (self.looked_up_by_key if by_key else self.not_by_key).add(ref.table)
+            by_key = _joined_on_key(plan, ref, schema.primary_key)
+            (self.looked_up_by_key if by_key else self.not_by_key).add(ref.table)
         looked_up = self.looked_up(plan)
         anti = {a: f for a in plan.outer if (f := self.anti_join(plan, a)) is not None}
         query = _join(plan, self.schema, anti, looked_up)

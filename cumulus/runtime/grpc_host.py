@@ -302,11 +302,7 @@ class GrpcRuntime:
         if self._fed:
             raise errors.FailedPrecondition("preload after updates: the maps would miss them")
         for name, entries in maps.items():
-            by_node: dict[int, dict[Key, Any]] = {}
-            for key, value in entries.items():
-                for holder in self.placement.holders(name, key):
-                    by_node.setdefault(holder, {})[key] = value
-            for number, part in by_node.items():
+            for number, part in self.placement.parts(name, entries).items():
                 items = list(part.items())
                 for start in range(0, len(items), PRELOAD_CHUNK):
                     chunk = dict(items[start : start + PRELOAD_CHUNK])
@@ -330,10 +326,9 @@ class GrpcRuntime:
             if names is not None and m.name not in names:
                 continue
             out[m.name] = {}
-            copies = self._stubs[:1] if m.name in self.placement.replicated else self._stubs
-            for stub in copies:
+            for number in self.placement.read_from(m.name):
                 request.map = m.name
-                reply = stub.ReadMap(request, metadata=self._metadata)
+                reply = self._stubs[number].ReadMap(request, metadata=self._metadata)
                 out[m.name].update(decode_entries(reply.entries))
         return out
 

@@ -341,9 +341,9 @@ class Node:
         """The update's statements run as one function reading this node's maps in place
         (``cumulus.runtime.fused``): only if nothing at or after its timestamp was written to
         a map they read, so that the maps are as they were just before it. Where reads are
-        logged, each map's read is logged once per key shape for this node, and each statement
-        kept as an operation with its result: a corrective reads its slices again
-        (``_revise``), the late write included."""
+        logged, each map's read is logged once per key shape for this node, and what each
+        statement wrote is kept (``LocalUpdate``): a corrective makes its operation, which
+        reads its slices again (``_revise``), the late write included."""
         ts, trigger, args = message.ts, message.trigger, message.args
         statements = tuple(statement for statement, _ in message.puts)
         fused = self._fusions.get((trigger, statements))
@@ -723,8 +723,9 @@ class Node:
         when a corrective first names it."""
         kept = self.local[read.ts]
         result = kept.results[kept.statements.index(read.statement)]
-        op = Operation(read.ts, read.statement, kept.trigger, kept.args, 0, 0, {}, result)
-        op.local = True
+        op = Operation(
+            read.ts, read.statement, kept.trigger, kept.args, 0, 0, {}, result, local=True
+        )
         self.operations[(read.ts, read.statement)] = op
         return op
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import datetime
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -94,6 +94,19 @@ class Placement:
         if map_name in self.replicated:
             return self._everywhere
         return (self.node_of(map_name, key),)
+
+    def parts(self, map_name: str, entries: Mapping[Key, Any]) -> dict[int, dict[Key, Any]]:
+        """``entries`` by the nodes holding them (a preload's messages)."""
+        by_node: dict[int, dict[Key, Any]] = {}
+        for key, value in entries.items():
+            for holder in self.holders(map_name, key):
+                by_node.setdefault(holder, {})[key] = value
+        return by_node
+
+    def read_from(self, map_name: str) -> tuple[int, ...]:
+        """The nodes whose entries together are the whole map: node 0's copy of a replicated
+        one, every node's part of the others."""
+        return self._everywhere[:1] if map_name in self.replicated else self._everywhere
 
     def node_of(self, map_name: str, key: Key) -> int:
         """The node holding the entry at ``key`` of a map that is not replicated."""

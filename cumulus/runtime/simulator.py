@@ -326,11 +326,7 @@ class Simulator:
         if self._fed:
             raise ProtocolError("preload after updates: the maps would miss them")
         for name, entries in maps.items():
-            by_node: dict[int, dict[Key, Any]] = {}
-            for key, value in entries.items():
-                for holder in self.placement.holders(name, key):
-                    by_node.setdefault(holder, {})[key] = value
-            for number, part in by_node.items():
+            for number, part in self.placement.parts(name, entries).items():
                 self.nodes[number].preload(name, part)
 
     def maps(self, names: Collection[str] | None = None) -> dict[str, dict[Key, Any]]:
@@ -339,10 +335,9 @@ class Simulator:
         out: dict[str, dict[Key, Any]] = {
             m.name: {} for m in self.placement.program.maps if names is None or m.name in names
         }
-        for node in self.nodes:
-            for name in out:
-                if node.number == 0 or name not in self.placement.replicated:
-                    out[name].update(node.entries(name))  # a replicated map: node 0's copy
+        for name, found in out.items():
+            for number in self.placement.read_from(name):
+                found.update(self.nodes[number].entries(name))
         return out
 
     def snapshot(
@@ -354,10 +349,9 @@ class Simulator:
         out: dict[str, dict[Key, Any]] = {
             m.name: {} for m in self.placement.program.maps if names is None or m.name in names
         }
-        for node in self.nodes:
-            for name in out:
-                if node.number == 0 or name not in self.placement.replicated:
-                    out[name].update(node.snapshot(name, cut))
+        for name, found in out.items():
+            for number in self.placement.read_from(name):
+                found.update(self.nodes[number].snapshot(name, cut))
         return cut, out
 
 
