@@ -5,7 +5,7 @@ those below ts whatever arrived later, folded into a base at each committed cut.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cumulus.expressions import add
@@ -16,53 +16,71 @@ BEFORE_ALL: Timestamp = (0, -1)  # below every update's (counter >= 1, switch >=
 
 class MapLog:
     """One map's partition on this node: current values, the values at the last committed cut,
-    and the deltas written after that cut, by timestamp. Slices with open key positions are
-    answered from an index on the bound positions, built on first use."""
+    and the deltas written after that cut, by key and timestamp; a key's value at the cut is
+    kept (``base``) only while it has deltas after the cut, so that committing a cut is
+    dropping what it folds, not copying it. Slices with open key
+    positions are answered from an index on the bound positions, built on first use.
 
-    __slots__ = ("base", "current", "history", "indexes", "latest", "newest")
+    A key's newest write is the last of its deltas since the cut (a key with none was last
+    written at or below the cut, before every timestamp still read), so a write touches two
+    dicts: its history and the current values."""
+
+    __slots__ = ("base", "current", "history", "indexes", "newest")
 
     def __init__(self) -> None:
         self.current: dict[Key, Any] = {}
-        self.base: dict[Key, Any] = {}  # every write up to the committed cut, coalesced
+        # the value at the committed cut of each key written since (``history``'s keys)
+        self.base: dict[Key, Any] = {}
         self.history: dict[Key, list[tuple[Timestamp, Any]]] = {}
-        self.latest: dict[Key, Timestamp] = {}  # every key ever written: its newest write
         self.newest: Timestamp = BEFORE_ALL  # the newest write to any key
-        # bound positions -> their values -> the keys having them
-        self.indexes: dict[tuple[int, ...], dict[Key, list[Key]]] = {}
+        # bound positions -> their values -> the keys having them (a dict as an ordered set:
+        # a key that went to zero and is written again is added once)
+        self.indexes: dict[tuple[int, ...], dict[Key, dict[Key, None]]] = {}
 
     def write(self, key: Key, delta: Any, ts: Timestamp) -> None:
-        history = self.history.get(key)
-        if history is None:
-            self.history[key] = [(ts, delta)]
-        elif history[-1][0] <= ts:  # in timestamp order, as nearly every write is
-            history.append((ts, delta))
-        else:
-            bisect.insort(history, (ts, delta), key=lambda e: e[0])
-        current = self.current  # ``accumulate``, inline: this is the runtime's busiest line
-        old = current.get(key)
-        if old is None:
-            value = delta
-        elif type(old) is int and type(delta) is int:
-            value = old + delta
-        else:
-            value = add(old, delta)
-        if value != 0:
-            current[key] = value
-        elif old is not None:
-            del current[key]
-        latest = self.latest.get(key)
-        if latest is None:
-            self._indexed(key)
-        if latest is None or latest < ts:
-            self.latest[key] = ts
-            if self.newest < ts:
-                self.newest = ts
+        self.write_all({key: delta}, ts)
+
+    def write_all(self, deltas: Mapping[Key, Any], ts: Timestamp) -> int:
+        """Every non-zero delta of one update's result, written at ``ts`` (the runtime's
+        busiest loop: the lookups are hoisted out of it); how many were."""
+        history, current, base, written = self.history, self.current, self.base, 0
+        for key, delta in deltas.items():
+            if delta == 0:
+                continue
+            written += 1
+            deltas_of = history.get(key)
+            old = current.get(key)
+            if deltas_of is None:  # its first write since the cut: keep its value there
+                history[key] = [(ts, delta)]
+                if old is None:  # maybe never written: into the indexes (a set: once)
+                    if self.indexes:
+                        self._indexed(key)
+                else:
+                    base[key] = old
+            elif deltas_of[-1][0] <= ts:  # in timestamp order, as nearly every write is
+                deltas_of.append((ts, delta))
+            else:
+                bisect.insort(deltas_of, (ts, delta), key=_at)
+            if old is None:
+                value = delta
+            elif type(old) is int and type(delta) is int:
+                value = old + delta
+            else:
+                value = add(old, delta)
+            if value != 0:
+                current[key] = value
+            elif old is not None:
+                del current[key]
+        if written and self.newest < ts:
+            self.newest = ts
+        return written
 
     def value_before(self, key: Key, ts: Timestamp) -> Any:
-        if self.latest.get(key, (0, 0)) < ts:
+        deltas_of = self.history.get(key)
+        if deltas_of is None or deltas_of[-1][0] < ts:
             return self.current.get(key, 0)
         value: Any = self.base.get(key, 0)
-        for at, delta in self.history.get(key, ()):
+        for at, delta in deltas_of:
             if at >= ts:
                 break
             value = add(value, delta)
@@ -73,7 +91,8 @@ class MapLog:
         return self.value_before(key, (cut + 1, -1))
 
     def keys(self) -> Iterable[Key]:
-        return self.latest.keys()
+        """Every key whose value may be non-zero at a timestamp after the committed cut."""
+        return self.current.keys() | self.history.keys()
 
     def slice_before(
         self, pattern: Key, ts: Timestamp, bound: tuple[int, ...] | None = None
@@ -85,16 +104,21 @@ class MapLog:
         if len(bound) == len(pattern):  # a point read
             value = self.value_before(pattern, ts)
             return {pattern: value} if value != 0 else {}
-        candidates: Iterable[Key] = self.latest
+        current = self.current
+        candidates: Iterable[Key]
         if bound:
             candidates = self.index(bound).get(tuple([pattern[i] for i in bound]), ())
-        current = self.current
+        elif self.newest < ts:
+            return dict(current)
+        else:
+            candidates = self.keys()
         if self.newest < ts:  # nothing written at or after ts: the newest values (not zeros)
             return {key: current[key] for key in candidates if key in current}
         found = {}
-        latest = self.latest
+        history = self.history
         for key in candidates:
-            if latest[key] < ts:  # no write at or after ts: the newest value
+            deltas_of = history.get(key)
+            if deltas_of is None or deltas_of[-1][0] < ts:  # the newest value
                 value = current.get(key)
                 if value is not None:  # zeros are not kept
                     found[key] = value
@@ -104,51 +128,69 @@ class MapLog:
                 found[key] = value
         return found
 
-    def index(self, bound: tuple[int, ...]) -> dict[Key, list[Key]]:
-        """Every key ever written, by its values at the ``bound`` positions (kept as keys are
-        written: one built here stays current)."""
+    def index(self, bound: tuple[int, ...]) -> dict[Key, dict[Key, None]]:
+        """The keys that may be non-zero, by their values at the ``bound`` positions (kept as
+        keys are written: one built here stays current; a key that went to zero may stay)."""
         index = self.indexes.get(bound)
         if index is None:
             index = self.indexes[bound] = {}
-            for key in self.latest:
-                index.setdefault(tuple([key[i] for i in bound]), []).append(key)
+            for key in self.keys():
+                index.setdefault(tuple([key[i] for i in bound]), {})[key] = None
         return index
 
     def _indexed(self, key: Key) -> None:
-        """A key written for the first time, into every index built so far."""
+        """A key that may be written for the first time, into every index built so far."""
         for bound, index in self.indexes.items():
-            index.setdefault(tuple([key[i] for i in bound]), []).append(key)
+            values = tuple([key[i] for i in bound])
+            keys = index.get(values)
+            if keys is None:
+                index[values] = {key: None}
+            else:
+                keys[key] = None
 
     def preloaded(self, key: Key, value: Any) -> None:
         """An entry's value before every timestamp (nothing written yet)."""
-        if key not in self.latest:
+        if key not in self.current:
             self._indexed(key)
-        self.base[key] = self.current[key] = value
-        self.latest[key] = BEFORE_ALL
+        self.current[key] = value
 
     def fold(self, cut: int) -> None:
-        """Garbage collection at a committed cut: the writes up to it become the base."""
-        current, base = self.current, self.base
-        for key in list(self.history):
-            entries = self.history[key]
-            if entries[-1][0][0] <= cut:  # every write folds: the base is the newest value
-                value = current.get(key)
-                if value is None:  # zeros are not kept
-                    base.pop(key, None)
-                else:
-                    base[key] = value
-                del self.history[key]
+        """Garbage collection at a committed cut: the deltas up to it are dropped, their sum
+        kept only for a key with deltas after the cut."""
+        if self.newest[0] <= cut:  # every delta folds: the current values are the cut's
+            self.history, self.base = {}, {}
+            return
+        history, base = self.history, self.base
+        for key in list(history):
+            entries = history[key]
+            if entries[-1][0][0] <= cut:
+                del history[key]
+                base.pop(key, None)
                 continue
-            split = bisect.bisect_left(entries, (cut + 1, -1), key=lambda e: e[0])
-            for _, delta in entries[:split]:
-                accumulate(base, key, delta)
-            if split == len(entries):
-                del self.history[key]
-            elif split:
-                self.history[key] = entries[split:]
+            split = bisect.bisect_left(entries, (cut + 1, -1), key=_at)
+            if split:
+                value = base.get(key, 0)
+                for _, delta in entries[:split]:
+                    value = add(value, delta)
+                if value != 0:
+                    base[key] = value
+                else:
+                    base.pop(key, None)
+                history[key] = entries[split:]
+
+    def at_cut(self) -> dict[Key, Any]:
+        """Every non-zero value at the committed cut."""
+        history = self.history
+        values = {key: value for key, value in self.current.items() if key not in history}
+        values.update(self.base)
+        return values
 
     def entries(self) -> int:
         return sum(len(h) for h in self.history.values())
+
+
+def _at(entry: tuple[Timestamp, Any]) -> Timestamp:
+    return entry[0]
 
 
 def accumulate(values: dict[Key, Any], key: Key, delta: Any) -> None:

@@ -376,12 +376,7 @@ class Node:
                         if delta != 0:
                             self._write(target, key, delta, ts, 0, out)
                     continue
-            log, written = maps[target], 0
-            for key, delta in result.items():
-                if delta != 0:
-                    log.write(key, delta, ts)
-                    written += 1
-            self._log_entries += written
+            self._log_entries += maps[target].write_all(result, ts)
             if not log_reads:
                 self._unlogged(target, ts)
         return True
@@ -835,7 +830,7 @@ class Node:
             )
         log = self.maps[map_name]
         if cut == self.committed:  # folded at the commit: the base is the map at the cut
-            return dict(log.base)
+            return log.at_cut()
         found = {}
         for key in log.keys():
             value = log.value_at(key, cut)
