@@ -141,7 +141,7 @@ class MapLog:
     def _indexed(self, key: Key) -> None:
         """A key that may be written for the first time, into every index built so far."""
         for bound, index in self.indexes.items():
-            values = tuple([key[i] for i in bound])
+            values = (key[bound[0]],) if len(bound) == 1 else tuple([key[i] for i in bound])
             keys = index.get(values)
             if keys is None:
                 index[values] = {key: None}

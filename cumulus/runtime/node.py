@@ -90,6 +90,19 @@ class LocalUpdate:
     results: list[dict[Key, Any]]
 
 
+@dataclass(slots=True, frozen=True)
+class _Fusion:
+    """The plan ``Node._fused`` runs an update's statements at one node by."""
+
+    trigger: int
+    statements: tuple[int, ...]
+    run: Any  # the generated function: values -> each statement's result
+    reads: tuple[str, ...]  # the maps read
+    read_logs: tuple[MapLog, ...]  # and their logs
+    writes: tuple[tuple[str, MapLog, CompiledStep | None], ...]  # target, its log, owned by
+    logged: tuple[tuple[str, Any, tuple[int, ...], tuple[tuple[int, int], ...]], ...]
+
+
 @dataclass
 class NodeStats:
     corrective_sent: int = 0
@@ -149,7 +162,8 @@ class Node:
             )
         ]
         # per (trigger, statements written here): the update's fused function (``_fused``)
-        self._fusions: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self._fusions: dict[tuple[int, tuple[int, ...]], _Fusion] = {}
+        self._fused_by_puts: dict[int, tuple[Any, _Fusion]] = {}  # id(puts) -> (puts, plan)
         # per trigger, per step: its reads, each with its pattern as a function of the values
         # and the pattern's bound positions (those not WILD)
         self._reads = [
@@ -344,47 +358,65 @@ class Node:
         logged, each map's read is logged once per key shape for this node, and what each
         statement wrote is kept (``LocalUpdate``): a corrective makes its operation, which
         reads its slices again (``_revise``), the late write included."""
-        ts, trigger, args = message.ts, message.trigger, message.args
-        statements = tuple(statement for statement, _ in message.puts)
-        fused = self._fusions.get((trigger, statements))
-        if fused is None:
-            fused = self._fusions[(trigger, statements)] = self._fuse(trigger, statements)
-        run, steps, reads, logged = fused
-        maps = self.maps
-        for name in reads:
-            if maps[name].newest >= ts:
-                return False
-        if self.log_reads:
-            for name, pattern_of, bound, uses in logged:
-                self.reads[name].add(ReadEntry(ts, pattern_of(args), self.number, uses), bound)
+        ts, args, puts = message.ts, message.args, message.puts
+        seen = self._fused_by_puts.get(id(puts))  # a switch sends one route's puts again
+        if seen is not None and seen[0] is puts and seen[1].trigger == message.trigger:
+            plan = seen[1]
         else:
-            self._note_reads(reads, ts)
-        deltas = run(args)  # zeros included: skipped when written
-        completed, several, log_reads = self.completed, self.placement.nodes > 1, self.log_reads
-        if log_reads:  # a corrective may revise them: what each statement wrote is kept
-            kept = self.local[ts] = LocalUpdate(trigger, args, statements, [])
-        for step, result in zip(steps, deltas, strict=True):
-            completed.append(ts)
-            if several and not step.single_writer:
-                result = self._mine(step, result)
-            target = step.step.target
-            if log_reads:
-                kept.results.append(result)
-                later = self.reads.get(target)
-                if later is not None and later.newest is not None and later.newest > ts:
-                    for key, delta in result.items():  # a write may be late: checked
-                        if delta != 0:
-                            self._write(target, key, delta, ts, 0, out)
-                    continue
-            self._log_entries += maps[target].write_all(result, ts)
-            if not log_reads:
-                self._unlogged(target, ts)
+            plan = self._fusion(message.trigger, tuple([statement for statement, _ in puts]))
+            if len(self._fused_by_puts) >= 4096:
+                self._fused_by_puts.clear()
+            self._fused_by_puts[id(puts)] = (puts, plan)  # kept alive: its id stays its own
+        for log in plan.read_logs:
+            if log.newest >= ts:
+                return False
+        self.completed += [ts] * len(plan.writes)
+        if self.log_reads:
+            self._fused_logged(plan, ts, args, out)
+            return True
+        newest_read = self._newest_read
+        for name in plan.reads:
+            newest = newest_read.get(name)
+            if newest is None or newest < ts:
+                newest_read[name] = ts
+        written = 0
+        for (target, log, owned_by), result in zip(plan.writes, plan.run(args), strict=True):
+            if owned_by is not None:
+                result = self._mine(owned_by, result)
+            written += log.write_all(result, ts)  # zeros skipped
+            newest = newest_read.get(target)
+            if newest is not None and ts < newest:
+                self._unlogged(target, ts)  # raises
+        self._log_entries += written
         return True
 
-    def _fuse(self, trigger: int, statements: tuple[int, ...]) -> tuple[Any, ...]:
-        """``_fused``'s plan for the statements of a trigger written here: the generated
-        function, the steps, the maps read, and the reads to log, one per map and key shape
-        with the (statement, factor) pairs it serves."""
+    def _fused_logged(self, plan: _Fusion, ts: Timestamp, args: Key, out: Outbox) -> None:
+        """``_fused`` where reads are logged: the reads into the read logs, each statement's
+        result kept, and a write that may be late checked as one."""
+        number = self.number
+        for name, pattern_of, bound, uses in plan.logged:
+            self.reads[name].add(ReadEntry(ts, pattern_of(args), number, uses), bound)
+        kept = self.local[ts] = LocalUpdate(plan.trigger, args, plan.statements, [])
+        for (target, log, owned_by), result in zip(plan.writes, plan.run(args), strict=True):
+            if owned_by is not None:
+                result = self._mine(owned_by, result)
+            kept.results.append(result)
+            later = self.reads.get(target)
+            if later is not None and later.newest is not None and later.newest > ts:
+                for key, delta in result.items():
+                    if delta != 0:
+                        self._write(target, key, delta, ts, 0, out)
+                continue
+            self._log_entries += log.write_all(result, ts)
+
+    def _fusion(self, trigger: int, statements: tuple[int, ...]) -> _Fusion:
+        """``_fused``'s plan for the statements of a trigger written here (made once): the
+        generated function, the maps read, where each result is written (with the step whose
+        keys this node keeps, if other nodes write some), and the reads to log, one per map
+        and key shape with the (statement, factor) pairs it serves."""
+        plan = self._fusions.get((trigger, statements))
+        if plan is not None:
+            return plan
         steps = tuple(self.compiled[trigger][statement] for statement in statements)
         run = fuse(
             [step.step for step in steps],
@@ -397,8 +429,25 @@ class Node:
             for read, pattern_of, bound in self._reads[trigger][statement]:
                 entry = logged.setdefault((read.map, read.keys), (pattern_of, bound, []))
                 entry[2].append((statement, read.factor))
-        plan = [(name, p, b, tuple(uses)) for (name, _), (p, b, uses) in logged.items()]
-        return run, steps, tuple({name for name, *_ in plan}), plan
+        reads = tuple({name: None for name, _ in logged})
+        several = self.placement.nodes > 1
+        plan = self._fusions[(trigger, statements)] = _Fusion(
+            trigger,
+            statements,
+            run,
+            reads,
+            tuple(self.maps[name] for name in reads),  # a map's log is never replaced
+            tuple(
+                (
+                    step.step.target,
+                    self.maps[step.step.target],
+                    step if several and not step.single_writer else None,
+                )
+                for step in steps
+            ),
+            tuple((name, p, b, tuple(uses)) for (name, _), (p, b, uses) in logged.items()),
+        )
+        return plan
 
     def _push(self, message: Push) -> None:
         pieces = [(p.statement, p.factor, p.entries) for p in message.slices]
