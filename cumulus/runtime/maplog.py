@@ -5,7 +5,7 @@ those below ts whatever arrived later, folded into a base at each committed cut.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from cumulus.expressions import add
@@ -38,13 +38,13 @@ class MapLog:
         self.indexes: dict[tuple[int, ...], dict[Key, dict[Key, None]]] = {}
 
     def write(self, key: Key, delta: Any, ts: Timestamp) -> None:
-        self.write_all({key: delta}, ts)
+        self.write_all(((key, delta),), ts)
 
-    def write_all(self, deltas: Mapping[Key, Any], ts: Timestamp) -> int:
-        """Every non-zero delta of one update's result, written at ``ts`` (the runtime's
-        busiest loop: the lookups are hoisted out of it); how many were."""
+    def write_all(self, deltas: Iterable[tuple[Key, Any]], ts: Timestamp) -> int:
+        """Every non-zero delta of one update's result (its ``items()``), written at ``ts``
+        (the runtime's busiest loop: the lookups are hoisted out of it); how many were."""
         history, current, base, written = self.history, self.current, self.base, 0
-        for key, delta in deltas.items():
+        for key, delta in deltas:
             if delta == 0:
                 continue
             written += 1

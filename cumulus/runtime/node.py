@@ -383,7 +383,7 @@ class Node:
         for (target, log, owned_by), result in zip(plan.writes, plan.run(args), strict=True):
             if owned_by is not None:
                 result = self._mine(owned_by, result)
-            written += log.write_all(result, ts)  # zeros skipped
+            written += log.write_all(result.items(), ts)  # zeros skipped
             newest = newest_read.get(target)
             if newest is not None and ts < newest:
                 self._unlogged(target, ts)  # raises
@@ -407,7 +407,7 @@ class Node:
                     if delta != 0:
                         self._write(target, key, delta, ts, 0, out)
                 continue
-            self._log_entries += log.write_all(result, ts)
+            self._log_entries += log.write_all(result.items(), ts)
 
     def _fusion(self, trigger: int, statements: tuple[int, ...]) -> _Fusion:
         """``_fused``'s plan for the statements of a trigger written here (made once): the
@@ -644,8 +644,12 @@ class Node:
         op.result = self._owned(op)
         self.completed.append(op.ts)
         step = self.placement.steps[op.trigger][op.statement]
-        for key, delta in op.result.items():
-            self._write(step.target, key, delta, op.ts, 0, out)
+        if self.log_reads:
+            for key, delta in op.result.items():
+                self._write(step.target, key, delta, op.ts, 0, out)
+        else:  # no read to revise: the whole result at once (zeros skipped)
+            self._log_entries += self.maps[step.target].write_all(op.result.items(), op.ts)
+            self._unlogged(step.target, op.ts)
         if self.mode == "conservative":
             self._version_written(op.version)
 
