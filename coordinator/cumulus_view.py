@@ -62,6 +62,7 @@ class CumulusView:
         )
         self.shape = self.program.views[0]
         self._read = maps_read(self.shape)  # what rows are read from (not every map)
+        self._columns: dict[str, list[tuple[str, Any]]] = {}  # per table, as ``_values`` reads
         self._reader: Interpreter | None = None
         self._reading = threading.Lock()
         self.members = members
@@ -328,9 +329,15 @@ class CumulusView:
         """Our timestamp of the last committed epoch."""
         return self._last[1]
 
-    def _values(self, table: str, stored: Row) -> Row:
-        schema = self.schemas[table]
-        return {c.name: from_storage(c.type, stored.get(c.name)) for c in schema.columns}
+    def _values(self, table: str, stored: Row) -> tuple[Any, ...]:
+        """A stored row's values in the order of the program's relation (a tuple: the
+        switch checks it without looking names up)."""
+        columns = self._columns.get(table)
+        if columns is None:
+            types = {c.name: c.type for c in self.schemas[table].columns}
+            source = next(s for s in self.program.sources if s.name == table)
+            columns = self._columns[table] = [(n, types[n]) for n in source.column_names()]
+        return tuple([from_storage(kind, stored.get(name)) for name, kind in columns])
 
     def query(
         self, conditions: Sequence[Any], keep: Sequence[str] | None, counted: bool = False
