@@ -30,9 +30,10 @@ from aggview import errors
 from aggview.schema import TableSchema, from_storage
 from coordinator.member_switch import cut_of, stamp
 from cumulus.m3.compiler import compile_program
+from cumulus.m3.epoch_rows import EpochRows
 from cumulus.m3.interpreter import Interpreter
 from cumulus.m3.program import Program
-from cumulus.m3.readout import expand, maps_read, read_view
+from cumulus.m3.readout import expand, maps_read, read_groups, read_view
 from cumulus.plan import ViewPlan
 from cumulus.runtime.placement import relation_map
 from cumulus.runtime.reads import roll_up
@@ -62,6 +63,7 @@ class CumulusView:
         )
         self.shape = self.program.views[0]
         self._read = maps_read(self.shape)  # what rows are read from (not every map)
+        self._epoch_rows = EpochRows(self.shape)  # rows by group, kept across epochs
         self._columns: dict[str, list[tuple[str, Any]]] = {}  # per table, as ``_values`` reads
         self._reader: Interpreter | None = None
         self._reading = threading.Lock()
@@ -139,6 +141,7 @@ class CumulusView:
             maps[relation_map(name)] = store.data
         self.runtime.preload(maps)
         self._last = (read_view(reference, self.shape, counted=True), ts)
+        self._epoch_rows = EpochRows(self.shape)  # its first epoch reads every group
         self.fed_at = self._loaded_at = ts
         self._count()
         if self.members is not None:
@@ -240,7 +243,7 @@ class CumulusView:
         _, maps = self.runtime.snapshot(names=self._read)  # the maps rows are read from
         self.epochs += 1
         self._count()
-        self._last = (self._rows(maps), ts)
+        self._last = (self._epoch_rows.read(maps, lambda: self._groups(maps)), ts)
         _settle(done, ts)
 
     def feed(self, changes: Iterable[tuple[str, Row | None, Row | None]], ts: int) -> None:
@@ -271,7 +274,7 @@ class CumulusView:
             self.cpu_seconds += time.thread_time() - started
         self.epochs += 1
         self._count()
-        self._last = (self._rows(maps), ts)
+        self._last = (self._epoch_rows.read(maps, lambda: self._groups(maps)), ts)
 
     def tentative(
         self, conditions: Sequence[Any], keep: Sequence[str] | None, counted: bool = False
@@ -292,10 +295,14 @@ class CumulusView:
 
     def _rows(self, maps: Mapping[str, Mapping[Any, Any]]) -> list[Row]:
         """The view's rows from the maps it reads."""
+        return list(self._groups(maps).values())
+
+    def _groups(self, maps: Mapping[str, Mapping[Any, Any]]) -> dict[Any, Row]:
+        """The view's rows by group, every group read from the maps it reads."""
         read = {name: entries for name, entries in maps.items() if name in self._read}
         with self._reading:  # one reader, made once (a new one compiles every trigger)
             self._reader = holding(self.program, read, self._reader)
-            return read_view(self._reader, self.shape, counted=True)
+            return read_groups(self._reader, self.shape)
 
     def counts(self) -> dict[str, Any]:
         """What the runtime did since it was loaded, as of the last epoch (read on the event
@@ -335,8 +342,10 @@ class CumulusView:
         columns = self._columns.get(table)
         if columns is None:
             types = {c.name: c.type for c in self.schemas[table].columns}
-            source = next(s for s in self.program.sources if s.name == table)
-            columns = self._columns[table] = [(n, types[n]) for n in source.column_names()]
+            names = next(  # a table the program does not read: as the schema has it
+                (s.column_names() for s in self.program.sources if s.name == table), types
+            )
+            columns = self._columns[table] = [(n, types[n]) for n in names]
         return tuple([from_storage(kind, stored.get(name)) for name, kind in columns])
 
     def query(

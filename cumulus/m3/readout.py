@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cumulus.aggregates import RULES, M, N, S
 from cumulus.expressions import add
@@ -25,6 +25,12 @@ from cumulus.plan import MULTIPLICITY
 
 if TYPE_CHECKING:
     from cumulus.m3.interpreter import Interpreter, Key
+
+
+class Reader(Protocol):
+    """What reading a view needs of an interpreter: a part's entries."""
+
+    def evaluate(self, part: Part) -> dict[Key, Any]: ...
 
 
 def _project(values: dict[Key, Any], part: Part, names: list[str]) -> dict[Key, Any]:
@@ -73,6 +79,14 @@ def maps_read(view: View) -> set[str]:
 def read_view(interp: Interpreter, view: View, counted: bool = False) -> list[dict[str, Any]]:
     """The view's rows, each a dict in output order (hidden columns left out); a bag view's
     row as many times as it counts (``counted``: once, with its ``__count``)."""
+    rows = list(read_groups(interp, view).values())
+    return rows if counted else expand(rows)
+
+
+def read_groups(interp: Reader, view: View) -> dict[Key, dict[str, Any]]:
+    """The view's counted rows by group (its key values, in ``view.keys`` order): the groups
+    of what ``interp`` holds, whatever else the view has (``cumulus.m3.epoch_rows`` reads
+    only the groups that changed)."""
     names = [k for k, _ in view.keys]
     rows = _project(interp.evaluate(view.rows), view.rows, names)
     groups = [g for g, count in rows.items() if count > 0]
@@ -94,15 +108,15 @@ def read_view(interp: Interpreter, view: View, counted: bool = False) -> list[di
         if column.name not in computed:
             computed[column.name] = _column(interp, column, names, groups)
     derived = [(c.name, compile_value(c.expr)) for c in view.columns if c.expr is not None]
-    out = []
+    out = {}
     for group in groups:
         env = _env(names, group, computed)
         for name, evaluate in derived:
             env[name] = evaluate(env)
         if having is not None and not having(env):
             continue
-        out.append({c.name: env[c.name] for c in view.columns if not c.hidden})
-    return out if counted else expand(out)
+        out[group] = {c.name: env[c.name] for c in view.columns if not c.hidden}
+    return out
 
 
 def _env(names: list[str], group: Key, computed: dict[str, dict[Key, Any]]) -> dict[str, Any]:
@@ -126,7 +140,7 @@ def expand(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _column(
-    interp: Interpreter, column: ViewColumn, names: list[str], groups: list[Key]
+    interp: Reader, column: ViewColumn, names: list[str], groups: list[Key]
 ) -> dict[Key, Any]:
     """The column's value per group: its maps as the kind's state, finished by its rule. A
     column whose maps are not keyed by the groups (a scalar subquery's, read by HAVING) is
