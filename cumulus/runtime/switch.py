@@ -166,7 +166,11 @@ class Switch:
                 oks.append(ok)
             passed = tuple(oks)
         nodes = self.placement.nodes
-        homes = tuple([stable_hash(values[at]) % nodes for at in self._homes[trigger]])
+        homes = (  # on one node every home is node 0: no hashing
+            tuple([stable_hash(values[at]) % nodes for at in self._homes[trigger]])
+            if nodes > 1
+            else ()
+        )
         cache = self._routed[trigger]
         parts = cache.get((passed, homes))
         if parts is None:
