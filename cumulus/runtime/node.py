@@ -163,7 +163,8 @@ class Node:
         ]
         # per (trigger, statements written here): the update's fused function (``_fused``)
         self._fusions: dict[tuple[int, tuple[int, ...]], _Fusion] = {}
-        self._fused_by_puts: dict[int, tuple[Any, _Fusion]] = {}  # id(puts) -> (puts, plan)
+        # id(puts) -> (puts, fetches, trigger, the fused plan if all its reads are here)
+        self._by_route: dict[int, tuple[Any, Any, int, _Fusion | None]] = {}
         # per trigger, per step: its reads, each with its pattern as a function of the values
         # and the pattern's bound positions (those not WILD)
         self._reads = [
@@ -273,9 +274,14 @@ class Node:
                     "same switch: its host promised them in order"
                 )
             self._last_dispatch[message.ts[1]] = message.ts
-        if self.mode == "speculative" and self._here_and_now(message):
-            self._dispatch_here(message, out)
-            return
+        if self.mode == "speculative":
+            plan = self._here_plan(message)
+            if plan is not None and (
+                not self._pending
+                or not any(self._blocked_on(message, fetch) for fetch in message.fetches)
+            ):
+                self._dispatch_here(message, plan, out)
+                return
         steps = self.placement.steps[message.trigger]
         stream = message.ts[1] if self.per_switch else 0
         version = (stream, message.puts_before)
@@ -306,10 +312,27 @@ class Node:
         if message.fetches:
             self._candidates += [(message, fetch) for fetch in message.fetches]
 
-    def _here_and_now(self, message: Dispatch) -> bool:
-        """Whether the update's statements that read here are written here and read nothing
-        elsewhere, and no earlier write pending here blocks their reads: then they are read and
-        written at once (``_dispatch_here``), as the protocol would once its own PUSH arrived."""
+    def _here_plan(self, message: Dispatch) -> _Fusion | None:
+        """The fused plan of the update's statements here if they read here only and all that
+        reads here is written here (``_all_here``), else None; found again by its route's puts
+        and fetches (a switch sends one route's objects again). If no earlier write pending
+        here blocks their reads, they are read and written at once (``_dispatch_here``), as
+        the protocol would once its own PUSH arrived."""
+        puts, fetches, trigger = message.puts, message.fetches, message.trigger
+        seen = self._by_route.get(id(puts))
+        if seen is not None and seen[0] is puts and seen[1] is fetches and seen[2] == trigger:
+            return seen[3]
+        plan = None
+        if self._all_here(message):
+            plan = self._fusion(trigger, tuple([statement for statement, _ in puts]))
+        if len(self._by_route) >= 4096:
+            self._by_route.clear()
+        self._by_route[id(puts)] = (puts, fetches, trigger, plan)  # kept alive: ids stay theirs
+        return plan
+
+    def _all_here(self, message: Dispatch) -> bool:
+        """Whether the update's statements written here read here only, and every FETCH here
+        is for a statement written here alone."""
         fetches = message.fetches
         if not fetches:
             return False
@@ -324,17 +347,14 @@ class Node:
             reading += pushes
         # a FETCH here writes here, so its statement is one of those: all of them are here
         # if the counts agree (a statement has one FETCH per node)
-        if len(fetches) != reading:
-            return False
-        if not self._pending:
-            return True
-        return not any(self._blocked_on(message, fetch) for fetch in fetches)
+        return len(fetches) == reading
 
-    def _dispatch_here(self, message: Dispatch, out: Outbox) -> None:
-        """``_here_and_now``'s update: each statement's slices read as ``_serve`` reads them,
-        then its result written, with no PUSH, pending write or waiting operation: by one
-        generated function over the maps in place wherever it can (``_fused``)."""
-        if self._fused(message, out):
+    def _dispatch_here(self, message: Dispatch, plan: _Fusion, out: Outbox) -> None:
+        """An update all of whose statements here read here (``_here_plan``): each statement's
+        slices read as ``_serve`` reads them, then its result written, with no PUSH, pending
+        write or waiting operation: by one generated function over the maps in place wherever
+        it can (``_fused``)."""
+        if self._fused(message, plan, out):
             return
         tables: dict[int, Tables] = {}
         for fetch, factor, entries in self._read_slices(message, message.fetches):
@@ -351,22 +371,14 @@ class Node:
                     self.operations[(ts, statement)] = op
             self._written_op(op, out)
 
-    def _fused(self, message: Dispatch, out: Outbox) -> bool:
+    def _fused(self, message: Dispatch, plan: _Fusion, out: Outbox) -> bool:
         """The update's statements run as one function reading this node's maps in place
         (``cumulus.runtime.fused``): only if nothing at or after its timestamp was written to
         a map they read, so that the maps are as they were just before it. Where reads are
         logged, each map's read is logged once per key shape for this node, and what each
         statement wrote is kept (``LocalUpdate``): a corrective makes its operation, which
         reads its slices again (``_revise``), the late write included."""
-        ts, args, puts = message.ts, message.args, message.puts
-        seen = self._fused_by_puts.get(id(puts))  # a switch sends one route's puts again
-        if seen is not None and seen[0] is puts and seen[1].trigger == message.trigger:
-            plan = seen[1]
-        else:
-            plan = self._fusion(message.trigger, tuple([statement for statement, _ in puts]))
-            if len(self._fused_by_puts) >= 4096:
-                self._fused_by_puts.clear()
-            self._fused_by_puts[id(puts)] = (puts, plan)  # kept alive: its id stays its own
+        ts, args = message.ts, message.args
         for log in plan.read_logs:
             if log.newest >= ts:
                 return False
