@@ -369,8 +369,9 @@ def from_storage(column_type: ColumnType, stored: object) -> object:
         raise TypeMismatch(f"stored value {_show(stored)} is not a valid {column_type}")
     if kind == "DECIMAL":
         assert isinstance(stored, int) and column_type.scale is not None
-        digits = tuple(int(d) for d in str(abs(stored)))
-        return Decimal((1 if stored < 0 else 0, digits, -column_type.scale))
+        # exact (a string is read without the context's rounding), the unscaled integer as
+        # the coefficient: the same digits and exponent as Decimal((sign, digits, -scale))
+        return Decimal(f"{stored}E-{column_type.scale}")
     if kind == "DATE":
         assert isinstance(stored, int)
         try:
