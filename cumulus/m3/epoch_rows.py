@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cumulus.expressions import add
+from cumulus.m3.interpreter import sum_of
 from cumulus.m3.program import MapRef, Part, PartSum, View
 from cumulus.m3.readout import read_groups
 
@@ -57,11 +57,7 @@ class _Entries:
         if isinstance(part, MapRef):
             return dict(self._maps.get(part.name, {}))
         assert isinstance(part, PartSum)
-        total: dict[Key, Any] = {}
-        for each in part.parts:
-            for key, value in self.evaluate(each).items():
-                total[key] = add(total[key], value) if key in total else value
-        return {k: v for k, v in total.items() if v != 0}
+        return sum_of(self.evaluate(each) for each in part.parts)
 
 
 class EpochRows:

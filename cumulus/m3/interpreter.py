@@ -344,11 +344,7 @@ class Interpreter:
         if isinstance(part, MapRef):
             return dict(self.maps[part.name].data)
         if isinstance(part, PartSum):  # a union's branches, keyed alike
-            total: dict[Key, Any] = {}
-            for each in part.parts:
-                for key, value in self.evaluate(each).items():
-                    total[key] = add(total[key], value) if key in total else value
-            return {k: v for k, v in total.items() if v != 0}
+            return sum_of(self.evaluate(each) for each in part.parts)
         run = self._parts.get(part)
         if run is None:
             run = self._parts[part] = self._aggregate(part)
@@ -526,3 +522,12 @@ def _converter(table: str, column: Column) -> Callable[[Any], Any]:
         return from_storage(column.type, to_storage(column, value, table=table))
 
     return convert
+
+
+def sum_of(branches: Iterable[Mapping[Key, Any]]) -> dict[Key, Any]:
+    """A union's branches (``PartSum``), keyed alike, added entry by entry (zeros dropped)."""
+    total: dict[Key, Any] = {}
+    for entries in branches:
+        for key, value in entries.items():
+            total[key] = add(total[key], value) if key in total else value
+    return {k: v for k, v in total.items() if v != 0}

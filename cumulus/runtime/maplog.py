@@ -18,8 +18,8 @@ class MapLog:
     """One map's partition on this node: current values, the values at the last committed cut,
     and the deltas written after that cut, by key and timestamp; a key's value at the cut is
     kept (``base``) only while it has deltas after the cut, so that committing a cut is
-    dropping what it folds, not copying it. Slices with open key
-    positions are answered from an index on the bound positions, built on first use.
+    dropping what it folds, not copying it. Slices with open key positions are answered from
+    an index on the bound positions, built on first use.
 
     A key's newest write is the last of its deltas since the cut (a key with none was last
     written at or below the cut, before every timestamp still read), so a write touches two

@@ -386,20 +386,15 @@ class Node:
         if self.log_reads:
             self._fused_logged(plan, ts, args, out)
             return True
-        newest_read = self._newest_read
-        for name in plan.reads:
-            newest = newest_read.get(name)
-            if newest is None or newest < ts:
-                newest_read[name] = ts
-        written = 0
+        self._note_reads(plan.reads, ts)
+        newest_read = self._newest_read  # ``_unlogged``'s test, inline: once per statement
         for (target, log, owned_by), result in zip(plan.writes, plan.run(args), strict=True):
             if owned_by is not None:
                 result = self._mine(owned_by, result)
-            written += log.write_all(result.items(), ts)  # zeros skipped
+            self._log_entries += log.write_all(result.items(), ts)  # zeros skipped
             newest = newest_read.get(target)
             if newest is not None and ts < newest:
                 self._unlogged(target, ts)  # raises
-        self._log_entries += written
         return True
 
     def _fused_logged(self, plan: _Fusion, ts: Timestamp, args: Key, out: Outbox) -> None:
@@ -656,12 +651,8 @@ class Node:
         op.result = self._owned(op)
         self.completed.append(op.ts)
         step = self.placement.steps[op.trigger][op.statement]
-        if self.log_reads:
-            for key, delta in op.result.items():
-                self._write(step.target, key, delta, op.ts, 0, out)
-        else:  # no read to revise: the whole result at once (zeros skipped)
-            self._log_entries += self.maps[step.target].write_all(op.result.items(), op.ts)
-            self._unlogged(step.target, op.ts)
+        for key, delta in op.result.items():
+            self._write(step.target, key, delta, op.ts, 0, out)
         if self.mode == "conservative":
             self._version_written(op.version)
 
