@@ -325,11 +325,14 @@ class GrpcRuntime:
         for m in self.program.maps:
             if names is not None and m.name not in names:
                 continue
-            out[m.name] = {}
-            for number in self.placement.read_from(m.name):
-                request.map = m.name
-                reply = self._stubs[number].ReadMap(request, metadata=self._metadata)
-                out[m.name].update(decode_entries(reply.entries))
+            request.map = m.name
+            parts = [
+                decode_entries(
+                    self._stubs[number].ReadMap(request, metadata=self._metadata).entries
+                )
+                for number in self.placement.read_from(m.name)
+            ]
+            out[m.name] = self.placement.gather(m.name, parts)
         return out
 
     def log_sizes(self) -> dict[str, int]:

@@ -448,7 +448,11 @@ class Node:
                 (
                     step.step.target,
                     self.maps[step.step.target],
-                    step if several and not step.single_writer else None,
+                    step
+                    if several
+                    and not step.single_writer
+                    and step.step.target not in self.placement.whole
+                    else None,
                 )
                 for step in steps
             ),
@@ -684,8 +688,8 @@ class Node:
     def _mine(self, step: CompiledStep, result: dict[Key, Any]) -> dict[Key, Any]:
         """The entries of a statement's result whose keys this node holds."""
         target = step.step.target
-        if target in self.placement.replicated:
-            return result  # every node holds all of it
+        if target in self.placement.whole:
+            return result  # every node holds all of it, or its own part of every key
         homes = self._homes[target]  # the node of each first key seen (hashing costs)
         mine, owned = self.number, {}
         for key, value in result.items():

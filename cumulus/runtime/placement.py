@@ -15,17 +15,27 @@ co-clustering by data flow, bought with space: each dimension's maps once per no
 The relations a program reads directly (bounded ``--depth``) are kept as maps too, named
 ``@relation``, keyed by the whole row with its multiplicity, and maintained by one more
 statement on each of the relation's triggers: the runtime knows only maps.
+
+A map no statement reads (what only views read: the view's own aggregates) is **partial**
+(``Placement.partial``): every node keeps the sum of what it wrote, and a read adds the nodes'
+parts up (``gather``). Its statements then run where their reads are, not where its keys
+are: at one node where they read a partitioned map at a bound key or nothing partitioned,
+and, reading one partitioned map by an open first key (linearly), at each node holding a part
+of it, each over its own part. A fact's update then computes the view's deltas once, at one
+node, and a dimension's update reads no slice from another node for them. Every statement is
+``+=``, so the parts add up to the map.
 """
 
 from __future__ import annotations
 
 import datetime
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from cumulus.expressions import add
 from cumulus.m3.exprs import vars_of
 from cumulus.m3.program import Factor, Guard, MapRef, Program, Rel, Statement, Value
 from cumulus.runtime.messages import WILD, Key
@@ -87,7 +97,34 @@ class Placement:
         for source in program.sources:
             self.key_counts[relation_map(source.name)] = len(source.columns)
         self.replicated = _replicated_maps(program, self.steps) if nodes > 1 else frozenset()
+        read_maps = {r.map for steps in self.steps for step in steps for r in step.reads}
+        targets = {step.target for steps in self.steps for step in steps}
+        self.partial = (
+            frozenset(targets - read_maps - self.replicated) if nodes > 1 else frozenset()
+        )
+        self.whole = self.replicated | self.partial  # a writer keeps all of its result of these
         self._everywhere = tuple(range(nodes))
+        # per trigger: the argument positions whose home node routes its update (a first key
+        # of a partitioned map it writes or reads, or the one a partial map's writer is
+        # chosen by), and per step the position its writer is chosen by if it is one
+        self.homes: list[tuple[int, ...]] = []
+        self._chosen_by: list[int] = []
+        for trigger, steps in zip(program.triggers, self.steps, strict=True):
+            keyed = [(s.target, s.target_keys) for s in steps if s.target not in self.partial]
+            keyed += [(r.map, r.keys) for s in steps for r in s.reads]
+            homes = {
+                trigger.args.index(keys[0])
+                for name, keys in keyed
+                if nodes > 1
+                and self.key_counts.get(name)
+                and name not in self.replicated
+                and keys[0] in trigger.args
+            }
+            chosen = min(homes, default=0)
+            if nodes > 1 and any(self._by_home(s, trigger.args) for s in steps):
+                homes.add(chosen)
+            self.homes.append(tuple(sorted(homes)))
+            self._chosen_by.append(chosen)
 
     def holders(self, map_name: str, key: Key) -> tuple[int, ...]:
         """The nodes holding the entry at ``key``: every node for a replicated map."""
@@ -107,6 +144,54 @@ class Placement:
         """The nodes whose entries together are the whole map: node 0's copy of a replicated
         one, every node's part of the others."""
         return self._everywhere[:1] if map_name in self.replicated else self._everywhere
+
+    def gather(self, map_name: str, parts: Iterable[Mapping[Key, Any]]) -> dict[Key, Any]:
+        """The whole map from the parts of the nodes ``read_from`` names: a partial map's
+        added up key by key (a zero sum is no entry), the others' disjoint parts together."""
+        found: dict[Key, Any] = {}
+        if map_name not in self.partial:
+            for part in parts:
+                found.update(part)
+            return found
+        for part in parts:
+            for key, value in part.items():
+                total = add(found.get(key, 0), value)
+                if total != 0:
+                    found[key] = total
+                else:
+                    found.pop(key, None)
+        return found
+
+    def writers(self, trigger: int, step: Step) -> tuple[Callable[[Key], tuple[int, ...]], bool]:
+        """The nodes writing ``step`` as a function of the update's values, and whether each
+        reads all the step reads at itself (a partial target: its writers are chosen by
+        where its reads are, ``partial`` in the module's docstring)."""
+        args = self.program.triggers[trigger].args
+        if step.target not in self.partial:
+            return self.route(step.target, step.target_keys, args), False
+        spread = [r for r in step.reads if r.map not in self.replicated]
+        if self._by_home(step, args):
+            at, nodes = self._chosen_by[trigger], self.nodes
+            return (lambda values: (stable_hash(values[at]) % nodes,)), not spread
+        one = spread[0] if len(spread) == 1 else next(r for r in spread if self._bound(r, args))
+        return self.route(one.map, one.keys, args), len(spread) == 1
+
+    def _bound(self, read: Read, args: tuple[str, ...]) -> bool:
+        """Whether one node holds what ``read`` reads, whatever the update."""
+        return not self.key_counts.get(read.map) or read.keys[0] in args
+
+    def _by_home(self, step: Step, args: tuple[str, ...]) -> bool:
+        """Whether a partial target's one writer is chosen by an argument's home: the step
+        reads no partitioned map, or several, none of them where one node holds it, or one
+        that neither one node holds nor is read linearly (a map lift's value)."""
+        if step.target not in self.partial:
+            return False
+        spread = [r for r in step.reads if r.map not in self.replicated]
+        if len(spread) == 1:
+            read = spread[0]
+            linear = type(step.body[read.factor]) in (MapRef, Rel)
+            return not (linear or self._bound(read, args))
+        return not any(self._bound(r, args) for r in spread)
 
     def node_of(self, map_name: str, key: Key) -> int:
         """The node holding the entry at ``key`` of a map that is not replicated."""

@@ -335,9 +335,10 @@ class Simulator:
         out: dict[str, dict[Key, Any]] = {
             m.name: {} for m in self.placement.program.maps if names is None or m.name in names
         }
-        for name, found in out.items():
-            for number in self.placement.read_from(name):
-                found.update(self.nodes[number].entries(name))
+        for name in out:
+            out[name] = self.placement.gather(
+                name, [self.nodes[n].entries(name) for n in self.placement.read_from(name)]
+            )
         return out
 
     def snapshot(
@@ -349,9 +350,10 @@ class Simulator:
         out: dict[str, dict[Key, Any]] = {
             m.name: {} for m in self.placement.program.maps if names is None or m.name in names
         }
-        for name, found in out.items():
-            for number in self.placement.read_from(name):
-                found.update(self.nodes[number].snapshot(name, cut))
+        for name in out:
+            out[name] = self.placement.gather(
+                name, [self.nodes[n].snapshot(name, cut) for n in self.placement.read_from(name)]
+            )
         return cut, out
 
 

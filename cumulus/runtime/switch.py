@@ -37,6 +37,9 @@ class _Route:
     writers: Callable[[tuple[Any, ...]], tuple[int, ...]]
     reads: list[tuple[int, Callable[[tuple[Any, ...]], tuple[int, ...]]]]
     local: tuple[int, ...]  # the factors reading replicated maps: read where written
+    # every factor reading a map, where each writer reads them all at itself (a partial
+    # target's statement: ``Placement.writers``), else None
+    at_writer: tuple[int, ...] | None
 
 
 class Clock:
@@ -58,46 +61,31 @@ class Switch:
         # per trigger, per step: its guards, its writers and each read's nodes as functions of
         # the update's values (planned once: an update only hashes its first keys)
         self._plans: list[list[_Route]] = []
-        for trigger, steps in zip(program.triggers, placement.steps, strict=True):
-            args = trigger.args
-            self._plans.append(
-                [
+        for number, steps in enumerate(placement.steps):
+            args = program.triggers[number].args
+            plan = []
+            for step in steps:
+                writers, self_read = placement.writers(number, step)
+                plan.append(
                     _Route(
                         step.number,
                         [compile_guard(g.pred) for g in step.switch_guards],
-                        placement.route(step.target, step.target_keys, args),
+                        writers,
                         [
                             (r.factor, placement.route(r.map, r.keys, args))
                             for r in step.reads
                             if r.map not in placement.replicated
                         ],
                         tuple(r.factor for r in step.reads if r.map in placement.replicated),
-                    )
-                    for step in steps
-                ]
-            )
-
-        # per trigger: the routes with guards, the argument positions whose home node routes
-        # (a first key of a map the trigger writes or reads), and the planned parts by signature
-        self._guarded = [[i for i, r in enumerate(plan) if r.guards] for plan in self._plans]
-        self._homes: list[tuple[int, ...]] = []
-        for trigger, steps in zip(program.triggers, placement.steps, strict=True):
-            keyed = [(s.target, s.target_keys) for s in steps]
-            keyed += [(r.map, r.keys) for s in steps for r in s.reads]
-            self._homes.append(
-                tuple(
-                    sorted(
-                        {
-                            trigger.args.index(keys[0])
-                            for name, keys in keyed
-                            if placement.nodes > 1
-                            and placement.key_counts.get(name)
-                            and name not in placement.replicated
-                            and keys[0] in trigger.args
-                        }
+                        tuple(r.factor for r in step.reads) if self_read else None,
                     )
                 )
-            )
+            self._plans.append(plan)
+
+        # per trigger: the routes with guards, the argument positions whose home node routes
+        # (``Placement.homes``), and the planned parts by signature
+        self._guarded = [[i for i, r in enumerate(plan) if r.guards] for plan in self._plans]
+        self._homes = placement.homes
         self._routed: list[dict[Any, Any]] = [{} for _ in self._plans]
 
     def stamp(self) -> Timestamp:
@@ -201,6 +189,12 @@ class Switch:
             if i in failed:
                 continue
             writers = route.writers(values)
+            if route.at_writer is not None:
+                for writer in writers:
+                    if route.at_writer:
+                        fetches[writer].append(Fetch(route.number, route.at_writer, (writer,)))
+                    puts[writer].append((route.number, 1 if route.at_writer else 0))
+                continue
             by_node: dict[int, list[int]] = {}
             for factor, nodes_of in route.reads:
                 for node in nodes_of(values):
