@@ -181,7 +181,7 @@ def test_replay_over_grpc_checks_and_names_a_dead_node(tmp_path: Path) -> None:
     assert result.differences == []
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())
     assert stats["host"] == "grpc" and stats["latency_unit"] == "s"
-    assert stats["bytes"]["Push"] > 0 and stats["epochs"] >= 1
+    assert stats["bytes"]["Dispatch"] > 0 and stats["epochs"] >= 1
 
     program = _program("seed003_q3")
     servers = start_node_processes(program, 2, tmp_path / "dead")

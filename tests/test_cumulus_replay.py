@@ -74,7 +74,7 @@ def test_replay_writes_each_view_and_its_stats_and_checks_them(tmp_path: Path, m
     assert {r[0] for r in rows[1:]} <= {f"cat {i}" for i in range(4)} and len(rows) > 1
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())
     assert stats["updates"] == 600 and stats["checked"] is True
-    assert stats["messages"]["Dispatch"] > 0 and stats["bytes"]["Push"] > 0
+    assert stats["messages"]["Dispatch"] > 0 and stats["bytes"]["Dispatch"] > 0
     assert stats["latency_p99"] >= stats["latency_p50"] > 0
     assert set(stats["peak_log_sizes"]) == {"write_log_entries", "read_log_entries", "operations"}
     assert stats["epochs"] > 1 and stats["committed_ts"] >= 300  # two switches' counters

@@ -28,6 +28,7 @@ from cumulus.runtime.messages import Dispatch
 from cumulus.runtime.node import ProtocolError
 from cumulus.runtime.placement import Placement
 from cumulus.runtime.simulator import Network, Report, Simulator, Update
+from cumulus.runtime.switch import Switch
 
 FIXTURES = Path(__file__).parent / "m3_fixtures"
 
@@ -739,26 +740,91 @@ def test_a_local_read_waits_for_an_earlier_write_still_pending_there() -> None:
     assert sum(n.stats.deferred_fetches for n in simulator.nodes) >= 1
 
 
-def test_maps_only_views_read_are_parts_written_where_their_reads_are() -> None:
-    """TPC-H Q3-like on two nodes: the view's maps are read by no statement, so each node
-    keeps its part of them and a statement writing them runs where its reads are: a
-    customer's update reads its slice of the orders' map at each node, where before every
-    node waited for the other's slice. No update needs a PUSH; the parts add up to the
-    interpreter's maps, at quiescence and at a committed cut."""
+def _shape(name: str) -> tuple[Program, list[Update]]:
+    """A benchmark's program and a stream for it: TPC-H Q3-like (customers, orders and items,
+    then customers deleted and inserted again, reading the orders' maps) or the dashboard's
+    star join (products, categories, events)."""
+    if name == "star":
+        from bench.cumulus import build_stream, compile_view
+
+        return compile_view(), build_stream(1500, 3).updates
     from bench.cumulus_shapes import SHAPES, program_of
 
     tables, sql, make = SHAPES["q3"]
-    program = program_of(tables, sql)
     again = [[c, f"c{c}", c % 25] for c in range(0, 1000, 25)]
-    stream = make(1400, random.Random(3))  # customers, then orders and items
+    stream = make(1400, random.Random(3))
     stream += [("-", "customer", row) for row in again] + [("+", "customer", r) for r in again]
+    return program_of(tables, sql), stream
+
+
+@pytest.mark.parametrize("shape", ["q3", "star"])
+def test_on_two_nodes_a_facts_update_runs_at_one_node_and_nothing_is_pushed(shape: str) -> None:
+    """Where maps live (``Placement``) on the benchmarks' shapes: the view's maps are read by
+    no statement, so each node keeps its part of them and their statements run where their
+    reads are; a map only dimensions write is partitioned where every statement reading it
+    runs at its key's node anyway (Q3's order maps, the star join's product maps), and one
+    written at an open key and read only by a dimension is partial (the star join's maps by
+    category). So a fact's update (an item, an event) and a product's go to one node, and no
+    update waits for a slice from another node; the parts add up to the interpreter's maps,
+    at quiescence and at a committed cut."""
+    program, stream = _shape(shape)
     placement = Placement(program, nodes=2)
-    assert placement.partial == {"v_rows", "v_sum_extprice"}
+    switch = Switch(placement, 0)
+    spread = {
+        (relation, len(switch.update(sign, relation, row)[1])) for sign, relation, row in stream
+    }
+    assert {n for relation, n in spread if relation in ("lineitem", "events", "products")} == {1}
     simulator = Simulator(program, nodes=2, network=Network(None), epoch_every=50.0)
     report = simulator.run(stream)
     assert report.messages["Push"] == 0
     expected = interpreted(program, stream)
     assert simulator.maps() == expected
     assert simulator.snapshot()[1] == expected
-    parts = [node.entries("v_rows") for node in simulator.nodes]
-    assert all(parts)  # each node holds some of the view's rows: the work is spread
+    view_map = program.maps[0].name
+    assert view_map in placement.partial
+    assert all(node.entries(view_map) for node in simulator.nodes)  # the work is spread
+
+
+PARTS_READ = """
+CREATE STREAM f(k int NOT NULL, j int NOT NULL);
+CREATE TABLE d(k int NOT NULL, g int NOT NULL);
+
+DECLARE MAP mb(int)[][j:int, k:int] := AggSum([j, k], d(j, k));
+DECLARE MAP ma(int)[][k:int] := AggSum([k], f(x, j) * d(j, k));
+DECLARE MAP mc(int)[][k:int] := AggSum([k], f(x, j) * d(j, k) * j);
+DECLARE MAP out(int)[][g:int] := AggSum([g], d(k, g));
+
+ON + f(k, j) {
+    ma[][k2] += mb[][j, k2];
+    mc[][k2] += j * mb[][j, k2];
+}
+ON + d(k, g) {
+    mb[][k, g] += 1;
+    out[][g] += ma[][k] * mc[][k];
+}
+"""
+
+
+@pytest.mark.parametrize("nodes, switches, seed", [(2, 1, None), (3, 2, 7), (2, 2, 11)])
+def test_a_statement_reading_two_partial_maps_adds_up_their_parts(
+    nodes: int, switches: int, seed: int | None
+) -> None:
+    """``ma`` and ``mc`` are written at an open first key and read only by the dimension's
+    trigger, so they are partial; ``out`` (read by nothing, so not replicated) reads both,
+    not linearly in either, so its writer gets every node's part of each by PUSH and adds
+    them up. Checked against the interpreter, with updates reordered across
+    switches."""
+    program = parse_program(PARTS_READ)
+    placement = Placement(program, nodes=nodes)
+    assert placement.partial == {"ma", "mc"} and not placement.replicated
+    rng = random.Random(5)
+    stream: list[Update] = []
+    for _ in range(300):
+        if rng.random() < 0.7:
+            stream.append(("+", "f", [rng.randrange(50), rng.randrange(6)]))
+        else:
+            stream.append(("+", "d", [rng.randrange(6), rng.randrange(4)]))
+    simulator = Simulator(program, nodes=nodes, switches=switches, network=Network(seed))
+    report = simulator.run(stream)
+    assert report.messages["Push"] > 0
+    assert simulator.maps() == interpreted(program, stream)

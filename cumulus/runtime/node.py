@@ -900,11 +900,15 @@ class Node:
 
 
 def _put_slice(tables: Tables, factor: int, entries: Mapping[Key, Any] | Iterable[Any]) -> None:
-    """A slice into an operation's table for ``factor``. A slice read here is shared, not
-    copied: the statements reading it hold the same dict, and nothing changes a table in
-    place (``_revise`` replaces the one it revises)."""
+    """A slice into an operation's table for ``factor``, added to those other nodes sent for
+    it: a partitioned map's slices have no key in common, a partial map's are the parts of
+    one. A slice read here is shared, not copied: the statements reading it hold the same
+    dict, and nothing changes a table in place (``_revise`` replaces the one it revises)."""
     table = tables.get(factor)
     if table is None:
         tables[factor] = entries if type(entries) is dict else dict(entries)
-    else:
-        tables[factor] = {**table, **dict(entries)}
+        return
+    table = dict(table)
+    for key, value in entries.items() if isinstance(entries, Mapping) else entries:
+        accumulate(table, key, value)
+    tables[factor] = table

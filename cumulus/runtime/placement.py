@@ -7,23 +7,30 @@ variable in that position makes it every node (seed 001, Trigger Dispatch: the r
 partitions the loop variables' projection intersects).
 
 A map that only the triggers of replicated relations write (dimensions: ``Source.replicated``)
-is kept whole on every node instead: its statements are written at every node, and a statement
+is kept whole on every node: its statements are written at every node, and a statement
 reading it reads the copy where it writes (``cumulus.runtime.switch``), so the updates of the
 facts, which are most updates, read their dimensions' maps without a message (seed 003 §4's
-co-clustering by data flow, bought with space: each dimension's maps once per node).
+co-clustering by data flow, bought with space: each dimension's maps once per node). Not
+where partitioning finds it in place anyway: where every statement reading it writes a
+partitioned map at the read's first key, or writes a partial map (below) reading nothing
+else partitioned, it is partitioned like the others, and a dimension's update writes it at
+one node.
 
 The relations a program reads directly (bounded ``--depth``) are kept as maps too, named
 ``@relation``, keyed by the whole row with its multiplicity, and maintained by one more
 statement on each of the relation's triggers: the runtime knows only maps.
 
-A map no statement reads (what only views read: the view's own aggregates) is **partial**
-(``Placement.partial``): every node keeps the sum of what it wrote, and a read adds the nodes'
-parts up (``gather``). Its statements then run where their reads are, not where its keys
-are: at one node where they read a partitioned map at a bound key or nothing partitioned,
-and, reading one partitioned map by an open first key (linearly), at each node holding a part
-of it, each over its own part. A fact's update then computes the view's deltas once, at one
-node, and a dimension's update reads no slice from another node for them. Every statement is
-``+=``, so the parts add up to the map.
+A map no statement reads (what only views read: the view's own aggregates), or one only
+dimensions' triggers read that some statement writes at an open first key, is **partial**
+(``Placement.partial``): every node keeps the sum of what it wrote, and a read adds the
+nodes' parts up (``gather``; a PUSHed slice is added to the others, ``Node``). Its
+statements run where their reads are, not where its keys are: at one node where they read
+a partitioned map at a bound key or nothing partitioned, and, reading one map by an open
+first key or a partial one (linearly), at each node holding a part of it, each over its own
+part. A statement writing a partitioned map at an open first key and reading partitioned
+maps only at that key runs so too (co-partitioned). A fact's update then computes the
+view's deltas once, at one node, and a dimension's update reads no slice from another node.
+Every statement is ``+=``, so the parts add up to the map.
 """
 
 from __future__ import annotations
@@ -96,12 +103,9 @@ class Placement:
         self.key_counts = {m.name: len(m.keys) for m in program.maps}
         for source in program.sources:
             self.key_counts[relation_map(source.name)] = len(source.columns)
-        self.replicated = _replicated_maps(program, self.steps) if nodes > 1 else frozenset()
-        read_maps = {r.map for steps in self.steps for step in steps for r in step.reads}
-        targets = {step.target for steps in self.steps for step in steps}
-        self.partial = (
-            frozenset(targets - read_maps - self.replicated) if nodes > 1 else frozenset()
-        )
+        self.replicated, self.partial = frozenset(), frozenset()
+        if nodes > 1:
+            self.replicated, self.partial = _kinds(program, self.steps, self.key_counts)
         self.whole = self.replicated | self.partial  # a writer keeps all of its result of these
         self._everywhere = tuple(range(nodes))
         # per trigger: the argument positions whose home node routes its update (a first key
@@ -110,14 +114,14 @@ class Placement:
         self.homes: list[tuple[int, ...]] = []
         self._chosen_by: list[int] = []
         for trigger, steps in zip(program.triggers, self.steps, strict=True):
-            keyed = [(s.target, s.target_keys) for s in steps if s.target not in self.partial]
+            keyed = [(s.target, s.target_keys) for s in steps]
             keyed += [(r.map, r.keys) for s in steps for r in s.reads]
             homes = {
                 trigger.args.index(keys[0])
                 for name, keys in keyed
                 if nodes > 1
                 and self.key_counts.get(name)
-                and name not in self.replicated
+                and name not in self.whole
                 and keys[0] in trigger.args
             }
             chosen = min(homes, default=0)
@@ -168,7 +172,8 @@ class Placement:
         where its reads are, ``partial`` in the module's docstring)."""
         args = self.program.triggers[trigger].args
         if step.target not in self.partial:
-            return self.route(step.target, step.target_keys, args), False
+            route = self.route(step.target, step.target_keys, args)
+            return route, self._co_partitioned(step, args)
         spread = [r for r in step.reads if r.map not in self.replicated]
         if self._by_home(step, args):
             at, nodes = self._chosen_by[trigger], self.nodes
@@ -178,7 +183,22 @@ class Placement:
 
     def _bound(self, read: Read, args: tuple[str, ...]) -> bool:
         """Whether one node holds what ``read`` reads, whatever the update."""
+        if read.map in self.partial:
+            return False  # a part on every node
         return not self.key_counts.get(read.map) or read.keys[0] in args
+
+    def _co_partitioned(self, step: Step, args: tuple[str, ...]) -> bool:
+        """Whether each writer of a statement writing a partitioned map at an open first key
+        finds all it needs at itself: every partitioned map it reads is read at that same
+        key, so the entries its keys are computed from are where those keys are."""
+        if step.target in self.whole or not step.target_keys or step.target_keys[0] in args:
+            return False
+        first = step.target_keys[0]
+        spread = [r for r in step.reads if r.map not in self.replicated]
+        return bool(spread) and all(
+            r.map not in self.partial and self.key_counts.get(r.map) and r.keys[0] == first
+            for r in spread
+        )
 
     def _by_home(self, step: Step, args: tuple[str, ...]) -> bool:
         """Whether a partial target's one writer is chosen by an argument's home: the step
@@ -201,8 +221,8 @@ class Placement:
 
     def nodes_for(self, map_name: str, pattern: Key) -> tuple[int, ...]:
         """The nodes holding entries that match ``pattern`` (WILD where a key is open)."""
-        if map_name in self.replicated:
-            return self._everywhere
+        if map_name in self.whole:
+            return self._everywhere  # a copy or a part on every node
         if not self.key_counts.get(map_name) or pattern[0] is not WILD:
             return (self.node_of(map_name, pattern),)
         return tuple(range(self.nodes))
@@ -226,7 +246,7 @@ class Placement:
         if (
             not self.key_counts.get(map_name)
             or self.nodes == 1
-            or map_name in self.replicated
+            or map_name in self.whole
             or keys[0] not in args
         ):
             fixed = self.nodes_for(map_name, (WILD,) * len(keys) if keys else ())
@@ -235,14 +255,57 @@ class Placement:
         return lambda values: (self.node_of(map_name, (values[at],)),)
 
 
-def _replicated_maps(program: Program, steps: list[tuple[Step, ...]]) -> frozenset[str]:
-    """The maps written by statements of replicated relations' triggers and no others."""
-    replicated = {source.name for source in program.sources if source.replicated}
+def _kinds(
+    program: Program, steps: list[tuple[Step, ...]], key_counts: Mapping[str, int]
+) -> tuple[frozenset[str], frozenset[str]]:
+    """The replicated maps and the partial ones (the module's docstring).
+
+    A map only dimensions' triggers write is replicated unless every statement reading it
+    finds it where the statement runs anyway: one writing a partitioned map at the read's
+    first key, or one writing a partial map with no other read of a map that is not
+    replicated, read at a bound key or linearly (decided map by map, in name order until
+    nothing changes, so such a statement keeps at most one). A map no statement reads is
+    partial, and so is one only dimensions' triggers read that some statement writes at an
+    open first key (partitioned, every node would write it)."""
+    dimensions = {source.name for source in program.sources if source.replicated}
     writers: dict[str, set[str]] = {}
+    fact_reads: set[str] = set()
+    open_writes: set[str] = set()  # written at a first key no argument binds
+    readers: dict[str, list[tuple[Step, Read, tuple[str, ...]]]] = {}
     for trigger, trigger_steps in zip(program.triggers, steps, strict=True):
         for step in trigger_steps:
             writers.setdefault(step.target, set()).add(trigger.relation)
-    return frozenset(name for name, by in writers.items() if by <= replicated)
+            if step.target_keys and step.target_keys[0] not in trigger.args:
+                open_writes.add(step.target)
+            for read in step.reads:
+                readers.setdefault(read.map, []).append((step, read, trigger.args))
+                if trigger.relation not in dimensions:
+                    fact_reads.add(read.map)
+    replicated = {name for name, by in writers.items() if by <= dimensions}
+    partial = frozenset(
+        name
+        for name in set(writers) - replicated - fact_reads
+        if name not in readers or name in open_writes
+    )
+
+    def found_in_place(step: Step, read: Read, args: tuple[str, ...]) -> bool:
+        if step.target in partial:  # read at its writer if the only one, bound or linear
+            linear = read.keys[0] in args or type(step.body[read.factor]) in (MapRef, Rel)
+            return linear and all(r is read or r.map in replicated for r in step.reads)
+        return (
+            step.target not in replicated
+            and bool(key_counts.get(step.target))
+            and step.target_keys[0] == read.keys[0]
+        )
+
+    changed = True
+    while changed:  # a map no longer replicated may be the target another is found with
+        changed = False
+        for name in sorted(replicated):
+            if key_counts.get(name) and all(found_in_place(*use) for use in readers.get(name, [])):
+                replicated.discard(name)
+                changed = True
+    return frozenset(replicated), partial
 
 
 def _step(number: int, statement: Statement, args: set[str]) -> Step:
