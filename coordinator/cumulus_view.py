@@ -223,7 +223,7 @@ class CumulusView:
         self._fed[member] = last
         if not updates:
             return False
-        self.runtime.feed_stamped(member, updates)
+        self.runtime.feed_stamped(member, updates, checked=True)  # rows as stored: typed
         self.fed_at = max(self.fed_at, last)
         return True
 

@@ -213,15 +213,20 @@ class GrpcRuntime:
                 else:
                     self._flush_all(LINGER)
 
-    def feed_stamped(self, switch: int, stream: Iterable[tuple[int, Update]]) -> None:
-        """``stamped``: updates of switch ``switch`` with their timestamp counters (rising)."""
+    def feed_stamped(
+        self, switch: int, stream: Iterable[tuple[int, Update]], checked: bool = False
+    ) -> None:
+        """``stamped``: updates of switch ``switch`` with their timestamp counters (rising);
+        ``checked``: rows as ``Switch.update_at`` takes them unchecked."""
         with self._lock:
             self._raise_failure()
             while self._outstanding > WINDOW and self._failure is None:
                 self._flush_all()
                 self._wait()
             for counter, (sign, relation, row) in stream:
-                ts, messages = self.switches[switch].update_at(counter, sign, relation, row)
+                ts, messages = self.switches[switch].update_at(
+                    counter, sign, relation, row, checked
+                )
                 self._fed += 1
                 self.report.updates += 1
                 self._entered[ts] = time.monotonic()

@@ -192,13 +192,16 @@ class Simulator:
             self._hold(switch.number, messages)
         self._flush_all()
 
-    def feed_stamped(self, switch: int, stream: Iterable[tuple[int, Update]]) -> None:
+    def feed_stamped(
+        self, switch: int, stream: Iterable[tuple[int, Update]], checked: bool = False
+    ) -> None:
         """``stamped``: updates of switch ``switch`` with their timestamp counters (rising),
-        one every ``gap`` of virtual time."""
+        one every ``gap`` of virtual time; ``checked``: rows as ``Switch.update_at`` takes
+        them unchecked."""
         for counter, (sign, relation, row) in stream:
             self._until(self._entry)
             self._entry += self.gap
-            ts, messages = self.switches[switch].update_at(counter, sign, relation, row)
+            ts, messages = self.switches[switch].update_at(counter, sign, relation, row, checked)
             self.stamped.append(ts)
             self._fed += 1
             self.report.updates += 1
