@@ -22,6 +22,7 @@ statement on each of the relation's triggers: the runtime knows only maps.
 
 A map no statement reads (what only views read: the view's own aggregates), or one only
 dimensions' triggers read that some statement writes at an open first key, is **partial**
+(unless its values are FLOAT, whose sums must add up in the updates' order)
 (``Placement.partial``): every node keeps the sum of what it wrote, and a read adds the
 nodes' parts up (``gather``; a PUSHed slice is added to the others, ``Node``). Its
 statements run where their reads are, not where its keys are: at one node where they read
@@ -266,7 +267,7 @@ def _kinds(
     replicated, read at a bound key or linearly (decided map by map, in name order until
     nothing changes, so such a statement keeps at most one). A map no statement reads is
     partial, and so is one only dimensions' triggers read that some statement writes at an
-    open first key (partitioned, every node would write it)."""
+    open first key (partitioned, every node would write it), unless its values are FLOAT."""
     dimensions = {source.name for source in program.sources if source.replicated}
     writers: dict[str, set[str]] = {}
     fact_reads: set[str] = set()
@@ -282,16 +283,20 @@ def _kinds(
                 if trigger.relation not in dimensions:
                     fact_reads.add(read.map)
     replicated = {name for name, by in writers.items() if by <= dimensions}
+    # FLOAT sums stay where their keys are: parts added up would round in another order
+    # than the updates' (1e16 + 1 - 1e16 is 0 in order, 1 in parts)
+    floats = {m.name for m in program.maps if m.value_type.kind == "FLOAT"}
     partial = frozenset(
         name
-        for name in set(writers) - replicated - fact_reads
+        for name in set(writers) - replicated - fact_reads - floats
         if name not in readers or name in open_writes
     )
 
     def found_in_place(step: Step, read: Read, args: tuple[str, ...]) -> bool:
         if step.target in partial:  # read at its writer if the only one, bound or linear
             linear = read.keys[0] in args or type(step.body[read.factor]) in (MapRef, Rel)
-            return linear and all(r is read or r.map in replicated for r in step.reads)
+            others = [r for r in step.reads if r is not read]
+            return linear and all(r.map in replicated and r.map != read.map for r in others)
         return (
             step.target not in replicated
             and bool(key_counts.get(step.target))

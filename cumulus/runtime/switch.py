@@ -102,10 +102,10 @@ class Switch:
     ) -> tuple[Timestamp, list[tuple[int, Dispatch]]]:
         """Like ``update``, stamped ``(counter, switch)`` by the caller (a coordinating member's
         commit timestamp): counters must rise on this switch and stay above every cut it
-        closed, or the nodes could not trust its EPOCH ENDs. ``checked``: the row is a tuple
-        of the relation's values as ``check`` gives them (a stored row read back at its
-        schema's types, which the relation's are), so it is not checked again."""
-        values = tuple(row) if checked else self.check(sign, relation, row)
+        closed, or the nodes could not trust its EPOCH ENDs. ``checked``: a tuple row is the
+        relation's values as ``check`` gives them (a stored row read back at its schema's
+        types, which the relation's are), so it is not checked again; any other row is."""
+        values = row if checked and type(row) is tuple else self.check(sign, relation, row)
         trigger = self._triggers.get((sign, relation))
         if trigger is None:
             raise errors.InvalidArgument(f"no trigger ON {sign} {relation}")
