@@ -169,13 +169,14 @@ class Placement:
 
     def writers(self, trigger: int, step: Step) -> tuple[Callable[[Key], tuple[int, ...]], bool]:
         """The nodes writing ``step`` as a function of the update's values, and whether each
-        reads all the step reads at itself (a partial target: its writers are chosen by
-        where its reads are, ``partial`` in the module's docstring)."""
+        reads all the step reads at itself: where it reads replicated maps only (its own
+        copies), where it is co-partitioned, and for a partial target, whose writers are
+        chosen by where its reads are (``partial`` in the module's docstring)."""
         args = self.program.triggers[trigger].args
+        spread = [r for r in step.reads if r.map not in self.replicated]
         if step.target not in self.partial:
             route = self.route(step.target, step.target_keys, args)
-            return route, self._co_partitioned(step, args)
-        spread = [r for r in step.reads if r.map not in self.replicated]
+            return route, not spread or self._co_partitioned(step, args)
         if self._by_home(step, args):
             at, nodes = self._chosen_by[trigger], self.nodes
             return (lambda values: (stable_hash(values[at]) % nodes,)), not spread

@@ -37,8 +37,8 @@ class _Route:
     writers: Callable[[tuple[Any, ...]], tuple[int, ...]]
     reads: list[tuple[int, Callable[[tuple[Any, ...]], tuple[int, ...]]]]
     local: tuple[int, ...]  # the factors reading replicated maps: read where written
-    # every factor reading a map, where each writer reads them all at itself (a partial
-    # target's statement: ``Placement.writers``), else None
+    # every factor reading a map, where each writer reads them all at itself (its own
+    # copies, its own parts: ``Placement.writers``), else None
     at_writer: tuple[int, ...] | None
 
 
@@ -161,11 +161,8 @@ class Switch:
                 oks.append(ok)
             passed = tuple(oks)
         nodes = self.placement.nodes
-        homes = (  # on one node every home is node 0: no hashing
-            tuple([stable_hash(values[at]) % nodes for at in self._homes[trigger]])
-            if nodes > 1
-            else ()
-        )
+        at_homes = self._homes[trigger]  # none on one node: nothing to hash
+        homes = tuple([stable_hash(values[at]) % nodes for at in at_homes]) if at_homes else ()
         cache = self._routed[trigger]
         parts = cache.get((passed, homes))
         if parts is None:
@@ -187,8 +184,8 @@ class Switch:
         """Per node, in node order: the update's PUTs (statement, PUSHes to wait for) and
         FETCHes, for the routes whose guards passed. A replicated map is read where the
         statement writes: by each writer from its own copy where the statement reads nothing
-        else, else at its one writer; with several writers, by a node that reads for all of
-        them anyway (a writer if one does), so that it adds no PUSH."""
+        else (``at_writer``), else at its one writer; with several writers, by a node that
+        reads for all of them anyway (a writer if one does), so that it adds no PUSH."""
         failed = {i for i, ok in zip(self._guarded[trigger], passed, strict=True) if not ok}
         puts: dict[int, list[tuple[int, int]]] = defaultdict(list)
         fetches: dict[int, list[Fetch]] = defaultdict(list)
@@ -206,11 +203,6 @@ class Switch:
             for factor, nodes_of in route.reads:
                 for node in nodes_of(values):
                     by_node.setdefault(node, []).append(factor)
-            if route.local and not by_node:
-                for writer in writers:
-                    fetches[writer].append(Fetch(route.number, route.local, (writer,)))
-                    puts[writer].append((route.number, 1))
-                continue
             if route.local:  # with what a writer reads, else with what some node reads
                 home = writers[0]
                 if len(writers) > 1 and home not in by_node:
