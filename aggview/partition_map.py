@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from dataclasses import dataclass
 
 from aggview.keycodec import TEXT_END
 
@@ -48,18 +49,65 @@ def partition_of(table_id: str, key: bytes, partitions: int) -> int:
     """A change row or an index entry lives with the base row it describes, so writing it
     adds no participant to the writing transaction. (Indexes read by range ask every LTM
     anyway.)"""
-    if PARTIALS_ID.match(table_id):
+    kind = _KINDS.get(table_id) or _kind(table_id)
+    if kind.of == _PARTIALS:
         return int.from_bytes(key[-PARTITION_BYTES:], "big") % partitions
-    match = CHANGES_ID.match(table_id)
-    if match:
-        table_id, key = table_id[match.end() :], key[:-8]
+    if kind.of == _CHANGES:
+        key = key[:-8]
+    elif kind.of == _INDEX:
+        key = key[_value_end(kind, key) :]
+    return zlib.crc32(key, kind.seed) % partitions
+
+
+def indexed_row(table_id: str, key: bytes) -> tuple[str, bytes] | None:
+    """The base row (table id, key) an index entry describes; None for any other row."""
+    kind = _KINDS.get(table_id) or _kind(table_id)
+    if kind.of != _INDEX:
+        return None
+    return kind.base, key[_value_end(kind, key) :]
+
+
+def index_base(table_id: str) -> str | None:
+    """The id of the table an index describes; None for a table id of any other kind."""
+    kind = _KINDS.get(table_id) or _kind(table_id)
+    return kind.base if kind.of == _INDEX else None
+
+
+_PLAIN, _PARTIALS, _CHANGES, _INDEX = range(4)
+
+
+@dataclass(frozen=True)
+class _Kind:
+    of: int  # _PLAIN, _PARTIALS, _CHANGES or _INDEX
+    base: str  # the table id its rows hash with: a change table's or an index's base table
+    seed: int  # crc32 of ``base``
+    width: int | None  # an index's value width in bytes (None: TEXT, ending at TEXT_END)
+
+
+# table id -> its kind: a commit asks for several rows' partitions, each a dict lookup
+_KINDS: dict[str, _Kind] = {}
+
+
+def _kind(table_id: str) -> _Kind:
+    width: int | None = None
+    if PARTIALS_ID.match(table_id):
+        of, base = _PARTIALS, table_id
+    elif match := CHANGES_ID.match(table_id):
+        of, base = _CHANGES, table_id[match.end() :]
+    elif match := INDEX_ID.match(table_id):
+        of, base = _INDEX, table_id[match.end() :]
+        width = None if match.group(1) == "t" else int(match.group(1))
     else:
-        match = INDEX_ID.match(table_id)
-        if match:
-            width = match.group(1)
-            end = key.find(TEXT_END) + len(TEXT_END) if width == "t" else int(width)
-            table_id, key = table_id[match.end() :], key[end:]
-    return zlib.crc32(key, zlib.crc32(table_id.encode())) % partitions
+        of, base = _PLAIN, table_id
+    kind = _Kind(of, base, zlib.crc32(base.encode()), width)
+    if len(_KINDS) < 100_000:  # ids are few (tables, their indexes, views); a fuzzer's are not
+        _KINDS[table_id] = kind
+    return kind
+
+
+def _value_end(kind: _Kind, key: bytes) -> int:
+    """Where an index entry's key stops holding the value and starts the base row's key."""
+    return key.find(TEXT_END) + len(TEXT_END) if kind.width is None else kind.width
 
 
 def standby_of(partition: int, partitions: int, members: int) -> int:

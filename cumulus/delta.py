@@ -18,6 +18,7 @@ snapshot, which is how views over existing data are initialized.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -46,15 +47,11 @@ def touching(plan: ViewPlan, changes: Changes) -> Changes:
     columns (a stock level under a sales view) changes no group, so it costs no join. A
     view's row read by a view over it also moves when its multiplicity does."""
     out: Changes = {}
-    branches = plan.branch_plans()
     for table in plan.base_tables():
         rows = changes.get(table)
         if not rows:
             continue
-        columns = {
-            c for b in branches for alias in b.aliases_of(table) for c in b.columns_of(alias)
-        }
-        columns.add(MULTIPLICITY)
+        columns = plan.once(("watched", table), functools.partial(_watched_columns, plan, table))
         kept = {
             key: (before, after)
             for key, (before, after) in rows.items()
@@ -65,6 +62,14 @@ def touching(plan: ViewPlan, changes: Changes) -> Changes:
         if kept:
             out[table] = kept
     return out
+
+
+def _watched_columns(plan: ViewPlan, table: str) -> frozenset[str]:
+    """Every column of ``table`` some branch of the view reads (under any alias), and the
+    multiplicity."""
+    return frozenset(
+        c for b in plan.branch_plans() for alias in b.aliases_of(table) for c in b.columns_of(alias)
+    ) | {MULTIPLICITY}
 
 
 async def no_rows(
@@ -78,7 +83,12 @@ def join_order(plan: ViewPlan, start: int) -> list[Step]:
     reaches is looked up by index; only when none is left does a scan step bind one (a theta
     join or a cross product), preferring one a filter links to the aliases bound so far, so
     that scans come after lookups and their filter applies at once. An outer alias (LEFT
-    JOIN) waits until every alias its equalities reach is bound: its NULL row depends on all."""
+    JOIN) waits until every alias its equalities reach is bound: its NULL row depends on all.
+    Worked out once per plan and start (callers only read it)."""
+    return plan.once(("join_order", start), lambda: _join_order(plan, start))
+
+
+def _join_order(plan: ViewPlan, start: int) -> list[Step]:
     bound = [plan.tables[start].alias]
     order: list[Step] = []
     remaining = [t.alias for i, t in enumerate(plan.tables) if i != start]
@@ -272,10 +282,8 @@ class _Filters:
 
     def __init__(self, view: ViewState) -> None:
         self.view = view
-        self.left = [
-            (check, {alias for alias, _ in expr_columns(tree)})
-            for check, tree in zip(view.filters, view.plan.filters, strict=True)
-        ]
+        needs = view.plan.once("filter_aliases", lambda: _filter_aliases(view.plan))
+        self.left = list(zip(view.filters, needs, strict=True))
 
     def apply(self, partial: list[Binding], bound: set[str]) -> list[Binding]:
         """Keeps the tuples every filter over bound aliases only passes (TRUE, not NULL)."""
@@ -285,6 +293,11 @@ class _Filters:
         self.left = [(check, needs) for check, needs in self.left if not needs <= bound]
         lookup = self.view.lookup
         return [(s, b) for s, b in partial if all(check(lookup(b)) for check in ready)]
+
+
+def _filter_aliases(plan: ViewPlan) -> list[frozenset[str]]:
+    """The aliases each of the plan's filters reads."""
+    return [frozenset(alias for alias, _ in expr_columns(tree)) for tree in plan.filters]
 
 
 async def _lookup_step(

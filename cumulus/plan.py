@@ -35,15 +35,16 @@ the view is read from the aggregates' state.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from aggview.errors import InvalidArgument
 from aggview.schema import ColumnType
 from cumulus.aggregates import Kind
 
 Expr = dict[str, Any]
+T = TypeVar("T")
 
 MODES = ("sync", "async", "cumulus")
 SPECULATION = ("speculative", "conservative")  # how a Cumulus view's runtime runs
@@ -433,6 +434,17 @@ class ViewPlan:
     def program_depth(self) -> int | None:
         """The depth its M3 program is compiled at (None: every level of delta maps)."""
         return self.depth or None
+
+    def once(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()``, worked out once per plan and ``key`` (a plan is frozen): what
+        maintenance asks of a view at every commit that touches it."""
+        memo = self.__dict__.get("_memo")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_memo", memo)
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]  # type: ignore[no-any-return]
 
     def base_tables(self) -> tuple[str, ...]:
         """Distinct base tables, in FROM order (of every branch): the tables whose writes

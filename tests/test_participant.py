@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from profiles import examples
 
 from aggview import errors
-from aggview.partition_map import partition_of
+from aggview.partition_map import index_table, partition_of
 from aggview.rowcodec import (
     decode_json,
     decode_row,
@@ -794,6 +794,49 @@ def test_reads_wait_only_for_holders_at_or_below_their_timestamp(env: Env) -> No
         # a snapshot read never aborts a writer: an older writer may still come after it
         assert (await p.prepare(sub(41, update(b"x", {"v": 41})))).outcome == YES
         await p.decide(41, True)
+
+    run(main)
+
+
+def test_a_new_rows_index_entries_are_not_read_from_the_store(env: Env) -> None:
+    """An insert under a sync view writes its row and the entry of the view's index: only
+    the row is asked of the store (an entry of a row never stored cannot be there). Once
+    the row was stored, its entries are read as any row is."""
+    index = index_table(1, 8, TABLE)
+    env.store.create_table(index)
+    asked: list[tuple[str, list[bytes]]] = []
+    get_many = env.store.get_many
+
+    def spy(table: str, keys: list[bytes]) -> dict[bytes, bytes]:
+        asked.append((table, list(keys)))
+        return get_many(table, keys)
+
+    env.store.get_many = spy  # type: ignore[method-assign]
+
+    def entry(value: int, key: bytes) -> bytes:
+        return value.to_bytes(8, "big") + key
+
+    async def main() -> None:
+        p = env.participant()
+        await p.start()
+        await commit(p, 10, insert(b"x", {"v": 7}), put(entry(7, b"x"), {}, table=index))
+        assert asked == [(TABLE, [b"x"])]
+        await p.checkpoint()
+        await p.stop()
+
+        q = env.participant()
+        await q.start()
+        asked.clear()
+        erase = put(entry(7, b"x"), None, table=index)
+        await commit(q, 20, delete(b"x"), erase)
+        assert asked == [(TABLE, [b"x"]), (index, [entry(7, b"x")])]  # x was stored
+        assert await outcome(q, 15, put(entry(7, b"x"), {}, table=index)) == TOO_LATE
+        asked.clear()
+        await commit(q, 30, insert(b"y", {"v": 7}), put(entry(7, b"y"), {}, table=index))
+        assert asked == [(TABLE, [b"y"])]
+        assert [k for k, _ in await scan(q, 40, index)] == [entry(7, b"y")]
+        assert [k for k, _ in await scan(q, 15, index)] == [entry(7, b"x")]
+        await q.stop()
 
     run(main)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
-from aggview.partition_map import is_partials, partition_of
+from aggview.partition_map import index_base, indexed_row, is_partials, partition_of
 from aggview.rowcodec import decode_stored
 from aggview.wal import WriteAheadLog
 from ltm.participant.operations import Outcome, RowId, VoteNo
@@ -146,10 +146,7 @@ class PartitionState:
                 for key in keys:
                     self.loading[(table, key)] = future
             try:
-                if self.store.fast_point_reads:
-                    found = self._get_many(missing)
-                else:
-                    found = await asyncio.to_thread(self._get_many, missing)
+                found = await self._read_missing(missing)
                 for table, keys in missing.items():
                     for key in keys:
                         data = found.get((table, key))
@@ -172,6 +169,47 @@ class PartitionState:
                         self.loading.pop((table, key), None)
         for wait in waits:
             await wait
+
+    async def _read_missing(self, missing: dict[str, list[bytes]]) -> dict[RowId, bytes]:
+        """The stored data of rows not in memory. An index entry whose base row is read
+        along and has never been stored is not asked for: entries are written and erased
+        with their base rows, so a new row's entries are new too (an insert under a sync
+        view reads its row alone, not also the entry its view's index adds)."""
+        entries = self._entries_of_loading(missing)
+        if entries:
+            missing = {t: [k for k in keys if (t, k) not in entries] for t, keys in missing.items()}
+        found = await self._read_stored(missing)
+        if entries:
+            later: dict[str, list[bytes]] = {}
+            for (table, key), base in entries.items():
+                if base in found:  # the base row was stored once: its entries may be too
+                    later.setdefault(table, []).append(key)
+            if later:
+                found.update(await self._read_stored(later))
+        return found
+
+    @staticmethod
+    def _entries_of_loading(missing: dict[str, list[bytes]]) -> dict[RowId, RowId]:
+        """Index entries in ``missing`` whose base row is in it too, with that row."""
+        entries: dict[RowId, RowId] = {}
+        for table, keys in missing.items():
+            base_table = index_base(table)
+            if base_table is None or base_table not in missing:
+                continue
+            loading = set(missing[base_table])
+            for key in keys:
+                base = indexed_row(table, key)
+                if base is not None and base[1] in loading:
+                    entries[(table, key)] = base
+        return entries
+
+    async def _read_stored(self, wanted: dict[str, list[bytes]]) -> dict[RowId, bytes]:
+        wanted = {table: keys for table, keys in wanted.items() if keys}
+        if not wanted:
+            return {}
+        if self.store.fast_point_reads:
+            return self._get_many(wanted)
+        return await asyncio.to_thread(self._get_many, wanted)
 
     def _get_many(self, missing: dict[str, list[bytes]]) -> dict[RowId, bytes]:
         out: dict[RowId, bytes] = {}
