@@ -29,6 +29,10 @@ NO_GROUP_KEY = b"\x00"  # the single row of a view without GROUP BY
 _EXACT = decimal.Context(prec=120)
 _BOOL = ColumnType("BOOL")
 _ZERO = {"INT": 0, "DECIMAL": 0, "FLOAT": 0.0, "TEXT": "", "DATE": 0, "BOOL": False}
+# the Python type of a stored value, by column kind: what a group key holds as it is stored,
+# and what a sum's state holds (INT and scaled DECIMAL: exact; FLOAT is converted)
+_KEY_KINDS = {"INT": int, "DECIMAL": int, "DATE": int, "TEXT": str, "BOOL": bool}
+_SUM_KINDS = {"INT": int, "DECIMAL": int}
 
 
 def sum_state(column_type: ColumnType, value: Any) -> Any:
@@ -82,6 +86,34 @@ class ViewState:
         self.weighted = [a for a, s in self.schemas.items() if s.primary_key == (MULTIPLICITY,)]
         # a UNION ALL's other branches, each compiled as its own SELECT into the same groups
         self.branches = [ViewState(b, table) for b in plan.branches]
+        # A group or a SUM/AVG argument that is a bare column of the same type is its stored
+        # value already: taken as it is, not converted to Python and back (a DECIMAL sum
+        # went through Decimal twice per joined tuple). (alias, column), or None.
+        self._stored_groups = [
+            self._same_column(g.source(), t, _KEY_KINDS)
+            for g, t in zip(plan.group_by, self.group_types, strict=True)
+        ]
+        self._key_types = [t for column_type in self.group_types for t in (_BOOL, column_type)]
+        self._stored_sums = [
+            self._same_column(a.arg, self.arg_types[i], _SUM_KINDS) if rule.keeps_sum else None
+            for i, (a, rule) in enumerate(zip(plan.aggregates, self.rules, strict=True))
+        ]
+
+    def _same_column(
+        self, expr: Mapping[str, Any] | None, wanted: ColumnType | None, kinds: Mapping[str, type]
+    ) -> tuple[str, str, type] | None:
+        """(alias, column, the Python type of its stored values) if ``expr`` is a bare column
+        of exactly type ``wanted``, of one of ``kinds``."""
+        ref = expr.get("col") if expr is not None else None
+        if wanted is None or wanted.kind not in kinds or not isinstance(ref, list) or len(ref) != 2:
+            return None
+        alias, column = ref
+        try:
+            if self.column_type(alias, column) != wanted:
+                return None
+        except (KeyError, errors.AggviewError):  # not a column of a table here: evaluated
+            return None
+        return alias, column, kinds[wanted.kind]
 
     # ------------------------------------------------------------------ maintenance
 
@@ -100,7 +132,24 @@ class ViewState:
 
         return value
 
-    def group_key(self, lookup: Lookup) -> bytes:
+    def group_key(self, lookup: Lookup, binding: Mapping[str, Row] | None = None) -> bytes:
+        """The group a joined tuple (its ``lookup``; and its stored ``binding``, when at hand)
+        falls in."""
+        if binding is not None and self.plan.group_by:
+            stored: list[Any] = []
+            for found, column_type in zip(self._stored_groups, self.group_types, strict=True):
+                if found is None:
+                    break
+                alias, column, kind = found
+                value = binding[alias].get(column)
+                if value is None:
+                    stored += [False, _ZERO[column_type.kind]]
+                elif type(value) is kind:
+                    stored += [True, value]
+                else:  # not a valid stored value: converted, which says what is wrong
+                    break
+            else:
+                return encode_key(self._key_types, stored)
         return self.encode_group([group(lookup) for group in self.groups])
 
     def encode_group(self, values: list[Any]) -> bytes:
@@ -122,16 +171,27 @@ class ViewState:
                 stored += [True, to_storage(column, value, table=self.plan.name)]
         return encode_key(types, stored)
 
-    def tuple_delta(self, lookup: Lookup, sign: int) -> Row:
+    def tuple_delta(
+        self, lookup: Lookup, sign: int, binding: Mapping[str, Row] | None = None
+    ) -> Row:
+        """What one joined tuple (its ``lookup``; and its stored ``binding``, when at hand)
+        adds to its group's state, ``sign`` -1: takes away."""
         delta: Row = {"_count": sign}
         for i, rule in enumerate(self.rules):
             argument = self.args[i]
             if argument is None:
                 continue
-            value = argument(lookup)
+            found = self._stored_sums[i] if binding is not None else None
+            if found is not None:
+                alias, column, kind = found
+                value = binding[alias].get(column)  # type: ignore[index]
+                if value is not None and type(value) is not kind:
+                    value = argument(lookup)  # not a valid stored value: says what is wrong
+            else:
+                value = argument(lookup)
             if value is None:
                 continue
-            if rule.keeps_sum:
+            if rule.keeps_sum and found is None:
                 value = sum_state(self.result_state_type(i), value)
             elif rule.keeps_values:
                 arg_type = self.arg_types[i]

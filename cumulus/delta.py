@@ -235,8 +235,8 @@ async def _join_from(
         for alias in view.weighted:  # a view's row counts as often as it is there
             sign *= binding[alias][MULTIPLICITY]
         lookup = view.lookup(binding)
-        key = view.group_key(lookup)
-        accumulate(out.setdefault(key, {}), view.tuple_delta(lookup, sign))
+        key = view.group_key(lookup, binding)
+        accumulate(out.setdefault(key, {}), view.tuple_delta(lookup, sign, binding))
 
 
 async def _flips(
