@@ -162,7 +162,11 @@ class FramedCall:
                 await self._writer.wait_closed()
 
 
-Answer = Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]]
+# A connection's handler: its frames in, its answers out; ``answering``'s also take a ``Send``.
+Answer = Callable[..., AsyncIterator[bytes]]
+# Writes an answer message to the connection now if it can (open, its buffer below the
+# high-water mark): True; False leaves it to the handler's own answers.
+Send = Callable[[Any], bool]
 # What a server does with a connection's hello: ``certified`` says whether the peer presented a
 # certificate the cluster's CA signed (a member's; never on plaintext).
 Welcome = Callable[[bytes, bool], Answer]
@@ -186,12 +190,18 @@ def refusal(address: str, text: str) -> errors.AggviewError:
 
 def answering(
     parse: Callable[[bytes], Any],
-    serve: Callable[[AsyncIterator[Any]], AsyncIterator[Any]],
+    serve: Callable[..., AsyncIterator[Any]],
+    *,
+    direct: bool = False,
 ) -> Answer:
     """A stream's handler on frames: each frame parsed (one that does not parse reaches
-    ``serve`` as ``Malformed``, as gRPC's tolerant parsing does) and each answer serialized."""
+    ``serve`` as ``Malformed``, as gRPC's tolerant parsing does) and each answer serialized.
+    ``direct``: ``serve`` also takes ``send``, which writes an answer to the connection at
+    once when it can (``Send``), so no task wakes up to write it."""
 
-    async def answer(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async def answer(
+        frames: AsyncIterator[bytes], send: Send | None = None
+    ) -> AsyncIterator[bytes]:
         async def messages() -> AsyncIterator[Any]:
             async for frame in frames:
                 try:
@@ -199,7 +209,8 @@ def answering(
                 except DecodeError as exc:
                     yield Malformed(str(exc))
 
-        async for reply in serve(messages()):
+        replies = serve(messages(), send=send) if direct else serve(messages())
+        async for reply in replies:
             yield reply.SerializeToString()
 
     return answer
@@ -254,7 +265,17 @@ class FramedServer:
                     while True:
                         yield await read_frame(reader)
 
-            async for reply in answer(frames()):
+            transport = writer.transport
+
+            def send(message: Any) -> bool:
+                if transport.is_closing():
+                    return False
+                if transport.get_write_buffer_size() >= transport.get_write_buffer_limits()[1]:
+                    return False
+                writer.write(framed(message.SerializeToString()))
+                return True
+
+            async for reply in answer(frames(), send):
                 writer.write(framed(reply))
                 await writer.drain()
             writer.close()  # after what is buffered has gone out

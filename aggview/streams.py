@@ -44,15 +44,37 @@ class AnswerEach(Generic[Request, Reply]):
         self.handle = handle  # answers every request, failures included; never raises
         self.pack = pack
 
-    async def serve(self, messages: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async def serve(
+        self, messages: AsyncIterator[Any], send: Callable[[Any], bool] | None = None
+    ) -> AsyncIterator[Any]:
+        """The answers, as messages. With ``send`` (a connection of ours), the answers ready
+        in one loop pass go out together at its end by a plain callback, with no task woken
+        to write them, as long as ``send`` takes them (see ``aggview.frames.Send``); what it
+        does not take is yielded here."""
         replies: asyncio.Queue[Reply | _End] = asyncio.Queue()
         handlers: set[asyncio.Task[None]] = set()
+        ready: list[Reply] = []  # answered during this loop pass, for ``send``
+        loop = asyncio.get_running_loop()
+
+        def send_ready() -> None:
+            batch = ready.copy()
+            ready.clear()
+            if send is None or not send(self.pack(batch)):
+                for reply in batch:
+                    replies.put_nowait(reply)
 
         async def run(request: Request) -> None:
             try:
-                replies.put_nowait(await self.handle(request))
+                reply = await self.handle(request)
             except Exception:  # a bug in a handler: the others go on
                 log.exception("a request on a stream got no answer")
+                return
+            if send is None:
+                replies.put_nowait(reply)
+                return
+            if not ready:
+                loop.call_soon(send_ready)
+            ready.append(reply)
 
         async def read() -> None:
             failure = None

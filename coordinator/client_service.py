@@ -85,7 +85,7 @@ def framed_transactions(
     token = gate.authenticate(hello.token or None, CLIENT_SERVICE, "Transact")
     who = token.name if token is not None else f"framed connection {next(_framed_connections)}"
     stream = transactions_stream(manager, functools.partial(gate.admit, who))
-    return answering(cpb.TransactRequests.FromString, stream.serve)
+    return answering(cpb.TransactRequests.FromString, stream.serve, direct=True)
 
 
 def caught_up(method: Any) -> Any:

@@ -377,7 +377,7 @@ def framed_exchange(
         participant = participant_of(
             dict(ownership.partition_metadata(hello.partition, hello.epoch))
         )
-        return answering(pb.LtmRequests.FromString, exchange(participant).serve)
+        return answering(pb.LtmRequests.FromString, exchange(participant).serve, direct=True)
 
     return welcome
 

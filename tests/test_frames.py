@@ -6,6 +6,7 @@ secret keep out what is not a member."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,8 +24,10 @@ from ltm.server import framed_exchange
 from ltm.store import ownership
 
 
-def echo_welcome(hello: bytes, certified: bool = False) -> frames.Answer:
-    """Answers every request with a vote whose ts is the request's prepare ts; ``no`` refuses."""
+def echo_welcome(hello: bytes, certified: bool = False, direct: bool = False) -> frames.Answer:
+    """Answers every request with a vote whose ts is the request's prepare ts; ``no`` refuses.
+    ``direct``: answers are written by the stream's own callback while the connection takes
+    them."""
     if hello == b"no":
         raise errors.FailedPrecondition("partition 9 is not served here")
 
@@ -36,15 +39,7 @@ def echo_welcome(hello: bytes, certified: bool = False) -> frames.Answer:
         lambda m: m.requests, handle, lambda replies: pb.LtmReplies(replies=replies)
     )
 
-    async def answer(messages: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        async def parsed() -> AsyncIterator[pb.LtmRequests]:
-            async for message in messages:
-                yield pb.LtmRequests.FromString(message)
-
-        async for reply in stream.serve(parsed()):
-            yield reply.SerializeToString()
-
-    return answer
+    return frames.answering(pb.LtmRequests.FromString, stream.serve, direct=direct)
 
 
 def asker(
@@ -76,9 +71,11 @@ async def raw_exchange(port: int, data: bytes) -> bytes:
         writer.close()
 
 
-def test_concurrent_requests_find_their_answers() -> None:
+@pytest.mark.parametrize("direct", [False, True], ids=["by-task", "direct"])
+def test_concurrent_requests_find_their_answers(direct: bool) -> None:
     async def main() -> None:
-        server = await frames.FramedServer(echo_welcome).start("127.0.0.1", 0)
+        welcome = functools.partial(echo_welcome, direct=direct)
+        server = await frames.FramedServer(welcome).start("127.0.0.1", 0)
         stream = asker(f"127.0.0.1:{server.port}")
         try:
             replies = await asyncio.gather(*(ask(stream, n) for n in range(200)))
@@ -126,6 +123,38 @@ def test_requests_of_one_loop_pass_share_a_message_written_without_a_task() -> N
             await server.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("taken", [True, False], ids=["sent", "refused"])
+def test_answers_of_one_loop_pass_are_sent_together_or_yielded(taken: bool) -> None:
+    """With ``send``, the answers ready in one loop pass go out as one message by a plain
+    callback; what ``send`` does not take (a full buffer) is yielded, for the connection's
+    task to write once the buffer drains. Nothing is lost or sent twice either way."""
+
+    async def handle(request: pb.LtmRequest) -> pb.LtmReply:
+        return pb.LtmReply(id=request.id)
+
+    stream = AnswerEach(lambda m: m.requests, handle, lambda r: pb.LtmReplies(replies=r))
+    sent: list[list[int]] = []
+
+    def send(message: pb.LtmReplies) -> bool:
+        if taken:
+            sent.append([r.id for r in message.replies])
+        return taken
+
+    async def messages() -> AsyncIterator[pb.LtmRequests]:
+        yield pb.LtmRequests(requests=[pb.LtmRequest(id=n) for n in (1, 2, 3)])
+        await asyncio.sleep(0.01)  # the answers are out before the stream ends
+        yield pb.LtmRequests(requests=[pb.LtmRequest(id=4)])
+
+    async def main() -> list[int]:
+        return [r.id async for m in stream.serve(messages(), send) for r in m.replies]
+
+    yielded = asyncio.run(main())
+    if taken:
+        assert sent == [[1, 2, 3], [4]] and yielded == []
+    else:
+        assert sent == [] and sorted(yielded) == [1, 2, 3, 4]
 
 
 def test_a_refused_stream_says_why_and_the_server_goes_on() -> None:
