@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 
 from aggview import errors
-from aggview.frames import Answer, FramedCall, answering
+from aggview.frames import Answer, FramedCall, Send, answering
 from aggview.net import GRPC_OPTIONS
 from aggview.retry import RetryPolicy, retry_on
 from aggview.security import TlsDir, member_channel, member_metadata, member_secret
@@ -62,8 +62,9 @@ def _reply(marks: Marks, grant: Grant | None = None) -> pb.ClockReply:
 class _Stream:
     """One follower's stream at the leader: what it was sent, what it waits for."""
 
-    def __init__(self, leader: LeaderClock) -> None:
+    def __init__(self, leader: LeaderClock, direct: Send | None = None) -> None:
         self.leader = leader
+        self.direct = direct  # writes a reply to the connection now, if it can
         self.member = -1
         self.wait = 0  # tell it the watermarks unasked once decided reaches this
         self.epoch = -1  # the newest catalog epoch it was sent
@@ -77,6 +78,8 @@ class _Stream:
         if self.notices:  # ahead of the grant in this reply, and of any later one
             reply.notices.extend(_wire_notice(n) for n in self.notices)
             self.notices.clear()
+        if self.direct is not None and self.replies.empty() and self.direct(reply):
+            return  # written now, after every reply before it (none waits in the queue)
         self.replies.put_nowait(reply)
 
     def notify(self, origin: int, notice: Notice) -> None:
@@ -178,17 +181,18 @@ class ClockServicer(pb_grpc.ClockServicer):
 
     def framed(self) -> Answer:
         """The same stream on the member's framed-TCP port (``aggview.frames``)."""
-        return answering(pb.ClockRequest.FromString, self.tick)
+        return answering(pb.ClockRequest.FromString, self.tick, direct=True)
 
     async def tick(
-        self, requests: AsyncIterator[pb.ClockRequest | Malformed]
+        self, requests: AsyncIterator[pb.ClockRequest | Malformed], send: Send | None = None
     ) -> AsyncIterator[pb.ClockReply]:
         """A follower's stream: its requests in, grants and watermarks out; ends with the
-        error of a request that makes no sense."""
+        error of a request that makes no sense. With ``send`` (on frames), a reply is
+        written as soon as it is made, unless earlier ones still wait to be yielded."""
         leader = self.clock()
         if not isinstance(leader, LeaderClock):
             raise errors.Unavailable("this member does not lead the cluster (yet)")
-        stream = _Stream(leader)
+        stream = _Stream(leader, send)
 
         async def read() -> None:
             try:
