@@ -20,9 +20,15 @@ _decoder = json.JSONDecoder(parse_constant=_no_constant)  # NaN, Infinity: refus
 Row = dict[str, Any]
 
 
+# an index entry's whole row: written and read at every indexed insert
+EMPTY_ROW = b"{}"
+
+
 def encode_row(row: Row | None) -> bytes:
     """An absent row encodes as empty bytes."""
-    return b"" if row is None else _encoder.encode(row).encode()
+    if row is None:
+        return b""
+    return _encoder.encode(row).encode() if row else EMPTY_ROW
 
 
 class MalformedData(errors.InvalidArgument, ValueError):
@@ -32,6 +38,8 @@ class MalformedData(errors.InvalidArgument, ValueError):
 def decode_row(data: bytes) -> Row | None:
     if not data:
         return None
+    if data == EMPTY_ROW:
+        return {}
     try:
         row = _decoder.decode(data.decode())
     except ValueError as exc:  # bad UTF-8 or bad JSON

@@ -140,24 +140,15 @@ class PartitionState:
                 continue
             wanted.setdefault(row_id[0], {})[row_id[1]] = None
         missing = {table: list(keys) for table, keys in wanted.items()}
-        if missing:
+        if missing and self.store.fast_point_reads:  # read now: nobody else runs meanwhile
+            self._install(missing, self._read_missing_now(missing))
+        elif missing:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             for table, keys in missing.items():
                 for key in keys:
                     self.loading[(table, key)] = future
             try:
-                found = await self._read_missing(missing)
-                for table, keys in missing.items():
-                    for key in keys:
-                        data = found.get((table, key))
-                        ts, row, lsn = decode_stored(data) if data else (0, None, 0)
-                        # rts and older versions were forgotten on eviction: assume the worst.
-                        self.rows[(table, key)] = RowState(
-                            versions=[(ts, row)],
-                            rts=self.evicted_floor,
-                            lsn=lsn,
-                            partial=is_partials(table),
-                        )
+                self._install(missing, await self._read_missing(missing))
                 future.set_result(None)
             except BaseException as exc:
                 future.set_exception(exc)
@@ -170,7 +161,23 @@ class PartitionState:
         for wait in waits:
             await wait
 
+    def _install(self, missing: dict[str, list[bytes]], found: dict[RowId, bytes]) -> None:
+        """The states of rows read from the store (``found``: those it has)."""
+        for table, keys in missing.items():
+            partial = is_partials(table)
+            for key in keys:
+                data = found.get((table, key))
+                ts, row, lsn = decode_stored(data) if data else (0, None, 0)
+                # rts and older versions were forgotten on eviction: assume the worst.
+                self.rows[(table, key)] = RowState(
+                    versions=[(ts, row)], rts=self.evicted_floor, lsn=lsn, partial=partial
+                )
+
     async def _read_missing(self, missing: dict[str, list[bytes]]) -> dict[RowId, bytes]:
+        """``_read_missing_now`` on the store's threads (a store whose reads may block)."""
+        return await asyncio.to_thread(self._read_missing_now, missing)
+
+    def _read_missing_now(self, missing: dict[str, list[bytes]]) -> dict[RowId, bytes]:
         """The stored data of rows not in memory. An index entry whose base row is read
         along and has never been stored is not asked for: entries are written and erased
         with their base rows, so a new row's entries are new too (an insert under a sync
@@ -178,14 +185,14 @@ class PartitionState:
         entries = self._entries_of_loading(missing)
         if entries:
             missing = {t: [k for k in keys if (t, k) not in entries] for t, keys in missing.items()}
-        found = await self._read_stored(missing)
+        found = self._get_many(missing)
         if entries:
             later: dict[str, list[bytes]] = {}
             for (table, key), base in entries.items():
                 if base in found:  # the base row was stored once: its entries may be too
                     later.setdefault(table, []).append(key)
             if later:
-                found.update(await self._read_stored(later))
+                found.update(self._get_many(later))
         return found
 
     @staticmethod
@@ -203,17 +210,11 @@ class PartitionState:
                     entries[(table, key)] = base
         return entries
 
-    async def _read_stored(self, wanted: dict[str, list[bytes]]) -> dict[RowId, bytes]:
-        wanted = {table: keys for table, keys in wanted.items() if keys}
-        if not wanted:
-            return {}
-        if self.store.fast_point_reads:
-            return self._get_many(wanted)
-        return await asyncio.to_thread(self._get_many, wanted)
-
     def _get_many(self, missing: dict[str, list[bytes]]) -> dict[RowId, bytes]:
         out: dict[RowId, bytes] = {}
         for table, keys in missing.items():
+            if not keys:
+                continue
             try:
                 found = self.store.get_many(table, keys)
             except errors.UnknownTable:
