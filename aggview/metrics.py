@@ -48,6 +48,8 @@ LATENCY_BUCKETS = (
     10.0,
 )
 # A refresh drains a view's captured changes: milliseconds to many seconds.
+# a commit's stages, as ``aggview_commit_stage_seconds`` labels them
+STAGES = ("timestamp", "prepare", "durable")
 REFRESH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 # What an abort counts as when it is not one of ours (aggview.errors IDENTITIES name the rest).
@@ -110,11 +112,22 @@ class Metrics:
 
     # ----------------------------------------------------------- events, where they happen
 
-    def committed(self, system: bool, started: float) -> None:
-        """A transaction committed; ``started``: ``time.perf_counter()`` at its grant."""
+    def committed(
+        self, system: bool, started: float, asked: float = 0.0, prepared: float = 0.0
+    ) -> None:
+        """A transaction committed; ``time.perf_counter()`` at its grant (``started``), when
+        it asked for its timestamp (``asked``; 0: not measured) and when its every round had
+        voted yes (``prepared``; 0: not measured): a client's commit is also counted in its
+        stages."""
         shard = self._shard()
-        shard.latency.observe(time.perf_counter() - started)
+        now = time.perf_counter()
+        shard.latency.observe(now - started)
         shard.committed[system] += 1
+        if asked and prepared:  # a client's commit (``Commits.commit``)
+            timestamp, prepare, durable = shard.stages
+            timestamp.observe(started - asked)
+            prepare.observe(prepared - started)
+            durable.observe(now - prepared)
 
     def aborted_by(self, exc: BaseException) -> None:
         reason = getattr(exc, "reason", None)
@@ -181,7 +194,9 @@ class NoMetrics(Metrics):
     cost is this method call), nothing is served. The refresh times are still kept:
     ``aggview status`` shows the lags from them."""
 
-    def committed(self, system: bool, started: float) -> None:
+    def committed(
+        self, system: bool, started: float, asked: float = 0.0, prepared: float = 0.0
+    ) -> None:
         pass
 
     def aborted_by(self, exc: BaseException) -> None:
@@ -228,6 +243,10 @@ class _Shard:
     committed: list[int] = field(default_factory=lambda: [0, 0])  # [client, system]
     flushes: dict[str, _Buckets] = field(default_factory=dict)  # by log
     maintenance: dict[str, float] = field(default_factory=dict)  # seconds by view
+    # a commit's stages (``STAGES``): waiting for its timestamp, preparing, made durable
+    stages: list[_Buckets] = field(
+        default_factory=lambda: [_Buckets(LATENCY_BUCKETS) for _ in STAGES]
+    )
 
     def flushes_of(self, log: str) -> _Buckets:
         buckets = self.flushes.get(log)
@@ -287,6 +306,18 @@ class _HotSeries(Collector):
             _histogram(flush_seconds, [log], parts)
         yield flushes
         yield flush_seconds
+        stages = HistogramMetricFamily(
+            "aggview_commit_stage_seconds",
+            "Where a client's commit coordinated here spent its time: waiting for its "
+            "timestamp (a follower: a round trip to the leader's clock), preparing (view "
+            "maintenance included), then until its commit was durable and applied",
+            labels=["stage"],
+        )
+        for i, stage in enumerate(STAGES):
+            _histogram(
+                stages, [stage], [s.stages[i] for s in shards] or [_Buckets(LATENCY_BUCKETS)]
+            )
+        yield stages
         maintenance = CounterMetricFamily(
             "aggview_view_maintenance_seconds",
             "Seconds this member's transactions spent computing a sync view's deltas "

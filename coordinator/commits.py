@@ -35,6 +35,8 @@ class Transaction:
     maintained: bool = False  # maintenance already ran on images predicted from its inserts
     system: bool = False  # the system's own (a refresh, an initialization), not a client's
     started: float = field(default_factory=time.perf_counter)  # at its grant (metrics)
+    asked: float = 0.0  # when a client's asked for its timestamp (0: not measured)
+    prepared: float = 0.0  # when its every round had voted yes
     images: list[lpb.RowImage] = field(default_factory=list)  # every row image seen so far
     # view deltas it merged into views other views read, by view and group: a later round's
     # cascade starts from the rows as this transaction left them (``cumulus.cascade``)
@@ -57,6 +59,7 @@ class Commits(DecisionDelivery):
             await self.catch_up()  # a follower's catalog may be older than the client's
             ops, epoch = self._row_ops(operations), self.epoch
         writes = self.lookups.writes(row_keys(ops), (), epoch)
+        asked = time.perf_counter()
         ts, granted = await self.clock.next(writes)
         if self.epoch != epoch:  # the catalog changed meanwhile: convert under the new one
             try:
@@ -66,7 +69,7 @@ class Commits(DecisionDelivery):
                 self.lookups.aborted(ts)
                 raise
             self.lookups.writing(ts, row_keys(ops))
-        tx = Transaction(ts, epoch=granted, catalog_bound=True)
+        tx = Transaction(ts, epoch=granted, catalog_bound=True, asked=asked)
         return await self._run(tx, ops)
 
     def _row_ops(self, operations: list[cpb.Operation]) -> list[lpb.RowOp]:
@@ -124,6 +127,7 @@ class Commits(DecisionDelivery):
         """Commits once every round in ``prepared`` voted yes; aborts everywhere otherwise."""
         try:
             await prepared
+            tx.prepared = time.perf_counter()
             if tx.catalog_bound and tx.epoch != self.epoch:
                 raise errors.TooLate(
                     "tables, views or indexes changed during the transaction; retry it"
@@ -173,7 +177,7 @@ class Commits(DecisionDelivery):
             return await self._commit(tx)
         await self._decided(tx, self.channels[participants[0]].decide(tx.ts, True))
         self.committed += 1
-        self.metrics.committed(tx.system, tx.started)
+        self.metrics.committed(tx.system, tx.started, tx.asked, tx.prepared)
         return tx.ts
 
     async def _decided(self, tx: Transaction, durable: Awaitable[None]) -> None:
@@ -204,7 +208,7 @@ class Commits(DecisionDelivery):
         if failpoints.ARMED:
             failpoints.hit(failpoints.COORDINATOR_AFTER_DECISION_LOGGED)
         self.committed += 1
-        self.metrics.committed(tx.system, tx.started)
+        self.metrics.committed(tx.system, tx.started, tx.asked, tx.prepared)
         self._deliver_later(ts, participants)
         return ts
 

@@ -124,6 +124,17 @@ def test_every_member_serves_its_own_metrics(cluster: LocalCluster) -> None:
         assert value(s, "aggview_commit_latency_seconds_count") == committed
         assert value(s, "aggview_commit_latency_seconds_sum") > 0
         assert value(s, "aggview_commit_latency_seconds_bucket", le="+Inf") == committed
+        # a client's commits, split in stages that add up to at most its whole latency
+        stages = {
+            stage: value(s, "aggview_commit_stage_seconds_count", stage=stage)
+            for stage in ("timestamp", "prepare", "durable")
+        }
+        assert stages["timestamp"] == stages["prepare"] == stages["durable"] > 0
+        assert stages["prepare"] <= committed
+        after_grant = sum(
+            value(s, "aggview_commit_stage_seconds_sum", stage=t) for t in ("prepare", "durable")
+        )
+        assert 0 < after_grant <= value(s, "aggview_commit_latency_seconds_sum") + 1e-9
         assert value(s, "aggview_wal_flushes_total", log="partition") > 0
         assert value(s, "aggview_wal_flush_seconds_count", log="partition") > 0
         # each member knows both views, with their modes
