@@ -59,6 +59,13 @@ async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_MESSAGE_BYTE
     return await reader.readexactly(length)
 
 
+def takes_more(transport: asyncio.WriteTransport) -> bool:
+    """Whether a connection takes a write now without waiting: open, its send buffer below
+    the transport's high-water mark."""
+    size, (_, high) = transport.get_write_buffer_size(), transport.get_write_buffer_limits()
+    return not transport.is_closing() and size < high
+
+
 def host_port(address: str) -> tuple[str, int]:
     """``host:port`` (``[v6]:port``) split; ValueError when the port is not a number."""
     host, _, port = address.rpartition(":")
@@ -127,9 +134,7 @@ class FramedCall:
         opening = self._opening
         if not opening.done() or opening.cancelled() or opening.exception() is not None:
             return False
-        transport = opening.result()[1].transport
-        size, (_, high) = transport.get_write_buffer_size(), transport.get_write_buffer_limits()
-        return not transport.is_closing() and size < high
+        return takes_more(opening.result()[1].transport)
 
     def write_nowait(self, message: Any) -> None:
         """``write`` without waiting; only when ``writable()``."""
@@ -265,12 +270,8 @@ class FramedServer:
                     while True:
                         yield await read_frame(reader)
 
-            transport = writer.transport
-
             def send(message: Any) -> bool:
-                if transport.is_closing():
-                    return False
-                if transport.get_write_buffer_size() >= transport.get_write_buffer_limits()[1]:
+                if not takes_more(writer.transport):
                     return False
                 writer.write(framed(message.SerializeToString()))
                 return True

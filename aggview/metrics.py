@@ -47,9 +47,9 @@ LATENCY_BUCKETS = (
     5.0,
     10.0,
 )
-# A refresh drains a view's captured changes: milliseconds to many seconds.
 # a commit's stages, as ``aggview_commit_stage_seconds`` labels them
 STAGES = ("timestamp", "prepare", "durable")
+# A refresh drains a view's captured changes: milliseconds to many seconds.
 REFRESH_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 # What an abort counts as when it is not one of ours (aggview.errors IDENTITIES name the rest).

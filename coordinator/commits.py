@@ -35,7 +35,7 @@ class Transaction:
     maintained: bool = False  # maintenance already ran on images predicted from its inserts
     system: bool = False  # the system's own (a refresh, an initialization), not a client's
     started: float = field(default_factory=time.perf_counter)  # at its grant (metrics)
-    asked: float = 0.0  # when a client's asked for its timestamp (0: not measured)
+    asked: float = 0.0  # when a client's commit asked for its timestamp (0: not measured)
     prepared: float = 0.0  # when its every round had voted yes
     images: list[lpb.RowImage] = field(default_factory=list)  # every row image seen so far
     # view deltas it merged into views other views read, by view and group: a later round's

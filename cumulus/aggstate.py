@@ -33,6 +33,7 @@ _ZERO = {"INT": 0, "DECIMAL": 0, "FLOAT": 0.0, "TEXT": "", "DATE": 0, "BOOL": Fa
 # and what a sum's state holds (INT and scaled DECIMAL: exact; FLOAT is converted)
 _KEY_KINDS = {"INT": int, "DECIMAL": int, "DATE": int, "TEXT": str, "BOOL": bool}
 _SUM_KINDS = {"INT": int, "DECIMAL": int}
+CONVERT = object()  # ``ViewState._stored``: the value is not taken as stored
 
 
 def sum_state(column_type: ColumnType, value: Any) -> Any:
@@ -88,7 +89,7 @@ class ViewState:
         self.branches = [ViewState(b, table) for b in plan.branches]
         # A group or a SUM/AVG argument that is a bare column of the same type is its stored
         # value already: taken as it is, not converted to Python and back (a DECIMAL sum
-        # went through Decimal twice per joined tuple). (alias, column), or None.
+        # went through Decimal twice per joined tuple). (alias, column, Python type), or None.
         self._stored_groups = [
             self._same_column(g.source(), t, _KEY_KINDS)
             for g, t in zip(plan.group_by, self.group_types, strict=True)
@@ -115,6 +116,17 @@ class ViewState:
             return None
         return alias, column, kinds[wanted.kind]
 
+    @staticmethod
+    def _stored(found: tuple[str, str, type] | None, binding: Mapping[str, Row] | None) -> Any:
+        """The stored value ``found`` names in ``binding`` (None for NULL), or ``CONVERT``
+        where it is not taken as stored: no binding, no such column, or a value not of its
+        kind (converted instead, which says what is wrong)."""
+        if found is None or binding is None:
+            return CONVERT
+        alias, column, kind = found
+        value = binding[alias].get(column)
+        return value if value is None or type(value) is kind else CONVERT
+
     # ------------------------------------------------------------------ maintenance
 
     def column_type(self, alias: str, column: str) -> ColumnType:
@@ -138,16 +150,10 @@ class ViewState:
         if binding is not None and self.plan.group_by:
             stored: list[Any] = []
             for found, column_type in zip(self._stored_groups, self.group_types, strict=True):
-                if found is None:
+                value = self._stored(found, binding)
+                if value is CONVERT:
                     break
-                alias, column, kind = found
-                value = binding[alias].get(column)
-                if value is None:
-                    stored += [False, _ZERO[column_type.kind]]
-                elif type(value) is kind:
-                    stored += [True, value]
-                else:  # not a valid stored value: converted, which says what is wrong
-                    break
+                stored += [False, _ZERO[column_type.kind]] if value is None else [True, value]
             else:
                 return encode_key(self._key_types, stored)
         return self.encode_group([group(lookup) for group in self.groups])
@@ -181,22 +187,20 @@ class ViewState:
             argument = self.args[i]
             if argument is None:
                 continue
-            found = self._stored_sums[i] if binding is not None else None
-            if found is not None:
-                alias, column, kind = found
-                value = binding[alias].get(column)  # type: ignore[index]
-                if value is not None and type(value) is not kind:
-                    value = argument(lookup)  # not a valid stored value: says what is wrong
-            else:
+            value = self._stored(self._stored_sums[i], binding)  # a sum's state already
+            if value is CONVERT:
                 value = argument(lookup)
-            if value is None:
+                if value is None:
+                    continue
+                if rule.keeps_sum:
+                    value = sum_state(self.result_state_type(i), value)
+                elif rule.keeps_values:
+                    arg_type = self.arg_types[i]
+                    assert arg_type is not None
+                    stored = to_storage(Column("v", arg_type), value, table=self.plan.name)
+                    value = json.dumps(stored)
+            elif value is None:
                 continue
-            if rule.keeps_sum and found is None:
-                value = sum_state(self.result_state_type(i), value)
-            elif rule.keeps_values:
-                arg_type = self.arg_types[i]
-                assert arg_type is not None
-                value = json.dumps(to_storage(Column("v", arg_type), value, table=self.plan.name))
             for field, part in rule.delta(value, sign).items():
                 delta[f"{field}{i}"] = part
         return delta

@@ -450,10 +450,10 @@ class ViewPlan:
         """Distinct base tables, in FROM order (of every branch): the tables whose writes
         touch this view. Worked out once per plan (it is frozen): a member asks for every
         view's at each batch of commits it dispatches."""
-        known = self.__dict__.get("_base_tables")
-        if known is None:
+
+        def compute() -> tuple[str, ...]:
             names = {n.name for n in self.nested}
-            known = tuple(
+            return tuple(
                 dict.fromkeys(
                     table
                     for plan in (*self.branch_plans(), *self.nested)
@@ -461,8 +461,8 @@ class ViewPlan:
                     if table not in names
                 )
             )
-            object.__setattr__(self, "_base_tables", known)
-        return known  # type: ignore[no-any-return]
+
+        return self.once("base_tables", compute)
 
     def join_columns(self) -> tuple[tuple[str, str], ...]:
         """Distinct (table, column) pairs the joins match on, in edge order: what indexes

@@ -141,14 +141,14 @@ class PartitionState:
             wanted.setdefault(row_id[0], {})[row_id[1]] = None
         missing = {table: list(keys) for table, keys in wanted.items()}
         if missing and self.store.fast_point_reads:  # read now: nobody else runs meanwhile
-            self._install(missing, self._read_missing_now(missing))
+            self._install(missing, self._read_missing(missing))
         elif missing:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             for table, keys in missing.items():
                 for key in keys:
                     self.loading[(table, key)] = future
             try:
-                self._install(missing, await self._read_missing(missing))
+                self._install(missing, await asyncio.to_thread(self._read_missing, missing))
                 future.set_result(None)
             except BaseException as exc:
                 future.set_exception(exc)
@@ -173,11 +173,7 @@ class PartitionState:
                     versions=[(ts, row)], rts=self.evicted_floor, lsn=lsn, partial=partial
                 )
 
-    async def _read_missing(self, missing: dict[str, list[bytes]]) -> dict[RowId, bytes]:
-        """``_read_missing_now`` on the store's threads (a store whose reads may block)."""
-        return await asyncio.to_thread(self._read_missing_now, missing)
-
-    def _read_missing_now(self, missing: dict[str, list[bytes]]) -> dict[RowId, bytes]:
+    def _read_missing(self, missing: dict[str, list[bytes]]) -> dict[RowId, bytes]:
         """The stored data of rows not in memory. An index entry whose base row is read
         along and has never been stored is not asked for: entries are written and erased
         with their base rows, so a new row's entries are new too (an insert under a sync
