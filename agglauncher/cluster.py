@@ -372,7 +372,7 @@ class LocalCluster:
             self._write_layout(clean=True)  # every partition checkpointed its log
 
     # Each layout keeps its partitions' logs in its own directories (ltm-I; coordinator/
-    # partitions; member-M/partitions), so a start in another layout would not replay what
+    # member or partitions; member-M/member or partitions), so a start in another layout would not replay what
     # the last run logged and did not checkpoint: acknowledged writes would seem lost, and
     # come back over newer ones when the old layout ran again. A layout changes only after
     # a clean stop, when every log is checkpointed.
@@ -397,9 +397,11 @@ class LocalCluster:
             return int(last["processes"]), bool(last["clean"])
         if (self.data / "ltm-0").is_dir():
             return 0, False
-        if (self.data / "coordinator" / "partitions").is_dir():
+        if any((self.data / "coordinator" / d).is_dir() for d in ("partitions", "member")):
             return 1, False
-        members = len(list(self.data.glob("member-*/partitions")))
+        members = len(
+            {p.parent for d in ("partitions", "member") for p in self.data.glob(f"member-*/{d}")}
+        )
         return (members, False) if members >= 2 else (None, False)
 
     def _write_layout(self, clean: bool) -> None:

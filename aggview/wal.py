@@ -25,7 +25,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -133,14 +133,16 @@ class WriteAheadLog:
                 yield record
                 offset += _HEADER.size + length
 
-    def write(self, record: dict[str, Any], *, flush: bool = True) -> int:
+    def write(self, record: dict[str, Any], *, flush: bool = True, tag: str | None = None) -> int:
         """Queues a record without waiting for it to be durable (e.g. an abort: presumed) and
         returns its log sequence number (LSN): records replay in LSN order, and what a
-        checkpoint stored is known by the LSN of the last change it contains."""
+        checkpoint stored is known by the LSN of the last change it contains. ``tag``: whose
+        record it is, in a log several writers share (``aggview.member_log``)."""
         if self.closed_to_writes:
             raise errors.FailedPrecondition(self.closed_to_writes)
         lsn = self.lsn + 1
-        body = pickle.dumps({**record, "lsn": lsn}, protocol=pickle.HIGHEST_PROTOCOL)
+        stamped = {**record, "lsn": lsn} if tag is None else {**record, "lsn": lsn, "log": tag}
+        body = pickle.dumps(stamped, protocol=pickle.HIGHEST_PROTOCOL)
         with self._mutex:  # the log's thread takes the queued records and the LSN together
             self.lsn = self._queued = lsn
             self._pending.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)
@@ -148,9 +150,38 @@ class WriteAheadLog:
             self._kick()
         return lsn
 
-    async def append(self, record: dict[str, Any]) -> int:
+    def copy(self, records: Iterable[dict[str, Any]]) -> None:
+        """Queues records taken from another log as they are, their LSNs included (a log
+        moving to another layout: what the store holds is known by those LSNs), then a mark
+        of this log's own above them all, so that later records are numbered above every
+        copied one and :meth:`flush` waits for them."""
+        with self._mutex:
+            for record in records:
+                body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+                self.lsn = max(self.lsn, record.get("lsn", 0))
+                self._pending.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)
+        self.write({"kind": "mark", "ts": 0}, flush=False)
+
+    def write_now(self) -> None:
+        """Writes and syncs what is queued on the caller's thread: only before the log's own
+        thread has started (at start-up, e.g. records copied in from another log)."""
+        if self._syncer is not None:
+            raise RuntimeError("the log's thread runs: flush() instead")
+        with self._mutex:
+            chunk, fd, retired, upto = self._take()
+        self._write_and_sync(fd, chunk, retired)
+        self._synced(upto, len(chunk), None)
+
+    def close_now(self) -> None:
+        """Closes a log that never started its thread (read, or written by :meth:`write_now`)."""
+        if self._syncer is not None or self._pending:
+            raise RuntimeError("the log has a thread or queued records: close() instead")
+        os.close(self._fd)
+        self._closed = True
+
+    async def append(self, record: dict[str, Any], tag: str | None = None) -> int:
         """Queues a record and returns its LSN once it is on disk."""
-        lsn = self.write(record)
+        lsn = self.write(record, tag=tag)
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append((lsn, waiter))
         await waiter
@@ -308,7 +339,7 @@ class WriteAheadLog:
         """The segment new records go to."""
         return self._segment
 
-    def switch(self, carry: list[dict[str, Any]]) -> int:
+    def switch(self, carry: list[dict[str, Any]], tag: str | None = None) -> int:
         """Starts a new segment at once (no await, so a caller can take a consistent snapshot
         of its state in the same step), queues ``carry`` (records still needed, such as
         undecided PREPARED records) and returns the new segment's number. Older segments stay
@@ -320,12 +351,12 @@ class WriteAheadLog:
             self._fd = fd
         self.write({"kind": "mark", "ts": 0})
         for record in carry:
-            self.write(record)
+            self.write(record, tag=tag)
         return self._segment
 
-    async def rotate(self, carry: list[dict[str, Any]]) -> int:
+    async def rotate(self, carry: list[dict[str, Any]], tag: str | None = None) -> int:
         """:meth:`switch`, then wait until the carried records are durable."""
-        segment = self.switch(carry)
+        segment = self.switch(carry, tag)
         await self.flush()
         return segment
 

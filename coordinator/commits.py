@@ -167,14 +167,18 @@ class Commits(DecisionDelivery):
         participants = sorted(tx.participants)
         local = [p for p in participants if hasattr(self.channels[p], "flush")]
         if len(participants) != 1 or not local:  # across processes: two-phase commit
+            # Prepares in the decision log's own log need no flush of their own: the
+            # decision record's flush, after them, makes them durable too.
+            log = self.decisions.log
+            along = [p for p in local if log is not None and self.channels[p].log is log]
             try:
                 if failpoints.ARMED:
                     failpoints.hit(failpoints.COORDINATOR_LOCAL_FLUSH)
-                await asyncio.gather(*(self.channels[p].flush() for p in local))
+                await asyncio.gather(*(self.channels[p].flush() for p in local if p not in along))
             except BaseException as exc:  # a vote not durable: nothing decided yet, so abort
                 self._aborted(tx, exc)
                 raise
-            return await self._commit(tx)
+            return await self._commit(tx, along)
         await self._decided(tx, self.channels[participants[0]].decide(tx.ts, True))
         self.committed += 1
         self.metrics.committed(tx.system, tx.started, tx.asked, tx.prepared)
@@ -196,7 +200,9 @@ class Commits(DecisionDelivery):
         finally:
             self.in_flight.decided(tx.ts)
 
-    async def _commit(self, tx: Transaction) -> int:
+    async def _commit(self, tx: Transaction, along: tuple[int, ...] | list[int] = ()) -> int:
+        """Logs the decision, then delivers it; ``along``: local participants whose
+        prepares went to disk with the decision record."""
         ts, participants = tx.ts, sorted(tx.participants)
         try:
             await self._decided(tx, self.decisions.commit(ts, participants))
@@ -205,6 +211,8 @@ class Commits(DecisionDelivery):
             # restart would deliver it: never answer "aborted" for it from here.
             self.unlogged.add(ts)
             raise
+        for p in along:
+            self.channels[p].logged_with_decision(ts)
         if failpoints.ARMED:
             failpoints.hit(failpoints.COORDINATOR_AFTER_DECISION_LOGGED)
         self.committed += 1

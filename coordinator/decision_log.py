@@ -11,10 +11,12 @@ alive). ``reconcile`` forgets them once the adopter says which commits its copy 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aggview.member_log import NOTHING, LogWriter, SharedLog
 from aggview.wal import WriteAheadLog
 
 COMPACT_BYTES = 4 * 1024 * 1024
@@ -27,9 +29,13 @@ class DecisionLog:
         *,
         fsync: bool = True,
         observe: Callable[[float], None] | None = None,
+        log: LogWriter | None = None,
     ) -> None:
-        """``observe``: called with each flush's seconds (metrics)."""
-        self.wal = WriteAheadLog(directory, fsync=fsync, observe=observe)
+        """``observe``: called with each flush's seconds (metrics); ``log``: the member's
+        shared log to write to instead of one of its own in ``directory``."""
+        self.wal: WriteAheadLog | LogWriter = log or WriteAheadLog(
+            directory, fsync=fsync, observe=observe
+        )
         self.committed: dict[int, list[int]] = {}  # ts -> participants not yet acknowledged
         self.reconciled = 0  # the newest adoption of this log reconciled with (an epoch)
         for record in self.wal.replay():
@@ -42,11 +48,25 @@ class DecisionLog:
         self._logging: dict[int, list[int]] = {}  # commits whose record is being written
         self._written_since_compaction = 0
         self._compacting = False
+        # In a member's one log, the segment of each commit record, oldest first (0: from
+        # before this start): the log asks which it still needs whenever a partition's
+        # checkpoint drops segments, or none would ever go before a compaction.
+        self._segments: deque[tuple[int, int]] | None = None
+        if isinstance(self.wal, LogWriter):
+            self._segments = deque((0, ts) for ts in self.committed)
+            self.wal.needs = self._needs
+
+    @property
+    def log(self) -> SharedLog | None:
+        """The member's one log, if this decision log writes to it."""
+        return self.wal.shared if isinstance(self.wal, LogWriter) else None
 
     async def commit(self, ts: int, participants: list[int]) -> None:
         # Counted as committed (and answered so) only once durable, but carried by a
         # compaction meanwhile: its record may be in the segment the compaction drops.
         self._logging[ts] = participants
+        if self._segments is not None:
+            self._segments.append((self.wal.segment, ts))
         try:
             await self.wal.append({"kind": "commit", "ts": ts, "participants": participants})
         finally:
@@ -65,6 +85,19 @@ class DecisionLog:
                 self._compacting = True
                 task = asyncio.get_running_loop().create_task(self.compact())
                 task.add_done_callback(lambda _: setattr(self, "_compacting", False))
+
+    def _needs(self) -> int:
+        """The oldest segment holding a commit record still needed (the done records of
+        those below may go with them: replaying a done alone does nothing)."""
+        assert self._segments is not None
+        segments = self._segments
+        while (
+            segments
+            and segments[0][1] not in self.committed
+            and (segments[0][1] not in self._logging)
+        ):
+            segments.popleft()
+        return segments[0][0] if segments else NOTHING
 
     async def reconcile(self, epoch: int, copied: set[int]) -> list[int]:
         """Another member adopted this log at ``epoch`` from a copy holding the commits

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
+from aggview.member_log import LogWriter, SharedLog
 from aggview.partition_map import standby_of
 from aggview.security import TlsDir
 from aggview.status import grpc_method
@@ -77,11 +78,13 @@ class LocalPartitions:
         silent: Callable[[int], bool] = lambda ltm: False,
         wal_observe: Callable[[float], None] | None = None,
         hearing: Hearing | None = None,
+        shared_log: SharedLog | None = None,
     ) -> None:
         """``may_drop()``: whether a copy that does not answer may be dropped (only while
         this member reaches a majority: ``coordinator.quorum``); ``silent(ltm)``: whether
         the member hosting LTM ``ltm`` fell silent to this member's prober; ``hearing``:
-        that prober's answers (a copy is dropped sooner: ``ltm.replication.DropRule``)."""
+        that prober's answers (a copy is dropped sooner: ``ltm.replication.DropRule``);
+        ``shared_log``: the member's one log, which every partition here writes to."""
         self.store = store
         self.partitions = partitions
         self.members = members or []
@@ -99,6 +102,7 @@ class LocalPartitions:
                 backup="" if standby is None else self.members[standby % len(self.members)],
                 standby=standby,
                 wal_observe=wal_observe,
+                shared_log=shared_log,
             )
 
         self.hostings = {
@@ -179,6 +183,16 @@ class LocalLtm:
     async def flush(self) -> None:
         """Every prepare record so far is durable."""
         await self.participant.flush_prepared()
+
+    @property
+    def log(self) -> SharedLog | None:
+        """The member's one log, if the partition writes to it."""
+        wal = self.participant.wal
+        return wal.shared if isinstance(wal, LogWriter) else None
+
+    def logged_with_decision(self, ts: int) -> None:
+        """Its prepares are durable: they precede ``ts``'s durable decision in ``log``."""
+        self.participant.logged_with_decision(ts)
 
     async def decide(self, ts: int, commit: bool) -> None:
         participant = self.participant

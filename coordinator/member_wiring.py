@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
+from aggview.member_log import DECISIONS, SharedLog, partition_tag, split
 from aggview.metrics import MemberState, Metrics, NoMetrics, ViewState
 from aggview.security import TlsDir, Token
 from coordinator import leadership
@@ -98,8 +99,12 @@ def build_manager(
     count = config.partitions
     _check_partitions(catalog, count)
     metrics = Metrics() if config.metrics else NoMetrics()
+    shared = _shared_log(config, count, metrics)
     decisions = DecisionLog(
-        config.log_dir, fsync=config.fsync, observe=metrics.wal_observer("decisions")
+        config.log_dir,
+        fsync=config.fsync,
+        observe=metrics.wal_observer("decisions"),
+        log=shared.writer(DECISIONS) if shared else None,
     )
     may_drop = reach.has_majority if reach is not None else lambda: True
     in_flight = InFlight()
@@ -115,7 +120,9 @@ def build_manager(
     leads = leader == config.member
     ltm_silent = _ltm_silent(config, reach)
     # made before the manager, which takes them; what they call on it is looked up when called
-    local = _local_partitions(config, store, lambda: manager, metrics, ltm_silent, may_drop, reach)
+    local = _local_partitions(
+        config, store, lambda: manager, metrics, ltm_silent, may_drop, reach, shared
+    )
     replication = None
     if config.replicates:
         replication = MemberDecisions(
@@ -155,6 +162,22 @@ def build_manager(
     views = ViewManager(manager, runtime_dir=config.log_dir / "cumulus", tls=config.tls)
     manager.views = manager.view_hooks = views  # the service's; and every transaction's hooks
     return manager
+
+
+def _shared_log(config: CoordinatorConfig, count: int, metrics: Metrics) -> SharedLog | None:
+    """The member's one log for its partitions and decisions (``aggview.member_log``), with
+    the records of their own logs copied in; None for a member that copies its logs to
+    others (each partition's log moves on its own), whose shared log is split back."""
+    directory = config.log_dir / "member"
+    hosted = config.hosted(count)
+    own = {DECISIONS: config.log_dir} | {
+        partition_tag(p): config.log_dir / "partitions" / partition_tag(p)
+        for p in (range(count) if hosted is None else hosted)
+    }
+    if config.replicates:
+        split(directory, own, fsync=config.fsync)
+        return None
+    return SharedLog(directory, fsync=config.fsync, observe=metrics.wal_observer("member"), own=own)
 
 
 def _ltm_silent(config: CoordinatorConfig, reach: Reachability | None) -> Callable[[int], bool]:
@@ -233,9 +256,11 @@ def _local_partitions(
     ltm_silent: Callable[[int], bool],
     may_drop: Callable[[], bool],
     reach: Reachability | None = None,
+    shared: SharedLog | None = None,
 ) -> LocalPartitions:
     """The partitions this member hosts, in process; they ask the other members about the
-    transactions they coordinated (``manager_of()``: the manager, once it exists)."""
+    transactions they coordinated (``manager_of()``: the manager, once it exists) and write
+    to the member's ``shared`` log, if it has one."""
     others = [
         (m, outcome_stub(address, config.tls))
         for m, address in enumerate(config.members)
@@ -257,6 +282,7 @@ def _local_partitions(
         silent=ltm_silent,
         wal_observe=metrics.wal_observer("partition"),
         hearing=reach,
+        shared_log=shared,
     )
 
 

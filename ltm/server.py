@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 
 from aggview import errors
 from aggview.frames import Answer, Welcome, answering
+from aggview.member_log import SharedLog, partition_tag
 from aggview.security import TlsDir, is_secret
 from aggview.status import Malformed, abort, grpc_method
 from aggview.streams import AnswerEach
@@ -89,6 +90,7 @@ class Hosting:
             cache_rows=self.config.cache_rows,
             checkpoint_interval=self.config.checkpoint_interval,
         )
+        shared = self.config.shared_log
         participant = Participant(
             self.store,
             log_dir_of(self.config.log_dir, self.me, partition),
@@ -97,6 +99,7 @@ class Hosting:
             outcome_query=self._outcome_query,
             ownership=record,
             wal_observe=self.config.wal_observe,
+            log=shared.writer(partition_tag(partition)) if shared else None,
         )
         await participant.start()
         if standby is not None and standby != self.me:
@@ -443,3 +446,5 @@ class LtmConfig:
     standby: int | None = None  # the LTM (partition) at ``backup``; default: the next one
     # called with each flush's seconds by the partitions' logs (a member's metrics)
     wal_observe: Callable[[float], None] | None = None
+    # the member's one log, which its partitions write to (unreplicated, in process)
+    shared_log: SharedLog | None = None

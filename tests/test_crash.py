@@ -18,6 +18,7 @@ from polling import wait_for
 from aggclient import Client
 from agglauncher.cluster import LocalCluster
 from aggview import errors
+from aggview.member_log import DECISIONS, partition_tag, split
 from aggview.processes import Server
 from loadgen import transfers
 
@@ -163,3 +164,52 @@ def test_a_layout_changes_only_after_a_clean_stop(tmp_path: Path) -> None:
     with LocalCluster(data, ltms=2, processes=2) as back:
         with Client(back.address) as client:
             assert len(client.scan("kept")) == 21
+
+
+def test_logs_change_layout_without_losing_what_was_acknowledged(tmp_path: Path) -> None:
+    """A member logs its partitions and decisions in one log (``aggview.member_log``); one
+    started with --replicate logs each on its own, and a member upgraded from the layout
+    before has them on their own too. Each start takes the other layout's records in with
+    their LSNs and numbers later ones above them: a row checkpointed in one layout and
+    updated in the next survives a kill -9 there (replayed, not skipped as already stored)."""
+    data = tmp_path / "data"
+
+    def run(step: int, replicate: bool, clean: bool) -> None:
+        cluster = LocalCluster(
+            data, ltms=2, processes=2, replicate=replicate, checkpoint_interval=1000.0
+        )
+        try:
+            cluster.start()
+            with Client(cluster.address) as client:
+                if step == 0:
+                    client.sql("CREATE TABLE kept (id INT PRIMARY KEY, v INT)")
+                    for i in range(12):
+                        with client.transaction() as tx:
+                            tx.insert("kept", {"id": i, "v": 0})
+                rows = {row["id"]: row["v"] for row in client.scan("kept")}
+                assert rows == {i: step for i in range(12)}, f"step {step}"
+                for i in range(0, 12, 2):  # pairs: over both partitions, often
+                    with client.transaction() as tx:
+                        tx.update("kept", {"id": i}, {"v": step + 1})
+                        tx.update("kept", {"id": i + 1}, {"v": step + 1})
+        finally:
+            if clean:
+                cluster.stop()  # every partition checkpointed: the store has the LSNs
+            else:
+                cluster.kill()
+
+    run(0, replicate=False, clean=True)
+    run(1, replicate=True, clean=False)  # split into own logs
+    run(2, replicate=True, clean=True)  # replayed from them
+    run(3, replicate=False, clean=False)  # taken back into one log per member
+    for member in sorted(data.glob("member-*")):  # the layout before: each log on its own
+        partition = int(member.name.split("-")[1])  # member m hosts partition m of 2
+        own = {
+            DECISIONS: member,
+            partition_tag(partition): member / "partitions" / partition_tag(partition),
+        }
+        split(member / "member", own)
+    run(4, replicate=False, clean=False)  # taken in from them
+    run(5, replicate=False, clean=True)
+    with LocalCluster(data, ltms=2, processes=2) as cluster, Client(cluster.address) as client:
+        assert {row["id"]: row["v"] for row in client.scan("kept")} == dict.fromkeys(range(12), 6)

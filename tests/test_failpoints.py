@@ -47,6 +47,7 @@ from polling import wait_for
 from aggclient import Client, ConditionFailed
 from agglauncher.cluster import LocalCluster
 from aggview import errors, failpoints
+from aggview.member_log import DECISIONS
 from aggview.processes import Server
 from aggview.wal import WriteAheadLog
 from coordinator.catalog import CATALOG_TABLE
@@ -101,6 +102,7 @@ class Seen:
     )
     errors: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    logged: set[int] = field(default_factory=set)  # commits seen in a decision log
 
 
 def transfer_worker(address: str, seed: int, stop: threading.Event, seen: Seen) -> None:
@@ -210,12 +212,24 @@ def refresher_member(cluster: LocalCluster, view: str) -> Server:
     return cluster.member(json.loads(entry)["number"] % min(cluster.processes, cluster.ltms))
 
 
-def partition_logs(cluster: LocalCluster) -> list[Path]:
-    return sorted(cluster.data.glob("member-*/partitions/partition-*"))
+def partition_logs(cluster: LocalCluster) -> list[list[dict[str, Any]]]:
+    """Each partition's records, from its member's one log (``aggview.member_log``)."""
+    by_partition: dict[str, list[dict[str, Any]]] = {}
+    for directory in sorted(cluster.data.glob("member-*/member")):
+        for record in wal_records(directory):
+            if str(record.get("log", "")).startswith("partition-"):
+                by_partition.setdefault(record["log"], []).append(record)
+    return list(by_partition.values())
 
 
-def decision_logs(cluster: LocalCluster) -> list[Path]:
-    return sorted(cluster.data.glob("member-*/"))
+def decision_records(cluster: LocalCluster) -> list[dict[str, Any]]:
+    """Every member's decision records, from its one log."""
+    return [
+        record
+        for directory in sorted(cluster.data.glob("member-*/member"))
+        for record in wal_records(directory)
+        if record.get("log") == DECISIONS
+    ]
 
 
 def wal_records(directory: Path) -> list[dict[str, Any]]:
@@ -343,16 +357,22 @@ def crash_under_load(
     stop, seen = threading.Event(), Seen()
     workers = start_workers(cluster.address, seed, stop, seen)
     undecided: dict[int, list[str]] = {}
+    # A decision log forgets a commit once every participant has it: its records are
+    # gathered from the crash until the end, while the crashed member cannot have it yet.
+    polling = threading.Event()
+    poller = threading.Thread(target=note_logged_commits, args=(cluster, seen, polling))
     try:
         exit_code = wait_for_exit(victim, CRASH_WITHIN)
+        note_logged_commits(cluster, seen)
+        poller.start()
         report["exit_code"] = exit_code
         report["hit"] = exit_code == failpoints.CRASH_EXIT and (
             f"failpoint {case.point}: crash" in victim.tail(200)
         )
         counts = prepared_counts(cluster, down=victim)
         report["prepared_at_crash"] = sum(c for c in counts if c > 0)
-        for directory in partition_logs(cluster):
-            for ts, refs in undecided_ledger_rows(wal_records(directory)).items():
+        for records in partition_logs(cluster):
+            for ts, refs in undecided_ledger_rows(records).items():
                 undecided.setdefault(ts, []).extend(refs)
         report["undecided_at_crash"] = len(undecided)
         victim.kill()  # if it never crashed
@@ -366,6 +386,10 @@ def crash_under_load(
         stop.set()
         for worker in workers:
             worker.join(timeout=60)
+        polling.set()
+        if poller.is_alive():
+            poller.join()
+        note_logged_commits(cluster, seen)
     report.update(
         acknowledged=len(seen.acked_refs) + len(seen.events),
         unknown=len(seen.unknown_refs) + len(seen.uncertain),
@@ -413,6 +437,17 @@ def check_recovered(
             check("reads after recovery", False, repr(exc))
 
 
+def note_logged_commits(
+    cluster: LocalCluster, seen: Seen, until: threading.Event | None = None
+) -> None:
+    """Adds the commits in the members' decision logs to ``seen.logged``; with ``until``,
+    every 0.05 s until it is set."""
+    while True:
+        seen.logged |= {r["ts"] for r in decision_records(cluster) if r["kind"] == "commit"}
+        if until is None or until.wait(0.05):
+            return
+
+
 def check_outcomes(
     client: Client,
     cluster: LocalCluster,
@@ -423,12 +458,7 @@ def check_outcomes(
 ) -> None:
     """A transaction the crash left undecided at an LTM committed if and only if the
     coordinator logged its commit (presumed abort), judged by its ledger row."""
-    logged = {
-        r["ts"]
-        for directory in decision_logs(cluster)
-        for r in wal_records(directory)
-        if r["kind"] == "commit"
-    }
+    logged = seen.logged
     ledger = {row["id"] for row in client.scan("ledger")}
     acked = set(seen.acked_refs)
     checked = 0

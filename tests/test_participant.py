@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from profiles import examples
 
 from aggview import errors
+from aggview.member_log import DECISIONS, NOTHING, LogWriter, SharedLog, partition_tag
 from aggview.partition_map import index_table, partition_of
 from aggview.rowcodec import (
     decode_json,
@@ -27,7 +28,7 @@ from aggview.rowcodec import (
     encode_row,
     encode_stored,
 )
-from aggview.wal import _HEADER
+from aggview.wal import _HEADER, WriteAheadLog
 from aggview.wire import ltm_pb2 as pb
 from ltm.participant import Participant, Settings
 from ltm.rows import RowState
@@ -144,15 +145,21 @@ def segment_records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def member_wal(p: Participant) -> WriteAheadLog:
+    """The log a participant's records go to: its own, or the member's one log."""
+    return p.wal.shared.wal if isinstance(p.wal, LogWriter) else p.wal
+
+
 def crash(p: Participant) -> None:
     """Like kill -9: no checkpoint, no flush of what was only queued, background tasks gone."""
     for task in p._background:
         task.cancel()
-    with p.wal._mutex:
-        p.wal._pending.clear()
-    while p.wal._draining:  # a group the log's thread took is written, as before a kill
+    wal = member_wal(p)
+    with wal._mutex:
+        wal._pending.clear()
+    while wal._draining:  # a group the log's thread took is written, as before a kill
         time.sleep(0.001)
-    os.close(p.wal._fd)
+    os.close(wal._fd)
 
 
 async def eventually(check: Callable[[], bool], timeout: float = 3.0) -> None:
@@ -169,26 +176,42 @@ async def pending(task: asyncio.Future[Any]) -> bool:
 
 
 class Env:
-    def __init__(self, tmp_path: Path) -> None:
+    """A participant's store and log; ``shared``: its log is a member's one log
+    (``aggview.member_log``), which a decision log writes to as well."""
+
+    def __init__(self, tmp_path: Path, shared: bool = False) -> None:
         self.tmp_path = tmp_path
         self.log_dir = tmp_path / "log"
+        self.shared = shared
         self.store = open_store(f"sqlite:///{tmp_path}/store.db")
         self.store.create_table(TABLE)
 
     def participant(self, fsync: bool = False, **settings: Any) -> Participant:
+        """A participant started anew over the store and the log (a restart, after a crash
+        if the last one was not stopped)."""
         outcome_query = settings.pop("outcome_query", None)
+        log = None
+        if self.shared:
+            member = SharedLog(self.log_dir, fsync=fsync)
+            log = member.writer(partition_tag(settings.get("partition", 0)))
+            # another writer of the member's log, which needs none of its segments: its
+            # record would drop the table if it reached the participant
+            other = member.writer(DECISIONS)
+            other.write({"kind": "drop", "ts": 0, "table": TABLE}, flush=False)
+            other.needs = lambda: NOTHING
         return Participant(
             self.store,
             self.log_dir,
             Settings(**settings),
             fsync=fsync,
             outcome_query=outcome_query,
+            log=log,
         )
 
 
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    e = Env(tmp_path)
+@pytest.fixture(params=["own log", "shared log"])
+def env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Env]:
+    e = Env(tmp_path, shared=request.param == "shared log")
     yield e
     e.store.close()
 
@@ -1962,7 +1985,7 @@ def test_a_commit_queued_before_the_checkpoints_switch_counts_once(
         if placement == "new segment":
             shutil.copy(old, saved)  # the commit will not be in it
             busy = threading.Event()  # an earlier group's write holds the log's thread
-            p.wal._on_thread(busy.wait)
+            member_wal(p)._on_thread(busy.wait)
             asyncio.get_running_loop().call_later(0.05, busy.set)
             deciding = asyncio.ensure_future(p.decide(20, True))
             checkpointing = asyncio.ensure_future(p.checkpoint())

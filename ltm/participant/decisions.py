@@ -68,6 +68,14 @@ class Decisions(PartitionState):
             if tx.lsn <= upto:
                 tx.durable = True
 
+    def logged_with_decision(self, ts: int) -> None:
+        """The commit record of ``ts`` is durable in this partition's own log, after its
+        prepare records (a member's one log, ``aggview.member_log``): they are durable too,
+        so its commit here needs no flush before it is seen."""
+        tx = self.prepared.get(ts)
+        if tx is not None:
+            tx.durable = True
+
     def _apply_commit(self, ts: int, tx: Prepared, lsn: int) -> None:
         for row_id, after in tx.after.items():
             state = self.rows[row_id]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
+from aggview.member_log import LogWriter
 from aggview.partition_map import index_base, indexed_row, is_partials, partition_of
 from aggview.rowcodec import decode_stored
 from aggview.wal import WriteAheadLog
@@ -66,15 +67,19 @@ class PartitionState:
         outcome_query: OutcomeQuery | None = None,
         ownership: Ownership | None = None,
         wal_observe: Callable[[float], None] | None = None,
+        log: LogWriter | None = None,
     ) -> None:
-        """``wal_observe``: called with each flush's seconds by its log (metrics)."""
+        """``wal_observe``: called with each flush's seconds by its log (metrics); ``log``:
+        the member's shared log to write to instead of one of its own in ``log_dir``."""
         self.store = store
         # Checkpoints are written under this ownership's fence: once a newer epoch owns the
         # partition, the store refuses them, and this copy stops serving.
         self.ownership = ownership
         self.fenced: str | None = None
         self.settings = settings or Settings()
-        self.wal = WriteAheadLog(log_dir, fsync=fsync, observe=wal_observe)
+        self.wal: WriteAheadLog | LogWriter = log or WriteAheadLog(
+            log_dir, fsync=fsync, observe=wal_observe
+        )
         self.outcome_query = outcome_query
         self.rows = RowCache()
         self.loading: dict[RowId, asyncio.Future[None]] = {}

@@ -1,0 +1,191 @@
+"""A member's one log (``aggview.member_log``): each writer replays its own records, a
+segment goes once no writer needs it, group commit spans writers, and a writer's own log is
+taken in (or split back out) with its LSNs, exactly once even when redone after a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from aggview.member_log import DECISIONS, NOTHING, SharedLog, partition_tag, split
+from aggview.wal import WriteAheadLog
+from coordinator.decision_log import DecisionLog
+
+P0, P1 = partition_tag(0), partition_tag(1)
+
+
+def kill(shared: SharedLog) -> None:
+    """Like kill -9 once every flush asked for has returned: nothing more is written."""
+    wal = shared.wal
+    with wal._mutex:
+        wal._pending.clear()
+    os.close(wal._fd)
+
+
+def records(shared: SharedLog, tag: str) -> list[tuple[str, int]]:
+    writer = shared.writer(tag)
+    return [(r["kind"], r["ts"]) for r in writer.replay()]
+
+
+def own_log(directory: Path, entries: list[dict[str, Any]]) -> int:
+    """A writer's log of its own with ``entries`` durable; returns its last LSN."""
+    wal = WriteAheadLog(directory, fsync=False)
+    for entry in entries:
+        wal.write(entry, flush=False)
+    wal.write_now()
+    wal.close_now()
+    return wal.lsn
+
+
+def test_each_writer_replays_only_its_own_records_after_a_kill(tmp_path: Path) -> None:
+    async def main() -> None:
+        shared = SharedLog(tmp_path, fsync=False)
+        p0, p1, decisions = shared.writer(P0), shared.writer(P1), shared.writer(DECISIONS)
+        await p0.append({"kind": "prepared", "ts": 10, "after": {}, "merges": {}})
+        await p1.append({"kind": "prepared", "ts": 10, "after": {}, "merges": {}})
+        await decisions.append({"kind": "commit", "ts": 10, "participants": [0, 1]})
+        p0.write({"kind": "commit", "ts": 10})
+        await p0.flush()
+        p1.write({"kind": "commit", "ts": 10}, flush=False)  # queued, never flushed: lost
+        kill(shared)
+
+    asyncio.run(main())
+    again = SharedLog(tmp_path, fsync=False)
+    assert records(again, P0) == [("prepared", 10), ("commit", 10)]
+    assert records(again, P1) == [("prepared", 10)]
+    assert records(again, DECISIONS) == [("commit", 10)]
+
+
+def test_concurrent_writers_share_one_flush(tmp_path: Path) -> None:
+    """Appends of several writers queued while the log's thread is busy go out in one
+    group: a partition's prepare and another's, and a decision, cost one sync."""
+
+    async def main() -> None:
+        shared = SharedLog(tmp_path, fsync=False)
+        writers = [shared.writer(t) for t in (P0, P1, DECISIONS)]
+        await writers[0].append({"kind": "mark", "ts": 0})  # starts the log's thread
+        while shared.wal._draining:  # it looks for more before it waits for jobs
+            await asyncio.sleep(0.001)
+        busy = threading.Event()
+        shared.wal._on_thread(busy.wait)
+        before = shared.wal.flushes
+        appends = [asyncio.ensure_future(w.append({"kind": "prepared", "ts": 5})) for w in writers]
+        await asyncio.sleep(0.02)
+        assert not any(a.done() for a in appends)  # none acknowledged before its write
+        busy.set()
+        await asyncio.gather(*appends)
+        assert shared.wal.flushes - before == 1
+        for writer in writers:
+            await writer.close()
+
+    asyncio.run(main())
+
+
+def test_a_segment_goes_once_no_writer_needs_it(tmp_path: Path) -> None:
+    async def main() -> None:
+        shared = SharedLog(tmp_path, fsync=False)
+        p0, p1 = shared.writer(P0), shared.writer(P1)
+        decisions = DecisionLog(tmp_path, fsync=False, log=shared.writer(DECISIONS))
+        await p0.append({"kind": "prepared", "ts": 7})
+        await decisions.commit(7, [0, 2])  # not done: its segment is still needed
+        p0.drop_before(p0.switch([]))
+        p1.drop_before(p1.switch([]))
+        assert shared.wal.segments()[0] == 1
+        decisions.done(7)
+        p1.drop_before(p1.switch([]))  # any writer's release drops what nobody needs now
+        assert shared.wal.segments()[0] == 2  # p0 released only segment 1
+        p0.drop_before(p0.switch([]))  # partition 1 still needs segment 4
+        assert shared.wal.segments() == [4, 5]
+        await p0.close()
+        await p1.close()
+        await decisions.close()
+
+    asyncio.run(main())
+
+
+def test_a_writer_that_does_not_come_back_keeps_its_records(tmp_path: Path) -> None:
+    async def main() -> None:
+        shared = SharedLog(tmp_path, fsync=False)
+        p0, p1 = shared.writer(P0), shared.writer(P1)
+        await p1.append({"kind": "prepared", "ts": 3})
+        await p0.close()
+        await p1.close()
+        again = SharedLog(tmp_path, fsync=False)  # partition 1 is not hosted this time
+        p0 = again.writer(P0)
+        p0.drop_before(p0.switch([]))
+        p0.drop_before(p0.switch([]))
+        assert again.wal.segments()[0] == 1
+        await p0.close()
+        third = SharedLog(tmp_path, fsync=False)
+        assert records(third, P1) == [("prepared", 3)]
+
+    asyncio.run(main())
+
+
+def test_own_logs_are_taken_in_with_their_lsns_once(tmp_path: Path) -> None:
+    """A partition's own log (the layout before) joins the member's log: its records replay
+    to it with the LSNs the store's rows carry, its later records are numbered above them,
+    and its files go. Taken in again after a crash left the files, nothing is doubled."""
+    own = tmp_path / "partitions" / P0
+    own_lsn = own_log(own, [{"kind": "prepared", "ts": i, "lsn": 0} for i in range(1, 50)])
+    saved = {p.name: p.read_bytes() for p in own.glob("*.wal")}
+    shared = SharedLog(tmp_path / "member", fsync=False, own={P0: own})
+    assert not any(own.glob("*.wal"))
+    p0 = shared.writer(P0)
+    taken = list(p0.replay())
+    assert [r["ts"] for r in taken] == list(range(1, 50))
+    assert [r["lsn"] for r in taken] == list(range(1, 50))
+    assert p0.write({"kind": "commit", "ts": 49}, flush=False) > own_lsn
+    shared.wal.write_now()
+    shared.wal.close_now()
+    for name, data in saved.items():  # a crash before the old files went
+        (own / name).write_bytes(data)
+    again = SharedLog(tmp_path / "member", fsync=False, own={P0: own})
+    kinds = records(again, P0)
+    assert kinds == [("prepared", i) for i in range(1, 50)] + [("commit", 49)]
+
+
+def test_split_gives_each_writer_its_records_back_above_every_lsn(tmp_path: Path) -> None:
+    async def main() -> int:
+        shared = SharedLog(tmp_path / "member", fsync=False)
+        p0, decisions = shared.writer(P0), shared.writer(DECISIONS)
+        for ts in range(1, 20):
+            await decisions.append({"kind": "commit", "ts": ts, "participants": [0]})
+        await p0.append({"kind": "prepared", "ts": 20, "after": {}, "merges": {}})
+        await p0.close()
+        await decisions.close()
+        return shared.wal.lsn
+
+    top = asyncio.run(main())
+
+    own = {P0: tmp_path / P0, P1: tmp_path / P1, DECISIONS: tmp_path / DECISIONS}
+    split(tmp_path / "member", own, fsync=False)
+    split(tmp_path / "member", own, fsync=False)  # nothing left to split
+    assert not any((tmp_path / "member").glob("*.wal"))
+    back = WriteAheadLog(own[P0], fsync=False)
+    assert [(r["kind"], r["ts"]) for r in back.replay() if r["kind"] != "mark"] == [
+        ("prepared", 20)
+    ]
+    assert back.write({"kind": "commit", "ts": 20}, flush=False) > top  # decisions' LSNs too
+    decisions_back = DecisionLog(own[DECISIONS], fsync=False)
+    assert sorted(decisions_back.committed) == list(range(1, 20))
+    idle = WriteAheadLog(own[P1], fsync=False)  # no record of its own was left: LSNs go on
+    assert [r["kind"] for r in idle.replay()] == ["mark", "mark"]
+    assert idle.write({"kind": "commit", "ts": 30}, flush=False) > top
+
+
+def test_a_decision_log_with_nothing_pending_needs_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        shared = SharedLog(tmp_path, fsync=False)
+        decisions = DecisionLog(tmp_path, fsync=False, log=shared.writer(DECISIONS))
+        writer = decisions.wal
+        assert writer.needs is not None and writer.needs() == NOTHING
+        await decisions.commit(4, [0, 1])
+        assert writer.needs() == shared.wal.segment
+        decisions.done(4)
+        assert writer.needs() == NOTHING
+
+    asyncio.run(main())
