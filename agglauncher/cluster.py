@@ -372,10 +372,10 @@ class LocalCluster:
             self._write_layout(clean=True)  # every partition checkpointed its log
 
     # Each layout keeps its partitions' logs in its own directories (ltm-I; coordinator/
-    # member or partitions; member-M/member or partitions), so a start in another layout would not replay what
-    # the last run logged and did not checkpoint: acknowledged writes would seem lost, and
-    # come back over newer ones when the old layout ran again. A layout changes only after
-    # a clean stop, when every log is checkpointed.
+    # member or partitions; member-M/member or partitions), so a start in another layout
+    # would not replay what the last run logged and did not checkpoint: acknowledged writes
+    # would seem lost, and come back over newer ones when the old layout ran again. A layout
+    # changes only after a clean stop, when every log is checkpointed.
 
     def _claim_layout(self) -> None:
         previous, clean = self._last_layout()
