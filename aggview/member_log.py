@@ -140,6 +140,9 @@ class LogWriter:
         records, self._replay = self._replay or [], None
         yield from records
 
+    def number_above(self, lsn: int) -> None:
+        self.shared.wal.number_above(lsn)
+
     def write(self, record: dict[str, Any], *, flush: bool = True) -> int:
         if self.closed_to_writes:
             raise errors.FailedPrecondition(self.closed_to_writes)

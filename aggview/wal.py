@@ -150,6 +150,11 @@ class WriteAheadLog:
             self._kick()
         return lsn
 
+    def number_above(self, lsn: int) -> None:
+        """Numbers later records above ``lsn`` (one the store holds from another log)."""
+        with self._mutex:
+            self.lsn = max(self.lsn, lsn)
+
     def copy(self, records: Iterable[dict[str, Any]]) -> None:
         """Queues records taken from another log as they are, their LSNs included (a log
         moving to another layout: what the store holds is known by those LSNs), then a mark

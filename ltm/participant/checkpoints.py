@@ -13,7 +13,7 @@ from aggview.rowcodec import encode_stored
 from ltm.participant.operations import RowId
 from ltm.participant.state import PartitionState
 from ltm.rows import Row
-from ltm.store.ownership import Superseded, write_fenced
+from ltm.store.ownership import Superseded, ensure_table, lsn_floor_mutation, write_fenced
 
 log = logging.getLogger("ltm.participant")  # the participant's log, as before the split
 
@@ -33,6 +33,7 @@ class Checkpoints(PartitionState):
             # segments holding their records stay until they are decided.
             carry = [{"kind": "drop", "ts": 0, "table": t} for t in sorted(self.dropped)]
             segment = self.wal.switch(carry)
+            upto = self.wal.lsn  # every change in the snapshot is logged at or below it
             keep_from = min((tx.segment for tx in self.prepared.values()), default=segment)
             self.commits_since_checkpoint = 0
             written: list[tuple[RowId, int]] = []
@@ -62,7 +63,7 @@ class Checkpoints(PartitionState):
             try:
                 await self.wal.flush()
                 if pending:
-                    await asyncio.to_thread(self._write_checkpoint, pending)
+                    await asyncio.to_thread(self._write_checkpoint, pending, upto)
                     if failpoints.ARMED:
                         failpoints.hit(failpoints.LTM_MID_CHECKPOINT)
             except BaseException:
@@ -81,13 +82,20 @@ class Checkpoints(PartitionState):
             self._maybe_evict()
             return len(pending)
 
-    def _write_checkpoint(self, pending: list[tuple[str, bytes, int, Row | None, int]]) -> None:
+    def _write_checkpoint(
+        self, pending: list[tuple[str, bytes, int, Row | None, int]], upto: int
+    ) -> None:
+        """Stores the rows, and ``upto`` as the partition's LSN floor (``lsn_floor``)."""
         mutations: list[tuple[str, bytes, bytes | None]] = []
         for table, key, ts, row, lsn in pending:
             if row is None and CHANGES_ID.match(table):
                 mutations.append((table, key, None))
             else:
                 mutations.append((table, key, encode_stored(ts, row, lsn)))
+        mutations.append(lsn_floor_mutation(self.settings.partition, upto))
+        if not self._floor_table:
+            ensure_table(self.store)
+            self._floor_table = True
         if self.ownership is None:
             self.store.write(mutations)
             return

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from ltm.participant.operations import RowId
 from ltm.participant.state import PartitionState, Prepared
 from ltm.rows import Row
+from ltm.store.ownership import lsn_floor
 
 log = logging.getLogger("ltm.participant")  # the participant's log, as before the split
 
@@ -19,6 +21,11 @@ class Recovery(PartitionState):
         log sequence number is above the one the stored copy carries, so nothing is applied
         twice (view deltas are not idempotent); PREPARED transactions without a decision stay
         prepared (rows held, deltas pending) until the coordinator tells their outcome."""
+        # What the store holds may come from another log (another layout): later records
+        # are numbered above it, or replay would skip them as stored already.
+        self.wal.number_above(
+            await asyncio.to_thread(lsn_floor, self.store, self.settings.partition)
+        )
         effects: list[tuple[int, int, RowId, bool, Row | None]] = []  # lsn, ts, row, merge?, data
         undecided: dict[int, Prepared] = {}
         unsettled: set[RowId] = set()  # rows with deltas of transactions aborted

@@ -97,6 +97,7 @@ class PartitionState:
         # older transaction may not write a key into such a range (no phantoms).
         self.range_reads: dict[str, list[tuple[bytes, bytes | None, int]]] = {}
         self.checkpoints = 0
+        self._floor_table = False  # whether the table of LSN floors is known to exist
         self._background: list[asyncio.Task[None]] = []
         self._checkpoint_lock = asyncio.Lock()
 

@@ -126,6 +126,30 @@ def _legacy(partition: int, found: dict[bytes, bytes]) -> Ownership:
     return record  # version None: a change expects the one key absent
 
 
+def _floor_key(partition: int) -> bytes:
+    return b"l" + struct.pack(">I", partition)
+
+
+def lsn_floor(store: Store, partition: int) -> int:
+    """The highest LSN a checkpoint of the partition has stored (0: none yet). Its log
+    numbers every later record above it, whichever log that is: a log of another layout
+    (``aggview start --processes``, ``--replicate``) starts its LSNs afresh, and a change it
+    logged below a stored row's LSN would be skipped by replay as already stored."""
+    if TABLE not in store.list_tables():
+        return 0
+    raw = store.get(TABLE, _floor_key(partition))
+    return 0 if raw is None else int(raw)
+
+
+def lsn_floor_mutation(partition: int, lsn: int) -> tuple[str, bytes, bytes]:
+    """What a checkpoint writes with its rows (``lsn``: its log's LSN at the snapshot)."""
+    return (TABLE, _floor_key(partition), str(lsn).encode())
+
+
+def ensure_table(store: Store) -> None:
+    store.create_table(TABLE)  # a no-op once it exists
+
+
 def read(store: Store, partition: int) -> Ownership:
     if TABLE not in store.list_tables():
         return Ownership(partition, 0, partition)
