@@ -189,3 +189,48 @@ def test_a_decision_log_with_nothing_pending_needs_nothing(tmp_path: Path) -> No
         assert writer.needs() == NOTHING
 
     asyncio.run(main())
+
+
+def on_disk(directory: Path) -> list[tuple[str | None, str, int]]:
+    """(writer, kind, ts) of every record in the log's files now."""
+    found = []
+    for segment in sorted(directory.glob("*.wal")):
+        copy = directory.parent / "copy"
+        copy.mkdir(exist_ok=True)
+        for old in copy.glob("*.wal"):
+            old.unlink()
+        (copy / segment.name).write_bytes(segment.read_bytes())
+        reader = WriteAheadLog(copy, fsync=False)
+        found += [(r.get("log"), r["kind"], r["ts"]) for r in reader.replay()]
+        reader.close_now()
+    return [f for f in found if f[1] != "mark"]
+
+
+def test_a_flush_returns_only_once_its_records_are_on_disk(tmp_path: Path) -> None:
+    """What a kill -9 under load depends on: a partition's one-phase commit and a decision
+    wait for the group that writes them, and none of it is acknowledged before."""
+
+    async def main() -> None:
+        directory = tmp_path / "member"
+        shared = SharedLog(directory, fsync=False)
+        p0, decisions = shared.writer(P0), shared.writer(DECISIONS)
+        await p0.append({"kind": "mark", "ts": 0})  # starts the log's thread
+        while shared.wal._draining:
+            await asyncio.sleep(0.001)
+        busy = threading.Event()
+        shared.wal._on_thread(busy.wait)  # the log's thread is writing an earlier group
+        p0.write({"kind": "commit", "ts": 5}, flush=False)
+        flushing = asyncio.ensure_future(p0.flush())
+        appending = asyncio.ensure_future(
+            decisions.append({"kind": "commit", "ts": 6, "participants": [0, 1]})
+        )
+        await asyncio.sleep(0.02)
+        assert not flushing.done() and not appending.done()
+        assert on_disk(directory) == []
+        busy.set()
+        await asyncio.gather(flushing, appending)
+        assert on_disk(directory) == [(P0, "commit", 5), (DECISIONS, "commit", 6)]
+        await p0.close()
+        await decisions.close()
+
+    asyncio.run(main())
