@@ -81,14 +81,20 @@ class DecisionLog:
         if self.committed.pop(ts, None) is not None:
             self.wal.write({"kind": "done", "ts": ts}, flush=False)
             self._written_since_compaction += 1
-            if self._written_since_compaction > 50_000 and not self._compacting:
-                self._compacting = True
-                task = asyncio.get_running_loop().create_task(self.compact())
-                task.add_done_callback(lambda _: setattr(self, "_compacting", False))
+            if self._written_since_compaction > 50_000:
+                self._compact_soon()
+
+    def _compact_soon(self) -> None:
+        if not self._compacting:
+            self._compacting = True
+            task = asyncio.get_running_loop().create_task(self.compact())
+            task.add_done_callback(lambda _: setattr(self, "_compacting", False))
 
     def _needs(self) -> int:
         """The oldest segment holding a commit record still needed (the done records of
-        those below may go with them: replaying a done alone does nothing)."""
+        those below may go with them: replaying a done alone does nothing). One that holds
+        the member's log back (its participant's member is down, say) is carried forward by
+        a compaction, so the partitions' records behind it can go."""
         assert self._segments is not None
         segments = self._segments
         while (
@@ -97,7 +103,11 @@ class DecisionLog:
             and (segments[0][1] not in self._logging)
         ):
             segments.popleft()
-        return segments[0][0] if segments else NOTHING
+        if not segments:
+            return NOTHING
+        if segments[0][0] < self.wal.segment - 1:
+            self._compact_soon()
+        return segments[0][0]
 
     async def reconcile(self, epoch: int, copied: set[int]) -> list[int]:
         """Another member adopted this log at ``epoch`` from a copy holding the commits
@@ -121,6 +131,11 @@ class DecisionLog:
             for ts, participants in {**self.committed, **self._logging}.items()
         ]
         segment = await self.wal.rotate(carry)
+        if self._segments is not None:  # the carried records are durable in ``segment``
+            carried = [record["ts"] for record in carry[1:]]
+            moved = set(carried)
+            later = [(s, ts) for s, ts in self._segments if ts not in moved]
+            self._segments = deque([(segment, ts) for ts in carried] + later)
         self.wal.drop_before(segment)
 
     async def close(self) -> None:

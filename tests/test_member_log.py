@@ -234,3 +234,26 @@ def test_a_flush_returns_only_once_its_records_are_on_disk(tmp_path: Path) -> No
         await decisions.close()
 
     asyncio.run(main())
+
+
+def test_an_undelivered_commit_is_carried_forward_not_holding_the_log_back(tmp_path: Path) -> None:
+    """A commit whose participant's member is down stays undelivered: the decision log
+    carries its record forward, so the partitions' checkpoints still drop old segments,
+    and a restart still finds the commit."""
+
+    async def main() -> None:
+        shared = SharedLog(tmp_path, fsync=False)
+        p0 = shared.writer(P0)
+        decisions = DecisionLog(tmp_path, fsync=False, log=shared.writer(DECISIONS))
+        await decisions.commit(9, [0, 1])  # member of partition 1 down: never done
+        for _ in range(8):  # carried more than once
+            await p0.append({"kind": "prepared", "ts": 10})
+            p0.drop_before(p0.switch([]))
+            await asyncio.sleep(0.01)  # the compaction it started
+        p0.drop_before(p0.switch([]))
+        assert shared.wal.segments()[0] >= shared.wal.segment - 2
+        kill(shared)
+
+    asyncio.run(main())
+    again = SharedLog(tmp_path, fsync=False)
+    assert DecisionLog(tmp_path, fsync=False, log=again.writer(DECISIONS)).committed == {9: [0, 1]}
