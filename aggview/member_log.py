@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 DECISIONS = "decisions"  # the decision log's tag; a partition's is ``partition_tag(p)``
 NOTHING = sys.maxsize  # what ``LogWriter.needs`` says of a writer that needs no segment
+CLOSED = "closed"  # a writer's last record when it stopped needing all of its records
 
 
 def partition_tag(partition: int) -> str:
@@ -50,7 +51,9 @@ class SharedLog:
         observe: Callable[[float], None] | None = None,
         own: dict[str, Path] | None = None,
     ) -> None:
-        """``own``: each writer's log of its own, whose records are copied in."""
+        """``own``: each writer that may join, with the directory of its log of its own,
+        whose records are copied in; records of another writer refuse the start (none:
+        any writer may join)."""
         self.wal = WriteAheadLog(directory, fsync=fsync, observe=observe)
         self._records: dict[str, list[dict[str, Any]]] = {}
         for record in self.wal.replay():
@@ -60,10 +63,18 @@ class SharedLog:
         for tag, path in (own or {}).items():
             if any(path.glob("*.wal")):
                 self._take_in(tag, path)
+        closed = {tag for tag, records in self._records.items() if records[-1]["kind"] == CLOSED}
+        strays = sorted(set(self._records) - set(own or self._records) - closed)
+        if strays:
+            self.wal.close_now()
+            raise errors.FailedPrecondition(
+                f"{directory} holds records of {', '.join(strays)}, which this member does "
+                "not host: start it in the layout it last ran in"
+            )
         self._writers: dict[str, LogWriter] = {}
         # the oldest segment each writer may still need: a writer with records here that has
-        # not joined this run needs them all
-        self._keep: dict[str, int] = dict.fromkeys(self._records, 0)
+        # not joined this run needs them all, unless it closed clean
+        self._keep: dict[str, int] = {t: NOTHING if t in closed else 0 for t in self._records}
         self._open = 0
 
     @property
@@ -76,7 +87,7 @@ class SharedLog:
             raise errors.FailedPrecondition(f"{tag} already writes to {self.directory}")
         writer = LogWriter(self, tag, self._records.pop(tag, []))
         self._writers[tag] = writer
-        self._keep.setdefault(tag, 0)
+        self._keep[tag] = 0
         self._open += 1
         return writer
 
@@ -86,7 +97,8 @@ class SharedLog:
         old = WriteAheadLog(own, fsync=self.wal.fsync)
         records = [r for r in old.replay() if r["kind"] != "mark"]
         copied = _copy_into(self.wal, records, old.lsn, tag)
-        self._records.setdefault(tag, []).extend(copied)
+        if copied:
+            self._records.setdefault(tag, []).extend(copied)
         old.close_now()
         _remove_segments(old)
         log.info("%s: its own log (%d records) joined %s", tag, len(copied), self.directory)
@@ -171,7 +183,11 @@ class LogWriter:
     def segments(self) -> list[int]:
         return self.shared.wal.segments()
 
-    async def close(self) -> None:
+    async def close(self, clean: bool = False) -> None:
+        """``clean``: the writer needs none of its records any more (all stored, nothing
+        undecided), which a mark says: a later start that does not host it may ignore them."""
+        if clean:
+            self.shared.wal.write({"kind": CLOSED, "ts": 0}, flush=False, tag=self.tag)
         await self.shared.left(self.tag)
 
 

@@ -382,7 +382,9 @@ class WriteAheadLog:
     def size(self) -> int:
         return sum(self._path(s).stat().st_size for s in self.segments())
 
-    async def close(self) -> None:
+    async def close(self, clean: bool = False) -> None:
+        """``clean``: its writer needs none of its records any more (unused here: it
+        matters in a log several writers share, ``aggview.member_log``)."""
         await self.flush()
         os.close(self._fd)
         self._closed = True

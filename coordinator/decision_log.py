@@ -139,4 +139,4 @@ class DecisionLog:
         self.wal.drop_before(segment)
 
     async def close(self) -> None:
-        await self.wal.close()
+        await self.wal.close(clean=not (self.committed or self._logging))

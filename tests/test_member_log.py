@@ -10,6 +10,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from aggview import errors
 from aggview.member_log import DECISIONS, NOTHING, SharedLog, partition_tag, split
 from aggview.wal import WriteAheadLog
 from coordinator.decision_log import DecisionLog
@@ -257,3 +260,39 @@ def test_an_undelivered_commit_is_carried_forward_not_holding_the_log_back(tmp_p
     asyncio.run(main())
     again = SharedLog(tmp_path, fsync=False)
     assert DecisionLog(tmp_path, fsync=False, log=again.writer(DECISIONS)).committed == {9: [0, 1]}
+
+
+def test_records_of_a_writer_not_hosted_refuse_the_start(tmp_path: Path) -> None:
+    """A member started in another layout (its partitions moved to other members) would not
+    replay another partition's records: it refuses to start, naming them."""
+
+    async def main() -> None:
+        shared = SharedLog(tmp_path / "member", fsync=False)
+        p1 = shared.writer(P1)
+        await p1.append({"kind": "prepared", "ts": 3})
+        await p1.close()
+
+    asyncio.run(main())
+    with pytest.raises(
+        errors.FailedPrecondition, match="partition-1, which this member does not host"
+    ):
+        SharedLog(tmp_path / "member", fsync=False, own={P0: tmp_path / P0, DECISIONS: tmp_path})
+    assert records(SharedLog(tmp_path / "member", fsync=False), P1) == [("prepared", 3)]
+
+
+def test_a_writer_closed_clean_neither_refuses_the_start_nor_holds_the_log(tmp_path: Path) -> None:
+    """After a clean stop (every change stored, nothing undecided) a partition's records are
+    needed by nobody: a member that no longer hosts it starts, and drops them in time."""
+
+    async def main() -> None:
+        shared = SharedLog(tmp_path / "member", fsync=False)
+        p1 = shared.writer(P1)
+        await p1.append({"kind": "prepared", "ts": 3})
+        await p1.close(clean=True)
+        again = SharedLog(tmp_path / "member", fsync=False, own={P0: tmp_path / P0})
+        p0 = again.writer(P0)
+        p0.drop_before(p0.switch([]))
+        assert again.wal.segments() == [again.wal.segment]
+        await p0.close()
+
+    asyncio.run(main())

@@ -49,4 +49,5 @@ class Participant(Recovery, Prepares, Decisions, Reads, Checkpoints):
         await asyncio.gather(*self._background, return_exceptions=True)
         if not self.fenced:
             await self.checkpoint()
-        await self.wal.close()
+        # clean: every change is stored and nothing is undecided (no record is needed)
+        await self.wal.close(clean=not (self.fenced or self.prepared or self.touched))
