@@ -110,7 +110,7 @@ class SharedLog:
             writer.needs() if (writer := self._writers.get(t)) and writer.needs else kept
             for t, kept in self._keep.items()
         ]
-        self.wal.drop_before(min(needed))
+        self.wal.drop_before(min(*needed, self.wal.segment))  # never the one written to
 
     async def left(self, tag: str) -> None:
         """A writer closed: the log closes after the last one."""

@@ -296,3 +296,22 @@ def test_a_writer_closed_clean_neither_refuses_the_start_nor_holds_the_log(tmp_p
         await p0.close()
 
     asyncio.run(main())
+
+
+def test_the_segment_written_to_stays_when_nobody_needs_anything(tmp_path: Path) -> None:
+    """A member hosting no partition (more members than partitions): its decision log alone,
+    with nothing pending, still keeps the segment its next records go to."""
+
+    async def main() -> None:
+        shared = SharedLog(tmp_path, fsync=False)
+        decisions = DecisionLog(tmp_path, fsync=False, log=shared.writer(DECISIONS))
+        await decisions.commit(5, [0, 1])
+        decisions.done(5)
+        await decisions.compact()
+        assert shared.wal.segments() == [shared.wal.segment]
+        await decisions.commit(6, [0, 1])
+        kill(shared)
+
+    asyncio.run(main())
+    again = SharedLog(tmp_path, fsync=False)
+    assert DecisionLog(tmp_path, fsync=False, log=again.writer(DECISIONS)).committed == {6: [0, 1]}
