@@ -64,18 +64,14 @@ class SharedLog:
             if any(path.glob("*.wal")):
                 self._take_in(tag, path)
         closed = {tag for tag, records in self._records.items() if records[-1]["kind"] == CLOSED}
-        strays = sorted(set(self._records) - set(own or self._records) - closed)
+        strays = set(self._records) - set(own or self._records) - closed
         if strays:
             self.wal.close_now()
-            raise errors.FailedPrecondition(
-                f"{directory} holds records of {', '.join(strays)}, which this member does "
-                "not host: start it in the layout it last ran in"
-            )
+            raise _not_hosted(directory, strays)
         self._writers: dict[str, LogWriter] = {}
         # the oldest segment each writer may still need: a writer with records here that has
         # not joined this run needs them all, unless it closed clean
         self._keep: dict[str, int] = {t: NOTHING if t in closed else 0 for t in self._records}
-        self._open = 0
 
     @property
     def directory(self) -> Path:
@@ -88,7 +84,6 @@ class SharedLog:
         writer = LogWriter(self, tag, self._records.pop(tag, []))
         self._writers[tag] = writer
         self._keep[tag] = 0
-        self._open += 1
         return writer
 
     def _take_in(self, tag: str, own: Path) -> None:
@@ -96,7 +91,8 @@ class SharedLog:
         segment files."""
         old = WriteAheadLog(own, fsync=self.wal.fsync)
         records = [r for r in old.replay() if r["kind"] != "mark"]
-        copied = _copy_into(self.wal, records, old.lsn, tag)
+        held = {r["lsn"] for r in self._records.get(tag, ())}
+        copied = _copy_into(self.wal, records, old.lsn, tag, held)
         if copied:
             self._records.setdefault(tag, []).extend(copied)
         old.close_now()
@@ -115,8 +111,7 @@ class SharedLog:
     async def left(self, tag: str) -> None:
         """A writer closed: the log closes after the last one."""
         self._writers.pop(tag, None)
-        self._open -= 1
-        if self._open == 0:
+        if not self._writers:
             await self.wal.close()
         else:
             await self.wal.flush()
@@ -204,16 +199,14 @@ def split(directory: Path, own: dict[str, Path], *, fsync: bool = True) -> None:
     for record in shared.replay():
         if record.get("log") is not None and record["kind"] != "mark":
             by_tag.setdefault(record["log"], []).append(record)
-    strays = sorted(set(by_tag) - set(own))
+    strays = set(by_tag) - set(own)
     if strays:
         shared.close_now()
-        raise errors.FailedPrecondition(
-            f"{directory} holds records of {', '.join(strays)}, which this member does not "
-            "host any more: start it in the layout it last ran in"
-        )
+        raise _not_hosted(directory, strays)
     for tag, records in by_tag.items():
         target = WriteAheadLog(own[tag], fsync=fsync)
-        _copy_into(target, records, shared.lsn, None)
+        held = {r["lsn"] for r in target.replay()}
+        _copy_into(target, records, shared.lsn, None, held)
         target.close_now()
     shared.close_now()
     _remove_segments(shared)
@@ -221,21 +214,35 @@ def split(directory: Path, own: dict[str, Path], *, fsync: bool = True) -> None:
 
 
 def _copy_into(
-    target: WriteAheadLog, records: list[dict[str, Any]], above: int, tag: str | None
+    target: WriteAheadLog,
+    records: list[dict[str, Any]],
+    above: int,
+    tag: str | None,
+    held: set[int],
 ) -> list[dict[str, Any]]:
     """Copies ``records`` (``tag``: as whose, None: untagged) into ``target`` unless it holds
-    their LSN already (a copy redone after a crash), numbering its later records above
-    ``above``; syncs and returns what it copied. ``target`` has not been written to yet."""
-    held = {r.get("lsn") for r in target.replay() if r.get("log") == tag}
+    their LSN already (``held``: a copy redone after a crash), numbering its later records
+    above ``above``; syncs and returns what it copied. ``target`` runs no thread yet."""
     copied = []
     for record in records:
-        if record.get("lsn") in held:
-            continue
-        record = {k: v for k, v in record.items() if k != "log"}
-        copied.append(record if tag is None else {**record, "log": tag})
+        if record["lsn"] not in held:
+            mine = {k: v for k, v in record.items() if k != "log"}
+            copied.append(mine if tag is None else {**mine, "log": tag})
     target.copy([*copied, {"kind": "mark", "ts": 0, "lsn": above}])
     target.write_now()
     return copied
+
+
+def _not_hosted(directory: Path, tags: set[str]) -> errors.FailedPrecondition:
+    return errors.FailedPrecondition(
+        f"{directory} holds records of {', '.join(sorted(tags))}, which this member does not "
+        "host: start it in the layout it last ran in"
+    )
+
+
+def shared_log_of(wal: WriteAheadLog | LogWriter) -> SharedLog | None:
+    """The member's one log that ``wal`` writes to, if it is one's writer."""
+    return wal.shared if isinstance(wal, LogWriter) else None
 
 
 def _remove_segments(wal: WriteAheadLog) -> None:

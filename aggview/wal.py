@@ -142,10 +142,10 @@ class WriteAheadLog:
             raise errors.FailedPrecondition(self.closed_to_writes)
         lsn = self.lsn + 1
         stamped = {**record, "lsn": lsn} if tag is None else {**record, "lsn": lsn, "log": tag}
-        body = pickle.dumps(stamped, protocol=pickle.HIGHEST_PROTOCOL)
+        data = _framed(stamped)
         with self._mutex:  # the log's thread takes the queued records and the LSN together
             self.lsn = self._queued = lsn
-            self._pending.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)
+            self._pending.append(data)
         if flush:
             self._kick()
         return lsn
@@ -162,9 +162,8 @@ class WriteAheadLog:
         copied one and :meth:`flush` waits for them."""
         with self._mutex:
             for record in records:
-                body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
                 self.lsn = max(self.lsn, record.get("lsn", 0))
-                self._pending.append(_HEADER.pack(len(body), zlib.crc32(body)) + body)
+                self._pending.append(_framed(record))
         self.write({"kind": "mark", "ts": 0}, flush=False)
 
     def write_now(self) -> None:
@@ -389,6 +388,12 @@ class WriteAheadLog:
         os.close(self._fd)
         self._closed = True
         self._jobs.put(None)  # the thread ends after what is queued
+
+
+def _framed(record: dict[str, Any]) -> bytes:
+    """A record as a segment holds it: length and CRC32, then the pickled record."""
+    body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(body), zlib.crc32(body)) + body
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aggview.member_log import NOTHING, LogWriter, SharedLog
+from aggview.member_log import NOTHING, LogWriter, SharedLog, shared_log_of
 from aggview.wal import WriteAheadLog
 
 COMPACT_BYTES = 4 * 1024 * 1024
@@ -59,7 +59,7 @@ class DecisionLog:
     @property
     def log(self) -> SharedLog | None:
         """The member's one log, if this decision log writes to it."""
-        return self.wal.shared if isinstance(self.wal, LogWriter) else None
+        return shared_log_of(self.wal)
 
     async def commit(self, ts: int, participants: list[int]) -> None:
         # Counted as committed (and answered so) only once durable, but carried by a

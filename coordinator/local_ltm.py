@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aggview import errors
-from aggview.member_log import LogWriter, SharedLog
+from aggview.member_log import SharedLog, shared_log_of
 from aggview.partition_map import standby_of
 from aggview.security import TlsDir
 from aggview.status import grpc_method
@@ -187,8 +187,7 @@ class LocalLtm:
     @property
     def log(self) -> SharedLog | None:
         """The member's one log, if the partition writes to it."""
-        wal = self.participant.wal
-        return wal.shared if isinstance(wal, LogWriter) else None
+        return shared_log_of(self.participant.wal)
 
     def logged_with_decision(self, ts: int) -> None:
         """Its prepares are durable: they precede ``ts``'s durable decision in ``log``."""

@@ -13,7 +13,8 @@ from aggview.rowcodec import encode_stored
 from ltm.participant.operations import RowId
 from ltm.participant.state import PartitionState
 from ltm.rows import Row
-from ltm.store.ownership import Superseded, ensure_table, lsn_floor_mutation, write_fenced
+from ltm.store import ownership
+from ltm.store.ownership import Superseded, lsn_floor_mutation, write_fenced
 
 log = logging.getLogger("ltm.participant")  # the participant's log, as before the split
 
@@ -94,7 +95,7 @@ class Checkpoints(PartitionState):
                 mutations.append((table, key, encode_stored(ts, row, lsn)))
         mutations.append(lsn_floor_mutation(self.settings.partition, upto))
         if not self._floor_table:
-            ensure_table(self.store)
+            self.store.create_table(ownership.TABLE)  # a no-op once it exists
             self._floor_table = True
         if self.ownership is None:
             self.store.write(mutations)

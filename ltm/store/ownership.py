@@ -135,19 +135,16 @@ def lsn_floor(store: Store, partition: int) -> int:
     numbers every later record above it, whichever log that is: a log of another layout
     (``aggview start --processes``, ``--replicate``) starts its LSNs afresh, and a change it
     logged below a stored row's LSN would be skipped by replay as already stored."""
-    if TABLE not in store.list_tables():
+    try:
+        raw = store.get(TABLE, _floor_key(partition))
+    except errors.UnknownTable:
         return 0
-    raw = store.get(TABLE, _floor_key(partition))
     return 0 if raw is None else int(raw)
 
 
 def lsn_floor_mutation(partition: int, lsn: int) -> tuple[str, bytes, bytes]:
     """What a checkpoint writes with its rows (``lsn``: its log's LSN at the snapshot)."""
     return (TABLE, _floor_key(partition), str(lsn).encode())
-
-
-def ensure_table(store: Store) -> None:
-    store.create_table(TABLE)  # a no-op once it exists
 
 
 def read(store: Store, partition: int) -> Ownership:
