@@ -20,6 +20,7 @@ exactly.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from collections.abc import Callable, Iterator
@@ -160,8 +161,8 @@ class LogWriter:
             raise errors.FailedPrecondition(self.closed_to_writes)
         return await self.shared.wal.append(record, self.tag)
 
-    async def flush(self) -> None:
-        await self.shared.wal.flush()
+    def flush(self) -> asyncio.Future[None]:
+        return self.shared.wal.flush()
 
     def switch(self, carry: list[dict[str, Any]]) -> int:
         return self.shared.wal.switch(carry, self.tag)

@@ -191,15 +191,19 @@ class WriteAheadLog:
         await waiter
         return lsn
 
-    async def flush(self) -> None:
-        """Waits until everything queued so far is durable."""
+    def flush(self) -> asyncio.Future[None]:
+        """A future done once everything queued so far is durable: a plain future, not a
+        coroutine, so a caller in this process may wait for it without a task (a local
+        participant's decision, ``coordinator.local_ltm``)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._queued <= self._done_upto:
-            return  # its group is done (a failed one's appenders heard why), or none was
+            # its group is done (a failed one's appenders heard why), or none was
+            waiter.set_result(None)
+            return waiter
         # The rest is queued (the thread takes it before it stops) or in a group under way.
-        waiter = asyncio.get_running_loop().create_future()
         self._waiters.append((self._queued, waiter))
         self._kick()
-        await waiter
+        return waiter
 
     def _kick(self) -> None:
         """Group commit: everything queued while the previous flush ran is written and synced

@@ -165,7 +165,7 @@ class Commits(DecisionDelivery):
         participant's question about it then aborts: presumed abort). Several: their prepares
         flushed, then two-phase commit as across processes."""
         participants = sorted(tx.participants)
-        local = [p for p in participants if hasattr(self.channels[p], "flush")]
+        local = [p for p in participants if self.channels[p].in_process]
         if len(participants) != 1 or not local:  # across processes: two-phase commit
             # Prepares in the decision log's own log need no flush of their own: the
             # decision record's flush, after them, makes them durable too.
@@ -247,13 +247,28 @@ class Commits(DecisionDelivery):
                 sub.want_images = True
             sub.ops.append(op)
         tx.participants.update(by_partition)
-        if len(by_partition) == 1:  # awaited in this task: gather would add loop passes
-            ((p, sub),) = by_partition.items()
-            votes = [await self.channels[p].prepare(sub)]
+        # Partitions in this process are prepared one after the other in this task (a task
+        # each cost more than their prepares, which seldom wait), while the other members'
+        # prepares, sent first, are under way.
+        channels = self.channels
+        local, remote = [], []
+        for p, sub in by_partition.items():
+            if channels[p].in_process:
+                local.append((p, sub))
+            else:
+                remote.append(channels[p].prepare(sub))
+        if len(remote) == 1 and not local:  # awaited in this task: no loop pass for gather
+            votes = [await remote[0]]
         else:
-            votes = await asyncio.gather(
-                *(self.channels[p].prepare(sub) for p, sub in by_partition.items())
-            )
+            others = asyncio.gather(*remote) if remote else None
+            try:
+                votes = [await channels[p].prepare(sub) for p, sub in local]
+            except BaseException:
+                if others is not None:
+                    others.cancel()
+                raise
+            if others is not None:
+                votes.extend(await others)
         self._raise_for_votes(votes)
         return [image for vote in votes for image in vote.images]
 

@@ -43,16 +43,25 @@ from ltm.store import Store, ownership
 
 class DirectDecisions:
     """What a ``Batcher`` of decisions offers the transaction manager (``submit``, counts),
-    each decision delivered on its own: an in-process participant's log groups them."""
+    each decision delivered on its own: an in-process participant's log groups them. A
+    decision is applied at once and its future is the log's flush, with no task of its own
+    (``Participant.decide_at_once``), unless the vote is not durable yet."""
 
-    def __init__(self, decide: Callable[[int, bool], Any]) -> None:
-        self._decide = decide
+    def __init__(self, ltm: LocalLtm) -> None:
+        self._ltm = ltm
         self.calls = self.items = 0
 
     def submit(self, decision: pb.Decision) -> asyncio.Future[None]:
         self.calls += 1
         self.items += 1
-        return asyncio.ensure_future(self._decide(decision.ts, decision.commit))
+        try:
+            durable = self._ltm.decide_at_once(decision.ts, decision.commit)
+        except Exception as exc:  # noqa: BLE001 - e.g. fenced: the delivery hears it
+            durable = asyncio.get_running_loop().create_future()
+            durable.set_exception(exc)
+        if durable is None:
+            return asyncio.ensure_future(self._ltm.decide(decision.ts, decision.commit))
+        return durable
 
 
 class LocalPartitions:
@@ -149,6 +158,7 @@ class LocalLtm:
     """One partition, in process, behind the ``LtmChannel`` calls."""
 
     address = "in-process"
+    in_process = True  # called directly: see ``Commits._prepare_round``
 
     def __init__(
         self,
@@ -163,7 +173,7 @@ class LocalLtm:
         self.hosting = hosting
         self._watermarks = watermarks
         self._names = {ownership.PARTITION_HEADER: str(index)}
-        self.decisions = DirectDecisions(self.decide)
+        self.decisions = DirectDecisions(self)
 
     @property
     def participant(self) -> Participant:
@@ -197,6 +207,12 @@ class LocalLtm:
         participant = self.participant
         participant.observe(self._watermarks()[0], 0)
         await participant.decide(ts, commit)
+
+    def decide_at_once(self, ts: int, commit: bool) -> asyncio.Future[None] | None:
+        """:meth:`decide` applied now (``Participant.decide_at_once``)."""
+        participant = self.participant
+        participant.observe(self._watermarks()[0], 0)
+        return participant.decide_at_once(ts, commit)
 
     async def read(self, request: pb.ReadRequest) -> pb.ReadReply:
         try:

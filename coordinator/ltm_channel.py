@@ -110,6 +110,8 @@ class Batcher(Generic[Item, Result]):
 
 
 class LtmChannel:
+    in_process = False  # a stream to another process (``LocalLtm`` is the other kind)
+
     def __init__(
         self,
         index: int,

@@ -22,28 +22,50 @@ class Decisions(PartitionState):
         this copy serves the partition: a fenced one may have forgotten a transaction its
         successor holds prepared, and an acknowledgment from it would let the coordinator
         forget a commit the successor still has to apply."""
+        durable = self.decide_at_once(ts, commit)
+        if durable is not None:
+            await durable
+            return
+        tx = self.prepared[ts]
+        # One-phase commit (one participant, in the coordinator's process): no decision
+        # record exists anywhere else, so this commit record is the decision, and what the
+        # transaction wrote must not be seen before it is on disk: a crash in between
+        # takes the transaction back, after another member's transaction read it (a
+        # lookup, cached there) and built on it. Its rows stay held and its view deltas
+        # pending meanwhile.
+        lsn = self.wal.write({"kind": "commit", "ts": ts})
+        self._committing.add(ts)  # logged at ``lsn``, applied only after the flush
+        try:
+            await self.wal.flush()
+        finally:  # a failed flush: applied anyway, as before (its outcome is unknown)
+            self._committing.discard(ts)
+            if self.prepared.pop(ts, None) is tx:
+                self._apply_commit(ts, tx, lsn)
+        if failpoints.ARMED:
+            failpoints.hit(failpoints.LTM_AFTER_COMMIT_APPLIED)
+
+    def decide_at_once(self, ts: int, commit: bool) -> asyncio.Future[None] | None:
+        """:meth:`decide` without a coroutine, for a coordinator in this process (a task
+        per decision cost more than the decision): the decision is applied now, and the
+        future is done once the commit record is durable, or at once for an abort or a
+        timestamp unknown here. None when the vote is not durable yet: :meth:`decide` then
+        waits for the disk before the commit is applied (one-phase commit)."""
         self._check_serving()
         tx = self.prepared.get(ts)
-        if tx is None:
-            return
-        if commit and not tx.durable:
-            # One-phase commit (one participant, in the coordinator's process): no decision
-            # record exists anywhere else, so this commit record is the decision, and what the
-            # transaction wrote must not be seen before it is on disk: a crash in between
-            # takes the transaction back, after another member's transaction read it (a
-            # lookup, cached there) and built on it. Its rows stay held and its view deltas
-            # pending meanwhile.
-            lsn = self.wal.write({"kind": "commit", "ts": ts})
-            self._committing.add(ts)  # logged at ``lsn``, applied only after the flush
-            try:
-                await self.wal.flush()
-            finally:  # a failed flush: applied anyway, as before (its outcome is unknown)
-                self._committing.discard(ts)
-                if self.prepared.pop(ts, None) is tx:
-                    self._apply_commit(ts, tx, lsn)
-            if failpoints.ARMED:
-                failpoints.hit(failpoints.LTM_AFTER_COMMIT_APPLIED)
-            return
+        if tx is not None and commit and not tx.durable:
+            return None
+        if tx is not None:
+            self._settle(ts, tx, commit)
+        if tx is None or not commit:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        durable = self.wal.flush()
+        return _after_commit_applied(durable) if failpoints.ARMED else durable
+
+    def _settle(self, ts: int, tx: Prepared, commit: bool) -> None:
+        """A decision on a durable vote: applied, its record queued (an abort's is never
+        waited for: presumed abort)."""
         del self.prepared[ts]
         if not commit:
             for row_id in tx.after:
@@ -54,9 +76,6 @@ class Decisions(PartitionState):
             self.wal.write({"kind": "abort", "ts": ts}, flush=False)  # presumed abort
             return
         self._apply_commit(ts, tx, self.wal.write({"kind": "commit", "ts": ts}))
-        await self.wal.flush()
-        if failpoints.ARMED:
-            failpoints.hit(failpoints.LTM_AFTER_COMMIT_APPLIED)
 
     async def flush_prepared(self) -> None:
         """Every prepare record so far is on disk (a coordinator in this process, before it
@@ -130,3 +149,27 @@ class Decisions(PartitionState):
                         log.exception(
                             "applying the outcome of %d failed; asking again", ts, extra={"ts": ts}
                         )
+
+
+def _after_commit_applied(durable: asyncio.Future[None]) -> asyncio.Future[None]:
+    """``durable``, then the failpoint :meth:`Decisions.decide` hits after a commit (its
+    ``raise`` fails the future, as it fails that coroutine)."""
+    result: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def done(future: asyncio.Future[None]) -> None:
+        error = None if future.cancelled() else future.exception()
+        if future.cancelled():
+            result.cancel()
+            return
+        if error is None:
+            try:
+                failpoints.hit(failpoints.LTM_AFTER_COMMIT_APPLIED)
+            except Exception as exc:  # noqa: BLE001 - the decision's outcome
+                error = exc
+        if error is None:
+            result.set_result(None)
+        else:
+            result.set_exception(error)
+
+    durable.add_done_callback(done)
+    return result
