@@ -46,6 +46,7 @@ def _loads(text: str) -> Any:
         return _decoder.decode(text)  # raises what is wrong, or reads what has whitespace
     return value
 
+
 Row = dict[str, Any]
 
 
