@@ -43,20 +43,20 @@ def run_ltm(args: argparse.Namespace) -> None:
     from coordinator.service import serve
 
     _register_view_hosts()
+    if args.member_exchange and len(args.member_exchange) != len(args.member_address):
+        raise errors.InvalidArgument(
+            f"{len(args.member_exchange)} --member-exchange for "
+            f"{len(args.member_address)} --member-address: give one per member, or none"
+        )
     if len(args.member_address) == 1:  # one member: the whole cluster in this process
+        # (its --member-exchange, if any, stays: clients' transactions come there)
         args.member_address = []
-        args.member_exchange = []
     if args.member_address and not 0 <= args.member < len(args.member_address):
         raise errors.InvalidArgument(
             f"--member {args.member} is not one of the {len(args.member_address)} members"
         )
     if args.partitions < 1:
         raise errors.InvalidArgument("--partitions must be at least 1")
-    if args.member_exchange and len(args.member_exchange) != len(args.member_address):
-        raise errors.InvalidArgument(
-            f"{len(args.member_exchange)} --member-exchange for "
-            f"{len(args.member_address)} --member-address: give one per member, or none"
-        )
     exchange_port = args.exchange_port
     if exchange_port is None and args.member_exchange:
         from aggview.frames import host_port

@@ -143,6 +143,11 @@ class AsyncClient(ClientBase):
                 except errors.AggviewError:  # a server from before members
                     reply = pb.MembersReply()
                 router = self._core.met(reply)
+                framed = self._core.framed_port(0)
+                if not router.routes and framed:
+                    # A cluster of one member: its transactions on its framed port too.
+                    self._replaced.append(self._transactions)
+                    self._transactions = self._stream(self._stub, framed)
         return router
 
     async def _relearn(self) -> None:

@@ -267,6 +267,23 @@ class LocalCluster:
             str(self.cache_rows),
         ]
 
+    def _framed_flags(self, port: int) -> list[str]:
+        """A member alone serves clients' transactions on framed TCP too (older code, run by
+        benchmarks, has only gRPC): its address and its framed port, as one member of one."""
+        if not (self.code / "aggview" / "frames.py").exists():
+            return []
+        route = self.member_route or (lambda m, address: address)
+        exchange = free_port()
+        self.exchange_addresses = [f"127.0.0.1:{exchange}"]
+        return [
+            "--member-address",
+            route(0, f"127.0.0.1:{port}"),
+            "--member-exchange",
+            route(0, self.exchange_addresses[0]),
+            "--exchange-port",
+            str(exchange),
+        ]
+
     def _log_flags(self) -> list[str]:
         """The command-line flags every server gets for its logging (none by default: an older
         checkout, which a benchmark may run, knows no --log-format)."""
@@ -286,6 +303,7 @@ class LocalCluster:
                 str(self.ltms),
                 *self._participant_flags(),
                 *self._metrics_flags(0),
+                *self._framed_flags(port),
             ]
         return self._server(
             "coordinator",

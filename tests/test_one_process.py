@@ -5,6 +5,7 @@ under load loses nothing acknowledged and leaves nothing half applied."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,9 +20,10 @@ from test_views_differential import (  # noqa: F401
     test_views_equal_recomputation as test_one_process_views_equal_recomputation,
 )
 
-from aggclient import Client
+from aggclient import AsyncClient, Client
 from agglauncher.cluster import LocalCluster
 from aggview import errors, failpoints
+from aggview.frames import FramedCall
 from loadgen import transfers
 
 
@@ -78,3 +80,36 @@ def test_a_vote_that_cannot_be_made_durable_aborts_the_transaction(
             client.sql(f"INSERT INTO spread VALUES {rows}")
         client.sql(f"INSERT INTO spread VALUES {rows}")  # the same rows: none held
         assert sorted(r["k"] for r in client.scan("spread")) == list(range(12))
+
+
+def test_a_member_alone_takes_async_clients_transactions_on_its_framed_port(
+    cluster: LocalCluster,
+) -> None:
+    """One member is a cluster too: it offers clients' transactions on its framed port
+    (``MembersReply.transact_addresses``, one address), and ``AsyncClient`` sends them
+    there instead of on gRPC, each answered on its own."""
+
+    async def main() -> tuple[list[int | str], list[dict[str, int]], list[str], bool]:
+        async with AsyncClient(cluster.address) as client:
+            await client.sql("CREATE TABLE alone_on_frames (id INT PRIMARY KEY, n INT NOT NULL)")
+
+            async def insert(i: int) -> int | str:
+                try:
+                    async with client.transaction() as tx:
+                        tx.insert("alone_on_frames", {"id": i % 10, "n": i})
+                    return i
+                except errors.AlreadyExists as exc:
+                    return str(exc)
+
+            outcomes = await asyncio.gather(*(insert(i) for i in range(15)))
+            framed = isinstance(client._transactions._call, FramedCall)
+            rows = await client.scan("alone_on_frames")
+            return outcomes, rows, client._core.framed, framed
+
+    outcomes, rows, advertised, framed = asyncio.run(main())
+    assert advertised == cluster.exchange_addresses and len(advertised) == 1
+    assert framed
+    committed = [o for o in outcomes if isinstance(o, int)]
+    assert len(committed) == 10
+    assert all("already exists" in o for o in outcomes if isinstance(o, str))
+    assert {r["id"]: r["n"] for r in rows} == {i % 10: i for i in committed}
