@@ -398,9 +398,10 @@ def row_to_storage(schema: TableSchema, row: Mapping[str, object]) -> dict[str, 
 
 def key_to_storage(schema: TableSchema, key: Mapping[str, object]) -> tuple[object, ...]:
     """Convert a full primary key, given as column -> value, to a tuple in key order."""
-    missing = [c for c in schema.primary_key if c not in key]
-    extra = [c for c in key if c not in schema.primary_key]
-    if missing or extra:
+    primary_key = schema.primary_key
+    if len(key) != len(primary_key) or not all(c in key for c in primary_key):
+        missing = [c for c in primary_key if c not in key]
+        extra = [c for c in key if c not in primary_key]
         problems = []
         if missing:
             problems.append(f"missing {', '.join(missing)}")
@@ -410,9 +411,7 @@ def key_to_storage(schema: TableSchema, key: Mapping[str, object]) -> tuple[obje
             f"key of table {schema.name} must give exactly the primary key columns "
             f"({', '.join(schema.primary_key)}); {'; '.join(problems)}"
         )
-    return tuple(
-        to_storage(schema.column(c), key[c], table=schema.name) for c in schema.primary_key
-    )
+    return tuple(to_storage(schema.column(c), key[c], table=schema.name) for c in primary_key)
 
 
 def prefix_to_storage(schema: TableSchema, prefix: Mapping[str, object]) -> tuple[object, ...]:

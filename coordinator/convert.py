@@ -100,7 +100,7 @@ def row_op(
                 raise errors.InvalidArgument(f"{_name(kind)} of {schema.name} changes no column")
             op.values = _checked_row(schema, _changes(schema, kind, values), limits)
             if kind == lpb.RowOp.ADD:
-                op.limits = encode_json(_add_limits(schema, values))
+                op.limits = _add_limits(schema, tuple(values))
     if operation.require:
         op.require = _storable(
             schema, encode_json, [_condition(schema, c) for c in operation.require]
@@ -138,15 +138,28 @@ def _changes(schema: TableSchema, kind: int, values: dict[str, Any]) -> dict[str
     return out
 
 
-def _add_limits(schema: TableSchema, values: dict[str, Any]) -> dict[str, int]:
+# (table id, columns added to) -> (the schema they were made for, their limits as stored)
+_LIMITS: dict[tuple[str, tuple[str, ...]], tuple[TableSchema, bytes]] = {}
+
+
+def _add_limits(schema: TableSchema, names: tuple[str, ...]) -> bytes:
+    """The bound each added column must stay under (its type's), as the LTM reads them:
+    the same for every ADD to the same columns of a table, so made once per schema."""
+    cached = _LIMITS.get((schema.table_id, names))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
     limits = {}
-    for name in values:
+    for name in names:
         column_type = schema.column(name).type
         if column_type.kind == "INT":
             limits[name] = 2**63
         elif column_type.kind == "DECIMAL":
             limits[name] = 10 ** (column_type.precision or 18)
-    return limits
+    if len(_LIMITS) >= 4096:  # tables and column sets come and go with DDL
+        _LIMITS.clear()
+    data = encode_json(limits)
+    _LIMITS[(schema.table_id, names)] = (schema, data)
+    return data
 
 
 def _condition(schema: TableSchema, condition: cpb.Condition) -> list[Any]:
