@@ -55,9 +55,17 @@ class Prepares(PartitionState):
         tx = self.prepared.get(ts) or Prepared(ts, segment=self.wal.segment)
         taken: dict[RowId, None] = {}  # insertion-ordered set
         pinned: list[RowState] = []
-        ops = [(op, (op.table, op.key)) for op in sub.ops if op.kind != pb.RowOp.MERGE]
-        merges = [((op.table, op.key), op.values) for op in sub.ops if op.kind == pb.RowOp.MERGE]
-        guarded = [(op.table, op.key) for op in sub.ops if op.kind == pb.RowOp.MERGE and op.guarded]
+        ops: list[tuple[pb.RowOp, RowId]] = []
+        merges: list[tuple[RowId, bytes]] = []
+        guarded: list[RowId] = []
+        for op in sub.ops:  # one pass: each field read of a wire message costs
+            row_id = (op.table, op.key)
+            if op.kind != pb.RowOp.MERGE:
+                ops.append((op, row_id))
+                continue
+            merges.append((row_id, op.values))
+            if op.guarded:
+                guarded.append(row_id)
         suffix = ts.to_bytes(8, "big")
         captured = {
             (changes, row_id[1] + suffix): row_id
