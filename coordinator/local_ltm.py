@@ -172,12 +172,11 @@ class LocalLtm:
         self.epoch = epoch  # its ownership record's
         self.hosting = hosting
         self._watermarks = watermarks
-        self._names = {ownership.PARTITION_HEADER: str(index)}
         self.decisions = DirectDecisions(self)
 
     @property
     def participant(self) -> Participant:
-        return self.hosting.participant(self._names)
+        return self.hosting.participant_of(self.index)
 
     def point(self, address: str, owner: int, epoch: int) -> None:
         """Nothing moves in one process: kept for the channel's interface."""

@@ -193,17 +193,28 @@ class Hosting:
 
     def participant(self, metadata: dict[str, str]) -> Participant:
         partition = int(metadata.get(ownership.PARTITION_HEADER, self.me))
+        epoch = metadata.get(ownership.EPOCH_HEADER)
+        if epoch is not None:
+            self._hosted(partition)
+            if int(epoch) != self.records[partition].epoch:
+                raise errors.FailedPrecondition(
+                    f"LTM {self.me} serves partition {partition} at epoch "
+                    f"{self.records[partition].epoch}, not {epoch}"
+                )
+        return self.participant_of(partition)
+
+    def participant_of(self, partition: int) -> Participant:
+        """The participant of ``partition`` if this hosting serves it now (a caller in this
+        process names no epoch: ``coordinator.local_ltm``)."""
+        participant = self._hosted(partition)
+        if participant.fenced:
+            raise errors.NotServed(participant.fenced)
+        return participant
+
+    def _hosted(self, partition: int) -> Participant:
         participant = self.participants.get(partition)
         if participant is None:
             raise errors.NotServed(f"LTM {self.me} does not serve partition {partition}")
-        epoch = metadata.get(ownership.EPOCH_HEADER)
-        if epoch is not None and int(epoch) != self.records[partition].epoch:
-            raise errors.FailedPrecondition(
-                f"LTM {self.me} serves partition {partition} at epoch "
-                f"{self.records[partition].epoch}, not {epoch}"
-            )
-        if participant.fenced:
-            raise errors.NotServed(participant.fenced)
         return participant
 
     async def replicate(self, request: pb.ReplicateRequest) -> None:
