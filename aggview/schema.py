@@ -153,6 +153,8 @@ class TableSchema:
     columns: tuple[Column, ...]
     primary_key: tuple[str, ...]
     _by_name: dict[str, Column] = field(init=False, repr=False, compare=False)
+    # the key's column types, asked at every key encoded
+    _key_types: tuple[ColumnType, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -185,6 +187,7 @@ class TableSchema:
                     f"table {self.name}: primary key column {key_col!r} must be NOT NULL"
                 )
         object.__setattr__(self, "_by_name", by_name)
+        object.__setattr__(self, "_key_types", tuple(by_name[n].type for n in self.primary_key))
 
     @classmethod
     def build(
@@ -220,7 +223,7 @@ class TableSchema:
 
     @property
     def key_types(self) -> tuple[ColumnType, ...]:
-        return tuple(self._by_name[n].type for n in self.primary_key)
+        return self._key_types
 
     def to_json(self) -> dict[str, Any]:
         return {

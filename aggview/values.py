@@ -82,7 +82,8 @@ def to_row(row: Mapping[str, Any], table: str = "") -> pb.Row:
 
 
 def from_row(row: pb.Row) -> dict[str, Any]:
-    return {column: from_value(value) for column, value in row.columns.items()}
+    columns = row.columns  # a wire map's items() is the Mapping mixin's, in Python: slower
+    return {column: from_value(columns[column]) for column in columns}
 
 
 # ---------------------------------------------------------------- map entries on the wire
