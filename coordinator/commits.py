@@ -248,8 +248,8 @@ class Commits(DecisionDelivery):
             sub.ops.append(op)
         tx.participants.update(by_partition)
         # Partitions in this process are prepared one after the other in this task (a task
-        # each cost more than their prepares, which seldom wait), while the other members'
-        # prepares, sent first, are under way.
+        # each cost more than their prepares, which seldom wait); the other members' prepares
+        # run as tasks meanwhile, from this task's first wait on.
         channels = self.channels
         local, remote = [], []
         for p, sub in by_partition.items():
