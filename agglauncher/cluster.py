@@ -267,19 +267,27 @@ class LocalCluster:
             str(self.cache_rows),
         ]
 
+    def _route(self, member: int, address: str) -> str:
+        """Where the others reach ``member`` at ``address`` (``member_route``, if set)."""
+        return self.member_route(member, address) if self.member_route else address
+
+    def _framed(self) -> bool:
+        """Whether the servers serve framed TCP (older code, run by benchmarks, has only
+        gRPC)."""
+        return (self.code / "aggview" / "frames.py").exists()
+
     def _framed_flags(self, port: int) -> list[str]:
-        """A member alone serves clients' transactions on framed TCP too (older code, run by
-        benchmarks, has only gRPC): its address and its framed port, as one member of one."""
-        if not (self.code / "aggview" / "frames.py").exists():
+        """A member alone serves clients' transactions on framed TCP too: its address and its
+        framed port, as one member of one."""
+        if not self._framed():
             return []
-        route = self.member_route or (lambda m, address: address)
         exchange = free_port()
         self.exchange_addresses = [f"127.0.0.1:{exchange}"]
         return [
             "--member-address",
-            route(0, f"127.0.0.1:{port}"),
+            self._route(0, f"127.0.0.1:{port}"),
             "--member-exchange",
-            route(0, self.exchange_addresses[0]),
+            self._route(0, self.exchange_addresses[0]),
             "--exchange-port",
             str(exchange),
         ]
@@ -293,8 +301,7 @@ class LocalCluster:
     def _coordinator_server(self, extra: list[str], port: int) -> Server:
         """The coordinator over the LTMs started so far, or with one process, the one member
         holding every partition (not started)."""
-        route = self.member_route or (lambda i, address: address)
-        addresses = [route(i, server.address) for i, server in enumerate(self.servers)]
+        addresses = [self._route(i, server.address) for i, server in enumerate(self.servers)]
         role = ["coordinator", *(arg for a in addresses for arg in ("--ltm", a))]
         if self.processes == 1:  # one coordinating LTM alone: every partition in it
             role = [
@@ -323,19 +330,17 @@ class LocalCluster:
         """P members over the partitions; member 0 (the clock, the catalog) starts first."""
         members = min(self.processes, self.ltms)
         ports = [port, *(free_port() for _ in range(members - 1))]
-        route = self.member_route or (lambda m, address: address)
-        # the members' streams on framed TCP (older code, run by benchmarks, has only gRPC)
-        framed = (self.code / "aggview" / "frames.py").exists()
-        exchange_ports = [free_port() for _ in range(members)] if framed else []
+        # the members' streams on framed TCP
+        exchange_ports = [free_port() for _ in range(members)] if self._framed() else []
         self.exchange_addresses = [f"127.0.0.1:{p}" for p in exchange_ports]
         addresses = [
             arg
             for m, p in enumerate(ports)
-            for arg in ("--member-address", route(m, f"127.0.0.1:{p}"))
+            for arg in ("--member-address", self._route(m, f"127.0.0.1:{p}"))
         ] + [
             arg
             for m, p in enumerate(exchange_ports)
-            for arg in ("--member-exchange", route(m, f"127.0.0.1:{p}"))
+            for arg in ("--member-exchange", self._route(m, f"127.0.0.1:{p}"))
         ]
         for m in range(members):
             self.servers.append(
@@ -352,7 +357,7 @@ class LocalCluster:
                         "--member",
                         str(m),
                         *addresses,
-                        *(["--exchange-port", str(exchange_ports[m])] if framed else []),
+                        *(["--exchange-port", str(exchange_ports[m])] if exchange_ports else []),
                         *self._participant_flags(),
                         *(["--failover-after", str(self.failover_after)] if self.replicate else []),
                         *self._metrics_flags(m),

@@ -32,9 +32,7 @@ _scan = _decoder.scan_once
 
 
 def _dumps(value: Any) -> str:
-    if _c_encode is None or isinstance(value, str):
-        return _encoder.encode(value)
-    return "".join(_c_encode(value, 0))
+    return _encoder.encode(value) if _c_encode is None else "".join(_c_encode(value, 0))
 
 
 def _loads(text: str) -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 import duckdb
 import grpc
 import pytest
+from concurrent_inserts import insert_each
 from conftest import own_cluster
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -314,15 +315,7 @@ def test_async_clients_transact_on_the_members_framed_ports(cluster: LocalCluste
         async with AsyncClient(cluster.address) as client:
             await client.sql("CREATE TABLE on_frames (id INT PRIMARY KEY, n INT NOT NULL)")
 
-            async def insert(i: int) -> int | str:
-                try:
-                    async with client.transaction() as tx:
-                        tx.insert("on_frames", {"id": i % 30, "n": i})
-                    return i
-                except errors.AlreadyExists as exc:
-                    return str(exc)
-
-            outcomes = await asyncio.gather(*(insert(i) for i in range(40)))
+            outcomes = await insert_each(client, "on_frames", 40, 30)
             streams = [stream for _, _, stream in client._members.values()]
             assert streams and all(isinstance(s._call, FramedCall) for s in streams)
             rows = await client.scan("on_frames")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from concurrent_inserts import insert_each
 from conftest import own_cluster
 from test_crash import ACCOUNTS, acknowledged_inserts_survive_a_kill, kill_twice_under_load
 from test_crash import test_clean_restart_keeps_everything as test_clean_restart  # noqa: F401
@@ -93,15 +94,7 @@ def test_a_member_alone_takes_async_clients_transactions_on_its_framed_port(
         async with AsyncClient(cluster.address) as client:
             await client.sql("CREATE TABLE alone_on_frames (id INT PRIMARY KEY, n INT NOT NULL)")
 
-            async def insert(i: int) -> int | str:
-                try:
-                    async with client.transaction() as tx:
-                        tx.insert("alone_on_frames", {"id": i % 10, "n": i})
-                    return i
-                except errors.AlreadyExists as exc:
-                    return str(exc)
-
-            outcomes = await asyncio.gather(*(insert(i) for i in range(15)))
+            outcomes = await insert_each(client, "alone_on_frames", 15, 10)
             framed = isinstance(client._transactions._call, FramedCall)
             rows = await client.scan("alone_on_frames")
             return outcomes, rows, client._core.framed, framed

@@ -52,30 +52,28 @@ class Decisions(PartitionState):
         waits for the disk before the commit is applied (one-phase commit)."""
         self._check_serving()
         tx = self.prepared.get(ts)
-        if tx is not None and commit and not tx.durable:
-            return None
-        if tx is not None:
-            self._settle(ts, tx, commit)
         if tx is None or not commit:
+            if tx is not None:
+                self._abort(ts, tx)
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             done.set_result(None)
             return done
+        if not tx.durable:
+            return None
+        del self.prepared[ts]
+        self._apply_commit(ts, tx, self.wal.write({"kind": "commit", "ts": ts}))
         durable = self.wal.flush()
         return _after_commit_applied(durable) if failpoints.ARMED else durable
 
-    def _settle(self, ts: int, tx: Prepared, commit: bool) -> None:
-        """A decision on a durable vote: applied, its record queued (an abort's is never
-        waited for: presumed abort)."""
+    def _abort(self, ts: int, tx: Prepared) -> None:
+        """Releases what ``tx`` holds; its record is never waited for (presumed abort)."""
         del self.prepared[ts]
-        if not commit:
-            for row_id in tx.after:
-                self.rows[row_id].release()
-            for row_id in tx.merges:
-                self.rows[row_id].drop_merge(ts)
-                self.touched.add(row_id)  # dropping a delta can settle a partial sum
-            self.wal.write({"kind": "abort", "ts": ts}, flush=False)  # presumed abort
-            return
-        self._apply_commit(ts, tx, self.wal.write({"kind": "commit", "ts": ts}))
+        for row_id in tx.after:
+            self.rows[row_id].release()
+        for row_id in tx.merges:
+            self.rows[row_id].drop_merge(ts)
+            self.touched.add(row_id)  # dropping a delta can settle a partial sum
+        self.wal.write({"kind": "abort", "ts": ts}, flush=False)
 
     async def flush_prepared(self) -> None:
         """Every prepare record so far is on disk (a coordinator in this process, before it
@@ -157,10 +155,10 @@ def _after_commit_applied(durable: asyncio.Future[None]) -> asyncio.Future[None]
     result: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def done(future: asyncio.Future[None]) -> None:
-        error = None if future.cancelled() else future.exception()
         if future.cancelled():
             result.cancel()
             return
+        error = future.exception()
         if error is None:
             try:
                 failpoints.hit(failpoints.LTM_AFTER_COMMIT_APPLIED)
