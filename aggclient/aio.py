@@ -26,6 +26,7 @@ from aggclient.routing import Router
 from aggclient.subscriptions import Changes
 from aggview import errors
 from aggview.frames import FramedCall
+from aggview.loops import done_within
 from aggview.security import client_ssl
 from aggview.status import CODE_BY_NUMBER, error_from_status
 from aggview.streams import AskEach
@@ -240,24 +241,32 @@ class AsyncClient(ClientBase):
         """On the client's Transact stream; a transaction too big to share a message goes
         by its own Commit call. Given up on as ``Client.commit`` gives up (see
         ``silent_after``)."""
-        request = pb.CommitRequest(operations=operations)
-        alone = request.ByteSize() + 8 > STREAM_MESSAGE_BYTES
+        # The operations as the stream carries them, made once: its size says whether the
+        # transaction shares the stream (a Commit call's request has the same size). A retry
+        # sends a message of its own (the first one carries the first attempt's id).
+        unsent = [pb.TransactRequest(operations=operations)]
+        alone = unsent[0].ByteSize() + 8 > STREAM_MESSAGE_BYTES
+        request = pb.CommitRequest(operations=operations) if alone else None
         member = await self._routed(operations)
+
+        def transact() -> pb.TransactRequest:
+            return unsent.pop() if unsent else pb.TransactRequest(operations=operations)
+
         stub, stream = await self._member(member)
         self.last_member = member
 
         async def once() -> int:
             watch = self._core.watch(member)
             if watch is None:  # as before silent members: the call's deadline alone
-                if alone:
+                if request is not None:
                     return (await self._call(stub.Commit, request)).timestamp
-                return await self._transact(stream, request)
-            if alone:
+                return _timestamp(await stream.ask(transact(), *self._deadline()))
+            if request is not None:
                 call = stub.Commit(request, timeout=self.timeout, metadata=self._metadata)
                 committed = asyncio.ensure_future(self._committed(call))
                 return await self._watched(committed, watch, {member: stub})
             # the stream's own future of the answer: no task between it and the watch
-            sent = stream.send(pb.TransactRequest(operations=operations), *self._deadline())
+            sent = stream.send(transact(), *self._deadline())
             return _timestamp(await self._watched(sent, watch, {member: stub}))
 
         try:
@@ -279,8 +288,7 @@ class AsyncClient(ClientBase):
         member waited out its timeout while the commit had been answered)."""
         try:
             while True:
-                done, _ = await asyncio.wait({answer}, timeout=watch.wait())
-                if done:
+                if await done_within(answer, watch.wait()):
                     return answer.result()
                 checking = asyncio.ensure_future(self._drive(watch.checks(), pinned))
                 checking.add_done_callback(lambda task: task.cancelled() or task.exception())
@@ -309,12 +317,6 @@ class AsyncClient(ClientBase):
             call.cancel()  # a no-op once answered; ends the call when given up on
         self._core.heard_verdict(await call.trailing_metadata())
         return reply.timestamp  # type: ignore[no-any-return]
-
-    async def _transact(self, stream: Stream, request: pb.CommitRequest) -> int:
-        reply = await stream.ask(
-            pb.TransactRequest(operations=request.operations), *self._deadline()
-        )
-        return _timestamp(reply)
 
     def _deadline(self) -> tuple[float, Callable[[], Exception]]:
         """How long a transaction on the stream waits for its answer, and what it hears then."""

@@ -53,3 +53,26 @@ async def stop(task: asyncio.Task[Any]) -> None:
     while not task.done():
         task.cancel()
         await asyncio.wait([task], timeout=0.1)
+
+
+async def done_within(future: asyncio.Future[Any], seconds: float) -> bool:
+    """Whether ``future`` is done within ``seconds``; it is never cancelled here. What
+    ``asyncio.wait({future}, timeout=seconds)`` answers, with one timer and one callback and
+    none of its sets, checks and waiter bookkeeping: a client waits so for every commit."""
+    if future.done():
+        return True
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    timer = loop.call_later(seconds, wake)
+    future.add_done_callback(wake)
+    try:
+        await woken
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)
+    return future.done()

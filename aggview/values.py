@@ -17,32 +17,41 @@ EPOCH = datetime.date(1970, 1, 1)
 
 
 def to_value(value: Any) -> pb.Value:
+    out = pb.Value()
+    _fill(out, value)
+    return out
+
+
+def _fill(out: pb.Value, value: Any) -> None:
+    """Sets ``out`` (a fresh ``Value``, or a row's entry) to ``value``'s wire form: a row's
+    values are set where the row holds them, not built and copied in."""
     if value is None:
-        return pb.Value(null=True)
-    if isinstance(value, bool):
-        return pb.Value(bool_value=value)
-    if isinstance(value, int):
+        out.null = True
+    elif isinstance(value, bool):
+        out.bool_value = value
+    elif isinstance(value, int):
         if not -(2**63) <= value < 2**63:
             raise errors.TypeMismatch(
                 f"integer {value} does not fit in 64 bits (a DECIMAL takes it as a Decimal)"
             )
-        return pb.Value(int_value=value)
-    if isinstance(value, decimal.Decimal):
-        return pb.Value(decimal_value=str(value))
-    if isinstance(value, float):
-        return pb.Value(float_value=value)
-    if isinstance(value, str):
-        return pb.Value(text_value=value)
-    if isinstance(value, datetime.datetime):
+        out.int_value = value
+    elif isinstance(value, decimal.Decimal):
+        out.decimal_value = str(value)
+    elif isinstance(value, float):
+        out.float_value = value
+    elif isinstance(value, str):
+        out.text_value = value
+    elif isinstance(value, datetime.datetime):
         raise errors.TypeMismatch(
             f"{value!r} is a datetime: a DATE takes a datetime.date (its .date()), no time"
         )
-    if isinstance(value, datetime.date):
-        return pb.Value(date_value=(value - EPOCH).days)
-    raise errors.TypeMismatch(
-        f"unsupported value {value!r} of type {type(value).__name__}: use int, Decimal, float, "
-        "str, datetime.date, bool or None"
-    )
+    elif isinstance(value, datetime.date):
+        out.date_value = (value - EPOCH).days
+    else:
+        raise errors.TypeMismatch(
+            f"unsupported value {value!r} of type {type(value).__name__}: use int, Decimal, "
+            "float, str, datetime.date, bool or None"
+        )
 
 
 def from_value(value: pb.Value) -> Any:
@@ -70,11 +79,12 @@ def to_row(row: Mapping[str, Any], table: str = "") -> pb.Row:
     if not isinstance(row, Mapping):
         raise errors.InvalidArgument(f"expected a dict of column values, got {type(row).__name__}")
     out = pb.Row()
+    columns = out.columns
     for column, value in row.items():
         if not isinstance(column, str):
             raise errors.InvalidArgument(f"column names are strings, got {column!r}")
         try:
-            out.columns[column].CopyFrom(to_value(value))
+            _fill(columns[column], value)
         except errors.TypeMismatch as exc:
             named = f"{table}.{column}" if table else column
             raise errors.TypeMismatch(f"column {named}: {exc}") from None

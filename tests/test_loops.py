@@ -66,3 +66,32 @@ def test_stop_ends_a_task_whose_first_cancellation_is_lost() -> None:
         assert task.cancelled()
 
     asyncio.run(main())
+
+
+def test_done_within_answers_as_asyncio_wait_does_and_leaves_nothing_behind() -> None:
+    """A future done in time: True at once, its timer cancelled; one not done: False after the
+    time, the future neither cancelled nor holding the waiter's callback; a future that fails
+    or is cancelled counts as done (its caller reads why)."""
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        late: asyncio.Future[int] = loop.create_future()
+        assert not await loops.done_within(late, 0.01)
+        assert not late.cancelled() and not late.done()
+        late.set_result(1)  # no callback of the wait left to run
+        soon: asyncio.Future[int] = loop.create_future()
+        loop.call_later(0.01, soon.set_result, 2)
+        started = loop.time()
+        assert await loops.done_within(soon, 30.0)
+        assert loop.time() - started < 5.0  # woken by the answer, not the timer
+        failed: asyncio.Future[int] = loop.create_future()
+        loop.call_soon(failed.set_exception, ValueError("why"))
+        assert await loops.done_within(failed, 30.0)
+        gone: asyncio.Future[int] = loop.create_future()
+        loop.call_soon(gone.cancel)
+        assert await loops.done_within(gone, 30.0)
+        assert await loops.done_within(soon, 0.0)  # done already
+        timers = [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+        assert timers == [], timers
+
+    asyncio.run(run())

@@ -176,3 +176,35 @@ def test_transactions_racing_to_a_member_at_first_use_leave_no_task_pending(
             loop.close()
         assert members >= 1  # the rows went to members other than the address given
         assert [t for t in left if not t.done()] == [], left
+
+
+def test_a_transaction_too_big_to_share_the_stream_goes_by_its_own_call(
+    client: Client, table_name: str
+) -> None:
+    """Over ``STREAM_MESSAGE_BYTES`` a transaction is a Commit call of its own, beside small
+    ones on the stream: both commit, every row stored once."""
+    from aggclient.aio import STREAM_MESSAGE_BYTES
+
+    client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, note TEXT NOT NULL)")
+    note = "x" * 1000
+    big = STREAM_MESSAGE_BYTES // len(note) + 8  # rows of 1,000 bytes: over the message
+
+    async def run() -> tuple[int, int]:
+        async with AsyncClient(client.address) as own:
+
+            async def insert(ids: range) -> int:
+                async with own.transaction() as tx:
+                    for i in ids:
+                        tx.insert(table_name, {"id": i, "note": note})
+                assert tx.timestamp is not None
+                return tx.timestamp
+
+            alone, shared = await asyncio.gather(insert(range(big)), insert(range(big, big + 2)))
+            streams = [own._transactions, *(stream for _, _, stream in own._members.values())]
+            # the small one only (a stream may be both the address's and a member's)
+            assert sum(s.requests_written for s in set(streams)) == 1
+            return alone, shared
+
+    alone, shared = asyncio.run(run())
+    assert alone > 0 and shared > 0 and alone != shared
+    assert len(client.scan(table_name)) == big + 2
