@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from aggview import errors
-from aggview.values import from_row, to_row, to_value
+from aggview.values import fill_row, from_row, to_value
 from aggview.wire import client_pb2 as pb
 
 if TYPE_CHECKING:  # the shells import this module
@@ -59,9 +59,9 @@ class Transaction:
         self.timestamp: int | None = None
 
     def insert(self, table: str, row: Mapping[str, Any]) -> None:
-        self.operations.append(
-            pb.Operation(kind=pb.Operation.INSERT, table=table, values=to_row(row, table))
-        )
+        op = pb.Operation(kind=pb.Operation.INSERT, table=table)
+        fill_row(op.values, row, table)
+        self.operations.append(op)
 
     def update(
         self,
@@ -94,15 +94,13 @@ class Transaction:
         values: Mapping[str, Any],
         require: Require | None,
     ) -> None:
-        self.operations.append(
-            pb.Operation(
-                kind=kind,
-                table=table,
-                key=to_row(key, table),
-                values=to_row(values, table),
-                require=_conditions(require),
-            )
-        )
+        # the rows set where the operation holds them, not built and copied in
+        op = pb.Operation(kind=kind, table=table)
+        fill_row(op.key, key, table)
+        fill_row(op.values, values, table)
+        if require:
+            op.require.extend(_conditions(require))
+        self.operations.append(op)
 
 
 CONSISTENCY = ("committed", "tentative")

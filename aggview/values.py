@@ -76,9 +76,16 @@ def from_value(value: pb.Value) -> Any:
 def to_row(row: Mapping[str, Any], table: str = "") -> pb.Row:
     """A row on the wire; a value that has no wire form is a type error naming its column
     (``table.column`` when given the table)."""
+    out = pb.Row()
+    fill_row(out, row, table)
+    return out
+
+
+def fill_row(out: pb.Row, row: Mapping[str, Any], table: str = "") -> None:
+    """:func:`to_row` into ``out`` (a message's row field: set where it is held rather than
+    built and copied in)."""
     if not isinstance(row, Mapping):
         raise errors.InvalidArgument(f"expected a dict of column values, got {type(row).__name__}")
-    out = pb.Row()
     columns = out.columns
     for column, value in row.items():
         if not isinstance(column, str):
@@ -88,7 +95,6 @@ def to_row(row: Mapping[str, Any], table: str = "") -> pb.Row:
         except errors.TypeMismatch as exc:
             named = f"{table}.{column}" if table else column
             raise errors.TypeMismatch(f"column {named}: {exc}") from None
-    return out
 
 
 def from_row(row: pb.Row) -> dict[str, Any]:
