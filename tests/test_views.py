@@ -45,8 +45,7 @@ def as_tuples(rows: list[dict]) -> list[tuple]:  # type: ignore[type-arg]
 
 @pytest.fixture
 def dashboard_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
-    # two members: a test kills member 1 under load
-    cluster = LocalCluster(tmp_path / "data", ltms=3, processes=2, checkpoint_interval=0.5)
+    cluster = LocalCluster(tmp_path / "data", ltms=3, checkpoint_interval=0.5)
     cluster.start()
     try:
         with Client(cluster.address) as client:
