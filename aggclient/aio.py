@@ -248,12 +248,11 @@ class AsyncClient(ClientBase):
         alone = unsent[0].ByteSize() + 8 > STREAM_MESSAGE_BYTES
         request = pb.CommitRequest(operations=operations) if alone else None
         member = await self._routed(operations)
+        stub, stream = await self._member(member)
+        self.last_member = member
 
         def transact() -> pb.TransactRequest:
             return unsent.pop() if unsent else pb.TransactRequest(operations=operations)
-
-        stub, stream = await self._member(member)
-        self.last_member = member
 
         async def once() -> int:
             watch = self._core.watch(member)

@@ -1,6 +1,7 @@
 """The event loop a server runs on: uvloop (libuv's loop, written in Cython) where it is
 installed, the standard library's otherwise; ``AGGVIEW_LOOP=asyncio`` chooses the standard one
-(to compare, or where uvloop misbehaves). gRPC's asyncio stack runs on either."""
+(to compare, or where uvloop misbehaves). gRPC's asyncio stack runs on either. Also the waits
+servers and clients share on any loop (``stop``, ``done_within``)."""
 
 from __future__ import annotations
 

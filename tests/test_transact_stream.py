@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from aggclient import Client
+from aggclient.aio import STREAM_MESSAGE_BYTES
 from aggclient.client import AsyncClient
 from agglauncher.cluster import LocalCluster
 from aggview import errors
@@ -183,8 +184,6 @@ def test_a_transaction_too_big_to_share_the_stream_goes_by_its_own_call(
 ) -> None:
     """Over ``STREAM_MESSAGE_BYTES`` a transaction is a Commit call of its own, beside small
     ones on the stream: both commit, every row stored once."""
-    from aggclient.aio import STREAM_MESSAGE_BYTES
-
     client.sql(f"CREATE TABLE {table_name} (id INT PRIMARY KEY, note TEXT NOT NULL)")
     note = "x" * 1000
     big = STREAM_MESSAGE_BYTES // len(note) + 8  # rows of 1,000 bytes: over the message
