@@ -1,14 +1,14 @@
 """The event loop a server runs on: uvloop (libuv's loop, written in Cython) where it is
 installed, the standard library's otherwise; ``AGGVIEW_LOOP=asyncio`` chooses the standard one
 (to compare, or where uvloop misbehaves). gRPC's asyncio stack runs on either. Also the waits
-servers and clients share on any loop (``stop``, ``done_within``)."""
+servers and clients share on any loop (``stop``, ``done_within``, ``in_thread_to_the_end``)."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import os
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -77,3 +77,21 @@ async def done_within(future: asyncio.Future[Any], seconds: float) -> bool:
         timer.cancel()
         future.remove_done_callback(wake)
     return future.done()
+
+
+async def in_thread_to_the_end(func: Callable[..., T], /, *args: Any) -> T:
+    """``asyncio.to_thread(func, *args)``, except that a cancel is raised only once the thread
+    has returned: a thread cannot be stopped, and a store write left running lands whenever
+    it ends. A checkpoint cancelled so by a stop had its rows overwrite the newer ones the
+    stop's own checkpoint wrote: deleted rows came back after a restart on a slow HBase."""
+    work = asyncio.ensure_future(asyncio.to_thread(func, *args))
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.wait([work])
+        except asyncio.CancelledError:
+            cancelled = True  # asked again while the thread runs on: still wait for it
+    if cancelled:
+        work.exception()  # its failure, if any, goes with the cancel: not logged as lost
+        raise asyncio.CancelledError
+    return work.result()

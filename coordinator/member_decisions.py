@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aggview import failpoints
+from aggview.loops import in_thread_to_the_end
 from aggview.partition_map import decision_log_id, standby_of
 from aggview.security import TlsDir
 from aggview.wire import ltm_pb2 as pb
@@ -177,7 +178,8 @@ class MemberDecisions:
                     self._mirror_dir(request.partition), request.partition, fsync=self._fsync
                 )
                 self.mirrors[request.partition] = mirror
-            await asyncio.to_thread(mirror.apply, request)
+            # a cancelled stream's flush still finishes before the next one is applied
+            await in_thread_to_the_end(mirror.apply, request)
 
     async def take_over(self, record_id: int, epoch: int) -> None:
         """The record names this member the log's owner at ``epoch``: replay our copy and

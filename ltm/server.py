@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 
 from aggview import errors
 from aggview.frames import Answer, Welcome, answering
+from aggview.loops import in_thread_to_the_end
 from aggview.member_log import SharedLog, partition_tag
 from aggview.security import TlsDir, is_secret
 from aggview.status import Malformed, abort, grpc_method
@@ -238,7 +239,8 @@ class Hosting:
                     fsync=self.config.fsync,
                 )
                 self.mirrors[request.partition] = mirror
-            await asyncio.to_thread(mirror.apply, request)
+            # a cancelled stream's flush still finishes before the next one is applied
+            await in_thread_to_the_end(mirror.apply, request)
 
     async def _retire(self, partition: int) -> None:
         """Stops a superseded copy of a partition before its log directory is reused."""

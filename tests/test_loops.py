@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 
 import pytest
 
@@ -95,3 +96,34 @@ def test_done_within_answers_as_asyncio_wait_does_and_leaves_nothing_behind() ->
         assert timers == [], timers
 
     asyncio.run(run())
+
+
+def test_in_thread_to_the_end_raises_a_cancel_only_once_the_thread_returned() -> None:
+    """A cancelled call's thread runs on; the caller hears of the cancel only once it is
+    done, however often it is cancelled, and results and failures come back otherwise."""
+
+    def slow(release: threading.Event, done: list[str]) -> str:
+        release.wait(5)
+        done.append("written")
+        return "ok"
+
+    def fail() -> None:
+        raise ValueError("store refused")
+
+    async def main() -> None:
+        assert await loops.in_thread_to_the_end(str.upper, "x") == "X"
+        with pytest.raises(ValueError, match="store refused"):
+            await loops.in_thread_to_the_end(fail)
+        release, done = threading.Event(), []
+        call = asyncio.ensure_future(loops.in_thread_to_the_end(slow, release, done))
+        await asyncio.sleep(0.02)
+        for _ in range(3):
+            call.cancel()
+            await asyncio.sleep(0.02)
+            assert not call.done()  # the thread still writes
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert done == ["written"]
+
+    asyncio.run(main())

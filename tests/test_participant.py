@@ -1513,6 +1513,57 @@ def test_a_drop_waits_for_the_checkpoint_writing_the_table(env: Env) -> None:
     run(main)
 
 
+@pytest.mark.parametrize("cancels", [1, 3])
+def test_a_checkpoint_cancelled_mid_write_is_not_overtaken_by_the_next(
+    env: Env, cancels: int
+) -> None:
+    """Stopping a participant cancels its checkpoint loop, perhaps while a checkpoint's store
+    write runs in its thread, which a cancel cannot stop. The stop's own checkpoint then must
+    not write before that thread has: landing after it, the older write put back rows as they
+    were (deleted rows came back after a clean stop and a restart on a slow HBase)."""
+
+    async def main() -> None:
+        p = env.participant()
+        await p.start()
+        await commit(p, 10, insert(b"x", {"v": 1}), insert(b"y", {"v": 1}))
+        writing, release, written = threading.Event(), threading.Event(), threading.Event()
+        store_write = env.store.write
+        writes = 0
+
+        def first_write_slow(mutations: Any) -> None:
+            nonlocal writes
+            writes += 1
+            if writes > 1:
+                store_write(mutations)
+                return
+            writing.set()
+            release.wait(5)
+            store_write(mutations)
+            written.set()
+
+        env.store.write = first_write_slow  # type: ignore[method-assign]
+        checkpoint = asyncio.ensure_future(p.checkpoint())
+        await asyncio.to_thread(writing.wait, 5)
+        for _ in range(cancels):  # aggview.loops.stop cancels again while a task runs on
+            checkpoint.cancel()
+            await asyncio.sleep(0.01)
+        await commit(p, 20, delete(b"x"), update(b"y", {"v": 2}))
+        asyncio.get_running_loop().call_later(0.2, release.set)
+        await p.stop()
+        with pytest.raises(asyncio.CancelledError):
+            await checkpoint
+        await asyncio.to_thread(written.wait, 5)  # whatever the order, both writes are done
+        env.store.write = store_write  # type: ignore[method-assign]
+        assert stored(env.store, b"x")[1] is None  # type: ignore[index]
+        q = env.participant()
+        await q.start()
+        assert await get(q, 30, b"x") is None
+        assert await get(q, 30, b"y") == {"v": 2}
+        await q.stop()
+
+    run(main)
+
+
 def test_a_cancelled_prepare_leaves_nothing_held(env: Env) -> None:
     async def main() -> None:
         p = env.participant()

@@ -8,6 +8,7 @@ import logging
 import time
 
 from aggview import failpoints
+from aggview.loops import in_thread_to_the_end
 from aggview.partition_map import CHANGES_ID
 from aggview.rowcodec import encode_stored
 from ltm.participant.operations import RowId
@@ -64,7 +65,9 @@ class Checkpoints(PartitionState):
             try:
                 await self.wal.flush()
                 if pending:
-                    await asyncio.to_thread(self._write_checkpoint, pending, upto)
+                    # not left running when cancelled (a stop cancels the checkpoint loop):
+                    # the next checkpoint's newer rows would be overwritten when it lands
+                    await in_thread_to_the_end(self._write_checkpoint, pending, upto)
                     if failpoints.ARMED:
                         failpoints.hit(failpoints.LTM_MID_CHECKPOINT)
             except BaseException:
