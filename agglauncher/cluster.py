@@ -1,6 +1,6 @@
 """A local cluster of real processes over one data directory: by default one coordinating
-member per core, each hosting a share of the N partitions (``processes``: 1 runs the whole
-cluster in one process, 0 a coordinator and one process per LTM).
+member per core beyond the first, each hosting a share of the N partitions (``processes``: 1
+runs the whole cluster in one process, 0 a coordinator and one process per LTM).
 
 ``aggview start`` runs one of these; the tests use it to kill -9 and restart single servers.
 Layout of the data directory: ``store.db`` (the embedded store, shared), ``member-<m>/``
@@ -27,10 +27,14 @@ from aggview.security import token_for
 LAYOUT_FILE = "layout.json"  # the layout of the last run, and whether it stopped cleanly
 
 
-def default_processes(ltms: int, replicate: bool) -> int:
-    """One coordinating process per core, at most one per partition; copies of logs need two
-    processes, so --replicate runs two on one core."""
-    processes = min(os.cpu_count() or 1, ltms)
+def default_processes(ltms: int, replicate: bool, cores: int | None = None) -> int:
+    """One coordinating process per core beyond the first (so one on one or two cores), at
+    most one per partition; copies of logs need two processes, so --replicate runs two on one
+    core. The first core is left to what every member runs beside its loop (its log's flush
+    thread, gRPC's threads) and to clients on the machine: on two cores a second member costs
+    twice the CPU per transaction (messages between members, the clock) and carries less
+    (docs/DECISIONS.md)."""
+    processes = min(max(1, (cores or os.cpu_count() or 1) - 1), ltms)
     if replicate:
         return min(max(processes, 2), ltms)
     return processes
@@ -58,8 +62,8 @@ def checked_processes(ltms: int, processes: int | None, replicate: bool = False)
 
 PROCESSES_HELP = (
     "the --ltms partitions in P processes that each coordinate transactions (1: the whole "
-    "cluster in one process, no message between processes). Default: one per core (at most "
-    "--ltms; two with --replicate)"
+    "cluster in one process, no message between processes). Default: one per core beyond the "
+    "first (one on two cores; at most --ltms; two with --replicate)"
 )
 
 

@@ -18,7 +18,7 @@ from lookup_check import lookup_mismatches
 from profiles import PROFILE
 
 from aggclient import Client
-from agglauncher.cluster import AS_START, LocalCluster
+from agglauncher.cluster import LocalCluster
 from aggview.processes import PORT_RANGE, process_tree_cpu_seconds
 
 # Every cluster a test starts checks each answer of the coordinator's lookup cache against the
@@ -51,10 +51,12 @@ duckdb.connect = _one_thread_duckdb
 settings.register_profile("ci", settings())
 settings.register_profile("thorough", settings(max_examples=500))
 settings.load_profile(PROFILE)
-# The session cluster's layout (LocalCluster.processes): 0, a coordinator and one process
-# per LTM; 1, the whole cluster in one process; P >= 2, P coordinating members; default, as
-# ``aggview start`` runs it.
-PROCESSES = int(os.environ.get("AGGVIEW_TEST_PROCESSES", AS_START))
+# The layout (LocalCluster.processes) of the session cluster and of ``own_cluster``'s: 1, the
+# whole cluster in one process; P >= 2, P coordinating members; -1 (AS_START), as ``aggview
+# start`` runs it. Default 2: members that message each other, the layout of machines over two
+# cores (on two, ``aggview start`` runs one process, which the clusters tests start without a
+# layout run).
+PROCESSES = int(os.environ.get("AGGVIEW_TEST_PROCESSES", 2))
 
 
 def _port_slice() -> None:
@@ -219,7 +221,9 @@ def table_name() -> str:
 @contextlib.contextmanager
 def own_cluster(tmp_path: Path, **layout: Any) -> Iterator[LocalCluster]:
     """A cluster of its own (``layout``: LocalCluster's fields), stopped and checked after."""
-    running = LocalCluster(tmp_path / "data", checkpoint_interval=0.5, **layout)
+    running = LocalCluster(
+        tmp_path / "data", checkpoint_interval=0.5, **{"processes": PROCESSES, **layout}
+    )
     try:
         yield running.start()
     finally:

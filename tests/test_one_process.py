@@ -22,7 +22,7 @@ from test_views_differential import (  # noqa: F401
 )
 
 from aggclient import AsyncClient, Client
-from agglauncher.cluster import LocalCluster
+from agglauncher.cluster import LocalCluster, default_processes
 from aggview import errors, failpoints
 from aggview.frames import FramedCall
 from loadgen import transfers
@@ -49,6 +49,23 @@ def test_kill_of_the_one_process_under_load_loses_nothing(
     outcomes = kill_twice_under_load(cluster, lambda rng: cluster.coordinator, seed)
     with Client(cluster.address) as client:
         transfers.check(client, "accounts", "ledger", ACCOUNTS, outcomes.committed)
+
+
+@pytest.mark.parametrize(
+    ("cores", "ltms", "replicate", "expected"),
+    [
+        (1, 3, False, 1),
+        (2, 3, False, 1),  # the first core is the log threads', gRPC's and clients'
+        (3, 3, False, 2),
+        (8, 3, False, 3),  # at most one per partition
+        (2, 3, True, 2),  # copies of logs need another process
+        (8, 1, True, 1),
+    ],
+)
+def test_the_default_layout_is_a_member_per_core_beyond_the_first(
+    cores: int, ltms: int, replicate: bool, expected: int
+) -> None:
+    assert default_processes(ltms, replicate, cores) == expected
 
 
 def test_start_refuses_replication_in_one_process(tmp_path: Path) -> None:

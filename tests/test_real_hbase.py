@@ -120,7 +120,9 @@ def test_kill_9_of_an_ltm_under_load_loses_nothing_on_real_hbase(
     real_hbase: StandaloneHBase, tmp_path: Path
 ) -> None:
     url = store_url(real_hbase, table_prefix=fresh_prefix())
-    cluster = LocalCluster(tmp_path / "data", ltms=3, checkpoint_interval=0.3, store=url)
+    cluster = LocalCluster(
+        tmp_path / "data", ltms=3, processes=2, checkpoint_interval=0.3, store=url
+    )
     with cluster:
         with Client(cluster.address, timeout=60) as client:
             transfers.create(client, "accounts", "ledger", 30)

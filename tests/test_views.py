@@ -45,7 +45,8 @@ def as_tuples(rows: list[dict]) -> list[tuple]:  # type: ignore[type-arg]
 
 @pytest.fixture
 def dashboard_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
-    cluster = LocalCluster(tmp_path / "data", ltms=3, checkpoint_interval=0.5)
+    # two members: a test kills member 1 under load
+    cluster = LocalCluster(tmp_path / "data", ltms=3, processes=2, checkpoint_interval=0.5)
     cluster.start()
     try:
         with Client(cluster.address) as client:
