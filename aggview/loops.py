@@ -1,7 +1,8 @@
 """The event loop a server runs on: uvloop (libuv's loop, written in Cython) where it is
 installed, the standard library's otherwise; ``AGGVIEW_LOOP=asyncio`` chooses the standard one
 (to compare, or where uvloop misbehaves). gRPC's asyncio stack runs on either. Also the waits
-servers and clients share on any loop (``stop``, ``done_within``, ``in_thread_to_the_end``)."""
+servers and clients share on any loop (``stop``, ``done_within``, ``in_thread_to_the_end``,
+``pass_on``)."""
 
 from __future__ import annotations
 
@@ -95,3 +96,16 @@ async def in_thread_to_the_end(func: Callable[..., T], /, *args: Any) -> T:
         work.exception()  # its failure, if any, goes with the cancel: not logged as lost
         raise asyncio.CancelledError
     return work.result()
+
+
+def pass_on(done: asyncio.Future[T], to: asyncio.Future[T]) -> None:
+    """Gives ``to`` the outcome of ``done`` (a done future), unless ``to`` is done already
+    (its waiter went away): a chain of callbacks instead of a task that awaits."""
+    if to.done():
+        return
+    if done.cancelled():
+        to.cancel()
+    elif (error := done.exception()) is not None:
+        to.set_exception(error)
+    else:
+        to.set_result(done.result())

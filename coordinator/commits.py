@@ -138,15 +138,66 @@ class Commits(DecisionDelivery):
             self._aborted(tx, exc)
             raise
         # The decision point: once the commit record is queued the transaction commits, even
-        # if the caller goes away (a cancelled RPC must not turn into aborts at the LTMs). So
-        # it runs as a task of its own, which tells the caller through a future (the caller's
-        # cancellation cancels only that future). Unlike ``asyncio.shield``, the caller resumes
-        # in the very next pass of the loop.
+        # if the caller goes away (a cancelled RPC must not turn into aborts at the LTMs). The
+        # caller hears of it through a future, whose cancellation cancels nothing else. Where
+        # every participant is here and no vote needs a flush of its own, the record is
+        # queued now and the rest are callbacks; otherwise the rest runs as a task.
         outcome: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        decided = asyncio.ensure_future(settle(outcome, self._commit_local(tx)))
-        self._committing.add(decided)
-        decided.add_done_callback(self._committing.discard)
+        if failpoints.ARMED or not self._decide_at_once(tx, outcome):
+            decided = asyncio.ensure_future(settle(outcome, self._commit_local(tx)))
+            self._committing.add(decided)
+            decided.add_done_callback(self._committing.discard)
         return await outcome
+
+    def _decide_at_once(self, tx: Transaction, outcome: asyncio.Future[int]) -> bool:
+        """:meth:`_commit_local` without a task, where it would not wait before its record is
+        queued: one participant, here (one-phase commit), or several, all here and logging
+        to the decision log's own log (their prepares are durable with the decision). False,
+        having done nothing, otherwise (none: the decision is logged all the same)."""
+        participants = sorted(tx.participants)
+        channels = self.channels
+        two_phase = len(participants) > 1
+        if not participants or not (two_phase or channels[participants[0]].in_process):
+            return False
+        if two_phase:
+            log = self.decisions.log
+            if log is None or not all(
+                channels[p].in_process and channels[p].log is log for p in participants
+            ):
+                return False
+        along = participants if two_phase else []
+        try:
+            if two_phase:
+                durable = self.decisions.log_commit(tx.ts, participants)
+            else:
+                durable = channels[participants[0]].decide_at_once(tx.ts, True)
+        except Exception as exc:  # noqa: BLE001 - e.g. the log closed: heard as the outcome
+            durable = asyncio.get_running_loop().create_future()
+            durable.set_exception(exc)
+
+        def logged(durable: asyncio.Future[None]) -> None:
+            error = asyncio.CancelledError() if durable.cancelled() else durable.exception()
+            try:
+                self._learn_outcome(tx, error)
+            except Exception as exc:  # noqa: BLE001 - the caller's error
+                error = error or exc
+            if error is not None:
+                if two_phase:
+                    self.unlogged.add(tx.ts)  # see _commit
+                if not outcome.done():
+                    outcome.set_exception(error)
+                return
+            for p in along:
+                channels[p].logged_with_decision(tx.ts)
+            self.committed += 1
+            self.metrics.committed(tx.system, tx.started, tx.asked, tx.prepared)
+            if two_phase:
+                self._deliver_later(tx.ts, participants)
+            if not outcome.done():
+                outcome.set_result(tx.ts)
+
+        durable.add_done_callback(logged)
+        return True
 
     def _aborted(self, tx: Transaction, exc: BaseException) -> None:
         """Before its decision: the transaction aborts everywhere (presumed abort), and reads
@@ -185,18 +236,25 @@ class Commits(DecisionDelivery):
         return tx.ts
 
     async def _decided(self, tx: Transaction, durable: Awaitable[None]) -> None:
-        """Awaits what makes the commit durable; then the transaction is decided (reads at
-        its timestamp may go on) and the lookup cache learns its outcome, or that it is
-        unknown if the write failed."""
+        """Awaits what makes the commit durable, then :meth:`_learn_outcome`."""
         try:
             await durable
-        except BaseException:
-            self.lookups.unknown(tx.ts)
-            self.view_hooks.unknown(tx.ts, tx.images)
+        except BaseException as exc:
+            self._learn_outcome(tx, exc)
             raise
-        else:
-            self.lookups.committed(tx.ts, tx.images)
-            self.view_hooks.committed(tx.ts, tx.images)  # to this member's switch
+        self._learn_outcome(tx, None)
+
+    def _learn_outcome(self, tx: Transaction, error: BaseException | None) -> None:
+        """The commit is durable, or failed with ``error``: the transaction is decided (reads
+        at its timestamp may go on) and the lookup cache learns its outcome, or that it is
+        unknown if the write failed."""
+        try:
+            if error is None:
+                self.lookups.committed(tx.ts, tx.images)
+                self.view_hooks.committed(tx.ts, tx.images)  # to this member's switch
+            else:
+                self.lookups.unknown(tx.ts)
+                self.view_hooks.unknown(tx.ts, tx.images)
         finally:
             self.in_flight.decided(tx.ts)
 

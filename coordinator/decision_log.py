@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aggview.loops import pass_on
 from aggview.member_log import NOTHING, LogWriter, SharedLog, shared_log_of
 from aggview.wal import WriteAheadLog
 
@@ -62,17 +63,33 @@ class DecisionLog:
         return shared_log_of(self.wal)
 
     async def commit(self, ts: int, participants: list[int]) -> None:
+        await self.log_commit(ts, participants)
+
+    def log_commit(self, ts: int, participants: list[int]) -> asyncio.Future[None]:
+        """Queues the commit record now (the decision point) and returns a future done once
+        it is durable: a caller that goes away cancels only that future."""
         # Counted as committed (and answered so) only once durable, but carried by a
         # compaction meanwhile: its record may be in the segment the compaction drops.
         self._logging[ts] = participants
         if self._segments is not None:
             self._segments.append((self.wal.segment, ts))
+        logged: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
-            await self.wal.append({"kind": "commit", "ts": ts, "participants": participants})
-        finally:
+            self.wal.write({"kind": "commit", "ts": ts, "participants": participants})
+            durable = self.wal.flush()
+        except BaseException:
             del self._logging[ts]
-        self.committed[ts] = participants
-        self._written_since_compaction += 1
+            raise
+
+        def flushed(durable: asyncio.Future[None]) -> None:
+            del self._logging[ts]
+            if not durable.cancelled() and durable.exception() is None:
+                self.committed[ts] = participants
+                self._written_since_compaction += 1
+            pass_on(durable, logged)
+
+        durable.add_done_callback(flushed)
+        return logged
 
     def done(self, ts: int) -> None:
         """Every participant has the commit: forget it. The record needs no flush of its own

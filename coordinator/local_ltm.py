@@ -44,8 +44,8 @@ from ltm.store import Store, ownership
 class DirectDecisions:
     """What a ``Batcher`` of decisions offers the transaction manager (``submit``, counts),
     each decision delivered on its own: an in-process participant's log groups them. A
-    decision is applied at once and its future is the log's flush, with no task of its own
-    (``Participant.decide_at_once``), unless the vote is not durable yet."""
+    decision's future is the log's flush, with no task of its own
+    (``Participant.decide_at_once``)."""
 
     def __init__(self, ltm: LocalLtm) -> None:
         self._ltm = ltm
@@ -59,8 +59,6 @@ class DirectDecisions:
         except Exception as exc:  # noqa: BLE001 - e.g. fenced: the delivery hears it
             durable = asyncio.get_running_loop().create_future()
             durable.set_exception(exc)
-        if durable is None:
-            return asyncio.ensure_future(self._ltm.decide(decision.ts, decision.commit))
         return durable
 
 
@@ -207,7 +205,7 @@ class LocalLtm:
         participant.observe(self._watermarks()[0], 0)
         await participant.decide(ts, commit)
 
-    def decide_at_once(self, ts: int, commit: bool) -> asyncio.Future[None] | None:
+    def decide_at_once(self, ts: int, commit: bool) -> asyncio.Future[None]:
         """:meth:`decide` applied now (``Participant.decide_at_once``)."""
         participant = self.participant
         participant.observe(self._watermarks()[0], 0)

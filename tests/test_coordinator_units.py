@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from aggclient.rows import Transaction as Writes
+from aggview.partition_map import partition_of
 from aggview.processes import free_port
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.catalog import Catalog
@@ -16,6 +18,9 @@ from coordinator.clock import Clock
 from coordinator.decision_log import DecisionLog
 from coordinator.ltm_channel import Batcher, LtmChannel
 from coordinator.member_clock import InFlight, LeaderClock
+from coordinator.member_wiring import CoordinatorConfig, build_manager
+from coordinator.service import _start_manager, _stop_manager
+from coordinator.sql import run_sql
 from coordinator.timestamp_oracle import BLOCK, TimestampOracle
 from coordinator.transactions import Transaction, TransactionManager
 from ltm.store import open_store
@@ -196,6 +201,70 @@ def test_a_commit_whose_decision_was_not_logged_is_never_answered_aborted(
         assert manager.outcome(ts) == lpb.OutcomeReply.PENDING
         assert manager.outcome(ts + 1) == lpb.OutcomeReply.ABORTED
         store.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_a_commit_whose_caller_goes_away_at_its_decision_commits_all_the_same(
+    tmp_path: Path, partitions: int
+) -> None:
+    """Past the decision point a transaction commits even if its caller is cancelled: one
+    member hosting every partition queues the decision record (several partitions) or the
+    one-phase commit record (one) in the caller's step and goes on with callbacks. Cancelled
+    right then, the rows are written all the same, reads at its timestamp go on and the
+    decision is delivered (the decision log forgets it)."""
+
+    async def main() -> None:
+        config = CoordinatorConfig(
+            store_url=f"sqlite:///{tmp_path / 'store.db'}",
+            log_dir=tmp_path / "log",
+            partitions=3,
+            fsync=False,
+        )
+        manager = build_manager(config)
+        await _start_manager(manager)
+        try:
+            await run_sql("CREATE TABLE t (id INT PRIMARY KEY, v INT NOT NULL)", manager, 0)
+            by_partition: dict[int, int] = {}
+            for key in range(100):  # a row in each of the first ``partitions`` partitions
+                writes = Writes()
+                writes.insert("t", {"id": key, "v": 1})
+                (op,) = manager._row_ops(writes.operations)
+                by_partition.setdefault(partition_of(op.table, op.key, 3), key)
+            keys = sorted(by_partition.values())[:partitions]
+            writes = Writes()
+            for key in keys:
+                writes.insert("t", {"id": key, "v": 1})
+            decide = manager._decide_at_once
+            seen: list[Transaction] = []
+
+            def caller_gone(tx: Transaction, outcome: asyncio.Future[int]) -> bool:
+                queued = decide(tx, outcome)
+                seen.append(tx)
+                task = asyncio.current_task()
+                assert queued and task is not None
+                task.cancel()  # the caller goes away once its decision is queued
+                return queued
+
+            manager._decide_at_once = caller_gone  # type: ignore[method-assign]
+            with pytest.raises(asyncio.CancelledError):
+                await manager.commit(writes.operations)
+            manager._decide_at_once = decide  # type: ignore[method-assign]
+            (tx,) = seen
+            assert len(tx.participants) == partitions
+            for _ in range(200):
+                if tx.ts not in manager.in_flight and not manager.decisions.committed:
+                    break
+                await asyncio.sleep(0.01)
+            assert tx.ts not in manager.in_flight  # decided: reads at its timestamp go on
+            assert not manager.decisions.committed  # delivered to every participant
+            update = Writes()
+            for key in keys:  # fails with RowNotFound unless the inserts committed
+                update.update("t", {"id": key}, {"v": 2})
+            assert await manager.commit(update.operations) > 0
+        finally:
+            await _stop_manager(manager)
 
     asyncio.run(main())
 

@@ -8,6 +8,7 @@ import logging
 import time
 
 from aggview import failpoints
+from aggview.loops import pass_on
 from ltm.participant.state import PartitionState, Prepared
 
 log = logging.getLogger("ltm.participant")  # the participant's log, as before the split
@@ -22,34 +23,14 @@ class Decisions(PartitionState):
         this copy serves the partition: a fenced one may have forgotten a transaction its
         successor holds prepared, and an acknowledgment from it would let the coordinator
         forget a commit the successor still has to apply."""
-        durable = self.decide_at_once(ts, commit)
-        if durable is not None:
-            await durable
-            return
-        tx = self.prepared[ts]
-        # One-phase commit (one participant, in the coordinator's process): no decision
-        # record exists anywhere else, so this commit record is the decision, and what the
-        # transaction wrote must not be seen before it is on disk: a crash in between
-        # takes the transaction back, after another member's transaction read it (a
-        # lookup, cached there) and built on it. Its rows stay held and its view deltas
-        # pending meanwhile.
-        lsn = self.wal.write({"kind": "commit", "ts": ts})
-        self._committing.add(ts)  # logged at ``lsn``, applied only after the flush
-        try:
-            await self.wal.flush()
-        finally:  # a failed flush: applied anyway, as before (its outcome is unknown)
-            self._committing.discard(ts)
-            if self.prepared.pop(ts, None) is tx:
-                self._apply_commit(ts, tx, lsn)
-        if failpoints.ARMED:
-            failpoints.hit(failpoints.LTM_AFTER_COMMIT_APPLIED)
+        await self.decide_at_once(ts, commit)
 
-    def decide_at_once(self, ts: int, commit: bool) -> asyncio.Future[None] | None:
+    def decide_at_once(self, ts: int, commit: bool) -> asyncio.Future[None]:
         """:meth:`decide` without a coroutine, for a coordinator in this process (a task
-        per decision cost more than the decision): the decision is applied now, and the
-        future is done once the commit record is durable, or at once for an abort or a
-        timestamp unknown here. None when the vote is not durable yet: :meth:`decide` then
-        waits for the disk before the commit is applied (one-phase commit)."""
+        per decision cost more than the decision): the future is done once the commit
+        record is durable, or at once for an abort or a timestamp unknown here. A commit
+        whose vote is durable is applied now; one whose vote is not (one-phase commit) is
+        applied once its record is on disk (:meth:`_commit_one_phase`)."""
         self._check_serving()
         tx = self.prepared.get(ts)
         if tx is None or not commit:
@@ -59,11 +40,33 @@ class Decisions(PartitionState):
             done.set_result(None)
             return done
         if not tx.durable:
-            return None
+            return self._commit_one_phase(ts, tx)
         del self.prepared[ts]
         self._apply_commit(ts, tx, self.wal.write({"kind": "commit", "ts": ts}))
         durable = self.wal.flush()
         return _after_commit_applied(durable) if failpoints.ARMED else durable
+
+    def _commit_one_phase(self, ts: int, tx: Prepared) -> asyncio.Future[None]:
+        """One participant, in the coordinator's process: no decision record exists anywhere
+        else, so this commit record is the decision, and what the transaction wrote must not
+        be seen before it is on disk: a crash in between takes the transaction back, after
+        another member's transaction read it (a lookup, cached there) and built on it. Its
+        rows stay held and its view deltas pending meanwhile. The record is queued now, so
+        the commit stands whoever waits for the returned future (a caller gone cancels only
+        that future)."""
+        lsn = self.wal.write({"kind": "commit", "ts": ts})
+        self._committing.add(ts)  # logged at ``lsn``, applied only after the flush
+        applied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def flushed(durable: asyncio.Future[None]) -> None:
+            self._committing.discard(ts)
+            # a failed flush: applied anyway, as before (its outcome is unknown)
+            if self.prepared.pop(ts, None) is tx:
+                self._apply_commit(ts, tx, lsn)
+            pass_on(durable, applied)
+
+        asyncio.ensure_future(self.wal.flush()).add_done_callback(flushed)  # a future as is
+        return _after_commit_applied(applied) if failpoints.ARMED else applied
 
     def _abort(self, ts: int, tx: Prepared) -> None:
         """Releases what ``tx`` holds; its record is never waited for (presumed abort)."""
