@@ -96,6 +96,10 @@ class WriteAheadLog:
         self.closed_to_writes: str | None = None  # why nothing more is written (a handover)
         self._dropped_before = 0
         self._flushing = self._segment  # the segment the flush under way writes to
+        # Whether a group may be written and synced on the loop's thread, which it blocks:
+        # when nothing else would run meanwhile (a member's lone transaction), handing it to
+        # the log's thread and hearing back cost more than the wait (see ``_kick``).
+        self.flush_here: Callable[[], bool] = _never
 
     def read_segment(self, segment: int) -> bytes:
         """A segment's flushed bytes (all of them once it is sealed; read the others inside
@@ -185,10 +189,8 @@ class WriteAheadLog:
 
     async def append(self, record: dict[str, Any], tag: str | None = None) -> int:
         """Queues a record and returns its LSN once it is on disk."""
-        lsn = self.write(record, tag=tag)
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append((lsn, waiter))
-        await waiter
+        lsn = self.write(record, flush=False, tag=tag)
+        await self.flush()  # waits for it, whether the flush runs on a thread or here
         return lsn
 
     def flush(self) -> asyncio.Future[None]:
@@ -217,7 +219,14 @@ class WriteAheadLog:
             with self._mutex:
                 if self._draining or not self._pending:
                     return  # the thread takes what is queued before it stops
-                self._draining = True
+                here = self.flush_here()
+                if here:
+                    chunk, fd, retired, upto = self._take()
+                else:
+                    self._draining = True
+            if here:
+                self._sync_here(fd, chunk, retired, upto)
+                return
             try:
                 self._on_thread(lambda: self._drain(loop))
             except errors.Unavailable as exc:  # closed: the appenders hear it
@@ -264,6 +273,19 @@ class WriteAheadLog:
             loop.call_soon_threadsafe(then, error)
         if error is None and self.observe is not None:  # counted once the waiters are told
             self.observe(took)
+
+    def _sync_here(self, fd: int, chunk: bytes, retired: list[int], upto: int) -> None:
+        """Writes and syncs a group on the loop's thread (``flush_here``): at one client a
+        commit then costs no wake-up of the log's thread, nor of the loop when it is done."""
+        error: BaseException | None = None
+        started = time.perf_counter()
+        try:
+            self._write_and_sync(fd, chunk, retired)
+        except Exception as exc:  # noqa: BLE001 - the group's appenders hear it
+            error = exc
+        if error is None and self.observe is not None:
+            self.observe(time.perf_counter() - started)
+        self._synced(upto, len(chunk), error)
 
     def _take(self) -> tuple[bytes, int, list[int], int]:
         """The next group (hold the mutex): its bytes, the descriptor to write them to, old
@@ -398,6 +420,10 @@ def _framed(record: dict[str, Any]) -> bytes:
     """A record as a segment holds it: length and CRC32, then the pickled record."""
     body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(body), zlib.crc32(body)) + body
+
+
+def _never() -> bool:
+    return False
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -137,11 +137,11 @@ class Commits(DecisionDelivery):
         except BaseException as exc:
             self._aborted(tx, exc)
             raise
-        # The decision point: once the commit record is queued the transaction commits, even
-        # if the caller goes away (a cancelled RPC must not turn into aborts at the LTMs). The
-        # caller hears of it through a future, whose cancellation cancels nothing else. Where
-        # every participant is here and no vote needs a flush of its own, the record is
-        # queued now and the rest are callbacks; otherwise the rest runs as a task.
+        # The decision point: from here the transaction commits, even if the caller goes
+        # away (a cancelled RPC must not turn into aborts at the LTMs). The caller hears of it
+        # through a future, whose cancellation cancels nothing else. Where every participant
+        # is here and no vote needs a flush of its own, the rest are callbacks; otherwise
+        # it runs as a task.
         outcome: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         if failpoints.ARMED or not self._decide_at_once(tx, outcome):
             decided = asyncio.ensure_future(settle(outcome, self._commit_local(tx)))
@@ -153,7 +153,13 @@ class Commits(DecisionDelivery):
         """:meth:`_commit_local` without a task, where it would not wait before its record is
         queued: one participant, here (one-phase commit), or several, all here and logging
         to the decision log's own log (their prepares are durable with the decision). False,
-        having done nothing, otherwise (none: the decision is logged all the same)."""
+        having done nothing, otherwise (none: the decision is logged all the same).
+
+        The record is queued in the loop's next pass, as a task's first step would queue it:
+        queued in this step, between other transactions' prepares, it let the log's thread
+        take a group whenever one of those let go of the GIL (a store read), and concurrent
+        commits split for good into groups of one to four (twice the flushes and 30 % more
+        CPU a commit at eight clients)."""
         participants = sorted(tx.participants)
         channels = self.channels
         two_phase = len(participants) > 1
@@ -166,14 +172,17 @@ class Commits(DecisionDelivery):
             ):
                 return False
         along = participants if two_phase else []
-        try:
-            if two_phase:
-                durable = self.decisions.log_commit(tx.ts, participants)
-            else:
-                durable = channels[participants[0]].decide_at_once(tx.ts, True)
-        except Exception as exc:  # noqa: BLE001 - e.g. the log closed: heard as the outcome
-            durable = asyncio.get_running_loop().create_future()
-            durable.set_exception(exc)
+
+        def decide() -> None:
+            try:
+                if two_phase:
+                    durable = self.decisions.log_commit(tx.ts, participants)
+                else:
+                    durable = channels[participants[0]].decide_at_once(tx.ts, True)
+            except Exception as exc:  # noqa: BLE001 - e.g. the log closed: heard as the outcome
+                durable = asyncio.get_running_loop().create_future()
+                durable.set_exception(exc)
+            durable.add_done_callback(logged)
 
         def logged(durable: asyncio.Future[None]) -> None:
             error = asyncio.CancelledError() if durable.cancelled() else durable.exception()
@@ -196,7 +205,7 @@ class Commits(DecisionDelivery):
             if not outcome.done():
                 outcome.set_result(tx.ts)
 
-        durable.add_done_callback(logged)
+        asyncio.get_running_loop().call_soon(decide)
         return True
 
     def _aborted(self, tx: Transaction, exc: BaseException) -> None:

@@ -41,6 +41,11 @@ class InFlight:
     def oldest(self) -> int | None:
         return next(iter(self._undecided), None)
 
+    def alone(self) -> bool:
+        """At most one transaction undecided and no read under way: what this member does
+        next is that transaction's (see ``WriteAheadLog.flush_here``)."""
+        return len(self._undecided) <= 1 and not self._active_reads
+
     def oldest_read(self) -> int | None:
         return min(self._active_reads, default=None)
 

@@ -108,6 +108,10 @@ def build_manager(
     )
     may_drop = reach.has_majority if reach is not None else lambda: True
     in_flight = InFlight()
+    if shared is not None and len(config.members) <= 1:
+        # Every partition is here, so this member's transactions are all its log serves: a
+        # lone one's flush runs on the loop's thread, which has nothing else to do meanwhile.
+        shared.wal.flush_here = in_flight.alone
     read_at = time.monotonic()  # a lease runs from the start of the read that gave it
     leader, lead = _leadership(config, store)
     if lead is not None:  # this member leads a replicated cluster: guarded, with a lease

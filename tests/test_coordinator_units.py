@@ -247,6 +247,17 @@ def test_a_commit_whose_caller_goes_away_at_its_decision_commits_all_the_same(
                 task.cancel()  # the caller goes away once its decision is queued
                 return queued
 
+            # a member hosting every partition flushes a lone transaction's log on its loop
+            flush_here = manager.local.hostings[0].participants[0].wal.shared.wal.flush_here
+            assert flush_here()
+            manager.in_flight.add(1)
+            manager.in_flight.add(2)
+            assert not flush_here()  # two undecided: the log's thread, so the loop goes on
+            manager.in_flight.decided(1)
+            assert flush_here()
+            with manager.in_flight.reading(3):
+                assert not flush_here()
+            manager.in_flight.decided(2)
             manager._decide_at_once = caller_gone  # type: ignore[method-assign]
             with pytest.raises(asyncio.CancelledError):
                 await manager.commit(writes.operations)
@@ -267,6 +278,49 @@ def test_a_commit_whose_caller_goes_away_at_its_decision_commits_all_the_same(
             await _stop_manager(manager)
 
     asyncio.run(main())
+
+
+def test_concurrent_commits_of_a_member_share_their_log_flushes(tmp_path: Path) -> None:
+    """Eight clients of a member hosting every partition, in step: each round's commit
+    records go to disk in one group. A record queued in the caller's own step let the log's
+    thread take a group whenever another transaction's prepare let go of the GIL (a store
+    read), and rounds split for good into groups of two to four."""
+
+    async def main() -> tuple[int, int]:
+        config = CoordinatorConfig(
+            store_url=f"sqlite:///{tmp_path / 'store.db'}",
+            log_dir=tmp_path / "log",
+            partitions=3,
+            fsync=False,
+        )
+        manager = build_manager(config)
+        await _start_manager(manager)
+        try:
+            await run_sql("CREATE TABLE e (id INT PRIMARY KEY, cat INT NOT NULL)", manager, 0)
+            await run_sql(
+                "CREATE MATERIALIZED VIEW v AS SELECT cat, COUNT(*) AS n FROM e GROUP BY cat",
+                manager,
+                0,
+            )
+            wal = manager.local.hostings[0].participants[0].wal.shared.wal
+            ids = iter(range(1_000_000))
+
+            async def client(commits: int) -> None:
+                for _ in range(commits):
+                    writes = Writes()
+                    key = next(ids)
+                    writes.insert("e", {"id": key, "cat": key % 5})
+                    await manager.commit(writes.operations)
+
+            await asyncio.gather(*(client(5) for _ in range(8)))  # warm
+            before = wal.flushes
+            await asyncio.gather(*(client(40) for _ in range(8)))
+            return wal.flushes - before, 8 * 40
+        finally:
+            await _stop_manager(manager)
+
+    flushes, commits = asyncio.run(main())
+    assert flushes <= commits * 0.2, f"{flushes} flushes for {commits} commits"
 
 
 def test_a_request_waiting_for_a_moved_partition_fails_as_unavailable() -> None:

@@ -327,6 +327,40 @@ def test_failed_flush_reports_the_error_to_the_waiters(
     run(main)
 
 
+@pytest.mark.parametrize("here", [False, True])
+def test_a_flush_on_the_loops_thread_is_as_durable_and_fails_as_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, here: bool
+) -> None:
+    """``flush_here`` (a member's lone transaction): its groups are written and synced on the
+    loop's thread and the log's thread never starts; an append is durable when it returns
+    and a failed sync reaches its appender, as on the thread; busy again, the thread takes
+    the next group."""
+
+    def failing_sync(fd: int) -> None:
+        raise OSError(5, "I/O error")
+
+    async def main() -> None:
+        log = WriteAheadLog(tmp_path, fsync=True)
+        log.flush_here = lambda: here
+        for i in range(3):
+            await log.append(record(i))
+            assert [r["ts"] for r in replayed(tmp_path)] == list(range(i + 1))
+        log.write(record(3))
+        await log.flush()
+        assert [r["ts"] for r in replayed(tmp_path)] == list(range(4))
+        assert log.flushes == 4 and (log._syncer is None) == here
+        monkeypatch.setattr(wal_module.os, "fdatasync", failing_sync)
+        with pytest.raises(OSError):
+            await log.append(record(4))
+        monkeypatch.undo()
+        log.flush_here = lambda: False
+        await log.append(record(5))
+        assert log._syncer is not None
+        await log.close()
+
+    run(main)
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
