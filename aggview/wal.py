@@ -100,6 +100,7 @@ class WriteAheadLog:
         # when nothing else would run meanwhile (a member's lone transaction), handing it to
         # the log's thread and hearing back cost more than the wait (see ``_kick``).
         self.flush_here: Callable[[], bool] = _never
+        self._here_due = False  # a flush on the loop's thread is called for, in its next pass
 
     def read_segment(self, segment: int) -> bytes:
         """A segment's flushed bytes (all of them once it is sealed; read the others inside
@@ -217,15 +218,13 @@ class WriteAheadLog:
         loop = asyncio.get_running_loop()
         if self.shipper is None:
             with self._mutex:
-                if self._draining or not self._pending:
-                    return  # the thread takes what is queued before it stops
-                here = self.flush_here()
-                if here:
-                    chunk, fd, retired, upto = self._take()
-                else:
+                if self._draining or self._here_due or not self._pending:
+                    return  # the thread, or the flush due here, takes what is queued
+                self._here_due = self.flush_here()
+                if not self._here_due:
                     self._draining = True
-            if here:
-                self._sync_here(fd, chunk, retired, upto)
+            if self._here_due:  # in the next pass: what this one queues goes along
+                loop.call_soon(self._flush_here_now)
                 return
             try:
                 self._on_thread(lambda: self._drain(loop))
@@ -274,9 +273,14 @@ class WriteAheadLog:
         if error is None and self.observe is not None:  # counted once the waiters are told
             self.observe(took)
 
-    def _sync_here(self, fd: int, chunk: bytes, retired: list[int], upto: int) -> None:
+    def _flush_here_now(self) -> None:
         """Writes and syncs a group on the loop's thread (``flush_here``): at one client a
         commit then costs no wake-up of the log's thread, nor of the loop when it is done."""
+        with self._mutex:
+            self._here_due = False
+            if self._draining or not self._pending:
+                return
+            chunk, fd, retired, upto = self._take()
         error: BaseException | None = None
         started = time.perf_counter()
         try:

@@ -345,16 +345,17 @@ def test_a_flush_on_the_loops_thread_is_as_durable_and_fails_as_loudly(
         for i in range(3):
             await log.append(record(i))
             assert [r["ts"] for r in replayed(tmp_path)] == list(range(i + 1))
-        log.write(record(3))
+        for i in (3, 4, 5):  # records of one step share a group (a commit's participants)
+            log.write(record(i))
         await log.flush()
-        assert [r["ts"] for r in replayed(tmp_path)] == list(range(4))
+        assert [r["ts"] for r in replayed(tmp_path)] == list(range(6))
         assert log.flushes == 4 and (log._syncer is None) == here
         monkeypatch.setattr(wal_module.os, "fdatasync", failing_sync)
         with pytest.raises(OSError):
-            await log.append(record(4))
+            await log.append(record(6))
         monkeypatch.undo()
         log.flush_here = lambda: False
-        await log.append(record(5))
+        await log.append(record(7))
         assert log._syncer is not None
         await log.close()
 
