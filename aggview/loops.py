@@ -102,6 +102,8 @@ def pass_on(done: asyncio.Future[T], to: asyncio.Future[T]) -> None:
     """Gives ``to`` the outcome of ``done`` (a done future), unless ``to`` is done already
     (its waiter went away): a chain of callbacks instead of a task that awaits."""
     if to.done():
+        if not done.cancelled():
+            done.exception()  # retrieved: nobody waits for it any more
         return
     if done.cancelled():
         to.cancel()

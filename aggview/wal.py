@@ -280,16 +280,27 @@ class WriteAheadLog:
             self._here_due = False
             if self._draining or not self._pending:
                 return
-            chunk, fd, retired, upto = self._take()
+            closed = self._closed
+            if not closed and self.shipper is None:
+                chunk, fd, retired, upto = self._take()
+        if closed:  # as on the thread (``_on_thread``): nothing written, the appenders hear it
+            self._synced(
+                self._queued, 0, errors.Unavailable(f"the log in {self.directory} is closed")
+            )
+            return
+        if self.shipper is not None:  # replicated meanwhile: every flush goes to the copy too
+            self._kick()
+            return
         error: BaseException | None = None
         started = time.perf_counter()
         try:
             self._write_and_sync(fd, chunk, retired)
         except Exception as exc:  # noqa: BLE001 - the group's appenders hear it
             error = exc
-        if error is None and self.observe is not None:
-            self.observe(time.perf_counter() - started)
+        took = time.perf_counter() - started
         self._synced(upto, len(chunk), error)
+        if error is None and self.observe is not None:  # counted once the waiters are told
+            self.observe(took)
 
     def _take(self) -> tuple[bytes, int, list[int], int]:
         """The next group (hold the mutex): its bytes, the descriptor to write them to, old

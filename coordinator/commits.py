@@ -196,14 +196,16 @@ class Commits(DecisionDelivery):
                 if not outcome.done():
                     outcome.set_exception(error)
                 return
-            for p in along:
-                channels[p].logged_with_decision(tx.ts)
-            self.committed += 1
-            self.metrics.committed(tx.system, tx.started, tx.asked, tx.prepared)
-            if two_phase:
-                self._deliver_later(tx.ts, participants)
-            if not outcome.done():
-                outcome.set_result(tx.ts)
+            try:
+                for p in along:  # e.g. one fenced meanwhile raises: it commits all the same
+                    channels[p].logged_with_decision(tx.ts)
+                self.committed += 1
+                self.metrics.committed(tx.system, tx.started, tx.asked, tx.prepared)
+            finally:  # durable: delivered and answered whatever the bookkeeping said
+                if two_phase:
+                    self._deliver_later(tx.ts, participants)
+                if not outcome.done():
+                    outcome.set_result(tx.ts)
 
         asyncio.get_running_loop().call_soon(decide)
         return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from aggclient.rows import Transaction as Writes
+from aggview import errors
 from aggview.partition_map import partition_of
 from aggview.processes import free_port
 from aggview.wire import ltm_pb2 as lpb
@@ -205,6 +207,34 @@ def test_a_commit_whose_decision_was_not_logged_is_never_answered_aborted(
     asyncio.run(main())
 
 
+@contextlib.asynccontextmanager
+async def member_alone(tmp_path: Path) -> AsyncIterator[TransactionManager]:
+    """A member hosting all three partitions in this process, on the embedded store."""
+    config = CoordinatorConfig(
+        store_url=f"sqlite:///{tmp_path / 'store.db'}",
+        log_dir=tmp_path / "log",
+        partitions=3,
+        fsync=False,
+    )
+    manager = build_manager(config)
+    await _start_manager(manager)
+    try:
+        yield manager
+    finally:
+        await _stop_manager(manager)
+
+
+def keys_in_partitions(manager: TransactionManager, table: str, count: int) -> list[int]:
+    """Integer keys of ``table`` whose rows fall into ``count`` distinct partitions."""
+    by_partition: dict[int, int] = {}
+    for key in range(100):
+        writes = Writes()
+        writes.insert(table, {"id": key, "v": 1})
+        (op,) = manager._row_ops(writes.operations)
+        by_partition.setdefault(partition_of(op.table, op.key, 3), key)
+    return sorted(by_partition.values())[:count]
+
+
 @pytest.mark.parametrize("partitions", [1, 3])
 def test_a_commit_whose_caller_goes_away_at_its_decision_commits_all_the_same(
     tmp_path: Path, partitions: int
@@ -216,23 +246,9 @@ def test_a_commit_whose_caller_goes_away_at_its_decision_commits_all_the_same(
     decision is delivered (the decision log forgets it)."""
 
     async def main() -> None:
-        config = CoordinatorConfig(
-            store_url=f"sqlite:///{tmp_path / 'store.db'}",
-            log_dir=tmp_path / "log",
-            partitions=3,
-            fsync=False,
-        )
-        manager = build_manager(config)
-        await _start_manager(manager)
-        try:
+        async with member_alone(tmp_path) as manager:
             await run_sql("CREATE TABLE t (id INT PRIMARY KEY, v INT NOT NULL)", manager, 0)
-            by_partition: dict[int, int] = {}
-            for key in range(100):  # a row in each of the first ``partitions`` partitions
-                writes = Writes()
-                writes.insert("t", {"id": key, "v": 1})
-                (op,) = manager._row_ops(writes.operations)
-                by_partition.setdefault(partition_of(op.table, op.key, 3), key)
-            keys = sorted(by_partition.values())[:partitions]
+            keys = keys_in_partitions(manager, "t", partitions)
             writes = Writes()
             for key in keys:
                 writes.insert("t", {"id": key, "v": 1})
@@ -274,8 +290,35 @@ def test_a_commit_whose_caller_goes_away_at_its_decision_commits_all_the_same(
             for key in keys:  # fails with RowNotFound unless the inserts committed
                 update.update("t", {"id": key}, {"v": 2})
             assert await manager.commit(update.operations) > 0
-        finally:
-            await _stop_manager(manager)
+
+    asyncio.run(main())
+
+
+def test_a_durable_commit_is_answered_and_delivered_whatever_its_bookkeeping_raises(
+    tmp_path: Path,
+) -> None:
+    """Past its durable decision, a participant that cannot hear it was logged along (it
+    was fenced meanwhile, say) does not keep the caller waiting nor the others held: the
+    commit is answered and delivered to every participant."""
+
+    async def main() -> None:
+        async with member_alone(tmp_path) as manager:
+            await run_sql("CREATE TABLE t (id INT PRIMARY KEY, v INT NOT NULL)", manager, 0)
+            writes = Writes()
+            for key in keys_in_partitions(manager, "t", 3):
+                writes.insert("t", {"id": key, "v": 1})
+
+            def fenced(ts: int) -> None:
+                raise errors.NotServed("partition 1 moved on")
+
+            manager.channels[1].logged_with_decision = fenced  # type: ignore[method-assign]
+            ts = await asyncio.wait_for(manager.commit(writes.operations), 10)
+            for _ in range(200):
+                if not manager.decisions.committed:
+                    break
+                await asyncio.sleep(0.01)
+            assert not manager.decisions.committed  # every participant has it
+            assert ts not in manager.in_flight
 
     asyncio.run(main())
 
@@ -287,15 +330,7 @@ def test_concurrent_commits_of_a_member_share_their_log_flushes(tmp_path: Path) 
     read), and rounds split for good into groups of two to four."""
 
     async def main() -> tuple[int, int]:
-        config = CoordinatorConfig(
-            store_url=f"sqlite:///{tmp_path / 'store.db'}",
-            log_dir=tmp_path / "log",
-            partitions=3,
-            fsync=False,
-        )
-        manager = build_manager(config)
-        await _start_manager(manager)
-        try:
+        async with member_alone(tmp_path) as manager:
             await run_sql("CREATE TABLE e (id INT PRIMARY KEY, cat INT NOT NULL)", manager, 0)
             await run_sql(
                 "CREATE MATERIALIZED VIEW v AS SELECT cat, COUNT(*) AS n FROM e GROUP BY cat",
@@ -316,8 +351,6 @@ def test_concurrent_commits_of_a_member_share_their_log_flushes(tmp_path: Path) 
             before = wal.flushes
             await asyncio.gather(*(client(40) for _ in range(8)))
             return wal.flushes - before, 8 * 40
-        finally:
-            await _stop_manager(manager)
 
     flushes, commits = asyncio.run(main())
     assert flushes <= commits * 0.2, f"{flushes} flushes for {commits} commits"

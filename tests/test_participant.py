@@ -1587,6 +1587,24 @@ def test_a_cancelled_prepare_leaves_nothing_held(env: Env) -> None:
     run(main)
 
 
+def test_a_one_phase_commit_that_fails_to_apply_tells_its_waiter(env: Env) -> None:
+    """A one-phase commit is applied in a callback once its record is durable: an error
+    there reaches whoever waits for the decision instead of leaving it waiting."""
+
+    async def main() -> None:
+        p = env.participant()
+        assert (await p.prepare(sub(10, insert(b"x", {"v": 1})), durable=False)).outcome == YES
+
+        def broken(*args: Any) -> None:
+            raise RuntimeError("apply failed")
+
+        p._apply_commit = broken  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="apply failed"):
+            await asyncio.wait_for(p.decide(10, True), 5)
+
+    run(main)
+
+
 # ----------------------------------------------------------------------------- sequence numbers
 
 

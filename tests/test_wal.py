@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aggview import errors
 from aggview import wal as wal_module
 from aggview.wal import _HEADER, WriteAheadLog
 
@@ -358,6 +359,10 @@ def test_a_flush_on_the_loops_thread_is_as_durable_and_fails_as_loudly(
         await log.append(record(7))
         assert log._syncer is not None
         await log.close()
+        log.flush_here = lambda: here
+        with pytest.raises(errors.Unavailable, match="closed"):  # written nowhere
+            await log.append(record(8))
+        assert 8 not in [r["ts"] for r in replayed(tmp_path)]
 
     run(main)
 

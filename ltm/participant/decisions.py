@@ -60,9 +60,14 @@ class Decisions(PartitionState):
 
         def flushed(durable: asyncio.Future[None]) -> None:
             self._committing.discard(ts)
-            # a failed flush: applied anyway, as before (its outcome is unknown)
-            if self.prepared.pop(ts, None) is tx:
-                self._apply_commit(ts, tx, lsn)
+            try:
+                # a failed flush: applied anyway, as before (its outcome is unknown)
+                if self.prepared.pop(ts, None) is tx:
+                    self._apply_commit(ts, tx, lsn)
+            except Exception as exc:  # noqa: BLE001 - its waiter hears it, as from a coroutine
+                if not applied.done():
+                    applied.set_exception(exc)
+                return
             pass_on(durable, applied)
 
         asyncio.ensure_future(self.wal.flush()).add_done_callback(flushed)  # a future as is
