@@ -246,6 +246,13 @@ class WriteAheadLog:
                 if not self._pending:
                     self._draining = False
                     return
+                if self._closed:  # written after the close: nowhere, and its appenders hear it
+                    self._draining = False
+                    with contextlib.suppress(RuntimeError):
+                        loop.call_soon_threadsafe(
+                            self._synced, self._queued, 0, self._closed_error()
+                        )
+                    return
                 chunk, fd, retired, upto = self._take()
             self._sync_then(
                 loop, fd, chunk, retired, functools.partial(self._synced, upto, len(chunk))
@@ -284,9 +291,7 @@ class WriteAheadLog:
             if not closed and self.shipper is None:
                 chunk, fd, retired, upto = self._take()
         if closed:  # as on the thread (``_on_thread``): nothing written, the appenders hear it
-            self._synced(
-                self._queued, 0, errors.Unavailable(f"the log in {self.directory} is closed")
-            )
+            self._synced(self._queued, 0, self._closed_error())
             return
         if self.shipper is not None:  # replicated meanwhile: every flush goes to the copy too
             self._kick()
@@ -350,11 +355,14 @@ class WriteAheadLog:
     def _on_thread(self, job: Callable[[], None]) -> None:
         """Runs ``job`` on the log's thread, after the jobs queued before it."""
         if self._closed:
-            raise errors.Unavailable(f"the log in {self.directory} is closed")
+            raise self._closed_error()
         if self._syncer is None:
             self._syncer = threading.Thread(target=self._run_jobs, name="wal-sync", daemon=True)
             self._syncer.start()
         self._jobs.put(job)
+
+    def _closed_error(self) -> errors.Unavailable:
+        return errors.Unavailable(f"the log in {self.directory} is closed")
 
     def _run_jobs(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -426,8 +434,9 @@ class WriteAheadLog:
         """``clean``: its writer needs none of its records any more (unused here: it
         matters in a log several writers share, ``aggview.member_log``)."""
         await self.flush()
+        with self._mutex:  # no group is taken for the descriptor from now on
+            self._closed = True
         os.close(self._fd)
-        self._closed = True
         self._jobs.put(None)  # the thread ends after what is queued
 
 
