@@ -268,16 +268,25 @@ class WriteAheadLog:
     ) -> None:
         """On the log's thread: writes and syncs a group, then runs ``then(error)`` on the
         loop (the group's appenders hear of a failure)."""
-        error: BaseException | None = None
+        error, took = self._write_timed(fd, chunk, retired)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(then, error)
+        self._observe(error, took)
+
+    def _write_timed(
+        self, fd: int, chunk: bytes, retired: list[int]
+    ) -> tuple[BaseException | None, float]:
+        """Writes and syncs a group: its error (handed to its appenders), and its seconds."""
         started = time.perf_counter()
         try:
             self._write_and_sync(fd, chunk, retired)
-        except Exception as exc:  # noqa: BLE001 - handed to the loop
-            error = exc
-        took = time.perf_counter() - started
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            loop.call_soon_threadsafe(then, error)
-        if error is None and self.observe is not None:  # counted once the waiters are told
+        except Exception as exc:  # noqa: BLE001 - the group's appenders hear it
+            return exc, time.perf_counter() - started
+        return None, time.perf_counter() - started
+
+    def _observe(self, error: BaseException | None, took: float) -> None:
+        """A flush's seconds to ``observe`` (metrics), once its waiters are told."""
+        if error is None and self.observe is not None:
             self.observe(took)
 
     def _flush_here_now(self) -> None:
@@ -296,16 +305,9 @@ class WriteAheadLog:
         if self.shipper is not None:  # replicated meanwhile: every flush goes to the copy too
             self._kick()
             return
-        error: BaseException | None = None
-        started = time.perf_counter()
-        try:
-            self._write_and_sync(fd, chunk, retired)
-        except Exception as exc:  # noqa: BLE001 - the group's appenders hear it
-            error = exc
-        took = time.perf_counter() - started
+        error, took = self._write_timed(fd, chunk, retired)
         self._synced(upto, len(chunk), error)
-        if error is None and self.observe is not None:  # counted once the waiters are told
-            self.observe(took)
+        self._observe(error, took)
 
     def _take(self) -> tuple[bytes, int, list[int], int]:
         """The next group (hold the mutex): its bytes, the descriptor to write them to, old

@@ -199,8 +199,7 @@ class Commits(DecisionDelivery):
             try:
                 for p in along:  # e.g. one fenced meanwhile raises: it commits all the same
                     channels[p].logged_with_decision(tx.ts)
-                self.committed += 1
-                self.metrics.committed(tx.system, tx.started, tx.asked, tx.prepared)
+                self._count_committed(tx)
             finally:  # durable: delivered and answered whatever the bookkeeping said
                 if two_phase:
                     self._deliver_later(tx.ts, participants)
@@ -242,8 +241,7 @@ class Commits(DecisionDelivery):
                 raise
             return await self._commit(tx, along)
         await self._decided(tx, self.channels[participants[0]].decide(tx.ts, True))
-        self.committed += 1
-        self.metrics.committed(tx.system, tx.started, tx.asked, tx.prepared)
+        self._count_committed(tx)
         return tx.ts
 
     async def _decided(self, tx: Transaction, durable: Awaitable[None]) -> None:
@@ -254,6 +252,10 @@ class Commits(DecisionDelivery):
             self._learn_outcome(tx, exc)
             raise
         self._learn_outcome(tx, None)
+
+    def _count_committed(self, tx: Transaction) -> None:
+        self.committed += 1
+        self.metrics.committed(tx.system, tx.started, tx.asked, tx.prepared)
 
     def _learn_outcome(self, tx: Transaction, error: BaseException | None) -> None:
         """The commit is durable, or failed with ``error``: the transaction is decided (reads
@@ -284,8 +286,7 @@ class Commits(DecisionDelivery):
             self.channels[p].logged_with_decision(ts)
         if failpoints.ARMED:
             failpoints.hit(failpoints.COORDINATOR_AFTER_DECISION_LOGGED)
-        self.committed += 1
-        self.metrics.committed(tx.system, tx.started, tx.asked, tx.prepared)
+        self._count_committed(tx)
         self._deliver_later(ts, participants)
         return ts
 
