@@ -4,7 +4,9 @@ A member whose logs are not copied to other members (no ``--replicate``) writes 
 the partitions it hosts and of its decision log into one :class:`~aggview.wal.WriteAheadLog`,
 each record tagged with its writer. Group commit then spans every transaction of the member: a
 commit whose partitions are all here is durable with one flush for its prepares and its
-decision, and two partitions' prepares share a flush instead of syncing two files.
+decision, and two partitions' prepares share a flush instead of syncing two files. Its
+decision record is then its participants' commit record too (:func:`as_replayed`): such a
+commit writes one record a participant and one more, not two a participant and two more.
 
 Each writer sees a log of its own (:class:`LogWriter`, the part of ``WriteAheadLog`` that a
 participant and a decision log use): its records replayed, its segments released. A segment is
@@ -58,9 +60,9 @@ class SharedLog:
         self.wal = WriteAheadLog(directory, fsync=fsync, observe=observe)
         self._records: dict[str, list[dict[str, Any]]] = {}
         for record in self.wal.replay():
-            tag = record.get("log")
-            if tag is not None:  # untagged: the log's own marks
-                self._records.setdefault(tag, []).append(record)
+            if record.get("log") is not None:  # untagged: the log's own marks
+                for tag, mine in as_replayed(record):
+                    self._records.setdefault(tag, []).append(mine)
         for tag, path in (own or {}).items():
             if any(path.glob("*.wal")):
                 self._take_in(tag, path)
@@ -199,7 +201,8 @@ def split(directory: Path, own: dict[str, Path], *, fsync: bool = True) -> None:
     by_tag: dict[str, list[dict[str, Any]]] = {tag: [] for tag in own}
     for record in shared.replay():
         if record.get("log") is not None and record["kind"] != "mark":
-            by_tag.setdefault(record["log"], []).append(record)
+            for tag, mine in as_replayed(record):
+                by_tag.setdefault(tag, []).append(mine)
     strays = set(by_tag) - set(own)
     if strays:
         shared.close_now()
@@ -212,6 +215,20 @@ def split(directory: Path, own: dict[str, Path], *, fsync: bool = True) -> None:
     shared.close_now()
     _remove_segments(shared)
     log.info("the shared log in %s was split into its writers' own logs", directory)
+
+
+def as_replayed(record: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A tagged record as its writers replay it, (tag, record) each. A decision record that
+    is its participants' commit record too (``with``: their writers' tags, written where
+    every participant of a transaction writes to the decision log's log) is a commit record
+    of each participant, at its LSN, and nothing the decision log needs: there is nothing
+    left to deliver."""
+    also = record.get("with")
+    if also is None:
+        yield record["log"], record
+        return
+    for tag in also:
+        yield tag, {"kind": "commit", "ts": record["ts"], "lsn": record["lsn"], "log": tag}
 
 
 def _copy_into(

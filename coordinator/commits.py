@@ -5,6 +5,7 @@ participant is in this process, otherwise a commit record in the decision log fi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -152,8 +153,9 @@ class Commits(DecisionDelivery):
     def _decide_at_once(self, tx: Transaction, outcome: asyncio.Future[int]) -> bool:
         """:meth:`_commit_local` without a task, where it would not wait before its record is
         queued: one participant, here (one-phase commit), or several, all here and logging
-        to the decision log's own log (their prepares are durable with the decision). False,
-        having done nothing, otherwise (none: the decision is logged all the same).
+        to the decision log's own log (their prepares are durable with the decision, whose
+        record is their commit record too: nothing to deliver). False, having done nothing,
+        otherwise (none: the decision is logged all the same).
 
         The record is queued in the loop's next pass, as a task's first step would queue it:
         queued in this step, between other transactions' prepares, it let the log's thread
@@ -172,42 +174,96 @@ class Commits(DecisionDelivery):
             ):
                 return False
         along = participants if two_phase else []
+        lsn = 0  # of the decision record that is its participants' commit record too, if so
 
         def decide() -> None:
+            nonlocal lsn
             try:
-                if two_phase:
-                    durable = self.decisions.log_commit(tx.ts, participants)
-                else:
+                if not two_phase:
                     durable = channels[participants[0]].decide_at_once(tx.ts, True)
+                elif self._commit_with_decision(tx.ts, participants):
+                    try:
+                        tags = [channels[p].log_tag for p in participants]
+                        lsn, durable = self.decisions.log_decided(tx.ts, participants, tags)
+                    except BaseException:
+                        self._decision_not_logged(tx.ts, participants)
+                        raise
+                    for p in participants:
+                        channels[p].decision_queued(tx.ts, lsn)
+                else:
+                    durable = self.decisions.log_commit(tx.ts, participants)
             except Exception as exc:  # noqa: BLE001 - e.g. the log closed: heard as the outcome
                 durable = asyncio.get_running_loop().create_future()
                 durable.set_exception(exc)
             durable.add_done_callback(logged)
 
         def logged(durable: asyncio.Future[None]) -> None:
-            error = asyncio.CancelledError() if durable.cancelled() else durable.exception()
+            failed = asyncio.CancelledError() if durable.cancelled() else durable.exception()
+            error = failed
             try:
-                self._learn_outcome(tx, error)
+                self._learn_outcome(tx, failed)
             except Exception as exc:  # noqa: BLE001 - the caller's error
                 error = error or exc
-            if error is not None:
-                if two_phase:
-                    self.unlogged.add(tx.ts)  # see _commit
-                if not outcome.done():
-                    outcome.set_exception(error)
-                return
+            deliver = participants if two_phase and not lsn and failed is None else []
             try:
-                for p in along:  # e.g. one fenced meanwhile raises: it commits all the same
-                    channels[p].logged_with_decision(tx.ts)
-                self._count_committed(tx)
+                if failed is not None:
+                    if two_phase:
+                        self.unlogged.add(tx.ts)  # see _commit
+                    if lsn:
+                        self._decision_not_logged(tx.ts, participants)
+                elif lsn:  # each participant commits by the decision's own record
+                    deliver = self._decision_logged(tx.ts, participants, lsn)
+                else:
+                    for p in along:  # e.g. one fenced meanwhile raises: it commits all the same
+                        channels[p].logged_with_decision(tx.ts)
+                if error is None:
+                    self._count_committed(tx)
             finally:  # durable: delivered and answered whatever the bookkeeping said
-                if two_phase:
-                    self._deliver_later(tx.ts, participants)
-                if not outcome.done():
+                if deliver:
+                    self._deliver_later(tx.ts, deliver)
+                if outcome.done():
+                    pass
+                elif error is not None:
+                    outcome.set_exception(error)
+                else:
                     outcome.set_result(tx.ts)
 
         asyncio.get_running_loop().call_soon(decide)
         return True
+
+    def _commit_with_decision(self, ts: int, participants: list[int]) -> bool:
+        """Whether every participant (all here, all writing to the decision log's log) takes
+        its commit from the decision's own record: one record for the decision and every
+        commit, nothing to deliver, nothing left to forget. False, with none marked, if one
+        cannot (it is fenced, say): the decision is then delivered as across processes."""
+        marked = []
+        try:
+            for p in participants:
+                self.channels[p].commit_with_decision(ts)
+                marked.append(p)
+        except Exception:  # noqa: BLE001 - the ordinary way then
+            self._decision_not_logged(ts, marked)
+            return False
+        return True
+
+    def _decision_not_logged(self, ts: int, participants: list[int]) -> None:
+        for p in participants:
+            with contextlib.suppress(Exception):  # a fenced one holds nothing to give back
+                self.channels[p].decision_not_logged(ts)
+
+    def _decision_logged(self, ts: int, participants: list[int], lsn: int) -> list[int]:
+        """Each participant applies the commit logged at ``lsn``; returns those that could
+        not (fenced meanwhile, say), which the decision log then remembers and which hear the
+        decision as from another process."""
+        failed = []
+        for p in participants:
+            try:
+                self.channels[p].decision_logged(ts, lsn)
+            except Exception:  # noqa: BLE001 - delivered the ordinary way instead
+                failed.append(p)
+        if failed:
+            self.decisions.undelivered(ts, failed)
+        return failed
 
     def _aborted(self, tx: Transaction, exc: BaseException) -> None:
         """Before its decision: the transaction aborts everywhere (presumed abort), and reads

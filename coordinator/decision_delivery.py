@@ -37,6 +37,9 @@ class DecisionDelivery:
         durably, then the decision log (ours, or a dead member's we adopted) may forget it."""
         pending = set(participants)
         decisions = decisions or self.decisions
+        if not pending:  # a transaction that wrote nothing (DDL's): nobody to tell
+            decisions.done(ts)
+            return
 
         def delivered(partition: int, future: asyncio.Future[None]) -> None:
             if future.cancelled() or future.exception() is not None:

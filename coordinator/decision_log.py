@@ -68,6 +68,22 @@ class DecisionLog:
     def log_commit(self, ts: int, participants: list[int]) -> asyncio.Future[None]:
         """Queues the commit record now (the decision point) and returns a future done once
         it is durable: a caller that goes away cancels only that future."""
+        record = {"kind": "commit", "ts": ts, "participants": participants}
+        return self._log(ts, participants, record, delivered=False)[1]
+
+    def log_decided(
+        self, ts: int, participants: list[int], tags: list[str]
+    ) -> tuple[int, asyncio.Future[None]]:
+        """:meth:`log_commit` for participants that all write to this log (a member's one
+        log; ``tags``: their writers'): the record is their commit record too, which
+        ``aggview.member_log`` hands to each at replay, so there is nothing to deliver and
+        nothing to remember once it is durable. Returns its LSN, and the future."""
+        record = {"kind": "commit", "ts": ts, "participants": participants, "with": tags}
+        return self._log(ts, participants, record, delivered=True)
+
+    def _log(
+        self, ts: int, participants: list[int], record: dict[str, Any], delivered: bool
+    ) -> tuple[int, asyncio.Future[None]]:
         # Counted as committed (and answered so) only once durable, but carried by a
         # compaction meanwhile: its record may be in the segment the compaction drops.
         self._logging[ts] = participants
@@ -75,7 +91,7 @@ class DecisionLog:
             self._segments.append((self.wal.segment, ts))
         logged: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
-            self.wal.write({"kind": "commit", "ts": ts, "participants": participants})
+            lsn = self.wal.write(record)
             durable = self.wal.flush()
         except BaseException:
             del self._logging[ts]
@@ -83,13 +99,19 @@ class DecisionLog:
 
         def flushed(durable: asyncio.Future[None]) -> None:
             del self._logging[ts]
-            if not durable.cancelled() and durable.exception() is None:
+            if not delivered and not durable.cancelled() and durable.exception() is None:
                 self.committed[ts] = participants
                 self._written_since_compaction += 1
             pass_on(durable, logged)
 
         durable.add_done_callback(flushed)
-        return logged
+        return lsn, logged
+
+    def undelivered(self, ts: int, participants: list[int]) -> None:
+        """A commit logged by :meth:`log_decided` that some of its ``participants`` could not
+        take from it (one fenced meanwhile, say): remembered until they acknowledge it, as
+        a :meth:`log_commit` is (its record is theirs on disk: a restart needs nothing more)."""
+        self.committed[ts] = participants
 
     def done(self, ts: int) -> None:
         """Every participant has the commit: forget it. The record needs no flush of its own

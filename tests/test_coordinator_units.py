@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,8 +13,10 @@ import pytest
 
 from aggclient.rows import Transaction as Writes
 from aggview import errors
+from aggview.member_log import DECISIONS
 from aggview.partition_map import partition_of
 from aggview.processes import free_port
+from aggview.wal import WriteAheadLog
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.catalog import Catalog
 from coordinator.clock import Clock
@@ -208,26 +211,56 @@ def test_a_commit_whose_decision_was_not_logged_is_never_answered_aborted(
 
 
 @contextlib.asynccontextmanager
-async def member_alone(tmp_path: Path) -> AsyncIterator[TransactionManager]:
-    """A member hosting all three partitions in this process, on the embedded store."""
+async def member_alone(
+    tmp_path: Path, checkpoint_interval: float = 2.0
+) -> AsyncIterator[TransactionManager]:
+    """A member hosting all three partitions in this process, on the embedded store; a test
+    that crashes it (:func:`crash_member`) leaves it unstopped."""
     config = CoordinatorConfig(
         store_url=f"sqlite:///{tmp_path / 'store.db'}",
         log_dir=tmp_path / "log",
         partitions=3,
         fsync=False,
+        checkpoint_interval=checkpoint_interval,
     )
     manager = build_manager(config)
     await _start_manager(manager)
     try:
         yield manager
     finally:
-        await _stop_manager(manager)
+        if not getattr(manager, "crashed", False):
+            await _stop_manager(manager)
 
 
-def keys_in_partitions(manager: TransactionManager, table: str, count: int) -> list[int]:
-    """Integer keys of ``table`` whose rows fall into ``count`` distinct partitions."""
+def member_log_of(manager: TransactionManager) -> WriteAheadLog:
+    return manager.local.hostings[0].participants[0].wal.shared.wal
+
+
+def crash_member(manager: TransactionManager) -> None:
+    """Like kill -9 of a member hosting every partition: what was only queued is lost, a
+    group the log's thread took is written, nothing after (no checkpoint, no stop)."""
+    for hosting in manager.local.hostings.values():
+        for participant in hosting.participants.values():
+            for task in participant._background:
+                task.cancel()
+    wal = member_log_of(manager)
+    with wal._mutex:
+        wal._pending.clear()
+    while wal._draining:
+        time.sleep(0.001)
+    with wal._mutex:
+        wal._closed = True
+    os.close(wal._fd)
+    manager.crashed = True  # type: ignore[attr-defined]
+
+
+def keys_in_partitions(
+    manager: TransactionManager, table: str, count: int, start: int = 0
+) -> list[int]:
+    """Integer keys of ``table`` from ``start`` on whose rows fall into ``count`` distinct
+    partitions."""
     by_partition: dict[int, int] = {}
-    for key in range(100):
+    for key in range(start, start + 100):
         writes = Writes()
         writes.insert(table, {"id": key, "v": 1})
         (op,) = manager._row_ops(writes.operations)
@@ -294,12 +327,17 @@ def test_a_commit_whose_caller_goes_away_at_its_decision_commits_all_the_same(
     asyncio.run(main())
 
 
+@pytest.mark.parametrize(
+    "fenced", [("decision_logged",), ("commit_with_decision", "logged_with_decision")]
+)
 def test_a_durable_commit_is_answered_and_delivered_whatever_its_bookkeeping_raises(
-    tmp_path: Path,
+    tmp_path: Path, fenced: tuple[str, ...]
 ) -> None:
-    """Past its durable decision, a participant that cannot hear it was logged along (it
-    was fenced meanwhile, say) does not keep the caller waiting nor the others held: the
-    commit is answered and delivered to every participant."""
+    """Past its durable decision, a participant that cannot take it from the decision's
+    record or hear it was logged along (it was fenced meanwhile, say) does not keep the
+    caller waiting nor the others held: the commit is answered and delivered to every
+    participant, the ordinary way. (One that cannot take part in a decision record at all
+    makes the decision an ordinary one.)"""
 
     async def main() -> None:
         async with member_alone(tmp_path) as manager:
@@ -308,10 +346,11 @@ def test_a_durable_commit_is_answered_and_delivered_whatever_its_bookkeeping_rai
             for key in keys_in_partitions(manager, "t", 3):
                 writes.insert("t", {"id": key, "v": 1})
 
-            def fenced(ts: int) -> None:
+            def refuse(ts: int, *more: object) -> None:
                 raise errors.NotServed("partition 1 moved on")
 
-            manager.channels[1].logged_with_decision = fenced  # type: ignore[method-assign]
+            for name in fenced:
+                setattr(manager.channels[1], name, refuse)
             ts = await asyncio.wait_for(manager.commit(writes.operations), 10)
             for _ in range(200):
                 if not manager.decisions.committed:
@@ -319,8 +358,71 @@ def test_a_durable_commit_is_answered_and_delivered_whatever_its_bookkeeping_rai
                 await asyncio.sleep(0.01)
             assert not manager.decisions.committed  # every participant has it
             assert ts not in manager.in_flight
+            update = Writes()
+            for op in writes.operations:  # RowNotFound unless every insert committed
+                update.update("t", {"id": op.values.columns["id"].int_value}, {"v": 2})
+            assert await manager.commit(update.operations) > ts
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_a_decision_record_is_its_participants_commit_record_across_a_crash(
+    tmp_path: Path, applied: bool
+) -> None:
+    """Where every participant of a transaction is in the coordinating member and writes to
+    its one log, the decision record is their commit record too: a commit writes a prepare
+    record a participant and one record more, and nothing is delivered or remembered. After
+    a crash (the rows only in the log: no checkpoint ran) each participant replays it as its
+    own commit, the view's deltas once; also when the crash came between the record's flush
+    and the participants applying it (``applied`` False)."""
+    sql = "SELECT cat, SUM(v) AS s, COUNT(*) AS n FROM t GROUP BY cat"
+    expected: dict[int, int] = {}
+
+    async def before() -> list[dict]:
+        async with member_alone(tmp_path, checkpoint_interval=1000.0) as manager:
+            await run_sql("CREATE TABLE t (id INT PRIMARY KEY, cat INT, v INT)", manager)
+            await run_sql(f"CREATE MATERIALIZED VIEW by_cat AS {sql}", manager)
+            for round_ in range(4):
+                writes = Writes()
+                for key in keys_in_partitions(manager, "t", 3, start=100 * round_):
+                    writes.insert("t", {"id": key, "cat": key % 2, "v": round_})
+                    expected[key] = round_
+                if round_ == 3 and not applied:
+                    manager._decision_logged = lambda ts, participants, lsn: []  # type: ignore[method-assign]
+                await manager.commit(writes.operations)
+            assert not manager.decisions.committed  # nothing to deliver, nothing remembered
+            wal = member_log_of(manager)
+            await wal.flush()
+            records = [r for r in wal.replay() if r["kind"] in ("commit", "done")]
+            crash_member(manager)
+            return records
+
+    records = asyncio.run(before())
+    # (a DDL's decision has no participants, and is done at once)
+    decisions = [r for r in records if r["log"] == DECISIONS and r.get("participants")]
+    assert len(decisions) >= 4 and all(r["kind"] == "commit" and r["with"] for r in decisions)
+    decided = {r["ts"] for r in decisions}
+    assert not [r for r in records if r["ts"] in decided and r not in decisions]  # nor done
+
+    async def after() -> None:
+        async with member_alone(tmp_path, checkpoint_interval=1000.0) as manager:
+            rows = (await run_sql("SELECT id, v FROM t", manager)).rows
+            got = {r.columns["id"].int_value: r.columns["v"].int_value for r in rows}
+            assert got == expected
+            await manager.views.start()  # as a member's role does once it leads
+            view = (await run_sql("SELECT cat, s, n FROM by_cat", manager)).rows
+            sums = {
+                r.columns["cat"].int_value: (r.columns["s"].int_value, r.columns["n"].int_value)
+                for r in view
+            }
+            want: dict[int, tuple[int, int]] = {}
+            for key, v in expected.items():
+                s_, n = want.get(key % 2, (0, 0))
+                want[key % 2] = (s_ + v, n + 1)
+            assert sums == want
+
+    asyncio.run(after())
 
 
 def test_concurrent_commits_of_a_member_share_their_log_flushes(tmp_path: Path) -> None:

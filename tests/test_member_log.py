@@ -62,6 +62,49 @@ def test_each_writer_replays_only_its_own_records_after_a_kill(tmp_path: Path) -
     assert records(again, DECISIONS) == [("commit", 10)]
 
 
+def test_a_decision_record_with_its_participants_is_their_commit_record(tmp_path: Path) -> None:
+    """A decision whose participants all write to the member's log is logged once, for
+    them too (``DecisionLog.log_decided``): after a kill each participant replays it as a
+    commit record of its own at the decision's LSN, and the decision log has nothing left to
+    deliver; a plain decision stays the decision log's. Split into the writers' own logs
+    (the layout a member that copies its logs uses), each participant gets it the same way."""
+
+    async def main() -> int:
+        shared = SharedLog(tmp_path / "member", fsync=False)
+        p0, p1 = shared.writer(P0), shared.writer(P1)
+        decisions = DecisionLog(tmp_path, fsync=False, log=shared.writer(DECISIONS))
+        for ts in (10, 11):
+            p0.write({"kind": "prepared", "ts": ts, "after": {}, "merges": {}}, flush=False)
+            p1.write({"kind": "prepared", "ts": ts, "after": {}, "merges": {}}, flush=False)
+        lsn, durable = decisions.log_decided(10, [0, 1], [P0, P1])
+        await durable
+        await decisions.log_commit(11, [0, 1])
+        assert decisions.committed == {11: [0, 1]}  # only the plain one waits for delivery
+        kill(shared)
+        return lsn
+
+    lsn = asyncio.run(main())
+    again = SharedLog(tmp_path / "member", fsync=False)
+    for tag in (P0, P1):
+        replayed = list(again.writer(tag).replay())
+        assert [(r["kind"], r["ts"]) for r in replayed] == [
+            ("prepared", 10),
+            ("prepared", 11),
+            ("commit", 10),
+        ]
+        assert replayed[-1]["lsn"] == lsn
+    decisions = DecisionLog(tmp_path, fsync=False, log=again.writer(DECISIONS))
+    assert decisions.committed == {11: [0, 1]}
+    again.wal.close_now()
+
+    own = {P0: tmp_path / P0, P1: tmp_path / P1, DECISIONS: tmp_path / DECISIONS}
+    split(tmp_path / "member", own, fsync=False)
+    for tag in (P0, P1):
+        back = [r for r in WriteAheadLog(own[tag], fsync=False).replay() if r["kind"] != "mark"]
+        assert [(r["kind"], r["ts"], r["lsn"]) for r in back][-1] == ("commit", 10, lsn)
+    assert DecisionLog(own[DECISIONS], fsync=False).committed == {11: [0, 1]}
+
+
 def test_concurrent_writers_share_one_flush(tmp_path: Path) -> None:
     """Appends of several writers queued while the log's thread is busy go out in one
     group: a partition's prepare and another's, and a decision, cost one sync."""

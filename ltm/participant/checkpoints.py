@@ -48,10 +48,12 @@ class Checkpoints(PartitionState):
                 state = self.rows.get(row_id)
                 if state is None or not state.dirty or row_id[0] in self.dropped:
                     continue
-                if not self._committing.isdisjoint(state.merges):
-                    # A one-phase commit logged below what this row holds now is not applied
-                    # yet: stored at the higher number, the row would make replay skip it. It
-                    # waits for the next checkpoint, and so do the segments its changes are in.
+                if self._committing and self._logged_below(state.merges, state.lsn):
+                    # A commit logged below what this row holds now is not applied yet:
+                    # stored at the higher number, the row would make replay skip it. It
+                    # waits for the next checkpoint, and so do the segments its changes are
+                    # in. (One logged above is replayed over the stored row: no wait. In one
+                    # process commits apply in the order of their records, so none waits.)
                     self.touched.add(row_id)
                     held_back = True
                     continue
@@ -85,6 +87,12 @@ class Checkpoints(PartitionState):
             self._forget_drained_changes(written)
             self._maybe_evict()
             return len(pending)
+
+    def _logged_below(self, pending: dict[int, Row], lsn: int) -> bool:
+        """Whether a delta in ``pending`` is of a commit logged (or about to be) at or below
+        ``lsn`` and not applied yet."""
+        committing = self._committing
+        return any(committing.get(ts, lsn + 1) <= lsn for ts in pending)
 
     def _write_checkpoint(
         self, pending: list[tuple[str, bytes, int, Row | None, int]], upto: int

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 
-from aggview import failpoints
+from aggview import errors, failpoints
 from aggview.loops import pass_on
 from ltm.participant.state import PartitionState, Prepared
 
@@ -55,11 +55,11 @@ class Decisions(PartitionState):
         the commit stands whoever waits for the returned future (a caller gone cancels only
         that future)."""
         lsn = self.wal.write({"kind": "commit", "ts": ts})
-        self._committing.add(ts)  # logged at ``lsn``, applied only after the flush
+        self._committing[ts] = lsn  # logged at ``lsn``, applied only after the flush
         applied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def flushed(durable: asyncio.Future[None]) -> None:
-            self._committing.discard(ts)
+            self._committing.pop(ts, None)
             try:
                 # a failed flush: applied anyway, as before (its outcome is unknown)
                 if self.prepared.pop(ts, None) is tx:
@@ -72,6 +72,35 @@ class Decisions(PartitionState):
 
         asyncio.ensure_future(self.wal.flush()).add_done_callback(flushed)  # a future as is
         return _after_commit_applied(applied) if failpoints.ARMED else applied
+
+    def commit_with_decision(self, ts: int) -> None:
+        """The coordinator in this process is about to queue the decision record of ``ts`` in
+        this partition's own log (a member's one log): that record is this partition's
+        commit record too (``aggview.member_log`` hands it to each participant it names at
+        replay), so none of its own is written. Until :meth:`decision_logged`, its rows stay
+        held and its view deltas pending, as for a one-phase commit. Raises, having done
+        nothing, where the commit cannot take this way (not served here, not prepared)."""
+        self._check_serving()
+        if ts not in self.prepared:
+            raise errors.FailedPrecondition(f"transaction {ts} is not prepared here")
+        self._committing[ts] = 0  # its LSN is known once the record is queued
+
+    def decision_queued(self, ts: int, lsn: int) -> None:
+        """The decision record of ``ts`` is queued at ``lsn`` (see :meth:`commit_with_decision`)."""
+        self._committing[ts] = lsn
+
+    def decision_logged(self, ts: int, lsn: int) -> None:
+        """The decision record of ``ts`` is durable at ``lsn``: the commit is applied, at it."""
+        self._committing.pop(ts, None)
+        tx = self.prepared.pop(ts, None)
+        if tx is not None:
+            tx.durable = True
+            self._apply_commit(ts, tx, lsn)
+
+    def decision_not_logged(self, ts: int) -> None:
+        """The decision record of ``ts`` failed to reach the disk: the transaction stays
+        prepared, in doubt, as after any decision record whose write failed."""
+        self._committing.pop(ts, None)
 
     def _abort(self, ts: int, tx: Prepared) -> None:
         """Releases what ``tx`` holds; its record is never waited for (presumed abort)."""

@@ -90,8 +90,9 @@ class PartitionState:
         self.contacted = False
         self.commits_since_checkpoint = 0
         self.touched: set[RowId] = set()  # rows changed since the last checkpoint's snapshot
-        # one-phase commits whose record is logged and whose changes wait for its flush
-        self._committing: set[int] = set()
+        # commits whose record is logged and whose changes wait for its flush (one-phase, or
+        # in the decision's record): ts -> the record's LSN
+        self._committing: dict[int, int] = {}
         self.scans_running = 0
         # Key ranges read by read/write transactions: (start, stop or None, ts) per table. An
         # older transaction may not write a key into such a range (no phantoms).
