@@ -91,6 +91,10 @@ def encoded_width(column_type: ColumnType) -> int | None:
 
 def encode_key(types: Sequence[ColumnType], values: Sequence[object]) -> bytes:
     """Encode storage-form values; pass the first k types and values to encode a scan prefix."""
+    if len(values) == 1 == len(types):  # the common key, one INT: as below, without the loop
+        value = values[0]
+        if type(value) is int and types[0].kind == "INT" and INT_MIN <= value <= INT_MAX:
+            return (value + _INT_BIAS).to_bytes(8, "big")
     if len(types) != len(values):
         raise InvalidArgument(f"key has {len(values)} components; expected {len(types)}")
     out = bytearray()

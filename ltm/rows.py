@@ -201,11 +201,19 @@ class RowState:
 
 class RowCache(dict[tuple[str, bytes], RowState]):
     """The rows an LTM holds in memory, with the keys of each table kept apart, so a scan
-    visits one table's cached rows instead of every cached row."""
+    visits one table's cached rows instead of every cached row.
+
+    It also knows, per table whose store table was asked (:meth:`learned`), the greatest key
+    that store table may hold: a key above it that is not here is new, read from nowhere (an
+    insert of an ascending id needs no store read). A row leaves memory stored and evicted,
+    or gone from the store too, so every key that leaves raises it, however it leaves
+    (``removed``: the greatest that left, for values learned meanwhile)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.by_table: dict[str, set[bytes]] = {}
+        self.greatest: dict[str, bytes] = {}  # b"": the store table holds no key
+        self.removed: dict[str, bytes] = {}
 
     def __setitem__(self, row_id: tuple[str, bytes], state: RowState) -> None:
         super().__setitem__(row_id, state)
@@ -221,15 +229,37 @@ class RowCache(dict[tuple[str, bytes], RowState]):
         return state
 
     def clear(self) -> None:
+        for table, keys in self.by_table.items():
+            self._left(table, max(keys))
         super().clear()
         self.by_table.clear()
 
     def _forget(self, row_id: tuple[str, bytes]) -> None:
-        keys = self.by_table.get(row_id[0])
+        table, key = row_id
+        keys = self.by_table.get(table)
         if keys is not None:
-            keys.discard(row_id[1])
+            keys.discard(key)
             if not keys:
-                del self.by_table[row_id[0]]
+                del self.by_table[table]
+        self._left(table, key)
+
+    def _left(self, table: str, key: bytes) -> None:
+        if key > self.removed.get(table, b""):
+            self.removed[table] = key
+            if key > self.greatest.get(table, key):
+                self.greatest[table] = key
+
+    def learned(self, table: str, stored: bytes) -> None:
+        """The store table's greatest key, read at some moment since the read began: with
+        every key that left memory meanwhile (stored, maybe after that moment)."""
+        self.greatest[table] = max(
+            stored, self.removed.get(table, b""), self.greatest.get(table, b"")
+        )
+
+    def new(self, table: str, key: bytes) -> bool:
+        """Whether ``key`` is above every key ``table``'s store table may hold."""
+        greatest = self.greatest.get(table)
+        return greatest is not None and key > greatest
 
     def keys_of(self, table: str) -> set[bytes]:
         return self.by_table.get(table, set())

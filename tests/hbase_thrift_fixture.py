@@ -71,6 +71,10 @@ class _Scanner:
     next_key: bytes
     stop: bytes | None
     columns: list[bytes] | None
+    # reversed (HBase's semantics): from ``next_key`` (inclusive; b"": the last row) down to
+    # ``stop`` (exclusive); ``below``: rows still to come are below it
+    reversed: bool = False
+    below: bytes | None = None
 
 
 @dataclass
@@ -289,20 +293,27 @@ class _Handler:
     # --- scanners -------------------------------------------------------------------------
 
     def _open_scanner(
-        self, name: bytes, start: bytes | None, stop: bytes | None, columns: list[bytes] | None
+        self,
+        name: bytes,
+        start: bytes | None,
+        stop: bytes | None,
+        columns: list[bytes] | None,
+        reverse: bool = False,
     ) -> int:
         with self._lock:
             self._table(name)
             scanner_id = next(self._scanner_ids)
-            self._scanners[scanner_id] = _Scanner(name, start or b"", stop or None, columns)
+            self._scanners[scanner_id] = _Scanner(
+                name, start or b"", stop or None, columns, reversed=reverse
+            )
             return scanner_id
 
     def scannerOpenWithScan(self, tableName: bytes, scan: Any, attributes: object) -> int:
-        if scan.filterString or scan.reversed or scan.timestamp is not None:
-            raise H.IllegalArgument(
-                message="the test fixture scans forward without filters or timestamps"
-            )
-        return self._open_scanner(tableName, scan.startRow, scan.stopRow, scan.columns)
+        if scan.filterString or scan.timestamp is not None:
+            raise H.IllegalArgument(message="the test fixture scans without filters or timestamps")
+        return self._open_scanner(
+            tableName, scan.startRow, scan.stopRow, scan.columns, bool(scan.reversed)
+        )
 
     def scannerOpen(
         self, tableName: bytes, startRow: bytes, columns: list[bytes], attributes: object
@@ -334,6 +345,8 @@ class _Handler:
             if scanner is None:
                 raise H.IllegalArgument(message=f"scanner ID {id} is invalid")
             table = self._table(scanner.table)
+            if scanner.reversed:
+                return self._reversed_rows(table, scanner, max(nbRows, 1))
             results: list[Any] = []
             i = bisect.bisect_left(table.keys, scanner.next_key)
             while i < len(table.keys) and len(results) < max(nbRows, 1):
@@ -346,6 +359,25 @@ class _Handler:
                 scanner.next_key = key + b"\x00"
                 i += 1
             return results
+
+    def _reversed_rows(self, table: Any, scanner: _Scanner, count: int) -> list[Any]:
+        if scanner.below is not None:
+            i = bisect.bisect_left(table.keys, scanner.below) - 1
+        elif scanner.next_key:
+            i = bisect.bisect_right(table.keys, scanner.next_key) - 1
+        else:
+            i = len(table.keys) - 1
+        results: list[Any] = []
+        while i >= 0 and len(results) < count:
+            key = table.keys[i]
+            if scanner.stop is not None and key <= scanner.stop:
+                break
+            result = self._result(table, key, scanner.columns)
+            if result is not None:
+                results.append(result)
+            scanner.below = key
+            i -= 1
+        return results
 
     def scannerGet(self, id: int) -> list[Any]:
         return self.scannerGetList(id, 1)

@@ -434,6 +434,20 @@ class StoreContract:
         chain = [seen for _, seen, _ in sorted(wins)] + [stores[0].get(table, b"key")]
         assert chain == [None] + [b"%d:%d" % (r, n) for r, _, n in sorted(wins)]
 
+    def test_last_key_is_the_greatest_and_refuses_unknown_tables(
+        self, store: Store, table: str, name: Callable[[str], str]
+    ) -> None:
+        assert store.last_key(table) is None
+        keys = [encode_key([INT], [i]) for i in (5, -3, 40, 7)]
+        self.fill(store, table, keys)
+        assert store.last_key(table) == encode_key([INT], [40])
+        store.write([(table, encode_key([INT], [40]), None)])
+        assert store.last_key(table) == encode_key([INT], [7])
+        store.write([(table, b"\xff\xff", b"v")])  # bytes order, whatever the key encodes
+        assert store.last_key(table) == b"\xff\xff"
+        with pytest.raises(UnknownTable):
+            store.last_key(name("absent"))
+
     def test_count_counts_rows_and_refuses_unknown_tables(
         self, store: Store, table: str, name: Callable[[str], str]
     ) -> None:

@@ -31,7 +31,7 @@ from aggview.rowcodec import (
 from aggview.wal import _HEADER, WriteAheadLog
 from aggview.wire import ltm_pb2 as pb
 from ltm.participant import Participant, Settings
-from ltm.rows import RowState
+from ltm.rows import RowCache, RowState
 from ltm.store import Store, open_store
 
 T = TypeVar("T")
@@ -160,6 +160,19 @@ def crash(p: Participant) -> None:
     while wal._draining:  # a group the log's thread took is written, as before a kill
         time.sleep(0.001)
     os.close(wal._fd)
+
+
+def reads_of(store: Store) -> list[tuple[str, list[bytes]]]:
+    """The (table, keys) of every read ``store`` is asked from now on, in order."""
+    asked: list[tuple[str, list[bytes]]] = []
+    get_many = store.get_many
+
+    def spy(table: str, keys: list[bytes]) -> dict[bytes, bytes]:
+        asked.append((table, list(keys)))
+        return get_many(table, keys)
+
+    store.get_many = spy  # type: ignore[method-assign]
+    return asked
 
 
 def slow_disk(p: Participant) -> asyncio.Event:
@@ -840,14 +853,7 @@ def test_a_new_rows_index_entries_are_not_read_from_the_store(env: Env) -> None:
     the row was stored, its entries are read as any row is."""
     index = index_table(1, 8, TABLE)
     env.store.create_table(index)
-    asked: list[tuple[str, list[bytes]]] = []
-    get_many = env.store.get_many
-
-    def spy(table: str, keys: list[bytes]) -> dict[bytes, bytes]:
-        asked.append((table, list(keys)))
-        return get_many(table, keys)
-
-    env.store.get_many = spy  # type: ignore[method-assign]
+    asked = reads_of(env.store)
 
     def entry(value: int, key: bytes) -> bytes:
         return value.to_bytes(8, "big") + key
@@ -868,13 +874,77 @@ def test_a_new_rows_index_entries_are_not_read_from_the_store(env: Env) -> None:
         assert asked == [(TABLE, [b"x"]), (index, [entry(7, b"x")])]  # x was stored
         assert await outcome(q, 15, put(entry(7, b"x"), {}, table=index)) == TOO_LATE
         asked.clear()
-        await commit(q, 30, insert(b"y", {"v": 7}), put(entry(7, b"y"), {}, table=index))
-        assert asked == [(TABLE, [b"y"])]
-        assert [k for k, _ in await scan(q, 40, index)] == [entry(7, b"y")]
+        await commit(q, 30, insert(b"a", {"v": 7}), put(entry(7, b"a"), {}, table=index))
+        assert asked == [(TABLE, [b"a"])]
+        asked.clear()  # above every key the store holds: new, and its entry too
+        await commit(q, 35, insert(b"y", {"v": 7}), put(entry(7, b"y"), {}, table=index))
+        assert asked == []
+        assert [k for k, _ in await scan(q, 40, index)] == [entry(7, b"a"), entry(7, b"y")]
         assert [k for k, _ in await scan(q, 15, index)] == [entry(7, b"x")]
         await q.stop()
 
     run(main)
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["read inline", "read in a thread"])
+def test_a_key_above_every_stored_key_is_new_without_a_store_read(env: Env, inline: bool) -> None:
+    """The first read of a table learns the greatest key its store table holds; a key above
+    it that is not in memory is new, read from nowhere (inserts of ascending ids read the
+    store once). A key that leaves memory raises it: evicted once stored, a row is read
+    again and its insert refused. A restart learns it anew from the store. (A store whose
+    reads are slow reads in a thread: a key known new costs no thread either.)"""
+    asked = reads_of(env.store)
+    env.store.fast_point_reads = inline  # type: ignore[misc]
+
+    async def main() -> None:
+        p = env.participant()
+        await commit(p, 10, insert(b"m", {"v": 1}))
+        assert asked == [(TABLE, [b"m"])]  # the table's first read
+        asked.clear()
+        await commit(p, 20, insert(b"n", {"v": 1}), insert(b"p", {"v": 1}))
+        assert asked == []  # the store held nothing
+        await p.checkpoint()
+        p.observe(100, 0)
+        p.settings.cache_rows = 0
+        p._maybe_evict()
+        assert not p.rows
+        await commit(p, 25, insert(b"a", {"v": 1}))  # below what left memory: read
+        assert asked == [(TABLE, [b"a"])]
+        asked.clear()
+        assert await outcome(p, 30, insert(b"p", {"v": 2})) == ALREADY_EXISTS
+        assert asked == [(TABLE, [b"p"])]
+        asked.clear()
+        await commit(p, 40, insert(b"q", {"v": 1}))
+        assert asked == []
+        await p.checkpoint()
+        await p.stop()
+
+        q = env.participant()
+        await q.start()
+        asked.clear()
+        assert await outcome(q, 50, insert(b"q", {"v": 2})) == ALREADY_EXISTS
+        assert asked == [(TABLE, [b"q"])]  # learning again: read
+        asked.clear()
+        await commit(q, 60, insert(b"r", {"v": 1}))
+        assert asked == []
+        assert await get(q, 70, b"p") == {"v": 1}
+        await q.stop()
+
+    run(main)
+
+
+def test_the_greatest_stored_key_learned_counts_keys_that_left_memory_meanwhile() -> None:
+    """A table's greatest stored key is read in a thread while the loop goes on: a key
+    evicted meanwhile (stored after that read, maybe) still counts, so it is read again."""
+    cache = RowCache()
+    cache[(TABLE, b"k")] = RowState(versions=[(1, {"v": 1})])
+    assert not cache.new(TABLE, b"z")  # nothing learned yet: read
+    del cache[(TABLE, b"k")]  # evicted while the store's greatest key was being read
+    cache.learned(TABLE, b"c")
+    assert not cache.new(TABLE, b"k") and cache.new(TABLE, b"l")
+    cache[(TABLE, b"x")] = RowState(versions=[(2, None)])
+    cache.clear()  # every key that leaves raises it, however it leaves
+    assert not cache.new(TABLE, b"x") and cache.new(TABLE, b"y")
 
 
 def test_a_one_phase_commit_is_read_only_once_it_is_on_disk(env: Env) -> None:

@@ -147,15 +147,18 @@ class PartitionState:
                 continue
             wanted.setdefault(row_id[0], {})[row_id[1]] = None
         missing = {table: list(keys) for table, keys in wanted.items()}
-        if missing and self.store.fast_point_reads:  # read now: nobody else runs meanwhile
-            self._install(missing, self._read_missing(missing))
+        if missing and self._all_new(missing):  # nothing to read: no store call, no thread
+            self._install(missing, {})
+        elif missing and self.store.fast_point_reads:  # read now: nobody else runs meanwhile
+            self._install_read(missing, self._read_missing(missing))
         elif missing:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             for table, keys in missing.items():
                 for key in keys:
                     self.loading[(table, key)] = future
             try:
-                self._install(missing, await asyncio.to_thread(self._read_missing, missing))
+                read = await asyncio.to_thread(self._read_missing, missing)
+                self._install_read(missing, read)
                 future.set_result(None)
             except BaseException as exc:
                 future.set_exception(exc)
@@ -167,6 +170,21 @@ class PartitionState:
                         self.loading.pop((table, key), None)
         for wait in waits:
             await wait
+
+    def _all_new(self, missing: dict[str, list[bytes]]) -> bool:
+        """Whether every key in ``missing`` is above what its store table may hold."""
+        new = self.rows.new
+        return all(new(table, min(keys)) for table, keys in missing.items())
+
+    def _install_read(
+        self, missing: dict[str, list[bytes]], read: tuple[dict[RowId, bytes], dict[str, bytes]]
+    ) -> None:
+        """:meth:`_install` what :meth:`_read_missing` read, and take in the greatest keys it
+        learned (``RowCache.learned``)."""
+        found, learned = read
+        for table, stored in learned.items():
+            self.rows.learned(table, stored)
+        self._install(missing, found)
 
     def _install(self, missing: dict[str, list[bytes]], found: dict[RowId, bytes]) -> None:
         """The states of rows read from the store (``found``: those it has)."""
@@ -180,15 +198,23 @@ class PartitionState:
                     versions=[(ts, row)], rts=self.evicted_floor, lsn=lsn, partial=partial
                 )
 
-    def _read_missing(self, missing: dict[str, list[bytes]]) -> dict[RowId, bytes]:
-        """The stored data of rows not in memory. An index entry whose base row is read
-        along and has never been stored is not asked for: entries are written and erased
-        with their base rows, so a new row's entries are new too (an insert under a sync
-        view reads its row alone, not also the entry its view's index adds)."""
+    def _read_missing(
+        self, missing: dict[str, list[bytes]]
+    ) -> tuple[dict[RowId, bytes], dict[str, bytes]]:
+        """The stored data of rows not in memory, and the greatest key of each table read
+        for the first time (for :meth:`_install`, on the loop). A key above its table's
+        greatest is not asked for, nor is an index entry whose base row is read along and
+        has never been stored: entries are written and erased with their base rows, so a
+        new row's entries are new too (an insert under a sync view reads its row alone, not
+        also the entry its view's index adds)."""
+        new = self.rows.new
+        learn = [table for table in missing if table not in self.rows.greatest]
         entries = self._entries_of_loading(missing)
-        if entries:
-            missing = {t: [k for k in keys if (t, k) not in entries] for t, keys in missing.items()}
-        found = self._get_many(missing)
+        asked = {
+            table: [k for k in keys if (table, k) not in entries and not new(table, k)]
+            for table, keys in missing.items()
+        }
+        found = self._get_many(asked)
         if entries:
             later: dict[str, list[bytes]] = {}
             for (table, key), base in entries.items():
@@ -196,7 +222,13 @@ class PartitionState:
                     later.setdefault(table, []).append(key)
             if later:
                 found.update(self._get_many(later))
-        return found
+        return found, {table: self._stored_greatest(table) for table in learn}
+
+    def _stored_greatest(self, table: str) -> bytes:
+        try:
+            return self.store.last_key(table) or b""
+        except errors.UnknownTable:
+            return b""  # a table created but never checkpointed into is empty
 
     @staticmethod
     def _entries_of_loading(missing: dict[str, list[bytes]]) -> dict[RowId, RowId]:

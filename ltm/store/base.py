@@ -155,6 +155,15 @@ class Store(ABC):
         unique = list(dict.fromkeys(check_key(k) for k in keys))
         return self._get_many(table, unique)
 
+    def last_key(self, table: str) -> bytes | None:
+        """The greatest key the table holds (None: it holds none). A participant learns from
+        it which keys are new without reading them (``ltm.participant.state``)."""
+        self._check_open()
+        return self._last_key(check_table_name(table))
+
+    @abstractmethod
+    def _last_key(self, table: str) -> bytes | None: ...
+
     def write(self, mutations: Iterable[Mutation]) -> None:
         """Apply puts and deletes, possibly across tables, atomically where the store can.
 

@@ -517,6 +517,16 @@ class HBaseStore(Store):
 
         return self._call(f"scan of {table!r}", action)
 
+    def _last_key(self, table: str) -> bytes | None:
+        def action(conn: happybase.Connection) -> bytes | None:
+            try:  # a reversed scan of one row (read to its end: the scanner is closed)
+                rows = list(conn.table(table).scan(columns=[COLUMN], reverse=True, limit=1))
+            except HBaseIOError as exc:
+                raise self._server_error(conn, table, "scan", exc) from exc
+            return rows[0][0] if rows else None
+
+        return self._call(f"last key of {table!r}", action)
+
     def _close(self) -> None:
         # happybase's pool has no close(): drain its idle connections (in-use ones are closed
         # when garbage-collected).

@@ -277,6 +277,17 @@ class SqliteStore(Store):
 
         return self._run(body, write=False)
 
+    def _last_key(self, table: str) -> bytes | None:
+        sql = f'SELECT k FROM "{_sql_table(table)}" ORDER BY k DESC LIMIT 1'
+
+        def body(conn: sqlite3.Connection) -> bytes | None:
+            if self._missing_tables(conn, [table]):
+                raise _unknown(table)
+            row = conn.execute(sql).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return self._run(body, write=False)
+
     def _write(self, mutations: list[Mutation], tables: list[str]) -> None:
         self._run(lambda conn: self._apply(conn, mutations, tables), write=True)
 
