@@ -5,12 +5,11 @@ participant is in this process, otherwise a commit record in the decision log fi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aggview import errors, failpoints
 from aggview.partition_map import partition_of
@@ -18,6 +17,9 @@ from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.convert import check_operation_count, describe_condition, describe_key, row_op
 from coordinator.decision_delivery import DecisionDelivery
+
+if TYPE_CHECKING:
+    from ltm.participant import Participant
 
 log = logging.getLogger("coordinator.transactions")  # the manager's log, as before the split
 Vote = lpb.Vote
@@ -181,15 +183,16 @@ class Commits(DecisionDelivery):
             try:
                 if not two_phase:
                     durable = channels[participants[0]].decide_at_once(tx.ts, True)
-                elif self._commit_with_decision(tx.ts, participants):
+                elif (taking := self._commit_with_decision(tx.ts, participants)) is not None:
                     try:
-                        tags = [channels[p].log_tag for p in participants]
+                        tags = [part.wal.tag for part in taking]  # type: ignore[union-attr]
                         lsn, durable = self.decisions.log_decided(tx.ts, participants, tags)
-                    except BaseException:
-                        self._decision_not_logged(tx.ts, participants)
+                    except BaseException:  # nothing queued
+                        for part in taking:
+                            part.decision_not_queued(tx.ts)
                         raise
-                    for p in participants:
-                        channels[p].decision_queued(tx.ts, lsn)
+                    for part in taking:  # from here the record may be on disk, whatever
+                        part.decision_queued(tx.ts, lsn)
                 else:
                     durable = self.decisions.log_commit(tx.ts, participants)
             except Exception as exc:  # noqa: BLE001 - e.g. the log closed: heard as the outcome
@@ -206,11 +209,9 @@ class Commits(DecisionDelivery):
                 error = error or exc
             deliver = participants if two_phase and not lsn and failed is None else []
             try:
-                if failed is not None:
+                if failed is not None:  # in doubt: prepared until a restart replays the log
                     if two_phase:
                         self.unlogged.add(tx.ts)  # see _commit
-                    if lsn:
-                        self._decision_not_logged(tx.ts, participants)
                 elif lsn:  # each participant commits by the decision's own record
                     deliver = self._decision_logged(tx.ts, participants, lsn)
                 else:
@@ -231,25 +232,22 @@ class Commits(DecisionDelivery):
         asyncio.get_running_loop().call_soon(decide)
         return True
 
-    def _commit_with_decision(self, ts: int, participants: list[int]) -> bool:
-        """Whether every participant (all here, all writing to the decision log's log) takes
-        its commit from the decision's own record: one record for the decision and every
-        commit, nothing to deliver, nothing left to forget. False, with none marked, if one
-        cannot (it is fenced, say): the decision is then delivered as across processes."""
-        marked = []
+    def _commit_with_decision(self, ts: int, participants: list[int]) -> list[Participant] | None:
+        """The participants (all here, all writing to the decision log's log) if every one
+        takes its commit from the decision's own record: one record for the decision and
+        every commit, nothing to deliver, nothing left to forget. None, with none marked, if
+        one cannot (it is fenced, say): the decision is then delivered as across processes."""
+        taking: list[Participant] = []
         try:
             for p in participants:
-                self.channels[p].commit_with_decision(ts)
-                marked.append(p)
+                part = self.channels[p].participant
+                part.commit_with_decision(ts)
+                taking.append(part)
         except Exception:  # noqa: BLE001 - the ordinary way then
-            self._decision_not_logged(ts, marked)
-            return False
-        return True
-
-    def _decision_not_logged(self, ts: int, participants: list[int]) -> None:
-        for p in participants:
-            with contextlib.suppress(Exception):  # a fenced one holds nothing to give back
-                self.channels[p].decision_not_logged(ts)
+            for part in taking:
+                part.decision_not_queued(ts)
+            return None
+        return taking
 
     def _decision_logged(self, ts: int, participants: list[int], lsn: int) -> list[int]:
         """Each participant applies the commit logged at ``lsn``; returns those that could

@@ -77,7 +77,8 @@ class DecisionLog:
         """:meth:`log_commit` for participants that all write to this log (a member's one
         log; ``tags``: their writers'): the record is their commit record too, which
         ``aggview.member_log`` hands to each at replay, so there is nothing to deliver and
-        nothing to remember once it is durable. Returns its LSN, and the future."""
+        nothing to remember once it is durable. Returns its LSN, and the future; raises only
+        if nothing was queued."""
         record = {"kind": "commit", "ts": ts, "participants": participants, "with": tags}
         return self._log(ts, participants, record, delivered=True)
 
@@ -92,10 +93,14 @@ class DecisionLog:
         logged: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
             lsn = self.wal.write(record)
-            durable = self.wal.flush()
-        except BaseException:
+        except BaseException:  # nothing queued
             del self._logging[ts]
             raise
+        try:
+            durable = self.wal.flush()
+        except Exception as exc:  # noqa: BLE001 - queued, its outcome unknown: heard as its flush's
+            durable = asyncio.get_running_loop().create_future()
+            durable.set_exception(exc)
 
         def flushed(durable: asyncio.Future[None]) -> None:
             del self._logging[ts]

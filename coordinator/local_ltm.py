@@ -200,26 +200,11 @@ class LocalLtm:
         """Its prepares are durable: they precede ``ts``'s durable decision in ``log``."""
         self.participant.logged_with_decision(ts)
 
-    @property
-    def log_tag(self) -> str:
-        """The participant's writer's tag in the member's one log (when it writes to one)."""
-        return self.participant.wal.tag  # type: ignore[union-attr]
-
-    def commit_with_decision(self, ts: int) -> None:
-        """``ts`` commits by the decision's record (``Participant.commit_with_decision``)."""
-        self.participant.commit_with_decision(ts)
-
-    def decision_queued(self, ts: int, lsn: int) -> None:
-        self.participant.decision_queued(ts, lsn)
-
     def decision_logged(self, ts: int, lsn: int) -> None:
         """Applied now: the decision record at ``lsn`` is durable."""
         participant = self.participant
         participant.observe(self._watermarks()[0], 0)
         participant.decision_logged(ts, lsn)
-
-    def decision_not_logged(self, ts: int) -> None:
-        self.participant.decision_not_logged(ts)
 
     async def decide(self, ts: int, commit: bool) -> None:
         participant = self.participant

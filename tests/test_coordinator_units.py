@@ -349,8 +349,11 @@ def test_a_durable_commit_is_answered_and_delivered_whatever_its_bookkeeping_rai
             def refuse(ts: int, *more: object) -> None:
                 raise errors.NotServed("partition 1 moved on")
 
-            for name in fenced:
-                setattr(manager.channels[1], name, refuse)
+            for name in fenced:  # the participant's own step, or the channel's
+                owner = manager.channels[1]
+                if name == "commit_with_decision":
+                    owner = owner.participant  # type: ignore[assignment]
+                setattr(owner, name, refuse)
             ts = await asyncio.wait_for(manager.commit(writes.operations), 10)
             for _ in range(200):
                 if not manager.decisions.committed:
@@ -421,6 +424,68 @@ def test_a_decision_record_is_its_participants_commit_record_across_a_crash(
                 s_, n = want.get(key % 2, (0, 0))
                 want[key % 2] = (s_ + v, n + 1)
             assert sums == want
+
+    asyncio.run(after())
+
+
+def test_a_decision_record_whose_flush_failed_keeps_its_view_rows_held_back(
+    tmp_path: Path,
+) -> None:
+    """A decision record that is its participants' commit record, whose flush reported a
+    failure after its bytes were written (a failed fdatasync, say), may be on disk: its
+    transaction stays prepared, in doubt, and a checkpoint may not store a view row it adds
+    to at a later commit's number, or replay after a crash (which finds the record, and
+    commits it) would skip its delta as stored. (Found by a review: the view lost the
+    transaction's delta while its rows came back.)"""
+    sql = "SELECT cat, SUM(v) AS s, COUNT(*) AS n FROM t GROUP BY cat"
+
+    async def before() -> None:
+        async with member_alone(tmp_path, checkpoint_interval=1000.0) as manager:
+            await run_sql("CREATE TABLE t (id INT PRIMARY KEY, cat INT, v INT)", manager)
+            await run_sql(f"CREATE MATERIALIZED VIEW by_cat AS {sql}", manager)
+            first = Writes()
+            for key in keys_in_partitions(manager, "t", 3):
+                first.insert("t", {"id": key, "cat": 0, "v": 1})
+            await manager.commit(first.operations)
+            wal = member_log_of(manager)
+            write_and_sync = wal._write_and_sync
+            failing = True
+
+            def written_then_failed(fd: int, chunk: bytes, retired: list[int]) -> None:
+                write_and_sync(fd, chunk, retired)  # the bytes are in the file
+                if failing:
+                    raise OSError(5, "fdatasync failed")
+
+            wal._write_and_sync = written_then_failed  # type: ignore[method-assign]
+            in_doubt = Writes()
+            for key in keys_in_partitions(manager, "t", 3, start=100):
+                in_doubt.insert("t", {"id": key, "cat": 0, "v": 10})
+            with pytest.raises(OSError, match="fdatasync failed"):
+                await manager.commit(in_doubt.operations)
+            failing = False
+            parts = [p for h in manager.local.hostings.values() for p in h.participants.values()]
+            assert all(len(p.prepared) == 1 for p in parts)  # in doubt, rows held
+            for key in range(200, 300):  # later commits add to the same view row
+                later = Writes()
+                later.insert("t", {"id": key, "cat": 0, "v": 100})
+                await manager.commit(later.operations)
+            for part in parts:
+                await part.checkpoint()
+            crash_member(manager)
+
+    asyncio.run(before())
+
+    async def after() -> None:
+        async with member_alone(tmp_path, checkpoint_interval=1000.0) as manager:
+            rows = (await run_sql("SELECT v FROM t", manager)).rows
+            values = [r.columns["v"].int_value for r in rows]
+            await manager.views.start()
+            (view,) = (await run_sql("SELECT cat, s, n FROM by_cat", manager)).rows
+            assert (view.columns["s"].int_value, view.columns["n"].int_value) == (
+                sum(values),
+                len(values),
+            )
+            assert values.count(10) == 3  # the record was on disk: it committed
 
     asyncio.run(after())
 

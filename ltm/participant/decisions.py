@@ -55,7 +55,9 @@ class Decisions(PartitionState):
         the commit stands whoever waits for the returned future (a caller gone cancels only
         that future)."""
         lsn = self.wal.write({"kind": "commit", "ts": ts})
-        self._committing[ts] = lsn  # logged at ``lsn``, applied only after the flush
+        # logged at ``lsn``, applied only after the flush; if a decision record that is this
+        # commit's was queued before (its apply failed), replay takes that one, lower
+        self._committing[ts] = min(lsn, self._committing.get(ts) or lsn)
         applied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def flushed(durable: asyncio.Future[None]) -> None:
@@ -77,29 +79,32 @@ class Decisions(PartitionState):
         """The coordinator in this process is about to queue the decision record of ``ts`` in
         this partition's own log (a member's one log): that record is this partition's
         commit record too (``aggview.member_log`` hands it to each participant it names at
-        replay), so none of its own is written. Until :meth:`decision_logged`, its rows stay
-        held and its view deltas pending, as for a one-phase commit. Raises, having done
-        nothing, where the commit cannot take this way (not served here, not prepared)."""
+        replay), so none of its own is written. From then on its rows stay held and its view
+        deltas pending until :meth:`decision_logged`, as for a one-phase commit. Raises,
+        having done nothing, where the commit cannot take this way (not served here, not
+        prepared)."""
         self._check_serving()
         if ts not in self.prepared:
             raise errors.FailedPrecondition(f"transaction {ts} is not prepared here")
-        self._committing[ts] = 0  # its LSN is known once the record is queued
+        self._committing[ts] = 0  # below every row's number until the record's is known
 
     def decision_queued(self, ts: int, lsn: int) -> None:
-        """The decision record of ``ts`` is queued at ``lsn`` (see :meth:`commit_with_decision`)."""
+        """The decision record of ``ts`` is queued at ``lsn``. Whatever its flush says, it may
+        be on disk: a checkpoint holds back each view row this transaction adds to that
+        holds a number above it, until the commit is applied here (or a restart decides)."""
         self._committing[ts] = lsn
+
+    def decision_not_queued(self, ts: int) -> None:
+        """:meth:`commit_with_decision` taken back: no record of ``ts`` was queued."""
+        if self._committing.get(ts) == 0:
+            del self._committing[ts]
 
     def decision_logged(self, ts: int, lsn: int) -> None:
         """The decision record of ``ts`` is durable at ``lsn``: the commit is applied, at it."""
-        self._committing.pop(ts, None)
         tx = self.prepared.pop(ts, None)
         if tx is not None:
             tx.durable = True
             self._apply_commit(ts, tx, lsn)
-
-    def decision_not_logged(self, ts: int) -> None:
-        """The decision record of ``ts`` failed to reach the disk: the transaction stays
-        prepared, in doubt, as after any decision record whose write failed."""
         self._committing.pop(ts, None)
 
     def _abort(self, ts: int, tx: Prepared) -> None:
