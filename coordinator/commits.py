@@ -184,13 +184,8 @@ class Commits(DecisionDelivery):
                 if not two_phase:
                     durable = channels[participants[0]].decide_at_once(tx.ts, True)
                 elif (taking := self._commit_with_decision(tx.ts, participants)) is not None:
-                    try:
-                        tags = [part.wal.tag for part in taking]  # type: ignore[union-attr]
-                        lsn, durable = self.decisions.log_decided(tx.ts, participants, tags)
-                    except BaseException:  # nothing queued
-                        for part in taking:
-                            part.decision_not_queued(tx.ts)
-                        raise
+                    tags = [part.wal.tag for part in taking]  # type: ignore[union-attr]
+                    lsn, durable = self.decisions.log_decided(tx.ts, participants, tags)
                     for part in taking:  # from here the record may be on disk, whatever
                         part.decision_queued(tx.ts, lsn)
                 else:
@@ -222,30 +217,25 @@ class Commits(DecisionDelivery):
             finally:  # durable: delivered and answered whatever the bookkeeping said
                 if deliver:
                     self._deliver_later(tx.ts, deliver)
-                if outcome.done():
-                    pass
-                elif error is not None:
-                    outcome.set_exception(error)
-                else:
-                    outcome.set_result(tx.ts)
+                if not outcome.done():
+                    if error is None:
+                        outcome.set_result(tx.ts)
+                    else:
+                        outcome.set_exception(error)
 
         asyncio.get_running_loop().call_soon(decide)
         return True
 
     def _commit_with_decision(self, ts: int, participants: list[int]) -> list[Participant] | None:
         """The participants (all here, all writing to the decision log's log) if every one
-        takes its commit from the decision's own record: one record for the decision and
-        every commit, nothing to deliver, nothing left to forget. None, with none marked, if
-        one cannot (it is fenced, say): the decision is then delivered as across processes."""
-        taking: list[Participant] = []
+        may take its commit from the decision's own record: one record for the decision and
+        every commit, nothing to deliver, nothing left to forget. None if one cannot (it is
+        fenced, say): the decision is then delivered as across processes."""
         try:
-            for p in participants:
-                part = self.channels[p].participant
-                part.commit_with_decision(ts)
-                taking.append(part)
-        except Exception:  # noqa: BLE001 - the ordinary way then
+            taking = [self.channels[p].participant for p in participants]
             for part in taking:
-                part.decision_not_queued(ts)
+                part.commit_with_decision(ts)
+        except Exception:  # noqa: BLE001 - the ordinary way then
             return None
         return taking
 

@@ -76,28 +76,20 @@ class Decisions(PartitionState):
         return _after_commit_applied(applied) if failpoints.ARMED else applied
 
     def commit_with_decision(self, ts: int) -> None:
-        """The coordinator in this process is about to queue the decision record of ``ts`` in
-        this partition's own log (a member's one log): that record is this partition's
+        """Raises unless ``ts`` may commit by its decision's record in this partition's own
+        log (a member's one log): served here and prepared. That record is this partition's
         commit record too (``aggview.member_log`` hands it to each participant it names at
-        replay), so none of its own is written. From then on its rows stay held and its view
-        deltas pending until :meth:`decision_logged`, as for a one-phase commit. Raises,
-        having done nothing, where the commit cannot take this way (not served here, not
-        prepared)."""
+        replay), so none of its own is written."""
         self._check_serving()
         if ts not in self.prepared:
             raise errors.FailedPrecondition(f"transaction {ts} is not prepared here")
-        self._committing[ts] = 0  # below every row's number until the record's is known
 
     def decision_queued(self, ts: int, lsn: int) -> None:
         """The decision record of ``ts`` is queued at ``lsn``. Whatever its flush says, it may
-        be on disk: a checkpoint holds back each view row this transaction adds to that
-        holds a number above it, until the commit is applied here (or a restart decides)."""
+        be on disk: until :meth:`decision_logged` its rows stay held and its view deltas
+        pending, as for a one-phase commit, and a checkpoint holds back each view row it
+        adds to that holds a number above it (or until a restart decides)."""
         self._committing[ts] = lsn
-
-    def decision_not_queued(self, ts: int) -> None:
-        """:meth:`commit_with_decision` taken back: no record of ``ts`` was queued."""
-        if self._committing.get(ts) == 0:
-            del self._committing[ts]
 
     def decision_logged(self, ts: int, lsn: int) -> None:
         """The decision record of ``ts`` is durable at ``lsn``: the commit is applied, at it."""
