@@ -21,7 +21,9 @@ from coordinator.view_switches import ViewSwitches, dispatched
 from cumulus.aggstate import Row
 from cumulus.cascade import cascade
 from cumulus.delta import Changes, RowsWhere
-from cumulus.view_rows import with_views
+from cumulus.view_rows import GroupReader, with_views
+
+_NO_COLUMNS = encode_row({})  # an index entry's row: its key says it all
 
 
 class ViewMaintenance(ViewSwitches):
@@ -131,6 +133,8 @@ class ViewMaintenance(ViewSwitches):
             if v.plan.mode == "sync" and v.state != "initializing" and v.compiled is not None
         ]
         inner = read_by(self.views)
+        reader = group_reader(self.manager, self.views, tx.ts)
+        rows_where = self._rows_where(tx.ts, inner, reader)
         started = time.perf_counter()
 
         def measured(name: str) -> None:
@@ -140,26 +144,35 @@ class ViewMaintenance(ViewSwitches):
             started = now
 
         deltas, moved = await cascade(
-            maintained,
-            changes,
-            self._rows_where(tx.ts),
-            group_reader(self.manager, self.views, tx.ts),
-            inner,
-            tx.merged,
-            measured,
+            maintained, changes, rows_where, reader, inner, tx.merged, measured
         )
         ops = []
         for name, delta in deltas.items():
             view = self.views[name]
+            guarded = name in inner
             for key, d in delta.items():
                 op = view.merge(key, d, home)
-                op.guarded = name in inner
+                op.guarded = guarded
                 ops.append(op)
-        return ops + captured_rows(self.views, moved, tx.ts)
+        return ops + captured_rows(self.views, moved, tx.ts) if moved else ops
 
     def _home(self, group_key: bytes) -> int:
         """Where a group's partial row goes when no partition is better than another."""
         return zlib.crc32(group_key) % self.manager.partitions
+
+    def _rows_where(
+        self, ts: int, inner: set[str] | None = None, reader: GroupReader | None = None
+    ) -> RowsWhere:
+        """Reads of transaction ``ts`` itself: rows of a table (or of a view read as one,
+        ``inner``: every view some view reads) whose column equals one of some values (or
+        every row: column None)."""
+        inner = read_by(self.views) if inner is None else inner
+        rows_where = self._table_rows_where(ts)
+        if not inner:
+            return rows_where
+        views = {name: self.views[name].compiled for name in inner}
+        reader = reader or group_reader(self.manager, self.views, ts)
+        return with_views(rows_where, views, reader)  # type: ignore[arg-type]
 
     def _index_op(
         self, schema: TableSchema, column: str, key: bytes, value: Any, *, erase: bool = False
@@ -172,15 +185,8 @@ class ViewMaintenance(ViewSwitches):
             kind=lpb.RowOp.PUT,
             table=index_id,
             key=prefix + key,
-            values=b"" if erase else encode_row({}),
+            values=b"" if erase else _NO_COLUMNS,
         )
-
-    def _rows_where(self, ts: int) -> RowsWhere:
-        """Reads of transaction ``ts`` itself: rows of a table (or of a view read as one)
-        whose column equals one of some values (or every row: column None)."""
-        views = {name: self.views[name].compiled for name in read_by(self.views)}
-        reader = group_reader(self.manager, self.views, ts)
-        return with_views(self._table_rows_where(ts), views, reader)  # type: ignore[arg-type]
 
     def _table_rows_where(self, ts: int) -> RowsWhere:
         """Rows of a table whose column equals one of some values, read as transaction

@@ -18,7 +18,6 @@ snapshot, which is how views over existing data are initialized.
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -47,11 +46,13 @@ def touching(plan: ViewPlan, changes: Changes) -> Changes:
     columns (a stock level under a sales view) changes no group, so it costs no join. A
     view's row read by a view over it also moves when its multiplicity does."""
     out: Changes = {}
-    for table in plan.base_tables():
+    watched = plan.once(
+        "watched", lambda: {t: _watched_columns(plan, t) for t in plan.base_tables()}
+    )
+    for table, columns in watched.items():
         rows = changes.get(table)
         if not rows:
             continue
-        columns = plan.once(("watched", table), functools.partial(_watched_columns, plan, table))
         kept = {
             key: (before, after)
             for key, (before, after) in rows.items()
@@ -217,12 +218,12 @@ async def _join_from(
     bind the outer alias ``i`` to its key only (not in ``bound``): its NULL row, once the
     others are joined."""
     plan = view.plan
-    aliases = [t.alias for t in plan.tables]
-    start = aliases[i]
-    pending = _Filters(view)
+    position = plan.once("alias_positions", lambda: {t.alias: n for n, t in enumerate(plan.tables)})
+    start = plan.tables[i].alias
+    pending = _Filters(view) if view.filters else _NO_FILTERS
     partial = pending.apply(partial, bound)
     for alias, edges in join_order(plan, i):
-        new = aliases.index(alias) < i
+        new = position[alias] < i
         if edges:
             partial = await _lookup_step(view, side, partial, alias, edges, new=new)
         else:
@@ -295,6 +296,19 @@ class _Filters:
         return [(s, b) for s, b in partial if all(check(lookup(b)) for check in ready)]
 
 
+class _NoFilters(_Filters):
+    """A view without filters: every tuple passes."""
+
+    def __init__(self) -> None:
+        pass
+
+    def apply(self, partial: list[Binding], bound: set[str]) -> list[Binding]:
+        return partial
+
+
+_NO_FILTERS = _NoFilters()
+
+
 def _filter_aliases(plan: ViewPlan) -> list[frozenset[str]]:
     """The aliases each of the plan's filters reads."""
     return [frozenset(alias for alias, _ in expr_columns(tree)) for tree in plan.filters]
@@ -314,25 +328,32 @@ async def _lookup_step(
     table = view.plan.table_of(alias)
     column, bound_alias, bound_column = edges[0]
     target = Column(column, view.column_type(alias, column))
+    # the stored value is the target's own where both columns store one exact form of it
+    same_type = view.column_type(bound_alias, bound_column) == target.type
+    exact = _EXACT.get(target.type.kind) if same_type else None
     wanted: list[tuple[int, dict[str, Row], Any]] = []
     for sign, binding in partial:
-        value = view.lookup(binding)(bound_alias, bound_column)
-        try:
-            stored = None if value is None else to_storage(target, value, table=table)
-        except Exception:
-            stored = None
+        stored = binding[bound_alias].get(bound_column)
+        if stored is not None and type(stored) is not exact:
+            value = view.lookup(binding)(bound_alias, bound_column)
+            try:
+                stored = to_storage(target, value, table=table)
+            except Exception:
+                stored = None
         wanted.append((sign, binding, stored))
     await side.fetch(table, column, {stored for _, _, stored in wanted if stored is not None})
     none = [NULL_ROW] if alias in view.plan.outer else []
+    more = edges[1:]
     extended: list[Binding] = []
     for sign, binding, stored in wanted:
         rows = [] if stored is None else side.rows(table, column, stored, new=new)
-        matching = [
-            row
-            for row in rows
-            if all(_equal(view, {**binding, alias: row}, alias, c, a, b) for c, a, b in edges[1:])
-        ]
-        extended += [(sign, {**binding, alias: row}) for row in matching or none]
+        if more:
+            rows = [
+                row
+                for row in rows
+                if all(_equal(view, {**binding, alias: row}, alias, c, a, b) for c, a, b in more)
+            ]
+        extended += [(sign, {**binding, alias: row}) for row in rows or none]
     return extended
 
 
@@ -347,6 +368,11 @@ async def _scan_step(
     await side.fetch(table, None, {None})
     rows = side.every_row(table, new=new)
     return [(sign, {**binding, alias: row}) for sign, binding in partial for row in rows]
+
+
+# column kinds whose storage form is one Python type, exactly the value: a join key read
+# from a column of the same type is the looked-up column's stored value as it is
+_EXACT: dict[str, type] = {"INT": int, "DECIMAL": int, "TEXT": str, "DATE": int}
 
 
 def _equal(
