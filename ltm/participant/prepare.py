@@ -13,6 +13,8 @@ from ltm.participant.operations import Outcome, RowId, VoteNo, apply_op, is_numb
 from ltm.participant.state import PartitionState, Prepared
 from ltm.rows import Row, RowState
 
+_MERGE, _BACKFILL = pb.RowOp.MERGE, pb.RowOp.BACKFILL
+
 
 class Prepares(PartitionState):
     """A participant's prepares and the watermarks the coordinator piggybacks (a part of
@@ -58,31 +60,35 @@ class Prepares(PartitionState):
         ops: list[tuple[pb.RowOp, RowId]] = []
         merges: list[tuple[RowId, bytes]] = []
         guarded: list[RowId] = []
+        backfills: set[RowId] = set()
+        captured: dict[RowId, RowId] = {}  # change row -> the row whose change it holds
         for op in sub.ops:  # one pass: each field read of a wire message costs
             row_id = (op.table, op.key)
-            if op.kind != pb.RowOp.MERGE:
-                ops.append((op, row_id))
+            kind = op.kind
+            if kind == _MERGE:
+                merges.append((row_id, op.values))
+                if op.guarded:
+                    guarded.append(row_id)
                 continue
-            merges.append((row_id, op.values))
-            if op.guarded:
-                guarded.append(row_id)
-        suffix = ts.to_bytes(8, "big")
-        captured = {
-            (changes, row_id[1] + suffix): row_id
-            for op, row_id in ops
-            for changes in op.changes_tables
-        }
+            ops.append((op, row_id))
+            if kind == _BACKFILL:
+                backfills.add(row_id)
+            changes_tables = op.changes_tables
+            if changes_tables:
+                suffix = ts.to_bytes(8, "big")
+                for changes in changes_tables:
+                    captured[(changes, row_id[1] + suffix)] = row_id
         exclusive = list(dict.fromkeys([r for _, r in ops] + list(captured)))
-        backfills = {r for op, r in ops if op.kind == pb.RowOp.BACKFILL}
+        touched = exclusive + [r for r, _ in merges] if merges else exclusive
         superseded: set[RowId] = set()
         try:
             deltas = [(row_id, self._delta(row_id, values)) for row_id, values in merges]
-            for row_id in exclusive + [r for r, _ in merges]:
+            for row_id in touched:
                 self._check_owned(row_id)
             for change_id in captured:  # its key holds this ts: new, never in the store
                 if change_id not in self.rows:
                     self.rows[change_id] = RowState(versions=[(0, None)], rts=self.evicted_floor)
-            pinned = await self._pin(exclusive + [r for r, _ in merges])
+            pinned = await self._pin(touched)
             for row_id in exclusive:
                 if row_id in tx.after or row_id in taken:
                     continue
