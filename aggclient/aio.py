@@ -136,6 +136,8 @@ class AsyncClient(ClientBase):
         await _grpc_status_tasks_done()
 
     async def _routing(self) -> Router:
+        if self._core.router is not None:  # known: every commit asks, no lock to take
+            return self._core.router
         async with self._routing_lock:
             router = self._core.router
             if router is None:
