@@ -389,14 +389,21 @@ def from_storage(column_type: ColumnType, stored: object) -> object:
 
 def row_to_storage(schema: TableSchema, row: Mapping[str, object]) -> dict[str, object]:
     """Convert a whole row; absent non-key columns become NULL (if the column allows it)."""
+    by_name = schema._by_name
     for name in row:
-        schema.column(name)  # raises UnknownColumn
+        if name not in by_name:
+            schema.column(name)  # raises UnknownColumn
     for name in schema.primary_key:
         if name not in row:
             raise InvalidArgument(f"row of table {schema.name} lacks primary key column {name!r}")
-    return {
-        col.name: to_storage(col, row.get(col.name), table=schema.name) for col in schema.columns
-    }
+    out = {}
+    for col in schema.columns:
+        value = row.get(col.name)
+        if type(value) is int and col.type.kind == "INT" and INT_MIN <= value <= INT_MAX:
+            out[col.name] = value  # as ``to_storage`` has it, without its dispatch
+        else:
+            out[col.name] = to_storage(col, value, table=schema.name)
+    return out
 
 
 def key_to_storage(schema: TableSchema, key: Mapping[str, object]) -> tuple[object, ...]:

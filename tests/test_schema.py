@@ -371,6 +371,10 @@ def test_row_to_storage_errors() -> None:
         row_to_storage(schema, {**good, "id": None})
     with pytest.raises(TypeMismatch, match=re.escape("column accounts.id is INT; got bool True")):
         row_to_storage(schema, {**good, "id": True})
+    with pytest.raises(TypeMismatch, match="does not fit in 64 bits"):
+        row_to_storage(schema, {**good, "id": 2**63})
+    # an int is stored as it is only in an INT column: a DECIMAL(12,2) scales it
+    assert row_to_storage(schema, {**good, "balance": 3})["balance"] == 300
 
 
 def test_key_to_storage() -> None:
