@@ -17,6 +17,7 @@ from aggview.wire import client_pb2 as cpb
 from aggview.wire import ltm_pb2 as lpb
 from coordinator.convert import check_operation_count, describe_condition, describe_key, row_op
 from coordinator.decision_delivery import DecisionDelivery
+from ltm.participant.operations import LocalSub
 
 if TYPE_CHECKING:
     from ltm.participant import Participant
@@ -350,13 +351,13 @@ class Commits(DecisionDelivery):
         return images or None
 
     async def _prepare_round(self, tx: Transaction, ops: list[lpb.RowOp]) -> list[lpb.RowImage]:
-        by_partition: dict[int, lpb.SubTransaction] = {}
+        by_partition: dict[int, LocalSub] = {}
         watches = self.view_hooks.watches
         for op in ops:
             partition = partition_of(op.table, op.key, self.partitions)
             sub = by_partition.get(partition)
             if sub is None:
-                sub = by_partition[partition] = lpb.SubTransaction(ts=tx.ts)
+                sub = by_partition[partition] = LocalSub(tx.ts)
             if not sub.want_images and not tx.maintained and watches(op.table):
                 sub.want_images = True
             sub.ops.append(op)
@@ -370,7 +371,7 @@ class Commits(DecisionDelivery):
             if channels[p].in_process:
                 local.append((p, sub))
             else:
-                remote.append(channels[p].prepare(sub))
+                remote.append(channels[p].prepare(sub.message()))
         if len(remote) == 1 and not local:  # awaited in this task: no loop pass for gather
             votes = [await remote[0]]
         else:

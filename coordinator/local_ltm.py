@@ -29,6 +29,7 @@ from aggview.wire import ltm_pb2 as pb
 from coordinator.member_decisions import MemberDecisions
 from coordinator.quorum import Reachability
 from ltm.participant import OutcomeQuery, Participant, VoteNo
+from ltm.participant.operations import LocalSub
 from ltm.replication import Hearing
 from ltm.server import (
     Hosting,
@@ -179,7 +180,7 @@ class LocalLtm:
     def point(self, address: str, owner: int, epoch: int) -> None:
         """Nothing moves in one process: kept for the channel's interface."""
 
-    async def prepare(self, sub: pb.SubTransaction) -> pb.Vote:
+    async def prepare(self, sub: pb.SubTransaction | LocalSub) -> pb.Vote:
         """The vote is not durable yet: the transaction manager makes it so, with the commit
         record of a one-partition transaction, or by ``flush`` before logging its decision."""
         participant = self.participant

@@ -21,6 +21,7 @@ from aggview.streams import AnswerEach
 from aggview.wire import ltm_pb2 as pb
 from aggview.wire import ltm_pb2_grpc as pb_grpc
 from ltm.participant import OutcomeQuery, Participant, Settings, VoteNo
+from ltm.participant.operations import LocalSub
 from ltm.replication import Hearing, LogShipper, Mirror, log_dir_of
 from ltm.store import ownership
 from ltm.store.base import Store
@@ -433,7 +434,7 @@ async def read_reply(participant: Participant, request: pb.ReadRequest) -> pb.Re
 
 
 async def prepare_one(
-    participant: Participant, sub: pb.SubTransaction, *, durable: bool = True
+    participant: Participant, sub: pb.SubTransaction | LocalSub, *, durable: bool = True
 ) -> pb.Vote:
     try:
         return await participant.prepare(sub, durable=durable)

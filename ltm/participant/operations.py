@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from aggview.rowcodec import decode_json, decode_row, encode_json
@@ -23,6 +24,21 @@ _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     ">": operator.gt,
     ">=": operator.ge,
 }
+
+
+@dataclass(slots=True)
+class LocalSub:
+    """A sub-transaction for a participant in the coordinator's own process: the fields of a
+    ``SubTransaction`` the prepare reads, its operations the coordinator's own (a wire
+    message copies each one it is given); ``message()`` is the wire form, for another
+    process."""
+
+    ts: int
+    ops: list[pb.RowOp] = field(default_factory=list)
+    want_images: bool = False
+
+    def message(self) -> pb.SubTransaction:
+        return pb.SubTransaction(ts=self.ts, ops=self.ops, want_images=self.want_images)
 
 
 class VoteNo(Exception):

@@ -9,7 +9,7 @@ from aggview import failpoints
 from aggview.merge import combine
 from aggview.rowcodec import decode_row, encode_row
 from aggview.wire import ltm_pb2 as pb
-from ltm.participant.operations import Outcome, RowId, VoteNo, apply_op, is_number
+from ltm.participant.operations import LocalSub, Outcome, RowId, VoteNo, apply_op, is_number
 from ltm.participant.state import PartitionState, Prepared
 from ltm.rows import Row, RowState
 
@@ -41,7 +41,7 @@ class Prepares(PartitionState):
             for state in self.rows.values():  # loaded before (by recovery, by reads)
                 state.rts = max(state.rts, issued)
 
-    async def prepare(self, sub: pb.SubTransaction, *, durable: bool = True) -> pb.Vote:
+    async def prepare(self, sub: pb.SubTransaction | LocalSub, *, durable: bool = True) -> pb.Vote:
         """Runs one sub-transaction up to its vote; a yes vote is durable before it is sent,
         unless ``durable`` is False: a coordinator in this very process then makes it durable
         with the commit record (one-phase commit: seen only once on disk) or by
