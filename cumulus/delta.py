@@ -220,7 +220,7 @@ async def _join_from(
     plan = view.plan
     position = plan.once("alias_positions", lambda: {t.alias: n for n, t in enumerate(plan.tables)})
     start = plan.tables[i].alias
-    pending = _Filters(view) if view.filters else _NO_FILTERS
+    pending = _Filters(view)
     partial = pending.apply(partial, bound)
     for alias, edges in join_order(plan, i):
         new = position[alias] < i
@@ -283,30 +283,21 @@ class _Filters:
 
     def __init__(self, view: ViewState) -> None:
         self.view = view
-        needs = view.plan.once("filter_aliases", lambda: _filter_aliases(view.plan))
-        self.left = list(zip(view.filters, needs, strict=True))
+        self.left: list[tuple[Callable[[Any], Any], frozenset[str]]] = []
+        if view.filters:
+            needs = view.plan.once("filter_aliases", lambda: _filter_aliases(view.plan))
+            self.left = list(zip(view.filters, needs, strict=True))
 
     def apply(self, partial: list[Binding], bound: set[str]) -> list[Binding]:
         """Keeps the tuples every filter over bound aliases only passes (TRUE, not NULL)."""
+        if not self.left:  # none left (or none at all): every tuple passes
+            return partial
         ready = [check for check, needs in self.left if needs <= bound]
         if not ready or not partial:
             return partial
         self.left = [(check, needs) for check, needs in self.left if not needs <= bound]
         lookup = self.view.lookup
         return [(s, b) for s, b in partial if all(check(lookup(b)) for check in ready)]
-
-
-class _NoFilters(_Filters):
-    """A view without filters: every tuple passes."""
-
-    def __init__(self) -> None:
-        pass
-
-    def apply(self, partial: list[Binding], bound: set[str]) -> list[Binding]:
-        return partial
-
-
-_NO_FILTERS = _NoFilters()
 
 
 def _filter_aliases(plan: ViewPlan) -> list[frozenset[str]]:

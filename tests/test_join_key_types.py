@@ -18,13 +18,14 @@ import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_view_language import stored_changes
 
 from aggview import errors
 from aggview.keycodec import encode_key
 from aggview.merge import combine
 from aggview.schema import Column, ColumnType, TableSchema, row_to_storage
 from cumulus.aggstate import ViewState
-from cumulus.delta import Changes, view_delta
+from cumulus.delta import view_delta
 from cumulus.m3.compiler import plan_of
 
 # a key column's SQL type and the values rows take in it (NULL included)
@@ -127,32 +128,28 @@ def test_equi_joins_on_keys_of_any_types_equal_duckdb(
     states: dict[bytes, dict[str, Any]] = {}
     values = itertools.count(1)
     for batch in batches:
-        changes: Changes = {}
+        changed: dict[tuple[str, int], tuple[Any, Any]] = {}  # one change a row a batch
         for name, row_id, what in batch:
-            schema = tables[name]
-            key = encode_key(schema.key_types, [row_id])
-            if key in changes.get(name, {}):
-                continue  # one change a row a batch, as a transaction's images are
             old = live[name].get(row_id)
             new = None
             if what != "DELETE":
                 pool = KEY_TYPES[types[name]][1]
                 new = {"id": row_id, KEY[name]: pool[what % len(pool)], "v": next(values)}
-            if old is None and new is None:
+            if (name, row_id) in changed or (old is None and new is None):
                 continue
-            stored = [None if r is None else row_to_storage(schema, r) for r in (old, new)]
-            changes.setdefault(name, {})[key] = (stored[0], stored[1])
+            changed[(name, row_id)] = (old, new)
             con.execute(f"DELETE FROM {name} WHERE id = ?", [row_id])
             if new is None:
                 live[name].pop(row_id)
             else:
                 live[name][row_id] = new
                 con.execute(f"INSERT INTO {name} VALUES (?, ?, ?)", list(new.values()))
+        changes = stored_changes(tables, changed)
         before = {
             name: {
                 encode_key(tables[name].key_types, [i]): row_to_storage(tables[name], r)
                 for i, r in rows.items()
-                if encode_key(tables[name].key_types, [i]) not in changes.get(name, {})
+                if (name, i) not in changed
             }
             for name, rows in live.items()
         }
