@@ -224,6 +224,7 @@ class Commits(DecisionDelivery):
                     else:
                         outcome.set_exception(error)
 
+        self.in_flight.deciding(tx.ts)
         asyncio.get_running_loop().call_soon(decide)
         return True
 

@@ -28,6 +28,9 @@ class InFlight:
     def __init__(self) -> None:
         self._undecided: dict[int, None] = {}  # insertion order is timestamp order
         self._active_reads: dict[int, int] = {}
+        # undecided ones whose decision is queued or being made durable: nothing of theirs
+        # is left to run here but that (``deciding``)
+        self._deciding: set[int] = set()
         self.changed: Callable[[], None] = lambda: None  # its oldest of either may have moved
         # a timestamp was decided: this member's switch may release what it held back
         self.released: Callable[[], None] = lambda: None
@@ -41,15 +44,24 @@ class InFlight:
     def oldest(self) -> int | None:
         return next(iter(self._undecided), None)
 
+    def deciding(self, ts: int) -> None:
+        """``ts`` has reached its decision, which is queued in the log from here on."""
+        if ts in self._undecided:
+            self._deciding.add(ts)
+
     def alone(self) -> bool:
-        """At most one transaction undecided and no read under way: what this member does
-        next is that transaction's (see ``WriteAheadLog.flush_here``)."""
-        return len(self._undecided) <= 1 and not self._active_reads
+        """What this member does next is its undecided transactions' decisions: at most one
+        transaction undecided, or every one deciding, and no read under way (see
+        ``WriteAheadLog.flush_here``). Eight clients' commits, each waiting for the same
+        flush, so save the log's thread and the loop a wake-up each."""
+        undecided = len(self._undecided)
+        return (undecided <= 1 or undecided == len(self._deciding)) and not self._active_reads
 
     def oldest_read(self) -> int | None:
         return min(self._active_reads, default=None)
 
     def decided(self, ts: int) -> None:
+        self._deciding.discard(ts)
         if self._undecided.pop(ts, 0) is None:
             self.changed()
             self.released()

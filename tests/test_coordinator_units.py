@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -268,6 +270,41 @@ def keys_in_partitions(
     return sorted(by_partition.values())[:count]
 
 
+def test_concurrent_commits_that_all_wait_for_one_flush_sync_it_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight commits arriving together at a member hosting every partition reach their
+    decisions in one loop pass; with nothing else left to run, their one group is written and
+    synced on the loop's thread (no wake-up of the log's thread, nor of the loop after it),
+    and every one commits."""
+    flushed_on: list[str] = []
+    write_timed = WriteAheadLog._write_timed
+
+    def recorded(self: WriteAheadLog, *args: Any) -> Any:
+        flushed_on.append(threading.current_thread().name)
+        return write_timed(self, *args)
+
+    monkeypatch.setattr(WriteAheadLog, "_write_timed", recorded)
+
+    async def main() -> None:
+        async with member_alone(tmp_path, checkpoint_interval=600) as manager:
+            await run_sql("CREATE TABLE t (id INT PRIMARY KEY, v INT NOT NULL)", manager, 0)
+            flushed_on.clear()
+            commits = []
+            for key in range(8):
+                writes = Writes()
+                writes.insert("t", {"id": key, "v": key})
+                commits.append(manager.commit(writes.operations))
+            stamps = await asyncio.gather(*commits)
+            assert len(set(stamps)) == 8
+            assert flushed_on == [threading.current_thread().name]  # one group, here
+            rows = (await run_sql("SELECT id, v FROM t", manager)).rows
+            got = {r.columns["id"].int_value: r.columns["v"].int_value for r in rows}
+            assert got == {key: key for key in range(8)}
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("partitions", [1, 3])
 def test_a_commit_whose_caller_goes_away_at_its_decision_commits_all_the_same(
     tmp_path: Path, partitions: int
@@ -302,6 +339,14 @@ def test_a_commit_whose_caller_goes_away_at_its_decision_commits_all_the_same(
             manager.in_flight.add(1)
             manager.in_flight.add(2)
             assert not flush_here()  # two undecided: the log's thread, so the loop goes on
+            manager.in_flight.deciding(1)
+            assert not flush_here()  # one of them has more to do here than its decision
+            manager.in_flight.deciding(2)
+            assert flush_here()  # both wait for this flush: nothing else would run meanwhile
+            manager.in_flight.deciding(9)  # not undecided here: nothing to count
+            manager.in_flight.add(4)
+            assert not flush_here()
+            manager.in_flight.decided(4)
             manager.in_flight.decided(1)
             assert flush_here()
             with manager.in_flight.reading(3):
