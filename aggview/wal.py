@@ -97,8 +97,9 @@ class WriteAheadLog:
         self._dropped_before = 0
         self._flushing = self._segment  # the segment the flush under way writes to
         # Whether a group may be written and synced on the loop's thread, which it blocks:
-        # when nothing else would run meanwhile (a member's lone transaction), handing it to
-        # the log's thread and hearing back cost more than the wait (see ``_kick``).
+        # when nothing else would run meanwhile (a member's undecided transactions all wait
+        # for it), handing it to the log's thread and hearing back cost more than the wait
+        # (see ``_kick``). Asked at the kick; the flush runs in the loop's next pass.
         self.flush_here: Callable[[], bool] = _never
         self._here_due = False  # a flush on the loop's thread is called for, in its next pass
 
@@ -290,8 +291,9 @@ class WriteAheadLog:
             self.observe(took)
 
     def _flush_here_now(self) -> None:
-        """Writes and syncs a group on the loop's thread (``flush_here``): at one client a
-        commit then costs no wake-up of the log's thread, nor of the loop when it is done."""
+        """Writes and syncs a group on the loop's thread (``flush_here``): the commits
+        waiting for it then cost no wake-up of the log's thread, nor of the loop when it is
+        done."""
         with self._mutex:
             self._here_due = False
             if self._draining or not self._pending:

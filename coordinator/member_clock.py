@@ -28,8 +28,9 @@ class InFlight:
     def __init__(self) -> None:
         self._undecided: dict[int, None] = {}  # insertion order is timestamp order
         self._active_reads: dict[int, int] = {}
-        # undecided ones whose decision is queued or being made durable: nothing of theirs
-        # is left to run here but that (``deciding``)
+        # undecided ones past their decision point, whose record is queued in the loop's next
+        # pass or being made durable: nothing of theirs is left to run here but that
+        # (``deciding``)
         self._deciding: set[int] = set()
         self.changed: Callable[[], None] = lambda: None  # its oldest of either may have moved
         # a timestamp was decided: this member's switch may release what it held back
@@ -45,7 +46,8 @@ class InFlight:
         return next(iter(self._undecided), None)
 
     def deciding(self, ts: int) -> None:
-        """``ts`` has reached its decision, which is queued in the log from here on."""
+        """``ts`` has reached its decision point: its record is queued in the loop's next
+        pass, and it then only waits for the flush."""
         if ts in self._undecided:
             self._deciding.add(ts)
 

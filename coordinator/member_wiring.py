@@ -110,7 +110,8 @@ def build_manager(
     in_flight = InFlight()
     if shared is not None and len(config.members) <= 1:
         # Every partition is here, so this member's transactions are all its log serves: a
-        # lone one's flush runs on the loop's thread, which has nothing else to do meanwhile.
+        # flush they all wait for (or a lone one's) runs on the loop's thread, which has
+        # nothing else to do meanwhile.
         shared.wal.flush_here = in_flight.alone
     read_at = time.monotonic()  # a lease runs from the start of the read that gave it
     leader, lead = _leadership(config, store)

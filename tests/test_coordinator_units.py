@@ -363,6 +363,7 @@ def test_a_commit_whose_caller_goes_away_at_its_decision_commits_all_the_same(
                     break
                 await asyncio.sleep(0.01)
             assert tx.ts not in manager.in_flight  # decided: reads at its timestamp go on
+            assert not manager.in_flight._deciding  # nor counted as waiting for a flush
             assert not manager.decisions.committed  # delivered to every participant
             update = Writes()
             for key in keys:  # fails with RowNotFound unless the inserts committed
