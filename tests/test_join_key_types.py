@@ -18,7 +18,7 @@ import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_view_language import stored_changes
+from test_view_language import mirror, stored_changes
 
 from aggview import errors
 from aggview.keycodec import encode_key
@@ -138,12 +138,7 @@ def test_equi_joins_on_keys_of_any_types_equal_duckdb(
             if (name, row_id) in changed or (old is None and new is None):
                 continue
             changed[(name, row_id)] = (old, new)
-            con.execute(f"DELETE FROM {name} WHERE id = ?", [row_id])
-            if new is None:
-                live[name].pop(row_id)
-            else:
-                live[name][row_id] = new
-                con.execute(f"INSERT INTO {name} VALUES (?, ?, ?)", list(new.values()))
+            mirror(con, live, name, row_id, new)
         changes = stored_changes(tables, changed)
         before = {
             name: {

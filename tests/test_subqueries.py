@@ -15,7 +15,7 @@ import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_view_language import _theta_batch, stored_changes, theta_tables
+from test_view_language import _theta_batch, mirror, stored_changes, theta_tables
 
 from aggview.merge import combine
 from aggview.schema import ColumnType, TableSchema, from_storage
@@ -143,12 +143,7 @@ def check_against_duckdb(views: list[tuple[str, str]], seed: int, batches: int =
     for _ in range(batches):
         batch = _theta_batch(rng, live, ids)
         for (name, row_id), (_, new) in batch.items():
-            con.execute(f"DELETE FROM {name} WHERE id = ?", [row_id])
-            if new is None:
-                live[name].pop(row_id)
-            else:
-                live[name][row_id] = new
-                con.execute(f"INSERT INTO {name} VALUES (?, ?, ?, ?, ?, ?)", list(new.values()))
+            mirror(con, live, name, row_id, new)
         stack.apply(stored_changes(TABLES, batch))
         for name, _ in views:
             want = sorted(shown_row(r) for r in con.execute(f"SELECT * FROM {name}").fetchall())

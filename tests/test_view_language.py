@@ -471,6 +471,24 @@ def stored_changes(
     return changes
 
 
+def mirror(
+    con: duckdb.DuckDBPyConnection,
+    live: dict[str, dict[Any, Any]],
+    name: str,
+    row_id: Any,
+    new: dict[str, Any] | None,
+) -> None:
+    """One row's change (``new`` None: deleted) in duckdb's copy of table ``name`` (keyed by
+    its ``id`` column) and in ``live``, the rows a test's next batch is drawn from."""
+    con.execute(f"DELETE FROM {name} WHERE id = ?", [row_id])
+    if new is None:
+        live[name].pop(row_id)
+    else:
+        live[name][row_id] = new
+        marks = ", ".join("?" * len(new))
+        con.execute(f"INSERT INTO {name} VALUES ({marks})", list(new.values()))
+
+
 @pytest.mark.parametrize("select", THETA_VIEWS)
 def test_theta_joins_maintained_by_the_refresh_operator_and_m3_equal_duckdb(select: str) -> None:
     """After every batch of changes the refresh operator's states (``view_delta``: its scan
@@ -491,17 +509,12 @@ def test_theta_joins_maintained_by_the_refresh_operator_and_m3_equal_duckdb(sele
         for key, delta in asyncio.run(view_delta(state, changes, memory.rows_where)).items():
             states[key] = combine(states.get(key, {}), delta)
         for (name, row_id), (old, new) in batch.items():
-            con.execute(f"DELETE FROM {name} WHERE id = ?", [row_id])
-            read = name in interp.sources  # a self-join over ``a`` reads no ``b``
-            if old is not None and read:
-                interp.delete(name, old)
-            if new is None:
-                live[name].pop(row_id)
-            else:
-                live[name][row_id] = new
-                if read:
+            mirror(con, live, name, row_id, new)
+            if name in interp.sources:  # a self-join over ``a`` reads no ``b``
+                if old is not None:
+                    interp.delete(name, old)
+                if new is not None:
                     interp.insert(name, new)
-                con.execute(f"INSERT INTO {name} VALUES (?, ?, ?, ?, ?, ?)", list(new.values()))
         memory.rows = {
             name: {
                 encode_key(tables[name].key_types, [i]): row_to_storage(tables[name], r)
